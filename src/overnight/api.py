@@ -1,0 +1,310 @@
+"""The Python API the CLI mirrors: ``overnight X`` calls ``overnight.api.X`` with the same options.
+
+Every function takes ``store`` as a :class:`~overnight.store.base.Store`, a URL, or None for the
+default (``$OVERNIGHT_STORE`` or ``sqlite://.overnight/overnight.db``), and returns plain
+dataclasses that the CLI renders as tables or ``--json``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from overnight.errors import ArtifactNotFound, CheckpointNotFound, ConfigError, OvernightError, short_id
+from overnight.orchestrate.runner import RunEvent, RunResult, Runner
+from overnight.orchestrate.task import Task
+from overnight.store import Store, open_store
+from overnight.store.blobs import BlobReader
+from overnight.verify.chain import load_head
+from overnight.verify.integrity import load_checkpoint, parse_record, signing_key_from_env
+
+
+@contextmanager
+def _opened(store: Store | str | None) -> Iterator[Store]:
+    if store is not None and hasattr(store, "commit"):
+        yield store  # type: ignore[misc]
+        return
+    s = open_store(store)  # type: ignore[arg-type]
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+# --- loading task code -------------------------------------------------------------------------
+
+
+def _load_module(path: Path) -> Any:
+    # classes in the file are stored as "<module>:<Qualname>", so the name must be the same on
+    # every run: the file's stem, unless that would shadow an imported module
+    name = path.stem if path.stem.isidentifier() and path.stem not in sys.modules else f"overnight_task_{path.stem}"
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot load task file {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def load_task(entry: str, *, task_id: str | None = None) -> Task:
+    """Load a task definition from ``FILE.py[:NAME]`` or ``package.module[:NAME]``.
+
+    ``NAME`` may be a :class:`~overnight.Task` or a factory ``f(task_id=...) -> Task``. Without
+    ``NAME`` the module must define exactly one ``Task``.
+
+    Raises:
+        ConfigError: file or module missing, or no (or more than one) task in it.
+    """
+    target, attr = entry, ""
+    head, sep, tail = entry.rpartition(":")
+    if sep and head and tail.isidentifier():
+        target, attr = head, tail
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise ConfigError(f"task file {target} does not exist")
+        module = _load_module(path)
+        origin = str(path)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise ConfigError(f"cannot import task module {target!r}: {exc}") from exc
+        origin = target
+    if attr:
+        if not hasattr(module, attr):
+            raise ConfigError(f"{origin} has no attribute {attr!r}")
+        obj = getattr(module, attr)
+    else:
+        tasks = {k: v for k, v in vars(module).items() if isinstance(v, Task)}
+        if len(tasks) != 1:
+            raise ConfigError(
+                f"{origin} defines {len(tasks)} tasks ({', '.join(tasks) or 'none'}); name one as FILE.py:NAME"
+            )
+        attr, obj = next(iter(tasks.items()))
+    if not isinstance(obj, Task) and callable(obj):
+        obj = obj(task_id=task_id) if task_id is not None else obj()
+    if not isinstance(obj, Task):
+        raise ConfigError(f"{origin}:{attr} is not an overnight.Task")
+    if task_id is not None and obj.id != task_id:
+        raise ConfigError(f"{origin}:{attr} defines task {obj.id!r}, not {task_id!r}")
+    obj.entry = obj.entry or f"{origin}:{attr}"
+    return obj
+
+
+# --- run / resume ------------------------------------------------------------------------------
+
+
+def run(
+    entry: str | Task,
+    *,
+    store: Store | str | None = None,
+    branch: str = "main",
+    max_steps: int | None = None,
+    on_event: Callable[[RunEvent], None] | None = None,
+) -> RunResult:
+    """Create or resume the task defined at ``entry`` (``FILE.py[:NAME]``) and run it."""
+    task = load_task(entry) if isinstance(entry, str) else entry
+    return Runner(task, store, branch=branch, max_steps=max_steps, on_event=on_event).run()
+
+
+def resume(
+    task_id: str,
+    *,
+    store: Store | str | None = None,
+    branch: str = "main",
+    entry: str | None = None,
+    max_steps: int | None = None,
+    on_event: Callable[[RunEvent], None] | None = None,
+) -> RunResult:
+    """Resume a stored task from the latest head of ``branch``, loading its code from the entry
+    recorded when it was created (or ``entry`` to override).
+
+    Raises:
+        TaskNotFound: no such task. ConfigError: no code location recorded and none given.
+    """
+    with _opened(store) as s:
+        row = s.get_task(task_id)
+        where = entry or row.entry
+        if not where:
+            raise ConfigError(f"task {task_id!r} has no recorded code location", task_id=task_id,
+                              hint="pass --file FILE.py[:NAME]")
+        task = load_task(where, task_id=task_id)
+        return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event).run()
+
+
+# --- ls / show / cat ---------------------------------------------------------------------------
+
+
+@dataclass
+class TaskSummary:
+    """One line of ``overnight ls``."""
+
+    task_id: str
+    goal: str
+    status: str  # complete | in progress | invalid
+    done: int
+    total: int
+    branches: list[str]
+    checkpoints: int
+    updated_at: str | None
+    created_at: str
+
+
+def ls(*, store: Store | str | None = None) -> list[TaskSummary]:
+    """Every task in the store with its status on ``main`` (or its first branch)."""
+    key = signing_key_from_env()
+    out = []
+    with _opened(store) as s:
+        for t in s.list_tasks():
+            refs = s.list_refs(t.task_id)
+            rows = s.list_checkpoints(t.task_id)
+            branch = "main" if "main" in refs else next(iter(refs), None)
+            status, done, total = "invalid", 0, 0
+            if branch is not None:
+                try:
+                    loaded, _ = load_head(s, t.task_id, branch, key=key, deep=False)
+                    done, total = len(loaded.state.done), len(loaded.state.done) + len(loaded.state.todo)
+                    status = "complete" if not loaded.state.todo else "in progress"
+                except OvernightError:
+                    status = "invalid"
+            out.append(TaskSummary(t.task_id, t.goal, status, done, total, sorted(refs), len(rows),
+                                   max((r.created_at for r in rows), default=None), t.created_at))
+    return out
+
+
+@dataclass
+class ChainEntry:
+    """One checkpoint in ``overnight show``."""
+
+    seq: int
+    checkpoint_id: str
+    branch: str
+    session: int | None
+    event: str
+    step: str | None
+    created_at: str
+    stored_bytes: int
+    heads: list[str] = field(default_factory=list)
+    valid: bool = True
+    problem: str | None = None
+
+
+@dataclass
+class TaskReport:
+    """``overnight show``: the task, its branches and its chain of checkpoints."""
+
+    task_id: str
+    goal: str
+    entry: str | None
+    created_at: str
+    branches: dict[str, str]
+    status: str
+    done: int
+    total: int
+    todo: list[str]
+    artifacts: dict[str, int]
+    chain: list[ChainEntry]
+    stored_bytes: int
+
+
+def show(task_id: str, *, store: Store | str | None = None, branch: str = "main") -> TaskReport:
+    """The chain of a task (all branches), with validity of each record and the head's state.
+
+    Raises:
+        TaskNotFound: no such task.
+    """
+    key = signing_key_from_env()
+    with _opened(store) as s:
+        t = s.get_task(task_id)
+        refs = s.list_refs(task_id)
+        heads: dict[str, list[str]] = {}
+        for b, cid in refs.items():
+            heads.setdefault(cid, []).append(b)
+        chain = []
+        for row in s.list_checkpoints(task_id):
+            valid, problem, session = True, None, None
+            try:
+                record = parse_record(row, key=key)
+                session = record.session.n
+            except OvernightError as exc:
+                valid, problem = False, f"{type(exc).__name__}: {exc.message}"
+            chain.append(ChainEntry(row.seq, row.checkpoint_id, row.branch, session, row.event, row.step,
+                                    row.created_at, row.stored_bytes, heads.get(row.checkpoint_id, []), valid, problem))
+        status, done, total, todo, artifacts = "invalid", 0, 0, [], {}
+        if branch in refs:
+            try:
+                loaded, _ = load_head(s, task_id, branch, key=key, deep=False)
+                st = loaded.state
+                done, total = len(st.done), len(st.done) + len(st.todo)
+                todo = [e.name for e in st.todo]
+                artifacts = {n: a.size for n, a in st.artifacts.items()}
+                status = "complete" if not st.todo else "in progress"
+            except OvernightError:
+                pass
+        return TaskReport(task_id, t.goal, t.entry, t.created_at, refs, status, done, total, todo, artifacts, chain,
+                          sum(c.stored_bytes for c in chain))
+
+
+def resolve_checkpoint(store: Store, task_id: str, ref: str) -> str:
+    """A full checkpoint id from a branch name, a full id, or a unique hex prefix (>= 4 digits).
+
+    Raises:
+        CheckpointNotFound: nothing matches, or the prefix is ambiguous.
+    """
+    refs = store.list_refs(task_id)
+    if ref in refs:
+        return refs[ref]
+    hexpart = ref.split(":", 1)[-1].lower()
+    matches = [r.checkpoint_id for r in store.list_checkpoints(task_id)
+               if r.checkpoint_id.split(":", 1)[1].startswith(hexpart)]
+    if len(hexpart) < 4 or not matches:
+        raise CheckpointNotFound(f"task {task_id!r} has no checkpoint or branch {ref!r}", task_id=task_id,
+                                 hint="`overnight show TASK_ID` lists checkpoint ids")
+    if len(matches) > 1:
+        raise CheckpointNotFound(f"checkpoint prefix {ref!r} is ambiguous in task {task_id!r}: "
+                                 f"{', '.join(short_id(m) for m in matches[:5])}", task_id=task_id)
+    return matches[0]
+
+
+def _some(names: list[str], limit: int = 8) -> str:
+    if not names:
+        return "none"
+    return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def cat(task_id: str, artifact: str, *, store: Store | str | None = None, at: str | None = None,
+        branch: str = "main") -> bytes:
+    """The bytes of ``artifact`` at the branch head (or at checkpoint/branch ``at``), verified.
+
+    Raises:
+        TaskNotFound / CheckpointNotFound / ArtifactNotFound; IntegrityError if it fails verification.
+    """
+    key = signing_key_from_env()
+    with _opened(store) as s:
+        s.get_task(task_id)
+        if at is None:
+            loaded, _ = load_head(s, task_id, branch, key=key, deep=False)
+        else:
+            loaded = load_checkpoint(s, resolve_checkpoint(s, task_id, at), key=key, deep=False)
+        ref = loaded.state.artifacts.get(artifact)
+        if ref is None:
+            raise ArtifactNotFound(
+                f"no artifact {artifact!r} at checkpoint {short_id(loaded.id)}", task_id=task_id,
+                checkpoint_id=loaded.id,
+                hint="artifacts there: " + _some(sorted(loaded.state.artifacts)),
+            )
+        return BlobReader(s).get(ref.digest, f"artifact {artifact!r}")

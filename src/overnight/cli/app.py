@@ -1,0 +1,294 @@
+"""``overnight`` command line: a thin shell over :mod:`overnight.api` (same names, same options).
+
+Exit codes (also in ``overnight --help`` and the README):
+
+==  =========================================================================================
+0   done: the task is complete (or the command succeeded)
+1   a step failed (nothing of it was committed), or an unexpected error
+2   usage error: bad option, missing file, unknown task/checkpoint/artifact, bad config
+3   integrity: no checkpoint verifies (``overnight verify`` explains)
+4   busy: another process holds the task, or the branch moved under this writer
+75  resumable: interrupted (SIGINT/SIGTERM) or stopped by ``--max-steps``; run
+    ``overnight resume TASK_ID`` to continue
+==  =========================================================================================
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from overnight import api
+from overnight.cli import render
+from overnight.errors import (
+    ConcurrencyError,
+    ConfigError,
+    IntegrityError,
+    NotFound,
+    OvernightError,
+    StepError,
+)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTEGRITY, EXIT_BUSY, EXIT_RESUMABLE = 0, 1, 2, 3, 4, 75
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 complete | 1 step failed | 2 usage / not found | 3 integrity (nothing verifies) | "
+    "4 busy (task held by another process) | 75 resumable (interrupted or --max-steps; "
+    "run `overnight resume TASK_ID`)."
+)
+
+app = typer.Typer(
+    name="overnight",
+    help="Durable long-horizon agent tasks: verified checkpoints after every step, crash-safe resume.\n\n"
+    "Store: --store URL, else $OVERNIGHT_STORE, else sqlite://.overnight/overnight.db.\n\n" + EXIT_CODES_HELP,
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+
+StoreOpt = typer.Option(None, "--store", "-s", envvar="OVERNIGHT_STORE",
+                        help="Store URL (sqlite://PATH). Default: sqlite://.overnight/overnight.db")
+JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
+BranchOpt = typer.Option("main", "--branch", "-b", help="Branch to use.")
+MaxStepsOpt = typer.Option(None, "--max-steps", min=1, help="Stop (resumably, exit 75) after N executed steps.")
+EventsOpt = typer.Option(None, "--events", help="Append every run event as a JSON line to this file.")
+QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar.")
+
+
+def _exit_code(exc: OvernightError) -> int:
+    if isinstance(exc, ConcurrencyError):
+        return EXIT_BUSY
+    if isinstance(exc, IntegrityError):
+        return EXIT_INTEGRITY
+    if isinstance(exc, (NotFound, ConfigError)):
+        return EXIT_USAGE
+    if isinstance(exc, StepError):
+        return EXIT_FAILED
+    return EXIT_FAILED
+
+
+def _fail(exc: OvernightError) -> None:
+    render.err.print(f"[bold red]error:[/] {render.safe(exc)}")
+    cause = exc.__cause__
+    if isinstance(exc, StepError) and cause is not None:
+        import traceback
+
+        render.err.print("".join(traceback.format_exception(cause)).rstrip(), markup=False)
+    raise typer.Exit(_exit_code(exc))
+
+
+def _report_run(result: api.RunResult, *, quiet: bool) -> None:
+    if not quiet:
+        state = {"complete": "[green]complete[/]", "interrupted": "[yellow]interrupted (resumable)[/]",
+                 "stopped": "[yellow]stopped after --max-steps (resumable)[/]"}[result.status]
+        render.err.print(
+            f"task [bold]{render.safe(result.task_id)}[/] {state}: {result.done}/{result.total} steps, "
+            f"{result.steps_run} run this session (session {result.session}), head {result.head[7:19]}"
+        )
+        if result.resumable:
+            render.err.print(f"resume with: overnight resume {render.safe(result.task_id)}")
+    if result.resumable:
+        raise typer.Exit(EXIT_RESUMABLE)
+
+
+def _run_with_progress(fn, *, quiet: bool, events: Optional[str]) -> api.RunResult:
+    with render.RunProgress(quiet=quiet, events_path=events) as progress:
+        return fn(progress)
+
+
+@app.command()
+def run(
+    file: str = typer.Argument(..., metavar="FILE.py[:TASK]", help="Python file defining the task (NAME if several)."),
+    store: Optional[str] = StoreOpt,
+    branch: str = BranchOpt,
+    max_steps: Optional[int] = MaxStepsOpt,
+    events: Optional[str] = EventsOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Create the task defined in FILE.py, or resume it from its latest checkpoint, and run it.
+
+    Every step commits a checkpoint. Ctrl-C once: the step in flight finishes and is checkpointed;
+    twice: it is abandoned. Either way the task resumes where it stopped (exit 75).
+    """
+    try:
+        result = _run_with_progress(
+            lambda p: api.run(file, store=store, branch=branch, max_steps=max_steps, on_event=p),
+            quiet=quiet, events=events)
+    except OvernightError as exc:
+        _fail(exc)
+    _report_run(result, quiet=quiet)
+
+
+@app.command()
+def resume(
+    task_id: str = typer.Argument(..., help="Task id (see `overnight ls`)."),
+    store: Optional[str] = StoreOpt,
+    branch: str = BranchOpt,
+    file: Optional[str] = typer.Option(None, "--file", help="Load the task code from FILE.py[:NAME] instead of the "
+                                       "location recorded at creation."),
+    max_steps: Optional[int] = MaxStepsOpt,
+    events: Optional[str] = EventsOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Resume a stored task from the latest head of its branch (never an older checkpoint,
+    unless the head fails verification: then the newest valid one, with a report)."""
+    try:
+        result = _run_with_progress(
+            lambda p: api.resume(task_id, store=store, branch=branch, entry=file, max_steps=max_steps, on_event=p),
+            quiet=quiet, events=events)
+    except OvernightError as exc:
+        _fail(exc)
+    _report_run(result, quiet=quiet)
+
+
+@app.command("ls")
+def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
+    """List the tasks in the store: status, steps done/total, branches, last checkpoint time."""
+    try:
+        tasks = api.ls(store=store)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        render.print_json(tasks)
+        return
+    if not tasks:
+        render.err.print("no tasks in this store yet (try `overnight demo`)")
+        return
+    render.table(None, ["task", "status", "steps", "branches", "checkpoints", "updated", "goal"],
+                 [(t.task_id, t.status, f"{t.done}/{t.total}", ",".join(t.branches), t.checkpoints,
+                   (t.updated_at or "")[:19].replace("T", " "), t.goal) for t in tasks],
+                 justify={"steps": "right", "checkpoints": "right"})
+
+
+@app.command()
+def show(
+    task_id: str = typer.Argument(..., help="Task id."),
+    store: Optional[str] = StoreOpt,
+    branch: str = BranchOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show a task's chain of checkpoints: seq, checkpoint id, session, step, time, size.
+
+    Invalid records (failed verification) are marked and kept for inspection."""
+    try:
+        rep = api.show(task_id, store=store, branch=branch)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        render.print_json(rep)
+        return
+    render.out.print(f"[bold]{render.safe(rep.task_id)}[/]: {render.safe(rep.goal)}")
+    render.out.print(f"status: {rep.status}, {rep.done}/{rep.total} steps; branches: "
+                     + ", ".join(f"{b} -> {c[7:19]}" for b, c in rep.branches.items())
+                     + f"; stored: {render.human_bytes(rep.stored_bytes)}")
+    if rep.todo:
+        more = f" (+{len(rep.todo) - 5} more)" if len(rep.todo) > 5 else ""
+        render.out.print("todo: " + ", ".join(render.safe(n) for n in rep.todo[:5]) + more)
+    render.table(None, ["seq", "checkpoint", "branch", "session", "event", "step", "time (UTC)", "size", ""],
+                 [(c.seq, c.checkpoint_id[7:19], c.branch, c.session if c.session is not None else "?", c.event,
+                   c.step or "", c.created_at[:19].replace("T", " "), render.human_bytes(c.stored_bytes),
+                   ("<- " + ",".join(c.heads) if c.heads else "") + ("" if c.valid else f"  INVALID: {c.problem}"))
+                  for c in rep.chain],
+                 justify={"seq": "right", "size": "right"})
+
+
+@app.command()
+def cat(
+    task_id: str = typer.Argument(..., help="Task id."),
+    artifact: str = typer.Argument(..., help="Artifact name (e.g. report.md)."),
+    at: Optional[str] = typer.Option(None, "--at", help="Checkpoint id (or unique prefix) or branch; default: head."),
+    store: Optional[str] = StoreOpt,
+    branch: str = BranchOpt,
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+) -> None:
+    """Print an artifact's bytes (verified against its digest) at the head or at --at CHECKPOINT."""
+    try:
+        data = api.cat(task_id, artifact, store=store, at=at, branch=branch)
+    except OvernightError as exc:
+        _fail(exc)
+    if output is not None:
+        output.write_bytes(data)
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+
+
+@app.command()
+def demo(
+    package: str = typer.Option("email", "--package", "-p", help="Installed Python package to document."),
+    out_path: Path = typer.Option(Path("report.md"), "--out", "-o", help="Where to write the finished report."),
+    task_id: Optional[str] = typer.Option(None, "--task-id", help="Task id (default api-report-<package>)."),
+    store: Optional[str] = StoreOpt,
+    latency_ms: float = typer.Option(0.0, "--model-latency-ms", min=0,
+                                     help="Sleep this long per section, standing in for a model call."),
+    max_steps: Optional[int] = MaxStepsOpt,
+    events: Optional[str] = EventsOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """The main job: write a Markdown API reference of an installed package, one step per module.
+
+    Uses the deterministic offline extractive writer (not an LLM). Re-running resumes the same
+    task; a finished task just writes the report again.
+    """
+    from overnight.demo.api_report import make_task
+
+    try:
+        task = make_task(task_id, package, latency_ms)
+        result = _run_with_progress(
+            lambda p: api.run(task, store=store, max_steps=max_steps, on_event=p), quiet=quiet, events=events)
+        if result.status == "complete":
+            out_path.write_bytes(api.cat(task.id, "report.md", store=store))
+    except OvernightError as exc:
+        _fail(exc)
+    if result.status == "complete":
+        size = out_path.stat().st_size
+        render.err.print(f"report: [bold]{out_path.resolve()}[/] ({render.human_bytes(size)}, "
+                         f"{result.total - 2} module sections)")
+        render.err.print(f"store:  [bold]{render.safe(result.store_url)}[/]  (task {render.safe(result.task_id)}; "
+                         f"`overnight show {render.safe(result.task_id)}` lists its checkpoints)")
+    _report_run(result, quiet=quiet)
+
+
+bench_app = typer.Typer(help="Benchmarks that print a table (ratios against a named baseline, same run).",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("commit")
+def bench_commit(
+    n: int = typer.Option(300, "--n", min=10, help="Commits per system."),
+    state_kb: float = typer.Option(10.0, "--state-kb", min=0.1, help="Size of the state per commit (KB)."),
+    directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure (default: a "
+                                             "temporary directory under the current one)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Checkpoint commit latency: overnight vs LangGraph SqliteSaver.put vs a raw write+fsync floor."""
+    from overnight.bench.commit import run_commit_bench
+
+    try:
+        result = run_commit_bench(n=n, state_kb=state_kb, directory=directory)
+    except ImportError as exc:
+        render.err.print(f"[bold red]error:[/] {exc}; install the bench extra: pip install 'overnight[bench]'")
+        raise typer.Exit(EXIT_USAGE)
+    if as_json:
+        render.print_json(result)
+        return
+    render.out.print(result.markdown())
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(EXIT_RESUMABLE)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""The CLI's one output layer: rich tables for people, ``--json`` for scripts, progress bars."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Iterable, Sequence
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import ProgressColumn, Task as ProgressTask
+from rich.table import Table
+from rich.text import Text
+
+from overnight.orchestrate.runner import RunEvent
+
+def _width(stream: Any) -> int | None:
+    # a pipe or file gets wide tables (no wrapping mid-id); a terminal gets its own width
+    return None if stream.isatty() else int(os.environ.get("COLUMNS", "160"))
+
+
+out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses and containers -> plain JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+def print_json(value: Any) -> None:
+    """JSON on stdout (lone surrogates escaped, so any stored string prints)."""
+    sys.stdout.write(json.dumps(to_jsonable(value), indent=2, ensure_ascii=True) + "\n")
+
+
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, justify: dict[str, str] | None = None) -> None:
+    t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for c in columns:
+        t.add_column(c, justify=(justify or {}).get(c, "left"), overflow="fold")  # type: ignore[arg-type]
+    for r in rows:
+        t.add_row(*[Text(safe(v)) for v in r])
+    out.print(t)
+
+
+def safe(value: Any) -> str:
+    """Printable text for any stored value (lone surrogates and control characters escaped)."""
+    text = "" if value is None else str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return "".join(c if c.isprintable() or c in " \n" else repr(c)[1:-1] for c in text)
+
+
+def human_bytes(n: int | float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+class _EtaColumn(ProgressColumn):
+    """ETA from the mean duration of the steps run in this session."""
+
+    def render(self, task: ProgressTask) -> Text:
+        eta = task.fields.get("eta")
+        return Text("ETA -:--:--" if eta is None else "ETA " + time.strftime("%H:%M:%S", time.gmtime(eta)), style="cyan")
+
+
+class RunProgress:
+    """Turns :class:`RunEvent` into a rich progress bar (step name, done/total, elapsed, ETA).
+
+    Also appends every event as a JSON line to ``events_path`` when given (flushed per line).
+    """
+
+    def __init__(self, *, quiet: bool = False, events_path: str | None = None) -> None:
+        self.quiet = quiet
+        self.events = open(events_path, "a", encoding="utf-8") if events_path else None
+        self.progress = Progress(
+            SpinnerColumn(), TextColumn("[bold]{task.fields[step]}", justify="left"), BarColumn(),
+            MofNCompleteColumn(), TimeElapsedColumn(), _EtaColumn(), console=err, transient=False,
+            disable=quiet,
+        )
+        self.bar: Any = None
+        self.durations: list[float] = []
+
+    def __enter__(self) -> "RunProgress":
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+        if self.events:
+            self.events.close()
+
+    def __call__(self, e: RunEvent) -> None:
+        if self.events:
+            self.events.write(json.dumps({"t": time.time(), **dataclasses.asdict(e)}, ensure_ascii=True) + "\n")
+            self.events.flush()
+        if e.kind in ("create", "resume"):
+            verb = "created" if e.kind == "create" else "resuming from"
+            err.print(f"[green]{verb}[/] task [bold]{safe(e.task_id)}[/] at checkpoint {(e.checkpoint_id or '')[7:19]} "
+                      f"({e.done}/{e.total} steps done)")
+            if e.detail:
+                err.print(f"[yellow]fallback:[/] {safe(e.detail)}")
+            self.bar = self.progress.add_task("run", total=e.total, completed=e.done, step="", eta=None)
+        elif self.bar is None:
+            return
+        elif e.kind == "step_start":
+            self.progress.update(self.bar, step=safe(e.step)[:48], total=e.total, completed=e.done)
+        elif e.kind in ("step_end", "skip"):
+            if e.duration_ms is not None:
+                self.durations.append(e.duration_ms / 1000)
+            eta = (sum(self.durations) / len(self.durations)) * (e.total - e.done) if self.durations else None
+            self.progress.update(self.bar, total=e.total, completed=e.done, eta=eta)
+        elif e.kind == "step_retry":
+            err.print(f"[yellow]retrying[/] {safe(e.step)}: {safe(e.detail)}")
+        elif e.kind == "stop_requested":
+            err.print(f"[yellow]{safe(e.detail)}[/]")
+        elif e.kind == "end":
+            self.progress.update(self.bar, step="" if e.detail != "complete" else "done", total=e.total, completed=e.done)
+

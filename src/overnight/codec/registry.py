@@ -1,0 +1,151 @@
+"""Type references for tagged values: how a stored ``"module:Qualname"`` finds its class again.
+
+Loading never imports a module and never calls anything named by stored data. A type reference is
+resolved in this order:
+
+1. the explicit registry (:func:`register_type`, :func:`register_codec`), which also holds aliases
+   for classes that were renamed or moved;
+2. a module that is *already imported* (``sys.modules``), walked attribute by attribute through
+   ``vars()`` (no ``__getattr__`` hooks, no descriptors).
+
+The resolved object must be a class of the expected kind (an ``Enum`` for an ``enum`` tag, a
+pydantic ``BaseModel`` for a ``model`` tag, ...), otherwise loading fails. The same lookup runs at
+write time, so a class that could never be found again (defined inside a function, say) is refused
+when it is saved, not discovered missing the night after.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from overnight.errors import EncodeError, UnknownTypeError
+
+_lock = threading.Lock()
+_registry: dict[str, type] = {}  # ref -> class (explicit registrations and aliases)
+_codecs: dict[type, "CustomCodec"] = {}  # class -> custom codec
+_codecs_by_name: dict[str, "CustomCodec"] = {}
+
+
+@dataclass(frozen=True)
+class CustomCodec:
+    """A user codec for a type overnight does not cover: ``encode(obj) -> value``, ``decode(value) -> obj``.
+
+    ``value`` may be anything overnight itself can encode (it is encoded recursively)."""
+
+    name: str
+    cls: type
+    encode: Callable[[Any], Any]
+    decode: Callable[[Any], Any]
+
+
+def type_ref(cls: type) -> str:
+    """``"module:Qualname"`` for a class, e.g. ``"app.models:Report.Status"``."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def register_type(cls: type, *aliases: str) -> type:
+    """Make ``cls`` resolvable on load under its own reference and every alias given.
+
+    Use it for classes defined where overnight cannot walk to them (inside a function), or with
+    the old ``"module:Qualname"`` as an alias after moving or renaming a class whose instances are
+    stored. Returns ``cls`` so it can be used as a decorator.
+    """
+    with _lock:
+        _registry[type_ref(cls)] = cls
+        for alias in aliases:
+            _registry[alias] = cls
+    return cls
+
+
+def register_codec(cls: type, encode: Callable[[Any], Any], decode: Callable[[Any], Any], *, name: str | None = None) -> None:
+    """Teach overnight a type it does not cover.
+
+    Args:
+        cls: the exact class (subclasses are not matched; register them separately).
+        encode: ``obj -> value`` where ``value`` is encodable by overnight (str, dict, list, ...).
+        decode: ``value -> obj``; must return an object equal to the original.
+        name: stable tag name stored in checkpoints (default ``"module:Qualname"`` of ``cls``);
+            keep it when the class moves, so old checkpoints still load.
+    """
+    codec = CustomCodec(name or type_ref(cls), cls, encode, decode)
+    with _lock:
+        _codecs[cls] = codec
+        _codecs_by_name[codec.name] = codec
+
+
+def custom_codec_for(cls: type) -> CustomCodec | None:
+    return _codecs.get(cls)
+
+
+def custom_codec_named(name: str) -> CustomCodec | None:
+    return _codecs_by_name.get(name)
+
+
+def _walk(ref: str) -> Any:
+    module_name, _, qualname = ref.partition(":")
+    if not qualname:
+        return None
+    obj: Any = sys.modules.get(module_name)
+    if obj is None:
+        return None
+    for part in qualname.split("."):
+        if part == "<locals>":
+            return None
+        try:
+            namespace = vars(obj)
+        except TypeError:
+            return None
+        if part not in namespace:
+            return None
+        obj = namespace[part]
+    return obj
+
+
+def resolve(ref: str, kind: type, *, path: str) -> type:
+    """Find the class named ``ref`` without importing anything; it must subclass ``kind``.
+
+    Raises:
+        UnknownTypeError: the class is not registered and its module is not imported, or the
+            name now points at something that is not a ``kind`` subclass.
+    """
+    cls = _registry.get(ref)
+    if cls is None:
+        cls = _walk(ref)
+    if not isinstance(cls, type) or not issubclass(cls, kind):
+        module_name = ref.partition(":")[0]
+        loaded = module_name in sys.modules
+        why = (
+            f"module {module_name!r} is imported but has no {kind.__name__} at that name"
+            if loaded
+            else f"module {module_name!r} is not imported in this process"
+        )
+        raise UnknownTypeError(
+            f"cannot load {ref!r} at {path}: {why}",
+            path=path,
+            type_name=ref,
+            hint=(
+                "import the module that defines the class before resuming, or call "
+                f"overnight.register_type(NewClass, {ref!r}) if it was moved or renamed"
+            ),
+        )
+    return cls
+
+
+def check_resolvable(cls: type, kind: type, *, path: str) -> str:
+    """Write-time twin of :func:`resolve`: refuse a class that could not be found again on load."""
+    ref = type_ref(cls)
+    if _registry.get(ref) is cls or _walk(ref) is cls:
+        return ref
+    for alias, registered in _registry.items():
+        if registered is cls:
+            return alias
+    raise EncodeError(
+        f"cannot store {cls.__qualname__} at {path}: class {ref!r} could not be found again on load "
+        "(defined inside a function, or shadowed)",
+        path=path,
+        type_name=ref,
+        hint="define the class at module level, or call overnight.register_type(cls) before saving",
+    )

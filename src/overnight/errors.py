@@ -1,0 +1,197 @@
+"""Every exception overnight raises, grouped by cause.
+
+All of them derive from :class:`OvernightError` and carry, where known, the ``task_id``, the
+``checkpoint_id`` and a ``hint`` saying what to do next. ``str(err)`` renders all three, so a
+log line or a CLI message is actionable on its own.
+
+Groups (mirrors httpx's ``_exceptions.py``):
+
+* codec        -- :class:`EncodeError`, :class:`DecodeError`, :class:`UnknownTypeError`
+* integrity    -- :class:`IntegrityError` and subclasses (digest, missing object, schema, format)
+* concurrency  -- :class:`TaskBusy`, :class:`StaleHead`, :class:`StoreBusy`
+* lookup       -- :class:`TaskNotFound`, :class:`CheckpointNotFound`, :class:`ArtifactNotFound`
+* config/spec  -- :class:`ConfigError`, :class:`SpecError`
+* steps        -- :class:`StepFailed`, :class:`UnknownStep`
+"""
+
+from __future__ import annotations
+
+
+class OvernightError(Exception):
+    """Base class of every error overnight raises."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        task_id: str | None = None,
+        checkpoint_id: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.task_id = task_id
+        self.checkpoint_id = checkpoint_id
+        self.hint = hint
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        where = []
+        if self.task_id is not None:
+            where.append(f"task {self.task_id!r}")
+        if self.checkpoint_id is not None:
+            where.append(f"checkpoint {short_id(self.checkpoint_id)}")
+        if where and not any(w in self.message for w in where):
+            parts.append(f"({', '.join(where)})")
+        text = " ".join(parts)
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+def short_id(checkpoint_id: str) -> str:
+    """``sha256:0123456789abcdef…`` -> ``0123456789ab`` (12 hex digits, like ``git log --oneline``)."""
+    return checkpoint_id.split(":", 1)[-1][:12]
+
+
+# --- codec -------------------------------------------------------------------------------------
+
+
+class CodecError(OvernightError):
+    """A value could not be encoded to, or decoded from, overnight's canonical JSON."""
+
+    def __init__(self, message: str, *, path: str | None = None, type_name: str | None = None, **kw) -> None:
+        super().__init__(message, **kw)
+        self.path = path
+        self.type_name = type_name
+
+
+class EncodeError(CodecError, TypeError):
+    """A value has no codec; raised at write time, naming its path (``state.items[3].when``) and type."""
+
+
+class DecodeError(CodecError, ValueError):
+    """A stored value cannot be decoded exactly; the whole load fails (nothing is downgraded)."""
+
+
+class UnknownTypeError(DecodeError):
+    """Stored data names a class (enum, pydantic model, dataclass) that is not loaded in this process."""
+
+
+# --- integrity ---------------------------------------------------------------------------------
+
+
+class IntegrityError(OvernightError):
+    """A stored record or object failed verification and must not be loaded."""
+
+
+class DigestMismatch(IntegrityError):
+    """The bytes of a checkpoint or object do not hash to the digest that addresses them."""
+
+
+class MissingObject(IntegrityError):
+    """A blob or chunk that a checkpoint references is not in the store."""
+
+
+class SchemaError(IntegrityError):
+    """A checkpoint record is incomplete or malformed (a required field is missing or mistyped)."""
+
+
+class FormatTooNew(IntegrityError):
+    """A record was written by a newer overnight (a format version this code does not know)."""
+
+
+class SignatureError(IntegrityError):
+    """A checkpoint's HMAC signature is missing, wrong, or cannot be checked without the key."""
+
+
+class NoValidCheckpoint(IntegrityError):
+    """No checkpoint on the branch passed verification; there is nothing safe to resume from."""
+
+
+# --- concurrency -------------------------------------------------------------------------------
+
+
+class ConcurrencyError(OvernightError):
+    """Another writer holds or changed what this one expected."""
+
+
+class TaskBusy(ConcurrencyError):
+    """The task's lease is held by another live process (``held by`` names it)."""
+
+    def __init__(self, message: str, *, holder: str | None = None, **kw) -> None:
+        super().__init__(message, **kw)
+        self.holder = holder
+
+
+class StaleHead(ConcurrencyError):
+    """Compare-and-swap on a branch ref failed: the head moved since this writer read it."""
+
+
+class LeaseLost(ConcurrencyError):
+    """This process's lease on the task expired or was taken over; it must stop writing."""
+
+
+class StoreBusy(ConcurrencyError):
+    """The store stayed locked by another process for longer than the configured wait."""
+
+
+# --- lookup ------------------------------------------------------------------------------------
+
+
+class NotFound(OvernightError, LookupError):
+    """Something named by the caller does not exist in the store."""
+
+
+class TaskNotFound(NotFound):
+    """No task with this id in the store."""
+
+
+class CheckpointNotFound(NotFound):
+    """No checkpoint with this id (or unique id prefix) in the task."""
+
+
+class ArtifactNotFound(NotFound):
+    """The checkpoint has no artifact with this name."""
+
+
+class BranchNotFound(NotFound):
+    """The task has no branch with this name."""
+
+
+# --- config / spec -----------------------------------------------------------------------------
+
+
+class ConfigError(OvernightError, ValueError):
+    """A store URL, option or config value is invalid."""
+
+
+class SpecError(ConfigError):
+    """A task specification is incomplete or inconsistent (``missing`` lists what)."""
+
+    def __init__(self, message: str, *, missing: list[str] | None = None, **kw) -> None:
+        super().__init__(message, **kw)
+        self.missing = missing or []
+
+
+class StoreVersionError(ConfigError):
+    """The store's schema was created by a newer overnight; refuse rather than misread it."""
+
+
+# --- steps -------------------------------------------------------------------------------------
+
+
+class StepError(OvernightError):
+    """A step could not run to completion."""
+
+    def __init__(self, message: str, *, step: str | None = None, **kw) -> None:
+        super().__init__(message, **kw)
+        self.step = step
+
+
+class StepFailed(StepError):
+    """A step raised (after its retries); nothing it did was committed, the head is unchanged."""
+
+
+class UnknownStep(StepError):
+    """The todo list names a step function that the task does not define (renamed or removed?)."""

@@ -1,0 +1,140 @@
+"""What a step function receives: inputs, artifacts, user state, outputs of earlier steps, a logger.
+
+Everything a step does through its context is *staged*: artifact writes, state changes and added
+steps become visible to later steps only when the step returns and its checkpoint commits. A
+step that raises, or is killed, leaves no trace -- the next attempt starts from the same head.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Iterator
+
+from overnight.codec.canonical import from_tree
+from overnight.errors import ArtifactNotFound, SpecError
+from overnight.orchestrate.task import default_step_name, todo_entry
+
+if TYPE_CHECKING:
+    from overnight.orchestrate.runner import Runner
+
+
+class Outputs(Mapping[str, Any]):
+    """Read-only ``step name -> output`` of the committed steps, decoded on access."""
+
+    def __init__(self, done: list[dict[str, Any]]) -> None:
+        self._trees = {d["name"]: d["output"] for d in done}
+        self._cache: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._cache:
+            self._cache[name] = from_tree(self._trees[name], f"step[{name!r}].output")
+        return self._cache[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._trees)
+
+    def __len__(self) -> int:
+        return len(self._trees)
+
+
+class StepContext:
+    """Passed as the first argument of every step function.
+
+    Attributes:
+        task_id: the task.
+        goal: the task's goal.
+        step: this step's unique name.
+        args: this step's arguments (also passed as keyword arguments).
+        state: the user state, a dict you may mutate; committed with the step.
+        outputs: outputs of committed steps by step name (read-only mapping).
+        session: the session number (1 for the first run, +1 per resume or compaction).
+        attempt: 1 on the first try of this step in this run, 2+ on retries.
+        log: a logger (``overnight.task.<task_id>``) that prefixes the step name.
+    """
+
+    def __init__(self, runner: "Runner", entry: dict[str, Any], args: dict[str, Any], attempt: int) -> None:
+        self._runner = runner
+        self.task_id: str = runner.task.id
+        self.goal: str = runner.task.goal
+        self.step: str = entry["name"]
+        self.args = args
+        self.state: dict[str, Any] = from_tree(runner.state["data"], "state.data")
+        self.outputs = Outputs(runner.state["done"])
+        self.session: int = runner.session_n
+        self.attempt = attempt
+        self.log = logging.LoggerAdapter(logging.getLogger(f"overnight.task.{self.task_id}"), {"step": self.step})
+        self._artifacts: dict[str, tuple[bytes, bool]] = {}
+        self._added: list[dict[str, Any]] = []
+        self._added_end: list[dict[str, Any]] = []
+
+    # -- artifacts ----------------------------------------------------------------------------
+
+    def write_artifact(self, name: str, data: bytes | bytearray | memoryview) -> None:
+        """Stage a binary artifact (replaces any earlier version of ``name``)."""
+        if not isinstance(name, str) or not name:
+            raise SpecError(f"artifact name must be a non-empty str, got {name!r}", task_id=self.task_id)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"write_artifact({name!r}) takes bytes; use write_text for str")
+        self._artifacts[name] = (bytes(data), False)
+
+    def write_text(self, name: str, text: str) -> None:
+        """Stage a text artifact, stored as UTF-8 (lone surrogates kept, so it reads back exactly)."""
+        if not isinstance(text, str):
+            raise TypeError(f"write_text({name!r}) takes str; use write_artifact for bytes")
+        self.write_artifact(name, text.encode("utf-8", "surrogatepass"))
+        self._artifacts[name] = (self._artifacts[name][0], True)
+
+    def read_artifact(self, name: str) -> bytes:
+        """Bytes of an artifact: this step's staged version, else the committed one (verified).
+
+        Raises:
+            ArtifactNotFound: no artifact of that name.
+        """
+        if name in self._artifacts:
+            return self._artifacts[name][0]
+        return self._runner.read_artifact(name)
+
+    def read_text(self, name: str) -> str:
+        """An artifact decoded from UTF-8 (the inverse of :meth:`write_text`)."""
+        return self.read_artifact(name).decode("utf-8", "surrogatepass")
+
+    def artifact_names(self) -> list[str]:
+        """Names of committed and staged artifacts."""
+        return sorted(set(self._runner.state["artifacts"]) | set(self._artifacts))
+
+    def has_artifact(self, name: str) -> bool:
+        return name in self._artifacts or name in self._runner.state["artifacts"]
+
+    # -- plan -----------------------------------------------------------------------------------
+
+    def add_step(self, fn: str, *, name: str | None = None, position: str = "next", **args: Any) -> str:
+        """Add a step to the todo list; returns its name.
+
+        Args:
+            fn: a registered step function name.
+            name: unique step name (default ``fn[arg=value, ...]``).
+            position: ``"next"`` -- after this step, in the order added (sub-steps), or ``"end"``.
+            **args: the step's arguments (encodable values).
+
+        Raises:
+            SpecError: unknown ``fn``, duplicate name, or bad position.
+        """
+        if fn not in self._runner.task.steps:
+            raise SpecError(f"add_step: task {self.task_id!r} has no step function {fn!r}", task_id=self.task_id,
+                            hint=f"known: {sorted(self._runner.task.steps)}")
+        if position not in ("next", "end"):
+            raise SpecError(f"add_step: position must be 'next' or 'end', got {position!r}")
+        step_name = name or default_step_name(fn, args)
+        taken = self._runner.step_names() | {e["name"] for e in self._added + self._added_end}
+        if step_name in taken:
+            raise SpecError(f"add_step: a step named {step_name!r} already exists in task {self.task_id!r}",
+                            task_id=self.task_id, hint="pass a unique name=")
+        entry = todo_entry(step_name, fn, args, self.step)
+        (self._added if position == "next" else self._added_end).append(entry)
+        return step_name
+
+    @property
+    def should_stop(self) -> bool:
+        """True once a stop was requested (SIGINT/SIGTERM): a long step may return early."""
+        return self._runner.stop_requested

@@ -1,0 +1,171 @@
+"""Task definitions: a goal, a spec, and step functions, registered with ``@task.step``.
+
+    task = overnight.Task("report", goal="Write the API report", expected_span="3h")
+
+    @task.step
+    def plan(ctx):
+        for module in ["a", "b"]:
+            ctx.add_step("section", module=module)   # the todo list grows
+
+    @task.step(planned=False)                         # only run when added
+    def section(ctx, module: str) -> str:
+        ...
+
+A step's *name* is unique within the task (``"section[module='a']"`` by default); its *key* --
+``sha256`` of the step function's name and version, the step name and its arguments -- is what
+memoization looks up: a step whose key is in the head checkpoint's done list is never run again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable
+
+from overnight.codec.canonical import dumps, to_tree
+from overnight.errors import SpecError
+
+CRITICALITY = ("normal", "important", "critical")
+_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr|d|day|days|w|week|weeks)?\s*$")
+_UNIT_S = {None: 3600, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400, "day": 86400,
+           "days": 86400, "w": 604800, "week": 604800, "weeks": 604800}
+
+
+def parse_span(span: str | float | int | timedelta | None) -> float | None:
+    """Expected span in seconds from ``"90m"``, ``"3h"``, ``"2d"``, a number of hours, or a timedelta.
+
+    Raises:
+        SpecError: a string in none of those forms, or a negative span.
+    """
+    if span is None:
+        return None
+    if isinstance(span, timedelta):
+        seconds = span.total_seconds()
+    elif isinstance(span, (int, float)) and not isinstance(span, bool):
+        seconds = float(span) * 3600
+    elif isinstance(span, str) and (m := _SPAN.match(span.lower())):
+        seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    else:
+        raise SpecError(f"cannot read expected span {span!r}", missing=["expected_span"],
+                        hint="use e.g. '90m', '3h', '2d', a number of hours, or a timedelta")
+    if seconds < 0:
+        raise SpecError(f"expected span {span!r} is negative")
+    return seconds
+
+
+@dataclass(frozen=True)
+class StepDef:
+    """A registered step function.
+
+    Attributes:
+        fn_name: name the todo list refers to (the function's ``__name__`` unless given).
+        fn: ``fn(ctx, **args) -> output``; the output must be encodable (see the codec).
+        version: the step's code version; bumping it changes every key of this step.
+        retries: extra attempts after an exception before the run stops with ``StepFailed``.
+        planned: part of the task's initial plan (in definition order).
+        source_digest: ``sha256`` of the function's source (a hint for drift reports).
+    """
+
+    fn_name: str
+    fn: Callable[..., Any]
+    version: str = "1"
+    retries: int = 0
+    planned: bool = True
+    source_digest: str | None = None
+
+
+def _source_digest(fn: Callable[..., Any]) -> str | None:
+    try:
+        return "sha256:" + hashlib.sha256(inspect.getsource(fn).encode("utf-8", "surrogatepass")).hexdigest()
+    except (OSError, TypeError):
+        return None
+
+
+def default_step_name(fn_name: str, args: dict[str, Any]) -> str:
+    """``fn`` alone, or ``fn[a=1, b='x']`` when the step has arguments."""
+    if not args:
+        return fn_name
+    inner = ", ".join(f"{k}={v!r}" for k, v in args.items())
+    return f"{fn_name}[{inner}]"
+
+
+def step_key(fn_name: str, version: str, name: str, args_tree: Any) -> str:
+    """Memoization key of a step instance: ``sha256`` of canonical ``[fn, version, name, args]``."""
+    return "sha256:" + hashlib.sha256(dumps(["overnight.step/1", fn_name, version, name, args_tree])).hexdigest()
+
+
+@dataclass
+class Task:
+    """A long-horizon task: what it is for, how long it should take, and its steps.
+
+    Args:
+        id: unique id in the store (letters, digits, ``._-``, 1-200 characters).
+        goal: one line saying what the task produces.
+        expected_span: how long it should take (``"3h"``, ``"2d"``, hours as a number, timedelta).
+        criticality: ``"normal"``, ``"important"`` or ``"critical"``.
+        data: initial user state (a dict; must be encodable).
+        entry: where the task is defined (``file.py:name``), recorded for ``overnight resume``;
+            set by the CLI.
+
+    Raises:
+        SpecError: invalid id, criticality or span.
+    """
+
+    id: str
+    goal: str
+    expected_span: str | float | timedelta | None = None
+    criticality: str = "normal"
+    data: dict[str, Any] = field(default_factory=dict)
+    entry: str | None = None
+    steps: dict[str, StepDef] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", self.id):
+            raise SpecError(f"invalid task id {self.id!r}", missing=["id"],
+                            hint="use 1-200 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        if self.criticality not in CRITICALITY:
+            raise SpecError(f"criticality must be one of {CRITICALITY}, got {self.criticality!r}", task_id=self.id)
+        self.span_s = parse_span(self.expected_span)
+
+    def step(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        version: str = "1",
+        retries: int = 0,
+        planned: bool = True,
+    ) -> Any:
+        """Register a step function (decorator, with or without arguments). See :class:`StepDef`."""
+
+        def register(f: Callable[..., Any]) -> Callable[..., Any]:
+            fn_name = name or f.__name__
+            if fn_name in self.steps:
+                raise SpecError(f"task {self.id!r} already has a step named {fn_name!r}", task_id=self.id)
+            self.steps[fn_name] = StepDef(fn_name, f, str(version), int(retries), planned, _source_digest(f))
+            return f
+
+        return register(fn) if fn is not None else register
+
+    def spec(self) -> dict[str, Any]:
+        """The task spec stored with it: span (s), criticality, initial plan."""
+        return {
+            "expected_span_s": self.span_s,
+            "criticality": self.criticality,
+            "plan": [s.fn_name for s in self.steps.values() if s.planned],
+        }
+
+    def initial_todo(self) -> list[dict[str, Any]]:
+        """The todo list of a new task: every ``planned`` step, in definition order, no arguments."""
+        if not any(s.planned for s in self.steps.values()):
+            raise SpecError(f"task {self.id!r} has no planned steps", task_id=self.id, missing=["steps"],
+                            hint="decorate at least one function with @task.step")
+        return [todo_entry(s.fn_name, s.fn_name, {}, None) for s in self.steps.values() if s.planned]
+
+
+def todo_entry(name: str, fn_name: str, args: dict[str, Any], added_by: str | None) -> dict[str, Any]:
+    """A todo entry as stored (:class:`~overnight.verify.records.TodoEntry` fields)."""
+    return {"name": name, "fn": fn_name, "args": to_tree(args, f"step[{name!r}].args"), "added_by": added_by}

@@ -1,0 +1,397 @@
+"""SQLite backend: the embedded default (``sqlite://.overnight/overnight.db``).
+
+One file, WAL journal, ``synchronous=FULL``: a commit is on disk when :meth:`SQLiteStore.commit`
+returns, and a crash at any instant leaves either the old or the new head (SQLite's atomic
+commit). Writers take the database lock with ``BEGIN IMMEDIATE`` and wait up to ``busy_timeout_ms``
+for it; past that they get :class:`~overnight.errors.StoreBusy`, never a raw "database is locked".
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from overnight.errors import (
+    CheckpointNotFound,
+    ConfigError,
+    LeaseLost,
+    StaleHead,
+    StoreBusy,
+    StoreVersionError,
+    TaskBusy,
+    TaskNotFound,
+)
+from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.store.leases import can_take_over, describe_holder, now_ms
+
+SCHEMA_VERSION = 1
+_BATCH = 500  # digests per IN (...) query
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS objects (
+    digest TEXT PRIMARY KEY,
+    kind   TEXT NOT NULL,
+    size   INTEGER NOT NULL,
+    codec  TEXT NOT NULL,
+    data   BLOB NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id    TEXT PRIMARY KEY,
+    created_at TEXT NOT NULL,
+    goal       TEXT NOT NULL,
+    entry      TEXT,
+    spec       BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    checkpoint_id TEXT PRIMARY KEY NOT NULL,
+    task_id       TEXT NOT NULL,
+    parent_id     TEXT,
+    branch        TEXT NOT NULL,
+    seq           INTEGER NOT NULL,
+    created_at    TEXT NOT NULL,
+    session       TEXT NOT NULL,
+    event         TEXT NOT NULL,
+    step          TEXT,
+    body          BLOB NOT NULL,
+    signature     TEXT,
+    stored_bytes  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS checkpoints_task ON checkpoints (task_id, seq);
+CREATE TABLE IF NOT EXISTS refs (
+    task_id       TEXT NOT NULL,
+    branch        TEXT NOT NULL,
+    checkpoint_id TEXT NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (task_id, branch)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS journal (
+    task_id       TEXT NOT NULL,
+    checkpoint_id TEXT NOT NULL,
+    seq           INTEGER NOT NULL,
+    step_key      TEXT NOT NULL,
+    step_name     TEXT NOT NULL,
+    session       TEXT NOT NULL,
+    started_at    TEXT NOT NULL,
+    duration_ms   REAL NOT NULL,
+    tokens_in     INTEGER NOT NULL,
+    tokens_out    INTEGER NOT NULL,
+    PRIMARY KEY (checkpoint_id, step_key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS journal_task ON journal (task_id, seq);
+CREATE TABLE IF NOT EXISTS leases (
+    task_id       TEXT NOT NULL,
+    branch        TEXT NOT NULL,
+    holder_id     TEXT NOT NULL,
+    holder        TEXT NOT NULL,
+    token         INTEGER NOT NULL,
+    expires_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (task_id, branch)
+) WITHOUT ROWID;
+"""
+
+
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+class SQLiteStore:
+    """:class:`~overnight.store.base.Store` on one SQLite file.
+
+    Args:
+        path: database file; parent directories are created. ``":memory:"`` is refused (a
+            checkpoint store that vanishes with the process is not a store).
+        busy_timeout_ms: how long a writer waits for another process's transaction (ms).
+
+    Raises:
+        ConfigError: the file is not an SQLite database or cannot be opened.
+        StoreVersionError: the file was created by a newer overnight.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, busy_timeout_ms: int = 10_000) -> None:
+        if str(path) == ":memory:":
+            raise ConfigError("sqlite store needs a file path, not ':memory:'")
+        self.path = Path(path)
+        self.url = f"sqlite://{self.path}"
+        self.busy_timeout_ms = busy_timeout_ms
+        self._lock = threading.RLock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(
+                str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
+            )
+            self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise ConfigError(f"cannot switch {self.path} to WAL journal mode (got {mode!r})")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and _is_locked(exc):
+                raise StoreBusy(f"store {self.path} stayed locked for {busy_timeout_ms} ms while opening") from exc
+            raise ConfigError(
+                f"cannot open store {self.path}: {exc}",
+                hint="is it an overnight SQLite store? point --store / OVERNIGHT_STORE at the right file",
+            ) from exc
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        with self._write():
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
+            row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise StoreVersionError(
+                    f"store {self.path} has schema version {row[0]}, written by a newer overnight "
+                    f"(this one knows up to {SCHEMA_VERSION})",
+                    hint="upgrade overnight (pip install -U overnight) to open this store",
+                )
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``), rolled back on error."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if _is_locked(exc):
+                    raise StoreBusy(
+                        f"store {self.path} stayed locked by another process for {self.busy_timeout_ms} ms",
+                        hint="another overnight process is writing a large commit; retry, or raise busy_timeout_ms",
+                    ) from exc
+                raise
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                self._db.execute("ROLLBACK")
+                if _is_locked(exc):
+                    raise StoreBusy(f"store {self.path} stayed locked while committing") from exc
+                raise
+
+    def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # -- objects ----------------------------------------------------------------------------
+
+    def missing_objects(self, digests: Iterable[str]) -> set[str]:
+        wanted = list(dict.fromkeys(digests))
+        present: set[str] = set()
+        for i in range(0, len(wanted), _BATCH):
+            part = wanted[i : i + _BATCH]
+            marks = ",".join("?" * len(part))
+            present.update(r[0] for r in self._read(f"SELECT digest FROM objects WHERE digest IN ({marks})", tuple(part)))
+        return set(wanted) - present
+
+    def get_objects(self, digests: Iterable[str]) -> dict[str, ObjectRecord]:
+        wanted = list(dict.fromkeys(digests))
+        out: dict[str, ObjectRecord] = {}
+        for i in range(0, len(wanted), _BATCH):
+            part = wanted[i : i + _BATCH]
+            marks = ",".join("?" * len(part))
+            for row in self._read(
+                f"SELECT digest, kind, size, codec, data FROM objects WHERE digest IN ({marks})", tuple(part)
+            ):
+                out[row[0]] = ObjectRecord(row[0], row[1], row[2], row[3], bytes(row[4]))
+        return out
+
+    def put_objects(self, objects: Iterable[ObjectRecord]) -> None:
+        rows = [(o.digest, o.kind, o.size, o.codec, o.data) for o in objects]
+        if rows:
+            with self._write() as db:
+                db.executemany("INSERT OR IGNORE INTO objects VALUES (?,?,?,?,?)", rows)
+
+    # -- checkpoints and refs ---------------------------------------------------------------
+
+    def commit(self, commit: Commit) -> int:
+        cp = commit.checkpoint
+        with self._write() as db:
+            if commit.lease is not None:
+                self._check_lease(db, commit.lease)
+            self._cas_ref(db, cp.task_id, cp.branch, cp.checkpoint_id, commit.expected_head)
+            if commit.task is not None:
+                t = commit.task
+                db.execute(
+                    "INSERT OR IGNORE INTO tasks VALUES (?,?,?,?,?)", (t.task_id, t.created_at, t.goal, t.entry, t.spec)
+                )
+            added = len(cp.body)
+            for o in commit.objects:
+                cur = db.execute("INSERT OR IGNORE INTO objects VALUES (?,?,?,?,?)", (o.digest, o.kind, o.size, o.codec, o.data))
+                if cur.rowcount == 1:
+                    added += len(o.data)
+            db.execute(
+                "INSERT OR IGNORE INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (cp.checkpoint_id, cp.task_id, cp.parent_id, cp.branch, cp.seq, cp.created_at, cp.session,
+                 cp.event, cp.step, cp.body, cp.signature, added),
+            )
+            if commit.journal:
+                db.executemany(
+                    "INSERT OR IGNORE INTO journal VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    [(j.task_id, j.checkpoint_id, j.seq, j.step_key, j.step_name, j.session, j.started_at,
+                      j.duration_ms, j.tokens_in, j.tokens_out) for j in commit.journal],
+                )
+        return added
+
+    @staticmethod
+    def _cas_ref(db: sqlite3.Connection, task_id: str, branch: str, new: str | None, expected: str | None) -> None:
+        """Move ``task_id/branch`` from ``expected`` to ``new`` (None deletes), or raise StaleHead."""
+        if expected is not None:
+            if new is None:
+                cur = db.execute("DELETE FROM refs WHERE task_id=? AND branch=? AND checkpoint_id=?",
+                                 (task_id, branch, expected))
+            else:
+                cur = db.execute("UPDATE refs SET checkpoint_id=?, updated_at_ms=? WHERE task_id=? AND branch=? "
+                                 "AND checkpoint_id=?", (new, now_ms(), task_id, branch, expected))
+            if cur.rowcount == 1:
+                return
+        elif new is not None:
+            cur = db.execute("INSERT OR IGNORE INTO refs VALUES (?,?,?,?)", (task_id, branch, new, now_ms()))
+            if cur.rowcount == 1:
+                return
+        row = db.execute("SELECT checkpoint_id FROM refs WHERE task_id=? AND branch=?", (task_id, branch)).fetchone()
+        current = row[0] if row else None
+        if current == expected:  # only for new=None, expected=None: nothing to do
+            return
+        raise StaleHead(
+            f"branch {branch!r} moved: expected head {expected}, found {current}",
+            task_id=task_id,
+            hint="another writer advanced this branch; reload the head and retry",
+        )
+
+    @staticmethod
+    def _row(row: tuple) -> CheckpointRow:
+        return CheckpointRow(
+            checkpoint_id=row[0], task_id=row[1], parent_id=row[2], branch=row[3], seq=row[4], created_at=row[5],
+            session=row[6], event=row[7], step=row[8], body=bytes(row[9]), signature=row[10], stored_bytes=row[11],
+        )
+
+    def get_checkpoint(self, checkpoint_id: str) -> CheckpointRow:
+        rows = self._read("SELECT * FROM checkpoints WHERE checkpoint_id=?", (checkpoint_id,))
+        if not rows:
+            raise CheckpointNotFound(f"no checkpoint {checkpoint_id} in {self.url}", checkpoint_id=checkpoint_id)
+        return self._row(rows[0])
+
+    def list_checkpoints(self, task_id: str) -> list[CheckpointRow]:
+        rows = self._read("SELECT * FROM checkpoints WHERE task_id=? ORDER BY seq, created_at, checkpoint_id", (task_id,))
+        return [self._row(r) for r in rows]
+
+    def get_ref(self, task_id: str, branch: str) -> str | None:
+        rows = self._read("SELECT checkpoint_id FROM refs WHERE task_id=? AND branch=?", (task_id, branch))
+        return rows[0][0] if rows else None
+
+    def list_refs(self, task_id: str) -> dict[str, str]:
+        return dict(self._read("SELECT branch, checkpoint_id FROM refs WHERE task_id=? ORDER BY branch", (task_id,)))
+
+    def set_ref(self, task_id: str, branch: str, new: str | None, expected: str | None) -> None:
+        with self._write() as db:
+            self._cas_ref(db, task_id, branch, new, expected)
+
+    # -- tasks and journal ------------------------------------------------------------------
+
+    def get_task(self, task_id: str) -> TaskRow:
+        rows = self._read("SELECT task_id, created_at, goal, entry, spec FROM tasks WHERE task_id=?", (task_id,))
+        if not rows:
+            raise TaskNotFound(f"no task {task_id!r} in {self.url}", task_id=task_id, hint="`overnight ls` lists the tasks")
+        r = rows[0]
+        return TaskRow(r[0], r[1], r[2], r[3], bytes(r[4]))
+
+    def list_tasks(self) -> list[TaskRow]:
+        rows = self._read("SELECT task_id, created_at, goal, entry, spec FROM tasks ORDER BY created_at, task_id")
+        return [TaskRow(r[0], r[1], r[2], r[3], bytes(r[4])) for r in rows]
+
+    def journal(self, task_id: str) -> list[JournalRow]:
+        rows = self._read("SELECT * FROM journal WHERE task_id=? ORDER BY seq", (task_id,))
+        return [JournalRow(*r) for r in rows]
+
+    # -- leases -----------------------------------------------------------------------------
+
+    def _check_lease(self, db: sqlite3.Connection, lease: Lease) -> None:
+        row = db.execute(
+            "SELECT holder_id, token, holder FROM leases WHERE task_id=? AND branch=?", (lease.task_id, lease.branch)
+        ).fetchone()
+        if row is None or row[0] != lease.holder_id or row[1] != lease.token:
+            who = describe_holder(row[2]) if row else "nobody"
+            raise LeaseLost(
+                f"lease on branch {lease.branch!r} was taken over (now held by {who})",
+                task_id=lease.task_id,
+                hint="this process stalled past its lease TTL; the other holder continues the task",
+            )
+
+    def acquire_lease(self, task_id: str, branch: str, holder_id: str, holder: str, ttl_ms: int) -> Lease:
+        with self._write() as db:
+            now = now_ms()
+            row = db.execute(
+                "SELECT holder_id, holder, token, expires_at_ms FROM leases WHERE task_id=? AND branch=?",
+                (task_id, branch),
+            ).fetchone()
+            if row is not None and row[0] != holder_id and not can_take_over(row[1], row[3], now):
+                raise TaskBusy(
+                    f"task {task_id!r} is busy (held by {describe_holder(row[1])}, "
+                    f"lease expires in {(row[3] - now) / 1000:.0f} s)",
+                    task_id=task_id,
+                    holder=describe_holder(row[1]),
+                    hint="wait for that run to finish, or stop it (Ctrl-C / kill) and resume",
+                )
+            token = (row[2] + 1) if row is not None else 1
+            db.execute(
+                "INSERT INTO leases VALUES (?,?,?,?,?,?) ON CONFLICT (task_id, branch) DO UPDATE SET "
+                "holder_id=excluded.holder_id, holder=excluded.holder, token=excluded.token, "
+                "expires_at_ms=excluded.expires_at_ms",
+                (task_id, branch, holder_id, holder, token, now + ttl_ms),
+            )
+        return Lease(task_id, branch, holder_id, holder, token, now + ttl_ms)
+
+    def renew_lease(self, lease: Lease, ttl_ms: int) -> Lease:
+        with self._write() as db:
+            self._check_lease(db, lease)
+            expires = now_ms() + ttl_ms
+            db.execute(
+                "UPDATE leases SET expires_at_ms=? WHERE task_id=? AND branch=?", (expires, lease.task_id, lease.branch)
+            )
+        return Lease(lease.task_id, lease.branch, lease.holder_id, lease.holder, lease.token, expires)
+
+    def release_lease(self, lease: Lease) -> None:
+        with self._write() as db:
+            db.execute(
+                "DELETE FROM leases WHERE task_id=? AND branch=? AND holder_id=? AND token=?",
+                (lease.task_id, lease.branch, lease.holder_id, lease.token),
+            )
+
+    # -- housekeeping -----------------------------------------------------------------------
+
+    def stored_bytes(self) -> int:
+        total = 0
+        for suffix in ("", "-wal"):
+            p = Path(str(self.path) + suffix)
+            if p.exists():
+                total += p.stat().st_size
+        return total
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None  # type: ignore[assignment]
+
+    def __enter__(self) -> "SQLiteStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({str(self.path)!r})"

@@ -1,0 +1,203 @@
+"""The chain: appending checkpoints to a branch, and loading the newest one that verifies.
+
+:class:`ChainWriter` is the write path of DESIGN.md: encode the state into blobs (only new
+digests are written), build the record, digest and sign it, then one transaction inserts the
+objects and the checkpoint and moves the branch ref by compare-and-swap.
+
+When a branch head fails verification, its parents are tried in turn (following the parent
+pointer the store indexed for it) until one passes; the bad records are left in place for
+inspection, never deleted or overwritten. :class:`Fallback` says which checkpoints were skipped,
+which check failed on each, and which steps they had committed (now to be redone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from datetime import datetime, timezone
+from typing import Any
+
+from overnight.codec import digest
+from overnight.errors import BranchNotFound, CheckpointNotFound, IntegrityError, NoValidCheckpoint, short_id
+from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, Store, TaskRow
+from overnight.store.blobs import BlobReader, BlobWriter
+from overnight.verify.integrity import LoadedCheckpoint, encode_record, encode_state, load_checkpoint
+from overnight.verify.records import FORMAT_VERSION
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A checkpoint passed over on resume: its id, seq (None if unreadable), step and why."""
+
+    checkpoint_id: str
+    seq: int | None
+    step: str | None
+    error: str
+    reason: str
+
+
+@dataclass
+class Fallback:
+    """What resuming from an older checkpoint than the branch head cost."""
+
+    head_id: str
+    used_id: str | None = None
+    skipped: list[Skipped] = field(default_factory=list)
+
+    @property
+    def redo_steps(self) -> list[str]:
+        """Steps committed by the skipped checkpoints, which will run again."""
+        return [s.step for s in reversed(self.skipped) if s.step]
+
+    def describe(self) -> str:
+        lines = [f"branch head {short_id(self.head_id)} failed verification; resuming from "
+                 f"{short_id(self.used_id) if self.used_id else 'nothing'}"]
+        for s in self.skipped:
+            lines.append(f"  skipped {short_id(s.checkpoint_id)} (seq {s.seq}, step {s.step}): {s.error}: {s.reason}")
+        if self.redo_steps:
+            lines.append(f"  steps to redo: {', '.join(self.redo_steps)}")
+        return "\n".join(lines)
+
+
+def load_head(
+    store: Store, task_id: str, branch: str = "main", *, key: bytes | None = None, deep: bool = True
+) -> tuple[LoadedCheckpoint, Fallback | None]:
+    """Load the newest verifiable checkpoint of ``task_id``/``branch``.
+
+    Returns ``(checkpoint, fallback)``; ``fallback`` is None when the head itself verified.
+
+    Raises:
+        BranchNotFound: the task has no such branch (``TaskNotFound`` when no such task).
+        NoValidCheckpoint: no checkpoint on the branch verifies.
+    """
+    head = store.get_ref(task_id, branch)
+    if head is None:
+        store.get_task(task_id)  # raises TaskNotFound
+        raise BranchNotFound(f"task {task_id!r} has no branch {branch!r}", task_id=task_id,
+                             hint="`overnight log TASK_ID` lists the branches")
+    reader = BlobReader(store)
+    fallback: Fallback | None = None
+    cid: str | None = head
+    seen: set[str] = set()
+    while cid is not None and cid not in seen:
+        seen.add(cid)
+        try:
+            loaded = load_checkpoint(store, cid, key=key, deep=deep, reader=reader)
+        except (IntegrityError, CheckpointNotFound) as exc:
+            try:
+                row = store.get_checkpoint(cid)
+                parent, seq, step = row.parent_id, row.seq, row.step
+            except CheckpointNotFound:
+                parent, seq, step = None, None, None
+            fallback = fallback or Fallback(head_id=head)
+            fallback.skipped.append(Skipped(cid, seq, step, type(exc).__name__, exc.message))
+            cid = parent
+            continue
+        if fallback is not None:
+            fallback.used_id = loaded.id
+        return loaded, fallback
+    assert fallback is not None
+    raise NoValidCheckpoint(
+        f"no checkpoint of task {task_id!r} on branch {branch!r} passes verification\n{fallback.describe()}",
+        task_id=task_id,
+        checkpoint_id=head,
+        hint="run `overnight verify TASK_ID` for the full report",
+    )
+
+
+def utc_now() -> str:
+    """RFC 3339 UTC timestamp with microseconds, e.g. ``2026-11-30T01:02:03.456789+00:00``."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+class ChainWriter:
+    """Appends checkpoints to one branch of one task.
+
+    Args:
+        store: the store.
+        task_id, branch: where to append.
+        key: HMAC-SHA256 signing key (None: unsigned).
+        session_id, session_n: the session stamped on every checkpoint written.
+
+    Attributes:
+        head: parent of the next checkpoint (the newest *valid* one).
+        ref_head: what the branch ref names, which the next commit's CAS expects; differs from
+            ``head`` only after a fallback, when the ref still names a checkpoint that failed
+            verification (the bad records stay in place, off the new chain).
+        seq: ``seq`` of ``head`` (-1 before the first checkpoint).
+        known: digests known to be stored (saves existence queries across commits).
+    """
+
+    def __init__(self, store: Store, task_id: str, branch: str, *, key: bytes | None,
+                 session_id: str, session_n: int) -> None:
+        self.store, self.task_id, self.branch, self.key = store, task_id, branch, key
+        self.session_id, self.session_n = session_id, session_n
+        self.head: str | None = None
+        self.ref_head: str | None = None
+        self.seq = -1
+        self.known: set[str] = set()
+
+    def start_from(self, loaded: LoadedCheckpoint, fallback: Fallback | None) -> None:
+        """Continue after ``loaded`` (the branch ref names ``fallback.head_id`` after a fallback)."""
+        self.head = loaded.id
+        self.ref_head = fallback.head_id if fallback else loaded.id
+        self.seq = loaded.record.seq
+
+    def blob_writer(self) -> BlobWriter:
+        """A :class:`BlobWriter` for the next commit, sharing this chain's known-digest cache."""
+        return BlobWriter(self.store, self.known)
+
+    def commit(
+        self,
+        state: dict[str, Any],
+        event: dict[str, Any],
+        *,
+        writer: BlobWriter | None = None,
+        journal: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        lease: Lease | None = None,
+        task_row: TaskRow | None = None,
+        fingerprint: dict[str, Any] | None = None,
+    ) -> str:
+        """Write one checkpoint of ``state`` (a :class:`~overnight.verify.records.TaskState` tree).
+
+        Args:
+            event: ``{"kind", "step", "key", "detail"}`` (:class:`~overnight.verify.records.Event`).
+            writer: blob writer holding objects staged for this commit (artifacts).
+            journal: step rows (``step_key, step_name, started_at, duration_ms, tokens_in, tokens_out``).
+
+        Returns the new checkpoint id. Durable when it returns.
+
+        Raises:
+            StaleHead: the branch moved since this writer last read or wrote it.
+            LeaseLost: ``lease`` was taken over.
+        """
+        writer = writer or self.blob_writer()
+        state_bytes = encode_state(state)
+        state_digest = writer.put(state_bytes)
+        created_at = utc_now()
+        record = {
+            "format": FORMAT_VERSION,
+            "task_id": self.task_id,
+            "parent_id": self.head,
+            "branch": self.branch,
+            "seq": self.seq + 1,
+            "session": {"id": self.session_id, "n": self.session_n},
+            "created_at": created_at,
+            "event": event,
+            "state": {"digest": state_digest, "size": len(state_bytes)},
+            "fingerprint": fingerprint,
+        }
+        body = encode_record(record)
+        cid = digest.sha256(body)
+        row = CheckpointRow(
+            checkpoint_id=cid, task_id=self.task_id, parent_id=self.head, branch=self.branch, seq=self.seq + 1,
+            created_at=created_at, session=self.session_id, event=event["kind"], step=event.get("step"), body=body,
+            signature=digest.sign(self.key, body) if self.key else None, stored_bytes=0,
+        )
+        rows = [JournalRow(task_id=self.task_id, checkpoint_id=cid, seq=row.seq, session=self.session_id, **j)
+                for j in journal]
+        self.store.commit(Commit(row, self.ref_head, list(writer.objects.values()), rows, lease, task_row))
+        self.known.update(writer.objects)
+        self.head = self.ref_head = cid
+        self.seq = row.seq
+        return cid

@@ -1,0 +1,150 @@
+"""The checkpoint record and the task state document, as pydantic schemas (format version 1).
+
+Every field is required: a record missing ``todo``, ``done``, an artifact reference or anything
+else is invalid -- never "resumed with defaults". Unknown fields are refused too. The prose spec,
+with the invariants and the change log, is ``docs/FORMAT.md``.
+
+Values that come from user code (step arguments, outputs, user data) appear here as *JSON trees*
+of :mod:`overnight.codec.canonical` (``Any``); they are decoded to Python objects only when a
+step reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+FORMAT_VERSION = 1
+"""Format of checkpoint records and state documents written by this code."""
+
+Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class BlobRef(_Strict):
+    """A reference to a blob: its digest and its size in bytes."""
+
+    digest: Digest
+    size: int = Field(ge=0)
+
+
+class ArtifactRef(BlobRef):
+    """A named output stored as a blob. ``text``: written with ``write_text`` (UTF-8)."""
+
+    text: bool
+    step: str | None
+
+
+class SessionRef(_Strict):
+    """The session that wrote a checkpoint: ``id`` (unique per run) and ``n`` (1, 2, ... per task)."""
+
+    id: str
+    n: int = Field(ge=0)
+
+
+class Event(_Strict):
+    """Why the checkpoint exists.
+
+    ``kind``: ``init`` (task created), ``step`` (a step committed), ``compaction`` (the context
+    was summarised at a session boundary), ``fork`` (a branch was created), ``merge``,
+    ``rollback``. ``step`` and ``key`` name the step for ``step`` events.
+    """
+
+    kind: Literal["init", "step", "compaction", "fork", "merge", "rollback"]
+    step: str | None
+    key: str | None
+    detail: str | None
+
+
+class CheckpointRecord(_Strict):
+    """The checkpoint body. ``checkpoint_id = sha256(canonical sorted JSON of this record)``.
+
+    Attributes:
+        format: record format version (:data:`FORMAT_VERSION`); checked before anything else.
+        task_id: the task.
+        parent_id: previous checkpoint on the chain (None for a task's first checkpoint).
+        branch: branch this checkpoint was committed to.
+        seq: depth in the chain: 0 for the first checkpoint, parent's seq + 1 after.
+        session: the session that wrote it.
+        created_at: RFC 3339 UTC timestamp with microseconds.
+        event: why it exists.
+        state: the state document blob (:class:`TaskState`).
+        fingerprint: what a resume depends on (code, deps, env, inputs); None when not recorded.
+    """
+
+    format: int
+    task_id: str = Field(min_length=1)
+    parent_id: str | None
+    branch: str = Field(min_length=1)
+    seq: int = Field(ge=0)
+    session: SessionRef
+    created_at: str
+    event: Event
+    state: BlobRef
+    fingerprint: dict[str, Any] | None
+
+
+class TaskInfo(_Strict):
+    """The task itself: id, goal and spec (expected span in seconds, criticality, plan, ...)."""
+
+    id: str
+    goal: str
+    spec: dict[str, Any]
+
+
+class TodoEntry(_Strict):
+    """A step still to run: unique ``name``, the step function ``fn``, its ``args`` (JSON tree)."""
+
+    name: str
+    fn: str
+    args: Any
+    added_by: str | None
+
+
+class DoneEntry(_Strict):
+    """A committed step.
+
+    Attributes:
+        key: memoization key ``sha256(fn, name, version, args)``; a todo step whose key is
+            here is not run again.
+        output: the step's return value (JSON tree).
+        seq: seq of the checkpoint that committed it.
+        duration_ms: wall time of the step function (ms).
+        tokens_in, tokens_out: model tokens used (0 without model calls).
+    """
+
+    name: str
+    fn: str
+    key: str
+    version: str
+    args: Any
+    output: Any
+    seq: int
+    session: int
+    started_at: str
+    duration_ms: float
+    tokens_in: int
+    tokens_out: int
+
+
+class ContextInfo(_Strict):
+    """Context carried across sessions: the latest compaction summary and how many there were."""
+
+    summary: str | None
+    compactions: int
+
+
+class TaskState(_Strict):
+    """The state document a checkpoint's ``state`` blob holds."""
+
+    format: int
+    task: TaskInfo
+    todo: list[TodoEntry]
+    done: list[DoneEntry]
+    artifacts: dict[str, ArtifactRef]
+    data: Any
+    context: ContextInfo
