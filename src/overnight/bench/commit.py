@@ -156,6 +156,7 @@ def run_commit_bench(n: int = 300, state_kb: float = 10.0, directory: Path | Non
                     floor.samples_ms.append((t5 - t4) * 1000)
         finally:
             os.close(fd)
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             conn.close()
             ours.stored_bytes = store.stored_bytes()
             store.close()

@@ -108,10 +108,12 @@ class RunProgress:
             self.events.write(json.dumps({"t": time.time(), **dataclasses.asdict(e)}, ensure_ascii=True) + "\n")
             self.events.flush()
         if e.kind in ("create", "resume"):
-            verb = "created" if e.kind == "create" else "resuming from"
-            err.print(f"[green]{verb}[/] task [bold]{safe(e.task_id)}[/] at checkpoint {(e.checkpoint_id or '')[7:19]} "
-                      f"({e.done}/{e.total} steps done)")
-            if e.detail:
+            if e.kind == "create":
+                self._say(f"[green]created[/] task [bold]{safe(e.task_id)}[/] (checkpoint {(e.checkpoint_id or '')[7:19]})")
+            else:
+                self._say(f"[green]resuming[/] task [bold]{safe(e.task_id)}[/] from checkpoint "
+                          f"{(e.checkpoint_id or '')[7:19]} ({e.done}/{e.total} steps done)")
+            if e.detail:  # a fallback is always reported, even with --quiet
                 err.print(f"[yellow]fallback:[/] {safe(e.detail)}")
             self.bar = self.progress.add_task("run", total=e.total, completed=e.done, step="", eta=None)
         elif self.bar is None:
@@ -124,9 +126,14 @@ class RunProgress:
             eta = (sum(self.durations) / len(self.durations)) * (e.total - e.done) if self.durations else None
             self.progress.update(self.bar, total=e.total, completed=e.done, eta=eta)
         elif e.kind == "step_retry":
-            err.print(f"[yellow]retrying[/] {safe(e.step)}: {safe(e.detail)}")
+            self._say(f"[yellow]retrying[/] {safe(e.step)}: {safe(e.detail)}")
         elif e.kind == "stop_requested":
             err.print(f"[yellow]{safe(e.detail)}[/]")
         elif e.kind == "end":
-            self.progress.update(self.bar, step="" if e.detail != "complete" else "done", total=e.total, completed=e.done)
+            self.progress.update(self.bar, step="done" if e.detail == "complete" else str(e.detail),
+                                 total=e.total, completed=e.done, eta=0 if e.detail == "complete" else None)
+
+    def _say(self, text: str) -> None:
+        if not self.quiet:
+            err.print(text)
 

@@ -374,6 +374,12 @@ class SQLiteStore:
     # -- housekeeping -----------------------------------------------------------------------
 
     def stored_bytes(self) -> int:
+        """Size of the database file after folding the WAL into it (``wal_checkpoint(TRUNCATE)``)."""
+        with self._lock:
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            except sqlite3.OperationalError:
+                pass  # a reader holds the WAL open: the figure below then includes the log
         total = 0
         for suffix in ("", "-wal"):
             p = Path(str(self.path) + suffix)

@@ -1,0 +1,106 @@
+"""Shared helpers for the process-level tests (crash, concurrency, signals).
+
+Everything here drives real processes (``sys.executable -m overnight ...``) against real SQLite
+files and inspects the result with the library itself; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from overnight.store.sqlite import SQLiteStore
+
+CLI = [sys.executable, "-m", "overnight"]
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e.pop("OVERNIGHT_STORE", None)
+    e.pop("OVERNIGHT_SIGNING_KEY", None)
+    e["PYTHONUNBUFFERED"] = "1"
+    e["COLUMNS"] = "200"
+    return e
+
+
+def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run ``python -m overnight ARGS`` to completion."""
+    return subprocess.run([*CLI, *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout)
+
+
+def spawn(*args: str, cwd: Path, stderr_path: Path | None = None, argv: list[str] | None = None) -> subprocess.Popen:
+    """Start ``python -m overnight ARGS`` (or ``argv``) in the background; stderr to a file."""
+    err = open(stderr_path, "wb") if stderr_path is not None else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(argv or [*CLI, *args], cwd=cwd, env=env(), stdout=subprocess.DEVNULL, stderr=err)
+    finally:
+        if stderr_path is not None:
+            err.close()  # type: ignore[union-attr]
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, interval: float = 0.002, what: str = "condition") -> Any:
+    """Poll ``pred`` until it returns a truthy value; AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def read_events(path: Path, start: int = 0, end: int | None = None) -> list[dict[str, Any]]:
+    """JSON lines of an ``--events`` file between byte offsets ``start`` and ``end``.
+
+    A trailing partial line (a process killed mid-write) is ignored.
+    """
+    if not path.exists():
+        return []
+    data = path.read_bytes()[start:end]
+    out = []
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def main_chain(store: SQLiteStore, task_id: str, branch: str = "main") -> list[Any]:
+    """Checkpoint rows from the branch head to the root, following parent pointers."""
+    cid = store.get_ref(task_id, branch)
+    chain = []
+    seen = set()
+    while cid is not None:
+        assert cid not in seen, f"cycle in the parent chain at {cid}"
+        seen.add(cid)
+        row = store.get_checkpoint(cid)
+        chain.append(row)
+        cid = row.parent_id
+    return chain
+
+
+def assert_linear_history(store: SQLiteStore, task_id: str, branch: str = "main") -> list[Any]:
+    """The branch is one straight line: seq head..0 each exactly once, and no checkpoint of the
+    task is off that line (nobody forked the history). Returns the chain (head first)."""
+    chain = main_chain(store, task_id, branch)
+    seqs = [r.seq for r in chain]
+    assert seqs == list(range(len(chain) - 1, -1, -1)), f"parent chain seqs are not head..0 in steps of 1: {seqs}"
+    assert chain[-1].parent_id is None
+    rows = [r for r in store.list_checkpoints(task_id) if r.branch == branch]
+    by_seq: dict[int, list[str]] = {}
+    for r in rows:
+        by_seq.setdefault(r.seq, []).append(r.checkpoint_id)
+    forks = {s: ids for s, ids in by_seq.items() if len(ids) > 1}
+    assert not forks, f"history forked: several checkpoints share a seq on {branch}: {forks}"
+    off_chain = {r.checkpoint_id for r in rows} - {r.checkpoint_id for r in chain}
+    assert not off_chain, f"checkpoints not on the {branch} chain (a fork): {sorted(off_chain)}"
+    return chain

@@ -1,0 +1,126 @@
+"""The CLI as a user drives it, and the README examples (executed, so they cannot rot)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def cli(*args: str, cwd: Path, env: dict | None = None, check: int | None = 0) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "overnight", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=120)
+    if check is not None:
+        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def readme_block(after_heading: str, lang: str) -> str:
+    section = README.split(after_heading, 1)[1]
+    match = re.search(rf"```{lang}\n(.*?)```", section, re.S)
+    assert match, f"no {lang} block after {after_heading!r}"
+    return match.group(1)
+
+
+def test_readme_starts_with_the_two_commands():
+    blocks = re.findall(r"```bash\n(.*?)```", README, re.S)
+    assert "overnight demo" in blocks[0] and "pip install" in blocks[0]
+    assert "pytest" in blocks[1] and "pip install" in blocks[1]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "test-command" in ci  # CI extracts and runs exactly that block
+
+
+def test_readme_python_example_runs(tmp_path):
+    code = readme_block("## Python API", "python")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "complete 5 / 5"
+    again = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert again.stdout.strip() == "complete 5 / 5"  # resumes: nothing left, nothing redone
+
+
+def test_demo_writes_report_and_says_where(tmp_path):
+    proc = cli("demo", cwd=tmp_path)
+    report = tmp_path / "report.md"
+    assert report.exists()
+    text = report.read_text(encoding="utf-8")
+    assert text.startswith("# API reference: `email`")
+    assert "## `email.message`" in text and "## Contents" in text
+    assert len(text) > 4 * 8000 * 1.5  # well over an 8,000-token context (~4 bytes/token)
+    assert f"report: {report}" in proc.stderr
+    assert "store:" in proc.stderr and ".overnight/overnight.db" in proc.stderr
+    # running it again resumes the finished task: nothing is recomputed, same bytes
+    before = report.read_bytes()
+    again = cli("demo", cwd=tmp_path)
+    assert "0 run this session" in again.stderr
+    assert report.read_bytes() == before
+
+
+def test_ls_show_cat_json(tmp_path):
+    cli("demo", "--max-steps", "3", cwd=tmp_path, check=75)
+    tasks = json.loads(cli("ls", "--json", cwd=tmp_path).stdout)
+    assert [t["task_id"] for t in tasks] == ["api-report-email"]
+    assert tasks[0]["status"] == "in progress" and tasks[0]["done"] == 3
+    show = json.loads(cli("show", "api-report-email", "--json", cwd=tmp_path).stdout)
+    assert [c["seq"] for c in show["chain"]] == [0, 1, 2, 3]
+    assert show["chain"][-1]["heads"] == ["main"]
+    assert all(c["valid"] for c in show["chain"])
+    section = cli("cat", "api-report-email", "sections/email.md", cwd=tmp_path).stdout
+    assert section.startswith("## `email`")
+    # --at an older checkpoint (unique prefix) sees the artifacts as they were then
+    old = show["chain"][2]["checkpoint_id"][7:15]
+    missing = cli("cat", "api-report-email", "sections/email.base64mime.md", "--at", old, cwd=tmp_path, check=2)
+    assert "no artifact" in missing.stderr and "hint:" in missing.stderr
+    table = cli("show", "api-report-email", cwd=tmp_path).stdout
+    assert "section:email" in table and "<- main" in table
+
+
+def test_run_resume_exit_codes(tmp_path):
+    (tmp_path / "job.py").write_text(
+        "import overnight\n"
+        "task = overnight.Task('job', goal='g')\n"
+        "@task.step\n"
+        "def a(ctx): return 1\n"
+        "@task.step\n"
+        "def b(ctx):\n"
+        "    import os\n"
+        "    if os.environ.get('FAIL'): raise ValueError('boom')\n"
+        "    return 2\n"
+        "@task.step\n"
+        "def c(ctx): return 3\n"
+    )
+    out = cli("run", "job.py", "--max-steps", "1", cwd=tmp_path, check=75)
+    assert "overnight resume job" in out.stderr
+    failed = cli("resume", "job", cwd=tmp_path, env={"FAIL": "1"}, check=1)
+    assert "step 'b' failed" in failed.stderr and "ValueError: boom" in failed.stderr
+    cli("resume", "job", cwd=tmp_path)
+    shown = json.loads(cli("show", "job", "--json", cwd=tmp_path).stdout)
+    assert shown["status"] == "complete" and shown["done"] == 3
+
+
+def test_usage_errors_are_clear(tmp_path):
+    err = cli("show", "nope", cwd=tmp_path, check=2).stderr
+    assert "no task 'nope'" in err and "overnight ls" in err
+    err = cli("run", "missing.py", cwd=tmp_path, check=2).stderr
+    assert "missing.py" in err
+    err = cli("resume", "nope", "--store", "bogus://x", cwd=tmp_path, check=2).stderr
+    assert "unsupported store URL" in err
+
+
+def test_help_documents_exit_codes(tmp_path):
+    out = cli("--help", cwd=tmp_path).stdout
+    for code in ("0 complete", "1 step failed", "3 integrity", "4 busy", "75 resumable"):
+        assert code in out
+
+
+@pytest.mark.parametrize("cmd", ["run", "resume", "ls", "show", "cat", "demo"])
+def test_every_command_is_in_the_readme(cmd):
+    assert f"overnight {cmd}" in README
