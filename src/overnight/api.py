@@ -20,7 +20,10 @@ from overnight.orchestrate.runner import RunEvent, RunResult, Runner
 from overnight.orchestrate.task import Task
 from overnight.store import Store, open_store
 from overnight.store.blobs import BlobReader
+from overnight.verify import branching
+from overnight.verify.branching import LogEntry, MergeResult
 from overnight.verify.chain import load_head
+from overnight.verify.fsck import VerifyReport, verify_store
 from overnight.verify.integrity import load_checkpoint, parse_record, signing_key_from_env
 
 
@@ -308,3 +311,52 @@ def cat(task_id: str, artifact: str, *, store: Store | str | None = None, at: st
                 hint="artifacts there: " + _some(sorted(loaded.state.artifacts)),
             )
         return BlobReader(s).get(ref.digest, f"artifact {artifact!r}")
+
+
+# --- verify / log / fork / rollback / merge -----------------------------------------------------
+
+
+def verify(task_id: str | None = None, *, store: Store | str | None = None, all_objects: bool = False,
+           on_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    """Full check of one task (or, with ``task_id=None``, every task); ``all_objects`` also checks
+    every stored object, referenced or not. See :mod:`overnight.verify.fsck`.
+
+    Raises:
+        TaskNotFound: ``task_id`` does not exist.
+    """
+    with _opened(store) as s:
+        return verify_store(s, [task_id] if task_id else None, key=signing_key_from_env(),
+                            all_objects=all_objects, on_progress=on_progress)
+
+
+def log(task_id: str, *, store: Store | str | None = None) -> list[LogEntry]:
+    """The task's history, all branches, newest first, with a graph column (``git log --graph``)."""
+    with _opened(store) as s:
+        s.get_task(task_id)
+        return branching.history(s, task_id, key=signing_key_from_env())
+
+
+def fork(task_id: str, at: str, branch: str, *, store: Store | str | None = None) -> str:
+    """Create ``branch`` at checkpoint ``at`` (id, unique prefix, or branch name); returns the new
+    branch's first checkpoint id. Raises ``BranchExists``, ``CheckpointNotFound``, ``IntegrityError``."""
+    with _opened(store) as s:
+        s.get_task(task_id)
+        return branching.fork(s, task_id, resolve_checkpoint(s, task_id, at), branch, key=signing_key_from_env())
+
+
+def rollback(task_id: str, to: str, *, branch: str = "main", store: Store | str | None = None) -> str:
+    """Give ``branch`` a new head with the state of its ancestor ``to``; the newer checkpoints stay
+    in the history. Raises ``TaskBusy`` while a run holds the branch."""
+    with _opened(store) as s:
+        s.get_task(task_id)
+        return branching.rollback(s, task_id, resolve_checkpoint(s, task_id, to), branch=branch,
+                                  key=signing_key_from_env())
+
+
+def merge(task_id: str, source: str, *, into: str = "main", prefer: str | None = None,
+          store: Store | str | None = None) -> MergeResult:
+    """Merge branch ``source`` into ``into`` (union of done steps; three-way for artifacts and
+    state). Raises ``MergeConflict`` listing both sides unless ``prefer`` is ``ours``/``theirs``."""
+    with _opened(store) as s:
+        s.get_task(task_id)
+        return branching.merge(s, task_id, source, into=into, prefer=prefer, key=signing_key_from_env())

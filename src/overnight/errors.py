@@ -8,7 +8,7 @@ Groups (mirrors httpx's ``_exceptions.py``):
 
 * codec        -- :class:`EncodeError`, :class:`DecodeError`, :class:`UnknownTypeError`
 * integrity    -- :class:`IntegrityError` and subclasses (digest, missing object, schema, format)
-* concurrency  -- :class:`TaskBusy`, :class:`StaleHead`, :class:`StoreBusy`
+* concurrency  -- :class:`TaskBusy`, :class:`StaleHead`, :class:`StoreBusy`, :class:`MergeConflict`
 * lookup       -- :class:`TaskNotFound`, :class:`CheckpointNotFound`, :class:`ArtifactNotFound`
 * config/spec  -- :class:`ConfigError`, :class:`SpecError`
 * steps        -- :class:`StepFailed`, :class:`UnknownStep`
@@ -82,7 +82,14 @@ class UnknownTypeError(DecodeError):
 
 
 class IntegrityError(OvernightError):
-    """A stored record or object failed verification and must not be loaded."""
+    """A stored record or object failed verification and must not be loaded.
+
+    ``object_digest`` names the damaged or missing object, when the failure is an object's.
+    """
+
+    def __init__(self, message: str, *, object_digest: str | None = None, **kw) -> None:
+        super().__init__(message, **kw)
+        self.object_digest = object_digest
 
 
 class DigestMismatch(IntegrityError):
@@ -136,6 +143,14 @@ class StoreBusy(ConcurrencyError):
     """The store stayed locked by another process for longer than the configured wait."""
 
 
+class MergeConflict(ConcurrencyError):
+    """Both branches changed the same step, artifact or state key; ``conflicts`` lists both sides."""
+
+    def __init__(self, message: str, *, conflicts: list | None = None, **kw) -> None:
+        super().__init__(message, **kw)
+        self.conflicts = conflicts or []
+
+
 # --- lookup ------------------------------------------------------------------------------------
 
 
@@ -172,6 +187,10 @@ class SpecError(ConfigError):
     def __init__(self, message: str, *, missing: list[str] | None = None, **kw) -> None:
         super().__init__(message, **kw)
         self.missing = missing or []
+
+
+class BranchExists(ConfigError):
+    """A branch with that name already exists in the task."""
 
 
 class StoreVersionError(ConfigError):

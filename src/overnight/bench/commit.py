@@ -31,7 +31,7 @@ from typing import Any
 from overnight.codec.canonical import dumps, to_tree
 from overnight.store.sqlite import SQLiteStore
 from overnight.verify.chain import ChainWriter
-from overnight.verify.records import FORMAT_VERSION
+from overnight.verify.records import FORMAT_VERSION, event
 
 
 @dataclass
@@ -134,8 +134,7 @@ def run_commit_bench(n: int = 300, state_kb: float = 10.0, directory: Path | Non
                 payload = {"messages": messages, "step": i}
 
                 t0 = time.perf_counter()
-                chain.commit(state_doc(to_tree(payload, "state.data")), {"kind": "step", "step": f"s{i}",
-                                                                         "key": None, "detail": None})
+                chain.commit(state_doc(to_tree(payload, "state.data")), event("step", step=f"s{i}"))
                 t1 = time.perf_counter()
 
                 cp = empty_checkpoint()

@@ -219,6 +219,128 @@ def cat(
 
 
 @app.command()
+def verify(
+    task_id: Optional[str] = typer.Argument(None, help="Task id; omit with --all."),
+    all_tasks: bool = typer.Option(False, "--all", help="Every task, and every object in the store (referenced or not)."),
+    store: Optional[str] = StoreOpt,
+    as_json: bool = JsonOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Check every checkpoint and blob of a task (or the whole store), like `git fsck`.
+
+    Records: digest, canonical form, format, schema, signature; chain links; state and artifact
+    blobs, hashed chunk by chunk. Exit 0 when everything verifies, 3 on any problem."""
+    if not task_id and not all_tasks:
+        render.err.print("[bold red]error:[/] name a TASK_ID or pass --all")
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        with render.progress_bar("verifying", quiet=quiet or as_json) as update:
+            rep = api.verify(task_id if not all_tasks else None, store=store, all_objects=all_tasks, on_progress=update)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        render.print_json({**render.to_jsonable(rep), "ok": rep.ok})
+    else:
+        render.out.print(
+            f"{rep.tasks} task(s), {rep.checkpoints} checkpoint(s) ({rep.checkpoints_invalid} invalid), "
+            f"{rep.objects_checked} blob(s) verified ({render.human_bytes(rep.bytes_verified)}) in {rep.seconds:.2f} s"
+            + (f"; {rep.dangling_objects} unreferenced object(s)" if all_tasks else "")
+        )
+        for task, heads in rep.heads.items():
+            render.out.print(f"  {render.safe(task)}: " + ", ".join(f"{b} {st}" for b, st in heads.items()))
+        if rep.problems:
+            render.table("problems", ["task", "checkpoint", "check", "detail"],
+                         [(p.task_id or "", (p.checkpoint_id or "")[7:19], p.check, p.detail) for p in rep.problems])
+        else:
+            render.out.print("[green]ok[/]")
+    if not rep.ok:
+        raise typer.Exit(EXIT_INTEGRITY)
+
+
+@app.command("log")
+def log_(
+    task_id: str = typer.Argument(..., help="Task id."),
+    store: Optional[str] = StoreOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """History of a task with its branches, as a graph (newest first), like `git log --graph --all`."""
+    try:
+        entries = api.log(task_id, store=store)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        render.print_json([{"checkpoint_id": e.row.checkpoint_id, "parents": e.parents, "branch": e.row.branch,
+                            "seq": e.row.seq, "event": e.row.event, "step": e.row.step, "created_at": e.row.created_at,
+                            "heads": e.heads, "valid": e.valid, "problem": e.problem} for e in entries])
+        return
+    width = max((len(e.graph.split("\n")[-1]) for e in entries), default=1)
+    for e in entries:
+        *joins, line = e.graph.split("\n")
+        for j in joins:
+            render.out.print(j, markup=False)
+        heads = f"  ({', '.join(e.heads)})" if e.heads else ""
+        what = e.row.step or ""
+        bad = "" if e.valid else f"  INVALID: {e.problem}"
+        render.out.print(f"{line.ljust(width)}  {e.row.checkpoint_id[7:19]}  seq {e.row.seq:<4} {e.row.event:<9}"
+                         f"{render.safe(what)}{heads}{bad}", markup=False)
+
+
+@app.command()
+def fork(
+    task_id: str = typer.Argument(..., help="Task id."),
+    at: str = typer.Option(..., "--at", help="Checkpoint id (or unique prefix) or branch to fork from."),
+    branch: str = typer.Option(..., "--branch", "-b", help="Name of the new branch."),
+    store: Optional[str] = StoreOpt,
+) -> None:
+    """Start a new branch at a checkpoint. Both branches continue independently
+    (`overnight resume TASK_ID --branch NAME`) and never see each other's later checkpoints."""
+    try:
+        cid = api.fork(task_id, at, branch, store=store)
+    except OvernightError as exc:
+        _fail(exc)
+    render.err.print(f"branch [bold]{render.safe(branch)}[/] created at {cid[7:19]}; "
+                     f"continue it with: overnight resume {render.safe(task_id)} --branch {render.safe(branch)}")
+
+
+@app.command()
+def rollback(
+    task_id: str = typer.Argument(..., help="Task id."),
+    to: str = typer.Option(..., "--to", help="Checkpoint id (or unique prefix) to go back to."),
+    branch: str = BranchOpt,
+    store: Optional[str] = StoreOpt,
+) -> None:
+    """Move a branch back to an earlier checkpoint's state. The newer checkpoints stay in the
+    history (`overnight log`); the steps after the target run again on the next resume."""
+    try:
+        cid = api.rollback(task_id, to, branch=branch, store=store)
+    except OvernightError as exc:
+        _fail(exc)
+    render.err.print(f"branch [bold]{render.safe(branch)}[/] rolled back; new head {cid[7:19]}")
+
+
+@app.command()
+def merge(
+    task_id: str = typer.Argument(..., help="Task id."),
+    source: str = typer.Option(..., "--from", help="Branch to merge."),
+    into: str = typer.Option("main", "--into", help="Branch to merge into."),
+    prefer: Optional[str] = typer.Option(None, "--prefer", help="Resolve conflicts: ours | theirs."),
+    store: Optional[str] = StoreOpt,
+) -> None:
+    """Merge a branch: union of done steps when no step conflicts (three-way for artifacts and
+    state). A conflict is reported with both sides (exit 4); --prefer picks one."""
+    try:
+        res = api.merge(task_id, source, into=into, prefer=prefer, store=store)
+    except OvernightError as exc:
+        _fail(exc)
+    if res.up_to_date:
+        render.err.print(f"{render.safe(into)} already contains {render.safe(source)}: nothing to merge")
+        return
+    render.err.print(f"merged {render.safe(source)} into {render.safe(into)}: {len(res.added_steps)} step(s) added"
+                     + (f", {len(res.conflicts)} conflict(s) resolved preferring {prefer}" if res.conflicts else "")
+                     + f"; new head {(res.checkpoint_id or '')[7:19]}")
+
+
+@app.command()
 def demo(
     package: str = typer.Option("email", "--package", "-p", help="Installed Python package to document."),
     out_path: Path = typer.Option(Path("report.md"), "--out", "-o", help="Where to write the finished report."),

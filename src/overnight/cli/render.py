@@ -137,3 +137,24 @@ class RunProgress:
         if not self.quiet:
             err.print(text)
 
+
+
+class progress_bar:  # noqa: N801 - used as a context manager like rich's
+    """A determinate progress bar on stderr for long plumbing work (``verify``); yields
+    ``update(done, total)``."""
+
+    def __init__(self, label: str, *, quiet: bool = False) -> None:
+        self.progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 console=err, transient=True, disable=quiet)
+
+    def __enter__(self):
+        self.progress.__enter__()
+        bar = self.progress.add_task("work", total=None)
+
+        def update(done: int, total: int) -> None:
+            self.progress.update(bar, completed=done, total=total)
+
+        return update
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)

@@ -41,7 +41,7 @@ from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
 from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
 from overnight.verify.integrity import signing_key_from_env
-from overnight.verify.records import FORMAT_VERSION
+from overnight.verify.records import FORMAT_VERSION, event
 
 
 class _Abandon(BaseException):
@@ -239,8 +239,7 @@ class Runner:
             }
             spec = canonical_dumps(self.state["task"]["spec"])
             task_row = TaskRow(self.task.id, utc_now(), self.task.goal, self.task.entry, spec)
-            self._commit(self.chain.blob_writer(), {"kind": "init", "step": None, "key": None,
-                                                                 "detail": None}, [], task_row)
+            self._commit(self.chain.blob_writer(), event("init"), [], task_row)
             self._emit("create", checkpoint_id=self.head)
             return True, None
         loaded, fallback = load_head(self.store, self.task.id, self.branch, key=self.key)
@@ -248,6 +247,12 @@ class Runner:
         self.chain.start_from(loaded, fallback)
         self.chain.session_n = loaded.record.session.n + 1
         self._emit("resume", checkpoint_id=loaded.id, detail=fallback.describe() if fallback else None)
+        if fallback is not None:
+            # put the branch back on a valid head at once (the bad records stay, off the branch),
+            # recording what was skipped and why
+            skipped = ", ".join(f"{s.checkpoint_id} ({s.error})" for s in fallback.skipped)
+            self._commit(self.chain.blob_writer(), event("rollback", ref=loaded.id,
+                                                         detail=f"automatic fallback: skipped {skipped}"), [])
         return False, fallback
 
     def _task_exists(self) -> bool:
@@ -301,7 +306,7 @@ class Runner:
                 if self.max_steps is not None and steps_run >= self.max_steps:
                     status = "stopped"
                     break
-                ran = self._run_one(fallback if steps_run == 0 and steps_reused == 0 else None)
+                ran = self._run_one()
                 if ran:
                     steps_run += 1
                 else:
@@ -318,7 +323,7 @@ class Runner:
             created=created, fallback=fallback, artifacts=sorted(self.state["artifacts"]),
         )
 
-    def _run_one(self, fallback: Fallback | None) -> bool:
+    def _run_one(self) -> bool:
         """Run (or reuse) the first todo step and commit its checkpoint. Returns True if it ran."""
         entry = self.state["todo"][0]
         sdef = self.task.steps.get(entry["fn"])
@@ -331,11 +336,9 @@ class Runner:
         key = step_key(sdef.fn_name, sdef.version, entry["name"], entry["args"])
         previous = next((d for d in self.state["done"] if d["key"] == key), None)
         writer = self.chain.blob_writer()
-        event_detail = _fallback_detail(fallback)
         if previous is not None:
             self.state = {**self.state, "todo": self.state["todo"][1:]}
-            self._commit(writer, {"kind": "step", "step": entry["name"], "key": key,
-                                     "detail": _join("reused", event_detail)}, [])
+            self._commit(writer, event("step", step=entry["name"], key=key, detail="reused"), [])
             self._emit("skip", step=entry["name"], checkpoint_id=self.head)
             return False
 
@@ -384,20 +387,9 @@ class Runner:
         }
         journal = [{"step_key": key, "step_name": entry["name"], "started_at": started_at,
                     "duration_ms": duration_ms, "tokens_in": 0, "tokens_out": 0}]
-        self._commit(writer, {"kind": "step", "step": entry["name"], "key": key, "detail": event_detail}, journal)
+        self._commit(writer, event("step", step=entry["name"], key=key), journal)
         self._emit("step_end", step=entry["name"], checkpoint_id=self.head, duration_ms=duration_ms)
         return True
-
-
-def _fallback_detail(fallback: Fallback | None) -> str | None:
-    if fallback is None:
-        return None
-    return "fallback: skipped " + ", ".join(f"{s.checkpoint_id} ({s.error})" for s in fallback.skipped)
-
-
-def _join(*parts: str | None) -> str | None:
-    text = "; ".join(p for p in parts if p)
-    return text or None
 
 
 def run(task: Task, store: Store | str | None = None, **kwargs: Any) -> RunResult:

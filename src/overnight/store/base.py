@@ -17,7 +17,7 @@ verification live above them. Every backend passes ``tests/test_store_conformanc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Iterable, Iterator, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +140,10 @@ class Commit:
         journal: step rows to insert.
         lease: the writer's lease; the commit fails with ``LeaseLost`` if it no longer holds it.
         task: the task registration, for the first commit of a new task.
+
+    An object whose digest is already stored is not written again -- unless the stored bytes
+    differ from the given ones, which hash to the digest by construction: the stored copy is then
+    damaged and is replaced (self-healing; the content behind a digest never changes).
     """
 
     checkpoint: CheckpointRow
@@ -173,6 +177,10 @@ class Store(Protocol):
 
     def put_objects(self, objects: Iterable[ObjectRecord]) -> None:
         """Insert objects outside a commit (already present digests are ignored)."""
+        ...
+
+    def iter_object_digests(self) -> Iterator[str]:
+        """Every stored object's digest, in no particular order (for ``verify --all`` and gc)."""
         ...
 
     # checkpoints and refs --------------------------------------------------------------------

@@ -13,12 +13,16 @@ reassembled bytes do not, or a missing object raises an :class:`~overnight.error
 
 from __future__ import annotations
 
+import hashlib
 from typing import Iterable
 
 from overnight.codec import chunking, compress, digest
 from overnight.codec.canonical import dumps_sorted, loads
-from overnight.errors import DecodeError, DigestMismatch, MissingObject
+from overnight.errors import DecodeError, DigestMismatch, IntegrityError, MissingObject
 from overnight.store.base import ObjectRecord, Store
+
+MAX_TREE_DEPTH = 4
+"""Chunk indexes of chunk indexes nest at most this deep (4 levels address far beyond 1 TB)."""
 
 
 class BlobWriter:
@@ -30,14 +34,19 @@ class BlobWriter:
     Args:
         store: where to look up what already exists.
         known: digests known to be stored already (a per-run cache, shared across commits).
+        suspect: digests whose stored copy failed verification: never trusted as present; when
+            content with such a digest is put again it is staged, and the commit replaces the
+            damaged copy with bytes that hash to the same digest.
     """
 
-    def __init__(self, store: Store, known: set[str] | None = None) -> None:
+    def __init__(self, store: Store, known: set[str] | None = None, suspect: set[str] | None = None) -> None:
         self.store = store
         self.known = known if known is not None else set()
+        self.suspect = suspect if suspect is not None else set()
         self.objects: dict[str, ObjectRecord] = {}
 
     def _have(self, digests: Iterable[str]) -> set[str]:
+        digests = [d for d in digests if d not in self.suspect]
         todo = [d for d in digests if d not in self.known and d not in self.objects]
         if not todo:
             return set(digests)
@@ -53,24 +62,27 @@ class BlobWriter:
         """Stage ``data`` as a blob; returns its ``sha256:<hex>`` digest."""
         data = bytes(data)
         d = digest.sha256(data)
-        if d in self.objects or d in self.known:
+        if d in self.objects or (d in self.known and d not in self.suspect):
             return d
         if len(data) <= chunking.inline_limit(_index):
             # small: no existence query; the store's INSERT OR IGNORE deduplicates
             self._stage(d, "blob", data)
             return d
-        if d in self._have([d]):
+        present = d in self._have([d])
+        if present and not self.suspect:
             return d
+        # (with suspects, a present tree may still point at a damaged chunk: check its chunks)
         chunks = chunking.cut(data, index=_index)
         chunk_digests = [digest.sha256(c) for c in chunks]
-        present = self._have(chunk_digests)
+        have = self._have(chunk_digests)
         for c, cd in zip(chunks, chunk_digests):
-            if cd not in present and cd not in self.objects:
+            if cd not in have and cd not in self.objects:
                 self._stage(cd, "blob", bytes(c))
         index = b"".join(digest.raw(cd) for cd in chunk_digests)
         index_digest = self.put(index, _index=True)
-        payload = dumps_sorted({"chunks": len(chunks), "index": index_digest, "size": len(data)})
-        self._stage(d, "tree", payload)
+        if not present:
+            payload = dumps_sorted({"chunks": len(chunks), "index": index_digest, "size": len(data)})
+            self._stage(d, "tree", payload)
         return d
 
 
@@ -89,55 +101,153 @@ class BlobReader:
         found = self.store.get_objects(digests)
         for d in digests:
             if d not in found:
-                raise MissingObject(f"object {d} is missing from the store (needed by {context})")
+                raise MissingObject(f"object {d} is missing from the store (needed by {context})", object_digest=d)
         return found
 
     def _payload(self, obj: ObjectRecord, context: str) -> bytes:
         try:
             return compress.decompress(obj.codec, obj.data, obj.size)
         except DecodeError as exc:
-            raise DigestMismatch(f"object {obj.digest} is corrupt ({exc}); needed by {context}") from exc
+            raise DigestMismatch(f"object {obj.digest} is corrupt ({exc}); needed by {context}",
+                                 object_digest=obj.digest) from exc
 
-    def get(self, blob_digest: str, context: str = "a read") -> bytes:
+    def get(self, blob_digest: str, context: str = "a read", _depth: int = 0) -> bytes:
         """The verified bytes of a blob."""
         obj = self._fetch([blob_digest], context)[blob_digest]
-        return self._assemble(obj, context)
+        return self._assemble(obj, context, _depth)
 
-    def _assemble(self, obj: ObjectRecord, context: str) -> bytes:
-        payload = self._payload(obj, context)
+    def _tree_index(self, obj: ObjectRecord, context: str, depth: int) -> tuple[list[str], int]:
+        """``(chunk digests, size)`` of a ``tree`` object, its chunk index read and verified."""
+        if depth > MAX_TREE_DEPTH:
+            raise DigestMismatch(f"chunk tree {obj.digest} nests deeper than {MAX_TREE_DEPTH} levels (a cycle?); "
+                                 f"needed by {context}", object_digest=obj.digest)
+        try:
+            tree = loads(self._payload(obj, context))
+            index_digest, n_chunks, size = tree["index"], tree["chunks"], tree["size"]
+        except (DecodeError, KeyError, TypeError) as exc:
+            raise DigestMismatch(f"chunk tree {obj.digest} is malformed ({exc}); needed by {context}",
+                                 object_digest=obj.digest) from exc
+        index = self.get(index_digest, context, depth + 1)
+        if len(index) != 32 * n_chunks:
+            raise DigestMismatch(f"chunk index of {obj.digest} lists {len(index) // 32} chunks, expected {n_chunks}",
+                                 object_digest=obj.digest)
+        return [digest.from_raw(index[i : i + 32]) for i in range(0, len(index), 32)], size
+
+    def _chunk(self, chunk: ObjectRecord, where: str) -> bytes:
+        """Payload of a chunk, which must be a plain ``blob`` object."""
+        if chunk.kind != "blob":
+            raise DigestMismatch(f"chunk {chunk.digest} is a {chunk.kind!r}, not a blob; needed by {where}",
+                                 object_digest=chunk.digest)
+        return self._payload(chunk, where)
+
+    def _assemble(self, obj: ObjectRecord, context: str, depth: int = 0) -> bytes:
         if obj.kind == "blob":
-            data = payload
+            data = self._payload(obj, context)
         elif obj.kind == "tree":
-            try:
-                tree = loads(payload)
-                index_digest, n_chunks, size = tree["index"], tree["chunks"], tree["size"]
-            except (DecodeError, KeyError, TypeError) as exc:
-                raise DigestMismatch(f"chunk tree {obj.digest} is malformed ({exc}); needed by {context}") from exc
-            index = self.get(index_digest, context)
-            if len(index) != 32 * n_chunks:
-                raise DigestMismatch(f"chunk index of {obj.digest} lists {len(index) // 32} chunks, expected {n_chunks}")
-            chunk_digests = [digest.from_raw(index[i : i + 32]) for i in range(0, len(index), 32)]
-            chunks = self._fetch(list(dict.fromkeys(chunk_digests)), f"{context}, blob {obj.digest}")
+            chunk_digests, size = self._tree_index(obj, context, depth)
+            where = f"{context}, blob {obj.digest}"
+            chunks = self._fetch(list(dict.fromkeys(chunk_digests)), where)
             parts = []
             for cd in chunk_digests:
-                part = self._assemble(chunks[cd], f"{context}, blob {obj.digest}")
+                part = self._chunk(chunks[cd], where)
+                if digest.sha256(part) != cd:
+                    raise DigestMismatch(f"chunk {cd} does not match its content; needed by {where}", object_digest=cd)
                 parts.append(part)
             data = b"".join(parts)
             if len(data) != size:
-                raise DigestMismatch(f"blob {obj.digest} reassembled to {len(data)} bytes, expected {size}")
+                raise DigestMismatch(f"blob {obj.digest} reassembled to {len(data)} bytes, expected {size}",
+                                     object_digest=obj.digest)
         else:
-            raise DigestMismatch(f"object {obj.digest} has unknown kind {obj.kind!r}; needed by {context}")
+            raise DigestMismatch(f"object {obj.digest} has unknown kind {obj.kind!r}; needed by {context}",
+                                 object_digest=obj.digest)
         if digest.sha256(data) != obj.digest:
-            raise DigestMismatch(f"object {obj.digest} does not match its content; needed by {context}")
+            raise DigestMismatch(f"object {obj.digest} does not match its content; needed by {context}",
+                                 object_digest=obj.digest)
         return data
 
-    def reachable(self, blob_digest: str, context: str = "a walk") -> list[str]:
-        """Every object digest ``blob_digest`` is made of, itself included (for verify and gc)."""
+    def verify(self, blob_digest: str, context: str, verified: set[str] | None = None) -> int:
+        """Check a blob without keeping it in memory: chunks are streamed through the hash.
+
+        ``verified`` caches digests already checked (shared across calls, so a chunk stored once
+        is hashed once per tree that uses it, decompressed as needed). Returns the blob's size.
+
+        Raises:
+            MissingObject, DigestMismatch: as for :meth:`get`.
+        """
+        verified = verified if verified is not None else set()
+        obj = self._fetch([blob_digest], context)[blob_digest]
+        if obj.kind != "tree":
+            if blob_digest not in verified:
+                self._assemble(obj, context)
+                verified.add(blob_digest)
+            return obj.size
+        chunk_digests, size = self._tree_index(obj, context, 0)
+        hasher = hashlib.sha256()
+        total = 0
+        where = f"{context}, blob {obj.digest}"
+        for i in range(0, len(chunk_digests), 256):
+            batch = chunk_digests[i : i + 256]
+            found = self._fetch(list(dict.fromkeys(batch)), where)
+            for cd in batch:
+                payload = self._chunk(found[cd], where)
+                if cd not in verified and digest.sha256(payload) != cd:
+                    raise DigestMismatch(f"chunk {cd} does not match its content; needed by {where}", object_digest=cd)
+                verified.add(cd)
+                hasher.update(payload)
+                total += len(payload)
+        if total != size or digest.PREFIX + hasher.hexdigest() != blob_digest:
+            raise DigestMismatch(f"blob {blob_digest} does not match its reassembled chunks; needed by {context}",
+                                 object_digest=blob_digest)
+        verified.add(blob_digest)
+        return size
+
+    def damaged(self, blob_digest: str, _depth: int = 0) -> set[str]:
+        """Every object of ``blob_digest`` (itself, its chunk index, its chunks) that is missing or
+        does not match its digest. Never raises: for finding *all* the damage after a failure."""
+        found = self.store.get_objects([blob_digest])
+        obj = found.get(blob_digest)
+        if obj is None:
+            return {blob_digest}
+        if obj.kind != "tree":
+            try:
+                self._assemble(obj, "a damage scan")
+                return set()
+            except IntegrityError:
+                return {blob_digest}
+        try:
+            index_digest = loads(self._payload(obj, "a damage scan"))["index"]
+        except (IntegrityError, DecodeError, KeyError, TypeError):
+            return {blob_digest}
+        bad = self.damaged(index_digest, _depth + 1) if _depth < MAX_TREE_DEPTH else {index_digest}
+        if bad:
+            return bad | {blob_digest}
+        index = self.get(index_digest, "a damage scan")
+        chunk_digests = list(dict.fromkeys(digest.from_raw(index[i : i + 32]) for i in range(0, len(index), 32)))
+        chunks = self.store.get_objects(chunk_digests)
+        for cd in chunk_digests:
+            chunk = chunks.get(cd)
+            try:
+                if chunk is None or digest.sha256(self._chunk(chunk, "a damage scan")) != cd:
+                    bad.add(cd)
+            except IntegrityError:
+                bad.add(cd)
+        if not bad:
+            try:
+                self._assemble(obj, "a damage scan")
+            except IntegrityError:
+                bad.add(blob_digest)
+        return bad
+
+    def reachable(self, blob_digest: str, context: str = "a walk", _depth: int = 0) -> list[str]:
+        """Every object digest ``blob_digest`` is made of, itself included (for verify and gc).
+
+        Raises:
+            MissingObject, DigestMismatch: a tree or chunk index on the way is missing or damaged.
+        """
         obj = self._fetch([blob_digest], context)[blob_digest]
         out = [blob_digest]
         if obj.kind == "tree":
-            tree = loads(self._payload(obj, context))
-            out.extend(self.reachable(tree["index"], context))
-            index = self.get(tree["index"], context)
-            out.extend(dict.fromkeys(digest.from_raw(index[i : i + 32]) for i in range(0, len(index), 32)))
+            chunk_digests, _ = self._tree_index(obj, context, _depth)
+            out.extend(self.reachable(loads(self._payload(obj, context))["index"], context, _depth + 1))
+            out.extend(dict.fromkeys(chunk_digests))
         return out

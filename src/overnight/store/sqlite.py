@@ -215,6 +215,9 @@ class SQLiteStore:
             with self._write() as db:
                 db.executemany("INSERT OR IGNORE INTO objects VALUES (?,?,?,?,?)", rows)
 
+    def iter_object_digests(self) -> Iterator[str]:
+        yield from (r[0] for r in self._read("SELECT digest FROM objects"))
+
     # -- checkpoints and refs ---------------------------------------------------------------
 
     def commit(self, commit: Commit) -> int:
@@ -230,7 +233,15 @@ class SQLiteStore:
                 )
             added = len(cp.body)
             for o in commit.objects:
-                cur = db.execute("INSERT OR IGNORE INTO objects VALUES (?,?,?,?,?)", (o.digest, o.kind, o.size, o.codec, o.data))
+                # a digest already stored is left alone -- unless its stored bytes differ from these,
+                # which hash to the digest by construction: then the stored copy is damaged, and
+                # writing it again heals it (content-immutability holds: same digest, same content)
+                cur = db.execute(
+                    "INSERT INTO objects VALUES (?,?,?,?,?) ON CONFLICT (digest) DO UPDATE SET kind=excluded.kind, "
+                    "size=excluded.size, codec=excluded.codec, data=excluded.data WHERE objects.data != excluded.data "
+                    "OR objects.kind != excluded.kind OR objects.size != excluded.size OR objects.codec != excluded.codec",
+                    (o.digest, o.kind, o.size, o.codec, o.data),
+                )
                 if cur.rowcount == 1:
                     added += len(o.data)
             db.execute(

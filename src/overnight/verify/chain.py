@@ -18,22 +18,25 @@ from datetime import datetime, timezone
 from typing import Any
 
 from overnight.codec import digest
-from overnight.errors import BranchNotFound, CheckpointNotFound, IntegrityError, NoValidCheckpoint, short_id
+from overnight.codec.canonical import loads
+from overnight.errors import BranchNotFound, CheckpointNotFound, DecodeError, IntegrityError, NoValidCheckpoint, short_id
 from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
-from overnight.verify.integrity import LoadedCheckpoint, encode_record, encode_state, load_checkpoint
+from overnight.verify.integrity import LoadedCheckpoint, encode_record, encode_state, load_checkpoint, parse_record
 from overnight.verify.records import FORMAT_VERSION
 
 
 @dataclass(frozen=True)
 class Skipped:
-    """A checkpoint passed over on resume: its id, seq (None if unreadable), step and why."""
+    """A checkpoint passed over on resume: its id, seq (None if unreadable), step and why
+    (``object_digest``: the damaged or missing object, when that was the cause)."""
 
     checkpoint_id: str
     seq: int | None
     step: str | None
     error: str
     reason: str
+    object_digest: str | None = None
 
 
 @dataclass
@@ -43,6 +46,14 @@ class Fallback:
     head_id: str
     used_id: str | None = None
     skipped: list[Skipped] = field(default_factory=list)
+    damaged: set[str] = field(default_factory=set)
+
+    @property
+    def bad_objects(self) -> set[str]:
+        """Objects found damaged or missing (the first failure of each skipped checkpoint, and
+        everything a scan of the skipped checkpoints' objects found); writers must not
+        deduplicate against them."""
+        return {s.object_digest for s in self.skipped if s.object_digest} | self.damaged
 
     @property
     def redo_steps(self) -> list[str]:
@@ -64,10 +75,14 @@ def load_head(
 ) -> tuple[LoadedCheckpoint, Fallback | None]:
     """Load the newest verifiable checkpoint of ``task_id``/``branch``.
 
-    Returns ``(checkpoint, fallback)``; ``fallback`` is None when the head itself verified.
+    Tries the branch head, then its parents (the parent pointer the store indexed for each
+    record, since a failed record's own body cannot be trusted). When the chain is broken -- a
+    record is missing altogether -- it continues with the newest not yet tried record committed
+    to the branch. Returns ``(checkpoint, fallback)``; ``fallback`` is None when the head verified.
 
     Raises:
-        BranchNotFound: the task has no such branch (``TaskNotFound`` when no such task).
+        TaskNotFound: no such task.
+        BranchNotFound: the task has no such branch.
         NoValidCheckpoint: no checkpoint on the branch verifies.
     """
     head = store.get_ref(task_id, branch)
@@ -77,10 +92,20 @@ def load_head(
                              hint="`overnight log TASK_ID` lists the branches")
     reader = BlobReader(store)
     fallback: Fallback | None = None
+    tried: set[str] = set()
+    rows: list[CheckpointRow] | None = None
     cid: str | None = head
-    seen: set[str] = set()
-    while cid is not None and cid not in seen:
-        seen.add(cid)
+    broken = False
+    while True:
+        if cid is None or cid in tried:
+            if not broken:
+                break
+            rows = rows if rows is not None else store.list_checkpoints(task_id)
+            rest = [r for r in rows if r.checkpoint_id not in tried and r.branch == branch]
+            if not rest:
+                break
+            cid = max(rest, key=lambda r: (r.seq, r.created_at)).checkpoint_id
+        tried.add(cid)
         try:
             loaded = load_checkpoint(store, cid, key=key, deep=deep, reader=reader)
         except (IntegrityError, CheckpointNotFound) as exc:
@@ -89,12 +114,15 @@ def load_head(
                 parent, seq, step = row.parent_id, row.seq, row.step
             except CheckpointNotFound:
                 parent, seq, step = None, None, None
+                broken = True
             fallback = fallback or Fallback(head_id=head)
-            fallback.skipped.append(Skipped(cid, seq, step, type(exc).__name__, exc.message))
+            fallback.skipped.append(Skipped(cid, seq, step, type(exc).__name__, exc.message,
+                                            getattr(exc, "object_digest", None)))
             cid = parent
             continue
         if fallback is not None:
             fallback.used_id = loaded.id
+            fallback.damaged = _scan_damage(store, reader, fallback, key)
         return loaded, fallback
     assert fallback is not None
     raise NoValidCheckpoint(
@@ -103,6 +131,26 @@ def load_head(
         checkpoint_id=head,
         hint="run `overnight verify TASK_ID` for the full report",
     )
+
+
+def _scan_damage(store: Store, reader: BlobReader, fallback: Fallback, key: bytes | None) -> set[str]:
+    """All damaged objects of the skipped checkpoints whose records still parse."""
+    damaged: set[str] = set()
+    for s in fallback.skipped:
+        try:
+            record = parse_record(store.get_checkpoint(s.checkpoint_id), key=None)
+        except (IntegrityError, CheckpointNotFound):
+            continue  # the record itself is the damage
+        bad = reader.damaged(record.state.digest)
+        damaged |= bad
+        if not bad:
+            try:
+                state = loads(reader.get(record.state.digest))
+                for art in state.get("artifacts", {}).values():
+                    damaged |= reader.damaged(art["digest"])
+            except (IntegrityError, DecodeError, AttributeError, KeyError, TypeError):
+                pass
+    return damaged
 
 
 def utc_now() -> str:
@@ -136,16 +184,20 @@ class ChainWriter:
         self.ref_head: str | None = None
         self.seq = -1
         self.known: set[str] = set()
+        self.suspect: set[str] = set()
 
     def start_from(self, loaded: LoadedCheckpoint, fallback: Fallback | None) -> None:
-        """Continue after ``loaded`` (the branch ref names ``fallback.head_id`` after a fallback)."""
+        """Continue after ``loaded`` (the branch ref names ``fallback.head_id`` after a fallback,
+        and the objects the fallback found damaged are rewritten, not reused, when needed again)."""
         self.head = loaded.id
         self.ref_head = fallback.head_id if fallback else loaded.id
         self.seq = loaded.record.seq
+        if fallback is not None:
+            self.suspect |= fallback.bad_objects
 
     def blob_writer(self) -> BlobWriter:
         """A :class:`BlobWriter` for the next commit, sharing this chain's known-digest cache."""
-        return BlobWriter(self.store, self.known)
+        return BlobWriter(self.store, self.known, self.suspect)
 
     def commit(
         self,
@@ -161,7 +213,7 @@ class ChainWriter:
         """Write one checkpoint of ``state`` (a :class:`~overnight.verify.records.TaskState` tree).
 
         Args:
-            event: ``{"kind", "step", "key", "detail"}`` (:class:`~overnight.verify.records.Event`).
+            event: an :func:`~overnight.verify.records.event` dict.
             writer: blob writer holding objects staged for this commit (artifacts).
             journal: step rows (``step_key, step_name, started_at, duration_ms, tokens_in, tokens_out``).
 
@@ -198,6 +250,7 @@ class ChainWriter:
                 for j in journal]
         self.store.commit(Commit(row, self.ref_head, list(writer.objects.values()), rows, lease, task_row))
         self.known.update(writer.objects)
+        self.suspect -= writer.objects.keys()  # rewritten, hence healed
         self.head = self.ref_head = cid
         self.seq = row.seq
         return cid

@@ -3,7 +3,8 @@
 A checkpoint loads only if, in this order:
 
 1. its body hashes to its id (``sha256(body) == checkpoint_id``);
-2. it parses as canonical JSON and its ``format`` is one this code knows (a newer one raises
+2. it parses strictly, is byte-for-byte in canonical form, and its ``format`` is one this code
+   knows (older formats are migrated, :mod:`overnight.verify.migrate`; a newer one raises
    :class:`~overnight.errors.FormatTooNew`, never a misread);
 3. it validates against :class:`~overnight.verify.records.CheckpointRecord` with every field
    present, and the store's index columns agree with the body;
@@ -28,7 +29,6 @@ from overnight.codec.canonical import dumps, dumps_sorted, loads
 from overnight.errors import (
     DecodeError,
     DigestMismatch,
-    FormatTooNew,
     IntegrityError,
     SchemaError,
     SignatureError,
@@ -36,7 +36,8 @@ from overnight.errors import (
 )
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.blobs import BlobReader
-from overnight.verify.records import FORMAT_VERSION, CheckpointRecord, TaskState
+from overnight.verify.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade
+from overnight.verify.records import CheckpointRecord, TaskState
 
 
 def signing_key_from_env() -> bytes | None:
@@ -78,19 +79,24 @@ def _validation_summary(exc: ValidationError) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
-def check_format(tree: Any, what: str, **ids: Any) -> None:
-    """Refuse a record whose ``format`` is missing or newer than :data:`FORMAT_VERSION`."""
-    fmt = tree.get("format") if isinstance(tree, dict) else None
-    if type(fmt) is not int:
-        raise SchemaError(f"{what} has no valid 'format' field", **ids)
-    if fmt > FORMAT_VERSION:
-        raise FormatTooNew(
-            f"{what} was written by a newer overnight (format {fmt}); this one reads up to format {FORMAT_VERSION}",
-            hint="upgrade overnight to resume this task",
-            **ids,
-        )
-    if fmt < 1:
-        raise SchemaError(f"{what} has unknown format {fmt}", **ids)
+def _parse(data: bytes, what: str, encoder: Any, migrations: dict, ids: dict[str, Any]) -> Any:
+    """Parse strictly, refuse a newer format, require the canonical encoding, migrate older ones.
+
+    Other bytes for the same tree (reordered or duplicated members, whitespace, other escapes)
+    mean the record was not written by overnight: it is refused even if its digest matches.
+    """
+    try:
+        tree = loads(data)
+    except DecodeError as exc:
+        raise SchemaError(f"{what} is not canonical JSON: {exc.message}", **ids) from exc
+    upgraded = upgrade(tree, what, migrations, **ids)  # FormatTooNew before anything else
+    try:
+        canonical = encoder(tree) == data
+    except (TypeError, ValueError):
+        canonical = False
+    if not canonical:
+        raise SchemaError(f"{what} is not in canonical form (members reordered, duplicated or re-spaced)", **ids)
+    return upgraded
 
 
 def parse_record(row: CheckpointRow, *, key: bytes | None) -> CheckpointRecord:
@@ -98,11 +104,8 @@ def parse_record(row: CheckpointRow, *, key: bytes | None) -> CheckpointRecord:
     ids = {"task_id": row.task_id, "checkpoint_id": row.checkpoint_id}
     if digest.sha256(row.body) != row.checkpoint_id:
         raise DigestMismatch(f"checkpoint {short_id(row.checkpoint_id)} body does not match its digest", **ids)
-    try:
-        tree = loads(row.body)
-    except DecodeError as exc:
-        raise SchemaError(f"checkpoint {short_id(row.checkpoint_id)} body is not canonical JSON: {exc}", **ids) from exc
-    check_format(tree, f"checkpoint {short_id(row.checkpoint_id)}", **ids)
+    what = f"checkpoint {short_id(row.checkpoint_id)}"
+    tree = _parse(row.body, what, dumps_sorted, RECORD_MIGRATIONS, ids)
     try:
         record = CheckpointRecord.model_validate(tree)
     except ValidationError as exc:
@@ -166,11 +169,7 @@ def load_checkpoint(
         raise
     if len(raw) != record.state.size:
         raise DigestMismatch(f"{where} is {len(raw)} bytes, the record says {record.state.size}", **ids)
-    try:
-        tree = loads(raw)
-    except DecodeError as exc:
-        raise SchemaError(f"{where} is not canonical JSON: {exc}", **ids) from exc
-    check_format(tree, where, **ids)
+    tree = _parse(raw, where, dumps, STATE_MIGRATIONS, ids)
     try:
         state = TaskState.model_validate(tree)
     except ValidationError as exc:

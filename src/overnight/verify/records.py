@@ -51,13 +51,21 @@ class Event(_Strict):
 
     ``kind``: ``init`` (task created), ``step`` (a step committed), ``compaction`` (the context
     was summarised at a session boundary), ``fork`` (a branch was created), ``merge``,
-    ``rollback``. ``step`` and ``key`` name the step for ``step`` events.
+    ``rollback``. ``step`` and ``key`` name the step for ``step`` events; ``ref`` is the other
+    checkpoint involved: the fork point, the rollback target, or the merged branch head.
     """
 
     kind: Literal["init", "step", "compaction", "fork", "merge", "rollback"]
     step: str | None
     key: str | None
+    ref: str | None
     detail: str | None
+
+
+def event(kind: str, *, step: str | None = None, key: str | None = None, ref: str | None = None,
+          detail: str | None = None) -> dict[str, Any]:
+    """An :class:`Event` as stored (every member present)."""
+    return {"kind": kind, "step": step, "key": key, "ref": ref, "detail": detail}
 
 
 class CheckpointRecord(_Strict):

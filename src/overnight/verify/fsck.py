@@ -1,0 +1,161 @@
+"""Full verification of a task or a whole store, like ``git fsck`` / ``restic check``.
+
+For every checkpoint of the tasks checked: the record (digest, canonical form, format, schema,
+index columns, signature), the chain (its parent exists, belongs to the task, ``seq`` is the
+parent's + 1), the state blob and document, and every artifact blob, streamed through SHA-256
+chunk by chunk; for every branch ref, that it names a checkpoint that verifies. With
+``all_objects`` every object in the store is checked too, referenced or not (dangling objects are
+counted as ``dangling_objects``, not errors). Each object is hashed once per run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from overnight.errors import CheckpointNotFound, IntegrityError, OvernightError, short_id
+from overnight.store.base import Store
+from overnight.store.blobs import BlobReader
+from overnight.verify.integrity import load_checkpoint
+
+
+@dataclass
+class Problem:
+    """One failed check: where (task, checkpoint, object), which check, and what was found."""
+
+    task_id: str | None
+    checkpoint_id: str | None
+    check: str
+    detail: str
+    object: str | None = None
+
+
+@dataclass
+class VerifyReport:
+    """Result of :func:`verify_store`. ``ok`` when ``problems`` is empty.
+
+    Attributes:
+        bytes_verified: bytes of blob content hashed (reassembled size of every blob checked).
+        seconds: wall time of the check.
+        heads: ``task -> branch -> "ok" | "invalid" | "missing"``.
+    """
+
+    tasks: int = 0
+    checkpoints: int = 0
+    checkpoints_invalid: int = 0
+    objects_checked: int = 0
+    objects_invalid: int = 0
+    dangling_objects: int = 0
+    bytes_verified: int = 0
+    seconds: float = 0.0
+    heads: dict[str, dict[str, str]] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_store(
+    store: Store,
+    task_ids: list[str] | None = None,
+    *,
+    key: bytes | None = None,
+    all_objects: bool = False,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> VerifyReport:
+    """Check ``task_ids`` (default: every task) and, with ``all_objects``, every stored object.
+
+    ``on_progress(done, total)`` is called after each checkpoint (and object batch).
+
+    Raises:
+        TaskNotFound: a named task does not exist.
+    """
+    t0 = time.perf_counter()
+    report = VerifyReport()
+    reader = BlobReader(store)
+    verified: set[str] = set()
+    bad_objects: set[str] = set()
+    tasks = [store.get_task(t) for t in task_ids] if task_ids else store.list_tasks()
+    rows_by_task = {t.task_id: store.list_checkpoints(t.task_id) for t in tasks}
+    total = sum(len(r) for r in rows_by_task.values())
+    done = 0
+    report.tasks = len(tasks)
+
+    def blob(task_id: str, cid: str, d: str, what: str) -> None:
+        if d in verified:
+            return
+        if d in bad_objects:
+            report.problems.append(Problem(task_id, cid, what, f"object {d} failed verification", d))
+            return
+        try:
+            report.bytes_verified += reader.verify(d, f"checkpoint {short_id(cid)} {what}", verified)
+            report.objects_checked += 1
+        except IntegrityError as exc:
+            bad_objects.add(d)
+            report.problems.append(Problem(task_id, cid, what, f"{type(exc).__name__}: {exc.message}", d))
+
+    for task in tasks:
+        rows = rows_by_task[task.task_id]
+        by_id = {r.checkpoint_id: r for r in rows}
+        valid: set[str] = set()
+        for row in rows:
+            report.checkpoints += 1
+            problems_before = len(report.problems)
+            try:
+                loaded = load_checkpoint(store, row.checkpoint_id, key=key, deep=False, reader=reader)
+            except (IntegrityError, CheckpointNotFound) as exc:
+                report.problems.append(Problem(task.task_id, row.checkpoint_id, "record",
+                                               f"{type(exc).__name__}: {exc.message}"))
+                loaded = None
+            if loaded is not None:
+                blob(task.task_id, row.checkpoint_id, loaded.record.state.digest, "state")
+                for name, art in loaded.state.artifacts.items():
+                    blob(task.task_id, row.checkpoint_id, art.digest, f"artifact {name!r}")
+                parent = row.parent_id
+                if parent is not None:
+                    p = by_id.get(parent)
+                    if p is None:
+                        report.problems.append(Problem(task.task_id, row.checkpoint_id, "chain",
+                                                       f"parent {short_id(parent)} is missing"))
+                    elif p.seq + 1 != row.seq:
+                        report.problems.append(Problem(task.task_id, row.checkpoint_id, "chain",
+                                                       f"seq {row.seq} does not follow parent seq {p.seq}"))
+                elif row.seq != 0:
+                    report.problems.append(Problem(task.task_id, row.checkpoint_id, "chain",
+                                                   f"seq {row.seq} has no parent"))
+            if len(report.problems) == problems_before:
+                valid.add(row.checkpoint_id)
+            else:
+                report.checkpoints_invalid += 1
+            done += 1
+            if on_progress:
+                on_progress(done, total)
+        heads = {}
+        for branch, cid in store.list_refs(task.task_id).items():
+            if cid not in by_id:
+                heads[branch] = "missing"
+                report.problems.append(Problem(task.task_id, cid, "ref",
+                                               f"branch {branch!r} names checkpoint {short_id(cid)}, which is missing"))
+            else:
+                heads[branch] = "ok" if cid in valid else "invalid"
+        report.heads[task.task_id] = heads
+
+    if all_objects:
+        unreferenced = [d for d in store.iter_object_digests() if d not in verified and d not in bad_objects]
+        report.dangling_objects = len(unreferenced)
+        for i, d in enumerate(unreferenced):
+            if d in verified:
+                continue  # a chunk of an unreferenced tree checked just before
+            try:
+                reader.verify(d, "store", verified)
+                report.objects_checked += 1
+            except OvernightError as exc:
+                bad_objects.add(d)
+                report.problems.append(Problem(None, None, "object", f"{type(exc).__name__}: {exc.message}", d))
+            if on_progress and i % 256 == 0:
+                on_progress(i, len(unreferenced))
+    report.objects_invalid = len(bad_objects)
+    report.seconds = time.perf_counter() - t0
+    return report
