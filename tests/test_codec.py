@@ -41,7 +41,7 @@ HANDED_STRINGS: list[str] = json.loads(STRINGS_JSON.read_text(encoding="utf-8"))
 # huge ints make hypothesis warn about the size of its example reprs; that is expected here
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 
-SETTINGS = settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # --- type-exact comparison ---------------------------------------------------------------------
@@ -416,8 +416,10 @@ def test_equal_values_same_insertion_order_same_bytes(v: Any) -> None:
 
 
 @SETTINGS
-@given(st.lists(hashables, max_size=8, unique_by=lambda x: encode(x)), st.randoms(use_true_random=False))
+@given(st.lists(hashables, max_size=8, unique=True), st.randoms(use_true_random=False))
 def test_sets_encode_regardless_of_construction_order(items: list, rnd: Any) -> None:
+    # unique by ==, so no element is dropped in favour of an equal one of another type
+    # (1 == 1.0 == True, Decimal("-Infinity") == -inf): that would make genuinely different sets
     shuffled = list(items)
     rnd.shuffle(shuffled)
     assert encode(set(items)) == encode(set(shuffled))

@@ -73,7 +73,7 @@ def _exit_code(exc: OvernightError) -> int:
 
 
 def _fail(exc: OvernightError) -> None:
-    render.err.print(f"[bold red]error:[/] {render.safe(exc)}")
+    render.err.print(f"[bold red]error:[/] {render.esc(exc)}")
     cause = exc.__cause__
     if isinstance(exc, StepError) and cause is not None:
         import traceback
@@ -87,11 +87,11 @@ def _report_run(result: api.RunResult, *, quiet: bool) -> None:
         state = {"complete": "[green]complete[/]", "interrupted": "[yellow]interrupted (resumable)[/]",
                  "stopped": "[yellow]stopped after --max-steps (resumable)[/]"}[result.status]
         render.err.print(
-            f"task [bold]{render.safe(result.task_id)}[/] {state}: {result.done}/{result.total} steps, "
+            f"task [bold]{render.esc(result.task_id)}[/] {state}: {result.done}/{result.total} steps, "
             f"{result.steps_run} run this session (session {result.session}), head {result.head[7:19]}"
         )
         if result.resumable:
-            render.err.print(f"resume with: overnight resume {render.safe(result.task_id)}")
+            render.err.print(f"resume with: overnight resume {render.esc(result.task_id)}")
     if result.resumable:
         raise typer.Exit(EXIT_RESUMABLE)
 
@@ -182,13 +182,13 @@ def show(
     if as_json:
         render.print_json(rep)
         return
-    render.out.print(f"[bold]{render.safe(rep.task_id)}[/]: {render.safe(rep.goal)}")
+    render.out.print(f"[bold]{render.esc(rep.task_id)}[/]: {render.esc(rep.goal)}")
     render.out.print(f"status: {rep.status}, {rep.done}/{rep.total} steps; branches: "
                      + ", ".join(f"{b} -> {c[7:19]}" for b, c in rep.branches.items())
                      + f"; stored: {render.human_bytes(rep.stored_bytes)}")
     if rep.todo:
         more = f" (+{len(rep.todo) - 5} more)" if len(rep.todo) > 5 else ""
-        render.out.print("todo: " + ", ".join(render.safe(n) for n in rep.todo[:5]) + more)
+        render.out.print("todo: " + ", ".join(render.esc(n) for n in rep.todo[:5]) + more)
     render.table(None, ["seq", "checkpoint", "branch", "session", "event", "step", "time (UTC)", "size", ""],
                  [(c.seq, c.checkpoint_id[7:19], c.branch, c.session if c.session is not None else "?", c.event,
                    c.step or "", c.created_at[:19].replace("T", " "), render.human_bytes(c.stored_bytes),
@@ -247,7 +247,7 @@ def verify(
             + (f"; {rep.dangling_objects} unreferenced object(s)" if all_tasks else "")
         )
         for task, heads in rep.heads.items():
-            render.out.print(f"  {render.safe(task)}: " + ", ".join(f"{b} {st}" for b, st in heads.items()))
+            render.out.print(f"  {render.esc(task)}: " + ", ".join(f"{b} {st}" for b, st in heads.items()))
         if rep.problems:
             render.table("problems", ["task", "checkpoint", "check", "detail"],
                          [(p.task_id or "", (p.checkpoint_id or "")[7:19], p.check, p.detail) for p in rep.problems])
@@ -298,8 +298,8 @@ def fork(
         cid = api.fork(task_id, at, branch, store=store)
     except OvernightError as exc:
         _fail(exc)
-    render.err.print(f"branch [bold]{render.safe(branch)}[/] created at {cid[7:19]}; "
-                     f"continue it with: overnight resume {render.safe(task_id)} --branch {render.safe(branch)}")
+    render.err.print(f"branch [bold]{render.esc(branch)}[/] created at {cid[7:19]}; "
+                     f"continue it with: overnight resume {render.esc(task_id)} --branch {render.esc(branch)}")
 
 
 @app.command()
@@ -315,7 +315,7 @@ def rollback(
         cid = api.rollback(task_id, to, branch=branch, store=store)
     except OvernightError as exc:
         _fail(exc)
-    render.err.print(f"branch [bold]{render.safe(branch)}[/] rolled back; new head {cid[7:19]}")
+    render.err.print(f"branch [bold]{render.esc(branch)}[/] rolled back; new head {cid[7:19]}")
 
 
 @app.command()
@@ -333,9 +333,9 @@ def merge(
     except OvernightError as exc:
         _fail(exc)
     if res.up_to_date:
-        render.err.print(f"{render.safe(into)} already contains {render.safe(source)}: nothing to merge")
+        render.err.print(f"{render.esc(into)} already contains {render.esc(source)}: nothing to merge")
         return
-    render.err.print(f"merged {render.safe(source)} into {render.safe(into)}: {len(res.added_steps)} step(s) added"
+    render.err.print(f"merged {render.esc(source)} into {render.esc(into)}: {len(res.added_steps)} step(s) added"
                      + (f", {len(res.conflicts)} conflict(s) resolved preferring {prefer}" if res.conflicts else "")
                      + f"; new head {(res.checkpoint_id or '')[7:19]}")
 
@@ -371,8 +371,8 @@ def demo(
         size = out_path.stat().st_size
         render.err.print(f"report: [bold]{out_path.resolve()}[/] ({render.human_bytes(size)}, "
                          f"{result.total - 2} module sections)")
-        render.err.print(f"store:  [bold]{render.safe(result.store_url)}[/]  (task {render.safe(result.task_id)}; "
-                         f"`overnight show {render.safe(result.task_id)}` lists its checkpoints)")
+        render.err.print(f"store:  [bold]{render.esc(result.store_url)}[/]  (task {render.esc(result.task_id)}; "
+                         f"`overnight show {render.esc(result.task_id)}` lists its checkpoints)")
     _report_run(result, quiet=quiet)
 
 

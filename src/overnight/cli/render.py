@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.progress import ProgressColumn, Task as ProgressTask
 from rich.table import Table
+from rich.markup import escape
 from rich.text import Text
 
 from overnight.orchestrate.runner import RunEvent
@@ -59,6 +60,11 @@ def safe(value: Any) -> str:
     except UnicodeEncodeError:
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return "".join(c if c.isprintable() or c in " \n" else repr(c)[1:-1] for c in text)
+
+
+def esc(value: Any) -> str:
+    """:func:`safe` text escaped for rich markup (``[i=4]`` in a step name is text, not a style)."""
+    return escape(safe(value))
 
 
 def human_bytes(n: int | float) -> str:
@@ -109,26 +115,26 @@ class RunProgress:
             self.events.flush()
         if e.kind in ("create", "resume"):
             if e.kind == "create":
-                self._say(f"[green]created[/] task [bold]{safe(e.task_id)}[/] (checkpoint {(e.checkpoint_id or '')[7:19]})")
+                self._say(f"[green]created[/] task [bold]{esc(e.task_id)}[/] (checkpoint {(e.checkpoint_id or '')[7:19]})")
             else:
-                self._say(f"[green]resuming[/] task [bold]{safe(e.task_id)}[/] from checkpoint "
+                self._say(f"[green]resuming[/] task [bold]{esc(e.task_id)}[/] from checkpoint "
                           f"{(e.checkpoint_id or '')[7:19]} ({e.done}/{e.total} steps done)")
             if e.detail:  # a fallback is always reported, even with --quiet
-                err.print(f"[yellow]fallback:[/] {safe(e.detail)}")
+                err.print(f"[yellow]fallback:[/] {esc(e.detail)}")
             self.bar = self.progress.add_task("run", total=e.total, completed=e.done, step="", eta=None)
         elif self.bar is None:
             return
         elif e.kind == "step_start":
-            self.progress.update(self.bar, step=safe(e.step)[:48], total=e.total, completed=e.done)
+            self.progress.update(self.bar, step=escape(safe(e.step)[:48]), total=e.total, completed=e.done)
         elif e.kind in ("step_end", "skip"):
             if e.duration_ms is not None:
                 self.durations.append(e.duration_ms / 1000)
             eta = (sum(self.durations) / len(self.durations)) * (e.total - e.done) if self.durations else None
             self.progress.update(self.bar, total=e.total, completed=e.done, eta=eta)
         elif e.kind == "step_retry":
-            self._say(f"[yellow]retrying[/] {safe(e.step)}: {safe(e.detail)}")
+            self._say(f"[yellow]retrying[/] {esc(e.step)}: {esc(e.detail)}")
         elif e.kind == "stop_requested":
-            err.print(f"[yellow]{safe(e.detail)}[/]")
+            err.print(f"[yellow]{esc(e.detail)}[/]")
         elif e.kind == "end":
             self.progress.update(self.bar, step="done" if e.detail == "complete" else str(e.detail),
                                  total=e.total, completed=e.done, eta=0 if e.detail == "complete" else None)

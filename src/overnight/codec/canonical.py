@@ -126,6 +126,11 @@ def _children(value: Any, path: Path):
         return [(v, (path, _IDX, i)) for i, v in enumerate(value)]
     if isinstance(value, (set, frozenset)):
         return [(v, (path, _RAW, "{}")) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [(getattr(value, f.name), (path, _ATTR, f.name)) for f in dataclasses.fields(value)]
+    model_base = _pydantic_base()
+    if model_base is not None and isinstance(value, model_base):
+        return [(getattr(value, n), (path, _ATTR, n)) for n in type(value).model_fields]
     return []
 
 
@@ -136,9 +141,10 @@ def _find_cycle(value: Any, path: Path) -> tuple[Any, Path] | None:
         v, p, ancestors = stack.pop()
         if id(v) in ancestors:
             return v, p
-        if isinstance(v, (dict, list, tuple, set, frozenset, collections.deque)):
+        children = _children(v, p)
+        if children:
             inner = ancestors | {id(v)}
-            stack.extend((c, cp, inner) for c, cp in _children(v, p))
+            stack.extend((c, cp, inner) for c, cp in children)
     return None
 
 
@@ -262,9 +268,12 @@ def _tz_extra(tz: dt.tzinfo, path: Path) -> dict:
         return {"zone": tz.key}
     if isinstance(tz, dt.timezone):
         offset = tz.utcoffset(None)
-        if tz is dt.timezone.utc or tz.tzname(None) == dt.timezone(offset).tzname(None):
-            return {}
-        return {"tzname": tz.tzname(None)}
+        out: dict[str, Any] = {}
+        if offset.microseconds:  # isoformat's +HH:MM:SS.ffffff does not parse back exactly on 3.11
+            out["offset_us"] = (offset.days * 86400 + offset.seconds) * 1_000_000 + offset.microseconds
+        if tz is not dt.timezone.utc and tz.tzname(None) != dt.timezone(offset).tzname(None):
+            out["tzname"] = _str(tz.tzname(None))
+        return out
     raise EncodeError(
         f"cannot store tzinfo {type(tz).__module__}.{type(tz).__qualname__} at {path}",
         path=path,
@@ -361,10 +370,14 @@ def _dec_pairs(items: Any, path: Path) -> list[tuple[Any, Any]]:
     if not isinstance(items, list):
         raise _bad(path, "items is not a list")
     out = []
+    keys: set[Any] = set()
     for pair in items:
         if not isinstance(pair, list) or len(pair) != 2:
             raise _bad(path, "item is not a [key, value] pair")
         k = _dec(pair[0], (path, _RAW, "<key>"))
+        if k in keys:
+            raise _bad(path, f"key {k!r} appears twice")
+        keys.add(k)
         out.append((k, _dec(pair[1], (path, _KEY, k))))
     return out
 
@@ -426,18 +439,20 @@ def _d_bytearray(t, p):
 
 
 def _with_tz(t: dict, value: Any) -> Any:
-    """Re-attach a named zone / named fixed offset, and the fold, to a parsed datetime or time."""
+    """Re-attach a named zone / exact or named fixed offset, and the fold, to a parsed datetime or time."""
     if "zone" in t:
         value = value.replace(tzinfo=zoneinfo.ZoneInfo(t["zone"]))
-    elif "tzname" in t:
-        value = value.replace(tzinfo=dt.timezone(value.utcoffset(), t["tzname"]))
+    elif "tzname" in t or "offset_us" in t:
+        offset = dt.timedelta(microseconds=t["offset_us"]) if "offset_us" in t else value.utcoffset()
+        tz = dt.timezone(offset, _dec(t["tzname"], "tzname")) if "tzname" in t else dt.timezone(offset)
+        value = value.replace(tzinfo=tz)
     if t.get("fold"):
         value = value.replace(fold=1)
     return value
 
 
 def _d_datetime(t, p):
-    _need(t, p, "v", optional=("zone", "tzname", "fold"))
+    _need(t, p, "v", optional=("zone", "tzname", "offset_us", "fold"))
     return _with_tz(t, dt.datetime.fromisoformat(t["v"]))
 
 
@@ -447,7 +462,7 @@ def _d_date(t, p):
 
 
 def _d_time(t, p):
-    _need(t, p, "v", optional=("zone", "tzname", "fold"))
+    _need(t, p, "v", optional=("zone", "tzname", "offset_us", "fold"))
     return _with_tz(t, dt.time.fromisoformat(t["v"]))
 
 

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from overnight.codec.canonical import dumps
+from overnight.codec.canonical import dumps, loads
 from overnight.errors import BranchExists, ConfigError, MergeConflict, OvernightError, short_id
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
@@ -71,15 +71,26 @@ def fork(store: Store, task_id: str, at: str, branch: str, *, key: bytes | None 
 
 
 def ancestors(store: Store, task_id: str, cid: str) -> list[str]:
-    """``cid`` and its ancestors, newest first, following stored parent pointers."""
-    by_id = {r.checkpoint_id: r for r in store.list_checkpoints(task_id)}
-    out: list[str] = []
+    """``cid`` and all its ancestors (through merges too), newest (highest ``seq``) first."""
+    rows = {r.checkpoint_id: r for r in store.list_checkpoints(task_id)}
     seen: set[str] = set()
-    while cid is not None and cid in by_id and cid not in seen:
-        seen.add(cid)
-        out.append(cid)
-        cid = by_id[cid].parent_id  # type: ignore[assignment]
-    return out
+    todo = [cid]
+    while todo:
+        c = todo.pop()
+        if c in seen or c not in rows:
+            continue
+        seen.add(c)
+        row = rows[c]
+        if row.parent_id:
+            todo.append(row.parent_id)
+        if row.event == "merge":
+            try:
+                ref = loads(row.body)["event"]["ref"]
+            except (OvernightError, KeyError, TypeError):
+                ref = None
+            if isinstance(ref, str):
+                todo.append(ref)
+    return sorted(seen, key=lambda c: (rows[c].seq, rows[c].created_at), reverse=True)
 
 
 def rollback(store: Store, task_id: str, to: str, *, branch: str = "main", key: bytes | None = None) -> str:
@@ -167,11 +178,10 @@ def merge(store: Store, task_id: str, source: str, *, into: str = "main", prefer
     with _Leased(store, task_id, into):
         ours, _ = load_head(store, task_id, into, key=key, deep=True)
         theirs, _ = load_head(store, task_id, source, key=key, deep=True)
-        our_line = ancestors(store, task_id, ours.id)
-        their_line = ancestors(store, task_id, theirs.id)
+        our_line = set(ancestors(store, task_id, ours.id))
         if theirs.id in our_line:
             return MergeResult(None, up_to_date=True)
-        common = next((c for c in their_line if c in set(our_line)), None)
+        common = next((c for c in ancestors(store, task_id, theirs.id) if c in our_line), None)
         base_state: dict[str, Any] = (load_checkpoint(store, common, key=key, deep=False).state_tree
                                       if common else {"done": [], "artifacts": {}, "data": {}})
         o, t = ours.state_tree, theirs.state_tree

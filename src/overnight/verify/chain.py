@@ -19,7 +19,15 @@ from typing import Any
 
 from overnight.codec import digest
 from overnight.codec.canonical import loads
-from overnight.errors import BranchNotFound, CheckpointNotFound, DecodeError, IntegrityError, NoValidCheckpoint, short_id
+from overnight.errors import (
+    BranchNotFound,
+    CheckpointNotFound,
+    DecodeError,
+    FormatTooNew,
+    IntegrityError,
+    NoValidCheckpoint,
+    short_id,
+)
 from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.verify.integrity import LoadedCheckpoint, encode_record, encode_state, load_checkpoint, parse_record
@@ -83,6 +91,7 @@ def load_head(
     Raises:
         TaskNotFound: no such task.
         BranchNotFound: the task has no such branch.
+        FormatTooNew: a checkpoint on the way was written by a newer overnight (never skipped).
         NoValidCheckpoint: no checkpoint on the branch verifies.
     """
     head = store.get_ref(task_id, branch)
@@ -108,6 +117,10 @@ def load_head(
         tried.add(cid)
         try:
             loaded = load_checkpoint(store, cid, key=key, deep=deep, reader=reader)
+        except FormatTooNew:
+            # intact, but written by a newer overnight: falling back past it would let this run
+            # commit over (and orphan) the newer work
+            raise
         except (IntegrityError, CheckpointNotFound) as exc:
             try:
                 row = store.get_checkpoint(cid)
