@@ -180,8 +180,8 @@ def ls(*, store: Store | str | None = None) -> list[TaskSummary]:
             if branch is not None:
                 try:
                     loaded, _ = load_head(s, t.task_id, branch, key=key, deep=False)
-                    done, total = len(loaded.state.done), len(loaded.state.done) + len(loaded.state.todo)
-                    status = "complete" if not loaded.state.todo else "in progress"
+                    done, total = loaded.doc.done.count, loaded.doc.done.count + loaded.doc.todo.count
+                    status = "complete" if not loaded.doc.todo.count else "in progress"
                 except OvernightError:
                     status = "invalid"
             out.append(TaskSummary(t.task_id, t.goal, status, done, total, sorted(refs), len(rows),
@@ -251,11 +251,11 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
         if branch in refs:
             try:
                 loaded, _ = load_head(s, task_id, branch, key=key, deep=False)
-                st = loaded.state
-                done, total = len(st.done), len(st.done) + len(st.todo)
-                todo = [e.name for e in st.todo]
-                artifacts = {n: a.size for n, a in st.artifacts.items()}
-                status = "complete" if not st.todo else "in progress"
+                st = loaded.doc
+                done, total = st.done.count, st.done.count + st.todo.count
+                todo = [e.name for e in loaded.state.todo]
+                artifacts = {n: a.size for n, a in loaded.artifacts.items()}
+                status = "complete" if not st.todo.count else "in progress"
             except OvernightError:
                 pass
         return TaskReport(task_id, t.goal, t.entry, t.created_at, refs, status, done, total, todo, artifacts, chain,
@@ -303,12 +303,12 @@ def cat(task_id: str, artifact: str, *, store: Store | str | None = None, at: st
             loaded, _ = load_head(s, task_id, branch, key=key, deep=False)
         else:
             loaded = load_checkpoint(s, resolve_checkpoint(s, task_id, at), key=key, deep=False)
-        ref = loaded.state.artifacts.get(artifact)
+        ref = loaded.artifacts.get(artifact)
         if ref is None:
             raise ArtifactNotFound(
                 f"no artifact {artifact!r} at checkpoint {short_id(loaded.id)}", task_id=task_id,
                 checkpoint_id=loaded.id,
-                hint="artifacts there: " + _some(sorted(loaded.state.artifacts)),
+                hint="artifacts there: " + _some(sorted(loaded.artifacts)),
             )
         return BlobReader(s).get(ref.digest, f"artifact {artifact!r}")
 

@@ -403,6 +403,18 @@ def bench_commit(
     render.out.print(result.markdown())
 
 
+@bench_app.command("verify")
+def bench_verify(
+    checkpoints: int = typer.Option(1000, "--checkpoints", min=2, help="Checkpoints (steps) in the store."),
+    mb: float = typer.Option(100.0, "--mb", min=0.1, help="MB of distinct artifact content in the store."),
+    directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure."),
+) -> None:
+    """Time `overnight verify --all` on a store of N checkpoints and M MB of artifacts."""
+    from overnight.bench.verify import run_verify_bench
+
+    render.out.print(run_verify_bench(checkpoints=checkpoints, mb=mb, directory=directory).markdown())
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

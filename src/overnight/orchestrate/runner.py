@@ -242,7 +242,7 @@ class Runner:
             self._commit(self.chain.blob_writer(), event("init"), [], task_row)
             self._emit("create", checkpoint_id=self.head)
             return True, None
-        loaded, fallback = load_head(self.store, self.task.id, self.branch, key=self.key)
+        loaded, fallback = load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known)
         self.state = loaded.state_tree
         self.chain.start_from(loaded, fallback)
         self.chain.session_n = loaded.record.session.n + 1

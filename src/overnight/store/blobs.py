@@ -9,6 +9,11 @@ tail of the index, not 500 KB (the O(N²) growth of full-snapshot checkpointers 
 
 Every read re-hashes what it returns: a chunk that does not match its digest, a tree whose
 reassembled bytes do not, or a missing object raises an :class:`~overnight.errors.IntegrityError`.
+
+Deduplication never trusts what it has not verified: a writer reuses a stored object only if it
+is in its ``known`` set (objects this process wrote, or verified when it loaded the checkpoint
+it continues from) or if it hashes the stored bytes first. A stored object that turns out to be
+damaged is simply written again; the store replaces the damaged copy (same digest, same content).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Iterable
 
 from overnight.codec import chunking, compress, digest
 from overnight.codec.canonical import dumps_sorted, loads
-from overnight.errors import DecodeError, DigestMismatch, IntegrityError, MissingObject
+from overnight.errors import DecodeError, DigestMismatch, MissingObject
 from overnight.store.base import ObjectRecord, Store
 
 MAX_TREE_DEPTH = 4
@@ -28,31 +33,33 @@ MAX_TREE_DEPTH = 4
 class BlobWriter:
     """Stages the new objects of one commit.
 
-    ``put`` returns the blob digest at once; :attr:`objects` holds only objects the store does not
-    have yet (checked in one batched query per ``put``), ready for :class:`~overnight.store.base.Commit`.
+    ``put`` returns the blob digest at once; :attr:`objects` holds what the commit must write.
 
     Args:
         store: where to look up what already exists.
-        known: digests known to be stored already (a per-run cache, shared across commits).
-        suspect: digests whose stored copy failed verification: never trusted as present; when
-            content with such a digest is put again it is staged, and the commit replaces the
-            damaged copy with bytes that hash to the same digest.
+        known: digests verified to be stored intact (shared across commits of a run; the objects
+            a commit wrote are added to it). Anything else is hashed before it is reused.
     """
 
-    def __init__(self, store: Store, known: set[str] | None = None, suspect: set[str] | None = None) -> None:
+    def __init__(self, store: Store, known: set[str] | None = None) -> None:
         self.store = store
         self.known = known if known is not None else set()
-        self.suspect = suspect if suspect is not None else set()
         self.objects: dict[str, ObjectRecord] = {}
 
-    def _have(self, digests: Iterable[str]) -> set[str]:
-        digests = [d for d in digests if d not in self.suspect]
-        todo = [d for d in digests if d not in self.known and d not in self.objects]
-        if not todo:
-            return set(digests)
-        missing = self.store.missing_objects(todo)
-        self.known.update(d for d in todo if d not in missing)
-        return {d for d in digests if d not in missing}
+    def _sound(self, digests: list[str]) -> set[str]:
+        """Which of ``digests`` are stored intact: known, or fetched and verified now (one query).
+        Only plain ``blob`` objects are checked here; a stored tree is rebuilt from its chunks."""
+        todo = [d for d in dict.fromkeys(digests) if d not in self.known and d not in self.objects]
+        if todo:
+            for d, obj in self.store.get_objects(todo).items():
+                if obj.kind != "blob":
+                    continue
+                try:
+                    if digest.sha256(compress.decompress(obj.codec, obj.data, obj.size)) == d:
+                        self.known.add(d)
+                except DecodeError:
+                    pass  # damaged: staged again below, and the commit heals it
+        return {d for d in digests if d in self.known or d in self.objects}
 
     def _stage(self, d: str, kind: str, payload: bytes) -> None:
         codec, data = compress.compress(payload)
@@ -62,27 +69,21 @@ class BlobWriter:
         """Stage ``data`` as a blob; returns its ``sha256:<hex>`` digest."""
         data = bytes(data)
         d = digest.sha256(data)
-        if d in self.objects or (d in self.known and d not in self.suspect):
+        if d in self.objects or d in self.known:
             return d
         if len(data) <= chunking.inline_limit(_index):
-            # small: no existence query; the store's INSERT OR IGNORE deduplicates
+            # small: staged without a lookup; the store skips it if an intact copy is there
             self._stage(d, "blob", data)
             return d
-        present = d in self._have([d])
-        if present and not self.suspect:
-            return d
-        # (with suspects, a present tree may still point at a damaged chunk: check its chunks)
         chunks = chunking.cut(data, index=_index)
         chunk_digests = [digest.sha256(c) for c in chunks]
-        have = self._have(chunk_digests)
+        have = self._sound(chunk_digests)
         for c, cd in zip(chunks, chunk_digests):
-            if cd not in have and cd not in self.objects:
+            if cd not in have:
                 self._stage(cd, "blob", bytes(c))
         index = b"".join(digest.raw(cd) for cd in chunk_digests)
         index_digest = self.put(index, _index=True)
-        if not present:
-            payload = dumps_sorted({"chunks": len(chunks), "index": index_digest, "size": len(data)})
-            self._stage(d, "tree", payload)
+        self._stage(d, "tree", dumps_sorted({"chunks": len(chunks), "index": index_digest, "size": len(data)}))
         return d
 
 
@@ -91,11 +92,16 @@ class BlobReader:
 
     Args:
         store: where objects live.
-        context: text naming what is being read (``"checkpoint 1a2b3c… state"``), used in errors.
+        verified: a set that collects the digest of every object this reader verified (pass a
+            writer's ``known`` set to let it deduplicate against them).
+
+    Methods take ``context``: text naming what is being read (``"checkpoint 1a2b3c… state"``),
+    used in errors.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, verified: set[str] | None = None) -> None:
         self.store = store
+        self.verified = verified if verified is not None else set()
 
     def _fetch(self, digests: list[str], context: str) -> dict[str, ObjectRecord]:
         found = self.store.get_objects(digests)
@@ -127,7 +133,7 @@ class BlobReader:
         except (DecodeError, KeyError, TypeError) as exc:
             raise DigestMismatch(f"chunk tree {obj.digest} is malformed ({exc}); needed by {context}",
                                  object_digest=obj.digest) from exc
-        index = self.get(index_digest, context, depth + 1)
+        index = self.get(index_digest, context, depth + 1)  # verified (and recorded) by get
         if len(index) != 32 * n_chunks:
             raise DigestMismatch(f"chunk index of {obj.digest} lists {len(index) // 32} chunks, expected {n_chunks}",
                                  object_digest=obj.digest)
@@ -163,18 +169,21 @@ class BlobReader:
         if digest.sha256(data) != obj.digest:
             raise DigestMismatch(f"object {obj.digest} does not match its content; needed by {context}",
                                  object_digest=obj.digest)
+        if obj.kind == "tree":
+            self.verified.update(chunk_digests)
+        self.verified.add(obj.digest)
         return data
 
-    def verify(self, blob_digest: str, context: str, verified: set[str] | None = None) -> int:
+    def verify(self, blob_digest: str, context: str) -> int:
         """Check a blob without keeping it in memory: chunks are streamed through the hash.
 
-        ``verified`` caches digests already checked (shared across calls, so a chunk stored once
-        is hashed once per tree that uses it, decompressed as needed). Returns the blob's size.
+        Objects already in :attr:`verified` are not hashed again (a chunk shared by many trees is
+        decompressed for each, hashed once). Returns the blob's size in bytes.
 
         Raises:
             MissingObject, DigestMismatch: as for :meth:`get`.
         """
-        verified = verified if verified is not None else set()
+        verified = self.verified
         obj = self._fetch([blob_digest], context)[blob_digest]
         if obj.kind != "tree":
             if blob_digest not in verified:
@@ -200,43 +209,6 @@ class BlobReader:
                                  object_digest=blob_digest)
         verified.add(blob_digest)
         return size
-
-    def damaged(self, blob_digest: str, _depth: int = 0) -> set[str]:
-        """Every object of ``blob_digest`` (itself, its chunk index, its chunks) that is missing or
-        does not match its digest. Never raises: for finding *all* the damage after a failure."""
-        found = self.store.get_objects([blob_digest])
-        obj = found.get(blob_digest)
-        if obj is None:
-            return {blob_digest}
-        if obj.kind != "tree":
-            try:
-                self._assemble(obj, "a damage scan")
-                return set()
-            except IntegrityError:
-                return {blob_digest}
-        try:
-            index_digest = loads(self._payload(obj, "a damage scan"))["index"]
-        except (IntegrityError, DecodeError, KeyError, TypeError):
-            return {blob_digest}
-        bad = self.damaged(index_digest, _depth + 1) if _depth < MAX_TREE_DEPTH else {index_digest}
-        if bad:
-            return bad | {blob_digest}
-        index = self.get(index_digest, "a damage scan")
-        chunk_digests = list(dict.fromkeys(digest.from_raw(index[i : i + 32]) for i in range(0, len(index), 32)))
-        chunks = self.store.get_objects(chunk_digests)
-        for cd in chunk_digests:
-            chunk = chunks.get(cd)
-            try:
-                if chunk is None or digest.sha256(self._chunk(chunk, "a damage scan")) != cd:
-                    bad.add(cd)
-            except IntegrityError:
-                bad.add(cd)
-        if not bad:
-            try:
-                self._assemble(obj, "a damage scan")
-            except IntegrityError:
-                bad.add(blob_digest)
-        return bad
 
     def reachable(self, blob_digest: str, context: str = "a walk", _depth: int = 0) -> list[str]:
         """Every object digest ``blob_digest`` is made of, itself included (for verify and gc).

@@ -33,7 +33,8 @@ from overnight.verify.records import event
 def _writer(store: Store, base: LoadedCheckpoint, branch: str, key: bytes | None, ref_head: str | None) -> ChainWriter:
     chain = ChainWriter(store, base.record.task_id, branch, key=key, session_id="op-" + uuid.uuid4().hex,
                         session_n=base.record.session.n)
-    chain.head, chain.ref_head, chain.seq = base.id, ref_head, base.record.seq
+    chain.start_from(base, None)
+    chain.ref_head = ref_head
     return chain
 
 
@@ -106,12 +107,12 @@ def rollback(store: Store, task_id: str, to: str, *, branch: str = "main", key: 
             raise ConfigError(f"checkpoint {short_id(to)} is not an ancestor of branch {branch!r}", task_id=task_id,
                               hint="to continue from another branch's checkpoint, fork it: overnight fork --at")
         target = load_checkpoint(store, to, key=key, deep=True)
-        dropped = [d.name for d in head.state.done[len(target.state.done):]]
+        dropped = head.doc.done.count - target.doc.done.count
         chain = _writer(store, head, branch, key, store.get_ref(task_id, branch))
         return chain.commit(
             target.state_tree,
             event("rollback", ref=target.id,
-                  detail=f"to seq {target.record.seq}; {len(dropped)} step(s) will run again"),
+                  detail=f"to seq {target.record.seq}; {max(dropped, 0)} step(s) will run again"),
             fingerprint=target.record.fingerprint,
         )
 

@@ -18,11 +18,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from overnight.codec import digest
-from overnight.codec.canonical import loads
 from overnight.errors import (
     BranchNotFound,
     CheckpointNotFound,
-    DecodeError,
     FormatTooNew,
     IntegrityError,
     NoValidCheckpoint,
@@ -30,7 +28,8 @@ from overnight.errors import (
 )
 from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
-from overnight.verify.integrity import LoadedCheckpoint, encode_record, encode_state, load_checkpoint, parse_record
+from overnight.verify.integrity import LoadedCheckpoint, encode_record, encode_state, load_checkpoint
+from overnight.verify.pages import PageWriter, artifact_pages, done_pages, todo_pages
 from overnight.verify.records import FORMAT_VERSION
 
 
@@ -54,14 +53,6 @@ class Fallback:
     head_id: str
     used_id: str | None = None
     skipped: list[Skipped] = field(default_factory=list)
-    damaged: set[str] = field(default_factory=set)
-
-    @property
-    def bad_objects(self) -> set[str]:
-        """Objects found damaged or missing (the first failure of each skipped checkpoint, and
-        everything a scan of the skipped checkpoints' objects found); writers must not
-        deduplicate against them."""
-        return {s.object_digest for s in self.skipped if s.object_digest} | self.damaged
 
     @property
     def redo_steps(self) -> list[str]:
@@ -79,7 +70,8 @@ class Fallback:
 
 
 def load_head(
-    store: Store, task_id: str, branch: str = "main", *, key: bytes | None = None, deep: bool = True
+    store: Store, task_id: str, branch: str = "main", *, key: bytes | None = None, deep: bool = True,
+    verified: set[str] | None = None,
 ) -> tuple[LoadedCheckpoint, Fallback | None]:
     """Load the newest verifiable checkpoint of ``task_id``/``branch``.
 
@@ -87,6 +79,7 @@ def load_head(
     record, since a failed record's own body cannot be trusted). When the chain is broken -- a
     record is missing altogether -- it continues with the newest not yet tried record committed
     to the branch. Returns ``(checkpoint, fallback)``; ``fallback`` is None when the head verified.
+    ``verified`` collects the digest of every object found intact on the way.
 
     Raises:
         TaskNotFound: no such task.
@@ -99,7 +92,7 @@ def load_head(
         store.get_task(task_id)  # raises TaskNotFound
         raise BranchNotFound(f"task {task_id!r} has no branch {branch!r}", task_id=task_id,
                              hint="`overnight log TASK_ID` lists the branches")
-    reader = BlobReader(store)
+    reader = BlobReader(store, verified)
     fallback: Fallback | None = None
     tried: set[str] = set()
     rows: list[CheckpointRow] | None = None
@@ -135,7 +128,6 @@ def load_head(
             continue
         if fallback is not None:
             fallback.used_id = loaded.id
-            fallback.damaged = _scan_damage(store, reader, fallback, key)
         return loaded, fallback
     assert fallback is not None
     raise NoValidCheckpoint(
@@ -144,26 +136,6 @@ def load_head(
         checkpoint_id=head,
         hint="run `overnight verify TASK_ID` for the full report",
     )
-
-
-def _scan_damage(store: Store, reader: BlobReader, fallback: Fallback, key: bytes | None) -> set[str]:
-    """All damaged objects of the skipped checkpoints whose records still parse."""
-    damaged: set[str] = set()
-    for s in fallback.skipped:
-        try:
-            record = parse_record(store.get_checkpoint(s.checkpoint_id), key=None)
-        except (IntegrityError, CheckpointNotFound):
-            continue  # the record itself is the damage
-        bad = reader.damaged(record.state.digest)
-        damaged |= bad
-        if not bad:
-            try:
-                state = loads(reader.get(record.state.digest))
-                for art in state.get("artifacts", {}).values():
-                    damaged |= reader.damaged(art["digest"])
-            except (IntegrityError, DecodeError, AttributeError, KeyError, TypeError):
-                pass
-    return damaged
 
 
 def utc_now() -> str:
@@ -186,7 +158,9 @@ class ChainWriter:
             ``head`` only after a fallback, when the ref still names a checkpoint that failed
             verification (the bad records stay in place, off the new chain).
         seq: ``seq`` of ``head`` (-1 before the first checkpoint).
-        known: digests known to be stored (saves existence queries across commits).
+        known: digests verified to be stored intact -- the objects of the checkpoint it continues
+            from (pass it as ``verified`` to :func:`load_head`) and those it wrote; deduplication
+            trusts these and hashes anything else first.
     """
 
     def __init__(self, store: Store, task_id: str, branch: str, *, key: bytes | None,
@@ -197,20 +171,25 @@ class ChainWriter:
         self.ref_head: str | None = None
         self.seq = -1
         self.known: set[str] = set()
-        self.suspect: set[str] = set()
+        self._todo = PageWriter()
+        self._done = PageWriter()
+        self._artifacts = PageWriter()
 
     def start_from(self, loaded: LoadedCheckpoint, fallback: Fallback | None) -> None:
-        """Continue after ``loaded`` (the branch ref names ``fallback.head_id`` after a fallback,
-        and the objects the fallback found damaged are rewritten, not reused, when needed again)."""
+        """Continue after ``loaded`` (the branch ref names ``fallback.head_id`` after a fallback)."""
         self.head = loaded.id
         self.ref_head = fallback.head_id if fallback else loaded.id
         self.seq = loaded.record.seq
-        if fallback is not None:
-            self.suspect |= fallback.bad_objects
+        for p in loaded.todo_pages:
+            self._todo.seed(p.tree, p.ref)
+        for p in loaded.done_pages:
+            self._done.seed(p.tree, p.ref)
+        for p in loaded.artifact_pages:
+            self._artifacts.seed(p.tree, p.ref)
 
     def blob_writer(self) -> BlobWriter:
         """A :class:`BlobWriter` for the next commit, sharing this chain's known-digest cache."""
-        return BlobWriter(self.store, self.known, self.suspect)
+        return BlobWriter(self.store, self.known)
 
     def commit(
         self,
@@ -223,7 +202,9 @@ class ChainWriter:
         task_row: TaskRow | None = None,
         fingerprint: dict[str, Any] | None = None,
     ) -> str:
-        """Write one checkpoint of ``state`` (a :class:`~overnight.verify.records.TaskState` tree).
+        """Write one checkpoint of ``state`` (a :class:`~overnight.verify.records.TaskState` tree;
+        its ``todo`` and ``done`` lists and ``artifacts`` map are stored as pages,
+        :mod:`overnight.verify.pages`).
 
         Args:
             event: an :func:`~overnight.verify.records.event` dict.
@@ -237,7 +218,12 @@ class ChainWriter:
             LeaseLost: ``lease`` was taken over.
         """
         writer = writer or self.blob_writer()
-        state_bytes = encode_state(state)
+        state_bytes = encode_state({
+            **state,
+            "todo": self._todo.refs(todo_pages(state["todo"]), writer),
+            "done": self._done.refs(done_pages(state["done"]), writer),
+            "artifacts": self._artifacts.refs(artifact_pages(state["artifacts"]), writer),
+        })
         state_digest = writer.put(state_bytes)
         created_at = utc_now()
         record = {
@@ -263,7 +249,6 @@ class ChainWriter:
                 for j in journal]
         self.store.commit(Commit(row, self.ref_head, list(writer.objects.values()), rows, lease, task_row))
         self.known.update(writer.objects)
-        self.suspect -= writer.objects.keys()  # rewritten, hence healed
         self.head = self.ref_head = cid
         self.seq = row.seq
         return cid

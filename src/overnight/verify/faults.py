@@ -30,6 +30,7 @@ import random
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from overnight.codec import digest
 from overnight.codec.canonical import dumps, dumps_sorted, loads
@@ -90,9 +91,12 @@ class Faults:
         record = loads(row.body)
         reader = BlobReader(store)
         out = set(reader.reachable(record["state"]["digest"]))
-        state = loads(reader.get(record["state"]["digest"]))
-        for art in state["artifacts"].values():
-            out.update(reader.reachable(art["digest"]))
+        doc = loads(reader.get(record["state"]["digest"]))
+        refs = [*doc["todo"]["pages"], *doc["done"]["pages"], *doc["artifacts"]["pages"]]
+        for page in doc["artifacts"]["pages"]:
+            refs += loads(reader.get(page["digest"])).values()
+        for ref in refs:
+            out.update(reader.reachable(ref["digest"]))
         return out
 
     def _lineage(self, store: SQLiteStore, head: str) -> list[tuple[str, set[str]]]:
@@ -125,7 +129,7 @@ class Faults:
         record["event"] = {"kind": "step", "step": "injected", "key": None, "ref": None, "detail": None}
         return record
 
-    def _put_state(self, db: sqlite3.Connection, state_tree: dict) -> dict:
+    def _put_state(self, db: sqlite3.Connection, state_tree: Any) -> dict:
         raw = dumps(state_tree)
         d = digest.sha256(raw)
         codec, data = compress(raw)
@@ -137,6 +141,22 @@ class Faults:
             i = self.rng.randrange(len(data))
             return data[:i] + bytes([data[i] ^ (1 << self.rng.randrange(8))]) + data[i + 1 :]
         return data[: self.rng.randrange(len(data))]
+
+    def _damage_object(self, data: bytes, codec: str, size: int, kind: str) -> bytes:
+        """Corrupt stored bytes so that the *content* changes (or no longer decodes): a flip in a
+        zstd frame's padding that still decodes to the same content damages nothing."""
+        try:
+            content = decompress(codec, data, size)
+        except Exception:  # noqa: BLE001 - already unreadable
+            return self._corrupt_bytes(data, kind)
+        for _ in range(100):
+            bad = self._corrupt_bytes(data, kind)
+            try:
+                if decompress(codec, bad, size) != content:
+                    return bad
+            except Exception:  # noqa: BLE001 - does not decode: damaged
+                return bad
+        raise RuntimeError("could not damage the object's content")
 
     # -- inject ---------------------------------------------------------------------------------
 
@@ -163,8 +183,10 @@ class Faults:
                     detail = f"{kind} in the head record"
                 else:
                     target = self.rng.choice(objects)
-                    data = db.execute("SELECT data FROM objects WHERE digest=?", (target,)).fetchone()[0]
-                    db.execute("UPDATE objects SET data=? WHERE digest=?", (self._corrupt_bytes(bytes(data), kind), target))
+                    size, codec, data = db.execute("SELECT size, codec, data FROM objects WHERE digest=?",
+                                                   (target,)).fetchone()
+                    db.execute("UPDATE objects SET data=? WHERE digest=?",
+                               (self._damage_object(bytes(data), codec, size, kind), target))
                     damaged.add(target)
                     detail = f"{kind} in object {target}"
                 new_head = head
@@ -200,9 +222,12 @@ class Faults:
             elif kind == "edited_value":
                 record = self._child_record(head_row.body, head)
                 state = loads(self._object_bytes(store, record["state"]["digest"]))
-                if state["done"]:
-                    entry = self.rng.choice(state["done"])
+                if state["done"]["pages"]:
+                    n = self.rng.randrange(len(state["done"]["pages"]))
+                    page = loads(self._object_bytes(store, state["done"]["pages"][n]["digest"]))
+                    entry = self.rng.choice(page)
                     entry["output"] = {"edited": True}
+                    state["done"]["pages"][n] = self._put_state(db, page)
                     detail = f"output of step {entry['name']!r} edited"
                 else:
                     state["data"] = {"edited": True}

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from overnight.codec import digest
 from overnight.codec.canonical import dumps, dumps_sorted, loads
@@ -30,6 +31,7 @@ from overnight.errors import (
     DecodeError,
     DigestMismatch,
     IntegrityError,
+    MissingObject,
     SchemaError,
     SignatureError,
     short_id,
@@ -37,7 +39,16 @@ from overnight.errors import (
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.blobs import BlobReader
 from overnight.verify.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade
-from overnight.verify.records import CheckpointRecord, TaskState
+from overnight.verify.records import (
+    DONE_PAGE,
+    ArtifactRef,
+    BlobRef,
+    CheckpointRecord,
+    DoneEntry,
+    StateDoc,
+    TaskState,
+    TodoEntry,
+)
 
 
 def signing_key_from_env() -> bytes | None:
@@ -47,17 +58,60 @@ def signing_key_from_env() -> bytes | None:
 
 
 @dataclass(frozen=True)
+class Page:
+    """One verified page blob: its reference, its entries as stored (a list or an object), and
+    the same entries as validated models."""
+
+    ref: dict[str, Any]
+    tree: Any
+    entries: Any
+
+
+PageCache = dict[str, Page]
+"""Verified pages by digest, shared across loads (a page is parsed and checked once)."""
+
+_DONE_PAGE = TypeAdapter(list[DoneEntry])
+_TODO_PAGE = TypeAdapter(list[TodoEntry])
+_ARTIFACT_PAGE = TypeAdapter(dict[str, ArtifactRef])
+
+
+@dataclass(frozen=True)
 class LoadedCheckpoint:
-    """A checkpoint that passed verification: the stored row, the parsed record, the state."""
+    """A checkpoint that passed verification: the stored row, the parsed record, the state
+    document and its pages. ``state``/``state_tree`` assemble the full state on first use."""
 
     row: CheckpointRow
     record: CheckpointRecord
-    state: TaskState
-    state_tree: dict[str, Any]
+    doc: StateDoc
+    doc_tree: dict[str, Any]
+    todo_pages: list[Page]
+    done_pages: list[Page]
+    artifact_pages: list[Page]
 
     @property
     def id(self) -> str:
         return self.row.checkpoint_id
+
+    @cached_property
+    def artifacts(self) -> dict[str, ArtifactRef]:
+        """Artifact references by name (validated models)."""
+        return {name: ref for p in self.artifact_pages for name, ref in p.entries.items()}
+
+    @cached_property
+    def state_tree(self) -> dict[str, Any]:
+        """The state as a tree with ``done`` as one list and ``artifacts`` as one mapping (the
+        entries are the pages' own objects, so unchanged pages are recognised when committing)."""
+        return {**self.doc_tree, "todo": [e for p in self.todo_pages for e in p.tree],
+                "done": [e for p in self.done_pages for e in p.tree],
+                "artifacts": {n: a for p in self.artifact_pages for n, a in p.tree.items()}}
+
+    @cached_property
+    def state(self) -> TaskState:
+        d = self.doc
+        return TaskState.model_construct(format=d.format, task=d.task,
+                                         todo=[e for p in self.todo_pages for e in p.entries],
+                                         done=[e for p in self.done_pages for e in p.entries],
+                                         artifacts=self.artifacts, data=d.data, context=d.context)
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
@@ -65,9 +119,9 @@ def encode_record(record: dict[str, Any]) -> bytes:
     return dumps_sorted(record)
 
 
-def encode_state(state_tree: dict[str, Any]) -> bytes:
-    """Canonical bytes of a state document (member order as built; user values keep theirs)."""
-    return dumps(state_tree)
+def encode_state(doc_tree: dict[str, Any]) -> bytes:
+    """Canonical bytes of a state document or done page (member order as built; user values keep theirs)."""
+    return dumps(doc_tree)
 
 
 def _validation_summary(exc: ValidationError) -> str:
@@ -147,11 +201,16 @@ def load_checkpoint(
     key: bytes | None = None,
     deep: bool = True,
     reader: BlobReader | None = None,
+    pages: PageCache | None = None,
+    check_artifacts: bool = True,
 ) -> LoadedCheckpoint:
     """Load and fully verify one checkpoint (all five checks).
 
     Args:
         deep: also read and hash every artifact blob (True on resume; ``show`` may skip it).
+        pages: cache of verified pages to reuse and fill (fsck checks each page once).
+        check_artifacts: check that every artifact blob is present (callers that verify every
+            artifact blob themselves, like fsck, turn it off).
 
     Raises:
         CheckpointNotFound: no such checkpoint.
@@ -161,32 +220,68 @@ def load_checkpoint(
     record = parse_record(row, key=key)
     ids = {"task_id": row.task_id, "checkpoint_id": row.checkpoint_id}
     reader = reader or BlobReader(store)
-    where = f"checkpoint {short_id(row.checkpoint_id)} state"
+    pages = pages if pages is not None else {}
+    cp = f"checkpoint {short_id(row.checkpoint_id)}"
+
+    def read(ref_digest: str, size: int, what: str) -> bytes:
+        try:
+            raw = reader.get(ref_digest, what)
+        except IntegrityError as exc:
+            exc.task_id, exc.checkpoint_id = row.task_id, row.checkpoint_id
+            raise
+        if len(raw) != size:
+            raise DigestMismatch(f"{what} is {len(raw)} bytes, the reference says {size}", object_digest=ref_digest, **ids)
+        return raw
+
+    where = f"{cp} state"
+    tree = _parse(read(record.state.digest, record.state.size, where), where, dumps, STATE_MIGRATIONS, ids)
     try:
-        raw = reader.get(record.state.digest, where)
-    except IntegrityError as exc:
-        exc.task_id, exc.checkpoint_id = row.task_id, row.checkpoint_id
-        raise
-    if len(raw) != record.state.size:
-        raise DigestMismatch(f"{where} is {len(raw)} bytes, the record says {record.state.size}", **ids)
-    tree = _parse(raw, where, dumps, STATE_MIGRATIONS, ids)
-    try:
-        state = TaskState.model_validate(tree)
+        doc = StateDoc.model_validate(tree)
     except ValidationError as exc:
         raise SchemaError(f"{where} is incomplete or malformed: {_validation_summary(exc)}", **ids) from exc
-    if state.task.id != record.task_id:
-        raise SchemaError(f"{where} belongs to task {state.task.id!r}, not {record.task_id!r}", **ids)
-    missing = store.missing_objects(a.digest for a in state.artifacts.values())
-    if missing:
-        names = sorted(n for n, a in state.artifacts.items() if a.digest in missing)
-        raise IntegrityError(f"checkpoint {short_id(row.checkpoint_id)} artifacts are missing from the store: {names}", **ids)
+    if doc.task.id != record.task_id:
+        raise SchemaError(f"{where} belongs to task {doc.task.id!r}, not {record.task_id!r}", **ids)
+
+    def page(ref: BlobRef, what: str, adapter: TypeAdapter) -> Page:
+        cached = pages.get(ref.digest)
+        if cached is not None:
+            return cached
+        raw = read(ref.digest, ref.size, what)
+        try:
+            tree = loads(raw)
+            if dumps(tree) != raw:
+                raise SchemaError(f"{what} is not in canonical form", **ids)
+            entries = adapter.validate_python(tree)
+        except (DecodeError, ValidationError) as exc:
+            detail = _validation_summary(exc) if isinstance(exc, ValidationError) else exc.message
+            raise SchemaError(f"{what} is incomplete or malformed: {detail}", **ids) from exc
+        pages[ref.digest] = Page(ref.model_dump(), tree, entries)
+        return pages[ref.digest]
+
+    todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE) for i, r in enumerate(doc.todo.pages)]
+    if sum(len(p.tree) for p in todo_pages) != doc.todo.count or any(not p.tree for p in todo_pages):
+        raise SchemaError(f"{where} todo pages do not hold the {doc.todo.count} entries the state says", **ids)
+    done_pages = [page(r, f"{cp} done page {i}", _DONE_PAGE) for i, r in enumerate(doc.done.pages)]
+    sizes = [len(p.tree) for p in done_pages]
+    if sum(sizes) != doc.done.count or any(n != DONE_PAGE for n in sizes[:-1]) or (sizes and not 0 < sizes[-1] <= DONE_PAGE):
+        raise SchemaError(f"{where} done pages hold {sizes} entries; the state says {doc.done.count} "
+                          f"in pages of {DONE_PAGE}", **ids)
+    artifact_pages = [page(r, f"{cp} artifact page {i}", _ARTIFACT_PAGE) for i, r in enumerate(doc.artifacts.pages)]
+    names = [n for p in artifact_pages for n in p.tree]
+    if len(names) != doc.artifacts.count or any(a >= b for a, b in zip(names, names[1:])) or any(
+            not p.tree for p in artifact_pages):
+        raise SchemaError(f"{where} artifact pages are not {doc.artifacts.count} names in sorted order", **ids)
+    loaded = LoadedCheckpoint(row=row, record=record, doc=doc, doc_tree=tree, todo_pages=todo_pages,
+                              done_pages=done_pages, artifact_pages=artifact_pages)
+
+    if check_artifacts:
+        arts = loaded.artifacts
+        missing = store.missing_objects(a.digest for a in arts.values())
+        if missing:
+            names = sorted(n for n, a in arts.items() if a.digest in missing)
+            raise MissingObject(f"{cp} artifacts are missing from the store: {names}",
+                                object_digest=sorted(missing)[0], **ids)
     if deep:
-        for name, art in state.artifacts.items():
-            try:
-                data = reader.get(art.digest, f"checkpoint {short_id(row.checkpoint_id)} artifact {name!r}")
-            except IntegrityError as exc:
-                exc.task_id, exc.checkpoint_id = row.task_id, row.checkpoint_id
-                raise
-            if len(data) != art.size:
-                raise DigestMismatch(f"artifact {name!r} is {len(data)} bytes, the state says {art.size}", **ids)
-    return LoadedCheckpoint(row=row, record=record, state=state, state_tree=tree)
+        for name, art in loaded.artifacts.items():
+            read(art.digest, art.size, f"{cp} artifact {name!r}")
+    return loaded

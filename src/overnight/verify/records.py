@@ -18,6 +18,16 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 FORMAT_VERSION = 1
 """Format of checkpoint records and state documents written by this code."""
 
+DONE_PAGE = 64
+"""Done entries per page blob. Pages are immutable once full, so a checkpoint stores one new
+(last) page, not the whole history: commit cost and verification stay flat as a task grows."""
+
+PAGE_FANOUT = 32
+"""Average entries per todo or artifact page. A page ends after an entry whose name's SHA-256
+(of its UTF-8, surrogates kept), read as a big-endian uint32, is divisible by this: boundaries
+depend on the entries alone, so adding, removing or changing one entry rewrites one page,
+whatever the length of the list (todo: in list order; artifacts: in sorted name order)."""
+
 Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 
 
@@ -139,6 +149,19 @@ class DoneEntry(_Strict):
     tokens_out: int
 
 
+class Pages(_Strict):
+    """A collection stored as page blobs: ``count`` entries in ``pages``.
+
+    ``done``: each page a canonical JSON list of :class:`DoneEntry`, :data:`DONE_PAGE` per page,
+    all full but the last. ``todo``: each page a canonical JSON list of :class:`TodoEntry`, split
+    as :data:`PAGE_FANOUT` says. ``artifacts``: each page a canonical JSON object ``name ->``
+    :class:`ArtifactRef`, names sorted across pages, split as :data:`PAGE_FANOUT` says.
+    """
+
+    count: int = Field(ge=0)
+    pages: list[BlobRef]
+
+
 class ContextInfo(_Strict):
     """Context carried across sessions: the latest compaction summary and how many there were."""
 
@@ -146,8 +169,21 @@ class ContextInfo(_Strict):
     compactions: int
 
 
+class StateDoc(_Strict):
+    """The state document a checkpoint's ``state`` blob holds (``todo``, ``done`` and
+    ``artifacts`` as page references, so its size does not grow with the plan or the history)."""
+
+    format: int
+    task: TaskInfo
+    todo: Pages
+    done: Pages
+    artifacts: Pages
+    data: Any
+    context: ContextInfo
+
+
 class TaskState(_Strict):
-    """The state document a checkpoint's ``state`` blob holds."""
+    """A checkpoint's state with the done list read from its pages (what steps and tools use)."""
 
     format: int
     task: TaskInfo
