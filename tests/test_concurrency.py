@@ -93,6 +93,7 @@ def test_H06_two_processes_resume_the_same_task_at_once(tmp_path: Path, start: s
     assert f"pid {procs[winner].pid}" in msg, f"the busy error does not name the holder: {msg}"
     assert ended[loser] < 15, f"the busy process took {ended[loser]:.1f} s to give up"
     assert ended[loser] < ended[winner], "the loser waited for the winner instead of failing fast"
+    print(f"\n[H06 {start}] loser gave up after {ended[loser]:.2f} s: {' '.join(msg.split())}")
 
     # the loser ran nothing; every step ran exactly once
     runs = _log(log)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -239,61 +238,71 @@ def test_H05_sigkill_at_random_moments_and_inside_checkpoint_writes(tmp_path: Pa
     assert base.returncode == 0, base.stderr
     expected = (tmp_path / "base-report.md").read_bytes()
     assert len(expected) > 10_000
+    with SQLiteStore(tmp_path / "base.db") as b:
+        base_done = [d["name"] for d in load_head(b, TASK_ID)[0].state_tree["done"]]
 
-    loop = CrashLoop(tmp_path, rng)
     modes = ["in-write"] * IN_WRITE_KILLS + ["early"] * EARLY_KILLS + ["random"] * (KILLS - IN_WRITE_KILLS - EARLY_KILLS)
     rng.shuffle(modes)
     pending = list(modes)
-    extra = 0
-    while pending:
-        att = loop.attempt(pending[0])
+    loops: list[CrashLoop] = []
+    # Kill, resume, kill ... in one store until every kill is spent, then let the last resume finish.
+    # Should the task complete before that (a run of lucky late kills), the remaining kills go to a
+    # fresh store (a new round); every round must end with the same report.
+    while pending or (loops and loops[-1].attempts[-1]["rc"] != 0):
+        if not loops or loops[-1].attempts[-1]["rc"] == 0:
+            rdir = tmp_path / f"round{len(loops)}"
+            rdir.mkdir()
+            loops.append(CrashLoop(rdir, rng))
+        loop = loops[-1]
+        att = loop.attempt(pending[0] if pending else None)
         loop.check_store(att)
         if att["killed"]:
             pending.pop(0)
-        elif att["rc"] == 0:
-            # finished before all kills were spent: the kills never stop short of KILLS
-            pytest.fail(f"the demo completed after only {sum(a['killed'] for a in loop.attempts)} kills; "
-                        "lower the kill delays")
-        else:
-            extra += 1
-            assert extra < 20, "attempts keep ending without being killed"
-    final = loop.attempt(None)
-    loop.check_store(final)
-    assert final["rc"] == 0, (tmp_path / f"stderr-{final['i']:02d}.txt").read_text()
+        elif att["rc"] != 0:
+            stderr = (loop.tmp / f"stderr-{att['i']:02d}.txt").read_text()
+            assert pending and sum(not a["killed"] for a in loop.attempts) < 20, \
+                f"attempts keep ending without being killed:\n{stderr}"
 
-    # the report is byte-identical to the uninterrupted run's
-    assert loop.out.read_bytes() == expected
-    # ... and the same steps were committed, in the same order, each once
-    with SQLiteStore(tmp_path / "base.db") as b, SQLiteStore(loop.db) as c:
-        base_done = [d["name"] for d in load_head(b, TASK_ID)[0].state_tree["done"]]
-        crash_done = [d["name"] for d in load_head(c, TASK_ID)[0].state_tree["done"]]
-    assert crash_done == base_done
+    kills, in_write, per_kill, landed, committed, executions = [], [], [], 0, 0, 0
+    for loop in loops:
+        # the report is byte-identical to the uninterrupted run's
+        assert loop.out.read_bytes() == expected, f"{loop.tmp.name}: the report differs from the uninterrupted run's"
+        # ... and the same steps were committed, in the same order, each once
+        with SQLiteStore(loop.db) as c:
+            crash_done = [d["name"] for d in load_head(c, TASK_ID)[0].state_tree["done"]]
+        assert crash_done == base_done
+        # wasted steps, from the event log
+        per_attempt, rerun_after_commit = _wasted(loop)
+        assert not rerun_after_commit, f"committed steps ran again: {rerun_after_commit}"
+        not_killed_waste = {i: n for i, n in per_attempt.items() if not loop.attempts[i]["killed"]}
+        assert not not_killed_waste, f"steps wasted by attempts that were not killed: {not_killed_waste}"
+        loop_kills = [a for a in loop.attempts if a["killed"]]
+        loop_waste = [per_attempt.get(a["i"], 0) for a in loop_kills]
+        loop_execs = sum(1 for e in read_events(loop.events) if e["kind"] == "step_start")
+        assert loop_execs == len(crash_done) + sum(loop_waste)
+        kills += loop_kills
+        in_write += [a for a in loop_kills if a["in_write"]]
+        landed += sum(1 for a in loop_kills if a["in_write"] and a.get("write_landed"))
+        per_kill += loop_waste
+        committed += len(crash_done)
+        executions += loop_execs
+
     # re-running the finished task through the real CLI runs nothing and writes the same report
-    again = cli("demo", "--store", f"sqlite://{loop.db}", "--out", str(tmp_path / "again.md"), "-q",
+    last = loops[-1]
+    again = cli("demo", "--store", f"sqlite://{last.db}", "--out", str(tmp_path / "again.md"), "-q",
                 "--events", str(tmp_path / "again-events.jsonl"), "--model-latency-ms", str(LATENCY_MS), cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "again.md").read_bytes() == expected
     assert not [e for e in read_events(tmp_path / "again-events.jsonl") if e["kind"] == "step_start"]
 
-    # wasted steps, from the event log
-    kills = [a for a in loop.attempts if a["killed"]]
-    in_write = [a for a in kills if a["in_write"]]
-    per_attempt, rerun_after_commit = _wasted(loop)
-    assert not rerun_after_commit, f"committed steps ran again: {rerun_after_commit}"
-    not_killed_waste = {i: n for i, n in per_attempt.items() if not loop.attempts[i]["killed"]}
-    assert not not_killed_waste, f"steps wasted by attempts that were not killed: {not_killed_waste}"
-    per_kill = [per_attempt.get(a["i"], 0) for a in kills]
     total_wasted = sum(per_kill)
-    executions = sum(1 for e in read_events(loop.events) if e["kind"] == "step_start")
-    assert executions == len(crash_done) + total_wasted
-
-    landed = sum(1 for a in in_write if a.get("write_landed"))
     print(f"[crash] kills: {len(kills)} (random during work: {sum(a['mode'] == 'random' for a in kills)}, "
           f"from process start: {sum(a['mode'] == 'early' for a in kills)}, aimed at a commit: "
-          f"{sum(a['mode'] == 'in-write' for a in kills)}); attempts: {len(loop.attempts)}")
+          f"{sum(a['mode'] == 'in-write' for a in kills)}); attempts: {sum(len(l.attempts) for l in loops)}, "
+          f"stores: {len(loops)}")
     print(f"[crash] kills inside a checkpoint write: {len(in_write)} "
           f"(commit survived: {landed}, rolled back: {len(in_write) - landed}); every one left the old or the new head")
-    print(f"[crash] steps: {len(crash_done)} committed, {executions} executed; wasted steps: total {total_wasted}, "
+    print(f"[crash] steps: {committed} committed, {executions} executed; wasted steps: total {total_wasted}, "
           f"max per kill {max(per_kill, default=0)}, per kill {per_kill}")
     print(f"[crash] report: {len(expected)} bytes, byte-identical to the uninterrupted run")
 

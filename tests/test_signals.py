@@ -150,3 +150,86 @@ def test_two_signals_abandon_the_step_in_flight(tmp_path: Path, sig: signal.Sign
     lines = _lines(log)
     assert lines.count("start slow") == 2 and lines.count("end slow") == 1, lines
     assert _done(tmp_path) == ["first", "slow", "last"]
+
+
+BIG_TASK_FILE = '''
+import os, time
+import overnight
+
+task = overnight.Task("sigbig", goal="signal during a slow load", expected_span="1h")
+
+
+@task.step
+def make(ctx):
+    ctx.write_artifact("big.bin", os.urandom({size}))  # deep verification on resume reads all of it
+
+
+@task.step
+def after(ctx):
+    with open({log!r}, "a") as fh:
+        fh.write("start after\\n")
+    time.sleep(1.0)
+'''
+
+
+def _threads(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc to see the lease heartbeat thread")
+def test_two_signals_while_resume_loads_the_head_exit_resumable(tmp_path: Path) -> None:
+    """Ctrl-C twice while a resume is still loading/verifying the head (before any step runs):
+    still a clean, resumable stop (exit 75), never a traceback of an internal exception."""
+    import sqlite3
+
+    log = tmp_path / "runs.log"
+    f = tmp_path / "bigtask.py"
+    f.write_text(BIG_TASK_FILE.format(size=100_000_000, log=str(log)))
+    store = f"sqlite://{tmp_path / 'store.db'}"
+    first = cli("run", str(f), "--store", store, "--max-steps", "1", "-q", cwd=tmp_path)
+    assert first.returncode == 75, first.stderr
+
+    missed = []
+    for trial in range(5):
+        events, err_path = tmp_path / f"ev{trial}.jsonl", tmp_path / f"err{trial}.txt"
+        p = spawn("resume", "sigbig", "--store", store, "--events", str(events), "-q", cwd=tmp_path,
+                  stderr_path=err_path)
+        try:
+            # the heartbeat thread starts right after the lease is taken and just before the signal
+            # handlers go in; then the head (with its 100 MB artifact) is loaded and verified
+            wait_for(lambda: p.poll() is not None or _threads(p.pid) >= 2, timeout=30, interval=0.001,
+                     what="the resume to take its lease")
+            time.sleep(0.02)
+            os.kill(p.pid, signal.SIGINT)
+            # the run's handler acknowledges the first signal with a stop_requested event
+            wait_for(lambda: p.poll() is not None
+                     or any(e["kind"] == "stop_requested" for e in read_events(events)), timeout=30,
+                     what="the first signal to be handled")
+            kinds = [e["kind"] for e in read_events(events)]
+            in_load = p.poll() is None and "stop_requested" in kinds and "resume" not in kinds
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGINT)
+            rc = p.wait(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if not in_load:  # the signals missed the load window (a loaded machine): try again
+            missed.append((rc, kinds))
+            continue
+        err = err_path.read_text()
+        evs = read_events(events)
+        assert not [e for e in evs if e["kind"] == "step_start"]
+        assert "Traceback" not in err and "_Abandon" not in err, err
+        assert rc == 75, f"exit {rc} (expected 75, resumable)\n{err}"
+        con = sqlite3.connect(tmp_path / "store.db")
+        leases = con.execute("SELECT COUNT(*) FROM leases").fetchone()[0]
+        con.close()
+        assert leases == 0, "the interrupted run left its lease behind"
+        r = cli("resume", "sigbig", "--store", store, "-q", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        return
+    pytest.fail(f"never got both signals into the load window in 5 tries: {missed}")

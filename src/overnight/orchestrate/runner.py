@@ -137,7 +137,7 @@ class Runner:
         self.handle_signals = handle_signals
         self.stop_requested = False
         self._signals = 0
-        self._in_commit = False
+        self._in_step = False
         self._lease: Lease | None = None
         self._lease_lost: LeaseLost | None = None
         self._reader = BlobReader(self.store)
@@ -181,7 +181,7 @@ class Runner:
         if self._signals == 1:
             self._emit("stop_requested", detail=f"{signal.Signals(signum).name}: finishing the step in flight, "
                        "then checkpointing (signal again to abandon it)")
-        elif not self._in_commit:
+        elif self._in_step:  # only a running step function is abandoned; loading and commits finish
             raise _Abandon()
 
     def _install_signals(self) -> dict[int, Any]:
@@ -215,12 +215,8 @@ class Runner:
                 task_row: TaskRow | None = None) -> str:
         if self._lease_lost is not None:
             raise self._lease_lost
-        self._in_commit = True
-        try:
-            return self.chain.commit(self.state, event, writer=writer, journal=journal, lease=self._lease,
-                                     task_row=task_row)
-        finally:
-            self._in_commit = False
+        return self.chain.commit(self.state, event, writer=writer, journal=journal, lease=self._lease,
+                                 task_row=task_row)
 
     # -- the session ----------------------------------------------------------------------------
 
@@ -273,18 +269,19 @@ class Runner:
             LeaseLost / StaleHead: another writer took over; this run stopped writing.
         """
         holder = Holder.current()
-        self._lease = self.store.acquire_lease(self.task.id, self.branch, holder.id, holder.to_json(), self.lease_ttl_ms)
         stop_hb = threading.Event()
-        hb = threading.Thread(target=self._heartbeat, args=(stop_hb,), name="overnight-lease", daemon=True)
-        hb.start()
+        hb: threading.Thread | None = None
         old_handlers = self._install_signals()
         try:
+            self._lease = self.store.acquire_lease(self.task.id, self.branch, holder.id, holder.to_json(),
+                                                   self.lease_ttl_ms)
+            hb = threading.Thread(target=self._heartbeat, args=(stop_hb,), name="overnight-lease", daemon=True)
+            hb.start()
             return self._session()
         finally:
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler)
             stop_hb.set()
-            hb.join(timeout=5)
+            if hb is not None:
+                hb.join(timeout=5)
             lease, self._lease = self._lease, None
             if lease is not None:
                 try:
@@ -293,6 +290,8 @@ class Runner:
                     pass
             if self._own_store:
                 self.store.close()
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
 
     def _session(self) -> RunResult:
         created, fallback = self._start()
@@ -351,7 +350,11 @@ class Runner:
             started_at = utc_now()
             t0 = time.perf_counter()
             try:
-                output = sdef.fn(ctx, **args)
+                self._in_step = True
+                try:
+                    output = sdef.fn(ctx, **args)
+                finally:
+                    self._in_step = False
                 break
             except (_Abandon, KeyboardInterrupt, SystemExit):
                 raise
