@@ -11,6 +11,7 @@ Groups (mirrors httpx's ``_exceptions.py``):
 * concurrency  -- :class:`TaskBusy`, :class:`StaleHead`, :class:`StoreBusy`, :class:`MergeConflict`
 * lookup       -- :class:`TaskNotFound`, :class:`CheckpointNotFound`, :class:`ArtifactNotFound`
 * config/spec  -- :class:`ConfigError`, :class:`SpecError`
+* drift        -- :class:`DriftAbort`
 * steps        -- :class:`StepFailed`, :class:`UnknownStep`
 """
 
@@ -195,6 +196,22 @@ class BranchExists(ConfigError):
 
 class StoreVersionError(ConfigError):
     """The store's schema was created by a newer overnight; refuse rather than misread it."""
+
+
+# --- drift -------------------------------------------------------------------------------------
+
+
+class DriftError(OvernightError):
+    """The world changed since the checkpoint in a way the task's drift policy does not absorb."""
+
+
+class DriftAbort(DriftError):
+    """Drift in a component whose policy is ``abort`` (or ``rollback`` found nothing to roll back
+    to); ``report`` is the :class:`~overnight.verify.drift.DriftReport`."""
+
+    def __init__(self, message: str, *, report: object = None, **kw) -> None:
+        super().__init__(message, **kw)
+        self.report = report
 
 
 # --- steps -------------------------------------------------------------------------------------

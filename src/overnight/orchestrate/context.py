@@ -8,27 +8,34 @@ step that raises, or is killed, leaves no trace -- the next attempt starts from 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Iterator
 
 from overnight.codec.canonical import from_tree
-from overnight.errors import ArtifactNotFound, SpecError
+from overnight.codec.digest import sha256
+from overnight.errors import SpecError
 from overnight.orchestrate.task import default_step_name, todo_entry
+from overnight.verify.fingerprint import MISSING, digest_path, installed, keyed, listing_digest, normalize, source_digest
 
 if TYPE_CHECKING:
     from overnight.orchestrate.runner import Runner
 
 
 class Outputs(Mapping[str, Any]):
-    """Read-only ``step name -> output`` of the committed steps, decoded on access."""
+    """Read-only ``step name -> output`` of the committed steps, decoded on access. Reading one
+    records a dependency: when that step is recomputed after drift, so is the reader."""
 
-    def __init__(self, done: list[dict[str, Any]]) -> None:
+    def __init__(self, done: list[dict[str, Any]], reads: list[str]) -> None:
         self._trees = {d["name"]: d["output"] for d in done}
         self._cache: dict[str, Any] = {}
+        self._reads = reads
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._cache:
             self._cache[name] = from_tree(self._trees[name], f"step[{name!r}].output")
+        if name not in self._reads:
+            self._reads.append(name)
         return self._cache[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -60,7 +67,9 @@ class StepContext:
         self.step: str = entry["name"]
         self.args = args
         self.state: dict[str, Any] = from_tree(runner.state["data"], "state.data")
-        self.outputs = Outputs(runner.state["done"])
+        self.reads: dict[str, Any] = {"inputs": {}, "listings": {}, "sources": {}, "env": {}, "packages": {},
+                                      "steps": [], "artifacts": {}}
+        self.outputs = Outputs(runner.state["done"], self.reads["steps"])
         self.session: int = runner.session_n
         self.attempt = attempt
         self.log = logging.LoggerAdapter(logging.getLogger(f"overnight.task.{self.task_id}"), {"step": self.step})
@@ -86,14 +95,17 @@ class StepContext:
         self._artifacts[name] = (self._artifacts[name][0], True)
 
     def read_artifact(self, name: str) -> bytes:
-        """Bytes of an artifact: this step's staged version, else the committed one (verified).
+        """Bytes of an artifact: this step's staged version, else the committed one (verified;
+        the read is recorded, so this step is recomputed when the artifact's writer is).
 
         Raises:
             ArtifactNotFound: no artifact of that name.
         """
         if name in self._artifacts:
             return self._artifacts[name][0]
-        return self._runner.read_artifact(name)
+        data = self._runner.read_artifact(name)
+        self.reads["artifacts"][name] = self._runner.state["artifacts"][name]["digest"]
+        return data
 
     def read_text(self, name: str) -> str:
         """An artifact decoded from UTF-8 (the inverse of :meth:`write_text`)."""
@@ -106,10 +118,67 @@ class StepContext:
     def has_artifact(self, name: str) -> bool:
         return name in self._artifacts or name in self._runner.state["artifacts"]
 
+    # -- the world outside (recorded, for drift detection) --------------------------------------
+
+    def read_input(self, path: str | os.PathLike) -> bytes:
+        """Bytes of an external file, recording its digest: if the file changes, this step is
+        recomputed on the next resume (drift component ``inputs``)."""
+        p = os.path.abspath(path)
+        with open(p, "rb") as fh:
+            data = fh.read()
+        self.reads["inputs"][p] = sha256(data)
+        return data
+
+    def read_input_text(self, path: str | os.PathLike, encoding: str = "utf-8") -> str:
+        """:meth:`read_input` decoded as text."""
+        return self.read_input(path).decode(encoding)
+
+    def track_input(self, path: str | os.PathLike) -> str:
+        """Record the digest of a file or directory tree this step reads by other means (a
+        library opening it); returns the digest (``"missing"`` if it does not exist)."""
+        p = os.path.abspath(path)
+        self.reads["inputs"][p] = d = digest_path(p)
+        return d
+
+    def track_listing(self, path: str | os.PathLike) -> str:
+        """Record which files a directory holds (names, not contents): adding or removing a file
+        recomputes this step, editing one does not. Returns the listing digest."""
+        p = os.path.abspath(path)
+        self.reads["listings"][p] = d = listing_digest(p)
+        return d
+
+    def env(self, name: str, default: str | None = None) -> str | None:
+        """An environment variable's value, recording its keyed digest (never the value)."""
+        value = os.environ.get(name)
+        self.reads["env"][name] = keyed(self._runner.salt, name, value)
+        return default if value is None else value
+
+    def source(self, name: str) -> Any:
+        """Call the task's registered input source ``name`` and record the digest of its value.
+
+        Raises:
+            SpecError: no such source.
+        """
+        fn = self._runner.task.sources.get(name)
+        if fn is None:
+            raise SpecError(f"task {self.task_id!r} has no input source {name!r}", task_id=self.task_id,
+                            hint="register it with @task.source(name)")
+        value = fn()
+        self.reads["sources"][name] = source_digest(lambda: value, name)
+        return value
+
+    def package_version(self, name: str) -> str | None:
+        """Installed version of a distribution (None if not installed), recorded as a dependency."""
+        version = installed([name])[normalize(name)]
+        self.reads["packages"][normalize(name)] = version
+        return None if version == MISSING else version
+
     # -- plan -----------------------------------------------------------------------------------
 
     def add_step(self, fn: str, *, name: str | None = None, position: str = "next", **args: Any) -> str:
-        """Add a step to the todo list; returns its name.
+        """Add a step to the todo list; returns its name. Adding a step that is already planned
+        or done with the same function and arguments does nothing (a recomputed planning step
+        re-adds its sub-steps, and only new ones are added).
 
         Args:
             fn: a registered step function name.
@@ -118,7 +187,7 @@ class StepContext:
             **args: the step's arguments (encodable values).
 
         Raises:
-            SpecError: unknown ``fn``, duplicate name, or bad position.
+            SpecError: unknown ``fn``, a name taken by a different step, or bad position.
         """
         if fn not in self._runner.task.steps:
             raise SpecError(f"add_step: task {self.task_id!r} has no step function {fn!r}", task_id=self.task_id,
@@ -126,11 +195,15 @@ class StepContext:
         if position not in ("next", "end"):
             raise SpecError(f"add_step: position must be 'next' or 'end', got {position!r}")
         step_name = name or default_step_name(fn, args)
-        taken = self._runner.step_names() | {e["name"] for e in self._added + self._added_end}
-        if step_name in taken:
-            raise SpecError(f"add_step: a step named {step_name!r} already exists in task {self.task_id!r}",
-                            task_id=self.task_id, hint="pass a unique name=")
         entry = todo_entry(step_name, fn, args, self.step)
+        existing = self._runner.find_step(step_name) or next(
+            (e for e in self._added + self._added_end if e["name"] == step_name), None)
+        if existing is not None:
+            if existing["fn"] == fn and existing["args"] == entry["args"]:
+                return step_name  # already planned or done: adding it again is a no-op
+            raise SpecError(f"add_step: task {self.task_id!r} already has a step {step_name!r} "
+                            f"({existing['fn']} with other arguments)", task_id=self.task_id,
+                            hint="pass a unique name=")
         (self._added if position == "next" else self._added_end).append(entry)
         return step_name
 

@@ -15,6 +15,7 @@ One :meth:`Runner.run` is one *session*:
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -39,8 +40,11 @@ from overnight.store import open_store
 from overnight.store.base import Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
+from overnight.orchestrate.consistency import Decision, decide, policies_for, salt_of, world_spec, write_export
 from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
-from overnight.verify.integrity import signing_key_from_env
+from overnight.verify.drift import WorldNow, parse_policies
+from overnight.verify.fingerprint import digest_path, normalize, world
+from overnight.verify.integrity import LoadedCheckpoint, encode_state, signing_key_from_env
 from overnight.verify.records import FORMAT_VERSION, event
 
 
@@ -112,6 +116,9 @@ class Runner:
         max_steps: stop (resumably) after this many executed steps.
         on_event: callback receiving :class:`RunEvent` for progress display.
         handle_signals: install SIGINT/SIGTERM handlers (main thread only).
+        on_drift: drift policies for this run (``"deps=recompute,env=accept"`` or a dict),
+            over the task's ``on_drift`` and :data:`~overnight.verify.drift.DEFAULT_POLICIES`.
+        check_drift: compare the head with the world on resume (consistency check).
     """
 
     def __init__(
@@ -125,8 +132,12 @@ class Runner:
         max_steps: int | None = None,
         on_event: Callable[[RunEvent], None] | None = None,
         handle_signals: bool = True,
+        on_drift: str | dict[str, str] | None = None,
+        check_drift: bool = True,
     ) -> None:
         self.task = task
+        self.policies = policies_for(task, parse_policies(on_drift))
+        self.check_drift = check_drift
         self._own_store = not hasattr(store, "commit")
         self.store: Store = open_store(store) if self._own_store else store  # type: ignore[assignment]
         self.branch = branch
@@ -143,6 +154,12 @@ class Runner:
         self._reader = BlobReader(self.store)
         self.state: dict[str, Any] = {}
         self.chain = ChainWriter(self.store, task.id, branch, key=self.key, session_id=uuid.uuid4().hex, session_n=0)
+        self.salt = b""
+        self.drift: Decision | None = None
+        self._world: dict[str, Any] | None = None
+        self._world_ref: dict[str, Any] | None = None
+        self._accepted: list[dict[str, Any]] = []
+        self._exported: dict[str, str] = {}
 
     @property
     def head(self) -> str | None:
@@ -155,8 +172,9 @@ class Runner:
 
     # -- state helpers --------------------------------------------------------------------------
 
-    def step_names(self) -> set[str]:
-        return {e["name"] for e in self.state["todo"]} | {e["name"] for e in self.state["done"]}
+    def find_step(self, name: str) -> dict[str, Any] | None:
+        """The todo or done entry named ``name``, if any."""
+        return next((e for e in (*self.state["todo"], *self.state["done"]) if e["name"] == name), None)
 
     def read_artifact(self, name: str) -> bytes:
         ref = self.state["artifacts"].get(name)
@@ -211,12 +229,48 @@ class Runner:
 
     # -- commit ---------------------------------------------------------------------------------
 
-    def _commit(self, writer: BlobWriter, event: dict[str, Any], journal: list[dict[str, Any]],
+    def _declared_reads(self, sdef: Any) -> dict[str, dict[str, str]]:
+        """Digests of what a step declared it reads (``@task.step(inputs=..., env=..., ...)``)."""
+        now = WorldNow(self.salt, dict(self.task.sources))
+        return {
+            "inputs": {os.path.abspath(p): now.get("inputs", os.path.abspath(p)) for p in sdef.inputs},
+            "env": {n: now.get("env", n) for n in sdef.env},
+            "packages": {normalize(n): now.get("packages", n) for n in sdef.packages},
+            "sources": {n: now.get("sources", n) for n in sdef.sources},
+        }
+
+    def _commit(self, writer: BlobWriter, ev: dict[str, Any], journal: list[dict[str, Any]],
                 task_row: TaskRow | None = None) -> str:
         if self._lease_lost is not None:
             raise self._lease_lost
-        return self.chain.commit(self.state, event, writer=writer, journal=journal, lease=self._lease,
-                                 task_row=task_row)
+        cid = self.chain.commit(self.state, ev, writer=writer, journal=journal, lease=self._lease,
+                                task_row=task_row, fingerprint=self._fingerprint(writer))
+        self._export()
+        return cid
+
+    # -- fingerprint and exports ----------------------------------------------------------------
+
+    def _fingerprint(self, writer: BlobWriter) -> dict[str, Any]:
+        """This session's world (one blob for all its checkpoints), exported artifacts' digests,
+        and the drift accepted so far."""
+        if self._world is None:
+            self._world = world(world_spec(self.task, self.salt))
+        if self._world_ref is None:
+            raw = encode_state(self._world)
+            self._world_ref = {"digest": writer.put(raw), "size": len(raw)}
+        arts = self.state["artifacts"]
+        return {"world": self._world_ref, "exports": {n: arts[n]["digest"] for n in self.task.exports if n in arts},
+                "accepted": self._accepted}
+
+    def _export(self) -> None:
+        """Write exported artifacts whose committed version is not on disk yet."""
+        for name, path in self.task.exports.items():
+            ref = self.state["artifacts"].get(name)
+            if ref is None or self._exported.get(name) == ref["digest"]:
+                continue
+            if digest_path(path) != ref["digest"]:
+                write_export(path, self.read_artifact(name))
+            self._exported[name] = ref["digest"]
 
     # -- the session ----------------------------------------------------------------------------
 
@@ -233,6 +287,7 @@ class Runner:
                 "data": to_tree(dict(self.task.data), "state.data"),
                 "context": {"summary": None, "compactions": 0},
             }
+            self.salt = salt_of(self.state)
             spec = canonical_dumps(self.state["task"]["spec"])
             task_row = TaskRow(self.task.id, utc_now(), self.task.goal, self.task.entry, spec)
             self._commit(self.chain.blob_writer(), event("init"), [], task_row)
@@ -243,13 +298,37 @@ class Runner:
         self.chain.start_from(loaded, fallback)
         self.chain.session_n = loaded.record.session.n + 1
         self._emit("resume", checkpoint_id=loaded.id, detail=fallback.describe() if fallback else None)
+        self.salt = salt_of(self.state)
+        if loaded.record.fingerprint is not None:
+            self._accepted = list(loaded.record.fingerprint.accepted)
         if fallback is not None:
             # put the branch back on a valid head at once (the bad records stay, off the branch),
             # recording what was skipped and why
             skipped = ", ".join(f"{s.checkpoint_id} ({s.error})" for s in fallback.skipped)
             self._commit(self.chain.blob_writer(), event("rollback", ref=loaded.id,
                                                          detail=f"automatic fallback: skipped {skipped}"), [])
+        if self.check_drift:
+            self._consistency(loaded)
+        else:
+            self._export()
         return False, fallback
+
+    def _consistency(self, loaded: LoadedCheckpoint) -> None:
+        """Drift check and policies (``abort`` raises ``DriftAbort`` before anything is written)."""
+        self._world = world(world_spec(self.task, self.salt))
+        decision = self.drift = decide(self.store, loaded, self.task, self._world, self.policies, key=self.key)
+        if decision.report.items:
+            self._emit("drift", detail=decision.report.describe() + "\n-> " + decision.describe())
+        if decision.rollback_to is not None:
+            target = decision.rollback_to
+            self.state = target.state_tree
+            self._commit(self.chain.blob_writer(), event("rollback", ref=target.id,
+                                                         detail="drift: no drift at this checkpoint"), [])
+        if decision.recomputed or decision.accepted:
+            self._accepted = self._accepted + decision.accepted
+            self.state = decision.state
+            self._commit(self.chain.blob_writer(), event("drift", detail=decision.describe()), [])
+        self._export()
 
     def _task_exists(self) -> bool:
         try:
@@ -342,6 +421,7 @@ class Runner:
             return False
 
         args = from_tree(entry["args"], f"step[{entry['name']!r}].args")
+        declared = self._declared_reads(sdef)
         self._emit("step_start", step=entry["name"])
         attempt = 0
         while True:
@@ -376,10 +456,13 @@ class Runner:
         artifacts = dict(self.state["artifacts"])
         for name, (data, is_text) in ctx._artifacts.items():
             artifacts[name] = {"digest": writer.put(data), "size": len(data), "text": is_text, "step": entry["name"]}
+        reads = {kind: ({**declared.get(kind, {}), **got} if isinstance(got, dict) else got)
+                 for kind, got in ctx.reads.items()}
         done_entry = {
             "name": entry["name"], "fn": entry["fn"], "key": key, "version": sdef.version, "args": entry["args"],
-            "output": output_tree, "seq": self.chain.seq + 1, "session": self.session_n, "started_at": started_at,
-            "duration_ms": round(duration_ms, 3), "tokens_in": 0, "tokens_out": 0,
+            "output": output_tree, "reads": reads, "writes": sorted(ctx._artifacts), "seq": self.chain.seq + 1,
+            "session": self.session_n, "started_at": started_at, "duration_ms": round(duration_ms, 3),
+            "tokens_in": 0, "tokens_out": 0,
         }
         self.state = {
             **self.state,

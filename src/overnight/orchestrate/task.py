@@ -21,12 +21,13 @@ from __future__ import annotations
 import hashlib
 import inspect
 import re
+import secrets
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
 
 from overnight.codec.canonical import dumps, to_tree
-from overnight.errors import SpecError
+from overnight.errors import ConfigError, SpecError
 
 CRITICALITY = ("normal", "important", "critical")
 _SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr|d|day|days|w|week|weeks)?\s*$")
@@ -67,6 +68,11 @@ class StepDef:
         retries: extra attempts after an exception before the run stops with ``StepFailed``.
         planned: part of the task's initial plan (in definition order).
         source_digest: ``sha256`` of the function's source (a hint for drift reports).
+        inputs, env, packages, sources: what the step reads outside its context (files or
+            directories, environment variables, installed distributions, registered input
+            sources); recorded with their digests when it runs, so drift there recomputes it.
+            Reads through ``ctx`` (``read_input``, ``env``, ``source``, ``outputs``,
+            ``read_artifact``) are recorded without declaring them.
     """
 
     fn_name: str
@@ -75,6 +81,10 @@ class StepDef:
     retries: int = 0
     planned: bool = True
     source_digest: str | None = None
+    inputs: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    packages: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
 
 
 def _source_digest(fn: Callable[..., Any]) -> str | None:
@@ -109,9 +119,16 @@ class Task:
         data: initial user state (a dict; must be encodable).
         entry: where the task is defined (``file.py:name``), recorded for ``overnight resume``;
             set by the CLI.
+        version: the task's code epoch; bumping it recomputes every step on the next resume.
+        deps: installed distributions to fingerprint: ``"all"`` (default) or a list of names.
+        env: environment variables to fingerprint (as keyed digests, never values).
+        inputs: files or directories the task depends on as a whole.
+        exports: ``artifact name -> file path``: the runner writes each committed version there,
+            and an edit of the file is drift (component ``artifacts``).
+        on_drift: ``component -> policy`` overriding :data:`~overnight.verify.drift.DEFAULT_POLICIES`.
 
     Raises:
-        SpecError: invalid id, criticality or span.
+        SpecError: invalid id, criticality, span or drift policy.
     """
 
     id: str
@@ -120,7 +137,14 @@ class Task:
     criticality: str = "normal"
     data: dict[str, Any] = field(default_factory=dict)
     entry: str | None = None
+    version: str = "1"
+    deps: list[str] | str = "all"
+    env: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    exports: dict[str, str] = field(default_factory=dict)
+    on_drift: dict[str, str] = field(default_factory=dict)
     steps: dict[str, StepDef] = field(default_factory=dict, repr=False)
+    sources: dict[str, Callable[[], Any]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", self.id):
@@ -129,6 +153,14 @@ class Task:
         if self.criticality not in CRITICALITY:
             raise SpecError(f"criticality must be one of {CRITICALITY}, got {self.criticality!r}", task_id=self.id)
         self.span_s = parse_span(self.expected_span)
+        from overnight.verify.drift import parse_policies
+
+        try:
+            self.on_drift = parse_policies(self.on_drift)
+        except ConfigError as exc:
+            raise SpecError(exc.message, task_id=self.id, hint=exc.hint) from exc
+        if self.deps != "all" and isinstance(self.deps, str):
+            raise SpecError(f"deps must be 'all' or a list of distribution names, got {self.deps!r}", task_id=self.id)
 
     def step(
         self,
@@ -138,6 +170,10 @@ class Task:
         version: str = "1",
         retries: int = 0,
         planned: bool = True,
+        inputs: list[str] = (),  # type: ignore[assignment]
+        env: list[str] = (),  # type: ignore[assignment]
+        packages: list[str] = (),  # type: ignore[assignment]
+        sources: list[str] = (),  # type: ignore[assignment]
     ) -> Any:
         """Register a step function (decorator, with or without arguments). See :class:`StepDef`."""
 
@@ -145,17 +181,36 @@ class Task:
             fn_name = name or f.__name__
             if fn_name in self.steps:
                 raise SpecError(f"task {self.id!r} already has a step named {fn_name!r}", task_id=self.id)
-            self.steps[fn_name] = StepDef(fn_name, f, str(version), int(retries), planned, _source_digest(f))
+            self.steps[fn_name] = StepDef(fn_name, f, str(version), int(retries), planned, _source_digest(f),
+                                          tuple(str(p) for p in inputs), tuple(env), tuple(packages), tuple(sources))
             return f
 
         return register(fn) if fn is not None else register
 
+    def source(self, name: str) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
+        """Register an input source: ``@task.source("api-etag") def etag(): return requests.head(...)...``.
+
+        The callable takes no arguments and returns ``str``, ``bytes`` or a JSON value; its
+        digest is part of the ``inputs`` fingerprint, and steps that call ``ctx.source(name)``
+        are recomputed when it changes.
+        """
+
+        def register(fn: Callable[[], Any]) -> Callable[[], Any]:
+            self.sources[name] = fn
+            return fn
+
+        return register
+
     def spec(self) -> dict[str, Any]:
-        """The task spec stored with it: span (s), criticality, initial plan."""
+        """The task spec stored with it: span (s), criticality, initial plan, code epoch, what it
+        fingerprints (names only), and a fresh random salt for keyed environment digests."""
         return {
             "expected_span_s": self.span_s,
             "criticality": self.criticality,
             "plan": [s.fn_name for s in self.steps.values() if s.planned],
+            "version": self.version,
+            "env": sorted(self.env),
+            "salt": secrets.token_hex(16),
         }
 
     def initial_todo(self) -> list[dict[str, Any]]:

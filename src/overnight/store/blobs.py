@@ -76,6 +76,9 @@ class BlobWriter:
             self._stage(d, "blob", data)
             return d
         chunks = chunking.cut(data, index=_index)
+        if len(chunks) == 1:  # content-defined cutting found no boundary: one plain blob, not a
+            self._stage(d, "blob", data)  # tree listing itself as its only chunk
+            return d
         chunk_digests = [digest.sha256(c) for c in chunks]
         have = self._sound(chunk_digests)
         for c, cd in zip(chunks, chunk_digests):

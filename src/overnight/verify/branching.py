@@ -68,7 +68,8 @@ def fork(store: Store, task_id: str, at: str, branch: str, *, key: bytes | None 
         raise ConfigError(f"checkpoint {short_id(at)} belongs to task {base.record.task_id!r}", task_id=task_id)
     chain = _writer(store, base, branch, key, None)
     return chain.commit(base.state_tree, event("fork", ref=base.id,
-                                               detail=f"from {base.record.branch} at seq {base.record.seq}"))
+                                               detail=f"from {base.record.branch} at seq {base.record.seq}"),
+                        fingerprint=_dump(base.record.fingerprint))
 
 
 def ancestors(store: Store, task_id: str, cid: str) -> list[str]:
@@ -113,7 +114,7 @@ def rollback(store: Store, task_id: str, to: str, *, branch: str = "main", key: 
             target.state_tree,
             event("rollback", ref=target.id,
                   detail=f"to seq {target.record.seq}; {max(dropped, 0)} step(s) will run again"),
-            fingerprint=target.record.fingerprint,
+            fingerprint=_dump(target.record.fingerprint),
         )
 
 
@@ -235,8 +236,12 @@ def merge(store: Store, task_id: str, source: str, *, into: str = "main", prefer
         chain = _writer(store, ours, into, key, store.get_ref(task_id, into))
         detail = f"from {source} ({len(added)} step(s) added"
         detail += f", {len(conflicts)} conflict(s) resolved preferring {prefer})" if conflicts else ")"
-        cid = chain.commit(state, event("merge", ref=theirs.id, detail=detail), fingerprint=ours.record.fingerprint)
+        cid = chain.commit(state, event("merge", ref=theirs.id, detail=detail), fingerprint=_dump(ours.record.fingerprint))
         return MergeResult(cid, added, conflicts)
+
+
+def _dump(fingerprint: Any) -> dict[str, Any] | None:
+    return None if fingerprint is None else fingerprint.model_dump()
 
 
 def _brief(value: Any) -> str:

@@ -93,6 +93,8 @@ class Faults:
         out = set(reader.reachable(record["state"]["digest"]))
         doc = loads(reader.get(record["state"]["digest"]))
         refs = [*doc["todo"]["pages"], *doc["done"]["pages"], *doc["artifacts"]["pages"]]
+        if record.get("fingerprint"):
+            refs.append(record["fingerprint"]["world"])
         for page in doc["artifacts"]["pages"]:
             refs += loads(reader.get(page["digest"])).values()
         for ref in refs:

@@ -48,6 +48,7 @@ from overnight.verify.records import (
     StateDoc,
     TaskState,
     TodoEntry,
+    WorldDoc,
 )
 
 
@@ -72,6 +73,7 @@ PageCache = dict[str, Page]
 
 _DONE_PAGE = TypeAdapter(list[DoneEntry])
 _TODO_PAGE = TypeAdapter(list[TodoEntry])
+_WORLD = TypeAdapter(WorldDoc)
 _ARTIFACT_PAGE = TypeAdapter(dict[str, ArtifactRef])
 
 
@@ -87,6 +89,8 @@ class LoadedCheckpoint:
     todo_pages: list[Page]
     done_pages: list[Page]
     artifact_pages: list[Page]
+    world: dict[str, Any] | None = None
+    """The recorded world fingerprint (:class:`~overnight.verify.records.WorldDoc` tree), if any."""
 
     @property
     def id(self) -> str:
@@ -271,8 +275,11 @@ def load_checkpoint(
     if len(names) != doc.artifacts.count or any(a >= b for a, b in zip(names, names[1:])) or any(
             not p.tree for p in artifact_pages):
         raise SchemaError(f"{where} artifact pages are not {doc.artifacts.count} names in sorted order", **ids)
+    world = None
+    if record.fingerprint is not None:
+        world = page(record.fingerprint.world, f"{cp} fingerprint", _WORLD).tree
     loaded = LoadedCheckpoint(row=row, record=record, doc=doc, doc_tree=tree, todo_pages=todo_pages,
-                              done_pages=done_pages, artifact_pages=artifact_pages)
+                              done_pages=done_pages, artifact_pages=artifact_pages, world=world)
 
     if check_artifacts:
         arts = loaded.artifacts

@@ -61,11 +61,11 @@ class Event(_Strict):
 
     ``kind``: ``init`` (task created), ``step`` (a step committed), ``compaction`` (the context
     was summarised at a session boundary), ``fork`` (a branch was created), ``merge``,
-    ``rollback``. ``step`` and ``key`` name the step for ``step`` events; ``ref`` is the other
+    ``rollback``, ``drift`` (steps invalidated or drift accepted on resume). ``step`` and ``key`` name the step for ``step`` events; ``ref`` is the other
     checkpoint involved: the fork point, the rollback target, or the merged branch head.
     """
 
-    kind: Literal["init", "step", "compaction", "fork", "merge", "rollback"]
+    kind: Literal["init", "step", "compaction", "fork", "merge", "rollback", "drift"]
     step: str | None
     key: str | None
     ref: str | None
@@ -76,6 +76,32 @@ def event(kind: str, *, step: str | None = None, key: str | None = None, ref: st
           detail: str | None = None) -> dict[str, Any]:
     """An :class:`Event` as stored (every member present)."""
     return {"kind": kind, "step": step, "key": key, "ref": ref, "detail": detail}
+
+
+class Fingerprint(_Strict):
+    """What a resume depends on, recorded in every checkpoint.
+
+    Attributes:
+        world: blob of the world fingerprint (:class:`WorldDoc`), the same blob for every
+            checkpoint of a session, so it costs nothing per step.
+        exports: ``artifact -> digest`` committed for artifacts the task exports to files.
+        accepted: drift accepted so far (``{"component", "key", "old", "new"}``), carried
+            forward on every later checkpoint.
+    """
+
+    world: BlobRef
+    exports: dict[str, str]
+    accepted: list[dict[str, Any]]
+
+
+class WorldDoc(_Strict):
+    """The world fingerprint blob (:func:`overnight.verify.fingerprint.world`)."""
+
+    format: int
+    code: dict[str, Any]
+    deps: dict[str, Any]
+    env: dict[str, Any]
+    inputs: dict[str, str]
 
 
 class CheckpointRecord(_Strict):
@@ -91,7 +117,7 @@ class CheckpointRecord(_Strict):
         created_at: RFC 3339 UTC timestamp with microseconds.
         event: why it exists.
         state: the state document blob (:class:`TaskState`).
-        fingerprint: what a resume depends on (code, deps, env, inputs); None when not recorded.
+        fingerprint: what a resume depends on (:class:`Fingerprint`); None when not recorded.
     """
 
     format: int
@@ -103,7 +129,7 @@ class CheckpointRecord(_Strict):
     created_at: str
     event: Event
     state: BlobRef
-    fingerprint: dict[str, Any] | None
+    fingerprint: Fingerprint | None
 
 
 class TaskInfo(_Strict):
@@ -127,8 +153,13 @@ class DoneEntry(_Strict):
     """A committed step.
 
     Attributes:
-        key: memoization key ``sha256(fn, name, version, args)``; a todo step whose key is
-            here is not run again.
+        key: call key ``sha256(fn, version, name, args)``; a todo step whose key is here is not
+            run again -- as long as what it read (``reads``) has not drifted.
+        reads: what the step read, with the digest at the time: ``inputs`` (path -> digest of the
+            file or tree), ``listings`` (directory -> listing digest), ``sources`` (name ->
+            digest), ``env`` (name -> keyed digest), ``packages`` (name -> version),
+            ``steps`` (names of steps whose output it read), ``artifacts`` (name -> digest).
+        writes: names of the artifacts it wrote.
         output: the step's return value (JSON tree).
         seq: seq of the checkpoint that committed it.
         duration_ms: wall time of the step function (ms).
@@ -141,6 +172,8 @@ class DoneEntry(_Strict):
     version: str
     args: Any
     output: Any
+    reads: dict[str, Any]
+    writes: list[str]
     seq: int
     session: int
     started_at: str

@@ -1,0 +1,308 @@
+"""Drift: what changed in the world since a checkpoint, which steps it affects, what to do.
+
+Detection compares a checkpoint's recorded fingerprint (:mod:`overnight.verify.fingerprint`) and
+what each done step recorded it read (``DoneEntry.reads``) with the world now:
+
+* a step is **directly affected** when something it read changed: an input file or directory
+  tree, a directory listing, a registered source, a declared environment variable, a declared
+  package's version -- or when its step function's ``version`` (or the task's code epoch) moved;
+* its **dependents** follow: a later step that read its output (``ctx.outputs[...]``) or an
+  artifact it wrote is affected too, transitively;
+* drift that no step read (a lock file, the Python patch version, an undeclared package) is
+  reported, with no step to recompute; an edited step function whose ``version`` did not move is
+  a *warning* -- a cosmetic edit never strands or restarts a long task.
+
+Policies, per component (:data:`POLICIES`; defaults in :data:`DEFAULT_POLICIES`, overridable per
+task and per run): ``recompute`` invalidates exactly the affected steps and their dependents and
+keeps everything else; ``accept`` continues as is, re-baselines what those steps read and
+records the drift on every later checkpoint; ``rollback`` resumes from the newest checkpoint whose
+fingerprint matches the world now; ``abort`` stops with the report (exit code 5).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from overnight.errors import ConfigError
+from overnight.verify.fingerprint import (
+    COMPONENTS,
+    MISSING,
+    digest_path,
+    installed,
+    keyed,
+    listing_digest,
+    normalize,
+    source_digest,
+)
+
+POLICIES = ("recompute", "accept", "rollback", "abort")
+DEFAULT_POLICIES: dict[str, str] = {c: "recompute" for c in COMPONENTS}
+"""Recompute everywhere: only steps that read what drifted run again, so this is also the cheapest
+safe default; drift nothing read is recorded and otherwise ignored."""
+
+
+def parse_policies(text: str | dict[str, str] | None) -> dict[str, str]:
+    """``"deps=recompute,env=accept"`` (or a dict) -> validated ``component -> policy``.
+
+    Raises:
+        ConfigError: unknown component or policy.
+    """
+    if not text:
+        return {}
+    pairs = text.items() if isinstance(text, dict) else (p.split("=", 1) for p in text.split(",") if p.strip())
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if len(pair) != 2:
+            raise ConfigError(f"--on-drift takes component=policy pairs, got {pair!r}",
+                              hint="e.g. --on-drift deps=recompute,env=accept")
+        component, policy = (x.strip() for x in pair)
+        if component != "all" and component not in COMPONENTS:
+            raise ConfigError(f"unknown drift component {component!r}; one of {', '.join(COMPONENTS)} or all")
+        if policy not in POLICIES:
+            raise ConfigError(f"unknown drift policy {policy!r}; one of {', '.join(POLICIES)}")
+        for c in COMPONENTS if component == "all" else (component,):
+            out[c] = policy
+    return out
+
+
+@dataclass
+class DriftItem:
+    """One thing that changed: ``component``, what (``key``), ``old -> new``, and the done
+    steps that read it directly. ``warning``: reported, never acted on."""
+
+    component: str
+    key: str
+    old: Any
+    new: Any
+    steps: list[str] = field(default_factory=list)
+    warning: bool = False
+
+    def describe(self) -> str:
+        what = f"{self.component}: {self.key}: {_short(self.old)} -> {_short(self.new)}"
+        if self.warning:
+            return what + " (warning only)"
+        return what + (f" (read by {', '.join(self.steps[:5])}{' ...' if len(self.steps) > 5 else ''})"
+                       if self.steps else " (no step read it)")
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    if text.startswith(("sha256:", "tree:", "hmac-sha256:", "listing:")):
+        head, _, tail = text.partition(":")
+        return f"{head}:{tail[:12]}"
+    return text
+
+
+@dataclass
+class DriftReport:
+    """The drift between a checkpoint and the world now."""
+
+    checkpoint_id: str | None = None
+    items: list[DriftItem] = field(default_factory=list)
+    dependents: dict[str, str] = field(default_factory=dict)
+    """``step -> the affected step whose output or artifact it read``."""
+
+    @property
+    def drifted(self) -> bool:
+        return any(not i.warning for i in self.items)
+
+    def components(self) -> list[str]:
+        return sorted({i.component for i in self.items if not i.warning})
+
+    def describe(self) -> str:
+        if not self.items:
+            return "no drift"
+        lines = [i.describe() for i in self.items]
+        if self.dependents:
+            lines.append("dependents: " + ", ".join(f"{s} (reads {d})" for s, d in self.dependents.items()))
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"checkpoint_id": self.checkpoint_id, "drifted": self.drifted,
+                "items": [asdict(i) for i in self.items], "dependents": self.dependents}
+
+
+class WorldNow:
+    """The world now, read lazily and once per ``(kind, key)``: ``get("inputs", path)``,
+    ``get("listings", dir)``, ``get("env", name)`` (keyed digest), ``get("packages", name)``,
+    ``get("sources", name)``."""
+
+    def __init__(self, salt: bytes, sources: dict[str, Callable[[], Any]]) -> None:
+        self.salt, self.sources = salt, sources
+        self._cache: dict[tuple[str, str], Any] = {}
+        self._packages: dict[str, str] | None = None
+
+    def get(self, kind: str, key: str) -> Any:
+        k = (kind, key)
+        if k not in self._cache:
+            if kind == "inputs":
+                self._cache[k] = digest_path(key)
+            elif kind == "listings":
+                self._cache[k] = listing_digest(key)
+            elif kind == "env":
+                self._cache[k] = keyed(self.salt, key, os.environ.get(key))
+            elif kind == "packages":
+                if self._packages is None:
+                    self._packages = installed()
+                self._cache[k] = self._packages.get(normalize(key), MISSING)
+            elif kind == "sources":
+                fn = self.sources.get(key)
+                self._cache[k] = source_digest(fn, key) if fn is not None else MISSING
+            else:
+                raise ValueError(kind)
+        return self._cache[k]
+
+
+READ_COMPONENT = {"inputs": "inputs", "listings": "inputs", "sources": "inputs", "env": "env", "packages": "deps"}
+
+
+def detect(
+    *,
+    checkpoint_id: str | None,
+    recorded: dict[str, Any] | None,
+    now: dict[str, Any],
+    done: list[dict[str, Any]],
+    step_versions: dict[str, tuple[str, str | None]],
+    exports: dict[str, tuple[str, str]],
+    salt: bytes,
+    sources: dict[str, Callable[[], Any]],
+) -> DriftReport:
+    """Compare a checkpoint with the world now.
+
+    Args:
+        recorded: the checkpoint's world fingerprint (None for one written without).
+        now: :func:`~overnight.verify.fingerprint.world` of the world now.
+        done: the checkpoint's done entries (trees), in order.
+        step_versions: ``fn -> (version, source digest)`` of the task code now.
+        exports: ``artifact -> (committed digest, file path)`` for exported artifacts.
+    """
+    report = DriftReport(checkpoint_id)
+    items: dict[tuple[str, str], DriftItem] = {}
+
+    def item(component: str, key: str, old: Any, new: Any, *, warning: bool = False) -> DriftItem:
+        it = items.get((component, key))
+        if it is None:
+            it = items[(component, key)] = DriftItem(component, key, old, new, warning=warning)
+        return it
+
+    # code: the task epoch, step versions (act), step sources (warn)
+    rec_code = (recorded or {}).get("code", {})
+    if recorded is not None and rec_code.get("task") != now["code"]["task"]:
+        it = item("code", "task version", rec_code.get("task"), now["code"]["task"])
+        it.steps = [d["name"] for d in done]
+    for d in done:
+        current = step_versions.get(d["fn"])
+        if current is None:
+            item("code", f"step {d['fn']}", d["version"], "removed", warning=True)
+        elif current[0] != d["version"]:
+            item("code", f"step {d['fn']} version", d["version"], current[0]).steps.append(d["name"])
+    for fn, rec in rec_code.get("steps", {}).items():
+        current = step_versions.get(fn)
+        if current and current[0] == rec["version"] and rec["source"] and current[1] and current[1] != rec["source"]:
+            item("code", f"step {fn} source (version {rec['version']} unchanged)", rec["source"], current[1],
+                 warning=True)
+
+    # world-level components: deps, env runtime and vars, declared inputs
+    if recorded is not None:
+        for name in sorted(set(recorded["deps"]["packages"]) | set(now["deps"]["packages"])):
+            old, new = recorded["deps"]["packages"].get(name, MISSING), now["deps"]["packages"].get(name, MISSING)
+            if old != new:
+                item("deps", name, old, new)
+        for name in sorted(set(recorded["deps"]["locks"]) | set(now["deps"]["locks"])):
+            old, new = recorded["deps"]["locks"].get(name, MISSING), now["deps"]["locks"].get(name, MISSING)
+            if old != new:
+                item("deps", f"lock file {name}", old, new)
+        for key in ("python", "implementation", "platform"):
+            if recorded["env"][key] != now["env"][key]:
+                item("env", key, recorded["env"][key], now["env"][key])
+        for name in sorted(set(recorded["env"]["vars"]) | set(now["env"]["vars"])):
+            old, new = recorded["env"]["vars"].get(name, "undeclared"), now["env"]["vars"].get(name, "undeclared")
+            if old != new:
+                item("env", name, old, new)
+        for name in sorted(set(recorded["inputs"]) | set(now["inputs"])):
+            old, new = recorded["inputs"].get(name, "undeclared"), now["inputs"].get(name, "undeclared")
+            if old != new:
+                item("inputs", name, old, new)
+
+    # what each step read
+    world = WorldNow(salt, sources)
+    for d in done:
+        for kind, component in READ_COMPONENT.items():
+            for key, old in d["reads"].get(kind, {}).items():
+                new = world.get(kind, key)
+                if new != old:
+                    label = key if kind != "listings" else f"listing of {key}"
+                    if kind == "sources":
+                        label = f"source:{key}"
+                    item(component, label, old, new).steps.append(d["name"])
+
+    # artifacts exported to files, edited or replaced on disk
+    producers = {}
+    for d in done:
+        for name in d["writes"]:
+            producers[name] = d["name"]
+    for name, (committed, path) in sorted(exports.items()):
+        on_disk = digest_path(path)
+        if on_disk not in (MISSING, committed):
+            it = item("artifacts", f"{name} ({path})", committed, on_disk)
+            if name in producers:
+                it.steps.append(producers[name])
+
+    report.items = list(items.values())
+    return report
+
+
+def affected_steps(report: DriftReport, done: list[dict[str, Any]], components: set[str]) -> list[str]:
+    """Steps to recompute for drift in ``components``: those that read what drifted, and every
+    later step that read their output or an artifact they wrote (fills ``report.dependents``)."""
+    direct = {s for i in report.items if not i.warning and i.component in components for s in i.steps}
+    affected: list[str] = []
+    dirty_steps: set[str] = set()
+    dirty_artifacts: dict[str, str] = {}
+    for d in done:
+        name = d["name"]
+        reason = None
+        if name not in direct:
+            upstream = [s for s in d["reads"].get("steps", []) if s in dirty_steps]
+            arts = [dirty_artifacts[a] for a in d["reads"].get("artifacts", {}) if a in dirty_artifacts]
+            reason = (upstream or arts or [None])[0]
+            if reason is None:
+                continue
+            report.dependents[name] = reason
+        affected.append(name)
+        dirty_steps.add(name)
+        for a in d["writes"]:
+            dirty_artifacts[a] = name
+    return affected
+
+
+def invalidate(state: dict[str, Any], steps: list[str]) -> dict[str, Any]:
+    """A new state in which ``steps`` are no longer done: they go back to the front of the todo
+    list, in the order they ran (steps still to do keep their order after them)."""
+    chosen = set(steps)
+    back = [{"name": d["name"], "fn": d["fn"], "args": d["args"], "added_by": None}
+            for d in state["done"] if d["name"] in chosen]
+    pending = {e["name"] for e in state["todo"]}
+    return {
+        **state,
+        "done": [d for d in state["done"] if d["name"] not in chosen],
+        "todo": [e for e in back if e["name"] not in pending] + state["todo"],
+    }
+
+
+def rebaseline(state: dict[str, Any], report: DriftReport, components: set[str],
+               now_of: Callable[[str, str], Any]) -> dict[str, Any]:
+    """A new state whose done steps record the *current* digests for what drifted in
+    ``components`` (an accepted drift is not reported again on the next resume)."""
+    touched = {s for i in report.items if i.component in components for s in i.steps}
+    done = []
+    for d in state["done"]:
+        if d["name"] in touched:
+            reads = {kind: ({k: now_of(kind, k) for k in v} if isinstance(v, dict) and READ_COMPONENT.get(kind) in components
+                            else v)
+                     for kind, v in d["reads"].items()}
+            d = {**d, "reads": reads}
+        done.append(d)
+    return {**state, "done": done}

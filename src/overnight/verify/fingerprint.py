@@ -1,0 +1,205 @@
+"""Fingerprints: digests of everything a resume depends on, component by component.
+
+=========== ===================================================================================
+component   what is recorded
+=========== ===================================================================================
+code        the task's code epoch (``Task(version=...)``), each step function's ``version`` and a
+            SHA-256 of its source (a *hint*: an edit with an unchanged version is a warning)
+deps        ``name -> version`` of installed distributions (``importlib.metadata``): all of them,
+            or the task's declared list; plus the SHA-256 of each lock file found in the project
+            (``uv.lock``, ``poetry.lock``, ``pylock.toml``, ``requirements*.txt``)
+env         Python version and implementation, platform, and the task's declared environment
+            variables -- as *keyed digests* only, never their values
+inputs      digests of the task's declared external inputs: files, directory trees, and sources
+            registered with a callable (an HTTP ETag, a database version, ...)
+artifacts   for artifacts the task exports to files: the digest committed (in the checkpoint)
+            against the file on disk now
+=========== ===================================================================================
+
+Steps record what *they* read the same way (``DoneEntry.reads``), so a drift affects exactly the
+steps that read what drifted (see :mod:`overnight.verify.drift`).
+
+Keyed digests: ``hmac-sha256(salt, name NUL value)`` with a random per-task salt kept in the
+task spec. A value cannot be read back from the store; a guessable one (``DEBUG=1``) can be
+confirmed by someone who has the store and guesses it, so keep secrets out of declared
+variables you do not need, or rely on the per-task salt being private to the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import platform
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from overnight.codec import digest
+from overnight.codec.canonical import dumps
+from overnight.errors import ConfigError
+
+COMPONENTS = ("code", "deps", "env", "inputs", "artifacts")
+LOCK_FILES = ("uv.lock", "poetry.lock", "pylock.toml", "Pipfile.lock")
+LOCK_GLOBS = ("requirements*.txt",)
+MISSING = "missing"
+UNSET = "unset"
+
+
+def normalize(name: str) -> str:
+    """PEP 503 normalized distribution name (``Foo_Bar`` -> ``foo-bar``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed(names: list[str] | None = None) -> dict[str, str]:
+    """``normalized name -> version`` of installed distributions, as import would see them (the
+    first on ``sys.path`` wins). ``names``: only these (a missing one maps to ``"missing"``)."""
+    import importlib.metadata as md
+
+    found: dict[str, str] = {}
+    for dist in md.distributions():
+        name = dist.metadata["Name"] if dist.metadata else None
+        if name:
+            found.setdefault(normalize(name), dist.version)
+    if names is None:
+        return dict(sorted(found.items()))
+    return {normalize(n): found.get(normalize(n), MISSING) for n in sorted(names)}
+
+
+def digest_path(path: str | os.PathLike) -> str:
+    """Digest of a file (its bytes) or a directory tree (relative paths, kinds and file digests,
+    sorted; ``__pycache__`` and ``.git`` skipped). ``"missing"`` when it does not exist."""
+    p = Path(path)
+    try:
+        st = p.lstat()
+    except FileNotFoundError:
+        return MISSING
+    if stat.S_ISLNK(st.st_mode):
+        return "link:" + digest.sha256(os.readlink(p).encode("utf-8", "surrogateescape"))
+    if stat.S_ISREG(st.st_mode):
+        h = hashlib.sha256()
+        with open(p, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        return "sha256:" + h.hexdigest()
+    if stat.S_ISDIR(st.st_mode):
+        entries = []
+        for root, dirs, files in os.walk(p):
+            dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", ".git"))
+            for f in sorted(files):
+                full = Path(root) / f
+                entries.append([full.relative_to(p).as_posix(), digest_path(full)])
+        return "tree:" + digest.sha256(dumps(entries))
+    return "other:" + str(stat.S_IFMT(st.st_mode))
+
+
+def listing_digest(path: str | os.PathLike) -> str:
+    """Digest of a directory's *listing*: the sorted relative paths of its files, not their contents
+    (``__pycache__`` and ``.git`` skipped); ``"missing"`` when it does not exist."""
+    p = Path(path)
+    if not p.is_dir():
+        return MISSING
+    names = []
+    for root, dirs, files in os.walk(p):
+        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", ".git"))
+        names += [(Path(root) / f).relative_to(p).as_posix() for f in files]
+    return "listing:" + digest.sha256(dumps(sorted(names)))[7:]
+
+
+def keyed(salt: bytes, name: str, value: str | None) -> str:
+    """Keyed digest of an environment variable's value (``"unset"`` when not set)."""
+    if value is None:
+        return UNSET
+    msg = name.encode("utf-8", "surrogateescape") + b"\0" + value.encode("utf-8", "surrogateescape")
+    return "hmac-sha256:" + hmac.new(salt, msg, hashlib.sha256).hexdigest()
+
+
+def runtime() -> dict[str, str]:
+    """Python version and implementation, and the platform."""
+    return {"python": platform.python_version(), "implementation": platform.python_implementation(),
+            "platform": platform.platform()}
+
+
+def find_lock_files(root: Path) -> list[Path]:
+    """Lock files in ``root`` (not recursive)."""
+    out = [root / n for n in LOCK_FILES if (root / n).is_file()]
+    for pattern in LOCK_GLOBS:
+        out += sorted(p for p in root.glob(pattern) if p.is_file())
+    return out
+
+
+@dataclass
+class WorldSpec:
+    """What a task declares about the world it depends on (see :class:`~overnight.Task`).
+
+    Attributes:
+        version: the task's code epoch.
+        steps: ``fn name -> (version, source digest or None)``.
+        deps: distribution names to record, or ``"all"``.
+        env: environment variable names to record (as keyed digests).
+        inputs: files or directories to record.
+        sources: ``name -> callable`` returning ``str``/``bytes`` whose digest is recorded.
+        exports: ``artifact name -> file path`` the runner keeps in sync with committed artifacts.
+        root: project directory where lock files are looked for.
+        salt: per-task key for environment digests.
+    """
+
+    version: str = "1"
+    steps: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    deps: list[str] | str = "all"
+    env: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    sources: dict[str, Callable[[], Any]] = field(default_factory=dict)
+    exports: dict[str, str] = field(default_factory=dict)
+    root: Path = field(default_factory=Path.cwd)
+    salt: bytes = b""
+
+
+def source_digest(fn: Callable[[], Any], name: str) -> str:
+    """Call a registered input source and digest what it returns."""
+    try:
+        value = fn()
+    except Exception as exc:  # noqa: BLE001 - the user's callable; report it, typed
+        raise ConfigError(f"input source {name!r} failed: {type(exc).__name__}: {exc}") from exc
+    if isinstance(value, str):
+        value = value.encode("utf-8", "surrogatepass")
+    if not isinstance(value, (bytes, bytearray)):
+        value = dumps(value if value is None or isinstance(value, (int, float, bool, list, dict)) else str(value))
+    return digest.sha256(value)
+
+
+def world(spec: WorldSpec) -> dict[str, Any]:
+    """The fingerprint of the world now (everything but ``artifacts``, which come from a state).
+
+    Shape: ``{"format": 1, "code": {"task", "steps": {fn: {"version", "source"}}}, "deps":
+    {"packages": {name: version}, "locks": {file: digest}}, "env": {"python", "implementation",
+    "platform", "vars": {name: keyed digest}}, "inputs": {path or source name: digest}}``.
+    """
+    return {
+        "format": 1,
+        "code": {"task": spec.version,
+                 "steps": {n: {"version": v, "source": s} for n, (v, s) in sorted(spec.steps.items())}},
+        "deps": {"packages": installed(None if spec.deps == "all" else list(spec.deps)),
+                 "locks": {p.name: digest_path(p) for p in find_lock_files(spec.root)}},
+        "env": {**runtime(), "vars": {n: keyed(spec.salt, n, os.environ.get(n)) for n in sorted(spec.env)}},
+        "inputs": {**{str(p): digest_path(p) for p in sorted(spec.inputs)},
+                   **{f"source:{n}": source_digest(fn, n) for n, fn in sorted(spec.sources.items())}},
+    }
+
+
+def pip_requirements(fp: dict[str, Any]) -> str:
+    """A pip requirements file recreating a recorded ``deps`` component (for ``env export``)."""
+    lines = [f"# written by overnight env export: python {fp['env']['python']} "
+             f"({fp['env']['implementation']}) on {fp['env']['platform']}"]
+    for name, d in sorted(fp["deps"]["locks"].items()):
+        lines.append(f"# lock file {name}: {d}")
+    if fp["env"]["vars"]:
+        lines.append("# environment variables the task declared (values not recorded): "
+                     + ", ".join(sorted(fp["env"]["vars"])))
+    for name, version in sorted(fp["deps"]["packages"].items()):
+        lines.append(f"{name}=={version}" if version != MISSING else f"# {name}: not installed")
+    return "\n".join(lines) + "\n"
+
+
