@@ -20,7 +20,11 @@ def sqlite_store(tmp_path):
     return open_store(f"sqlite://{tmp_path / 'store.db'}")
 
 
-BACKENDS = {"sqlite": sqlite_store}
+def file_store(tmp_path):
+    return open_store(f"file://{tmp_path / 'store'}")
+
+
+BACKENDS = {"sqlite": sqlite_store, "file": file_store}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
