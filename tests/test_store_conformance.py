@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import threading
+import uuid
 
 import pytest
+from conftest import S3_BUCKET
 
 from overnight.codec import digest
 from overnight.errors import CheckpointNotFound, LeaseLost, StaleHead, TaskBusy, TaskNotFound
@@ -16,20 +18,31 @@ from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import Holder
 
 
-def sqlite_store(tmp_path):
+def sqlite_store(request, tmp_path):
     return open_store(f"sqlite://{tmp_path / 'store.db'}")
 
 
-def file_store(tmp_path):
+def file_store(request, tmp_path):
     return open_store(f"file://{tmp_path / 'store'}")
 
 
-BACKENDS = {"sqlite": sqlite_store, "file": file_store}
+def postgres_store(request, tmp_path):
+    server, schema = request.getfixturevalue("pg_schema")  # a fresh schema, dropped after the test
+    return open_store(f"{server}?schema={schema}")
+
+
+def s3_store(request, tmp_path):
+    endpoint = request.getfixturevalue("s3_endpoint")  # moto's server, started once per session
+    return open_store(f"s3://{S3_BUCKET}/t-{uuid.uuid4().hex}?endpoint_url={endpoint}")
+
+
+# name -> (request, tmp_path) -> a new, empty store; every test below runs against each one
+BACKENDS = {"sqlite": sqlite_store, "file": file_store, "postgres": postgres_store, "s3": s3_store}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
 def store(request, tmp_path):
-    s = BACKENDS[request.param](tmp_path)
+    s = BACKENDS[request.param](request, tmp_path)
     yield s
     s.close()
 
