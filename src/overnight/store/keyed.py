@@ -118,7 +118,7 @@ class KeyedStore:
     def _check_layout(self) -> None:
         got = self._c.read(layout.META_KEY)
         if got is None:
-            if self._c.list(""):
+            if [n for n in self._c.list("") if not n.startswith(".")]:  # ".": temporary and probe keys
                 raise ConfigError(
                     f"{self.url} is not empty and holds no {layout.META_KEY}: not an overnight store",
                     hint="point the store URL at an empty or new location",
