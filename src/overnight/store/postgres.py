@@ -237,11 +237,14 @@ class PostgresStore:
         cp = commit.checkpoint
         self._require_text("checkpoint id", cp.checkpoint_id)
         self._require_text("parent id", cp.parent_id, cp.checkpoint_id)
-        self._require_text("expected head", commit.expected_head, cp.checkpoint_id)
         self._require_text("signature", cp.signature, cp.checkpoint_id)
         for j in commit.journal:
             self._require_text("journal checkpoint id", j.checkpoint_id, cp.checkpoint_id)
             self._require_text("step key", j.step_key, cp.checkpoint_id)
+        if not _text_safe(commit.expected_head):  # no stored ref can name it: the head is not that
+            raise StaleHead(f"branch {cp.branch!r} moved: expected head {commit.expected_head!r}, "
+                            f"found {self.get_ref(cp.task_id, cp.branch)}", task_id=cp.task_id,
+                            hint="reload the head and retry")
         with self._tx() as cur:
             if commit.lease is not None:
                 self._check_lease(cur, commit.lease)
