@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import os
 import threading
+import uuid
+from dataclasses import replace
 
 import pytest
+from conftest import S3_BUCKET
 
 from overnight.codec import digest
 from overnight.errors import CheckpointNotFound, LeaseLost, StaleHead, TaskBusy, TaskNotFound
@@ -16,16 +19,43 @@ from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import Holder
 
 
-def sqlite_store(tmp_path):
+def sqlite_store(request, tmp_path):
     return open_store(f"sqlite://{tmp_path / 'store.db'}")
 
 
-BACKENDS = {"sqlite": sqlite_store}
+def file_store(request, tmp_path):
+    return open_store(f"file://{tmp_path / 'store'}")
+
+
+def postgres_store(request, tmp_path):
+    server, schema = request.getfixturevalue("pg_schema")  # a fresh schema, dropped after the test
+    return open_store(f"{server}?schema={schema}")
+
+
+def s3_store(request, tmp_path):
+    endpoint = request.getfixturevalue("s3_endpoint")  # moto's server, started once per session
+    return open_store(f"s3://{S3_BUCKET}/t-{uuid.uuid4().hex}?endpoint_url={endpoint}")
+
+
+# name -> (request, tmp_path) -> a new, empty store; every test below runs against each one
+BACKENDS = {"sqlite": sqlite_store, "file": file_store, "postgres": postgres_store, "s3": s3_store}
+
+
+# (backend, test) -> why that backend does not meet that part of the contract yet. Strict xfails:
+# when the backend is fixed the test passes, fails the run, and its entry here must go.
+KNOWN_GAPS = {
+    ("sqlite", "test_lone_surrogates_round_trip"):
+        "sqlite3 encodes str columns as strict UTF-8: a lone surrogate in a task id, goal or branch "
+        "raises UnicodeEncodeError (fixing it changes the SQLite schema)",
+}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
 def store(request, tmp_path):
-    s = BACKENDS[request.param](tmp_path)
+    gap = KNOWN_GAPS.get((request.param, request.node.originalname))
+    if gap:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=gap))
+    s = BACKENDS[request.param](request, tmp_path)
     yield s
     s.close()
 
@@ -195,3 +225,241 @@ def test_concurrent_commits_from_threads_never_fork(store):
         t.join()
     assert len(wins) == 1 and len(losses) == 7
     assert len(store.list_checkpoints("t")) == 2
+
+
+# -- more of the contract: exact strings, sizes, reopening, fencing, processes ------------------
+
+ODD = [
+    "nul\x00inside", "\x00", "line\u2028sep\u2029", "日本語のタスク", "emoji 🦉🌙", "a/b/../c", "..", ".", "", "%41", "~x", "Main", "main",
+    "back\\slash \"quoted\" \n newline", "x" * 300,
+]
+
+
+LONE_SURROGATES = ["lone \ud800 high", "lone \udfff low", "pair as code points \ud83d\ude00"]
+
+
+def test_strings_round_trip_exactly(store):
+    """Every caller string -- task id, goal, entry, branch, session, event, step, timestamps,
+    holder -- comes back exactly, U+0000 included, and distinct names stay distinct
+    (``Main``/``main``, ``..``/``.``, a 300-character name)."""
+    _round_trip(store, ODD, "holder\x00", '{"id": "h\x00", "note": "\U0001f989"}')
+
+
+def test_lone_surrogates_round_trip(store):
+    """Python strings may hold lone surrogates (``"\\ud800"``); they come back exactly too."""
+    _round_trip(store, LONE_SURROGATES, "holder\ud800", '{"note": "\ud800"}')
+
+
+def _round_trip(store, texts: list[str], holder_id: str, holder: str) -> None:
+    body_with_nul = b'{"x":"\x00"}\x00tail'
+    committed = {}
+    for i, text in enumerate(texts):
+        task_id, branch = f"task {text}", f"branch {text}"
+        body = body_with_nul + str(i).encode()
+        row = CheckpointRow(digest.sha256(body), task_id, None, branch, 0, f"2026-11-30T00:00:{i:02d}+00:00 {text}",
+                            f"session {text}", f"event {text}", f"step {text}", body, None, 0)
+        task = TaskRow(task_id, f"2026-11-30T00:00:{i:02d}+00:00", f"goal {text}", f"entry {text}", text.encode(
+            "utf-8", "surrogatepass"))
+        j = JournalRow(task_id, row.checkpoint_id, 0, "sha256:" + "1" * 64, f"step {text}", f"session {text}",
+                       f"started {text}", 0.25, 1, 2)
+        added = store.commit(Commit(row, None, [_obj(body)], [j], None, task))
+        store.set_ref(task_id, text, row.checkpoint_id, None)  # the odd string itself as a branch name
+        committed[task_id] = (row, task, j, added, branch, text)
+    for task_id, (row, task, j, added, branch, text) in committed.items():
+        assert store.get_task(task_id) == task
+        assert store.get_ref(task_id, branch) == row.checkpoint_id
+        assert store.get_ref(task_id, text) == row.checkpoint_id
+        assert store.list_refs(task_id) == {branch: row.checkpoint_id, text: row.checkpoint_id}
+        stored = replace(row, stored_bytes=added)
+        assert store.get_checkpoint(row.checkpoint_id) == stored
+        assert store.list_checkpoints(task_id) == [stored]
+        assert store.journal(task_id) == [j]
+    assert sorted(t.task_id for t in store.list_tasks()) == sorted(committed)
+    task_id, branch = f"task {texts[0]}", f"b {texts[0]}"
+    lease = store.acquire_lease(task_id, branch, holder_id, holder, 60_000)
+    assert (lease.holder_id, lease.holder) == (holder_id, holder)
+    with pytest.raises(TaskBusy):
+        store.acquire_lease(task_id, branch, "other", "{}", 60_000)
+    store.acquire_lease(task_id, branch + "\x01", "other", "{}", 60_000)  # another branch is independent
+    lease = store.renew_lease(lease, 60_000)
+    store.release_lease(lease)
+    store.acquire_lease(task_id, branch, "other", "{}", 60_000)
+
+
+def test_large_objects_round_trip(store):
+    """A 9 MiB object (above the 8 MiB multipart threshold of S3) is stored and read back whole."""
+    big = os.urandom(9 * 1024 * 1024 + 123)
+    r0 = _row("t", None, 0)
+    added = store.commit(Commit(r0, None, [_obj(big)], [], None, _task("t")))
+    assert added == len(r0.body) + len(big)
+    got = store.get_objects([digest.sha256(big)])[digest.sha256(big)]
+    assert got.data == big and got.size == len(big)
+    assert store.missing_objects([digest.sha256(big)]) == set()
+    # written once: the same digest again adds nothing
+    assert store.commit(Commit(_row("t", r0.checkpoint_id, 1), r0.checkpoint_id, [_obj(big)])) == len(_row("t", r0.checkpoint_id, 1).body)
+
+
+def test_stored_bytes_grows_with_new_data_only(store):
+    before = store.stored_bytes()
+    blobs = [_obj(os.urandom(256 * 1024)) for _ in range(4)]
+    store.put_objects(blobs)
+    grown = store.stored_bytes() - before
+    assert 1024 * 1024 <= grown <= 2 * 1024 * 1024, grown
+    store.put_objects(blobs)  # duplicates store nothing
+    assert store.stored_bytes() - before - grown <= 64 * 1024
+
+
+def test_reopened_store_sees_everything(store):
+    """``store.url`` reopens the same store (in this process or another): nothing lives in memory."""
+    r0 = _row("t", None, 0)
+    j = JournalRow("t", r0.checkpoint_id, 0, "sha256:" + "2" * 64, "s0", "sess", "2026", 3.0, 0, 0)
+    store.commit(Commit(r0, None, [_obj(b"kept")], [j], None, _task("t")))
+    lease = store.acquire_lease("t", "main", "me", "{}", 60_000)
+    again = open_store(store.url)
+    try:
+        assert again.get_ref("t", "main") == r0.checkpoint_id
+        assert again.get_objects([digest.sha256(b"kept")])[digest.sha256(b"kept")].data == b"kept"
+        assert again.journal("t") == [j]
+        assert [t.task_id for t in again.list_tasks()] == ["t"]
+        with pytest.raises(TaskBusy):
+            again.acquire_lease("t", "main", "you", "{}", 60_000)
+        again.commit(Commit(_row("t", r0.checkpoint_id, 1), r0.checkpoint_id, [], [], lease))
+    finally:
+        again.close()
+    assert store.get_ref("t", "main") == _row("t", r0.checkpoint_id, 1).checkpoint_id
+
+
+def test_taken_over_lease_fences_commits_on_an_existing_branch(store):
+    """The old holder's commit from the *current* head fails with LeaseLost, not a fork."""
+    r0 = _row("t", None, 0)
+    old = store.acquire_lease("t", "main", "old", "{}", 1)
+    store.commit(Commit(r0, None, [], [], old, _task("t")))
+    import time
+
+    time.sleep(0.01)
+    new = store.acquire_lease("t", "main", "new", "{}", 60_000)
+    assert new.token > old.token
+    with pytest.raises(LeaseLost):
+        store.commit(Commit(_row("t", r0.checkpoint_id, 1, body_extra="old"), r0.checkpoint_id, [], [], old))
+    with pytest.raises(LeaseLost):
+        store.renew_lease(old, 60_000)
+    store.release_lease(old)  # no effect: the lease is not old's any more
+    store.commit(Commit(_row("t", r0.checkpoint_id, 1, body_extra="new"), r0.checkpoint_id, [], [], new))
+    assert [r.step for r in store.list_checkpoints("t")] == ["s0", "s1"]
+
+
+def test_released_lease_is_free_at_once_and_fences_its_old_holder(store):
+    first = store.acquire_lease("t", "main", "first", "{}", 600_000)
+    store.release_lease(first)
+    second = store.acquire_lease("t", "main", "second", "{}", 600_000)  # no TaskBusy, no waiting
+    with pytest.raises(LeaseLost):
+        store.commit(Commit(_row("t", None, 0), None, [], [], first, _task("t")))
+    store.commit(Commit(_row("t", None, 0), None, [], [], second, _task("t")))
+
+
+def test_deleted_branch_can_be_recreated_and_history_stays_listed(store):
+    r0 = _row("t", None, 0)
+    store.commit(Commit(r0, None, [], [], None, _task("t")))
+    r1 = _row("t", r0.checkpoint_id, 1, branch="b")
+    store.set_ref("t", "b", r0.checkpoint_id, None)
+    store.commit(Commit(r1, r0.checkpoint_id))
+    store.set_ref("t", "b", None, r1.checkpoint_id)
+    assert store.list_refs("t") == {"main": r0.checkpoint_id}
+    assert store.get_ref("t", "b") is None
+    assert [r.checkpoint_id for r in store.list_checkpoints("t")] == [r0.checkpoint_id, r1.checkpoint_id]
+    with pytest.raises(StaleHead):
+        store.set_ref("t", "b", r0.checkpoint_id, r1.checkpoint_id)
+    store.set_ref("t", "b", r1.checkpoint_id, None)
+    assert store.get_ref("t", "b") == r1.checkpoint_id
+
+
+def test_listings_are_ordered(store):
+    for n, task_id in enumerate(["c", "a", "b"]):
+        r = _row(task_id, None, 0)
+        store.commit(Commit(r, None, [], [], None, TaskRow(task_id, f"2026-11-30T00:00:0{n}+00:00", "g", None, b"{}")))
+    assert [t.task_id for t in store.list_tasks()] == ["c", "a", "b"]  # oldest first
+    head = _row("c", None, 0).checkpoint_id
+    rows = []
+    for seq in range(1, 4):
+        r = _row("c", head, seq)
+        js = [JournalRow("c", r.checkpoint_id, seq, f"sha256:{k}" + "0" * 63, f"step{seq}{k}", "s", "2026", 1.0)
+              for k in "ab"]
+        store.commit(Commit(r, head, [], js))
+        rows.extend(js)
+        head = r.checkpoint_id
+    assert [r.seq for r in store.list_checkpoints("c")] == [0, 1, 2, 3]
+    assert [j.seq for j in store.journal("c")] == [1, 1, 2, 2, 3, 3]
+    assert sorted(store.journal("c"), key=lambda j: (j.seq, j.step_key)) == rows
+
+
+_RACER = r"""
+import json, os, sys, time
+from overnight.codec import digest
+from overnight.errors import StaleHead, TaskBusy
+from overnight.store import open_store
+from overnight.store.base import CheckpointRow, Commit
+from overnight.store.leases import Holder
+
+url, workdir, me, parent = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+
+
+def barrier(name):
+    open(os.path.join(workdir, f"{name}-{me}"), "w").close()
+    while not os.path.exists(os.path.join(workdir, name)):
+        time.sleep(0.001)
+
+
+store = open_store(url)
+out = {}
+barrier("lease")
+holder = Holder.current()
+try:
+    store.acquire_lease("race", "main", holder.id, holder.to_json(), 60_000)
+    out["lease"] = "ok"
+except TaskBusy:
+    out["lease"] = "busy"
+barrier("commit")  # every process is alive until all have tried the lease
+body = json.dumps({"by": me}).encode()
+row = CheckpointRow(digest.sha256(body), "race", parent, "main", 1, "2026-11-30T00:00:01+00:00", "s", "step",
+                    f"by {me}", body, None, 0)
+try:
+    store.commit(Commit(row, parent))
+    out["commit"] = "ok"
+except StaleHead:
+    out["commit"] = "stale"
+store.close()
+print(json.dumps(out))
+"""
+
+
+def test_processes_race_for_the_lease_and_the_head(store, tmp_path):
+    """Four processes at once: exactly one gets the lease, exactly one advances the branch."""
+    import subprocess
+    import sys
+    import time
+
+    r0 = _row("race", None, 0)
+    store.commit(Commit(r0, None, [], [], None, _task("race")))
+    n = 4
+    procs = [subprocess.Popen([sys.executable, "-c", _RACER, store.url, str(tmp_path), str(i), r0.checkpoint_id],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
+    try:
+        for name in ("lease", "commit"):
+            deadline = time.monotonic() + 60
+            while not all((tmp_path / f"{name}-{i}").exists() for i in range(n)):
+                assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+                assert time.monotonic() < deadline, f"processes did not reach the {name} barrier"
+                time.sleep(0.005)
+            (tmp_path / name).touch()
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            p.kill()
+    assert sorted(r["lease"] for r in results) == ["busy"] * (n - 1) + ["ok"], results
+    assert sorted(r["commit"] for r in results) == ["ok"] + ["stale"] * (n - 1), results
+    rows = store.list_checkpoints("race")
+    assert len(rows) == 2 and store.get_ref("race", "main") == rows[1].checkpoint_id

@@ -20,28 +20,72 @@ def default_store_url() -> str:
 def open_store(url: str | os.PathLike | None = None) -> Store:
     """Open a store by URL.
 
-    Accepted forms: ``sqlite://PATH`` (relative or absolute: ``sqlite:///abs/x.db``), or a bare
-    path ending in ``.db``/``.sqlite``/``.sqlite3``. ``None`` opens :func:`default_store_url`.
+    Accepted forms:
+
+    * ``sqlite://PATH`` (relative or absolute: ``sqlite:///abs/x.db``), or a bare path ending in
+      ``.db``/``.sqlite``/``.sqlite3`` -- the embedded default;
+    * ``file://DIR`` (``file:///abs/dir``) -- a plain directory, local or on a network share;
+    * ``postgresql://[USER@]HOST[:PORT]/DB[?schema=NAME]`` (also ``postgres://``) -- needs the
+      ``postgres`` extra;
+    * ``s3://BUCKET[/PREFIX][?endpoint_url=URL&region=NAME&conditional_writes=auto|require|off]``
+      -- needs the ``s3`` extra; credentials come from the usual AWS environment.
+
+    ``None`` opens :func:`default_store_url`.
 
     Raises:
-        ConfigError: an unknown scheme or a malformed URL (the message lists the accepted forms).
+        ConfigError: an unknown scheme, a malformed URL or a missing extra (the message lists the
+            accepted forms).
     """
     text = str(url) if url is not None else default_store_url()
-    if text.startswith("sqlite://"):
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        if Path(text).suffix in (".db", ".sqlite", ".sqlite3"):
+            from overnight.store.sqlite import SQLiteStore
+
+            return SQLiteStore(text)
+        raise _unsupported(text)
+    scheme = scheme.lower()
+    if scheme == "sqlite":
         from overnight.store.sqlite import SQLiteStore
 
-        path = text[len("sqlite://"):]
-        if not path:
+        if not rest:
             raise ConfigError(f"store URL {text!r} has no path", hint="use sqlite://.overnight/overnight.db")
-        return SQLiteStore(path)
-    if "://" not in text and Path(text).suffix in (".db", ".sqlite", ".sqlite3"):
-        from overnight.store.sqlite import SQLiteStore
+        return SQLiteStore(rest)
+    if scheme == "file":
+        from overnight.store.file import FileStore
 
-        return SQLiteStore(text)
-    raise ConfigError(
+        if not rest or "?" in rest or "#" in rest:
+            raise ConfigError(f"store URL {text!r} needs a directory path (and no query)",
+                              hint="use file://DIR, e.g. file://.overnight/store or file:///srv/overnight")
+        return FileStore(rest)
+    if scheme in ("postgresql", "postgres"):
+        _need_extra("psycopg", "postgres", text)
+        _need_extra("psycopg_pool", "postgres", text)
+        from overnight.store.postgres import PostgresStore
+
+        return PostgresStore(text)
+    if scheme == "s3":
+        _need_extra("boto3", "s3", text)
+        from overnight.store.s3 import S3Store
+
+        return S3Store(text)
+    raise _unsupported(text)
+
+
+def _unsupported(text: str) -> ConfigError:
+    return ConfigError(
         f"unsupported store URL {text!r}",
-        hint="use sqlite://PATH (the embedded default) or a path ending in .db",
+        hint="use sqlite://PATH (the embedded default), a path ending in .db, file://DIR, "
+             "postgresql://HOST/DB?schema=NAME or s3://BUCKET/PREFIX",
     )
+
+
+def _need_extra(module: str, extra: str, url: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"store URL {url!r} needs the {module!r} package",
+                          hint=f"pip install 'overnight[{extra}]'")
 
 
 __all__ = [

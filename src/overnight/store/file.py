@@ -1,0 +1,278 @@
+"""File backend: a plain directory (``file:///srv/overnight`` or ``file://relative/dir``).
+
+The layout is :mod:`overnight.store.layout` (spec: ``docs/FORMAT.md``, "File layout"); the
+algorithm is :class:`~overnight.store.keyed.KeyedStore`. This module only supplies the two write
+primitives on a POSIX file system:
+
+* **write once** (objects, checkpoints, task records, index entries): write a temporary file in the
+  target's directory, ``fsync`` it, ``link`` it to the final name (which fails if the name exists:
+  the first bytes win, nothing is ever overwritten), unlink the temporary, ``fsync`` the directory.
+  On a file system without hard links, ``rename`` after an existence check takes the place of
+  ``link`` (then two writers racing on one *new* digest may both write it -- the same bytes).
+* **compare-and-swap** (refs, leases): under an exclusive ``fcntl.flock`` on
+  ``locks/<key>.lock``, held only while comparing and swapping, read the current file, compare its
+  SHA-256 with the expected version, write a temporary file, ``fsync``, ``rename`` it over the
+  target (atomic), ``fsync`` the directory.
+
+Every write is durable when the call returns, and a crash at any instant leaves each file either
+absent, old or new -- never torn (temporary files, ``.tmp-*``, are ignored and can be deleted).
+
+**Network shares.** The directory may live on NFS or SMB if that share supports ``flock`` locks
+across clients (Linux NFSv4 and NFSv3 with ``lockd`` map ``flock`` onto POSIX byte-range locks; a
+CIFS mount must not use ``nobrl``; ``local_lock=all`` or ``nolock`` make locks local to one client
+and so break compare-and-swap between machines). Because NFS emulates ``flock`` with per-process
+POSIX locks, this module also serializes the threads of one process on a lock in memory.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from overnight.errors import ConfigError, StoreBusy
+from overnight.store.keyed import KeyedStore
+
+_TMP = ".tmp-"
+_NO_LINK = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK}
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+# one in-memory lock per lock file, shared by every FileContainer of this process
+_process_locks: dict[str, threading.Lock] = {}
+_process_locks_guard = threading.Lock()
+
+
+def _process_lock(path: str) -> threading.Lock:
+    with _process_locks_guard:
+        return _process_locks.setdefault(path, threading.Lock())
+
+
+def _version(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileContainer:
+    """A directory as a :class:`~overnight.store.keyed.Container` (see the module docstring).
+
+    Args:
+        root: the store's directory; created (with parents) when missing.
+        busy_timeout_ms: how long a compare-and-swap waits for another process's lock (ms)
+            before raising :class:`~overnight.errors.StoreBusy`.
+    """
+
+    def __init__(self, root: Path, *, busy_timeout_ms: int = 10_000) -> None:
+        if fcntl is None:  # pragma: no cover
+            raise ConfigError("the file store needs fcntl.flock (POSIX); use sqlite:// on this platform")
+        self.root = root
+        self.busy_timeout_ms = busy_timeout_ms
+        self._dirs: set[Path] = set()
+        self._dirs_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="overnight-file")
+        try:
+            self._mkdir(root)
+        except OSError as exc:
+            raise ConfigError(f"cannot create store directory {root}: {exc}") from exc
+        if not root.is_dir():
+            raise ConfigError(f"store path {root} is not a directory", hint="use file://DIR with a directory")
+
+    # -- paths ------------------------------------------------------------------------------
+
+    def _path(self, key: str) -> Path:
+        return self.root / key if key else self.root
+
+    def _mkdir(self, path: Path) -> None:
+        """Create ``path`` and its parents, each new entry made durable in its parent."""
+        if path in self._dirs:
+            return
+        missing = []
+        p = path
+        while not p.is_dir():
+            missing.append(p)
+            p = p.parent
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+            except FileExistsError:
+                continue
+            _fsync_dir(d.parent)
+        with self._dirs_lock:
+            self._dirs.add(path)
+
+    def _write_temp(self, folder: Path, data: bytes) -> Path:
+        tmp = folder / f"{_TMP}{uuid.uuid4().hex}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return tmp
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def _read_bytes(self, key: str) -> bytes | None:
+        try:
+            with open(self._path(key), "rb") as fh:
+                return fh.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def read(self, key: str) -> tuple[bytes, str] | None:
+        data = self._read_bytes(key)
+        return None if data is None else (data, _version(data))
+
+    def read_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        keys = list(dict.fromkeys(keys))
+        found = self._pool.map(self._read_bytes, keys) if len(keys) > 16 else map(self._read_bytes, keys)
+        return {k: d for k, d in zip(keys, found) if d is not None}
+
+    def exists_many(self, keys: Iterable[str]) -> set[str]:
+        return {k for k in keys if self._path(k).is_file()}
+
+    def list(self, prefix: str) -> list[str]:
+        try:
+            return sorted(n for n in os.listdir(self._path(prefix)) if not n.startswith(_TMP))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def size(self) -> int:
+        total = 0
+        for folder, _, files in os.walk(self.root):
+            for f in files:
+                try:
+                    total += os.stat(os.path.join(folder, f)).st_size
+                except FileNotFoundError:
+                    continue
+        return total
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def _create(self, key: str, data: bytes) -> tuple[bool, Path]:
+        path = self._path(key)
+        if path.exists():
+            return False, path.parent
+        self._mkdir(path.parent)
+        tmp = self._write_temp(path.parent, data)
+        try:
+            os.link(tmp, path)
+            created = True
+        except FileExistsError:
+            created = False
+        except OSError as exc:
+            if exc.errno not in _NO_LINK:
+                raise
+            created = not path.exists()
+            if created:
+                os.rename(tmp, path)
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        return created, path.parent
+
+    def create_many(self, items: dict[str, bytes]) -> set[str]:
+        if len(items) > 4:
+            results = list(self._pool.map(lambda kv: self._create(*kv), items.items()))
+        else:
+            results = [self._create(k, v) for k, v in items.items()]
+        for folder in {folder for created, folder in results if created}:
+            _fsync_dir(folder)
+        return {k for k, (created, _) in zip(items, results) if created}
+
+    @contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        """Hold the exclusive lock of ``key`` (in-process lock, then ``flock`` on its lock file)."""
+        lock_path = self._path(f"locks/{key}.lock")
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        plock = _process_lock(str(lock_path))
+        if not plock.acquire(timeout=self.busy_timeout_ms / 1000):
+            raise self._busy(key)
+        try:
+            self._mkdir(lock_path.parent)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                delay = 0.0005
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() > deadline:
+                            raise self._busy(key) from None
+                        time.sleep(delay)
+                        delay = min(delay * 2, 0.02)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+        finally:
+            plock.release()
+
+    def _busy(self, key: str) -> StoreBusy:
+        return StoreBusy(
+            f"{self.root / key} stayed locked by another process for {self.busy_timeout_ms} ms",
+            hint="another overnight process is updating this ref or lease; retry, or raise busy_timeout_ms",
+        )
+
+    def swap(self, key: str, data: bytes, expected: str | None) -> str | None:
+        path = self._path(key)
+        with self._locked(key):
+            current = self._read_bytes(key)
+            if (None if current is None else _version(current)) != expected:
+                return None
+            self._mkdir(path.parent)
+            tmp = self._write_temp(path.parent, data)
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        return _version(data)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class FileStore(KeyedStore):
+    """:class:`~overnight.store.base.Store` in a directory (see the module docstring).
+
+    Args:
+        path: the store's directory; created when missing. An existing non-empty directory that is
+            not an overnight store is refused.
+        busy_timeout_ms: how long a ref or lease update waits for another process's lock (ms).
+
+    Raises:
+        ConfigError: the path is not a directory, cannot be created, or holds something else.
+        StoreVersionError: the store was written by a newer overnight.
+        StoreBusy: (from any write) a lock stayed held by another process past ``busy_timeout_ms``.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, busy_timeout_ms: int = 10_000) -> None:
+        self.path = Path(path)
+        container = FileContainer(self.path, busy_timeout_ms=busy_timeout_ms)
+        try:
+            super().__init__(container, f"file://{self.path}")
+        except BaseException:
+            container.close()
+            raise

@@ -1,0 +1,390 @@
+"""The ``Store`` protocol on a key-value container with write-once keys and compare-and-swap.
+
+``file://`` and ``s3://`` differ only in their container (:class:`Container`): a directory with
+``link``/``rename`` and ``flock``, or a bucket with conditional ``PutObject``. Everything a store
+*means* -- what a commit writes and in which order, how refs and leases fence each other -- is here,
+once, so both backends behave the same and pass the same conformance module.
+
+There are no multi-key transactions, so a commit is ordered so that the **ref swap is its single
+commit point**:
+
+1. read the ref (its value and version) and, with a lease, the lease record: a stale head raises
+   :class:`~overnight.errors.StaleHead` and a lost lease :class:`~overnight.errors.LeaseLost`
+   before anything is written;
+2. write the new objects, the task registration and the checkpoint record (with its journal rows);
+   all are write-once and content-addressed, so writing them twice is harmless;
+3. swap the ref from the version read in 1 to the new head (the compare-and-swap); if it lost a
+   race, the commit fails as in 1 and what step 2 wrote is unreferenced garbage -- never listed,
+   never loaded as a head (``get_checkpoint`` by id still finds such a record: it is immutable and
+   verifiable, like an unreachable git commit);
+4. add the new head to the task's checkpoint index (``tasks/<T>/checkpoints/``).
+
+A checkpoint is *committed* once a ref has named it. The index lists committed checkpoints: a
+commit or :meth:`KeyedStore.set_ref` indexes the ref's old value before moving it away, and
+listings add the current heads, so a crash between steps 3 and 4 loses nothing.
+
+**Fencing.** Each ref record carries a ``fence``: the highest lease token seen on that branch.
+:meth:`KeyedStore.acquire_lease` writes the lease record (compare-and-swap, token + 1) and then
+raises the ref's fence to its token (compare-and-swap, which changes the ref's version). A commit
+by the previous holder therefore either lands before the new holder's acquisition completes (and
+the new holder, which reads the head after acquiring, builds on it), or fails its ref swap and sees
+a fence above its token: :class:`~overnight.errors.LeaseLost`. Tokens never go back, because a
+released lease keeps its token.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable, Protocol
+
+from overnight.errors import (
+    CheckpointNotFound,
+    ConfigError,
+    DecodeError,
+    LeaseLost,
+    StaleHead,
+    StoreBusy,
+    StoreVersionError,
+    TaskBusy,
+    TaskNotFound,
+)
+from overnight.store import layout
+from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.store.leases import can_take_over, describe_holder, now_ms
+
+_SWAP_RETRIES = 50  # lease/fence swaps that lose a race re-read and retry this many times
+
+
+class Container(Protocol):
+    """Bytes under string keys (``a/b/c``), with two write primitives.
+
+    ``create`` is write-once (the first bytes win; durable when it returns); ``swap`` is an atomic
+    compare-and-swap on a *version* -- an opaque string the container returns with every read
+    (a content hash for files, the ETag for S3). Implementations are thread-safe.
+    """
+
+    def read(self, key: str) -> tuple[bytes, str] | None:
+        """``(data, version)``, or None when the key does not exist."""
+        ...
+
+    def read_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        """Data of the keys that exist."""
+        ...
+
+    def exists_many(self, keys: Iterable[str]) -> set[str]:
+        """The keys that exist."""
+        ...
+
+    def create_many(self, items: dict[str, bytes]) -> set[str]:
+        """Write each key that does not exist yet; returns the keys this call wrote."""
+        ...
+
+    def swap(self, key: str, data: bytes, expected: str | None) -> str | None:
+        """Replace the key's data if its version is ``expected`` (None: the key must not exist).
+        Returns the new version, or None when the key had another version (nothing written)."""
+        ...
+
+    def list(self, prefix: str) -> list[str]:
+        """Names of the keys and sub-folders directly under the folder ``prefix``."""
+        ...
+
+    def size(self) -> int:
+        """Bytes of every stored key."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class KeyedStore:
+    """:class:`~overnight.store.base.Store` on a :class:`Container` (layout: :mod:`overnight.store.layout`).
+
+    Args:
+        container: where the bytes live.
+        url: the store URL (for messages, and to reopen the store from another process).
+
+    Raises:
+        ConfigError: the container holds something that is not an overnight store.
+        StoreVersionError: the store was written by a newer overnight (a larger layout version).
+    """
+
+    def __init__(self, container: Container, url: str) -> None:
+        self._c = container
+        self.url = url
+        self._check_layout()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _check_layout(self) -> None:
+        got = self._c.read(layout.META_KEY)
+        if got is None:
+            if [n for n in self._c.list("") if not n.startswith(".")]:  # ".": temporary and probe keys
+                raise ConfigError(
+                    f"{self.url} is not empty and holds no {layout.META_KEY}: not an overnight store",
+                    hint="point the store URL at an empty or new location",
+                )
+            self._c.create_many({layout.META_KEY: layout.encode_meta()})
+            got = self._c.read(layout.META_KEY)
+            assert got is not None
+        try:
+            version = layout.decode_meta(got[0])["layout"]
+        except DecodeError as exc:
+            raise ConfigError(f"{self.url}: unreadable {layout.META_KEY} ({exc})",
+                              hint="is this an overnight store?") from exc
+        if version > layout.LAYOUT_VERSION:
+            raise StoreVersionError(
+                f"store {self.url} has layout version {version}, written by a newer overnight "
+                f"(this one knows up to {layout.LAYOUT_VERSION})",
+                hint="upgrade overnight (pip install -U overnight) to open this store",
+            )
+
+    def _read_ref(self, task_id: str, branch: str) -> tuple[str | None, int, str | None]:
+        """``(checkpoint_id or None, fence, version or None)`` of the branch's ref record."""
+        got = self._c.read(layout.ref_key(task_id, branch))
+        if got is None:
+            return None, 0, None
+        ref = layout.decode_ref(got[0])
+        return ref["checkpoint_id"], ref["fence"], got[1]
+
+    def _read_lease(self, task_id: str, branch: str) -> tuple[Lease | None, str | None]:
+        got = self._c.read(layout.lease_key(task_id, branch))
+        if got is None:
+            return None, None
+        return layout.decode_lease(got[0]), got[1]
+
+    def _index(self, task_id: str, checkpoint_ids: Iterable[str]) -> None:
+        self._c.create_many({layout.index_key(task_id, c): c.encode("utf-8", "surrogatepass") for c in checkpoint_ids})
+
+    @staticmethod
+    def _stale(task_id: str, branch: str, expected: str | None, current: str | None) -> StaleHead:
+        return StaleHead(
+            f"branch {branch!r} moved: expected head {expected}, found {current}",
+            task_id=task_id,
+            hint="another writer advanced this branch; reload the head and retry",
+        )
+
+    @staticmethod
+    def _lost(lease: Lease, holder: Lease | None) -> LeaseLost:
+        who = describe_holder(holder.holder) if holder is not None and holder.holder_id else "nobody"
+        return LeaseLost(
+            f"lease on branch {lease.branch!r} was taken over (now held by {who})",
+            task_id=lease.task_id,
+            hint="this process stalled past its lease TTL; the other holder continues the task",
+        )
+
+    def _check_lease(self, lease: Lease, fence: int) -> None:
+        current, _ = self._read_lease(lease.task_id, lease.branch)
+        if (current is None or current.holder_id != lease.holder_id or current.token != lease.token
+                or fence > lease.token):
+            raise self._lost(lease, current)
+
+    # -- objects ----------------------------------------------------------------------------
+
+    def missing_objects(self, digests: Iterable[str]) -> set[str]:
+        keys = {d: layout.object_key(d) for d in dict.fromkeys(digests)}
+        present = self._c.exists_many(keys.values())
+        return {d for d, k in keys.items() if k not in present}
+
+    def get_objects(self, digests: Iterable[str]) -> dict[str, ObjectRecord]:
+        keys = {layout.object_key(d): d for d in dict.fromkeys(digests)}
+        return {keys[k]: layout.decode_object(keys[k], data) for k, data in self._c.read_many(keys).items()}
+
+    def _put(self, objects: Iterable[ObjectRecord]) -> int:
+        """Write the objects not stored yet; returns the ``data`` bytes written (first digest wins)."""
+        items: dict[str, bytes] = {}
+        sizes: dict[str, int] = {}
+        for o in objects:
+            key = layout.object_key(o.digest)
+            if key not in items:
+                items[key] = layout.encode_object(o)
+                sizes[key] = len(o.data)
+        return sum(sizes[k] for k in self._c.create_many(items)) if items else 0
+
+    def put_objects(self, objects: Iterable[ObjectRecord]) -> None:
+        self._put(objects)
+
+    # -- checkpoints and refs ---------------------------------------------------------------
+
+    def commit(self, commit: Commit) -> int:
+        cp = commit.checkpoint
+        current, fence, version = self._read_ref(cp.task_id, cp.branch)
+        if commit.lease is not None:
+            self._check_lease(commit.lease, fence)
+        if current != commit.expected_head:
+            raise self._stale(cp.task_id, cp.branch, commit.expected_head, current)
+        if current is not None:
+            self._index(cp.task_id, [current])
+        added = len(cp.body) + self._put(commit.objects)
+        records = {layout.checkpoint_key(cp.checkpoint_id): layout.encode_checkpoint(cp, added, commit.journal)}
+        if commit.task is not None:
+            records[layout.task_key(commit.task.task_id)] = layout.encode_task(commit.task)
+        self._c.create_many(records)
+        new_fence = max(fence, commit.lease.token) if commit.lease is not None else fence
+        ref = layout.encode_ref(cp.task_id, cp.branch, cp.checkpoint_id, new_fence, now_ms())
+        if self._c.swap(layout.ref_key(cp.task_id, cp.branch), ref, version) is None:
+            current, fence, _ = self._read_ref(cp.task_id, cp.branch)
+            if commit.lease is not None:
+                self._check_lease(commit.lease, fence)
+            raise self._stale(cp.task_id, cp.branch, commit.expected_head, current)
+        self._index(cp.task_id, [cp.checkpoint_id])
+        return added
+
+    def _read_checkpoints(self, checkpoint_ids: Iterable[str]) -> list[tuple[CheckpointRow, list[JournalRow]]]:
+        keys = [layout.checkpoint_key(c) for c in dict.fromkeys(checkpoint_ids)]
+        out = []
+        for data in self._c.read_many(keys).values():
+            try:
+                out.append(layout.decode_checkpoint(data))
+            except DecodeError:
+                continue  # an unreadable record: verification of the chain reports it as missing
+        return out
+
+    def get_checkpoint(self, checkpoint_id: str) -> CheckpointRow:
+        got = self._c.read(layout.checkpoint_key(checkpoint_id))
+        if got is not None:
+            try:
+                return layout.decode_checkpoint(got[0])[0]
+            except DecodeError:
+                pass
+        raise CheckpointNotFound(f"no checkpoint {checkpoint_id} in {self.url}", checkpoint_id=checkpoint_id)
+
+    def _committed(self, task_id: str) -> list[tuple[CheckpointRow, list[JournalRow]]]:
+        """Committed checkpoints of the task (its index plus its current heads), by seq."""
+        folder = layout.index_dir(task_id)
+        names = self._c.list(folder)
+        ids = {layout.unname(n) for n in names if not n.startswith("~")}
+        hashed = [f"{folder}/{n}" for n in names if n.startswith("~")]
+        ids.update(data.decode("utf-8", "surrogatepass") for data in self._c.read_many(hashed).values())
+        ids.update(self.list_refs(task_id).values())
+        rows = [r for r in self._read_checkpoints(ids) if r[0].task_id == task_id]
+        rows.sort(key=lambda r: (r[0].seq, r[0].created_at, r[0].checkpoint_id))
+        return rows
+
+    def list_checkpoints(self, task_id: str) -> list[CheckpointRow]:
+        return [row for row, _ in self._committed(task_id)]
+
+    def get_ref(self, task_id: str, branch: str) -> str | None:
+        return self._read_ref(task_id, branch)[0]
+
+    def list_refs(self, task_id: str) -> dict[str, str]:
+        keys = [f"{layout.refs_dir(task_id)}/{n}" for n in self._c.list(layout.refs_dir(task_id))]
+        out = {}
+        for data in self._c.read_many(keys).values():
+            ref = layout.decode_ref(data)
+            if ref["checkpoint_id"] is not None:
+                out[ref["branch"]] = ref["checkpoint_id"]
+        return dict(sorted(out.items()))
+
+    def set_ref(self, task_id: str, branch: str, new: str | None, expected: str | None) -> None:
+        current, fence, version = self._read_ref(task_id, branch)
+        if current != expected:
+            raise self._stale(task_id, branch, expected, current)
+        if new is None and expected is None:
+            return
+        if current is not None:
+            self._index(task_id, [current])
+        ref = layout.encode_ref(task_id, branch, new, fence, now_ms())
+        if self._c.swap(layout.ref_key(task_id, branch), ref, version) is None:
+            raise self._stale(task_id, branch, expected, self.get_ref(task_id, branch))
+        if new is not None:
+            self._index(task_id, [new])
+
+    # -- tasks and journal ------------------------------------------------------------------
+
+    def get_task(self, task_id: str) -> TaskRow:
+        got = self._c.read(layout.task_key(task_id))
+        if got is None:
+            raise TaskNotFound(f"no task {task_id!r} in {self.url}", task_id=task_id, hint="`overnight ls` lists the tasks")
+        return layout.decode_task(got[0])
+
+    def list_tasks(self) -> list[TaskRow]:
+        keys = [f"tasks/{n}/task" for n in self._c.list("tasks")]
+        tasks = []
+        for data in self._c.read_many(keys).values():
+            try:
+                tasks.append(layout.decode_task(data))
+            except DecodeError:
+                continue
+        return sorted(tasks, key=lambda t: (t.created_at, t.task_id.encode("utf-8", "surrogatepass")))
+
+    def journal(self, task_id: str) -> list[JournalRow]:
+        return [j for _, rows in self._committed(task_id) for j in rows]
+
+    # -- leases -----------------------------------------------------------------------------
+
+    def _raise_fence(self, task_id: str, branch: str, token: int) -> None:
+        key = layout.ref_key(task_id, branch)
+        for _ in range(_SWAP_RETRIES):
+            current, fence, version = self._read_ref(task_id, branch)
+            if fence >= token:
+                return
+            if self._c.swap(key, layout.encode_ref(task_id, branch, current, token, now_ms()), version) is not None:
+                return
+        raise self._busy(task_id, branch)
+
+    def _busy(self, task_id: str, branch: str) -> StoreBusy:
+        return StoreBusy(
+            f"branch {branch!r} of {self.url} kept changing under {_SWAP_RETRIES} compare-and-swap attempts",
+            task_id=task_id, hint="many processes are contending for this branch; retry later",
+        )
+
+    def acquire_lease(self, task_id: str, branch: str, holder_id: str, holder: str, ttl_ms: int) -> Lease:
+        key = layout.lease_key(task_id, branch)
+        for _ in range(_SWAP_RETRIES):
+            current, version = self._read_lease(task_id, branch)
+            now = now_ms()
+            if (current is not None and current.holder_id not in ("", holder_id)
+                    and not can_take_over(current.holder, current.expires_at_ms, now)):
+                raise TaskBusy(
+                    f"task {task_id!r} is busy (held by {describe_holder(current.holder)}, "
+                    f"lease expires in {(current.expires_at_ms - now) / 1000:.0f} s)",
+                    task_id=task_id,
+                    holder=describe_holder(current.holder),
+                    hint="wait for that run to finish, or stop it (Ctrl-C / kill) and resume",
+                )
+            token = current.token + 1 if current is not None else 1
+            lease = Lease(task_id, branch, holder_id, holder, token, now + ttl_ms)
+            if self._c.swap(key, layout.encode_lease(lease), version) is not None:
+                self._raise_fence(task_id, branch, token)
+                return lease
+            time.sleep(0.001)
+        raise self._busy(task_id, branch)
+
+    def renew_lease(self, lease: Lease, ttl_ms: int) -> Lease:
+        key = layout.lease_key(lease.task_id, lease.branch)
+        for _ in range(_SWAP_RETRIES):
+            current, version = self._read_lease(lease.task_id, lease.branch)
+            if current is None or current.holder_id != lease.holder_id or current.token != lease.token:
+                raise self._lost(lease, current)
+            renewed = Lease(lease.task_id, lease.branch, lease.holder_id, lease.holder, lease.token, now_ms() + ttl_ms)
+            if self._c.swap(key, layout.encode_lease(renewed), version) is not None:
+                return renewed
+        raise self._busy(lease.task_id, lease.branch)
+
+    def release_lease(self, lease: Lease) -> None:
+        key = layout.lease_key(lease.task_id, lease.branch)
+        for _ in range(_SWAP_RETRIES):
+            current, version = self._read_lease(lease.task_id, lease.branch)
+            if current is None or current.holder_id != lease.holder_id or current.token != lease.token:
+                return
+            released = Lease(lease.task_id, lease.branch, "", "", lease.token, 0)
+            if self._c.swap(key, layout.encode_lease(released), version) is not None:
+                return
+
+    # -- housekeeping -----------------------------------------------------------------------
+
+    def stored_bytes(self) -> int:
+        """Bytes of every record and object under the store's root (their sizes, not disk blocks)."""
+        return self._c.size()
+
+    def close(self) -> None:
+        self._c.close()
+
+    def __enter__(self) -> "KeyedStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"

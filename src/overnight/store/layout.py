@@ -1,0 +1,240 @@
+"""The key layout and record encoding shared by the key-value backends (``file://``, ``s3://``).
+
+Both backends keep the same records as the SQLite store (spec: ``docs/FORMAT.md``), one record
+per key instead of one row per table. This module is the single place that says which key holds
+what and how a record is laid out in bytes:
+
+======================================  ==========================================================
+key                                     record
+======================================  ==========================================================
+``overnight.json``                      store marker ``{"kind": "overnight-store", "layout": 1}``
+``objects/<hex[:2]>/<hex[2:]>``         an object: header line + stored bytes (``data``)
+``checkpoints/<hex[:2]>/<hex[2:]>``     a checkpoint: header line (index columns, signature,
+                                        stored_bytes, journal rows) + ``body``
+``tasks/<T>/task``                      a task registration: header line + ``spec``
+``tasks/<T>/checkpoints/<C>``           the checkpoint id: "checkpoint C is committed on task T"
+``tasks/<T>/refs/<B>``                  a ref: canonical JSON (``checkpoint_id`` null = no branch)
+``tasks/<T>/leases/<B>``                a lease: canonical JSON
+======================================  ==========================================================
+
+``<T>`` and ``<B>`` are task ids and branch names encoded by :func:`name` (lowercase letters,
+digits, ``.``, ``_``, ``-`` kept; every other byte of the UTF-8 as ``%XX``; names longer than
+:data:`MAX_NAME` as ``~`` + SHA-256), so any string -- ``/``, ``..``, U+0000, lone surrogates,
+upper case on a case-insensitive share -- maps to one safe path component, injectively. The real
+names are always read back from the records, never decoded from keys.
+
+A *header line* is canonical JSON (``overnight.codec.canonical``: ASCII, sorted keys, exact for
+every string) followed by ``\\n``; the raw bytes follow it. ``tail -n +2 FILE`` prints them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from overnight.codec.canonical import dumps_sorted, from_tree, loads, to_tree
+from overnight.errors import DecodeError
+from overnight.store.base import CheckpointRow, JournalRow, Lease, ObjectRecord, TaskRow
+
+LAYOUT_VERSION = 1
+META_KEY = "overnight.json"
+MAX_NAME = 120  # encoded bytes; longer names are hashed (file systems allow 255 per component)
+
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def name(text: str) -> str:
+    """One path component for any string: injective, case-insensitive-safe, never ``.``/``..``.
+
+    >>> name("main"), name("Main"), name("a/b"), name("..")
+    ('main', '%4Dain', 'a%2Fb', '%2E.')
+    """
+    raw = text.encode("utf-8", "surrogatepass")
+    out = []
+    for i, byte in enumerate(raw):
+        if byte in _SAFE and not (i == 0 and byte == ord(".")):
+            out.append(chr(byte))
+        else:
+            out.append(f"%{byte:02X}")
+    encoded = "".join(out) or "%"  # the empty string: "%" alone is never produced otherwise
+    if len(encoded) > MAX_NAME:
+        return "~" + hashlib.sha256(raw).hexdigest()
+    return encoded
+
+
+def unname(encoded: str) -> str:
+    """The string :func:`name` encoded (not for hashed names, which start with ``~``)."""
+    if encoded == "%":
+        return ""
+    out = bytearray()
+    i = 0
+    while i < len(encoded):
+        if encoded[i] == "%":
+            out.append(int(encoded[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            out.extend(encoded[i].encode("ascii"))
+            i += 1
+    return out.decode("utf-8", "surrogatepass")
+
+
+def _digest_key(folder: str, digest: str) -> str:
+    if _DIGEST.match(digest):
+        hexpart = digest[7:]
+        return f"{folder}/{hexpart[:2]}/{hexpart[2:]}"
+    return f"{folder}/_/{name(digest)}"  # not a sha256 digest: still stored, under its encoded name
+
+
+def object_key(digest: str) -> str:
+    return _digest_key("objects", digest)
+
+
+def checkpoint_key(checkpoint_id: str) -> str:
+    return _digest_key("checkpoints", checkpoint_id)
+
+
+def task_dir(task_id: str) -> str:
+    return f"tasks/{name(task_id)}"
+
+
+def task_key(task_id: str) -> str:
+    return f"{task_dir(task_id)}/task"
+
+
+def index_dir(task_id: str) -> str:
+    return f"{task_dir(task_id)}/checkpoints"
+
+
+def index_key(task_id: str, checkpoint_id: str) -> str:
+    return f"{index_dir(task_id)}/{name(checkpoint_id)}"
+
+
+def refs_dir(task_id: str) -> str:
+    return f"{task_dir(task_id)}/refs"
+
+
+def ref_key(task_id: str, branch: str) -> str:
+    return f"{refs_dir(task_id)}/{name(branch)}"
+
+
+def lease_key(task_id: str, branch: str) -> str:
+    return f"{task_dir(task_id)}/leases/{name(branch)}"
+
+
+# -- records ------------------------------------------------------------------------------------
+
+
+def _json(fields: dict[str, Any]) -> bytes:
+    return dumps_sorted(to_tree(fields, "record"))
+
+
+def _unjson(data: bytes) -> dict[str, Any]:
+    tree = from_tree(loads(data), "record")
+    if not isinstance(tree, dict):
+        raise DecodeError("record is not a JSON object")
+    return tree
+
+
+def _with_header(fields: dict[str, Any], payload: bytes) -> bytes:
+    return _json(fields) + b"\n" + payload
+
+
+def _split(data: bytes) -> tuple[dict[str, Any], bytes]:
+    head, sep, payload = data.partition(b"\n")
+    if not sep:
+        raise DecodeError("record has no header line")
+    return _unjson(head), payload
+
+
+def encode_meta() -> bytes:
+    return _json({"kind": "overnight-store", "layout": LAYOUT_VERSION})
+
+
+def decode_meta(data: bytes) -> dict[str, Any]:
+    meta = _unjson(data)
+    if meta.get("kind") != "overnight-store" or not isinstance(meta.get("layout"), int):
+        raise DecodeError(f"not an overnight store marker: {meta!r}")
+    return meta
+
+
+def encode_object(obj: ObjectRecord) -> bytes:
+    return _with_header({"codec": obj.codec, "kind": obj.kind, "size": obj.size}, obj.data)
+
+
+def decode_object(digest: str, data: bytes) -> ObjectRecord:
+    """The object stored under ``digest``. A record whose header cannot be read comes back with
+    kind ``"unreadable"``, which blob verification reports as corrupt (never loaded)."""
+    try:
+        head, payload = _split(data)
+        return ObjectRecord(digest, str(head["kind"]), int(head["size"]), str(head["codec"]), payload)
+    except (DecodeError, KeyError, TypeError, ValueError):
+        return ObjectRecord(digest, "unreadable", len(data), "none", data)
+
+
+_JOURNAL_FIELDS = ("task_id", "checkpoint_id", "seq", "step_key", "step_name", "session", "started_at",
+                   "duration_ms", "tokens_in", "tokens_out")
+
+
+def encode_checkpoint(row: CheckpointRow, stored_bytes: int, journal: list[JournalRow]) -> bytes:
+    head = {
+        "checkpoint_id": row.checkpoint_id, "task_id": row.task_id, "parent_id": row.parent_id,
+        "branch": row.branch, "seq": row.seq, "created_at": row.created_at, "session": row.session,
+        "event": row.event, "step": row.step, "signature": row.signature, "stored_bytes": stored_bytes,
+        "journal": [{f: getattr(j, f) for f in _JOURNAL_FIELDS} for j in journal],
+    }
+    return _with_header(head, row.body)
+
+
+def decode_checkpoint(data: bytes) -> tuple[CheckpointRow, list[JournalRow]]:
+    """Raises :class:`DecodeError` when the record is unreadable."""
+    try:
+        h, body = _split(data)
+        row = CheckpointRow(h["checkpoint_id"], h["task_id"], h["parent_id"], h["branch"], h["seq"],
+                            h["created_at"], h["session"], h["event"], h["step"], body, h["signature"],
+                            h["stored_bytes"])
+        journal = [JournalRow(**{f: j[f] for f in _JOURNAL_FIELDS}) for j in h["journal"]]
+    except (KeyError, TypeError) as exc:
+        raise DecodeError(f"checkpoint record is malformed ({exc})") from exc
+    return row, journal
+
+
+def encode_task(task: TaskRow) -> bytes:
+    return _with_header({"task_id": task.task_id, "created_at": task.created_at, "goal": task.goal,
+                         "entry": task.entry}, task.spec)
+
+
+def decode_task(data: bytes) -> TaskRow:
+    try:
+        h, spec = _split(data)
+        return TaskRow(h["task_id"], h["created_at"], h["goal"], h["entry"], spec)
+    except (KeyError, TypeError) as exc:
+        raise DecodeError(f"task record is malformed ({exc})") from exc
+
+
+def encode_ref(task_id: str, branch: str, checkpoint_id: str | None, fence: int, updated_at_ms: int) -> bytes:
+    """``checkpoint_id`` None: the branch does not exist (deleted, or only fenced by a lease)."""
+    return _json({"task_id": task_id, "branch": branch, "checkpoint_id": checkpoint_id, "fence": fence,
+                  "updated_at_ms": updated_at_ms})
+
+
+def decode_ref(data: bytes) -> dict[str, Any]:
+    ref = _unjson(data)
+    if "checkpoint_id" not in ref or not isinstance(ref.get("fence"), int):
+        raise DecodeError(f"ref record is malformed: {ref!r}")
+    return ref
+
+
+def encode_lease(lease: Lease) -> bytes:
+    """A released lease keeps its token (``holder_id`` empty, ``expires_at_ms`` 0), so tokens only grow."""
+    return _json({"task_id": lease.task_id, "branch": lease.branch, "holder_id": lease.holder_id,
+                  "holder": lease.holder, "token": lease.token, "expires_at_ms": lease.expires_at_ms})
+
+
+def decode_lease(data: bytes) -> Lease:
+    try:
+        h = _unjson(data)
+        return Lease(h["task_id"], h["branch"], h["holder_id"], h["holder"], h["token"], h["expires_at_ms"])
+    except (KeyError, TypeError) as exc:
+        raise DecodeError(f"lease record is malformed ({exc})") from exc

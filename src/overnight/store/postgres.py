@@ -1,0 +1,426 @@
+"""PostgreSQL backend: ``postgresql://[USER@]HOST[:PORT]/DB[?schema=NAME]`` (psycopg 3 + a pool).
+
+The coordinator for many workers on many machines (DESIGN.md, "Scale-out"). Tables live in one
+schema (default ``overnight``; ``?schema=NAME`` picks another, e.g. one per test or per tenant),
+created and upgraded by the versioned migrations of :mod:`overnight.store.postgres_schema`.
+
+A commit is one transaction: the lease row is read ``FOR SHARE`` (so a takeover, which updates
+that row, waits for the commit or comes before it), the ref moves by ``UPDATE ... WHERE
+checkpoint_id = <expected>`` (or ``INSERT ... ON CONFLICT DO NOTHING`` for a new branch), then the
+task, the objects, the checkpoint and its journal rows are inserted. A stale head or a lost lease
+rolls everything back. Durable when :meth:`PostgresStore.commit` returns (every connection runs
+with ``synchronous_commit = on``).
+
+Strings the caller controls are stored as ``bytea`` (UTF-8, surrogates passed through): PostgreSQL
+``text`` cannot hold U+0000 or a lone surrogate, and every string must round-trip exactly.
+
+Waiting: a statement blocked on a row lock longer than ``busy_timeout_ms`` (``lock_timeout``), or
+a pool that has no free connection for that long, raises :class:`~overnight.errors.StoreBusy`.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+import psycopg_pool
+
+from overnight.errors import (
+    CheckpointNotFound,
+    ConfigError,
+    LeaseLost,
+    SchemaError,
+    StaleHead,
+    StoreBusy,
+    TaskBusy,
+    TaskNotFound,
+)
+from overnight.store import postgres_schema
+from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.store.leases import can_take_over, describe_holder, now_ms
+
+DEFAULT_SCHEMA = "overnight"
+_OUR_PARAMS = ("schema", "pool_max", "busy_timeout_ms")
+
+
+def _b(text: str | None) -> bytes | None:
+    """A caller's string as stored: UTF-8 with surrogates passed through."""
+    return None if text is None else text.encode("utf-8", "surrogatepass")
+
+
+def _s(data: Any) -> Any:
+    return None if data is None else bytes(data).decode("utf-8", "surrogatepass")
+
+
+def _text_safe(value: str | None) -> bool:
+    """Can PostgreSQL ``text`` hold it (no U+0000, no lone surrogate)?"""
+    if value is None:
+        return True
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def parse_url(url: str) -> tuple[str, str, dict[str, int]]:
+    """``(libpq conninfo URL, schema, options)`` from a store URL; raises :class:`ConfigError`."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres") or not parts.hostname and not parts.path.strip("/"):
+        raise ConfigError(f"malformed PostgreSQL store URL {url!r}",
+                          hint="use postgresql://[USER@]HOST[:PORT]/DB[?schema=NAME]")
+    try:
+        parts.port  # noqa: B018 - validates the port
+    except ValueError as exc:
+        raise ConfigError(f"malformed PostgreSQL store URL {url!r}: {exc}",
+                          hint="use postgresql://[USER@]HOST[:PORT]/DB[?schema=NAME]") from exc
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in query if k in _OUR_PARAMS}
+    rest = [(k, v) for k, v in query if k not in _OUR_PARAMS]
+    schema = ours.get("schema", DEFAULT_SCHEMA)
+    try:
+        postgres_schema.quote_schema(schema)
+    except ValueError as exc:
+        raise ConfigError(f"store URL {url!r}: {exc}", hint="e.g. ?schema=overnight") from exc
+    options: dict[str, int] = {}
+    for key in ("pool_max", "busy_timeout_ms"):
+        if key in ours:
+            try:
+                options[key] = int(ours[key])
+                if options[key] < 1:
+                    raise ValueError
+            except ValueError:
+                raise ConfigError(f"store URL {url!r}: {key} must be a positive integer") from None
+    conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(rest), ""))
+    return conninfo, schema, options
+
+
+class PostgresStore:
+    """:class:`~overnight.store.base.Store` in a PostgreSQL schema (see the module docstring).
+
+    Args:
+        url: ``postgresql://[USER[:PASSWORD]@]HOST[:PORT]/DB`` plus optional query parameters:
+            ``schema`` (default ``overnight``), ``pool_max`` (connections, default 10),
+            ``busy_timeout_ms`` (default 10000); any other parameter (``sslmode``, ...) goes to libpq.
+        connect_timeout_s: how long opening waits for the server.
+
+    Raises:
+        ConfigError: malformed URL, server unreachable, login refused, or no right to create the schema.
+        StoreVersionError: the schema was created by a newer overnight.
+    """
+
+    def __init__(self, url: str, *, connect_timeout_s: float = 10.0,
+                 _migrations: tuple[postgres_schema.Migration, ...] = postgres_schema.MIGRATIONS) -> None:
+        self.url = url
+        conninfo, self.schema, options = parse_url(url)
+        self.busy_timeout_ms = options.get("busy_timeout_ms", 10_000)
+        self._q = postgres_schema.quote_schema(self.schema)
+        self._closed = False
+        self._close_lock = threading.Lock()
+        where = self._where(conninfo)
+        try:
+            with psycopg.connect(conninfo, autocommit=True, connect_timeout=max(1, int(connect_timeout_s))) as conn:
+                postgres_schema.migrate(conn, self.schema, where=url, migrations=_migrations)
+        except psycopg.OperationalError as exc:
+            raise ConfigError(f"cannot connect to PostgreSQL at {where}: {str(exc).strip()}",
+                              hint="is the server running and the URL right? (user, host, port, database)") from exc
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise ConfigError(f"no right to create schema {self.schema!r} in {where}: {str(exc).strip()}",
+                              hint="grant CREATE on the database, or create the schema for this user") from exc
+        except psycopg.ProgrammingError as exc:
+            raise ConfigError(f"cannot open PostgreSQL store {url!r}: {str(exc).strip()}") from exc
+        self._pool = psycopg_pool.ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=options.get("pool_max", 10),
+            kwargs={"autocommit": True},
+            configure=self._configure,
+            check=psycopg_pool.ConnectionPool.check_connection,
+            timeout=self.busy_timeout_ms / 1000,
+            name=f"overnight:{self.schema}",
+            open=False,
+        )
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout_s)
+        except psycopg_pool.PoolTimeout as exc:
+            self._pool.close()
+            raise ConfigError(f"cannot open a connection pool to {where}", hint="is the server overloaded?") from exc
+
+    @staticmethod
+    def _where(conninfo: str) -> str:
+        p = urlsplit(conninfo)
+        return f"{p.hostname or 'localhost'}:{p.port or 5432}{p.path or ''}"
+
+    def _configure(self, conn: psycopg.Connection) -> None:
+        conn.execute(f"SET lock_timeout = {int(self.busy_timeout_ms)}")
+        conn.execute("SET synchronous_commit = on")
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _sql(self, text: str) -> str:
+        return text.replace("{s}", self._q)
+
+    @contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection]:
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except psycopg_pool.PoolTimeout as exc:
+            raise StoreBusy(f"no free connection to {self.url} within {self.busy_timeout_ms} ms",
+                            hint="raise ?pool_max=N, or reduce concurrent writers") from exc
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
+            raise StoreBusy(f"{self.url}: a row stayed locked by another writer for {self.busy_timeout_ms} ms",
+                            hint="another overnight process is committing to this branch; retry") from exc
+
+    @contextmanager
+    def _tx(self) -> Iterator[psycopg.Cursor]:
+        with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
+            yield cur
+
+    def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._conn() as conn:
+            return conn.execute(self._sql(sql), args).fetchall()
+
+    @staticmethod
+    def _require_text(what: str, value: str | None, checkpoint_id: str | None = None) -> None:
+        if not _text_safe(value):
+            raise SchemaError(f"{what} {value!r} is not a digest (it holds U+0000 or a lone surrogate)",
+                              checkpoint_id=checkpoint_id if _text_safe(checkpoint_id) else None,
+                              hint="digests and checkpoint ids are 'sha256:' + 64 hex digits")
+
+    # -- objects ----------------------------------------------------------------------------
+
+    def missing_objects(self, digests: Iterable[str]) -> set[str]:
+        wanted = list(dict.fromkeys(digests))
+        safe = [d for d in wanted if _text_safe(d)]
+        present = {r[0] for r in self._read("SELECT digest FROM {s}.objects WHERE digest = ANY(%s)", (safe,))}
+        return set(wanted) - present
+
+    def get_objects(self, digests: Iterable[str]) -> dict[str, ObjectRecord]:
+        safe = [d for d in dict.fromkeys(digests) if _text_safe(d)]
+        rows = self._read("SELECT digest, kind, size, codec, data FROM {s}.objects WHERE digest = ANY(%s)", (safe,))
+        return {r[0]: ObjectRecord(r[0], r[1], r[2], r[3], bytes(r[4])) for r in rows}
+
+    def _insert_objects(self, cur: psycopg.Cursor, objects: Iterable[ObjectRecord]) -> int:
+        """Insert the objects not stored yet (first digest wins); returns the ``data`` bytes inserted."""
+        first: dict[str, ObjectRecord] = {}
+        for o in objects:
+            self._require_text("object digest", o.digest)
+            first.setdefault(o.digest, o)
+        if not first:
+            return 0
+        objs = list(first.values())
+        cur.execute(
+            self._sql("INSERT INTO {s}.objects (digest, kind, size, codec, data) "
+                      "SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::bytea[]) "
+                      "ON CONFLICT (digest) DO NOTHING RETURNING digest"),
+            ([o.digest for o in objs], [o.kind for o in objs], [o.size for o in objs], [o.codec for o in objs],
+             [o.data for o in objs]),
+        )
+        inserted = {r[0] for r in cur.fetchall()}
+        return sum(len(first[d].data) for d in inserted)
+
+    def put_objects(self, objects: Iterable[ObjectRecord]) -> None:
+        objects = list(objects)
+        if objects:
+            with self._tx() as cur:
+                self._insert_objects(cur, objects)
+
+    # -- checkpoints and refs ---------------------------------------------------------------
+
+    def commit(self, commit: Commit) -> int:
+        cp = commit.checkpoint
+        self._require_text("checkpoint id", cp.checkpoint_id)
+        self._require_text("parent id", cp.parent_id, cp.checkpoint_id)
+        self._require_text("signature", cp.signature, cp.checkpoint_id)
+        for j in commit.journal:
+            self._require_text("journal checkpoint id", j.checkpoint_id, cp.checkpoint_id)
+            self._require_text("step key", j.step_key, cp.checkpoint_id)
+        if not _text_safe(commit.expected_head):  # no stored ref can name it: the head is not that
+            raise StaleHead(f"branch {cp.branch!r} moved: expected head {commit.expected_head!r}, "
+                            f"found {self.get_ref(cp.task_id, cp.branch)}", task_id=cp.task_id,
+                            hint="reload the head and retry")
+        with self._tx() as cur:
+            if commit.lease is not None:
+                self._check_lease(cur, commit.lease)
+            self._cas_ref(cur, cp.task_id, cp.branch, cp.checkpoint_id, commit.expected_head)
+            if commit.task is not None:
+                t = commit.task
+                cur.execute(self._sql("INSERT INTO {s}.tasks VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"),
+                            (_b(t.task_id), _b(t.created_at), _b(t.goal), _b(t.entry), t.spec))
+            added = len(cp.body) + self._insert_objects(cur, commit.objects)
+            cur.execute(
+                self._sql("INSERT INTO {s}.checkpoints VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                          "ON CONFLICT DO NOTHING"),
+                (cp.checkpoint_id, _b(cp.task_id), cp.parent_id, _b(cp.branch), cp.seq, _b(cp.created_at),
+                 _b(cp.session), _b(cp.event), _b(cp.step), cp.body, cp.signature, added),
+            )
+            if commit.journal:
+                cur.executemany(
+                    self._sql("INSERT INTO {s}.journal VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING"),
+                    [(_b(j.task_id), j.checkpoint_id, j.seq, j.step_key, _b(j.step_name), _b(j.session),
+                      _b(j.started_at), j.duration_ms, j.tokens_in, j.tokens_out) for j in commit.journal],
+                )
+        return added
+
+    def _cas_ref(self, cur: psycopg.Cursor, task_id: str, branch: str, new: str | None, expected: str | None) -> None:
+        """Move ``task_id/branch`` from ``expected`` to ``new`` (None deletes), or raise StaleHead."""
+        key = (_b(task_id), _b(branch))
+        if expected is not None:
+            if new is None:
+                cur.execute(self._sql("DELETE FROM {s}.refs WHERE task_id=%s AND branch=%s AND checkpoint_id=%s"),
+                            (*key, expected))
+            else:
+                cur.execute(self._sql("UPDATE {s}.refs SET checkpoint_id=%s, updated_at_ms=%s "
+                                      "WHERE task_id=%s AND branch=%s AND checkpoint_id=%s"),
+                            (new, now_ms(), *key, expected))
+            if cur.rowcount == 1:
+                return
+        elif new is not None:
+            cur.execute(self._sql("INSERT INTO {s}.refs VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"),
+                        (*key, new, now_ms()))
+            if cur.rowcount == 1:
+                return
+        cur.execute(self._sql("SELECT checkpoint_id FROM {s}.refs WHERE task_id=%s AND branch=%s"), key)
+        row = cur.fetchone()
+        current = row[0] if row else None
+        if current == expected:  # only for new=None, expected=None: nothing to do
+            return
+        raise StaleHead(
+            f"branch {branch!r} moved: expected head {expected}, found {current}",
+            task_id=task_id,
+            hint="another writer advanced this branch; reload the head and retry",
+        )
+
+    @staticmethod
+    def _row(r: tuple) -> CheckpointRow:
+        return CheckpointRow(r[0], _s(r[1]), r[2], _s(r[3]), r[4], _s(r[5]), _s(r[6]), _s(r[7]), _s(r[8]),
+                             bytes(r[9]), r[10], r[11])
+
+    def get_checkpoint(self, checkpoint_id: str) -> CheckpointRow:
+        rows = self._read("SELECT * FROM {s}.checkpoints WHERE checkpoint_id=%s", (checkpoint_id,)) \
+            if _text_safe(checkpoint_id) else []
+        if not rows:
+            raise CheckpointNotFound(f"no checkpoint {checkpoint_id} in {self.url}", checkpoint_id=checkpoint_id)
+        return self._row(rows[0])
+
+    def list_checkpoints(self, task_id: str) -> list[CheckpointRow]:
+        rows = self._read("SELECT * FROM {s}.checkpoints WHERE task_id=%s ORDER BY seq, created_at, checkpoint_id",
+                          (_b(task_id),))
+        return [self._row(r) for r in rows]
+
+    def get_ref(self, task_id: str, branch: str) -> str | None:
+        rows = self._read("SELECT checkpoint_id FROM {s}.refs WHERE task_id=%s AND branch=%s", (_b(task_id), _b(branch)))
+        return rows[0][0] if rows else None
+
+    def list_refs(self, task_id: str) -> dict[str, str]:
+        rows = self._read("SELECT branch, checkpoint_id FROM {s}.refs WHERE task_id=%s ORDER BY branch", (_b(task_id),))
+        return {_s(r[0]): r[1] for r in rows}
+
+    def set_ref(self, task_id: str, branch: str, new: str | None, expected: str | None) -> None:
+        self._require_text("checkpoint id", new)
+        if not _text_safe(expected):  # no stored ref can hold it
+            raise StaleHead(f"branch {branch!r} moved: expected head {expected!r}, found {self.get_ref(task_id, branch)}",
+                            task_id=task_id, hint="reload the head and retry")
+        with self._tx() as cur:
+            self._cas_ref(cur, task_id, branch, new, expected)
+
+    # -- tasks and journal ------------------------------------------------------------------
+
+    def get_task(self, task_id: str) -> TaskRow:
+        rows = self._read("SELECT task_id, created_at, goal, entry, spec FROM {s}.tasks WHERE task_id=%s", (_b(task_id),))
+        if not rows:
+            raise TaskNotFound(f"no task {task_id!r} in {self.url}", task_id=task_id, hint="`overnight ls` lists the tasks")
+        r = rows[0]
+        return TaskRow(_s(r[0]), _s(r[1]), _s(r[2]), _s(r[3]), bytes(r[4]))
+
+    def list_tasks(self) -> list[TaskRow]:
+        rows = self._read("SELECT task_id, created_at, goal, entry, spec FROM {s}.tasks ORDER BY created_at, task_id")
+        return [TaskRow(_s(r[0]), _s(r[1]), _s(r[2]), _s(r[3]), bytes(r[4])) for r in rows]
+
+    def journal(self, task_id: str) -> list[JournalRow]:
+        rows = self._read("SELECT * FROM {s}.journal WHERE task_id=%s ORDER BY seq", (_b(task_id),))
+        return [JournalRow(_s(r[0]), r[1], r[2], r[3], _s(r[4]), _s(r[5]), _s(r[6]), r[7], r[8], r[9]) for r in rows]
+
+    # -- leases -----------------------------------------------------------------------------
+
+    def _check_lease(self, cur: psycopg.Cursor, lease: Lease) -> None:
+        """Inside a commit: the lease row, read FOR SHARE, must still name this holder and token."""
+        cur.execute(self._sql("SELECT holder_id, token, holder FROM {s}.leases WHERE task_id=%s AND branch=%s FOR SHARE"),
+                    (_b(lease.task_id), _b(lease.branch)))
+        row = cur.fetchone()
+        if row is None or _s(row[0]) != lease.holder_id or row[1] != lease.token:
+            who = describe_holder(_s(row[2])) if row is not None and row[0] else "nobody"
+            raise LeaseLost(
+                f"lease on branch {lease.branch!r} was taken over (now held by {who})",
+                task_id=lease.task_id,
+                hint="this process stalled past its lease TTL; the other holder continues the task",
+            )
+
+    def acquire_lease(self, task_id: str, branch: str, holder_id: str, holder: str, ttl_ms: int) -> Lease:
+        key = (_b(task_id), _b(branch))
+        with self._tx() as cur:
+            # the row exists from the first acquisition on (a released lease keeps its token)
+            cur.execute(self._sql("INSERT INTO {s}.leases VALUES (%s, %s, '', '', 0, 0) ON CONFLICT DO NOTHING"), key)
+            cur.execute(self._sql("SELECT holder_id, holder, token, expires_at_ms FROM {s}.leases "
+                                  "WHERE task_id=%s AND branch=%s FOR UPDATE"), key)
+            cur_holder_id, cur_holder, token, expires = cur.fetchone()
+            cur_holder_id, cur_holder = _s(cur_holder_id), _s(cur_holder)
+            now = now_ms()
+            if cur_holder_id not in ("", holder_id) and not can_take_over(cur_holder, expires, now):
+                raise TaskBusy(
+                    f"task {task_id!r} is busy (held by {describe_holder(cur_holder)}, "
+                    f"lease expires in {(expires - now) / 1000:.0f} s)",
+                    task_id=task_id,
+                    holder=describe_holder(cur_holder),
+                    hint="wait for that run to finish, or stop it (Ctrl-C / kill) and resume",
+                )
+            cur.execute(self._sql("UPDATE {s}.leases SET holder_id=%s, holder=%s, token=%s, expires_at_ms=%s "
+                                  "WHERE task_id=%s AND branch=%s"),
+                        (_b(holder_id), _b(holder), token + 1, now + ttl_ms, *key))
+        return Lease(task_id, branch, holder_id, holder, token + 1, now + ttl_ms)
+
+    def renew_lease(self, lease: Lease, ttl_ms: int) -> Lease:
+        expires = now_ms() + ttl_ms
+        with self._tx() as cur:
+            self._check_lease(cur, lease)
+            cur.execute(self._sql("UPDATE {s}.leases SET expires_at_ms=%s WHERE task_id=%s AND branch=%s"),
+                        (expires, _b(lease.task_id), _b(lease.branch)))
+        return Lease(lease.task_id, lease.branch, lease.holder_id, lease.holder, lease.token, expires)
+
+    def release_lease(self, lease: Lease) -> None:
+        with self._tx() as cur:
+            cur.execute(self._sql("UPDATE {s}.leases SET holder_id='', holder='', expires_at_ms=0 "
+                                  "WHERE task_id=%s AND branch=%s AND holder_id=%s AND token=%s"),
+                        (_b(lease.task_id), _b(lease.branch), _b(lease.holder_id), lease.token))
+
+    # -- housekeeping -----------------------------------------------------------------------
+
+    def stored_bytes(self) -> int:
+        """Bytes of the schema's tables with their TOAST data and indexes (``pg_total_relation_size``)."""
+        rows = self._read(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'",
+            (self.schema,),
+        )
+        return int(rows[0][0])
+
+    def close(self) -> None:
+        with self._close_lock:
+            if not self._closed:
+                self._closed = True
+                self._pool.close()
+
+    def __enter__(self) -> "PostgresStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.url!r})"

@@ -1,0 +1,197 @@
+"""PostgreSQL schema versions: the migrations list and the migrator (spec: ``docs/FORMAT.md``).
+
+Like LangGraph's ``PostgresSaver.MIGRATIONS``, the schema is an append-only list: migration *n*
+brings a store from version *n - 1* to *n*, and the versions applied are rows of a ledger table,
+``overnight_schema``. Unlike it, :func:`migrate`
+
+* runs every pending migration **in one transaction holding** ``pg_advisory_xact_lock`` (a lock
+  per schema), so processes opening a new store at once do not race: the first one migrates, the
+  others wait and then find nothing left to do; a migration that fails rolls back entirely
+  (PostgreSQL DDL is transactional) and leaves the store at its previous version;
+* **refuses a store whose version is newer** than the newest migration this code knows
+  (:class:`~overnight.errors.StoreVersionError`) instead of running against a schema it does not
+  understand;
+* checks the list itself: versions are 1, 2, 3, ... and no statement uses ``CONCURRENTLY``
+  (``CREATE INDEX CONCURRENTLY`` cannot run inside a transaction; a new index on a large existing
+  table is created by the operator, out of band, before an upgrade that relies on it).
+
+Never edit a released migration: append a new one.
+
+Text the caller controls (task ids, goals, branch and step names, sessions, events, timestamps,
+holder JSON) is stored as ``bytea`` holding UTF-8 (lone surrogates passed through), because
+PostgreSQL ``text`` can hold neither U+0000 nor a lone surrogate. ``bytea`` compares byte-wise,
+which is the order SQLite's ``BINARY`` collation gives, so listings sort the same on both.
+Digests and checkpoint ids (``sha256:`` + hex, which the store checks) stay ``text COLLATE "C"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from overnight.errors import StoreVersionError
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema version.
+
+    Attributes:
+        version: the version the schema has after this migration (1, 2, ...).
+        description: one line, stored in the ledger.
+        statements: SQL statements; ``{s}`` stands for the quoted schema name.
+    """
+
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "objects, tasks, checkpoints, refs, journal, leases", (
+        """CREATE TABLE {s}.objects (
+            digest text COLLATE "C" PRIMARY KEY,
+            kind   text COLLATE "C" NOT NULL,
+            size   bigint NOT NULL,
+            codec  text COLLATE "C" NOT NULL,
+            data   bytea NOT NULL
+        )""",
+        # payloads are zstd frames or incompressible: do not let TOAST try pglz on them again
+        "ALTER TABLE {s}.objects ALTER COLUMN data SET STORAGE EXTERNAL",
+        """CREATE TABLE {s}.tasks (
+            task_id    bytea PRIMARY KEY,
+            created_at bytea NOT NULL,
+            goal       bytea NOT NULL,
+            entry      bytea,
+            spec       bytea NOT NULL
+        )""",
+        """CREATE TABLE {s}.checkpoints (
+            checkpoint_id text COLLATE "C" PRIMARY KEY,
+            task_id       bytea NOT NULL,
+            parent_id     text COLLATE "C",
+            branch        bytea NOT NULL,
+            seq           bigint NOT NULL,
+            created_at    bytea NOT NULL,
+            session       bytea NOT NULL,
+            event         bytea NOT NULL,
+            step          bytea,
+            body          bytea NOT NULL,
+            signature     text COLLATE "C",
+            stored_bytes  bigint NOT NULL
+        )""",
+        "CREATE INDEX checkpoints_task ON {s}.checkpoints (task_id, seq)",
+        """CREATE TABLE {s}.refs (
+            task_id       bytea NOT NULL,
+            branch        bytea NOT NULL,
+            checkpoint_id text COLLATE "C" NOT NULL,
+            updated_at_ms bigint NOT NULL,
+            PRIMARY KEY (task_id, branch)
+        )""",
+        """CREATE TABLE {s}.journal (
+            task_id       bytea NOT NULL,
+            checkpoint_id text COLLATE "C" NOT NULL,
+            seq           bigint NOT NULL,
+            step_key      text COLLATE "C" NOT NULL,
+            step_name     bytea NOT NULL,
+            session       bytea NOT NULL,
+            started_at    bytea NOT NULL,
+            duration_ms   double precision NOT NULL,
+            tokens_in     bigint NOT NULL,
+            tokens_out    bigint NOT NULL,
+            PRIMARY KEY (checkpoint_id, step_key)
+        )""",
+        "CREATE INDEX journal_task ON {s}.journal (task_id, seq)",
+        """CREATE TABLE {s}.leases (
+            task_id       bytea NOT NULL,
+            branch        bytea NOT NULL,
+            holder_id     bytea NOT NULL,
+            holder        bytea NOT NULL,
+            token         bigint NOT NULL,
+            expires_at_ms bigint NOT NULL,
+            PRIMARY KEY (task_id, branch)
+        )""",
+    )),
+)
+
+_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def quote_schema(schema: str) -> str:
+    """``"schema"``; raises ValueError unless it is a plain identifier of at most 63 characters."""
+    if not _SCHEMA_NAME.match(schema):
+        raise ValueError(f"schema name {schema!r} must be letters, digits and _ (at most 63, not starting with a digit)")
+    return f'"{schema}"'
+
+
+def check_migrations(migrations: tuple[Migration, ...]) -> int:
+    """Validate the list (versions 1..n in order, no ``CONCURRENTLY``); returns n.
+
+    Raises:
+        ValueError: the list is malformed.
+    """
+    for i, m in enumerate(migrations, start=1):
+        if m.version != i:
+            raise ValueError(f"migration #{i} has version {m.version}; versions must be 1, 2, 3, ...")
+        for statement in m.statements:
+            if re.search(r"\bCONCURRENTLY\b", statement, re.IGNORECASE):
+                raise ValueError(f"migration {m.version} uses CONCURRENTLY, which cannot run inside the "
+                                 "migration transaction")
+    return len(migrations)
+
+
+def lock_key(schema: str) -> int:
+    """The ``pg_advisory_xact_lock`` key of a schema's migrations (a signed 64-bit int)."""
+    return int.from_bytes(hashlib.sha256(f"overnight.migrate:{schema}".encode()).digest()[:8], "big", signed=True)
+
+
+def _too_new(where: str, found: int, known: int) -> StoreVersionError:
+    return StoreVersionError(
+        f"store {where} has schema version {found}, written by a newer overnight (this one knows up to {known})",
+        hint="upgrade overnight (pip install -U overnight) to open this store",
+    )
+
+
+def current_version(conn, schema: str) -> int:
+    """The schema's version (0 when it has no ledger yet). ``conn`` is in autocommit mode."""
+    ledger = f"{quote_schema(schema)}.overnight_schema"
+    row = conn.execute("SELECT to_regclass(%s)", (ledger,)).fetchone()
+    if row is None or row[0] is None:
+        return 0
+    return conn.execute(f"SELECT coalesce(max(version), 0) FROM {ledger}").fetchone()[0]
+
+
+def migrate(conn, schema: str, *, where: str, migrations: tuple[Migration, ...] = MIGRATIONS) -> int:
+    """Bring ``schema`` to the newest version in ``migrations``; returns that version.
+
+    ``conn`` is a psycopg connection in autocommit mode. Safe to call from many processes at once
+    and to call again: an up-to-date schema costs two queries and takes no lock.
+
+    Raises:
+        StoreVersionError: the schema is newer than ``migrations`` (``where`` names the store).
+        psycopg.Error: a migration failed (everything it did is rolled back).
+    """
+    latest = check_migrations(migrations)
+    found = current_version(conn, schema)
+    if found == latest:
+        return latest
+    if found > latest:
+        raise _too_new(where, found, latest)
+    q = quote_schema(schema)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(schema),))
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {q}")
+        conn.execute(f"""CREATE TABLE IF NOT EXISTS {q}.overnight_schema (
+            version     integer PRIMARY KEY,
+            description text NOT NULL,
+            applied_at  timestamptz NOT NULL DEFAULT now()
+        )""")
+        found = conn.execute(f"SELECT coalesce(max(version), 0) FROM {q}.overnight_schema").fetchone()[0]
+        if found > latest:
+            raise _too_new(where, found, latest)
+        for m in migrations[found:]:
+            for statement in m.statements:
+                conn.execute(statement.replace("{s}", q))
+            conn.execute(f"INSERT INTO {q}.overnight_schema (version, description) VALUES (%s, %s)",
+                         (m.version, m.description))
+    return latest

@@ -1,0 +1,347 @@
+"""S3 backend: ``s3://BUCKET/PREFIX`` on AWS S3 or any S3-compatible server (boto3).
+
+Options (URL query): ``endpoint_url=http://127.0.0.1:9000`` (else ``$OVERNIGHT_S3_ENDPOINT_URL``,
+else AWS), ``region=NAME`` (else ``$AWS_REGION`` / ``$AWS_DEFAULT_REGION``, else ``us-east-1``),
+``conditional_writes=auto|require|off`` (default ``auto``). Credentials come from the usual AWS
+sources (environment, profile, instance role). The bucket must exist.
+
+The layout is :mod:`overnight.store.layout` (one S3 object per record, under ``PREFIX/``); the
+algorithm is :class:`~overnight.store.keyed.KeyedStore`. This module supplies its two write
+primitives:
+
+* **write once** (objects, checkpoints, task records, index entries): ``PutObject`` with
+  ``If-None-Match: *``; a 412 means the key exists (the first bytes win). Objects larger than
+  8 MiB go up as a multipart upload of 8 MiB parts whose ``CompleteMultipartUpload`` carries the
+  same condition.
+* **compare-and-swap** (refs, leases): ``PutObject`` with ``If-Match: <ETag read>`` (or
+  ``If-None-Match: *`` for a new key); a 412 (or 409, a concurrent conditional write) means another
+  writer got there first.
+
+**Guarantees, by server.** When the store opens, it probes the server once per endpoint and bucket
+(a throw-away key under ``PREFIX/.overnight-probe/``): a second ``PutObject`` with ``If-None-Match: *``
+must be refused, and one with a wrong ``If-Match`` too. A server that refuses both, as AWS S3 has
+since 2024 (and moto, MinIO, Cloudflare R2), gives the full ``Store`` contract: refs and leases move
+by atomic compare-and-swap, so two processes -- on any machines -- never both advance a branch from
+the same head, and a process that lost its lease cannot commit (fencing).
+
+A server that ignores or rejects the headers (many older S3 clones silently ignore them) runs in
+*fallback* mode, with a warning (``conditional_writes=require`` refuses to open instead):
+
+* objects and records are still written once: ``HeadObject``, then ``PutObject`` only if absent
+  (two writers racing on one new digest both write it -- the same bytes, content-addressed);
+* ref and lease updates are compare-then-write, serialized **within one process** by a lock per
+  key, so the threads of one process never fork a branch;
+* **across processes there is no compare-and-swap**: two processes that commit to one branch at the
+  same instant may both succeed, and the later write wins the ref (the other checkpoint stays
+  stored and verifiable, off the branch); two processes may both take an expired lease. Use such a
+  server with one writer process per task at a time, or use ``postgresql://`` as the coordinator.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+import uuid
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable
+from urllib.parse import parse_qsl, urlsplit
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from overnight.errors import ConfigError
+from overnight.store.keyed import KeyedStore
+
+MULTIPART_THRESHOLD = 8 * 1024 * 1024  # objects larger than this go up in parts
+PART_SIZE = 8 * 1024 * 1024
+_MODES = ("auto", "require", "off")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+_CONFLICT = (409, 412)
+_CONFIG_CODES = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                 "InvalidBucketName", "AllAccessDisabled", "PermanentRedirect", "AuthorizationHeaderMalformed"}
+
+_session: Any = None
+_session_lock = threading.Lock()
+# (endpoint, bucket) -> (supported, reason): the probe runs once per process
+_probed: dict[tuple[str | None, str], tuple[bool, str]] = {}
+_probed_lock = threading.Lock()
+# fallback mode: one lock per (endpoint, bucket, key), shared by every store of this process
+_key_locks: dict[tuple[str | None, str, str], threading.Lock] = {}
+_key_locks_guard = threading.Lock()
+
+
+def _status(exc: botocore.exceptions.ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def _code(exc: botocore.exceptions.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def parse_url(url: str) -> dict[str, Any]:
+    """``{bucket, prefix, endpoint_url, region, mode}`` from ``s3://BUCKET/PREFIX?...``; raises ConfigError."""
+    parts = urlsplit(url)
+    usage = "use s3://BUCKET[/PREFIX][?endpoint_url=URL&region=NAME&conditional_writes=auto|require|off]"
+    bucket = parts.netloc
+    if parts.scheme != "s3" or not _BUCKET.match(bucket or "") or ".." in bucket:
+        raise ConfigError(f"malformed S3 store URL {url!r}: bucket {bucket!r} is not a valid bucket name", hint=usage)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = set(query) - {"endpoint_url", "region", "conditional_writes"}
+    if unknown:
+        raise ConfigError(f"S3 store URL {url!r} has unknown option(s) {sorted(unknown)}", hint=usage)
+    mode = query.get("conditional_writes", "auto")
+    if mode not in _MODES:
+        raise ConfigError(f"S3 store URL {url!r}: conditional_writes must be one of {', '.join(_MODES)}", hint=usage)
+    endpoint = query.get("endpoint_url") or os.environ.get("OVERNIGHT_S3_ENDPOINT_URL") or None
+    if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):
+        raise ConfigError(f"S3 endpoint {endpoint!r} must be an http:// or https:// URL", hint=usage)
+    prefix = parts.path.strip("/")
+    if "//" in prefix:
+        raise ConfigError(f"S3 store URL {url!r}: the prefix has an empty path segment", hint=usage)
+    region = query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return {"bucket": bucket, "prefix": prefix + "/" if prefix else "", "endpoint_url": endpoint,
+            "region": region, "mode": mode}
+
+
+def probe_conditional_writes(client: Any, bucket: str, prefix: str) -> tuple[bool, str]:
+    """Does the server honour ``If-None-Match: *`` and ``If-Match`` on PutObject? ``(yes, why)``.
+
+    Writes, overwrites and deletes one throw-away key under ``PREFIX/.overnight-probe/``.
+    """
+    key = f"{prefix}.overnight-probe/{uuid.uuid4().hex}"
+    client.put_object(Bucket=bucket, Key=key, Body=b"probe")
+    try:
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=b"probe-2", IfNoneMatch="*")
+            return False, "the server accepted If-None-Match: * on an existing key (it ignores the header)"
+        except botocore.exceptions.ClientError as exc:
+            if _status(exc) not in _CONFLICT:
+                return False, f"the server refused If-None-Match: * ({_code(exc) or _status(exc)})"
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=b"probe-3", IfMatch='"' + "0" * 32 + '"')
+            return False, "the server accepted a wrong If-Match ETag (it ignores the header)"
+        except botocore.exceptions.ClientError as exc:
+            if _status(exc) not in _CONFLICT:
+                return False, f"the server refused If-Match ({_code(exc) or _status(exc)})"
+        return True, "PutObject honours If-None-Match and If-Match"
+    finally:
+        client.delete_object(Bucket=bucket, Key=key)
+
+
+class S3Container:
+    """A bucket prefix as a :class:`~overnight.store.keyed.Container` (see the module docstring).
+
+    Args:
+        client: a boto3 S3 client.
+        bucket, prefix: where the store lives (``prefix`` is empty or ends with ``/``).
+        conditional: use conditional writes (True) or the fallback (False).
+        endpoint: the endpoint URL, to share fallback locks between stores on one server.
+    """
+
+    def __init__(self, client: Any, bucket: str, prefix: str, *, conditional: bool, endpoint: str | None) -> None:
+        self.client, self.bucket, self.prefix = client, bucket, prefix
+        self.conditional = conditional
+        self.endpoint = endpoint
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="overnight-s3")
+
+    def _call(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        """Call the client, turning configuration problems into :class:`ConfigError`."""
+        try:
+            return fn(Bucket=self.bucket, **kwargs)
+        except botocore.exceptions.ClientError as exc:
+            if _code(exc) in _CONFIG_CODES:
+                raise ConfigError(f"S3 bucket {self.bucket!r}: {_code(exc)}: {exc.response['Error'].get('Message', '')}",
+                                  hint="check the bucket name, that it exists, and the AWS credentials") from exc
+            raise
+        except botocore.exceptions.NoCredentialsError as exc:
+            raise ConfigError("no AWS credentials found for the S3 store",
+                              hint="set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or AWS_PROFILE") from exc
+        except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError) as exc:
+            raise ConfigError(f"cannot reach the S3 endpoint: {exc}",
+                              hint="check endpoint_url / OVERNIGHT_S3_ENDPOINT_URL and that the server runs") from exc
+
+    def _key(self, key: str) -> str:
+        return self.prefix + key
+
+    def _lock(self, key: str) -> threading.Lock:
+        with _key_locks_guard:
+            return _key_locks.setdefault((self.endpoint, self.bucket, self._key(key)), threading.Lock())
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def read(self, key: str) -> tuple[bytes, str] | None:
+        try:
+            r = self._call(self.client.get_object, Key=self._key(key))
+        except botocore.exceptions.ClientError as exc:
+            if _status(exc) == 404:
+                return None
+            raise
+        with r["Body"] as body:
+            return body.read(), r["ETag"]
+
+    def _map(self, fn: Callable[[str], Any], keys: list[str]) -> list[Any]:
+        return list(self._pool.map(fn, keys)) if len(keys) > 1 else [fn(k) for k in keys]
+
+    def read_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        keys = list(dict.fromkeys(keys))
+        return {k: got[0] for k, got in zip(keys, self._map(self.read, keys)) if got is not None}
+
+    def _etag(self, key: str) -> str | None:
+        try:
+            return self._call(self.client.head_object, Key=self._key(key))["ETag"]
+        except botocore.exceptions.ClientError as exc:
+            if _status(exc) == 404:
+                return None
+            raise
+
+    def exists_many(self, keys: Iterable[str]) -> set[str]:
+        keys = list(dict.fromkeys(keys))
+        return {k for k, etag in zip(keys, self._map(self._etag, keys)) if etag is not None}
+
+    def list(self, prefix: str) -> list[str]:
+        full = self._key(prefix + "/" if prefix else "")
+        names = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full, Delimiter="/"):
+            names.extend(p["Prefix"][len(full):].rstrip("/") for p in page.get("CommonPrefixes", []))
+            names.extend(o["Key"][len(full):] for o in page.get("Contents", []))
+        return sorted(n for n in names if n)
+
+    def size(self) -> int:
+        total = 0
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
+            total += sum(o["Size"] for o in page.get("Contents", []))
+        return total
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def _put(self, key: str, data: bytes, **condition: str) -> str | None:
+        """PutObject (multipart above the threshold); None when the condition failed."""
+        if len(data) > MULTIPART_THRESHOLD:
+            return self._put_multipart(key, data, **condition)
+        for attempt in range(20):
+            try:
+                return self._call(self.client.put_object, Key=self._key(key), Body=data, **condition)["ETag"]
+            except botocore.exceptions.ClientError as exc:
+                if _status(exc) == 409 and "IfNoneMatch" in condition and attempt < 19:
+                    time.sleep(0.005 * (attempt + 1))  # another conditional write in flight: see who wins
+                    continue
+                if _status(exc) in _CONFLICT or (_status(exc) == 404 and "IfMatch" in condition):
+                    return None
+                raise
+        return None  # pragma: no cover
+
+    def _put_multipart(self, key: str, data: bytes, **condition: str) -> str | None:
+        full = self._key(key)
+        upload = self._call(self.client.create_multipart_upload, Key=full)["UploadId"]
+        try:
+            parts = []
+            for number, offset in enumerate(range(0, len(data), PART_SIZE), start=1):
+                r = self._call(self.client.upload_part, Key=full, UploadId=upload, PartNumber=number,
+                               Body=data[offset : offset + PART_SIZE])
+                parts.append({"ETag": r["ETag"], "PartNumber": number})
+            r = self._call(self.client.complete_multipart_upload, Key=full, UploadId=upload,
+                           MultipartUpload={"Parts": parts}, **condition)
+            return r["ETag"]
+        except botocore.exceptions.ClientError as exc:
+            self._abort(full, upload)
+            if _status(exc) in _CONFLICT:
+                return None
+            raise
+        except BaseException:
+            self._abort(full, upload)
+            raise
+
+    def _abort(self, full: str, upload: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload)
+        except botocore.exceptions.BotoCoreError:
+            pass
+        except botocore.exceptions.ClientError:
+            pass
+
+    def _create(self, key: str, data: bytes) -> bool:
+        if self.conditional:
+            return self._put(key, data, IfNoneMatch="*") is not None
+        if self._etag(key) is not None:
+            return False
+        self._put(key, data)
+        return True
+
+    def create_many(self, items: dict[str, bytes]) -> set[str]:
+        keys = list(items)
+        done = self._map(lambda k: self._create(k, items[k]), keys)
+        return {k for k, created in zip(keys, done) if created}
+
+    def swap(self, key: str, data: bytes, expected: str | None) -> str | None:
+        if self.conditional:
+            return self._put(key, data, **({"IfMatch": expected} if expected is not None else {"IfNoneMatch": "*"}))
+        with self._lock(key):  # fallback: atomic within this process only (see the module docstring)
+            if self._etag(key) != expected:
+                return None
+            return self._put(key, data)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class S3Store(KeyedStore):
+    """:class:`~overnight.store.base.Store` under an S3 bucket prefix (see the module docstring).
+
+    Args:
+        url: ``s3://BUCKET[/PREFIX][?endpoint_url=URL&region=NAME&conditional_writes=auto|require|off]``.
+
+    Attributes:
+        conditional_writes: True when refs and leases move by atomic compare-and-swap on the
+            server; False in fallback mode (single writer process per task; see the module docstring).
+        conditional_writes_reason: what the probe found (or ``"conditional_writes=off"``).
+
+    Raises:
+        ConfigError: malformed URL, missing bucket, bad credentials, unreachable endpoint, a prefix
+            holding something else, or ``conditional_writes=require`` on a server without them.
+        StoreVersionError: the store was written by a newer overnight.
+    """
+
+    def __init__(self, url: str) -> None:
+        opts = parse_url(url)
+        self.bucket, self.prefix, self.endpoint_url = opts["bucket"], opts["prefix"], opts["endpoint_url"]
+        config = botocore.config.Config(
+            max_pool_connections=32,
+            retries={"mode": "standard", "max_attempts": 5},
+            s3={"addressing_style": "path"} if self.endpoint_url else None,
+        )
+        with _session_lock:  # one session per process: its service model loads once (boto3 sessions
+            global _session  # are not thread-safe, the clients they make are)
+            if _session is None:
+                _session = boto3.session.Session()
+            client = _session.client("s3", endpoint_url=self.endpoint_url, region_name=opts["region"], config=config)
+        container = S3Container(client, self.bucket, self.prefix, conditional=False, endpoint=self.endpoint_url)
+        try:
+            if opts["mode"] == "off":
+                self.conditional_writes, self.conditional_writes_reason = False, "conditional_writes=off"
+            else:
+                self.conditional_writes, self.conditional_writes_reason = self._probe(container)
+                if not self.conditional_writes:
+                    message = (f"S3 server for {url!r} does not support conditional writes "
+                               f"({self.conditional_writes_reason})")
+                    if opts["mode"] == "require":
+                        raise ConfigError(message, hint="use a server with If-None-Match/If-Match on PutObject, "
+                                                        "or conditional_writes=auto to accept the fallback")
+                    warnings.warn(message + ": refs and leases are compare-and-swap only within one process; "
+                                  "run one writer process per task", RuntimeWarning, stacklevel=3)
+            container.conditional = self.conditional_writes
+            super().__init__(container, url)
+        except BaseException:
+            container.close()
+            raise
+
+    def _probe(self, container: S3Container) -> tuple[bool, str]:
+        key = (self.endpoint_url, self.bucket)
+        with _probed_lock:
+            if key not in _probed:
+                _probed[key] = container._call(lambda Bucket: probe_conditional_writes(container.client, Bucket,
+                                                                                       self.prefix))
+            return _probed[key]

@@ -1,0 +1,176 @@
+"""PostgreSQL backend specifics: versioned migrations, upgrades, NUL-safe columns, URLs, errors.
+
+Against the real server (``conftest.postgres_url``), each test in its own schema, dropped after.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+psycopg = pytest.importorskip("psycopg")
+
+from overnight.errors import ConfigError, StoreBusy, StoreVersionError  # noqa: E402
+from overnight.store import open_store  # noqa: E402
+from overnight.store.postgres import PostgresStore, parse_url  # noqa: E402
+from overnight.store.postgres_schema import MIGRATIONS, Migration, check_migrations, migrate  # noqa: E402
+
+
+def _ledger(server: str, schema: str) -> list[tuple[int, str]]:
+    with psycopg.connect(server) as conn:
+        return conn.execute(f'SELECT version, description FROM "{schema}".overnight_schema ORDER BY version').fetchall()
+
+
+def test_a_new_schema_is_migrated_once_and_reopening_is_a_no_op(pg_schema):
+    server, schema = pg_schema
+    PostgresStore(f"{server}?schema={schema}").close()
+    assert _ledger(server, schema) == [(m.version, m.description) for m in MIGRATIONS]
+    PostgresStore(f"{server}?schema={schema}").close()
+    assert len(_ledger(server, schema)) == len(MIGRATIONS)
+
+
+def test_processes_opening_a_new_schema_at_once_all_succeed(pg_schema):
+    """The advisory lock serializes them: one migrates, the others find nothing to do."""
+    server, schema = pg_schema
+    code = "import sys; from overnight.store import open_store; open_store(sys.argv[1]).close(); print('ok')"
+    procs = [subprocess.Popen([sys.executable, "-c", code, f"{server}?schema={schema}"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err for _, err in outs]
+    assert len(_ledger(server, schema)) == len(MIGRATIONS)
+
+
+def test_threads_opening_a_new_schema_at_once_all_succeed(pg_schema):
+    server, schema = pg_schema
+    errors = []
+
+    def open_close():
+        try:
+            PostgresStore(f"{server}?schema={schema}").close()
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_close) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(_ledger(server, schema)) == len(MIGRATIONS)
+
+
+def test_a_schema_from_a_newer_overnight_is_refused(pg_schema):
+    server, schema = pg_schema
+    PostgresStore(f"{server}?schema={schema}").close()
+    with psycopg.connect(server) as conn:
+        conn.execute(f"INSERT INTO \"{schema}\".overnight_schema (version, description) VALUES (99, 'future')")
+    with pytest.raises(StoreVersionError, match="schema version 99") as err:
+        open_store(f"{server}?schema={schema}")
+    assert "upgrade overnight" in str(err.value)
+
+
+def test_an_upgrade_applies_only_the_new_migrations(pg_schema):
+    server, schema = pg_schema
+    store = PostgresStore(f"{server}?schema={schema}")
+    store.put_objects([])
+    store.close()
+    later = MIGRATIONS + (Migration(len(MIGRATIONS) + 1, "a test column", (
+        "ALTER TABLE {s}.tasks ADD COLUMN note text",)),)
+    upgraded = PostgresStore(f"{server}?schema={schema}", _migrations=later)
+    upgraded.close()
+    assert [v for v, _ in _ledger(server, schema)] == [m.version for m in later]
+    with psycopg.connect(server) as conn:
+        cols = {r[0] for r in conn.execute("SELECT column_name FROM information_schema.columns "
+                                           "WHERE table_schema=%s AND table_name='tasks'", (schema,))}
+    assert "note" in cols
+    # the older code now refuses the upgraded store instead of misreading it
+    with pytest.raises(StoreVersionError):
+        PostgresStore(f"{server}?schema={schema}")
+
+
+def test_a_failing_migration_leaves_the_store_at_its_previous_version(pg_schema):
+    server, schema = pg_schema
+    PostgresStore(f"{server}?schema={schema}").close()
+    broken = MIGRATIONS + (Migration(len(MIGRATIONS) + 1, "half of it works", (
+        "ALTER TABLE {s}.tasks ADD COLUMN half text",
+        "ALTER TABLE {s}.no_such_table ADD COLUMN x text",
+    )),)
+    with psycopg.connect(server, autocommit=True) as conn, pytest.raises(psycopg.errors.UndefinedTable):
+        migrate(conn, schema, where="test", migrations=broken)
+    assert len(_ledger(server, schema)) == len(MIGRATIONS)
+    with psycopg.connect(server) as conn:
+        cols = {r[0] for r in conn.execute("SELECT column_name FROM information_schema.columns "
+                                           "WHERE table_schema=%s AND table_name='tasks'", (schema,))}
+    assert "half" not in cols  # DDL rolled back with the rest
+
+
+def test_the_migration_list_is_checked():
+    assert check_migrations(MIGRATIONS) == len(MIGRATIONS)
+    with pytest.raises(ValueError, match="CONCURRENTLY"):
+        check_migrations(MIGRATIONS + (Migration(len(MIGRATIONS) + 1, "x", (
+            "CREATE INDEX CONCURRENTLY i ON {s}.tasks (goal)",)),))
+    with pytest.raises(ValueError, match="versions must be"):
+        check_migrations(MIGRATIONS + (Migration(len(MIGRATIONS) + 5, "gap", ()),))
+
+
+def test_caller_strings_are_bytea_not_text(pg_schema):
+    """PostgreSQL text cannot hold U+0000: every column a caller's string lands in is bytea."""
+    server, schema = pg_schema
+    PostgresStore(f"{server}?schema={schema}").close()
+    with psycopg.connect(server) as conn:
+        types = dict(((t, c), d) for t, c, d in conn.execute(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns WHERE table_schema=%s",
+            (schema,)))
+    caller = [("tasks", "task_id"), ("tasks", "goal"), ("tasks", "entry"), ("tasks", "created_at"),
+              ("checkpoints", "task_id"), ("checkpoints", "branch"), ("checkpoints", "session"),
+              ("checkpoints", "event"), ("checkpoints", "step"), ("checkpoints", "created_at"),
+              ("refs", "task_id"), ("refs", "branch"), ("journal", "step_name"), ("journal", "session"),
+              ("journal", "started_at"), ("leases", "holder"), ("leases", "holder_id"), ("leases", "branch"),
+              ("objects", "data"), ("checkpoints", "body")]
+    assert {c: types[c] for c in caller} == {c: "bytea" for c in caller}
+
+
+def test_a_non_digest_id_with_nul_is_a_typed_error_not_a_driver_error(pg_schema):
+    from overnight.errors import CheckpointNotFound, SchemaError
+    from overnight.store.base import CheckpointRow, Commit
+
+    server, schema = pg_schema
+    with PostgresStore(f"{server}?schema={schema}") as store:
+        with pytest.raises(CheckpointNotFound):
+            store.get_checkpoint("sha256:\x00")
+        assert store.missing_objects(["x\x00"]) == {"x\x00"}
+        assert store.get_objects(["x\x00"]) == {}
+        with pytest.raises(SchemaError):
+            store.commit(Commit(CheckpointRow("bad\x00id", "t", None, "main", 0, "", "", "", None, b"", None, 0), None))
+
+
+def test_a_row_lock_held_past_the_timeout_is_store_busy(pg_schema):
+    server, schema = pg_schema
+    with PostgresStore(f"{server}?schema={schema}&busy_timeout_ms=200") as store:
+        store.acquire_lease("t", "main", "me", "{}", 60_000)
+        with psycopg.connect(server) as other:
+            other.execute(f'SELECT * FROM "{schema}".leases FOR UPDATE')  # held until this block ends
+            with pytest.raises(StoreBusy, match="stayed locked"):
+                store.acquire_lease("t", "main", "you", "{}", 60_000)
+
+
+def test_urls():
+    assert parse_url("postgresql://u@h:5433/db?schema=s1&sslmode=disable") == (
+        "postgresql://u@h:5433/db?sslmode=disable", "s1", {})
+    assert parse_url("postgres://h/db")[1] == "overnight"
+    assert parse_url("postgresql://h/db?pool_max=3&busy_timeout_ms=50")[2] == {"pool_max": 3, "busy_timeout_ms": 50}
+    for bad in ("postgresql://h/db?schema=a-b", "postgresql://h/db?schema=1x", "postgresql://h/db?schema=" + "x" * 64,
+                "postgresql://h:notaport/db", "postgresql://h/db?pool_max=0", "postgresql://"):
+        with pytest.raises(ConfigError):
+            open_store(bad)
+
+
+def test_an_unreachable_server_is_a_config_error():
+    from conftest import free_port
+
+    with pytest.raises(ConfigError, match="cannot connect") as err:
+        PostgresStore(f"postgresql://postgres@127.0.0.1:{free_port()}/test", connect_timeout_s=2)
+    assert err.value.hint
