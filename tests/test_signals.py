@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from overnight.store.leases import now_ms
 from overnight.store.sqlite import SQLiteStore
 from overnight.verify.chain import load_head
 
@@ -226,7 +227,7 @@ def test_two_signals_while_resume_loads_the_head_exit_resumable(tmp_path: Path) 
         assert "Traceback" not in err and "_Abandon" not in err, err
         assert rc == 75, f"exit {rc} (expected 75, resumable)\n{err}"
         con = sqlite3.connect(tmp_path / "store.db")
-        leases = con.execute("SELECT COUNT(*) FROM leases").fetchone()[0]
+        leases = con.execute("SELECT COUNT(*) FROM leases WHERE expires_at_ms > ?", (now_ms(),)).fetchone()[0]
         con.close()
         assert leases == 0, "the interrupted run left its lease behind"
         r = cli("resume", "sigbig", "--store", store, "-q", cwd=tmp_path)

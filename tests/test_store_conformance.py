@@ -43,11 +43,7 @@ BACKENDS = {"sqlite": sqlite_store, "file": file_store, "postgres": postgres_sto
 
 # (backend, test) -> why that backend does not meet that part of the contract yet. Strict xfails:
 # when the backend is fixed the test passes, fails the run, and its entry here must go.
-KNOWN_GAPS = {
-    ("sqlite", "test_lone_surrogates_round_trip"):
-        "sqlite3 encodes str columns as strict UTF-8: a lone surrogate in a task id, goal or branch "
-        "raises UnicodeEncodeError (fixing it changes the SQLite schema)",
-}
+KNOWN_GAPS: dict[tuple[str, str], str] = {}  # (backend, test) -> reason: a strict xfail that flags its own fix
 
 
 @pytest.fixture(params=sorted(BACKENDS))

@@ -13,7 +13,8 @@ reassembled bytes do not, or a missing object raises an :class:`~overnight.error
 Deduplication never trusts what it has not verified: a writer reuses a stored object only if it
 is in its ``known`` set (objects this process wrote, or verified when it loaded the checkpoint
 it continues from) or if it hashes the stored bytes first. A stored object that turns out to be
-damaged is simply written again; the store replaces the damaged copy (same digest, same content).
+damaged is simply written again; the store replaces the damaged copy (:func:`is_damaged`) --
+same digest, same content -- and keeps an intact one.
 """
 
 from __future__ import annotations
@@ -28,6 +29,19 @@ from overnight.store.base import ObjectRecord, Store
 
 MAX_TREE_DEPTH = 4
 """Chunk indexes of chunk indexes nest at most this deep (4 levels address far beyond 1 TB)."""
+
+
+def is_damaged(store: Store, blob_digest: str) -> bool:
+    """Is the stored copy of ``blob_digest`` damaged (unreadable, or not hashing to its digest)?
+
+    Stores call this when a write meets a stored object with *other* bytes under the same digest:
+    only a damaged copy is replaced; an intact one is kept (the first write wins).
+    """
+    try:
+        BlobReader(store).get(blob_digest, "a store write")
+    except (DigestMismatch, MissingObject, DecodeError):
+        return True
+    return False
 
 
 class BlobWriter:

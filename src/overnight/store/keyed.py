@@ -35,7 +35,7 @@ released lease keeps its token.
 from __future__ import annotations
 
 import time
-from typing import Iterable, Protocol
+from typing import Iterable, Iterator, Protocol
 
 from overnight.errors import (
     CheckpointNotFound,
@@ -49,6 +49,7 @@ from overnight.errors import (
     TaskNotFound,
 )
 from overnight.store import layout
+from overnight.store.blobs import is_damaged
 from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
@@ -190,18 +191,36 @@ class KeyedStore:
         return {keys[k]: layout.decode_object(keys[k], data) for k, data in self._c.read_many(keys).items()}
 
     def _put(self, objects: Iterable[ObjectRecord]) -> int:
-        """Write the objects not stored yet; returns the ``data`` bytes written (first digest wins)."""
+        """Write the objects not stored yet; returns the ``data`` bytes written. A stored object
+        whose bytes differ from these (which hash to the digest) is damaged and is replaced."""
         items: dict[str, bytes] = {}
         sizes: dict[str, int] = {}
+        digests: dict[str, str] = {}
         for o in objects:
             key = layout.object_key(o.digest)
             if key not in items:
                 items[key] = layout.encode_object(o)
                 sizes[key] = len(o.data)
-        return sum(sizes[k] for k in self._c.create_many(items)) if items else 0
+                digests[key] = o.digest
+        if not items:
+            return 0
+        created = self._c.create_many(items)
+        written = sum(sizes[k] for k in created)
+        for key in items.keys() - created:
+            got = self._c.read(key)
+            if got is not None and got[0] != items[key] and is_damaged(self, digests[key]):
+                if self._c.swap(key, items[key], got[1]) is not None:
+                    written += sizes[key]  # healed
+        return written
 
     def put_objects(self, objects: Iterable[ObjectRecord]) -> None:
         self._put(objects)
+
+    def iter_object_digests(self) -> Iterator[str]:
+        for shard in self._c.list("objects"):
+            if len(shard) == 2:
+                for rest in self._c.list(f"objects/{shard}"):
+                    yield f"sha256:{shard}{rest}"
 
     # -- checkpoints and refs ---------------------------------------------------------------
 

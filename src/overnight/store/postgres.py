@@ -39,6 +39,7 @@ from overnight.errors import (
     TaskNotFound,
 )
 from overnight.store import postgres_schema
+from overnight.store.blobs import is_damaged
 from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
@@ -207,7 +208,8 @@ class PostgresStore:
         return {r[0]: ObjectRecord(r[0], r[1], r[2], r[3], bytes(r[4])) for r in rows}
 
     def _insert_objects(self, cur: psycopg.Cursor, objects: Iterable[ObjectRecord]) -> int:
-        """Insert the objects not stored yet (first digest wins); returns the ``data`` bytes inserted."""
+        """Insert the objects not stored yet; returns the ``data`` bytes written. A stored object with
+        other bytes under the same digest is replaced only if it is damaged (:func:`is_damaged`)."""
         first: dict[str, ObjectRecord] = {}
         for o in objects:
             self._require_text("object digest", o.digest)
@@ -223,13 +225,27 @@ class PostgresStore:
              [o.data for o in objs]),
         )
         inserted = {r[0] for r in cur.fetchall()}
-        return sum(len(first[d].data) for d in inserted)
+        added = sum(len(first[d].data) for d in inserted)
+        rest = [d for d in first if d not in inserted]
+        if rest:
+            cur.execute(self._sql("SELECT digest, kind, size, codec, data FROM {s}.objects WHERE digest = ANY(%s)"),
+                        (rest,))
+            for d, kind, size, codec, data in cur.fetchall():
+                o = first[d]
+                if (kind, size, codec, bytes(data)) != (o.kind, o.size, o.codec, o.data) and is_damaged(self, d):
+                    cur.execute(self._sql("UPDATE {s}.objects SET kind = %s, size = %s, codec = %s, data = %s "
+                                          "WHERE digest = %s"), (o.kind, o.size, o.codec, o.data, d))
+                    added += len(o.data)
+        return added
 
     def put_objects(self, objects: Iterable[ObjectRecord]) -> None:
         objects = list(objects)
         if objects:
             with self._tx() as cur:
                 self._insert_objects(cur, objects)
+
+    def iter_object_digests(self) -> Iterator[str]:
+        yield from (r[0] for r in self._read("SELECT digest FROM {s}.objects"))
 
     # -- checkpoints and refs ---------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from overnight.errors import (
     TaskNotFound,
 )
 from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.store.blobs import is_damaged
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
 SCHEMA_VERSION = 1
@@ -100,6 +101,45 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 
 
+_BLOB_COLUMNS = frozenset({"data", "body", "spec"})
+
+
+def _param(value: object) -> object:
+    """A str that UTF-8 cannot encode (a lone surrogate) is stored as its surrogatepass bytes; every
+    comparison uses the same rule, so lookups still match, and :func:`_row` turns it back."""
+    if isinstance(value, str) and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "surrogatepass")
+    return value
+
+
+def _params(args: object) -> object:
+    if isinstance(args, (tuple, list)):
+        return tuple(_param(a) for a in args)
+    return args
+
+
+def _row(cursor: sqlite3.Cursor, row: tuple) -> tuple:
+    """Row factory: bytes read from a text column are a str stored by :func:`_param`."""
+    if not any(type(v) is bytes for v in row):
+        return row
+    names = [d[0] for d in cursor.description]
+    return tuple(v.decode("utf-8", "surrogatepass") if type(v) is bytes and n not in _BLOB_COLUMNS else v
+                 for n, v in zip(names, row))
+
+
+class _Connection(sqlite3.Connection):
+    """Every caller string round-trips exactly, lone surrogates included (see :func:`_param`)."""
+
+    def execute(self, sql: str, parameters: object = (), /) -> sqlite3.Cursor:  # type: ignore[override]
+        return super().execute(sql, _params(parameters))
+
+    def executemany(self, sql: str, seq: object, /) -> sqlite3.Cursor:  # type: ignore[override]
+        return super().executemany(sql, [_params(p) for p in seq])  # type: ignore[union-attr]
+
+
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
     text = str(exc).lower()
     return "locked" in text or "busy" in text
@@ -128,8 +168,10 @@ class SQLiteStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = sqlite3.connect(
-                str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000
+                str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000,
+                factory=_Connection,
             )
+            self._db.row_factory = _row
             self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
@@ -215,10 +257,27 @@ class SQLiteStore:
         return out
 
     def put_objects(self, objects: Iterable[ObjectRecord]) -> None:
-        rows = [(o.digest, o.kind, o.size, o.codec, o.data) for o in objects]
-        if rows:
+        objects = list(objects)
+        if objects:
             with self._write() as db:
-                db.executemany("INSERT OR IGNORE INTO objects VALUES (?,?,?,?,?)", rows)
+                self._insert_objects(db, objects)
+
+    def _insert_objects(self, db: sqlite3.Connection, objects: Iterable[ObjectRecord]) -> int:
+        """Insert what is not stored yet; returns the ``data`` bytes written. A stored object with
+        other bytes under the same digest is replaced only if it is damaged (:func:`is_damaged`)."""
+        added = 0
+        for o in objects:
+            row = (o.digest, o.kind, o.size, o.codec, o.data)
+            if db.execute("INSERT OR IGNORE INTO objects VALUES (?,?,?,?,?)", row).rowcount == 1:
+                added += len(o.data)
+                continue
+            stored = db.execute("SELECT digest, kind, size, codec, data FROM objects WHERE digest=?",
+                                (o.digest,)).fetchone()
+            if tuple(stored[:4]) + (bytes(stored[4]),) != row and is_damaged(self, o.digest):
+                db.execute("UPDATE objects SET kind=?, size=?, codec=?, data=? WHERE digest=?",
+                           (o.kind, o.size, o.codec, o.data, o.digest))
+                added += len(o.data)
+        return added
 
     def iter_object_digests(self) -> Iterator[str]:
         yield from (r[0] for r in self._read("SELECT digest FROM objects"))
@@ -236,19 +295,7 @@ class SQLiteStore:
                 db.execute(
                     "INSERT OR IGNORE INTO tasks VALUES (?,?,?,?,?)", (t.task_id, t.created_at, t.goal, t.entry, t.spec)
                 )
-            added = len(cp.body)
-            for o in commit.objects:
-                # a digest already stored is left alone -- unless its stored bytes differ from these,
-                # which hash to the digest by construction: then the stored copy is damaged, and
-                # writing it again heals it (content-immutability holds: same digest, same content)
-                cur = db.execute(
-                    "INSERT INTO objects VALUES (?,?,?,?,?) ON CONFLICT (digest) DO UPDATE SET kind=excluded.kind, "
-                    "size=excluded.size, codec=excluded.codec, data=excluded.data WHERE objects.data != excluded.data "
-                    "OR objects.kind != excluded.kind OR objects.size != excluded.size OR objects.codec != excluded.codec",
-                    (o.digest, o.kind, o.size, o.codec, o.data),
-                )
-                if cur.rowcount == 1:
-                    added += len(o.data)
+            added = len(cp.body) + self._insert_objects(db, commit.objects)
             db.execute(
                 "INSERT OR IGNORE INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (cp.checkpoint_id, cp.task_id, cp.parent_id, cp.branch, cp.seq, cp.created_at, cp.session,
@@ -381,9 +428,11 @@ class SQLiteStore:
         return Lease(lease.task_id, lease.branch, lease.holder_id, lease.holder, lease.token, expires)
 
     def release_lease(self, lease: Lease) -> None:
+        # the row stays, expired and without a holder, so the next token is still one higher
         with self._write() as db:
             db.execute(
-                "DELETE FROM leases WHERE task_id=? AND branch=? AND holder_id=? AND token=?",
+                "UPDATE leases SET holder_id='', holder='{}', expires_at_ms=0 "
+                "WHERE task_id=? AND branch=? AND holder_id=? AND token=?",
                 (lease.task_id, lease.branch, lease.holder_id, lease.token),
             )
 
