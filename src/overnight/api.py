@@ -23,6 +23,7 @@ from overnight.store.blobs import BlobReader
 from overnight.verify import branching
 from overnight.verify.branching import LogEntry, MergeResult
 from overnight.verify.chain import load_head
+from overnight.verify.drift import DriftReport
 from overnight.verify.fsck import VerifyReport, verify_store
 from overnight.verify.integrity import load_checkpoint, parse_record, signing_key_from_env
 
@@ -118,10 +119,13 @@ def run(
     branch: str = "main",
     max_steps: int | None = None,
     on_event: Callable[[RunEvent], None] | None = None,
+    on_drift: str | dict[str, str] | None = None,
 ) -> RunResult:
-    """Create or resume the task defined at ``entry`` (``FILE.py[:NAME]``) and run it."""
+    """Create or resume the task defined at ``entry`` (``FILE.py[:NAME]``) and run it.
+
+    ``on_drift``: drift policies for this run (``"deps=recompute,env=accept"``)."""
     task = load_task(entry) if isinstance(entry, str) else entry
-    return Runner(task, store, branch=branch, max_steps=max_steps, on_event=on_event).run()
+    return Runner(task, store, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift).run()
 
 
 def resume(
@@ -132,6 +136,7 @@ def resume(
     entry: str | None = None,
     max_steps: int | None = None,
     on_event: Callable[[RunEvent], None] | None = None,
+    on_drift: str | dict[str, str] | None = None,
 ) -> RunResult:
     """Resume a stored task from the latest head of ``branch``, loading its code from the entry
     recorded when it was created (or ``entry`` to override).
@@ -146,7 +151,7 @@ def resume(
             raise ConfigError(f"task {task_id!r} has no recorded code location", task_id=task_id,
                               hint="pass --file FILE.py[:NAME]")
         task = load_task(where, task_id=task_id)
-        return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event).run()
+        return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift).run()
 
 
 # --- ls / show / cat ---------------------------------------------------------------------------
@@ -360,3 +365,94 @@ def merge(task_id: str, source: str, *, into: str = "main", prefer: str | None =
     with _opened(store) as s:
         s.get_task(task_id)
         return branching.merge(s, task_id, source, into=into, prefer=prefer, key=signing_key_from_env())
+
+
+# --- status / drift / env export ----------------------------------------------------------------
+
+
+@dataclass
+class StatusReport:
+    """``overnight status``: where the task stands, and (with ``drift=True``) what drifted."""
+
+    task_id: str
+    branch: str
+    head: str
+    seq: int
+    status: str
+    done: int
+    total: int
+    next_steps: list[str]
+    accepted_drift: list[dict[str, Any]]
+    drift: DriftReport | None = None
+    drift_plan: str | None = None
+
+
+def _task_code(s: Store, task_id: str, entry: str | None) -> Task | None:
+    where = entry or s.get_task(task_id).entry
+    if not where:
+        return None
+    return load_task(where, task_id=task_id)
+
+
+def status(task_id: str, *, store: Store | str | None = None, branch: str = "main", drift: bool = False,
+           entry: str | None = None, on_drift: str | dict[str, str] | None = None) -> StatusReport:
+    """The branch head of a task; with ``drift``, the drift report against the world now and what
+    the policies would do -- without resuming or writing anything.
+
+    Raises:
+        TaskNotFound / BranchNotFound; IntegrityError when nothing verifies; ConfigError when the
+        task's code cannot be loaded for a drift check.
+    """
+    from overnight.orchestrate.consistency import policies_for, report_for, salt_of, world, world_spec
+    from overnight.verify.drift import affected_steps, parse_policies
+
+    with _opened(store) as s:
+        s.get_task(task_id)
+        loaded, _ = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
+        st = loaded.state
+        accepted = list(loaded.record.fingerprint.accepted) if loaded.record.fingerprint else []
+        rep = StatusReport(task_id, branch, loaded.id, loaded.record.seq,
+                           "complete" if not st.todo else "in progress", len(st.done), len(st.done) + len(st.todo),
+                           [e.name for e in st.todo[:10]], accepted)
+        if drift:
+            task = _task_code(s, task_id, entry)
+            if task is None:
+                raise ConfigError(f"task {task_id!r} has no recorded code location; a drift check needs its code",
+                                  task_id=task_id, hint="pass --file FILE.py[:NAME]")
+            state = loaded.state_tree
+            now = world(world_spec(task, salt_of(state)))
+            rep.drift = report_for(loaded, state, task, now, salt_of(state))
+            policies = policies_for(task, parse_policies(on_drift))
+            plan = []
+            for component in rep.drift.components():
+                policy = policies[component]
+                if policy == "recompute":
+                    steps = affected_steps(rep.drift, state["done"], {component})
+                    plan.append(f"{component}: recompute {len(steps)} step(s)" + (f" ({', '.join(steps[:6])}"
+                                + (" ..." if len(steps) > 6 else "") + ")" if steps else ""))
+                else:
+                    plan.append(f"{component}: {policy}")
+            rep.drift_plan = "; ".join(plan) or "nothing to do"
+        return rep
+
+
+def env_export(task_id: str, *, store: Store | str | None = None, at: str | None = None, branch: str = "main") -> str:
+    """The recorded environment of a checkpoint (default: the branch head) as a pip requirements
+    file: package pins, lock-file digests, Python version and declared env-var *names* (never values).
+
+    Raises:
+        ConfigError: the checkpoint has no fingerprint.
+    """
+    from overnight.verify.fingerprint import pip_requirements
+
+    with _opened(store) as s:
+        s.get_task(task_id)
+        key = signing_key_from_env()
+        if at is None:
+            loaded, _ = load_head(s, task_id, branch, key=key, deep=False)
+        else:
+            loaded = load_checkpoint(s, resolve_checkpoint(s, task_id, at), key=key, deep=False)
+        if loaded.world is None:
+            raise ConfigError(f"checkpoint {short_id(loaded.id)} has no fingerprint to export", task_id=task_id,
+                              checkpoint_id=loaded.id)
+        return pip_requirements(loaded.world)

@@ -8,6 +8,7 @@ Exit codes (also in ``overnight --help`` and the README):
 2   usage error: bad option, missing file, unknown task/checkpoint/artifact, bad config
 3   integrity: no checkpoint verifies (``overnight verify`` explains)
 4   busy: another process holds the task, or the branch moved under this writer
+5   drift: the world changed and the drift policy says abort (``overnight status --drift``)
 75  resumable: interrupted (SIGINT/SIGTERM) or stopped by ``--max-steps``; run
     ``overnight resume TASK_ID`` to continue
 ==  =========================================================================================
@@ -27,17 +28,18 @@ from overnight.cli import render
 from overnight.errors import (
     ConcurrencyError,
     ConfigError,
+    DriftError,
     IntegrityError,
     NotFound,
     OvernightError,
     StepError,
 )
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTEGRITY, EXIT_BUSY, EXIT_RESUMABLE = 0, 1, 2, 3, 4, 75
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTEGRITY, EXIT_BUSY, EXIT_DRIFT, EXIT_RESUMABLE = 0, 1, 2, 3, 4, 5, 75
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 complete | 1 step failed | 2 usage / not found | 3 integrity (nothing verifies) | "
-    "4 busy (task held by another process) | 75 resumable (interrupted or --max-steps; "
+    "4 busy (task held by another process) | 5 drift abort | 75 resumable (interrupted or --max-steps; "
     "run `overnight resume TASK_ID`)."
 )
 
@@ -58,9 +60,15 @@ BranchOpt = typer.Option("main", "--branch", "-b", help="Branch to use.")
 MaxStepsOpt = typer.Option(None, "--max-steps", min=1, help="Stop (resumably, exit 75) after N executed steps.")
 EventsOpt = typer.Option(None, "--events", help="Append every run event as a JSON line to this file.")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar.")
+DriftOpt = typer.Option(None, "--on-drift", metavar="COMPONENT=POLICY,...",
+                        help="Drift policies for this run, e.g. deps=recompute,env=accept (components: code, deps, "
+                        "env, inputs, artifacts, all; policies: recompute, accept, rollback, abort). "
+                        "Default: recompute (only steps that read what changed run again).")
 
 
 def _exit_code(exc: OvernightError) -> int:
+    if isinstance(exc, DriftError):
+        return EXIT_DRIFT
     if isinstance(exc, ConcurrencyError):
         return EXIT_BUSY
     if isinstance(exc, IntegrityError):
@@ -109,6 +117,7 @@ def run(
     max_steps: Optional[int] = MaxStepsOpt,
     events: Optional[str] = EventsOpt,
     quiet: bool = QuietOpt,
+    on_drift: Optional[str] = DriftOpt,
 ) -> None:
     """Create the task defined in FILE.py, or resume it from its latest checkpoint, and run it.
 
@@ -117,7 +126,7 @@ def run(
     """
     try:
         result = _run_with_progress(
-            lambda p: api.run(file, store=store, branch=branch, max_steps=max_steps, on_event=p),
+            lambda p: api.run(file, store=store, branch=branch, max_steps=max_steps, on_event=p, on_drift=on_drift),
             quiet=quiet, events=events)
     except OvernightError as exc:
         _fail(exc)
@@ -134,12 +143,17 @@ def resume(
     max_steps: Optional[int] = MaxStepsOpt,
     events: Optional[str] = EventsOpt,
     quiet: bool = QuietOpt,
+    on_drift: Optional[str] = DriftOpt,
 ) -> None:
     """Resume a stored task from the latest head of its branch (never an older checkpoint,
-    unless the head fails verification: then the newest valid one, with a report)."""
+    unless the head fails verification: then the newest valid one, with a report).
+
+    Before any step runs, the head is compared with the world now (code, deps, env, inputs,
+    exported artifacts); drift is handled by policy (--on-drift)."""
     try:
         result = _run_with_progress(
-            lambda p: api.resume(task_id, store=store, branch=branch, entry=file, max_steps=max_steps, on_event=p),
+            lambda p: api.resume(task_id, store=store, branch=branch, entry=file, max_steps=max_steps, on_event=p,
+                                 on_drift=on_drift),
             quiet=quiet, events=events)
     except OvernightError as exc:
         _fail(exc)
@@ -216,6 +230,71 @@ def cat(
     else:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
+
+
+@app.command()
+def status(
+    task_id: str = typer.Argument(..., help="Task id."),
+    drift: bool = typer.Option(False, "--drift", help="Compare the head with the world now (no resume, no writes)."),
+    store: Optional[str] = StoreOpt,
+    branch: str = BranchOpt,
+    file: Optional[str] = typer.Option(None, "--file", help="Task code FILE.py[:NAME] (default: recorded location)."),
+    on_drift: Optional[str] = DriftOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Where a task stands; with --drift, what changed since its head (which package, file, env
+    key, step version), which steps read it, and what the drift policies would do on resume."""
+    try:
+        rep = api.status(task_id, store=store, branch=branch, drift=drift, entry=file, on_drift=on_drift)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        out = render.to_jsonable(rep)
+        out["drift"] = rep.drift.to_json() if rep.drift else None
+        render.print_json(out)
+        return
+    render.out.print(f"[bold]{render.esc(rep.task_id)}[/] ({render.esc(rep.branch)}): {rep.status}, "
+                     f"{rep.done}/{rep.total} steps, head {rep.head[7:19]} (seq {rep.seq})")
+    if rep.next_steps:
+        render.out.print("next: " + ", ".join(render.esc(n) for n in rep.next_steps[:5]))
+    for a in rep.accepted_drift:
+        render.out.print(f"[yellow]accepted drift[/] {render.esc(a['component'])}: {render.esc(a['key'])}")
+    if rep.drift is not None:
+        if not rep.drift.items:
+            render.out.print("[green]no drift[/]")
+        else:
+            render.table("drift", ["component", "what", "was", "now", "read by"],
+                         [(i.component, i.key + (" (warning)" if i.warning else ""), str(i.old)[:24], str(i.new)[:24],
+                           ", ".join(i.steps[:4]) + (" ..." if len(i.steps) > 4 else "")) for i in rep.drift.items])
+            if rep.drift.dependents:
+                render.out.print("dependents: " + ", ".join(f"{render.esc(k)} (reads {render.esc(v)})"
+                                                             for k, v in rep.drift.dependents.items()))
+            render.out.print(f"on resume: {render.esc(rep.drift_plan)}")
+
+
+env_app = typer.Typer(help="The environment a checkpoint was made in.", no_args_is_help=True)
+app.add_typer(env_app, name="env")
+
+
+@env_app.command("export")
+def env_export(
+    task_id: str = typer.Argument(..., help="Task id."),
+    at: Optional[str] = typer.Option(None, "--at", help="Checkpoint id (or unique prefix) or branch; default: head."),
+    store: Optional[str] = StoreOpt,
+    branch: str = BranchOpt,
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+) -> None:
+    """Write the recorded dependency pins as a pip requirements file (with lock-file digests, the
+    Python version and the declared env-var names -- never values), to rebuild the environment a
+    checkpoint was made in: pip install -r FILE, then resume with no drift."""
+    try:
+        text = api.env_export(task_id, store=store, at=at, branch=branch)
+    except OvernightError as exc:
+        _fail(exc)
+    if output is not None:
+        output.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
 
 
 @app.command()
@@ -351,20 +430,21 @@ def demo(
     max_steps: Optional[int] = MaxStepsOpt,
     events: Optional[str] = EventsOpt,
     quiet: bool = QuietOpt,
+    on_drift: Optional[str] = DriftOpt,
 ) -> None:
     """The main job: write a Markdown API reference of an installed package, one step per module.
 
     Uses the deterministic offline extractive writer (not an LLM). Re-running resumes the same
-    task; a finished task just writes the report again.
+    task: a module whose source changed since (or a new module) is written again, and the report
+    re-assembled; everything else comes from the checkpoints. The report is exported to --out.
     """
     from overnight.demo.api_report import make_task
 
     try:
-        task = make_task(task_id, package, latency_ms)
+        task = make_task(task_id, package, latency_ms, out=str(out_path))
         result = _run_with_progress(
-            lambda p: api.run(task, store=store, max_steps=max_steps, on_event=p), quiet=quiet, events=events)
-        if result.status == "complete":
-            out_path.write_bytes(api.cat(task.id, "report.md", store=store))
+            lambda p: api.run(task, store=store, max_steps=max_steps, on_event=p, on_drift=on_drift),
+            quiet=quiet, events=events)
     except OvernightError as exc:
         _fail(exc)
     if result.status == "complete":

@@ -135,6 +135,8 @@ class RunProgress:
             self._say(f"[yellow]retrying[/] {esc(e.step)}: {esc(e.detail)}")
         elif e.kind == "stop_requested":
             err.print(f"[yellow]{esc(e.detail)}[/]")
+        elif e.kind == "drift":
+            err.print(f"[yellow]drift:[/] {esc(e.detail)}")
         elif e.kind == "end":
             self.progress.update(self.bar, step="done" if e.detail == "complete" else str(e.detail),
                                  total=e.total, completed=e.done, eta=0 if e.detail == "complete" else None)

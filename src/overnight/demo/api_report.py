@@ -3,10 +3,12 @@
 Steps (each one a checkpoint):
 
 1. ``discover`` -- find the package's source files (no import of the package), add one
-   ``section`` step per public module and an ``assemble`` step after them;
+   ``section`` step per public module and an ``assemble`` step after them (its directory
+   listing is recorded: a module added or removed re-plans);
 2. ``section`` -- parse one module with :mod:`ast` (public classes, functions, signatures,
    docstrings) and have the writer turn it into that module's section (artifact
-   ``sections/<module>.md``);
+   ``sections/<module>.md``); the source is read through ``ctx.read_input`` so an edited module
+   is recomputed on resume (drift), and only that one;
 3. ``assemble`` -- join the sections under a title and a table of contents (artifact ``report.md``).
 
 The writer is :class:`ExtractiveWriter`: deterministic and offline, it *arranges* what was extracted
@@ -187,8 +189,10 @@ def _package_version(package: str) -> str:
         return f"Python {platform.python_version()} standard library"
 
 
-def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latency_ms: float = 0.0) -> Task:
-    """The API-report task for ``package`` (id ``api-report-<package>`` unless given)."""
+def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latency_ms: float = 0.0,
+              out: str | None = None) -> Task:
+    """The API-report task for ``package`` (id ``api-report-<package>`` unless given); ``out``:
+    a file the finished ``report.md`` is exported to."""
     writer = ExtractiveWriter(latency_ms)
     task = Task(
         task_id or f"api-report-{package.replace('_', '-')}",
@@ -196,22 +200,24 @@ def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latenc
         expected_span="3h",
         data={"package": package},
         entry="overnight.demo.api_report:make_task",
+        exports={"report.md": out} if out else {},
     )
 
     @task.step
     def discover(ctx: StepContext) -> dict[str, Any]:
         pkg = ctx.state["package"]
         root, modules = find_package(pkg)
-        ctx.state.update(root=str(root), version=_package_version(pkg), modules=[m for m, _ in modules])
+        ctx.track_listing(root)  # a module added or removed re-plans; an edited one does not
+        ctx.state.update(root=str(root), version=_package_version(pkg))
         for module, rel in modules:
             ctx.add_step("section", name=f"section:{module}", module=module, file=rel)
         ctx.add_step("assemble")
         ctx.log.info("%d modules in %s", len(modules), root)
-        return {"modules": len(modules), "root": str(root)}
+        return {"modules": [m for m, _ in modules], "root": str(root)}
 
     @task.step(planned=False)
     def section(ctx: StepContext, module: str, file: str) -> dict[str, int]:
-        source = (Path(ctx.state["root"]) / file).read_text(encoding="utf-8")
+        source = ctx.read_input_text(Path(ctx.state["root"]) / file)  # recorded: an edit recomputes this section
         api = extract_module(source, module)
         text = writer.write_section(api)
         ctx.write_text(f"sections/{module}.md", text)
@@ -219,7 +225,7 @@ def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latenc
 
     @task.step(planned=False)
     def assemble(ctx: StepContext) -> dict[str, int]:
-        pkg, modules = ctx.state["package"], ctx.state["modules"]
+        pkg, modules = ctx.state["package"], ctx.outputs["discover"]["modules"]
         sections = [ctx.read_text(f"sections/{m}.md") for m in modules]
         toc = [f"- [`{m}`](#{_anchor(m)})" for m in modules]
         head = [f"# API reference: `{pkg}`", "",
