@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -166,25 +167,46 @@ class SQLiteStore:
         self.busy_timeout_ms = busy_timeout_ms
         self._lock = threading.RLock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Two processes opening a new file at once can get SQLITE_BUSY at once (the switch to WAL
+        # and the first schema write take locks the busy handler does not wait for): retry the
+        # whole open until busy_timeout_ms has passed.
+        deadline = time.monotonic() + busy_timeout_ms / 1000
+        delay = 0.005
+        while True:
+            try:
+                self._db = self._connect(busy_timeout_ms)
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_locked(exc):
+                    raise self._unreadable(exc) from exc
+                if time.monotonic() >= deadline:
+                    raise StoreBusy(f"store {self.path} stayed locked for {busy_timeout_ms} ms while opening",
+                                    hint="another process holds it; retry, or raise busy_timeout_ms") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+            except sqlite3.DatabaseError as exc:
+                raise self._unreadable(exc) from exc
+
+    def _connect(self, busy_timeout_ms: int) -> sqlite3.Connection:
+        db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
+                             timeout=busy_timeout_ms / 1000, factory=_Connection)
         try:
-            self._db = sqlite3.connect(
-                str(self.path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000,
-                factory=_Connection,
-            )
-            self._db.row_factory = _row
-            self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            db.row_factory = _row
+            db.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise ConfigError(f"cannot switch {self.path} to WAL journal mode (got {mode!r})")
-            self._db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA synchronous=FULL")
+            self._db = db
             self._migrate()
-        except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError) and _is_locked(exc):
-                raise StoreBusy(f"store {self.path} stayed locked for {busy_timeout_ms} ms while opening") from exc
-            raise ConfigError(
-                f"cannot open store {self.path}: {exc}",
-                hint="is it an overnight SQLite store? point --store / OVERNIGHT_STORE at the right file",
-            ) from exc
+            return db
+        except BaseException:
+            db.close()
+            raise
+
+    def _unreadable(self, exc: Exception) -> ConfigError:
+        return ConfigError(f"cannot open store {self.path}: {exc}",
+                           hint="is it an overnight SQLite store? point --store / OVERNIGHT_STORE at the right file")
 
     # -- plumbing ---------------------------------------------------------------------------
 
