@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from overnight.errors import ArtifactNotFound, CheckpointNotFound, ConfigError, OvernightError, short_id
+from overnight.config import Config
+from overnight.config import load as load_config
+from overnight.errors import ArtifactNotFound, CheckpointNotFound, ConfigError, OvernightError, TaskNotFound, short_id
+from overnight.orchestrate.router import Route, locate, recorded_route
 from overnight.orchestrate.runner import RunEvent, RunResult, Runner
 from overnight.orchestrate.task import Task
 from overnight.store import Store, open_store
@@ -144,6 +147,17 @@ def resume(
     Raises:
         TaskNotFound: no such task. ConfigError: no code location recorded and none given.
     """
+    if store is None:  # the default store, else the configured media; then every medium it was routed to
+        found = locate(task_id, load_config())
+        if found is None:
+            raise TaskNotFound(f"no task {task_id!r} in the default store or the configured media", task_id=task_id,
+                               hint="`overnight ls` lists the tasks; pass --store URL for another store")
+        store = found[0]
+        try:
+            return resume(task_id, store=store, branch=branch, entry=entry, max_steps=max_steps, on_event=on_event,
+                          on_drift=on_drift)
+        finally:
+            store.close()
     with _opened(store) as s:
         row = s.get_task(task_id)
         where = entry or row.entry
@@ -456,3 +470,50 @@ def env_export(task_id: str, *, store: Store | str | None = None, at: str | None
             raise ConfigError(f"checkpoint {short_id(loaded.id)} has no fingerprint to export", task_id=task_id,
                               checkpoint_id=loaded.id)
         return pip_requirements(loaded.world)
+
+
+# --- route / config / repair ---------------------------------------------------------------------
+
+
+def route(entry: str | Task, *, now: Any = None) -> Route:
+    """The router's decision for a task (level, media, reasons), without running it.
+
+    Raises:
+        SpecError: no expected span, or the spec is under the completeness threshold.
+    """
+    from overnight.orchestrate.router import route as route_task
+
+    task = load_task(entry) if isinstance(entry, str) else entry
+    return route_task(task, load_config(), now=now)
+
+
+def config() -> Config:
+    """The effective configuration and where each value came from."""
+    return load_config()
+
+
+def repair(task_id: str | None = None, *, store: Store | str | None = None) -> list[Any]:
+    """Bring every medium of a replicated task (or of every task, ``task_id=None``) up to the newest
+    verifiable head; returns one :class:`~overnight.verify.replicas.RepairReport` per task.
+
+    A task kept on one medium is only checked (nothing to copy from). Raises ``TaskNotFound``.
+    """
+    from overnight.codec.canonical import loads
+    from overnight.store import open_store
+    from overnight.verify.replicas import repair_task
+
+    reports = []
+    with _opened(store) as s:
+        ids = [task_id] if task_id else [t.task_id for t in s.list_tasks()]
+        for tid in ids:
+            rec = recorded_route(loads(s.get_task(tid).spec))
+            urls = rec.urls if rec and rec.level != "ephemeral" and rec.urls else [s.url]
+            names = rec.media if rec and len(rec.media) == len(urls) else urls
+            media = [s if u == s.url else open_store(u) for u in urls]
+            try:
+                reports.append(repair_task(media, list(names), tid, key=signing_key_from_env()))
+            finally:
+                for m in media:
+                    if m is not s:
+                        m.close()
+    return reports

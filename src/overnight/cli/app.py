@@ -483,6 +483,86 @@ def bench_commit(
     render.out.print(result.markdown())
 
 
+@app.command("route")
+def route_(
+    file: str = typer.Argument(..., metavar="FILE.py[:TASK]", help="Python file defining the task."),
+    at: Optional[str] = typer.Option(None, "--at", help="Pretend the task starts at this local time "
+                                     "(ISO 8601, e.g. 2026-11-30T22:00); default: now."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show the router's decision for a task without running it: persistence level (ephemeral /
+    session / durable, from the expected span and whether it crosses a local midnight) and storage
+    media (from the criticality), with the reasons. A spec with no span, or under 30% complete, is
+    refused with what is missing (exit 2)."""
+    from datetime import datetime
+
+    try:
+        now = datetime.fromisoformat(at) if at else None
+    except ValueError:
+        render.err.print(f"[bold red]error:[/] --at {render.esc(at)} is not an ISO 8601 time")
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        decision = api.route(file, now=now)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        render.print_json(decision.to_json())
+        return
+    render.out.print(f"level: [bold]{decision.level}[/]   media: [bold]{', '.join(decision.media) or '-'}[/]"
+                     f"   completeness: {decision.completeness:.0%}")
+    for reason in decision.reasons:
+        render.out.print(f"  - {render.esc(reason)}")
+    if decision.missing:
+        render.out.print("  spec could also state: " + ", ".join(decision.missing))
+
+
+@app.command("config")
+def config_(as_json: bool = JsonOpt) -> None:
+    """The effective configuration -- store URLs, media per criticality, router thresholds, signing
+    key (set or not; never shown) -- and where each value came from (default, overnight.toml, $ENV)."""
+    try:
+        cfg = api.config()
+    except OvernightError as exc:
+        _fail(exc)
+    rows = cfg.shown()
+    if as_json:
+        render.print_json({"file": str(cfg.file) if cfg.file else None,
+                           "values": [{"key": k, "value": v, "source": src} for k, v, src in rows]})
+        return
+    render.out.print(f"config file: {cfg.file or '(none: defaults and environment)'}")
+    render.table(None, ["setting", "value", "from"], rows)
+
+
+@app.command()
+def repair(
+    task_id: Optional[str] = typer.Argument(None, help="Task id; omit with --all."),
+    all_tasks: bool = typer.Option(False, "--all", help="Every task in the store."),
+    store: Optional[str] = StoreOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Bring every medium a task was routed to (e.g. local + cloud for a critical task) up to the
+    newest head that verifies: copy what a lost, emptied, lagging or corrupted medium lacks from a
+    healthy one. Exit 3 when a medium cannot be repaired."""
+    if not task_id and not all_tasks:
+        render.err.print("[bold red]error:[/] name a TASK_ID or pass --all")
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        reports = api.repair(task_id if not all_tasks else None, store=store)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        render.print_json(reports)
+    else:
+        for r in reports:
+            render.out.print(f"[bold]{render.esc(r.task_id)}[/]: " + ", ".join(
+                f"{b} from {m}" for b, m in r.sources.items()))
+            render.table(None, ["medium", "status", "heads before", "checkpoints copied", "objects copied", "detail"],
+                         [(m.name, m.status, ", ".join(f"{b}: {h}" for b, h in m.heads.items()), m.checkpoints_copied,
+                           m.objects_copied, m.detail or "") for m in r.media])
+    if any(m.status in ("failed", "unavailable") for r in reports for m in r.media):
+        raise typer.Exit(EXIT_INTEGRITY)
+
+
 @bench_app.command("verify")
 def bench_verify(
     checkpoints: int = typer.Option(1000, "--checkpoints", min=2, help="Checkpoints (steps) in the store."),

@@ -137,6 +137,8 @@ class RunProgress:
             err.print(f"[yellow]{esc(e.detail)}[/]")
         elif e.kind == "drift":
             err.print(f"[yellow]drift:[/] {esc(e.detail)}")
+        elif e.kind == "repair":
+            err.print(f"[yellow]repair:[/] {esc(e.detail)}")
         elif e.kind == "end":
             self.progress.update(self.bar, step="done" if e.detail == "complete" else str(e.detail),
                                  total=e.total, completed=e.done, eta=0 if e.detail == "complete" else None)

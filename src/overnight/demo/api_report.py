@@ -197,7 +197,9 @@ def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latenc
     task = Task(
         task_id or f"api-report-{package.replace('_', '-')}",
         goal=f"Write a Markdown API reference of the Python package {package!r}",
-        expected_span="3h",
+        expected_span="2d",  # written across days: durable (fingerprints and drift checks on resume)
+        criticality="normal",
+        done_when="report.md has one section per public module and a table of contents",
         data={"package": package},
         entry="overnight.demo.api_report:make_task",
         exports={"report.md": out} if out else {},

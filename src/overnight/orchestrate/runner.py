@@ -40,7 +40,11 @@ from overnight.store import open_store
 from overnight.store.base import Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
+from overnight.config import load as load_config
 from overnight.orchestrate.consistency import Decision, decide, policies_for, salt_of, world_spec, write_export
+from overnight.orchestrate.router import Route, locate, open_routed
+from overnight.orchestrate.router import route as route_task
+from overnight.verify.replicas import ReplicatedStore, repair_task
 from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
 from overnight.verify.drift import WorldNow, parse_policies
 from overnight.verify.fingerprint import digest_path, normalize, world
@@ -82,6 +86,8 @@ class RunResult:
         session: session number of this run.
         fallback: set when the head failed verification and an older checkpoint was used.
         created: True when this run created the task.
+        level: persistence level of the run (``ephemeral``/``session``/``durable``).
+        route: the router's reasons, when the task was routed.
     """
 
     task_id: str
@@ -97,6 +103,8 @@ class RunResult:
     created: bool = False
     fallback: Fallback | None = None
     artifacts: list[str] = field(default_factory=list)
+    level: str = "durable"
+    route: list[str] = field(default_factory=list)
 
     @property
     def resumable(self) -> bool:
@@ -118,7 +126,13 @@ class Runner:
         handle_signals: install SIGINT/SIGTERM handlers (main thread only).
         on_drift: drift policies for this run (``"deps=recompute,env=accept"`` or a dict),
             over the task's ``on_drift`` and :data:`~overnight.verify.drift.DEFAULT_POLICIES`.
-        check_drift: compare the head with the world on resume (consistency check).
+        check_drift: compare the head with the world on resume (consistency check); default:
+            at the ``durable`` level.
+
+    Store and level: with ``store=None`` and an ``expected_span`` on the task, the router picks
+    the level and the media (:mod:`overnight.orchestrate.router`, recorded on the task); with
+    ``store=None`` and no span, the default store at the ``durable`` level; with an explicit
+    store, that store at the task's ``level`` (default ``durable``).
     """
 
     def __init__(
@@ -133,13 +147,26 @@ class Runner:
         on_event: Callable[[RunEvent], None] | None = None,
         handle_signals: bool = True,
         on_drift: str | dict[str, str] | None = None,
-        check_drift: bool = True,
+        check_drift: bool | None = None,
     ) -> None:
         self.task = task
         self.policies = policies_for(task, parse_policies(on_drift))
-        self.check_drift = check_drift
+        self.route: Route | None = None
         self._own_store = not hasattr(store, "commit")
-        self.store: Store = open_store(store) if self._own_store else store  # type: ignore[assignment]
+        found = locate(task.id, load_config()) if store is None and task.span_s is not None else None
+        if found is not None:  # an existing task: where (and how) it was routed when created
+            self.store, self.route = found
+            self._own_store = True
+            level = task.level or (self.route.level if self.route else "durable")
+        elif store is None and task.span_s is not None:
+            self.route = route_task(task, load_config())
+            self.store: Store = open_routed(self.route, task.id)
+            level = self.route.level
+        else:
+            self.store = open_store(store) if self._own_store else store  # type: ignore[assignment]
+            level = task.level or "durable"
+        self.level = level
+        self.check_drift = (level == "durable") if check_drift is None else check_drift
         self.branch = branch
         self.key = signing_key_from_env() if signing_key is None else (signing_key or None)
         self.lease_ttl_ms = lease_ttl_ms
@@ -278,9 +305,12 @@ class Runner:
         head = self.store.get_ref(self.task.id, self.branch)
         if head is None and not self._task_exists():
             self.chain.session_n = 1
+            spec = self.task.spec()
+            spec["route"] = self.route.to_json() if self.route else {"level": self.level, "media": [],
+                                                                      "urls": [self.store.url], "reasons": ["not routed"]}
             self.state = {
                 "format": FORMAT_VERSION,
-                "task": {"id": self.task.id, "goal": self.task.goal, "spec": self.task.spec()},
+                "task": {"id": self.task.id, "goal": self.task.goal, "spec": spec},
                 "todo": self.task.initial_todo(),
                 "done": [],
                 "artifacts": {},
@@ -293,6 +323,10 @@ class Runner:
             self._commit(self.chain.blob_writer(), event("init"), [], task_row)
             self._emit("create", checkpoint_id=self.head)
             return True, None
+        if isinstance(self.store, ReplicatedStore):
+            repair = repair_task(self.store.media, self.store.names, self.task.id, key=self.key)
+            if repair.repaired or any(m.status != "ok" for m in repair.media):
+                self._emit("repair", detail=repair.describe())
         loaded, fallback = load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known)
         self.state = loaded.state_tree
         self.chain.start_from(loaded, fallback)
@@ -398,7 +432,8 @@ class Runner:
         return RunResult(
             task_id=self.task.id, branch=self.branch, status=status, head=self.head or "", store_url=self.store.url,
             session=self.session_n, steps_run=steps_run, steps_reused=steps_reused, done=done, total=total,
-            created=created, fallback=fallback, artifacts=sorted(self.state["artifacts"]),
+            created=created, fallback=fallback, artifacts=sorted(self.state["artifacts"]), level=self.level,
+            route=list(self.route.reasons) if self.route else [],
         )
 
     def _run_one(self) -> bool:

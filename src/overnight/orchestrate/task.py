@@ -126,15 +126,20 @@ class Task:
         exports: ``artifact name -> file path``: the runner writes each committed version there,
             and an edit of the file is drift (component ``artifacts``).
         on_drift: ``component -> policy`` overriding :data:`~overnight.verify.drift.DEFAULT_POLICIES`.
+        done_when: acceptance criteria in words (part of the spec's completeness, see the router).
+        completeness: the spec's completeness in [0, 1] as judged by whoever wrote it (a planner
+            model, say); None lets the router compute it from the fields filled in.
+        level, media: override the router's persistence level (``ephemeral``/``session``/
+            ``durable``) and storage media (names from the config, or store URLs).
 
     Raises:
-        SpecError: invalid id, criticality, span or drift policy.
+        SpecError: invalid id, criticality, span, level or drift policy.
     """
 
     id: str
     goal: str
     expected_span: str | float | timedelta | None = None
-    criticality: str = "normal"
+    criticality: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
     entry: str | None = None
     version: str = "1"
@@ -143,6 +148,10 @@ class Task:
     inputs: list[str] = field(default_factory=list)
     exports: dict[str, str] = field(default_factory=dict)
     on_drift: dict[str, str] = field(default_factory=dict)
+    done_when: str | None = None
+    completeness: float | None = None
+    level: str | None = None
+    media: list[str] | None = None
     steps: dict[str, StepDef] = field(default_factory=dict, repr=False)
     sources: dict[str, Callable[[], Any]] = field(default_factory=dict, repr=False)
 
@@ -150,8 +159,14 @@ class Task:
         if not isinstance(self.id, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", self.id):
             raise SpecError(f"invalid task id {self.id!r}", missing=["id"],
                             hint="use 1-200 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        self.criticality_explicit = self.criticality is not None
+        self.criticality = self.criticality or "normal"
         if self.criticality not in CRITICALITY:
             raise SpecError(f"criticality must be one of {CRITICALITY}, got {self.criticality!r}", task_id=self.id)
+        if self.completeness is not None and not 0.0 <= float(self.completeness) <= 1.0:
+            raise SpecError(f"completeness must be in [0, 1], got {self.completeness!r}", task_id=self.id)
+        if self.level is not None and self.level not in ("ephemeral", "session", "durable"):
+            raise SpecError(f"level must be ephemeral, session or durable, got {self.level!r}", task_id=self.id)
         self.span_s = parse_span(self.expected_span)
         from overnight.verify.drift import parse_policies
 

@@ -9,12 +9,26 @@ from overnight.errors import ConfigError
 from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 
-DEFAULT_PATH = Path(".overnight") / "overnight.db"
 
 
 def default_store_url() -> str:
-    """``$OVERNIGHT_STORE`` if set, else ``sqlite://.overnight/overnight.db`` (relative to the cwd)."""
-    return os.environ.get("OVERNIGHT_STORE") or f"sqlite://{DEFAULT_PATH}"
+    """``$OVERNIGHT_STORE``, else ``store.url`` of ``overnight.toml``, else
+    ``sqlite://.overnight/overnight.db`` (relative to the cwd); see :mod:`overnight.config`."""
+    from overnight.config import load
+
+    return load().get("store.url")
+
+
+def exists(url: str | os.PathLike | None = None) -> bool:
+    """Whether a store is already there (an SQLite file, a store directory); other media answer
+    True, since opening them creates nothing a user would notice."""
+    text = str(url) if url is not None else default_store_url()
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return Path(text).exists()
+    if scheme.lower() in ("sqlite", "file"):
+        return bool(rest) and Path(rest).exists()
+    return True
 
 
 def open_store(url: str | os.PathLike | None = None) -> Store:
@@ -28,7 +42,9 @@ def open_store(url: str | os.PathLike | None = None) -> Store:
     * ``postgresql://[USER@]HOST[:PORT]/DB[?schema=NAME]`` (also ``postgres://``) -- needs the
       ``postgres`` extra;
     * ``s3://BUCKET[/PREFIX][?endpoint_url=URL&region=NAME&conditional_writes=auto|require|off]``
-      -- needs the ``s3`` extra; credentials come from the usual AWS environment.
+      -- needs the ``s3`` extra; credentials come from the usual AWS environment;
+    * ``memory://NAME`` -- in this process only (the ``ephemeral`` level); the same NAME is the
+      same store within a process.
 
     ``None`` opens :func:`default_store_url`.
 
@@ -69,6 +85,10 @@ def open_store(url: str | os.PathLike | None = None) -> Store:
         from overnight.store.s3 import S3Store
 
         return S3Store(text)
+    if scheme == "memory":
+        from overnight.store.memory import named
+
+        return named(rest)
     raise _unsupported(text)
 
 
@@ -76,7 +96,7 @@ def _unsupported(text: str) -> ConfigError:
     return ConfigError(
         f"unsupported store URL {text!r}",
         hint="use sqlite://PATH (the embedded default), a path ending in .db, file://DIR, "
-             "postgresql://HOST/DB?schema=NAME or s3://BUCKET/PREFIX",
+             "postgresql://HOST/DB?schema=NAME, s3://BUCKET/PREFIX or memory://NAME",
     )
 
 
@@ -99,5 +119,6 @@ __all__ = [
     "Store",
     "TaskRow",
     "default_store_url",
+    "exists",
     "open_store",
 ]

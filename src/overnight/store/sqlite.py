@@ -32,6 +32,7 @@ from overnight.errors import (
     TaskNotFound,
 )
 from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.codec import digest
 from overnight.store.blobs import is_damaged
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
@@ -318,11 +319,14 @@ class SQLiteStore:
                     "INSERT OR IGNORE INTO tasks VALUES (?,?,?,?,?)", (t.task_id, t.created_at, t.goal, t.entry, t.spec)
                 )
             added = len(cp.body) + self._insert_objects(db, commit.objects)
-            db.execute(
-                "INSERT OR IGNORE INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (cp.checkpoint_id, cp.task_id, cp.parent_id, cp.branch, cp.seq, cp.created_at, cp.session,
-                 cp.event, cp.step, cp.body, cp.signature, added),
-            )
+            values = (cp.checkpoint_id, cp.task_id, cp.parent_id, cp.branch, cp.seq, cp.created_at, cp.session,
+                      cp.event, cp.step, cp.body, cp.signature, added)
+            if db.execute("INSERT OR IGNORE INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", values).rowcount == 0:
+                stored = db.execute("SELECT body FROM checkpoints WHERE checkpoint_id=?", (cp.checkpoint_id,)).fetchone()
+                if bytes(stored[0]) != cp.body and digest.sha256(bytes(stored[0])) != cp.checkpoint_id:
+                    # a damaged copy of this record (its body does not hash to its id): replace it
+                    db.execute("DELETE FROM checkpoints WHERE checkpoint_id=?", (cp.checkpoint_id,))
+                    db.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", values)
             if commit.journal:
                 db.executemany(
                     "INSERT OR IGNORE INTO journal VALUES (?,?,?,?,?,?,?,?,?,?)",

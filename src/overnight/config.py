@@ -1,0 +1,159 @@
+"""Configuration: ``overnight.toml``, environment variables, defaults -- and where each value came from.
+
+Precedence (highest first): an explicit argument (CLI option), an environment variable, the
+project file (``$OVERNIGHT_CONFIG``, else the first ``overnight.toml`` in the current directory
+or a parent), the built-in default. ``overnight config`` prints the effective values with their
+sources. The signing key is never printed, only whether it is set.
+
+``overnight.toml``::
+
+    [store]
+    url = "sqlite://.overnight/overnight.db"     # the default store (also media.local)
+
+    [media]                                      # storage media the router can choose
+    database = "postgresql://127.0.0.1:5432/test"
+    cloud = "s3://bucket/prefix?endpoint_url=http://127.0.0.1:9000"
+
+    [criticality]                                # media each criticality requires
+    normal = ["local"]
+    important = ["database"]
+    critical = ["database", "cloud"]
+
+    [router]
+    session_hours = 2.0      # span below this (and not overnight): ephemeral
+    durable_hours = 24.0     # span above this, or crossing a night: durable
+    min_completeness = 0.3   # specs less complete than this are refused
+
+    [lease]
+    ttl_ms = 30000
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from overnight.errors import ConfigError
+
+DEFAULT_STORE = "sqlite://.overnight/overnight.db"
+
+DEFAULTS: dict[str, Any] = {
+    "store.url": DEFAULT_STORE,
+    "media.local": None,  # None: same as store.url
+    "media.database": None,
+    "media.cloud": None,
+    "criticality.normal": ["local"],
+    "criticality.important": ["database"],
+    "criticality.critical": ["database", "cloud"],
+    "router.session_hours": 2.0,
+    "router.durable_hours": 24.0,
+    "router.min_completeness": 0.3,
+    "lease.ttl_ms": 30_000,
+    "signing.key": None,
+}
+
+ENV = {
+    "store.url": "OVERNIGHT_STORE",
+    "media.local": "OVERNIGHT_MEDIA_LOCAL",
+    "media.database": "OVERNIGHT_MEDIA_DATABASE",
+    "media.cloud": "OVERNIGHT_MEDIA_CLOUD",
+    "signing.key": "OVERNIGHT_SIGNING_KEY",
+}
+
+SECRET = {"signing.key"}
+
+
+@dataclass
+class Config:
+    """Effective configuration: ``values[key]`` and ``sources[key]`` (``default``, a file path, or
+    ``$ENV_VAR``)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    file: Path | None = None
+
+    def get(self, key: str) -> Any:
+        return self.values[key]
+
+    def medium(self, name: str) -> str | None:
+        """URL of a storage medium by name (``local``, ``database``, ``cloud``), None if unset."""
+        if name == "local":
+            return self.values["media.local"] or self.values["store.url"]
+        return self.values.get(f"media.{name}")
+
+    def shown(self) -> list[tuple[str, str, str]]:
+        """``(key, value, source)`` rows for ``overnight config`` (secrets as set/unset)."""
+        rows = []
+        for key in DEFAULTS:
+            value = self.values[key]
+            if key in SECRET:
+                text = "(set)" if value else "(unset)"
+            else:
+                text = "" if value is None else (", ".join(value) if isinstance(value, list) else str(value))
+            rows.append((key, text, self.sources[key]))
+        return rows
+
+
+def find_file(start: Path | None = None) -> Path | None:
+    """``$OVERNIGHT_CONFIG``, else the first ``overnight.toml`` in ``start`` (cwd) or a parent."""
+    explicit = os.environ.get("OVERNIGHT_CONFIG")
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"OVERNIGHT_CONFIG names {path}, which does not exist")
+        return path
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / "overnight.toml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def load(start: Path | None = None) -> Config:
+    """Read the effective configuration.
+
+    Raises:
+        ConfigError: the file is not valid TOML, or names an unknown key or a value of the wrong type.
+    """
+    cfg = Config(dict(DEFAULTS), {k: "default" for k in DEFAULTS})
+    path = find_file(start)
+    if path is not None:
+        try:
+            data = _flatten(tomllib.loads(path.read_text(encoding="utf-8")))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+        for key, value in data.items():
+            if key not in DEFAULTS:
+                raise ConfigError(f"{path}: unknown setting {key!r}", hint=f"known: {', '.join(DEFAULTS)}")
+            default = DEFAULTS[key]
+            if isinstance(default, list) and not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
+                raise ConfigError(f"{path}: {key} must be a list of media names")
+            if isinstance(default, float) and not isinstance(value, (int, float)):
+                raise ConfigError(f"{path}: {key} must be a number")
+            cfg.values[key] = float(value) if isinstance(default, float) else value
+            cfg.sources[key] = str(path)
+        cfg.file = path
+    for key, var in ENV.items():
+        if os.environ.get(var):
+            cfg.values[key] = os.environ[var]
+            cfg.sources[key] = f"${var}"
+    for level in ("normal", "important", "critical"):
+        unknown = [m for m in cfg.values[f"criticality.{level}"] if m not in ("local", "database", "cloud")]
+        if unknown:
+            raise ConfigError(f"criticality.{level} names unknown media {unknown}; use local, database, cloud")
+    return cfg
