@@ -268,6 +268,20 @@ def test_vocabulary_that_fails_its_hash_is_refused(tmp_path, monkeypatch):
         tokens._load_encoder.cache_clear()
 
 
+def test_without_tiktoken_auto_falls_back_to_pure_python(monkeypatch, reference):
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # import tiktoken -> ImportError
+    tokens._load_encoder.cache_clear()
+    try:
+        tok = TiktokenTokenizer("o200k_base")
+        assert tok.backend == "pure"
+        text = "\n".join(s for s in MULTILINGUAL + HANDED_STRINGS[:10])
+        assert tok.encode(text) == reference["o200k_base"].encode_ordinary(text)
+        with pytest.raises(TokenizerError, match="tiktoken is not installed"):
+            TiktokenTokenizer("o200k_base", backend="tiktoken")
+    finally:
+        tokens._load_encoder.cache_clear()
+
+
 def test_unknown_encoding_and_backend():
     with pytest.raises(TokenizerError, match="unknown OpenAI encoding"):
         TiktokenTokenizer("p50k_base")
