@@ -6,8 +6,9 @@
 #
 # llama-cpp-python ships as source and compiles llama.cpp at install time. Built for the build
 # machine's own CPU (GGML_NATIVE, the default), it dies with "illegal instruction" on these VMs, so
-# it is built for a fixed x86-64 level (AVX, AVX2, FMA, F16C, BMI2) instead. The build takes 15-20
-# minutes on 2 cores, so the wheel is kept in a cache outside any clone and reused:
+# it is built for a fixed x86-64 level (AVX, AVX2, FMA, F16C, BMI2) instead. The build takes ~7
+# minutes on 2 idle cores (~20 when they are busy), so the wheel is kept in a cache outside any
+# clone and reused:
 #
 #   $OVERNIGHT_WHEEL_CACHE (default /root/.cache/overnight-wheels, or ~/.cache/overnight-wheels)
 #
@@ -52,7 +53,7 @@ fi
 
 tmp="$(mktemp -d "$cache/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
-echo "ensure-llama-wheel: building llama-cpp-python==$version (15-20 min on 2 cores; log: $tmp/build.log)" >&2
+echo "ensure-llama-wheel: building llama-cpp-python==$version (about 7 min on 2 idle cores; log: $tmp/build.log)" >&2
 start=$(date +%s)
 if ! CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" \
      FORCE_CMAKE=1 CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
