@@ -38,6 +38,7 @@ import importlib.util
 import math
 import threading
 import warnings
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -480,6 +481,7 @@ class GGUFTokenizer:
             self._llama = Llama(model_path=str(p), vocab_only=True, verbose=False)
         except Exception as exc:
             raise TokenizerError(f"cannot read the vocabulary of {p}: {exc}") from exc
+        weakref.finalize(self, self._llama.close)  # at exit too, before llama_cpp's teardown-time __del__
         self._lock = threading.Lock()
         self.path = p
         self.name = f"gguf:{p}"

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,9 @@ class LocalModel:
         except Exception as exc:  # llama_cpp raises ValueError / RuntimeError on a bad file
             raise ModelNotConfigured(f"llama.cpp could not load {path}: {exc}", model=self.name,
                                      hint="is it a GGUF file of an architecture this llama.cpp knows?") from exc
+        # free llama.cpp's memory when this object goes, or at exit while the interpreter is still
+        # whole (llama_cpp's own __del__ fails during interpreter teardown)
+        self._finalizer = weakref.finalize(self, self._llama.close)
         self.model_id = path.stem
         self.n_ctx = self._llama.n_ctx()
         self._lock = threading.Lock()
@@ -124,6 +128,10 @@ class LocalModel:
             latency_ms=latency_ms,
             finish_reason=choice.get("finish_reason"),
         )
+
+    def close(self) -> None:
+        """Free the model's memory now (also done when the object is collected, or at exit)."""
+        self._finalizer()
 
     def __repr__(self) -> str:
         return f"LocalModel({str(self.model_path)!r})"
