@@ -13,6 +13,8 @@ Groups (mirrors httpx's ``_exceptions.py``):
 * config/spec  -- :class:`ConfigError`, :class:`SpecError`
 * drift        -- :class:`DriftAbort`
 * steps        -- :class:`StepFailed`, :class:`UnknownStep`
+* tokens       -- :class:`TokenizerError`, :class:`ApproximateTokenCount` (a warning)
+* models       -- :class:`ModelError`: :class:`ModelNotConfigured`, :class:`ModelCallFailed`
 """
 
 from __future__ import annotations
@@ -231,3 +233,33 @@ class StepFailed(StepError):
 
 class UnknownStep(StepError):
     """The todo list names a step function that the task does not define (renamed or removed?)."""
+
+
+# --- tokens ------------------------------------------------------------------------------------
+
+
+class TokenizerError(OvernightError, ValueError):
+    """A tokenizer could not be loaded: unknown encoding, missing or corrupt vocabulary file."""
+
+
+class ApproximateTokenCount(UserWarning):
+    """Token counts for this model are estimated (bytes / 4), not exact: no tokenizer is known for it."""
+
+
+# --- models ------------------------------------------------------------------------------------
+
+
+class ModelError(OvernightError):
+    """A language-model client could not be set up, or a call to it failed."""
+
+    def __init__(self, message: str, *, model: str | None = None, **kw) -> None:
+        super().__init__(message, **kw)
+        self.model = model
+
+
+class ModelNotConfigured(ModelError, ConfigError):
+    """The model spec is unknown, or what it needs (package, weights, endpoint, key) is missing."""
+
+
+class ModelCallFailed(ModelError):
+    """A completion request failed (connection refused, timeout, HTTP error, bad response)."""
