@@ -472,3 +472,21 @@ def test_processes_race_for_the_lease_and_the_head(store, tmp_path):
     assert sorted(r["commit"] for r in results) == ["ok"] + ["stale"] * (n - 1), results
     rows = store.list_checkpoints("race")
     assert len(rows) == 2 and store.get_ref("race", "main") == rows[1].checkpoint_id
+
+
+def test_call_journal_is_write_once_and_listed_in_order(store):
+    from overnight.store.base import CallRecord
+
+    a = CallRecord("t", "sha256:" + "a" * 64, 0, "sha256:" + "1" * 64, "m", b'{"text":"one \\u0000"}', 10, 2, 5.5,
+                   "2026-11-30T00:00:01+00:00")
+    b = CallRecord("t", "sha256:" + "a" * 64, 1, "sha256:" + "2" * 64, "m", b'{"text":"two"}', 11, 3, 6.0,
+                   "2026-11-30T00:00:02+00:00")
+    other = CallRecord("t", "sha256:" + "b" * 64, 0, "sha256:" + "3" * 64, "m", b"{}", 1, 1, 1.0,
+                       "2026-11-30T00:00:03+00:00")
+    for c in (b, a, other):
+        store.record_call(c)
+    store.record_call(CallRecord(a.task_id, a.step_key, a.seq, a.request_digest, "m", b"overwritten?", 0, 0, 0.0,
+                                 a.created_at))
+    assert store.calls("t", "sha256:" + "a" * 64) == [a, b]
+    assert store.calls("t") == [a, b, other]
+    assert store.calls("t", "sha256:" + "c" * 64) == [] and store.calls("nope") == []

@@ -123,12 +123,17 @@ def run(
     max_steps: int | None = None,
     on_event: Callable[[RunEvent], None] | None = None,
     on_drift: str | dict[str, str] | None = None,
+    model: Any = None,
+    max_context_tokens: int | None = None,
 ) -> RunResult:
     """Create or resume the task defined at ``entry`` (``FILE.py[:NAME]``) and run it.
 
-    ``on_drift``: drift policies for this run (``"deps=recompute,env=accept"``)."""
+    ``on_drift``: drift policies for this run (``"deps=recompute,env=accept"``); ``model``: a
+    model or spec for ``ctx.model`` (default the task's); ``max_context_tokens``: the session's
+    context window (default the task's, 8,000)."""
     task = load_task(entry) if isinstance(entry, str) else entry
-    return Runner(task, store, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift).run()
+    return Runner(task, store, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift,
+                  model=model, max_context_tokens=max_context_tokens).run()
 
 
 def resume(
@@ -140,6 +145,8 @@ def resume(
     max_steps: int | None = None,
     on_event: Callable[[RunEvent], None] | None = None,
     on_drift: str | dict[str, str] | None = None,
+    model: Any = None,
+    max_context_tokens: int | None = None,
 ) -> RunResult:
     """Resume a stored task from the latest head of ``branch``, loading its code from the entry
     recorded when it was created (or ``entry`` to override).
@@ -155,7 +162,7 @@ def resume(
         store = found[0]
         try:
             return resume(task_id, store=store, branch=branch, entry=entry, max_steps=max_steps, on_event=on_event,
-                          on_drift=on_drift)
+                          on_drift=on_drift, model=model, max_context_tokens=max_context_tokens)
         finally:
             store.close()
     with _opened(store) as s:
@@ -165,7 +172,8 @@ def resume(
             raise ConfigError(f"task {task_id!r} has no recorded code location", task_id=task_id,
                               hint="pass --file FILE.py[:NAME]")
         task = load_task(where, task_id=task_id)
-        return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift).run()
+        return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift,
+                      model=model, max_context_tokens=max_context_tokens).run()
 
 
 # --- ls / show / cat ---------------------------------------------------------------------------

@@ -263,3 +263,7 @@ class ModelNotConfigured(ModelError, ConfigError):
 
 class ModelCallFailed(ModelError):
     """A completion request failed (connection refused, timeout, HTTP error, bad response)."""
+
+
+class ContextOverflow(ModelError):
+    """A single model call does not fit in the session's context window, even with no history."""

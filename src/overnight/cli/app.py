@@ -60,6 +60,14 @@ BranchOpt = typer.Option("main", "--branch", "-b", help="Branch to use.")
 MaxStepsOpt = typer.Option(None, "--max-steps", min=1, help="Stop (resumably, exit 75) after N executed steps.")
 EventsOpt = typer.Option(None, "--events", help="Append every run event as a JSON line to this file.")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar.")
+ModelOpt = typer.Option(None, "--model", "-m", metavar="SPEC",
+                        help="Model for ctx.model: extractive (offline, not an LLM; the default), local (SmolLM2 "
+                        "in-process, needs the llm extra), or openai:NAME (any OpenAI-compatible endpoint).")
+BaseUrlOpt = typer.Option(None, "--base-url", help="Endpoint of an openai:NAME model, e.g. http://127.0.0.1:8000/v1 "
+                          "(key: $OPENAI_API_KEY; none needed for a local server).")
+ContextOpt = typer.Option(None, "--max-context-tokens", min=256,
+                          help="Context window per session in tokens (default 8000); at 80 % the runner compacts "
+                          "(a summary checkpoint, then a new session).")
 DriftOpt = typer.Option(None, "--on-drift", metavar="COMPONENT=POLICY,...",
                         help="Drift policies for this run, e.g. deps=recompute,env=accept (components: code, deps, "
                         "env, inputs, artifacts, all; policies: recompute, accept, rollback, abort). "
@@ -90,6 +98,14 @@ def _fail(exc: OvernightError) -> None:
     raise typer.Exit(_exit_code(exc))
 
 
+def _model(spec: Optional[str], base_url: Optional[str]):
+    if spec is None and base_url is None:
+        return None
+    from overnight.models import model_from_spec
+
+    return model_from_spec(spec or ("openai:default" if base_url else None), base_url=base_url)
+
+
 def _report_run(result: api.RunResult, *, quiet: bool) -> None:
     if not quiet:
         state = {"complete": "[green]complete[/]", "interrupted": "[yellow]interrupted (resumable)[/]",
@@ -98,6 +114,12 @@ def _report_run(result: api.RunResult, *, quiet: bool) -> None:
             f"task [bold]{render.esc(result.task_id)}[/] {state}: {result.done}/{result.total} steps, "
             f"{result.steps_run} run this session (session {result.session}), head {result.head[7:19]}"
         )
+        u = result.usage
+        if u.get("calls") or u.get("replayed_calls") or result.compactions:
+            render.err.print(f"model: {u.get('calls', 0)} call(s), {u.get('tokens_in', 0)} tokens in, "
+                             f"{u.get('tokens_out', 0)} out; {u.get('replayed_calls', 0)} call(s) "
+                             f"({u.get('replayed_tokens', 0)} tokens) replayed from the journal; "
+                             f"{result.compactions} compaction(s)")
         if result.resumable:
             render.err.print(f"resume with: overnight resume {render.esc(result.task_id)}")
     if result.resumable:
@@ -118,6 +140,9 @@ def run(
     events: Optional[str] = EventsOpt,
     quiet: bool = QuietOpt,
     on_drift: Optional[str] = DriftOpt,
+    model: Optional[str] = ModelOpt,
+    base_url: Optional[str] = BaseUrlOpt,
+    max_context_tokens: Optional[int] = ContextOpt,
 ) -> None:
     """Create the task defined in FILE.py, or resume it from its latest checkpoint, and run it.
 
@@ -126,7 +151,8 @@ def run(
     """
     try:
         result = _run_with_progress(
-            lambda p: api.run(file, store=store, branch=branch, max_steps=max_steps, on_event=p, on_drift=on_drift),
+            lambda p: api.run(file, store=store, branch=branch, max_steps=max_steps, on_event=p, on_drift=on_drift,
+                              model=_model(model, base_url), max_context_tokens=max_context_tokens),
             quiet=quiet, events=events)
     except OvernightError as exc:
         _fail(exc)
@@ -144,6 +170,9 @@ def resume(
     events: Optional[str] = EventsOpt,
     quiet: bool = QuietOpt,
     on_drift: Optional[str] = DriftOpt,
+    model: Optional[str] = ModelOpt,
+    base_url: Optional[str] = BaseUrlOpt,
+    max_context_tokens: Optional[int] = ContextOpt,
 ) -> None:
     """Resume a stored task from the latest head of its branch (never an older checkpoint,
     unless the head fails verification: then the newest valid one, with a report).
@@ -153,7 +182,8 @@ def resume(
     try:
         result = _run_with_progress(
             lambda p: api.resume(task_id, store=store, branch=branch, entry=file, max_steps=max_steps, on_event=p,
-                                 on_drift=on_drift),
+                                 on_drift=on_drift, model=_model(model, base_url),
+                                 max_context_tokens=max_context_tokens),
             quiet=quiet, events=events)
     except OvernightError as exc:
         _fail(exc)
@@ -431,19 +461,32 @@ def demo(
     events: Optional[str] = EventsOpt,
     quiet: bool = QuietOpt,
     on_drift: Optional[str] = DriftOpt,
+    model: Optional[str] = ModelOpt,
+    base_url: Optional[str] = BaseUrlOpt,
+    max_context_tokens: int = typer.Option(8000, "--max-context-tokens", min=256,
+                                           help="Context window per session in tokens; at 80 % the runner "
+                                           "compacts (a summary checkpoint, then a new session)."),
+    section_tokens: Optional[int] = typer.Option(None, "--section-tokens", min=16,
+                                                 help="Most tokens per section reply (default 4096 for the "
+                                                 "extractive writer, 400 for a language model)."),
 ) -> None:
     """The main job: write a Markdown API reference of an installed package, one step per module.
 
-    Uses the deterministic offline extractive writer (not an LLM). Re-running resumes the same
+    By default the sections are written by the deterministic offline extractive writer (not an
+    LLM); --model local or --model openai:NAME --base-url URL use a real model. The session's
+    context window (--max-context-tokens, 8000) fills as sections are written; at 80 % the
+    runner compacts and a new session starts. Re-running resumes the same
     task: a module whose source changed since (or a new module) is written again, and the report
     re-assembled; everything else comes from the checkpoints. The report is exported to --out.
     """
     from overnight.demo.api_report import make_task
 
     try:
-        task = make_task(task_id, package, latency_ms, out=str(out_path))
+        client = _model(model, base_url)
+        task = make_task(task_id, package, latency_ms, out=str(out_path), model=client.name if client else None,
+                         max_context_tokens=max_context_tokens, section_tokens=section_tokens)
         result = _run_with_progress(
-            lambda p: api.run(task, store=store, max_steps=max_steps, on_event=p, on_drift=on_drift),
+            lambda p: api.run(task, store=store, max_steps=max_steps, on_event=p, on_drift=on_drift, model=client),
             quiet=quiet, events=events)
     except OvernightError as exc:
         _fail(exc)

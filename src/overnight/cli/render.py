@@ -137,6 +137,10 @@ class RunProgress:
             err.print(f"[yellow]{esc(e.detail)}[/]")
         elif e.kind == "drift":
             err.print(f"[yellow]drift:[/] {esc(e.detail)}")
+        elif e.kind == "compaction_start":
+            self._say(f"[cyan]compacting:[/] {esc(e.detail)}")
+        elif e.kind == "compaction":
+            self._say(f"[cyan]compacted[/] into checkpoint {(e.checkpoint_id or '')[7:19]}; {esc(e.detail)} starts")
         elif e.kind == "repair":
             err.print(f"[yellow]repair:[/] {esc(e.detail)}")
         elif e.kind == "end":

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from overnight.errors import ConfigError
+from overnight.models.extractive import section_messages
 from overnight.orchestrate.context import StepContext
 from overnight.orchestrate.task import Task
 
@@ -189,20 +190,68 @@ def _package_version(package: str) -> str:
         return f"Python {platform.python_version()} standard library"
 
 
+def section_parts(api: dict[str, Any]) -> list[dict[str, Any]]:
+    """A module's API cut into parts that can be written one model call each: the module's
+    docstring with its functions, then each class on its own."""
+    head = {**api, "classes": []}
+    return [head] + [{**api, "doc": "", "functions": [], "classes": [c]} for c in api["classes"]]
+
+
+MIN_REPLY_TOKENS = 256
+
+
+def _write(ctx: StepContext, api: dict[str, Any], max_tokens: int) -> str:
+    messages = section_messages(api)
+    room = ctx.model.room(messages)
+    if room < MIN_REPLY_TOKENS:
+        raise ConfigError(f"the API of {api['module']} (part) does not fit in a {MIN_REPLY_TOKENS}-token reply "
+                          "within the context window", hint="raise --max-context-tokens")
+    return ctx.model.complete(messages, max_tokens=min(max_tokens, room)).text
+
+
+def write_section(ctx: StepContext, api: dict[str, Any], max_tokens: int) -> str:
+    """The module's section, by the task's model: one call when the module's API and a reply of
+    up to ``max_tokens`` fit in the context window, else one call per part (:func:`section_parts`),
+    stitched under one heading. A reply never asks for more tokens than the window has left."""
+    if ctx.model.fits(section_messages(api), max_tokens):
+        return ctx.model.complete(section_messages(api), max_tokens=max_tokens).text
+    texts = [_write(ctx, part, max_tokens) for part in section_parts(api)]
+    counts = f"*{len(api['classes'])} classes, {len(api['functions'])} functions.*"
+    texts[0] = re.sub(r"^\*\d+ classes, \d+ functions\.\*$", counts, texts[0], count=1, flags=re.M)
+    rest = []
+    for text in texts[1:]:  # each part repeats the module heading: keep what follows it
+        lines = text.splitlines()
+        start = next((i for i, line in enumerate(lines) if line.startswith("### ")), len(lines))
+        rest.append("\n".join(lines[start:]))
+    return "\n\n".join([texts[0].rstrip(), *(r.strip() for r in rest)]).rstrip() + "\n"
+
+
 def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latency_ms: float = 0.0,
-              out: str | None = None) -> Task:
-    """The API-report task for ``package`` (id ``api-report-<package>`` unless given); ``out``:
-    a file the finished ``report.md`` is exported to."""
-    writer = ExtractiveWriter(latency_ms)
+              out: str | None = None, model: str | None = None, max_context_tokens: int = 8_000,
+              section_tokens: int | None = None) -> Task:
+    """The API-report task for ``package`` (id ``api-report-<package>`` unless given).
+
+    Args:
+        out: a file the finished ``report.md`` is exported to.
+        model: the model writing the sections (``extractive``, ``local``, ``openai:NAME``; default
+            extractive), recorded in the task's data so a resume uses the same one.
+        latency_ms: with the extractive writer, sleep this long per section (a model's latency).
+        max_context_tokens: the session's context window (compaction at 80 % of it).
+        section_tokens: most tokens per section reply (default 4,096 for the extractive writer,
+            whose sections are long, 400 for a language model).
+    """
     task = Task(
         task_id or f"api-report-{package.replace('_', '-')}",
         goal=f"Write a Markdown API reference of the Python package {package!r}",
         expected_span="2d",  # written across days: durable (fingerprints and drift checks on resume)
         criticality="normal",
         done_when="report.md has one section per public module and a table of contents",
-        data={"package": package},
+        data={"package": package, "model": model or "extractive", "latency_ms": latency_ms,
+              "section_tokens": section_tokens},
         entry="overnight.demo.api_report:make_task",
         exports={"report.md": out} if out else {},
+        model=model or "extractive",
+        max_context_tokens=max_context_tokens,
     )
 
     @task.step
@@ -221,7 +270,10 @@ def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latenc
     def section(ctx: StepContext, module: str, file: str) -> dict[str, int]:
         source = ctx.read_input_text(Path(ctx.state["root"]) / file)  # recorded: an edit recomputes this section
         api = extract_module(source, module)
-        text = writer.write_section(api)
+        limit = ctx.state.get("section_tokens") or (4096 if ctx.model.name == "extractive" else 400)
+        if ctx.model.name == "extractive" and ctx.state.get("latency_ms"):
+            time.sleep(ctx.state["latency_ms"] / 1000)
+        text = write_section(ctx, api, limit)
         ctx.write_text(f"sections/{module}.md", text)
         return {"classes": len(api["classes"]), "functions": len(api["functions"]), "bytes": len(text)}
 
@@ -230,9 +282,11 @@ def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latenc
         pkg, modules = ctx.state["package"], ctx.outputs["discover"]["modules"]
         sections = [ctx.read_text(f"sections/{m}.md") for m in modules]
         toc = [f"- [`{m}`](#{_anchor(m)})" for m in modules]
+        writer = ("overnight's extractive writer (not a language model)" if ctx.state["model"] == "extractive"
+                  else f"the model {ctx.state['model']}")
         head = [f"# API reference: `{pkg}`", "",
                 f"{len(modules)} public modules of `{pkg}` ({ctx.state['version']}). Written section by section "
-                "by overnight's extractive writer from the package source.", "", "## Contents", "", *toc, ""]
+                f"by {writer} from the package source.", "", "## Contents", "", *toc, ""]
         report = "\n".join(head) + "\n" + "\n".join(sections)
         ctx.write_text("report.md", report)
         return {"modules": len(modules), "bytes": len(report.encode("utf-8"))}

@@ -20,6 +20,7 @@ from overnight.verify.fingerprint import MISSING, digest_path, installed, keyed,
 
 if TYPE_CHECKING:
     from overnight.orchestrate.runner import Runner
+    from overnight.orchestrate.session import ModelGateway
 
 
 class Outputs(Mapping[str, Any]):
@@ -58,9 +59,12 @@ class StepContext:
         session: the session number (1 for the first run, +1 per resume or compaction).
         attempt: 1 on the first try of this step in this run, 2+ on retries.
         log: a logger (``overnight.task.<task_id>``) that prefixes the step name.
+        model: the task's model behind the session's context budget and the call journal:
+            ``ctx.model.complete(messages, max_tokens=...)`` (see :mod:`overnight.orchestrate.session`).
     """
 
-    def __init__(self, runner: "Runner", entry: dict[str, Any], args: dict[str, Any], attempt: int) -> None:
+    def __init__(self, runner: "Runner", entry: dict[str, Any], args: dict[str, Any], attempt: int,
+                 model: "ModelGateway") -> None:
         self._runner = runner
         self.task_id: str = runner.task.id
         self.goal: str = runner.task.goal
@@ -72,6 +76,7 @@ class StepContext:
         self.outputs = Outputs(runner.state["done"], self.reads["steps"])
         self.session: int = runner.session_n
         self.attempt = attempt
+        self.model = model
         self.log = logging.LoggerAdapter(logging.getLogger(f"overnight.task.{self.task_id}"), {"step": self.step})
         self._artifacts: dict[str, tuple[bytes, bool]] = {}
         self._added: list[dict[str, Any]] = []

@@ -34,7 +34,11 @@ from overnight.errors import (
     StoreBusy,
     UnknownStep,
 )
+from overnight.models import Model, model_from_spec
 from overnight.orchestrate.context import StepContext
+from overnight.orchestrate.session import Budget, ModelGateway, summarize
+from overnight.store.base import CallRecord
+from overnight.tokens import count_messages, tokenizer_for
 from overnight.orchestrate.task import Task, step_key
 from overnight.store import open_store
 from overnight.store.base import Lease, Store, TaskRow
@@ -88,6 +92,9 @@ class RunResult:
         created: True when this run created the task.
         level: persistence level of the run (``ephemeral``/``session``/``durable``).
         route: the router's reasons, when the task was routed.
+        compactions: context compactions in this run (each started a new session).
+        usage: model usage in this run: ``tokens_in``, ``tokens_out``, ``calls`` made, and
+            ``replayed_calls``/``replayed_tokens`` served from the call journal instead.
     """
 
     task_id: str
@@ -105,6 +112,8 @@ class RunResult:
     artifacts: list[str] = field(default_factory=list)
     level: str = "durable"
     route: list[str] = field(default_factory=list)
+    compactions: int = 0
+    usage: dict[str, int] = field(default_factory=dict)
 
     @property
     def resumable(self) -> bool:
@@ -128,6 +137,10 @@ class Runner:
             over the task's ``on_drift`` and :data:`~overnight.verify.drift.DEFAULT_POLICIES`.
         check_drift: compare the head with the world on resume (consistency check); default:
             at the ``durable`` level.
+        model: the model steps call through ``ctx.model`` (a :class:`~overnight.models.Model` or a
+            spec: ``extractive``, ``local``, ``openai:NAME``); default the task's ``model``.
+        max_context_tokens, compaction_threshold: the session's context budget (default the
+            task's: 8,000 tokens, compaction at 80 %); see :mod:`overnight.orchestrate.session`.
 
     Store and level: with ``store=None`` and an ``expected_span`` on the task, the router picks
     the level and the media (:mod:`overnight.orchestrate.router`, recorded on the task); with
@@ -148,8 +161,15 @@ class Runner:
         handle_signals: bool = True,
         on_drift: str | dict[str, str] | None = None,
         check_drift: bool | None = None,
+        model: Model | str | None = None,
+        max_context_tokens: int | None = None,
+        compaction_threshold: float | None = None,
     ) -> None:
         self.task = task
+        self.model: Model = model if hasattr(model, "complete") else model_from_spec(model or task.model)  # type: ignore
+        self.tokenizer = tokenizer_of(self.model)
+        self.budget = Budget(max_context_tokens or task.max_context_tokens,
+                             compaction_threshold if compaction_threshold is not None else task.compaction_threshold)
         self.policies = policies_for(task, parse_policies(on_drift))
         self.route: Route | None = None
         self._own_store = not hasattr(store, "commit")
@@ -187,6 +207,10 @@ class Runner:
         self._world_ref: dict[str, Any] | None = None
         self._accepted: list[dict[str, Any]] = []
         self._exported: dict[str, str] = {}
+        self._pending_context: list[list[dict[str, str]]] = []
+        self._calls: dict[str, list[CallRecord]] = {}
+        self.compactions = 0
+        self.usage = {"tokens_in": 0, "tokens_out": 0, "replayed_tokens": 0, "calls": 0, "replayed_calls": 0}
 
     @property
     def head(self) -> str | None:
@@ -198,6 +222,50 @@ class Runner:
         return self.chain.session_n
 
     # -- state helpers --------------------------------------------------------------------------
+
+    # -- the context window ---------------------------------------------------------------------
+
+    def context_messages(self) -> list[list[dict[str, str]]]:
+        """This session's exchanges: committed ones, then those of the step in flight."""
+        return [*self.state["context"]["messages"], *self._pending_context]
+
+    def context_add(self, messages: list[dict[str, str]], reply: str) -> None:
+        """Remember an exchange of the step in flight (committed with the step, dropped if it fails)."""
+        self._pending_context.append([*messages, {"role": "assistant", "content": reply}])
+
+    def recorded_call(self, key: str, seq: int, request: str) -> CallRecord | None:
+        """A call of step ``key`` recorded in the call journal with this position and request."""
+        if key not in self._calls:
+            self._calls[key] = self.store.calls(self.task.id, key)
+        return next((c for c in self._calls[key] if c.seq == seq and c.request_digest == request), None)
+
+    def _context_with(self, exchanges: list[list[dict[str, str]]]) -> dict[str, Any]:
+        ctx = self.state["context"]
+        messages = [*ctx["messages"], *exchanges]
+        tokens = ctx["tokens"] + sum(count_messages(ex, self.tokenizer) for ex in exchanges)
+        return {**ctx, "messages": messages, "tokens": tokens}
+
+    def _compact(self) -> None:
+        """Summarise this session's exchanges, commit that as a checkpoint, then start a new session."""
+        ctx = self.state["context"]
+        self._emit("compaction_start", detail=f"{ctx['tokens']} context tokens >= {self.budget.compact_at}")
+        summary, gw = summarize(self, ctx["messages"], f"compaction:{self.head}")
+        self._count(gw)
+        self.state = {**self.state, "context": {"summary": summary.text, "compactions": ctx["compactions"] + 1,
+                                                "messages": [], "tokens": 0}}
+        n = self.session_n
+        self._commit(self.chain.blob_writer(), event(
+            "compaction", detail=f"{ctx['tokens']} tokens of session {n} -> a {summary.tokens_out}-token summary; "
+            f"session {n + 1} starts"), [])
+        # only now, with the summary durable, is the old context dropped: a new session begins
+        self.chain.session_n, self.chain.session_id = n + 1, uuid.uuid4().hex
+        self.compactions += 1
+        self._emit("compaction", checkpoint_id=self.head, detail=f"session {n + 1}")
+
+    def _count(self, gw: ModelGateway) -> None:
+        for k, v in (("tokens_in", gw.tokens_in), ("tokens_out", gw.tokens_out), ("replayed_tokens", gw.replayed_tokens),
+                     ("calls", gw.calls_made), ("replayed_calls", gw.calls_replayed)):
+            self.usage[k] += v
 
     def find_step(self, name: str) -> dict[str, Any] | None:
         """The todo or done entry named ``name``, if any."""
@@ -315,7 +383,7 @@ class Runner:
                 "done": [],
                 "artifacts": {},
                 "data": to_tree(dict(self.task.data), "state.data"),
-                "context": {"summary": None, "compactions": 0},
+                "context": {"summary": None, "compactions": 0, "messages": [], "tokens": 0},
             }
             self.salt = salt_of(self.state)
             spec = canonical_dumps(self.state["task"]["spec"])
@@ -410,6 +478,8 @@ class Runner:
         created, fallback = self._start()
         steps_run = steps_reused = 0
         status = "complete"
+        if self.state["context"]["tokens"] >= self.budget.compact_at and self.state["todo"]:
+            self._compact()  # a compaction that failed or was killed last time: retried first
         try:
             while self.state["todo"]:
                 if self.stop_requested:
@@ -433,7 +503,8 @@ class Runner:
             task_id=self.task.id, branch=self.branch, status=status, head=self.head or "", store_url=self.store.url,
             session=self.session_n, steps_run=steps_run, steps_reused=steps_reused, done=done, total=total,
             created=created, fallback=fallback, artifacts=sorted(self.state["artifacts"]), level=self.level,
-            route=list(self.route.reasons) if self.route else [],
+            route=list(self.route.reasons) if self.route else [], compactions=self.compactions,
+            usage=dict(self.usage),
         )
 
     def _run_one(self) -> bool:
@@ -461,7 +532,8 @@ class Runner:
         attempt = 0
         while True:
             attempt += 1
-            ctx = StepContext(self, entry, args, attempt)
+            self._pending_context = []
+            ctx = StepContext(self, entry, args, attempt, ModelGateway(self, entry["name"], key))
             started_at = utc_now()
             t0 = time.perf_counter()
             try:
@@ -493,11 +565,12 @@ class Runner:
             artifacts[name] = {"digest": writer.put(data), "size": len(data), "text": is_text, "step": entry["name"]}
         reads = {kind: ({**declared.get(kind, {}), **got} if isinstance(got, dict) else got)
                  for kind, got in ctx.reads.items()}
+        gw = ctx.model
         done_entry = {
             "name": entry["name"], "fn": entry["fn"], "key": key, "version": sdef.version, "args": entry["args"],
             "output": output_tree, "reads": reads, "writes": sorted(ctx._artifacts), "seq": self.chain.seq + 1,
             "session": self.session_n, "started_at": started_at, "duration_ms": round(duration_ms, 3),
-            "tokens_in": 0, "tokens_out": 0,
+            "tokens_in": gw.tokens_in, "tokens_out": gw.tokens_out, "replayed_tokens": gw.replayed_tokens,
         }
         self.state = {
             **self.state,
@@ -505,12 +578,30 @@ class Runner:
             "done": self.state["done"] + [done_entry],
             "artifacts": artifacts,
             "data": data_tree,
+            "context": self._context_with(self._pending_context),
         }
+        self._pending_context = []
         journal = [{"step_key": key, "step_name": entry["name"], "started_at": started_at,
-                    "duration_ms": duration_ms, "tokens_in": 0, "tokens_out": 0}]
+                    "duration_ms": duration_ms, "tokens_in": gw.tokens_in, "tokens_out": gw.tokens_out}]
         self._commit(writer, event("step", step=entry["name"], key=key), journal)
+        self._count(gw)
         self._emit("step_end", step=entry["name"], checkpoint_id=self.head, duration_ms=duration_ms)
+        if self.state["context"]["tokens"] >= self.budget.compact_at:
+            self._compact()
         return True
+
+
+def tokenizer_of(model: Model) -> Any:
+    """The tokenizer that counts what ``model`` reads: its GGUF vocabulary for a local model, the
+    OpenAI encoding for ``openai:`` models it knows (else an approximate count, with a warning),
+    ``o200k_base`` for the extractive writer."""
+    path = getattr(model, "model_path", None)
+    if path is not None:
+        return tokenizer_for(str(path))
+    name = model.name
+    if name == "extractive":
+        return tokenizer_for("o200k_base")
+    return tokenizer_for(name.split(":", 1)[1] if name.startswith("openai:") else name)
 
 
 def run(task: Task, store: Store | str | None = None, **kwargs: Any) -> RunResult:

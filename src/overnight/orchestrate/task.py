@@ -129,6 +129,10 @@ class Task:
         done_when: acceptance criteria in words (part of the spec's completeness, see the router).
         completeness: the spec's completeness in [0, 1] as judged by whoever wrote it (a planner
             model, say); None lets the router compute it from the fields filled in.
+        model: the model steps call through ``ctx.model`` (spec: ``extractive`` (default, offline,
+            not an LLM), ``local`` (SmolLM2 in-process), ``openai:NAME``).
+        max_context_tokens: the session's context window in tokens (default 8,000).
+        compaction_threshold: compact when the session's context reaches this share of the window.
         level, media: override the router's persistence level (``ephemeral``/``session``/
             ``durable``) and storage media (names from the config, or store URLs).
 
@@ -150,6 +154,9 @@ class Task:
     on_drift: dict[str, str] = field(default_factory=dict)
     done_when: str | None = None
     completeness: float | None = None
+    model: str | None = None
+    max_context_tokens: int = 8_000
+    compaction_threshold: float = 0.8
     level: str | None = None
     media: list[str] | None = None
     steps: dict[str, StepDef] = field(default_factory=dict, repr=False)
@@ -163,6 +170,11 @@ class Task:
         self.criticality = self.criticality or "normal"
         if self.criticality not in CRITICALITY:
             raise SpecError(f"criticality must be one of {CRITICALITY}, got {self.criticality!r}", task_id=self.id)
+        if not (isinstance(self.max_context_tokens, int) and self.max_context_tokens >= 256):
+            raise SpecError(f"max_context_tokens must be an int >= 256, got {self.max_context_tokens!r}", task_id=self.id)
+        if not 0.1 <= float(self.compaction_threshold) <= 1.0:
+            raise SpecError(f"compaction_threshold must be in [0.1, 1], got {self.compaction_threshold!r}",
+                            task_id=self.id)
         if self.completeness is not None and not 0.0 <= float(self.completeness) <= 1.0:
             raise SpecError(f"completeness must be in [0, 1], got {self.completeness!r}", task_id=self.id)
         if self.level is not None and self.level not in ("ephemeral", "session", "durable"):

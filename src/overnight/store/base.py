@@ -111,6 +111,34 @@ class JournalRow:
 
 
 @dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One model call made inside a step, recorded *before* the step commits (the call journal):
+    a step that runs again after a crash replays it instead of calling (and paying) again.
+
+    Attributes:
+        step_key: key of the step that made the call.
+        seq: position of the call within that step's execution (0, 1, ...).
+        request_digest: ``sha256`` of the canonical request (model, messages, parameters).
+        model: which model answered.
+        response: canonical JSON bytes of the completion (text, finish reason).
+        tokens_in, tokens_out: tokens of the prompt and the reply.
+        latency_ms: wall time of the call (ms).
+        created_at: RFC 3339 UTC.
+    """
+
+    task_id: str
+    step_key: str
+    seq: int
+    request_digest: str
+    model: str
+    response: bytes
+    tokens_in: int
+    tokens_out: int
+    latency_ms: float
+    created_at: str
+
+
+@dataclass(frozen=True, slots=True)
 class Lease:
     """A held lease on ``(task_id, branch)``.
 
@@ -228,6 +256,16 @@ class Store(Protocol):
 
     def journal(self, task_id: str) -> list[JournalRow]:
         """Committed step rows of the task, by ``seq``."""
+        ...
+
+    # call journal ----------------------------------------------------------------------------
+    def record_call(self, call: CallRecord) -> None:
+        """Record a model call; durable when it returns. A call already recorded under the same
+        ``(task_id, step_key, seq, request_digest)`` is kept (first write wins)."""
+        ...
+
+    def calls(self, task_id: str, step_key: str | None = None) -> list[CallRecord]:
+        """Recorded calls of a task (of one step, with ``step_key``), oldest first."""
         ...
 
     # leases ----------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ from overnight.errors import (
 )
 from overnight.store import layout
 from overnight.store.blobs import is_damaged
-from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.store.base import CallRecord, CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
 _SWAP_RETRIES = 50  # lease/fence swaps that lose a race re-read and retry this many times
@@ -328,6 +328,18 @@ class KeyedStore:
 
     def journal(self, task_id: str) -> list[JournalRow]:
         return [j for _, rows in self._committed(task_id) for j in rows]
+
+    # -- call journal -----------------------------------------------------------------------
+
+    def record_call(self, call: CallRecord) -> None:
+        self._c.create_many({layout.call_key(call): layout.encode_call(call)})
+
+    def calls(self, task_id: str, step_key: str | None = None) -> list[CallRecord]:
+        base = layout.calls_dir(task_id)
+        steps = [layout.name(step_key)] if step_key is not None else self._c.list(base)
+        keys = [f"{base}/{s}/{n}" for s in steps for n in self._c.list(f"{base}/{s}")]
+        out = [layout.decode_call(d) for d in self._c.read_many(keys).values()]
+        return sorted(out, key=lambda c: (c.created_at, c.seq))
 
     # -- leases -----------------------------------------------------------------------------
 

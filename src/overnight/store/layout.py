@@ -35,7 +35,7 @@ from typing import Any
 
 from overnight.codec.canonical import dumps_sorted, from_tree, loads, to_tree
 from overnight.errors import DecodeError
-from overnight.store.base import CheckpointRow, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.store.base import CallRecord, CheckpointRow, JournalRow, Lease, ObjectRecord, TaskRow
 
 LAYOUT_VERSION = 1
 META_KEY = "overnight.json"
@@ -121,6 +121,28 @@ def ref_key(task_id: str, branch: str) -> str:
 
 def lease_key(task_id: str, branch: str) -> str:
     return f"{task_dir(task_id)}/leases/{name(branch)}"
+
+
+def calls_dir(task_id: str) -> str:
+    return f"{task_dir(task_id)}/calls"
+
+
+def call_key(call: CallRecord) -> str:
+    """``tasks/<task>/calls/<step key>/<seq>-<request digest>`` (seq zero-padded: listed in order)."""
+    return f"{calls_dir(call.task_id)}/{name(call.step_key)}/{call.seq:08d}-{name(call.request_digest)}"
+
+
+_CALL_FIELDS = ("task_id", "step_key", "seq", "request_digest", "model", "tokens_in", "tokens_out", "latency_ms",
+                "created_at")
+
+
+def encode_call(call: CallRecord) -> bytes:
+    return _with_header({f: getattr(call, f) for f in _CALL_FIELDS}, call.response)
+
+
+def decode_call(data: bytes) -> CallRecord:
+    head, payload = _split(data)
+    return CallRecord(**{f: head[f] for f in _CALL_FIELDS}, response=payload)
 
 
 # -- records ------------------------------------------------------------------------------------

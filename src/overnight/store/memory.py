@@ -12,7 +12,7 @@ from typing import Iterable, Iterator
 
 from overnight.codec.digest import sha256
 from overnight.errors import CheckpointNotFound, LeaseLost, StaleHead, TaskBusy, TaskNotFound
-from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.store.base import CallRecord, CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
 from overnight.store.blobs import is_damaged
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
@@ -41,6 +41,7 @@ class MemoryStore:
         self._refs: dict[tuple[str, str], str] = {}
         self._journal: list[JournalRow] = []
         self._leases: dict[tuple[str, str], Lease] = {}
+        self._calls: dict[tuple[str, str, int, str], CallRecord] = {}
 
     # objects
     def missing_objects(self, digests: Iterable[str]) -> set[str]:
@@ -142,6 +143,16 @@ class MemoryStore:
     def journal(self, task_id: str) -> list[JournalRow]:
         with self._lock:
             return sorted((j for j in self._journal if j.task_id == task_id), key=lambda j: j.seq)
+
+    # call journal
+    def record_call(self, call: CallRecord) -> None:
+        with self._lock:
+            self._calls.setdefault((call.task_id, call.step_key, call.seq, call.request_digest), call)
+
+    def calls(self, task_id: str, step_key: str | None = None) -> list[CallRecord]:
+        with self._lock:
+            out = [c for c in self._calls.values() if c.task_id == task_id and step_key in (None, c.step_key)]
+        return sorted(out, key=lambda c: (c.created_at, c.seq))
 
     # leases
     def acquire_lease(self, task_id: str, branch: str, holder_id: str, holder: str, ttl_ms: int) -> Lease:

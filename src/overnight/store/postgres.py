@@ -40,7 +40,7 @@ from overnight.errors import (
 )
 from overnight.store import postgres_schema
 from overnight.store.blobs import is_damaged
-from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.store.base import CallRecord, CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
 DEFAULT_SCHEMA = "overnight"
@@ -362,6 +362,26 @@ class PostgresStore:
     def journal(self, task_id: str) -> list[JournalRow]:
         rows = self._read("SELECT * FROM {s}.journal WHERE task_id=%s ORDER BY seq", (_b(task_id),))
         return [JournalRow(_s(r[0]), r[1], r[2], r[3], _s(r[4]), _s(r[5]), _s(r[6]), r[7], r[8], r[9]) for r in rows]
+
+    # -- call journal -----------------------------------------------------------------------
+
+    def record_call(self, call: CallRecord) -> None:
+        self._require_text("step key", call.step_key)
+        self._require_text("request digest", call.request_digest)
+        with self._tx() as cur:
+            cur.execute(self._sql("INSERT INTO {s}.calls VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING"),
+                        (_b(call.task_id), call.step_key, call.seq, call.request_digest, _b(call.model), call.response,
+                         call.tokens_in, call.tokens_out, call.latency_ms, _b(call.created_at)))
+
+    def calls(self, task_id: str, step_key: str | None = None) -> list[CallRecord]:
+        if step_key is None:
+            rows = self._read("SELECT * FROM {s}.calls WHERE task_id=%s ORDER BY created_at, seq", (_b(task_id),))
+        elif not _text_safe(step_key):
+            return []
+        else:
+            rows = self._read("SELECT * FROM {s}.calls WHERE task_id=%s AND step_key=%s ORDER BY created_at, seq",
+                              (_b(task_id), step_key))
+        return [CallRecord(_s(r[0]), r[1], r[2], r[3], _s(r[4]), bytes(r[5]), r[6], r[7], r[8], _s(r[9])) for r in rows]
 
     # -- leases -----------------------------------------------------------------------------
 

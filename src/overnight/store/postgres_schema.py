@@ -112,6 +112,21 @@ MIGRATIONS: tuple[Migration, ...] = (
             PRIMARY KEY (task_id, branch)
         )""",
     )),
+    Migration(2, "call journal", (
+        """CREATE TABLE {s}.calls (
+            task_id        bytea NOT NULL,
+            step_key       text COLLATE "C" NOT NULL,
+            seq            bigint NOT NULL,
+            request_digest text COLLATE "C" NOT NULL,
+            model          bytea NOT NULL,
+            response       bytea NOT NULL,
+            tokens_in      bigint NOT NULL,
+            tokens_out     bigint NOT NULL,
+            latency_ms     double precision NOT NULL,
+            created_at     bytea NOT NULL,
+            PRIMARY KEY (task_id, step_key, seq, request_digest)
+        )""",
+    )),
 )
 
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")

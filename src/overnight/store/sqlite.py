@@ -31,7 +31,7 @@ from overnight.errors import (
     TaskBusy,
     TaskNotFound,
 )
-from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.store.base import CallRecord, CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
 from overnight.codec import digest
 from overnight.store.blobs import is_damaged
 from overnight.store.leases import can_take_over, describe_holder, now_ms
@@ -91,6 +91,19 @@ CREATE TABLE IF NOT EXISTS journal (
     PRIMARY KEY (checkpoint_id, step_key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS journal_task ON journal (task_id, seq);
+CREATE TABLE IF NOT EXISTS calls (
+    task_id        TEXT NOT NULL,
+    step_key       TEXT NOT NULL,
+    seq            INTEGER NOT NULL,
+    request_digest TEXT NOT NULL,
+    model          TEXT NOT NULL,
+    response       BLOB NOT NULL,
+    tokens_in      INTEGER NOT NULL,
+    tokens_out     INTEGER NOT NULL,
+    latency_ms     REAL NOT NULL,
+    created_at     TEXT NOT NULL,
+    PRIMARY KEY (task_id, step_key, seq, request_digest)
+);
 CREATE TABLE IF NOT EXISTS leases (
     task_id       TEXT NOT NULL,
     branch        TEXT NOT NULL,
@@ -103,7 +116,7 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 
 
-_BLOB_COLUMNS = frozenset({"data", "body", "spec"})
+_BLOB_COLUMNS = frozenset({"data", "body", "spec", "response"})
 
 
 def _param(value: object) -> object:
@@ -405,6 +418,22 @@ class SQLiteStore:
     def journal(self, task_id: str) -> list[JournalRow]:
         rows = self._read("SELECT * FROM journal WHERE task_id=? ORDER BY seq", (task_id,))
         return [JournalRow(*r) for r in rows]
+
+    # -- call journal -----------------------------------------------------------------------
+
+    def record_call(self, call: CallRecord) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR IGNORE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?)",
+                       (call.task_id, call.step_key, call.seq, call.request_digest, call.model, call.response,
+                        call.tokens_in, call.tokens_out, call.latency_ms, call.created_at))
+
+    def calls(self, task_id: str, step_key: str | None = None) -> list[CallRecord]:
+        if step_key is None:
+            rows = self._read("SELECT * FROM calls WHERE task_id=? ORDER BY created_at, seq", (task_id,))
+        else:
+            rows = self._read("SELECT * FROM calls WHERE task_id=? AND step_key=? ORDER BY created_at, seq",
+                              (task_id, step_key))
+        return [CallRecord(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), r[6], r[7], r[8], r[9]) for r in rows]
 
     # -- leases -----------------------------------------------------------------------------
 

@@ -163,7 +163,8 @@ class DoneEntry(_Strict):
         output: the step's return value (JSON tree).
         seq: seq of the checkpoint that committed it.
         duration_ms: wall time of the step function (ms).
-        tokens_in, tokens_out: model tokens used (0 without model calls).
+        tokens_in, tokens_out: model tokens of the calls the step made (0 without model calls).
+        replayed_tokens: tokens of calls replayed from the call journal instead of made again.
     """
 
     name: str
@@ -180,6 +181,7 @@ class DoneEntry(_Strict):
     duration_ms: float
     tokens_in: int
     tokens_out: int
+    replayed_tokens: int
 
 
 class Pages(_Strict):
@@ -196,10 +198,20 @@ class Pages(_Strict):
 
 
 class ContextInfo(_Strict):
-    """Context carried across sessions: the latest compaction summary and how many there were."""
+    """The context window carried across steps and sessions.
+
+    Attributes:
+        summary: the latest compaction summary (None before the first compaction).
+        compactions: how many compactions there were.
+        messages: this session's model exchanges so far, each a list of ``{"role", "content"}``
+            messages ending with the reply; emptied by a compaction.
+        tokens: tokens of ``messages`` (the budget that triggers compaction).
+    """
 
     summary: str | None
     compactions: int
+    messages: list[list[dict[str, str]]]
+    tokens: int
 
 
 class StateDoc(_Strict):

@@ -27,7 +27,7 @@ from overnight.errors import (
     OvernightError,
     short_id,
 )
-from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, Store, TaskRow
+from overnight.store.base import CallRecord, CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, Store, TaskRow
 from overnight.verify.chain import load_head
 
 
@@ -99,6 +99,13 @@ class ReplicatedStore:
     def set_ref(self, task_id: str, branch: str, new: str | None, expected: str | None) -> None:
         for m in self.media:
             m.set_ref(task_id, branch, new, expected)
+
+    def record_call(self, call: CallRecord) -> None:
+        for m in self.media:
+            m.record_call(call)
+
+    def calls(self, task_id: str, step_key: str | None = None) -> list[CallRecord]:
+        return self.primary.calls(task_id, step_key)
 
     # leases: the primary coordinates
     def acquire_lease(self, task_id: str, branch: str, holder_id: str, holder: str, ttl_ms: int) -> Lease:
@@ -244,6 +251,8 @@ def _repair_medium(src: Store, dst: Store, task_row: TaskRow, lineage: list[Chec
         # every object the source has that the destination lacks (content-addressed: safe to copy)
         missing = dst.missing_objects(src.iter_object_digests())
         st.objects_copied += _copy_objects(src, dst, missing)
+        for call in src.calls(task_row.task_id):  # the call journal: replays need it on every medium
+            dst.record_call(call)
         # the head's lineage, root first, each committed with the ref's current value as expected
         # head: a missing record is added, a damaged one is rewritten (the store replaces a body
         # that does not hash to its id), an intact one is left as it is; the ref ends on the head
