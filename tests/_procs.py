@@ -104,3 +104,12 @@ def assert_linear_history(store: SQLiteStore, task_id: str, branch: str = "main"
     off_chain = {r.checkpoint_id for r in rows} - {r.checkpoint_id for r in chain}
     assert not off_chain, f"checkpoints not on the {branch} chain (a fork): {sorted(off_chain)}"
     return chain
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

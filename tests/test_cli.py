@@ -107,10 +107,20 @@ def test_run_resume_exit_codes(tmp_path):
 
 
 def test_usage_errors_are_clear(tmp_path):
+    err = cli("show", "nope", cwd=tmp_path, check=2).stderr  # read-only commands never create a store
+    assert "no store at" in err and not (tmp_path / ".overnight").exists()
+    err = cli("ls", "--store", "sqlite:/typo.db", cwd=tmp_path, check=2).stderr
+    assert "malformed" in err and not list(tmp_path.iterdir())
+    cli("demo", "--max-steps", "1", cwd=tmp_path, check=75)
     err = cli("show", "nope", cwd=tmp_path, check=2).stderr
     assert "no task 'nope'" in err and "overnight ls" in err
     err = cli("run", "missing.py", cwd=tmp_path, check=2).stderr
     assert "missing.py" in err
+    (tmp_path / "broken.py").write_text("import overnight\nsyntax error(\n")
+    err = cli("run", "broken.py", cwd=tmp_path, check=2).stderr
+    assert "SyntaxError" in err and "line 2" in err and "Traceback" not in err
+    err = cli("demo", "--package", "no_such_package_xyz", cwd=tmp_path, check=2).stderr
+    assert "not installed" in err and "api-report-no" not in cli("ls", "--json", cwd=tmp_path).stdout
     err = cli("resume", "nope", "--store", "bogus://x", cwd=tmp_path, check=2).stderr
     assert "unsupported store URL" in err
 

@@ -282,3 +282,52 @@ def test_demo_recomputes_only_changed_modules(tmp_path):
     assert after.replace("(edited after the first run)", "to the global registry") == before
     print(f"\ndemo drift: first run {len(first)} steps; after editing one module: {len(again)} recomputed, "
           f"{len(first) - len(again)} reused")
+
+
+FLOW = '''
+import overnight
+task = overnight.Task("flow", goal="count the words of a file", data={{"words": [], "count": 0}})
+
+@task.step
+def load(ctx):
+    ctx.state["words"] = ctx.read_input_text({path!r}).split()
+    return {{"n": len(ctx.state["words"])}}
+
+@task.step
+def expand(ctx):
+    for w in ctx.state["words"]:
+        ctx.add_step("per_word", w=w)
+
+@task.step(planned=False)
+def per_word(ctx, w):
+    ctx.state["count"] += 1
+    return len(w)
+
+@task.step
+def report(ctx):
+    return {{"words": len(ctx.state["words"]), "count": ctx.state["count"], "n": ctx.outputs["load"]["n"]}}
+'''
+
+
+def test_drift_follows_data_passed_through_ctx_state(tmp_path):
+    """A step that reads a ctx.state key written by a recomputed step runs again when the value it
+    reads changed (and only then): here a new word in the input adds its per_word step, and the
+    report is consistent."""
+    data = tmp_path / "input.txt"
+    data.write_text("alpha beta gamma")
+    (tmp_path / "flow.py").write_text(FLOW.format(path=str(data)))
+    env = {**os.environ, "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "overnight", "run", "flow.py", "-q", "--store", f"sqlite://{tmp_path / 's.db'}"]
+    subprocess.run([*cmd, "--events", "ev0.jsonl"], cwd=tmp_path, env=env, check=True, capture_output=True)
+    data.write_text("alpha beta gamma delta")
+    proc = subprocess.run([*cmd, "--events", "ev1.jsonl"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert executed(tmp_path, "ev1.jsonl") == ["load", "expand", "per_word[w='delta']", "report"]
+    with open_store(f"sqlite://{tmp_path / 's.db'}") as s:
+        loaded, _ = load_head(s, "flow")
+    out = {d.name: d.output for d in loaded.state.done}
+    assert out["report"] == {"words": 4, "count": 4, "n": 4}
+    # same content again (a touch, no change): nothing runs
+    data.write_text("alpha beta gamma delta")
+    subprocess.run([*cmd, "--events", "ev2.jsonl"], cwd=tmp_path, env=env, check=True, capture_output=True)
+    assert executed(tmp_path, "ev2.jsonl") == []

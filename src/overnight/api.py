@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +18,21 @@ from typing import Any, Callable, Iterator
 
 from overnight.config import Config
 from overnight.config import load as load_config
-from overnight.errors import ArtifactNotFound, CheckpointNotFound, ConfigError, OvernightError, TaskNotFound, short_id
+from overnight.errors import (
+    ArtifactNotFound,
+    BranchNotFound,
+    CheckpointNotFound,
+    ConfigError,
+    OvernightError,
+    TaskNotFound,
+    short_id,
+)
 from overnight.orchestrate.router import Route, locate, recorded_route
 from overnight.orchestrate.runner import RunEvent, RunResult, Runner
 from overnight.orchestrate.task import Task
-from overnight.store import Store, open_store
+from overnight.store import Store, default_store_url, open_store
+from overnight.store import exists as store_exists
+from overnight.store import location as store_location
 from overnight.store.blobs import BlobReader
 from overnight.verify import branching
 from overnight.verify.branching import LogEntry, MergeResult
@@ -32,10 +43,14 @@ from overnight.verify.integrity import load_checkpoint, parse_record, signing_ke
 
 
 @contextmanager
-def _opened(store: Store | str | None) -> Iterator[Store]:
+def _opened(store: Store | str | None, *, create: bool = True) -> Iterator[Store]:
     if store is not None and hasattr(store, "commit"):
         yield store  # type: ignore[misc]
         return
+    if not create and not store_exists(store):  # type: ignore[arg-type]
+        url = str(store) if store is not None else default_store_url()
+        raise ConfigError(f"no store at {url} ({store_location(url)})",
+                          hint="run a task first (`overnight demo`), or pass --store / set OVERNIGHT_STORE")
     s = open_store(store)  # type: ignore[arg-type]
     try:
         yield s
@@ -60,9 +75,22 @@ def _load_module(path: Path) -> Any:
     sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
-    except BaseException:
+    except (KeyboardInterrupt, SystemExit):
         sys.modules.pop(name, None)
         raise
+    except BaseException as exc:
+        sys.modules.pop(name, None)
+        if isinstance(exc, OvernightError):
+            raise
+        where = ""
+        if isinstance(exc, SyntaxError):
+            where = f" (line {exc.lineno}: {exc.text.strip() if exc.text else ''})"
+        else:
+            frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
+            if frames:
+                where = f" (line {frames[-1].lineno}: {frames[-1].line})"
+        raise ConfigError(f"cannot load task file {path}: {type(exc).__name__}: {exc}{where}",
+                          hint="fix the file; `python FILE.py` shows the full traceback") from exc
     return module
 
 
@@ -91,16 +119,21 @@ def load_task(entry: str, *, task_id: str | None = None) -> Task:
         except ImportError as exc:
             raise ConfigError(f"cannot import task module {target!r}: {exc}") from exc
         origin = target
+    tasks = {k: v for k, v in vars(module).items() if isinstance(v, Task)}
     if attr:
+        by_id = [k for k, v in tasks.items() if v.id == attr]
+        if not hasattr(module, attr) and len(by_id) == 1:
+            attr = by_id[0]  # FILE.py:TASK_ID works too
         if not hasattr(module, attr):
-            raise ConfigError(f"{origin} has no attribute {attr!r}")
+            raise ConfigError(f"{origin} has no task named {attr!r} (as a variable or a task id)",
+                              hint="tasks there: " + (", ".join(f"{k} (id {v.id})" for k, v in tasks.items()) or "none"))
         obj = getattr(module, attr)
     else:
-        tasks = {k: v for k, v in vars(module).items() if isinstance(v, Task)}
-        if len(tasks) != 1:
-            raise ConfigError(
-                f"{origin} defines {len(tasks)} tasks ({', '.join(tasks) or 'none'}); name one as FILE.py:NAME"
-            )
+        if not tasks:
+            raise ConfigError(f"{origin} defines no overnight.Task at module level",
+                              hint="define task = overnight.Task(...) in the file (a factory: FILE.py:make_task)")
+        if len(tasks) > 1:
+            raise ConfigError(f"{origin} defines {len(tasks)} tasks ({', '.join(tasks)}); name one as FILE.py:NAME")
         attr, obj = next(iter(tasks.items()))
     if not isinstance(obj, Task) and callable(obj):
         obj = obj(task_id=task_id) if task_id is not None else obj()
@@ -173,7 +206,7 @@ def resume(
                               hint="pass --file FILE.py[:NAME]")
         task = load_task(where, task_id=task_id)
         return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift,
-                      model=model, max_context_tokens=max_context_tokens).run()
+                      model=model, max_context_tokens=max_context_tokens, code_moved=entry is not None).run()
 
 
 # --- ls / show / cat ---------------------------------------------------------------------------
@@ -198,7 +231,7 @@ def ls(*, store: Store | str | None = None) -> list[TaskSummary]:
     """Every task in the store with its status on ``main`` (or its first branch)."""
     key = signing_key_from_env()
     out = []
-    with _opened(store) as s:
+    with _opened(store, create=False) as s:
         for t in s.list_tasks():
             refs = s.list_refs(t.task_id)
             rows = s.list_checkpoints(t.task_id)
@@ -249,6 +282,7 @@ class TaskReport:
     artifacts: dict[str, int]
     chain: list[ChainEntry]
     stored_bytes: int
+    usage: dict[str, Any] = field(default_factory=dict)
 
 
 def show(task_id: str, *, store: Store | str | None = None, branch: str = "main") -> TaskReport:
@@ -258,9 +292,12 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
         TaskNotFound: no such task.
     """
     key = signing_key_from_env()
-    with _opened(store) as s:
+    with _opened(store, create=False) as s:
         t = s.get_task(task_id)
         refs = s.list_refs(task_id)
+        if refs and branch not in refs:
+            raise BranchNotFound(f"task {task_id!r} has no branch {branch!r}", task_id=task_id,
+                                 hint="branches: " + ", ".join(refs))
         heads: dict[str, list[str]] = {}
         for b, cid in refs.items():
             heads.setdefault(cid, []).append(b)
@@ -286,7 +323,39 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
             except OvernightError:
                 pass
         return TaskReport(task_id, t.goal, t.entry, t.created_at, refs, status, done, total, todo, artifacts, chain,
-                          sum(c.stored_bytes for c in chain))
+                          sum(c.stored_bytes for c in chain), _usage(s, task_id))
+
+
+def _usage(s: Store, task_id: str) -> dict[str, Any]:
+    """Model usage of a task from its call journal (every call actually made) and its done steps
+    (calls replayed from the journal after an interruption instead of being made again)."""
+    cfg = load_config()
+    by_model: dict[str, dict[str, Any]] = {}
+    for c in s.calls(task_id):
+        m = by_model.setdefault(c.model, {"calls": 0, "tokens_in": 0, "tokens_out": 0})
+        m["calls"] += 1
+        m["tokens_in"] += c.tokens_in
+        m["tokens_out"] += c.tokens_out
+    cost = 0.0
+    priced = bool(by_model)
+    for model, m in by_model.items():
+        price = cfg.price(model)
+        if price is None:
+            priced = False
+            continue
+        m["cost_usd"] = round(m["tokens_in"] / 1e6 * price[0] + m["tokens_out"] / 1e6 * price[1], 6)
+        cost += m["cost_usd"]
+    replayed = 0
+    try:
+        loaded, _ = load_head(s, task_id, "main", key=signing_key_from_env(), deep=False)
+        replayed = sum(d.replayed_tokens for d in loaded.state.done)
+    except OvernightError:
+        pass
+    return {"calls": sum(m["calls"] for m in by_model.values()),
+            "tokens_in": sum(m["tokens_in"] for m in by_model.values()),
+            "tokens_out": sum(m["tokens_out"] for m in by_model.values()),
+            "tokens_saved_by_resume": replayed, "by_model": by_model,
+            "cost_usd": round(cost, 6) if priced else None}
 
 
 def resolve_checkpoint(store: Store, task_id: str, ref: str) -> str:
@@ -317,17 +386,21 @@ def _some(names: list[str], limit: int = 8) -> str:
 
 
 def cat(task_id: str, artifact: str, *, store: Store | str | None = None, at: str | None = None,
-        branch: str = "main") -> bytes:
+        branch: str = "main", notes: list[str] | None = None) -> bytes:
     """The bytes of ``artifact`` at the branch head (or at checkpoint/branch ``at``), verified.
+    When the head fails verification, the newest valid checkpoint is used and ``notes`` (if given)
+    gets a line saying so.
 
     Raises:
         TaskNotFound / CheckpointNotFound / ArtifactNotFound; IntegrityError if it fails verification.
     """
     key = signing_key_from_env()
-    with _opened(store) as s:
+    with _opened(store, create=False) as s:
         s.get_task(task_id)
         if at is None:
-            loaded, _ = load_head(s, task_id, branch, key=key, deep=False)
+            loaded, fallback = load_head(s, task_id, branch, key=key, deep=False)
+            if fallback is not None and notes is not None:
+                notes.append(fallback.describe().splitlines()[0])
         else:
             loaded = load_checkpoint(s, resolve_checkpoint(s, task_id, at), key=key, deep=False)
         ref = loaded.artifacts.get(artifact)
@@ -351,14 +424,14 @@ def verify(task_id: str | None = None, *, store: Store | str | None = None, all_
     Raises:
         TaskNotFound: ``task_id`` does not exist.
     """
-    with _opened(store) as s:
+    with _opened(store, create=False) as s:
         return verify_store(s, [task_id] if task_id else None, key=signing_key_from_env(),
                             all_objects=all_objects, on_progress=on_progress)
 
 
 def log(task_id: str, *, store: Store | str | None = None) -> list[LogEntry]:
     """The task's history, all branches, newest first, with a graph column (``git log --graph``)."""
-    with _opened(store) as s:
+    with _opened(store, create=False) as s:
         s.get_task(task_id)
         return branching.history(s, task_id, key=signing_key_from_env())
 
@@ -428,7 +501,7 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
     from overnight.orchestrate.consistency import policies_for, report_for, salt_of, world, world_spec
     from overnight.verify.drift import affected_steps, parse_policies
 
-    with _opened(store) as s:
+    with _opened(store, create=False) as s:
         s.get_task(task_id)
         loaded, _ = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
         st = loaded.state
@@ -467,7 +540,7 @@ def env_export(task_id: str, *, store: Store | str | None = None, at: str | None
     """
     from overnight.verify.fingerprint import pip_requirements
 
-    with _opened(store) as s:
+    with _opened(store, create=False) as s:
         s.get_task(task_id)
         key = signing_key_from_env()
         if at is None:

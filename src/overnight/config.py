@@ -26,6 +26,9 @@ sources. The signing key is never printed, only whether it is set.
 
     [lease]
     ttl_ms = 30000
+
+    [prices]                 # USD per million tokens [input, output], for cost estimates
+    "openai:gpt-4o-mini" = [0.15, 0.60]
 """
 
 from __future__ import annotations
@@ -84,15 +87,20 @@ class Config:
             return self.values["media.local"] or self.values["store.url"]
         return self.values.get(f"media.{name}")
 
+    def price(self, model: str) -> tuple[float, float] | None:
+        """``(input, output)`` USD per million tokens for ``model``, when configured."""
+        value = self.values.get(f"prices.{model}")
+        return (value[0], value[1]) if value else None
+
     def shown(self) -> list[tuple[str, str, str]]:
         """``(key, value, source)`` rows for ``overnight config`` (secrets as set/unset)."""
         rows = []
-        for key in DEFAULTS:
+        for key in [*DEFAULTS, *sorted(k for k in self.values if k.startswith("prices."))]:
             value = self.values[key]
             if key in SECRET:
                 text = "(set)" if value else "(unset)"
             else:
-                text = "" if value is None else (", ".join(value) if isinstance(value, list) else str(value))
+                text = "" if value is None else (", ".join(map(str, value)) if isinstance(value, list) else str(value))
             rows.append((key, text, self.sources[key]))
         return rows
 
@@ -138,6 +146,12 @@ def load(start: Path | None = None) -> Config:
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
         for key, value in data.items():
+            if key.startswith("prices."):
+                if not (isinstance(value, list) and len(value) == 2 and all(isinstance(x, (int, float)) for x in value)):
+                    raise ConfigError(f"{path}: {key} must be [input, output] USD per million tokens")
+                cfg.values[key] = [float(x) for x in value]
+                cfg.sources[key] = str(path)
+                continue
             if key not in DEFAULTS:
                 raise ConfigError(f"{path}: unknown setting {key!r}", hint=f"known: {', '.join(DEFAULTS)}")
             default = DEFAULTS[key]

@@ -43,6 +43,14 @@ EXIT_CODES_HELP = (
     "run `overnight resume TASK_ID`)."
 )
 
+def _version(value: bool) -> None:
+    if value:
+        from overnight import __version__
+
+        sys.stdout.write(f"overnight {__version__}\n")
+        raise typer.Exit()
+
+
 app = typer.Typer(
     name="overnight",
     help="Durable long-horizon agent tasks: verified checkpoints after every step, crash-safe resume.\n\n"
@@ -121,7 +129,9 @@ def _report_run(result: api.RunResult, *, quiet: bool) -> None:
                              f"({u.get('replayed_tokens', 0)} tokens) replayed from the journal; "
                              f"{result.compactions} compaction(s)")
         if result.resumable:
-            render.err.print(f"resume with: overnight resume {render.esc(result.task_id)}")
+            from overnight.orchestrate.runner import resume_command
+
+            render.err.print(f"resume with: {render.esc(resume_command(result.task_id, result.branch, result.store_url))}")
     if result.resumable:
         raise typer.Exit(EXIT_RESUMABLE)
 
@@ -201,7 +211,10 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
         render.print_json(tasks)
         return
     if not tasks:
-        render.err.print("no tasks in this store yet (try `overnight demo`)")
+        from overnight.store import default_store_url, location
+
+        render.err.print(f"no tasks in the store at {render.esc(location(store or default_store_url()))} yet "
+                         "(try `overnight demo`)")
         return
     render.table(None, ["task", "status", "steps", "branches", "checkpoints", "updated", "goal"],
                  [(t.task_id, t.status, f"{t.done}/{t.total}", ",".join(t.branches), t.checkpoints,
@@ -230,6 +243,12 @@ def show(
     render.out.print(f"status: {rep.status}, {rep.done}/{rep.total} steps; branches: "
                      + ", ".join(f"{b} -> {c[7:19]}" for b, c in rep.branches.items())
                      + f"; stored: {render.human_bytes(rep.stored_bytes)}")
+    u = rep.usage
+    if u.get("calls"):
+        cost = (f", est. ${u['cost_usd']:.4f}" if u.get("cost_usd") is not None
+                else render.esc(" (set [prices] in overnight.toml for a cost estimate)"))
+        render.out.print(f"model: {u['calls']} call(s), {u['tokens_in']} tokens in, {u['tokens_out']} out; "
+                         f"{u['tokens_saved_by_resume']} tokens saved by resume (replayed, not paid again){cost}")
     if rep.todo:
         more = f" (+{len(rep.todo) - 5} more)" if len(rep.todo) > 5 else ""
         render.out.print("todo: " + ", ".join(render.esc(n) for n in rep.todo[:5]) + more)
@@ -251,10 +270,15 @@ def cat(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
 ) -> None:
     """Print an artifact's bytes (verified against its digest) at the head or at --at CHECKPOINT."""
+    notes: list[str] = []
     try:
-        data = api.cat(task_id, artifact, store=store, at=at, branch=branch)
+        data = api.cat(task_id, artifact, store=store, at=at, branch=branch, notes=notes)
     except OvernightError as exc:
+        for note in notes:
+            render.err.print(f"[yellow]note:[/] {render.esc(note)}")
         _fail(exc)
+    for note in notes:
+        render.err.print(f"[yellow]note:[/] {render.esc(note)}")
     if output is not None:
         output.write_bytes(data)
     else:
@@ -357,10 +381,17 @@ def verify(
         )
         for task, heads in rep.heads.items():
             render.out.print(f"  {render.esc(task)}: " + ", ".join(f"{b} {st}" for b, st in heads.items()))
-        if rep.problems:
+        failing = [p for p in rep.problems if not p.dangling]
+        dangling = [p for p in rep.problems if p.dangling]
+        if failing:
             render.table("problems", ["task", "checkpoint", "check", "detail"],
-                         [(p.task_id or "", (p.checkpoint_id or "")[7:19], p.check, p.detail) for p in rep.problems])
-        else:
+                         [(p.task_id or "", (p.checkpoint_id or "")[7:19], p.check, p.detail) for p in failing])
+        if dangling:
+            render.out.print(f"[yellow]{len(dangling)} damaged record(s) no branch uses[/] (kept for inspection after a "
+                             "fallback; `overnight show` marks them):")
+            for p in dangling[:10]:
+                render.out.print(f"  {(p.checkpoint_id or '')[7:19]}: {render.esc(p.detail)}")
+        if not failing:
             render.out.print("[green]ok[/]")
     if not rep.ok:
         raise typer.Exit(EXIT_INTEGRITY)
@@ -424,7 +455,8 @@ def rollback(
         cid = api.rollback(task_id, to, branch=branch, store=store)
     except OvernightError as exc:
         _fail(exc)
-    render.err.print(f"branch [bold]{render.esc(branch)}[/] rolled back; new head {cid[7:19]}")
+    render.err.print(f"branch [bold]{render.esc(branch)}[/] rolled back to the state of {render.esc(to)}; "
+                     f"new head {cid[7:19]} (the newer checkpoints stay in `overnight log`)")
 
 
 @app.command()
@@ -479,9 +511,10 @@ def demo(
     task: a module whose source changed since (or a new module) is written again, and the report
     re-assembled; everything else comes from the checkpoints. The report is exported to --out.
     """
-    from overnight.demo.api_report import make_task
+    from overnight.demo.api_report import find_package, make_task
 
     try:
+        find_package(package)  # a package that is not there: refuse before creating a task
         client = _model(model, base_url)
         task = make_task(task_id, package, latency_ms, out=str(out_path), model=client.name if client else None,
                          max_context_tokens=max_context_tokens, section_tokens=section_tokens)
@@ -518,7 +551,8 @@ def bench_commit(
     try:
         result = run_commit_bench(n=n, state_kb=state_kb, directory=directory)
     except ImportError as exc:
-        render.err.print(f"[bold red]error:[/] {exc}; install the bench extra: pip install 'overnight[bench]'")
+        render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the bench extra: "
+                         + render.esc("pip install 'overnight[bench]'"))
         raise typer.Exit(EXIT_USAGE)
     if as_json:
         render.print_json(result)
@@ -618,8 +652,17 @@ def bench_verify(
     render.out.print(run_verify_bench(checkpoints=checkpoints, mb=mb, directory=directory).markdown())
 
 
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Durable long-horizon agent tasks."""
+
+
 def main() -> None:
     """Console-script entry point."""
+    import warnings
+
+    warnings.formatwarning = lambda message, category, *args, **kw: f"warning: {message}\n"  # type: ignore
     try:
         app()
     except KeyboardInterrupt:

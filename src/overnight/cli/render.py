@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import sys
 import time
@@ -83,6 +84,18 @@ class _EtaColumn(ProgressColumn):
         return Text("ETA -:--:--" if eta is None else "ETA " + time.strftime("%H:%M:%S", time.gmtime(eta)), style="cyan")
 
 
+class _StepLogHandler(logging.Handler):
+    """Shows ``ctx.log`` lines above the progress bar: INFO and up (WARNING and up with --quiet)."""
+
+    def __init__(self, quiet: bool) -> None:
+        super().__init__(logging.WARNING if quiet else logging.INFO)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        step = getattr(record, "step", "")
+        style = "yellow" if record.levelno >= logging.WARNING else "dim"
+        err.print(f"[{style}]{esc(step)}:[/] {esc(record.getMessage())}")
+
+
 class RunProgress:
     """Turns :class:`RunEvent` into a rich progress bar (step name, done/total, elapsed, ETA).
 
@@ -102,9 +115,13 @@ class RunProgress:
 
     def __enter__(self) -> "RunProgress":
         self.progress.__enter__()
+        self._log = _StepLogHandler(self.quiet)
+        logging.getLogger("overnight.task").addHandler(self._log)
+        logging.getLogger("overnight.task").setLevel(logging.INFO)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        logging.getLogger("overnight.task").removeHandler(self._log)
         self.progress.__exit__(*exc)
         if self.events:
             self.events.close()
@@ -114,12 +131,19 @@ class RunProgress:
             self.events.write(json.dumps({"t": time.time(), **dataclasses.asdict(e)}, ensure_ascii=True) + "\n")
             self.events.flush()
         if e.kind in ("create", "resume"):
+            on = f" on branch [bold]{esc(e.branch)}[/]" if e.branch != "main" else ""
             if e.kind == "create":
-                self._say(f"[green]created[/] task [bold]{esc(e.task_id)}[/] (checkpoint {(e.checkpoint_id or '')[7:19]})")
+                self._say(f"[green]created[/] task [bold]{esc(e.task_id)}[/]{on} (checkpoint {(e.checkpoint_id or '')[7:19]})")
+                if e.detail:  # the router's decision
+                    level_note = esc(e.detail)
+                    if "ephemeral" in e.detail:
+                        err.print(f"[yellow]level ephemeral:[/] {level_note}")
+                    else:
+                        self._say(f"[dim]{level_note}[/]")
             else:
-                self._say(f"[green]resuming[/] task [bold]{esc(e.task_id)}[/] from checkpoint "
+                self._say(f"[green]resuming[/] task [bold]{esc(e.task_id)}[/]{on} from checkpoint "
                           f"{(e.checkpoint_id or '')[7:19]} ({e.done}/{e.total} steps done)")
-            if e.detail:  # a fallback is always reported, even with --quiet
+            if e.detail and e.kind == "resume":  # a fallback is always reported, even with --quiet
                 err.print(f"[yellow]fallback:[/] {esc(e.detail)}")
             self.bar = self.progress.add_task("run", total=e.total, completed=e.done, step="", eta=None)
         elif self.bar is None:

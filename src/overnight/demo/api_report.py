@@ -274,6 +274,9 @@ def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latenc
         if ctx.model.name == "extractive" and ctx.state.get("latency_ms"):
             time.sleep(ctx.state["latency_ms"] / 1000)
         text = write_section(ctx, api, limit)
+        heading = f"## `{module}`"
+        if not text.lstrip().startswith(heading):  # a model's reply without the heading: the report keeps its shape
+            text = f"{heading}\n\n{text.strip()}\n"
         ctx.write_text(f"sections/{module}.md", text)
         return {"classes": len(api["classes"]), "functions": len(api["functions"]), "bytes": len(text)}
 

@@ -61,7 +61,8 @@ class Decision:
     """What the policies decided for one resume.
 
     Attributes:
-        report: the drift found (against the checkpoint finally continued from).
+        report: the drift against the checkpoint finally continued from.
+        found: the drift found against the head (differs from ``report`` after a rollback).
         state: the state to continue from.
         rollback_to: the older checkpoint rolled back to (policy ``rollback``), if any.
         recomputed: steps taken off the done list to run again.
@@ -70,6 +71,7 @@ class Decision:
 
     report: DriftReport
     state: dict[str, Any]
+    found: DriftReport | None = None
     rollback_to: LoadedCheckpoint | None = None
     recomputed: list[str] = field(default_factory=list)
     accepted: list[dict[str, Any]] = field(default_factory=list)
@@ -81,7 +83,8 @@ class Decision:
     def describe(self) -> str:
         parts = []
         if self.rollback_to is not None:
-            parts.append(f"rolled back to seq {self.rollback_to.record.seq}")
+            parts.append(f"rolled back to checkpoint {self.rollback_to.id[7:19]} (seq {self.rollback_to.record.seq}), "
+                         "the newest made in a world like this one")
         if self.recomputed:
             parts.append(f"recompute {len(self.recomputed)} step(s): {', '.join(self.recomputed[:8])}"
                          + (" ..." if len(self.recomputed) > 8 else ""))
@@ -106,9 +109,11 @@ def decide(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, An
     if abort:
         raise DriftAbort(f"task {task.id!r} drifted in {', '.join(abort)} (policy abort):\n{report.describe()}",
                          task_id=task.id, checkpoint_id=loaded.id, report=report,
-                         hint="restore the environment (`overnight env export`), or resume with "
-                         "--on-drift COMPONENT=recompute|accept|rollback")
+                         hint=("undo the edit of the exported file, or " if abort == ["artifacts"] else
+                               "restore the environment (`overnight env export`), or ")
+                         + "resume with --on-drift COMPONENT=recompute|accept|rollback")
     decision = Decision(report, state)
+    decision.found = report
     rollback = {c for c in drifted if policies[c] == "rollback"}
     if rollback:
         target = _newest_matching(store, loaded, task, now, rollback, key=key)
@@ -124,7 +129,7 @@ def decide(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, An
         drifted = set(report.components())
     recompute = {c for c in drifted if policies[c] == "recompute"}
     if recompute:
-        decision.recomputed = affected_steps(report, state["done"], recompute)
+        decision.recomputed = affected_steps(report, state["done"], recompute, closure=False)
         state = invalidate(state, decision.recomputed)
     accept = {c for c in drifted if policies[c] == "accept"}
     if accept:
@@ -137,13 +142,16 @@ def decide(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, An
 
 def _newest_matching(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, Any], components: set[str],
                      *, key: bytes | None) -> LoadedCheckpoint | None:
-    """The newest ancestor whose fingerprint matches the world now in ``components``."""
+    """The newest ancestor whose fingerprint matches the world now in ``components`` -- a
+    checkpoint a session made while working, not one a drift recompute wrote (that one matches only
+    because it took the drifted steps off its done list)."""
     cid = loaded.record.parent_id
     while cid is not None:
         candidate = load_checkpoint(store, cid, key=key, deep=False)
-        report = report_for(candidate, candidate.state_tree, task, now, salt_of(candidate.state_tree))
-        if not set(report.components()) & components:
-            return load_checkpoint(store, cid, key=key, deep=True)
+        if candidate.record.event.kind not in ("drift", "rollback"):
+            report = report_for(candidate, candidate.state_tree, task, now, salt_of(candidate.state_tree))
+            if not set(report.components()) & components:
+                return load_checkpoint(store, cid, key=key, deep=True)
         cid = candidate.record.parent_id
     return None
 
@@ -154,6 +162,9 @@ def write_export(path: str | os.PathLike, data: bytes) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # like any file the user writes (mkstemp makes it 0600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

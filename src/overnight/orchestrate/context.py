@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from overnight.codec.canonical import from_tree
+from overnight.codec.canonical import dumps_sorted, from_tree
 from overnight.codec.digest import sha256
 from overnight.errors import SpecError
 from overnight.orchestrate.task import default_step_name, todo_entry
@@ -46,6 +46,60 @@ class Outputs(Mapping[str, Any]):
         return len(self._trees)
 
 
+class StateDict(dict):  # type: ignore[type-arg]
+    """``ctx.state``: a plain dict that notes which top-level keys the step reads, so that a
+    later recompute of the step that wrote a key re-runs this step only if the value changed."""
+
+    __slots__ = ("_reads",)
+
+    def __init__(self, data: dict[str, Any], reads: set[str]) -> None:
+        super().__init__(data)
+        self._reads = reads
+
+    def _all(self) -> None:
+        self._reads.update(dict.keys(self))
+
+    def __getitem__(self, key: str) -> Any:
+        self._reads.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._reads.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self._reads.add(key)  # type: ignore[arg-type]
+        return super().__contains__(key)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._reads.add(key)
+        return super().setdefault(key, default)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self._reads.add(key)
+        return super().pop(key, *default)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        self._all()
+        return super().__iter__()
+
+    def keys(self):  # type: ignore[no-untyped-def]
+        self._all()
+        return super().keys()
+
+    def values(self):  # type: ignore[no-untyped-def]
+        self._all()
+        return super().values()
+
+    def items(self):  # type: ignore[no-untyped-def]
+        self._all()
+        return super().items()
+
+    def copy(self) -> dict[str, Any]:
+        self._all()
+        return dict(dict.items(self))
+
+
 class StepContext:
     """Passed as the first argument of every step function.
 
@@ -70,9 +124,10 @@ class StepContext:
         self.goal: str = runner.task.goal
         self.step: str = entry["name"]
         self.args = args
-        self.state: dict[str, Any] = from_tree(runner.state["data"], "state.data")
+        self._state_reads: set[str] = set()
+        self.state: dict[str, Any] = StateDict(from_tree(runner.state["data"], "state.data"), self._state_reads)
         self.reads: dict[str, Any] = {"inputs": {}, "listings": {}, "sources": {}, "env": {}, "packages": {},
-                                      "steps": [], "artifacts": {}}
+                                      "steps": [], "artifacts": {}, "state": []}
         self.outputs = Outputs(runner.state["done"], self.reads["steps"])
         self.session: int = runner.session_n
         self.attempt = attempt
@@ -180,13 +235,14 @@ class StepContext:
 
     # -- plan -----------------------------------------------------------------------------------
 
-    def add_step(self, fn: str, *, name: str | None = None, position: str = "next", **args: Any) -> str:
+    def add_step(self, fn: "str | Callable[..., Any]", *, name: str | None = None, position: str = "next",
+                 **args: Any) -> str:
         """Add a step to the todo list; returns its name. Adding a step that is already planned
         or done with the same function and arguments does nothing (a recomputed planning step
         re-adds its sub-steps, and only new ones are added).
 
         Args:
-            fn: a registered step function name.
+            fn: a registered step function, or its name.
             name: unique step name (default ``fn[arg=value, ...]``).
             position: ``"next"`` -- after this step, in the order added (sub-steps), or ``"end"``.
             **args: the step's arguments (encodable values).
@@ -194,9 +250,11 @@ class StepContext:
         Raises:
             SpecError: unknown ``fn``, a name taken by a different step, or bad position.
         """
+        if callable(fn):  # the function itself: find the name it was registered under
+            fn = next((n for n, s in self._runner.task.steps.items() if s.fn is fn), getattr(fn, "__name__", fn))
         if fn not in self._runner.task.steps:
             raise SpecError(f"add_step: task {self.task_id!r} has no step function {fn!r}", task_id=self.task_id,
-                            hint=f"known: {sorted(self._runner.task.steps)}")
+                            hint=f"register it with @task.step (known: {', '.join(sorted(self._runner.task.steps))})")
         if position not in ("next", "end"):
             raise SpecError(f"add_step: position must be 'next' or 'end', got {position!r}")
         step_name = name or default_step_name(fn, args)
@@ -204,7 +262,7 @@ class StepContext:
         existing = self._runner.find_step(step_name) or next(
             (e for e in self._added + self._added_end if e["name"] == step_name), None)
         if existing is not None:
-            if existing["fn"] == fn and existing["args"] == entry["args"]:
+            if existing["fn"] == fn and dumps_sorted(existing["args"]) == dumps_sorted(entry["args"]):
                 return step_name  # already planned or done: adding it again is a no-op
             raise SpecError(f"add_step: task {self.task_id!r} already has a step {step_name!r} "
                             f"({existing['fn']} with other arguments)", task_id=self.task_id,

@@ -24,10 +24,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from overnight.codec.canonical import from_tree, to_tree
+from overnight.codec import digest
 from overnight.codec.canonical import dumps as canonical_dumps
+from overnight.codec.canonical import from_tree, to_tree
 from overnight.errors import (
     ArtifactNotFound,
+    ConfigError,
+    EncodeError,
     LeaseLost,
     OvernightError,
     StepFailed,
@@ -39,7 +42,7 @@ from overnight.orchestrate.context import StepContext
 from overnight.orchestrate.session import Budget, ModelGateway, summarize
 from overnight.store.base import CallRecord
 from overnight.tokens import count_messages, tokenizer_for
-from overnight.orchestrate.task import Task, step_key
+from overnight.orchestrate.task import Task, step_key, todo_entry
 from overnight.store import open_store
 from overnight.store.base import Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
@@ -50,7 +53,7 @@ from overnight.orchestrate.router import Route, locate, open_routed
 from overnight.orchestrate.router import route as route_task
 from overnight.verify.replicas import ReplicatedStore, repair_task
 from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
-from overnight.verify.drift import WorldNow, parse_policies
+from overnight.verify.drift import WorldNow, changed_products, invalidate, parse_policies, readers_of
 from overnight.verify.fingerprint import digest_path, normalize, world
 from overnight.verify.integrity import LoadedCheckpoint, encode_state, signing_key_from_env
 from overnight.verify.records import FORMAT_VERSION, event
@@ -70,6 +73,7 @@ class RunEvent:
 
     kind: str
     task_id: str
+    branch: str = "main"
     step: str | None = None
     done: int = 0
     total: int = 0
@@ -141,6 +145,8 @@ class Runner:
             spec: ``extractive``, ``local``, ``openai:NAME``); default the task's ``model``.
         max_context_tokens, compaction_threshold: the session's context budget (default the
             task's: 8,000 tokens, compaction at 80 %); see :mod:`overnight.orchestrate.session`.
+        code_moved: the task's code now lives somewhere else than where it was created (an
+            existing task is otherwise refused when other code claims its id).
 
     Store and level: with ``store=None`` and an ``expected_span`` on the task, the router picks
     the level and the media (:mod:`overnight.orchestrate.router`, recorded on the task); with
@@ -164,8 +170,10 @@ class Runner:
         model: Model | str | None = None,
         max_context_tokens: int | None = None,
         compaction_threshold: float | None = None,
+        code_moved: bool = False,
     ) -> None:
         self.task = task
+        self.code_moved = code_moved
         self.model: Model = model if hasattr(model, "complete") else model_from_spec(model or task.model)  # type: ignore
         self.tokenizer = tokenizer_of(self.model)
         self.budget = Budget(max_context_tokens or task.max_context_tokens,
@@ -262,6 +270,26 @@ class Runner:
         self.compactions += 1
         self._emit("compaction", checkpoint_id=self.head, detail=f"session {n + 1}")
 
+    @staticmethod
+    def _encode_results(name: str, output: Any, ctx: StepContext) -> tuple[Any, Any]:
+        output_tree = to_tree(output, f"step[{name!r}].output")
+        # ctx.state may have been replaced by the step: encode whatever it is now, as a plain dict
+        state = dict(dict.items(ctx.state)) if isinstance(ctx.state, dict) else ctx.state
+        return output_tree, to_tree(state, "state.data")
+
+    def _level_note(self) -> str | None:
+        if self.route is None:
+            return None
+        if self.level == "ephemeral":
+            return ("checkpoints are kept in this process only: a crash or kill loses this run "
+                    f"({'; '.join(self.route.reasons)}). To keep them, pass --store, or set level='session' "
+                    "or a longer expected_span on the Task")
+        return f"level {self.level}, media {', '.join(self.route.media)} ({'; '.join(self.route.reasons)})"
+
+    def resume_command(self) -> str:
+        """The CLI command that resumes this task where this run stands."""
+        return resume_command(self.task.id, self.branch, self.store.url)
+
     def _count(self, gw: ModelGateway) -> None:
         for k, v in (("tokens_in", gw.tokens_in), ("tokens_out", gw.tokens_out), ("replayed_tokens", gw.replayed_tokens),
                      ("calls", gw.calls_made), ("replayed_calls", gw.calls_replayed)):
@@ -284,7 +312,7 @@ class Runner:
 
     def _emit(self, kind: str, **kw: Any) -> None:
         done, total = self._progress() if self.state else (0, 0)
-        self.on_event(RunEvent(kind, self.task.id, done=done, total=total, **kw))
+        self.on_event(RunEvent(kind, self.task.id, self.branch, done=done, total=total, **kw))
 
     # -- signals --------------------------------------------------------------------------------
 
@@ -295,6 +323,8 @@ class Runner:
             self._emit("stop_requested", detail=f"{signal.Signals(signum).name}: finishing the step in flight, "
                        "then checkpointing (signal again to abandon it)")
         elif self._in_step:  # only a running step function is abandoned; loading and commits finish
+            self._emit("stop_requested", detail=f"{signal.Signals(signum).name} again: abandoning the step in "
+                       "flight (nothing of it is committed; it runs again on resume)")
             raise _Abandon()
 
     def _install_signals(self) -> dict[int, Any]:
@@ -389,12 +419,19 @@ class Runner:
             spec = canonical_dumps(self.state["task"]["spec"])
             task_row = TaskRow(self.task.id, utc_now(), self.task.goal, self.task.entry, spec)
             self._commit(self.chain.blob_writer(), event("init"), [], task_row)
-            self._emit("create", checkpoint_id=self.head)
+            self._emit("create", checkpoint_id=self.head, detail=self._level_note())
             return True, None
         if isinstance(self.store, ReplicatedStore):
             repair = repair_task(self.store.media, self.store.names, self.task.id, key=self.key)
             if repair.repaired or any(m.status != "ok" for m in repair.media):
                 self._emit("repair", detail=repair.describe())
+        row = self.store.get_task(self.task.id)
+        if row.entry and self.task.entry and row.entry != self.task.entry and not self.code_moved:
+            raise ConfigError(
+                f"task {self.task.id!r} already exists, created by {row.entry}; this code is {self.task.entry}",
+                task_id=self.task.id,
+                hint="give this task another id, or, if the code moved, resume it with "
+                f"`overnight resume {self.task.id} --file {self.task.entry}`")
         loaded, fallback = load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known)
         self.state = loaded.state_tree
         self.chain.start_from(loaded, fallback)
@@ -413,19 +450,41 @@ class Runner:
             self._consistency(loaded)
         else:
             self._export()
+        self._reconcile_plan()
         return False, fallback
+
+    def _reconcile_plan(self) -> None:
+        """Bring the stored plan up to date with the task code: planned steps added to the code
+        since are appended to the todo list; steps to run again whose function is gone are
+        dropped (both reported). Steps still to do whose function is gone fail when reached."""
+        known = {e["name"] for e in (*self.state["todo"], *self.state["done"])}
+        added = [todo_entry(s.fn_name, s.fn_name, {}, None) for s in self.task.steps.values()
+                 if s.planned and s.fn_name not in known]
+        gone = [e["name"] for e in self.state["todo"] if e.get("previous") is not None and e["fn"] not in self.task.steps]
+        if not added and not gone:
+            return
+        todo = [e for e in self.state["todo"] if e["name"] not in gone] + added
+        self.state = {**self.state, "todo": todo}
+        detail = "; ".join(filter(None, [
+            f"planned step(s) added to the code since: {', '.join(e['name'] for e in added)}" if added else "",
+            f"dropped step(s) whose function is gone: {', '.join(gone)}" if gone else ""]))
+        self._commit(self.chain.blob_writer(), event("drift", detail=f"plan: {detail}"), [])
+        self._emit("plan", detail=detail)
 
     def _consistency(self, loaded: LoadedCheckpoint) -> None:
         """Drift check and policies (``abort`` raises ``DriftAbort`` before anything is written)."""
         self._world = world(world_spec(self.task, self.salt))
         decision = self.drift = decide(self.store, loaded, self.task, self._world, self.policies, key=self.key)
-        if decision.report.items:
-            self._emit("drift", detail=decision.report.describe() + "\n-> " + decision.describe())
+        found = decision.found or decision.report
+        if found.items:
+            self._emit("drift", detail=found.describe() + "\n-> " + decision.describe())
         if decision.rollback_to is not None:
             target = decision.rollback_to
             self.state = target.state_tree
+            self._accepted = list(target.record.fingerprint.accepted) if target.record.fingerprint else []
             self._commit(self.chain.blob_writer(), event("rollback", ref=target.id,
-                                                         detail="drift: no drift at this checkpoint"), [])
+                                                         detail="drift: back to the newest checkpoint made in a "
+                                                         "world like this one"), [])
         if decision.recomputed or decision.accepted:
             self._accepted = self._accepted + decision.accepted
             self.state = decision.state
@@ -550,25 +609,33 @@ class Runner:
                     raise StepFailed(
                         f"step {entry['name']!r} failed after {attempt} attempt(s): {type(exc).__name__}: {exc}",
                         task_id=self.task.id, checkpoint_id=self.head, step=entry["name"],
-                        hint="nothing of this step was committed; fix the cause and resume "
-                        f"(`overnight resume {self.task.id}`)",
+                        hint=f"nothing of this step was committed; fix the cause and resume (`{self.resume_command()}`)",
                     ) from exc
                 self._emit("step_retry", step=entry["name"], detail="".join(traceback.format_exception_only(exc)).strip())
                 time.sleep(min(0.1 * 2 ** (attempt - 1), 5.0))
         duration_ms = (time.perf_counter() - t0) * 1000
 
         # stage everything the step did; encoding errors surface here, before anything is written
-        output_tree = to_tree(output, f"step[{entry['name']!r}].output")
-        data_tree = to_tree(ctx.state, "state.data")
+        try:
+            output_tree, data_tree = self._encode_results(entry["name"], output, ctx)
+        except EncodeError as exc:
+            exc.task_id, exc.checkpoint_id = self.task.id, self.head
+            exc.hint = f"{exc.hint}; nothing of step {entry['name']!r} was committed"
+            raise
         artifacts = dict(self.state["artifacts"])
         for name, (data, is_text) in ctx._artifacts.items():
             artifacts[name] = {"digest": writer.put(data), "size": len(data), "text": is_text, "step": entry["name"]}
         reads = {kind: ({**declared.get(kind, {}), **got} if isinstance(got, dict) else got)
                  for kind, got in ctx.reads.items()}
+        reads["state"] = sorted(k for k in ctx._state_reads if isinstance(k, str))
+        produced = {"output": digest.sha256(canonical_dumps(output_tree)),
+                    "state": _state_changes(self.state["data"], data_tree),
+                    "artifacts": {n: artifacts[n]["digest"] for n in sorted(ctx._artifacts)}}
         gw = ctx.model
         done_entry = {
             "name": entry["name"], "fn": entry["fn"], "key": key, "version": sdef.version, "args": entry["args"],
-            "output": output_tree, "reads": reads, "writes": sorted(ctx._artifacts), "seq": self.chain.seq + 1,
+            "output": output_tree, "reads": reads, "writes": sorted(ctx._artifacts), "produced": produced,
+            "seq": self.chain.seq + 1,
             "session": self.session_n, "started_at": started_at, "duration_ms": round(duration_ms, 3),
             "tokens_in": gw.tokens_in, "tokens_out": gw.tokens_out, "replayed_tokens": gw.replayed_tokens,
         }
@@ -581,6 +648,11 @@ class Runner:
             "context": self._context_with(self._pending_context),
         }
         self._pending_context = []
+        if entry.get("previous") is not None:  # a re-run: who read what it now produces differently?
+            dependents = readers_of(self.state["done"], entry["name"], changed_products(entry["previous"], produced))
+            if dependents:
+                self.state = invalidate(self.state, dependents, at=len(ctx._added))
+                self._emit("dependents", step=entry["name"], detail=", ".join(dependents))
         journal = [{"step_key": key, "step_name": entry["name"], "started_at": started_at,
                     "duration_ms": duration_ms, "tokens_in": gw.tokens_in, "tokens_out": gw.tokens_out}]
         self._commit(writer, event("step", step=entry["name"], key=key), journal)
@@ -589,6 +661,36 @@ class Runner:
         if self.state["context"]["tokens"] >= self.budget.compact_at:
             self._compact()
         return True
+
+
+def resume_command(task_id: str, branch: str, store_url: str) -> str:
+    """``overnight resume ID`` with ``--branch``/``--store`` when they are not the defaults."""
+    from overnight.config import load
+
+    cmd = f"overnight resume {task_id}"
+    if branch != "main":
+        cmd += f" --branch {branch}"
+    try:
+        default = load().get("store.url")
+    except OvernightError:
+        default = None
+    if store_url != default and not store_url.startswith(("memory:", "replicated:")):
+        cmd += f" --store {store_url}"
+    return cmd
+
+
+def _state_changes(before: Any, after: Any) -> dict[str, str]:
+    """``key -> digest`` of each top-level user-state key a step added or changed (a removed key
+    maps to ``"removed"``)."""
+    if not isinstance(before, dict) or not isinstance(after, dict) or "$t" in before or "$t" in after:
+        return {"*": digest.sha256(canonical_dumps(after))} if before != after else {}
+    out = {}
+    for k in set(before) | set(after):
+        if k not in after:
+            out[k] = "removed"
+        elif before.get(k) != after[k] or k not in before:
+            out[k] = digest.sha256(canonical_dumps(after[k]))
+    return dict(sorted(out.items()))
 
 
 def tokenizer_of(model: Model) -> Any:

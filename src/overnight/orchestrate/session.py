@@ -42,6 +42,11 @@ if TYPE_CHECKING:
 DEFAULT_MAX_CONTEXT_TOKENS = 8_000
 DEFAULT_THRESHOLD = 0.8
 SUMMARY_MAX_TOKENS = 600
+
+
+def summary_tokens(window: int) -> int:
+    """Longest compaction summary (tokens): 600, or a fifth of a small window."""
+    return min(SUMMARY_MAX_TOKENS, window // 5)
 SUMMARY_SYSTEM = ("You keep a long task going across context windows. Summarise the work below for your "
                   "future self: what was done, what was decided, what was learned. Be brief and factual; the goal, "
                   "the plan and the current step are kept separately and need not be repeated.")
@@ -65,7 +70,7 @@ def request_digest(model: str, messages: Sequence[Message], max_tokens: int, tem
                                        "max_tokens": max_tokens, "temperature": temperature}))
 
 
-def control_point(state: dict[str, Any], current: str | None) -> str:
+def control_point(state: dict[str, Any], current: str | None, *, with_summary: bool = True) -> str:
     """The system message every prompt starts with, built from the checkpointed state only."""
     todo = [e["name"] for e in state["todo"]]
     if current in todo:
@@ -80,7 +85,7 @@ def control_point(state: dict[str, Any], current: str | None) -> str:
     if arts:
         lines.append(f"Artifacts ({len(arts)}): " + ", ".join(arts[:20]) + (" ..." if len(arts) > 20 else ""))
     summary = state["context"]["summary"]
-    if summary:
+    if summary and with_summary:
         lines.append(f"Summary of earlier sessions:\n{summary}")
     return "\n".join(lines)
 
@@ -92,8 +97,9 @@ class ModelGateway:
         name: the model's spec.
     """
 
-    def __init__(self, runner: "Runner", step_name: str, step_key: str) -> None:
+    def __init__(self, runner: "Runner", step_name: str, step_key: str, *, with_summary: bool = True) -> None:
         self._runner = runner
+        self._with_summary = with_summary
         self._step, self._key = step_name, step_key
         self._seq = 0
         self.name = runner.model.name
@@ -106,7 +112,8 @@ class ModelGateway:
         return self._runner.tokenizer
 
     def _base(self) -> list[dict[str, str]]:
-        return [{"role": "system", "content": control_point(self._runner.state, self._step)}]
+        return [{"role": "system", "content": control_point(self._runner.state, self._step,
+                                                            with_summary=self._with_summary)}]
 
     def room(self, messages: Sequence[Message]) -> int:
         """Tokens left for the reply if these messages were sent with no earlier context (may be
@@ -179,28 +186,50 @@ def summarize(runner: "Runner", exchanges: list[list[dict[str, str]]], key: str)
     transcript = "\n\n".join(f"{m['role']}: {m['content']}" for ex in exchanges for m in ex)
     if previous:
         transcript = f"(summary of earlier sessions)\n{previous}\n\n{transcript}"
-    gateway = ModelGateway(runner, "(compaction)", key)
+    gateway = ModelGateway(runner, "(compaction)", key, with_summary=False)  # the summary is in the transcript
+    reply = summary_tokens(runner.budget.max_tokens)
     frame = count_messages([*gateway._base(), {"role": "system", "content": SUMMARY_SYSTEM},
                             {"role": "user", "content": ""}], runner.tokenizer)
-    budget = runner.budget.max_tokens - SUMMARY_MAX_TOKENS - frame - 16
-    text_tokens = runner.tokenizer.encode(transcript)
-    if len(text_tokens) > budget:  # keep the newest part that fits (re-encoding a cut can merge: check)
-        keep = budget
-        while keep > 0:
-            transcript = runner.tokenizer.decode(text_tokens[-keep:])
-            if len(runner.tokenizer.encode(transcript)) <= budget:
-                break
-            keep -= 16
+    budget = runner.budget.max_tokens - reply - frame - 16
+    if budget < 64:
+        raise ContextOverflow(f"a {runner.budget.max_tokens}-token context window leaves no room to summarise "
+                              "(the goal and the todo list alone fill it)", task_id=runner.task.id,
+                              hint="raise max_context_tokens")
+    transcript = newest_tokens(runner.tokenizer, transcript, budget)
     messages = [{"role": "system", "content": SUMMARY_SYSTEM}, {"role": "user", "content": transcript}]
     last: Exception | None = None
     for attempt in range(3):
         try:
-            return gateway.complete(messages, max_tokens=SUMMARY_MAX_TOKENS, _history=False, _remember=False), gateway
+            return gateway.complete(messages, max_tokens=reply, _history=False, _remember=False), gateway
         except ModelCallFailed as exc:
             last = exc
             time.sleep(0.2 * 2 ** attempt)
     raise ModelCallFailed(f"compaction failed after 3 attempts: {last}", model=runner.model.name,
                           hint="the previous checkpoint is still the head; resume to retry the compaction") from last
+
+
+def newest_tokens(tokenizer: Tokenizer, text: str, limit: int) -> str:
+    """The end of ``text`` that counts at most ``limit`` tokens (all of it when it fits)."""
+    if tokenizer.count(text) <= limit:
+        return text
+    decode = getattr(tokenizer, "decode", None)
+    if decode is not None:
+        ids = tokenizer.encode(text)
+        keep = limit
+        while keep > 0:  # re-encoding a cut can merge tokens differently: check, and cut more if needed
+            tail = decode(ids[-keep:])
+            if tokenizer.count(tail) <= limit:
+                return tail
+            keep -= 16
+        return ""
+    lo, hi = 0, len(text)  # no decoder: the longest suffix by characters that fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tokenizer.count(text[-mid:]) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[-lo:] if lo else ""
 
 
 def utc_now() -> str:

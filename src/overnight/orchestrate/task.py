@@ -95,10 +95,11 @@ def _source_digest(fn: Callable[..., Any]) -> str | None:
 
 
 def default_step_name(fn_name: str, args: dict[str, Any]) -> str:
-    """``fn`` alone, or ``fn[a=1, b='x']`` when the step has arguments."""
+    """``fn`` alone, or ``fn[a=1, b='x']`` when the step has arguments (sorted by name, so the
+    order they were passed in does not make another step)."""
     if not args:
         return fn_name
-    inner = ", ".join(f"{k}={v!r}" for k, v in args.items())
+    inner = ", ".join(f"{k}={args[k]!r}" for k in sorted(args))
     return f"{fn_name}[{inner}]"
 
 
@@ -214,13 +215,16 @@ class Task:
 
         return register(fn) if fn is not None else register
 
-    def source(self, name: str) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
-        """Register an input source: ``@task.source("api-etag") def etag(): return requests.head(...)...``.
+    def source(self, name: str | Callable[[], Any]) -> Any:
+        """Register an input source: ``@task.source`` (named after the function) or
+        ``@task.source("api-etag")``.
 
-        The callable takes no arguments and returns ``str``, ``bytes`` or a JSON value; its
-        digest is part of the ``inputs`` fingerprint, and steps that call ``ctx.source(name)``
-        are recomputed when it changes.
+        The callable takes no arguments and returns ``str``, ``bytes`` or a JSON value; steps that
+        call ``ctx.source(name)`` record its digest and are recomputed when it changes.
         """
+        if callable(name):
+            self.sources[name.__name__] = name
+            return name
 
         def register(fn: Callable[[], Any]) -> Callable[[], Any]:
             self.sources[name] = fn
@@ -250,4 +254,5 @@ class Task:
 
 def todo_entry(name: str, fn_name: str, args: dict[str, Any], added_by: str | None) -> dict[str, Any]:
     """A todo entry as stored (:class:`~overnight.verify.records.TodoEntry` fields)."""
-    return {"name": name, "fn": fn_name, "args": to_tree(args, f"step[{name!r}].args"), "added_by": added_by}
+    return {"name": name, "fn": fn_name, "args": to_tree(args, f"step {fn_name!r} args"), "added_by": added_by,
+            "previous": None}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from overnight.errors import ConfigError
@@ -19,12 +20,29 @@ def default_store_url() -> str:
     return load().get("store.url")
 
 
+def _check_bare(text: str) -> None:
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", text):  # "sqlite:/x.db", "s3:bucket": a URL typo
+        raise ConfigError(f"store URL {text!r} is malformed (missing '//' after the scheme?)",
+                          hint="use sqlite://PATH, file://DIR, postgresql://HOST/DB, s3://BUCKET/PREFIX")
+
+
+def location(url: str) -> str:
+    """Where a store URL points, for messages: the absolute path of a file or directory store."""
+    scheme, sep, rest = str(url).partition("://")
+    if not sep:
+        return str(Path(url).resolve())
+    if scheme.lower() in ("sqlite", "file") and rest:
+        return str(Path(rest).resolve())
+    return str(url)
+
+
 def exists(url: str | os.PathLike | None = None) -> bool:
     """Whether a store is already there (an SQLite file, a store directory); other media answer
     True, since opening them creates nothing a user would notice."""
     text = str(url) if url is not None else default_store_url()
     scheme, sep, rest = text.partition("://")
     if not sep:
+        _check_bare(text)
         return Path(text).exists()
     if scheme.lower() in ("sqlite", "file"):
         return bool(rest) and Path(rest).exists()
@@ -55,6 +73,7 @@ def open_store(url: str | os.PathLike | None = None) -> Store:
     text = str(url) if url is not None else default_store_url()
     scheme, sep, rest = text.partition("://")
     if not sep:
+        _check_bare(text)
         if Path(text).suffix in (".db", ".sqlite", ".sqlite3"):
             from overnight.store.sqlite import SQLiteStore
 

@@ -209,7 +209,8 @@ def merge(store: Store, task_id: str, source: str, *, into: str = "main", prefer
             data = merged[""]
 
         if conflicts and prefer is None:
-            lines = [f"  {c.kind} {c.name!r}: ours {_brief(c.ours)} / theirs {_brief(c.theirs)}" for c in conflicts[:10]]
+            lines = [f"  {c.kind} {c.name!r}: ours {_side(c.kind, c.ours)} / theirs {_side(c.kind, c.theirs)}"
+                     for c in conflicts[:10]]
             raise MergeConflict(
                 f"merging {source!r} into {into!r} conflicts on {len(conflicts)} item(s):\n" + "\n".join(lines),
                 task_id=task_id, conflicts=conflicts, hint="choose a side with --prefer ours|theirs",
@@ -244,9 +245,20 @@ def _dump(fingerprint: Any) -> dict[str, Any] | None:
     return None if fingerprint is None else fingerprint.model_dump()
 
 
-def _brief(value: Any) -> str:
+def _side(kind: str, value: Any) -> str:
+    """One side of a conflict, short but telling the sides apart."""
+    if value is None:
+        return "(absent)"
+    if kind == "step":
+        return f"key {value['key'][7:19]}, output {_brief(value['output'], 40)}"
+    if kind == "artifact":
+        return f"{value['digest'][7:19]} ({value['size']} bytes, written by {value.get('step')})"
+    return _brief(value, 50)
+
+
+def _brief(value: Any, limit: int = 60) -> str:
     text = dumps(value).decode("ascii")
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --- history graph -------------------------------------------------------------------------------

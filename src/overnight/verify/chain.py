@@ -60,11 +60,16 @@ class Fallback:
         return [s.step for s in reversed(self.skipped) if s.step]
 
     def describe(self) -> str:
-        lines = [f"branch head {short_id(self.head_id)} failed verification; resuming from "
-                 f"{short_id(self.used_id) if self.used_id else 'nothing'}"]
+        if self.used_id:
+            lines = [f"branch head {short_id(self.head_id)} failed verification; continuing from the newest "
+                     f"valid checkpoint {short_id(self.used_id)}"]
+        else:
+            lines = [f"branch head {short_id(self.head_id)} failed verification, and so did every checkpoint "
+                     "before it: there is nothing safe to continue from"]
         for s in self.skipped:
-            lines.append(f"  skipped {short_id(s.checkpoint_id)} (seq {s.seq}, step {s.step}): {s.error}: {s.reason}")
-        if self.redo_steps:
+            where = ", ".join(x for x in (f"seq {s.seq}" if s.seq is not None else "", f"step {s.step}" if s.step else "") if x)
+            lines.append(f"  skipped {short_id(s.checkpoint_id)}" + (f" ({where})" if where else "") + f": {s.error}: {s.reason}")
+        if self.redo_steps and self.used_id:
             lines.append(f"  steps to redo: {', '.join(self.redo_steps)}")
         return "\n".join(lines)
 

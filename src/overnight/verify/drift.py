@@ -83,7 +83,8 @@ class DriftItem:
         what = f"{self.component}: {self.key}: {_short(self.old)} -> {_short(self.new)}"
         if self.warning:
             return what + " (warning only)"
-        return what + (f" (read by {', '.join(self.steps[:5])}{' ...' if len(self.steps) > 5 else ''})"
+        verb = "written by" if self.component == "artifacts" else "read by"
+        return what + (f" ({verb} {', '.join(self.steps[:5])}{' ...' if len(self.steps) > 5 else ''})"
                        if self.steps else " (no step read it)")
 
 
@@ -206,10 +207,18 @@ def detect(
 
     # world-level components: deps, env runtime and vars, declared inputs
     if recorded is not None:
+        read_packages = {p for d in done for p in d["reads"].get("packages", {})}
+        unread = []
         for name in sorted(set(recorded["deps"]["packages"]) | set(now["deps"]["packages"])):
             old, new = recorded["deps"]["packages"].get(name, MISSING), now["deps"]["packages"].get(name, MISSING)
             if old != new:
-                item("deps", name, old, new)
+                if name in read_packages:
+                    item("deps", name, old, new)
+                else:
+                    unread.append(f"{name} {old}->{new}")
+        if unread:  # one line for the distributions no step declared: reported, nothing to recompute
+            item("deps", f"{len(unread)} installed distribution(s) no step reads", ", ".join(unread[:3])
+                 + (" ..." if len(unread) > 3 else ""), "see `overnight env export` for the recorded set")
         for name in sorted(set(recorded["deps"]["locks"]) | set(now["deps"]["locks"])):
             old, new = recorded["deps"]["locks"].get(name, MISSING), now["deps"]["locks"].get(name, MISSING)
             if old != new:
@@ -254,42 +263,83 @@ def detect(
     return report
 
 
-def affected_steps(report: DriftReport, done: list[dict[str, Any]], components: set[str]) -> list[str]:
-    """Steps to recompute for drift in ``components``: those that read what drifted, and every
-    later step that read their output or an artifact they wrote (fills ``report.dependents``)."""
+def affected_steps(report: DriftReport, done: list[dict[str, Any]], components: set[str], *,
+                   closure: bool = True) -> list[str]:
+    """Steps that read what drifted in ``components`` (direct), and with ``closure`` every later
+    step that read their output, a state key or an artifact they produced (fills
+    ``report.dependents``). On resume only the direct ones are invalidated: each dependent is
+    re-checked when the step it depends on has run again, and runs again only if what it read
+    now differs (early cutoff); the closure is the upper bound ``status --drift`` shows."""
     direct = {s for i in report.items if not i.warning and i.component in components for s in i.steps}
     affected: list[str] = []
     dirty_steps: set[str] = set()
+    dirty_state: dict[str, str] = {}
     dirty_artifacts: dict[str, str] = {}
     for d in done:
         name = d["name"]
-        reason = None
         if name not in direct:
-            upstream = [s for s in d["reads"].get("steps", []) if s in dirty_steps]
-            arts = [dirty_artifacts[a] for a in d["reads"].get("artifacts", {}) if a in dirty_artifacts]
-            reason = (upstream or arts or [None])[0]
-            if reason is None:
+            if not closure:
                 continue
-            report.dependents[name] = reason
+            reads = d["reads"]
+            upstream = [s for s in reads.get("steps", []) if s in dirty_steps]
+            upstream += [dirty_state[k] for k in reads.get("state", []) if k in dirty_state]
+            upstream += [dirty_artifacts[a] for a in reads.get("artifacts", {}) if a in dirty_artifacts]
+            if not upstream:
+                continue
+            report.dependents[name] = upstream[0]
         affected.append(name)
         dirty_steps.add(name)
+        for k in d["produced"].get("state", {}):
+            dirty_state[k] = name
         for a in d["writes"]:
             dirty_artifacts[a] = name
     return affected
 
 
-def invalidate(state: dict[str, Any], steps: list[str]) -> dict[str, Any]:
-    """A new state in which ``steps`` are no longer done: they go back to the front of the todo
-    list, in the order they ran (steps still to do keep their order after them)."""
+def invalidate(state: dict[str, Any], steps: list[str], *, at: int = 0) -> dict[str, Any]:
+    """A new state in which ``steps`` are no longer done: they go back into the todo list at
+    position ``at`` (the front by default), in the order they ran, each remembering what it
+    produced last time (``previous``) so that its own dependents are re-checked when it re-runs."""
     chosen = set(steps)
-    back = [{"name": d["name"], "fn": d["fn"], "args": d["args"], "added_by": None}
+    back = [{"name": d["name"], "fn": d["fn"], "args": d["args"], "added_by": None,
+             "previous": {**d["produced"], "seq": d["seq"]}}
             for d in state["done"] if d["name"] in chosen]
     pending = {e["name"] for e in state["todo"]}
-    return {
-        **state,
-        "done": [d for d in state["done"] if d["name"] not in chosen],
-        "todo": [e for e in back if e["name"] not in pending] + state["todo"],
-    }
+    back = [e for e in back if e["name"] not in pending]
+    todo = state["todo"][:at] + back + state["todo"][at:]
+    # steps running again keep the order they first ran in, among themselves
+    slots = [i for i, e in enumerate(todo) if e.get("previous") is not None]
+    ordered = sorted((todo[i] for i in slots), key=lambda e: e["previous"].get("seq", 0))
+    for i, e in zip(slots, ordered):
+        todo[i] = e
+    return {**state, "done": [d for d in state["done"] if d["name"] not in chosen], "todo": todo}
+
+
+def changed_products(previous: dict[str, Any], now: dict[str, Any]) -> dict[str, set[str]]:
+    """What a re-run step now produces differently: ``{"output": {"*"} or empty, "state": keys,
+    "artifacts": names}``."""
+    def diff(a: dict[str, Any], b: dict[str, Any]) -> set[str]:
+        return {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
+
+    return {"output": {"*"} if previous.get("output") != now.get("output") else set(),
+            "state": diff(previous.get("state", {}), now.get("state", {})),
+            "artifacts": diff(previous.get("artifacts", {}), now.get("artifacts", {}))}
+
+
+def readers_of(done: list[dict[str, Any]], step: str, changed: dict[str, set[str]]) -> list[str]:
+    """Done steps that read something ``step`` now produces differently (early cutoff: when a
+    re-run step produces the same as before, nothing after it runs again)."""
+    out = []
+    for d in done:
+        if d["name"] == step:
+            continue
+        reads = d["reads"]
+        state_read = set(reads.get("state", []))
+        if ((changed["output"] and step in reads.get("steps", []))
+                or changed["state"] & state_read or ("*" in changed["state"] and state_read)
+                or changed["artifacts"] & set(reads.get("artifacts", {}))):
+            out.append(d["name"])
+    return out
 
 
 def rebaseline(state: dict[str, Any], report: DriftReport, components: set[str],

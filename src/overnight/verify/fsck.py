@@ -29,6 +29,8 @@ class Problem:
     check: str
     detail: str
     object: str | None = None
+    dangling: bool = False
+    """On a record no branch uses (kept for inspection after a fallback): a warning, not a failure."""
 
 
 @dataclass
@@ -56,7 +58,19 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        """No problem on anything a branch uses (damaged records no branch reaches are warnings)."""
+        return not any(not p.dangling for p in self.problems)
+
+
+def _lineage(store: Store, task_id: str, by_id: dict) -> set[str]:
+    """Checkpoints on the history of some branch head (parents, and merged heads)."""
+    from overnight.verify.branching import ancestors
+
+    live: set[str] = set()
+    for cid in store.list_refs(task_id).values():
+        if cid not in live:
+            live.update(ancestors(store, task_id, cid))
+    return live
 
 
 def verify_store(
@@ -140,6 +154,11 @@ def verify_store(
             done += 1
             if on_progress:
                 on_progress(done, total)
+        live = _lineage(store, task.task_id, by_id)
+        for p in report.problems:
+            if p.task_id == task.task_id and p.checkpoint_id is not None and p.checkpoint_id in by_id \
+                    and p.checkpoint_id not in live:
+                p.dangling = True
         heads = {}
         for branch, cid in store.list_refs(task.task_id).items():
             if cid not in by_id:

@@ -141,12 +141,18 @@ class TaskInfo(_Strict):
 
 
 class TodoEntry(_Strict):
-    """A step still to run: unique ``name``, the step function ``fn``, its ``args`` (JSON tree)."""
+    """A step still to run: unique ``name``, the step function ``fn``, its ``args`` (JSON tree).
+
+    ``previous``: for a step taken off the done list to run again (drift), what its last run
+    produced (:attr:`DoneEntry.produced`); when it has run again, later steps that read
+    something it now produces differently are invalidated in turn (early cutoff).
+    """
 
     name: str
     fn: str
     args: Any
     added_by: str | None
+    previous: dict[str, Any] | None
 
 
 class DoneEntry(_Strict):
@@ -158,8 +164,11 @@ class DoneEntry(_Strict):
         reads: what the step read, with the digest at the time: ``inputs`` (path -> digest of the
             file or tree), ``listings`` (directory -> listing digest), ``sources`` (name ->
             digest), ``env`` (name -> keyed digest), ``packages`` (name -> version),
-            ``steps`` (names of steps whose output it read), ``artifacts`` (name -> digest).
+            ``steps`` (names of steps whose output it read), ``artifacts`` (name -> digest),
+            ``state`` (top-level ``ctx.state`` keys it read).
         writes: names of the artifacts it wrote.
+        produced: digests of what it produced: ``output``, ``state`` (key -> digest of each
+            top-level ``ctx.state`` key it changed), ``artifacts`` (name -> digest).
         output: the step's return value (JSON tree).
         seq: seq of the checkpoint that committed it.
         duration_ms: wall time of the step function (ms).
@@ -175,6 +184,7 @@ class DoneEntry(_Strict):
     output: Any
     reads: dict[str, Any]
     writes: list[str]
+    produced: dict[str, Any]
     seq: int
     session: int
     started_at: str
