@@ -331,3 +331,49 @@ def test_drift_follows_data_passed_through_ctx_state(tmp_path):
     data.write_text("alpha beta gamma delta")
     subprocess.run([*cmd, "--events", "ev2.jsonl"], cwd=tmp_path, env=env, check=True, capture_output=True)
     assert executed(tmp_path, "ev2.jsonl") == []
+
+
+ACCUMULATE = '''
+import overnight
+from pathlib import Path
+folder = Path({folder!r})
+task = overnight.Task("accum", goal="sum the numbers in five files", data={{"total": 0, "seen": []}})
+
+@task.step
+def plan(ctx):
+    for i in range(5):
+        ctx.add_step("add", i=i)
+
+@task.step(planned=False)
+def add(ctx, i):
+    x = int(ctx.read_input_text(folder / f"{{i}}.txt"))
+    ctx.state["total"] += x          # accumulates: a recompute must not count anything twice
+    ctx.state["seen"].append(i)
+    return x
+
+@task.step
+def report(ctx):
+    return {{"total": ctx.state["total"], "seen": ctx.state["seen"]}}
+'''
+
+
+def test_recompute_never_applies_a_state_update_twice(tmp_path):
+    folder = tmp_path / "numbers"
+    folder.mkdir()
+    for i in range(5):
+        (folder / f"{i}.txt").write_text(str(10 * (i + 1)))
+    (tmp_path / "accum.py").write_text(ACCUMULATE.format(folder=str(folder)))
+    env = {**os.environ, "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "overnight", "run", "accum.py", "-q", "--store", f"sqlite://{tmp_path / 's.db'}"]
+    subprocess.run(cmd, cwd=tmp_path, env=env, check=True, capture_output=True)
+    (folder / "1.txt").write_text("25")  # 20 -> 25
+    proc = subprocess.run([*cmd, "--events", "ev1.jsonl"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    # the edited step, the steps after it that read what it changed (the running total), the report;
+    # add[i=0] before it is untouched
+    assert executed(tmp_path, "ev1.jsonl") == ["add[i=1]", "add[i=2]", "add[i=3]", "add[i=4]", "report"]
+    with open_store(f"sqlite://{tmp_path / 's.db'}") as s:
+        loaded, _ = load_head(s, "accum")
+    out = {d.name: d.output for d in loaded.state.done}
+    assert out["report"] == {"total": 10 + 25 + 30 + 40 + 50, "seen": [0, 1, 2, 3, 4]}
+    assert loaded.state.recompute is None

@@ -126,7 +126,8 @@ def run_commit_bench(n: int = 300, state_kb: float = 10.0, directory: Path | Non
         def state_doc(data_tree: Any) -> dict[str, Any]:
             return {"format": FORMAT_VERSION, "task": {"id": "bench", "goal": "bench", "spec": {}}, "todo": [],
                     "done": [], "artifacts": {}, "data": data_tree, "context": {"summary": None, "compactions": 0,
-                                                                                  "messages": [], "tokens": 0}}
+                                                                                  "messages": [], "tokens": 0},
+                    "recompute": None}
 
         state_size = len(dumps(to_tree({"messages": messages})))
         try:

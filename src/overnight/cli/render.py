@@ -150,7 +150,7 @@ class RunProgress:
             return
         elif e.kind == "step_start":
             self.progress.update(self.bar, step=escape(safe(e.step)[:48]), total=e.total, completed=e.done)
-        elif e.kind in ("step_end", "skip"):
+        elif e.kind in ("step_end", "skip", "replay"):
             if e.duration_ms is not None:
                 self.durations.append(e.duration_ms / 1000)
             eta = (sum(self.durations) / len(self.durations)) * (e.total - e.done) if self.durations else None

@@ -16,7 +16,7 @@ from typing import Any
 from overnight.errors import DriftAbort
 from overnight.orchestrate.task import Task
 from overnight.store.base import Store
-from overnight.verify.drift import DEFAULT_POLICIES, DriftReport, WorldNow, affected_steps, detect, invalidate, rebaseline
+from overnight.verify.drift import DEFAULT_POLICIES, DriftReport, WorldNow, affected_steps, detect, rebaseline
 from overnight.verify.fingerprint import COMPONENTS, WorldSpec, world
 from overnight.verify.integrity import LoadedCheckpoint, load_checkpoint
 
@@ -65,7 +65,8 @@ class Decision:
         found: the drift found against the head (differs from ``report`` after a rollback).
         state: the state to continue from.
         rollback_to: the older checkpoint rolled back to (policy ``rollback``), if any.
-        recomputed: steps taken off the done list to run again.
+        recomputed: steps that read what drifted: they run again; the steps after the first of
+            them are re-checked in order, and run again or are replayed.
         accepted: drift items accepted (recorded on every later checkpoint).
     """
 
@@ -130,7 +131,8 @@ def decide(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, An
     recompute = {c for c in drifted if policies[c] == "recompute"}
     if recompute:
         decision.recomputed = affected_steps(report, state["done"], recompute, closure=False)
-        state = invalidate(state, decision.recomputed)
+        if decision.recomputed:
+            state = begin_recompute(store, decision.rollback_to or loaded, state, set(decision.recomputed), key=key)
     accept = {c for c in drifted if policies[c] == "accept"}
     if accept:
         decision.accepted = [{"component": i.component, "key": i.key, "old": i.old, "new": i.new}
@@ -138,6 +140,44 @@ def decide(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, An
         state = rebaseline(state, report, accept, WorldNow(salt, dict(task.sources)).get)
     decision.state = state
     return decision
+
+
+def _commits(store: Store, head: LoadedCheckpoint) -> dict[str, str]:
+    """``step name -> checkpoint id`` of the newest commit of each step on ``head``'s lineage."""
+    rows = {r.checkpoint_id: r for r in store.list_checkpoints(head.record.task_id)}
+    out: dict[str, str] = {}
+    cid: str | None = head.id
+    while cid is not None and cid in rows:
+        row = rows[cid]
+        if row.event == "step" and row.step and row.step not in out:
+            out[row.step] = cid
+        cid = row.parent_id
+    return out
+
+
+def begin_recompute(store: Store, head: LoadedCheckpoint, state: dict[str, Any], direct: set[str], *,
+                    key: bytes | None) -> dict[str, Any]:
+    """Start a recompute pass (:class:`~overnight.verify.records.Recompute`): rewind the user
+    state and the artifacts to just before the earliest step in ``direct``, and put that step and
+    every later one back in the todo list, in order, each with its ``previous`` run."""
+    done = state["done"]
+    i0 = next(i for i, d in enumerate(done) if d["name"] in direct)
+    commits = _commits(store, head)
+    data, artifacts = state["data"], state["artifacts"]
+    first = commits.get(done[i0]["name"])
+    if first is not None:
+        parent = store.get_checkpoint(first).parent_id
+        if parent is not None:
+            before = load_checkpoint(store, parent, key=key, deep=False).state_tree
+            data, artifacts = before["data"], before["artifacts"]
+    again = [{"name": d["name"], "fn": d["fn"], "args": d["args"], "added_by": d["added_by"],
+              "previous": {**d["produced"], "reads": d["reads"], "version": d["version"], "seq": d["seq"],
+                           "checkpoint": commits.get(d["name"]), "direct": d["name"] in direct}}
+             for d in done[i0:]]
+    names = {e["name"] for e in again}
+    return {**state, "done": done[:i0], "todo": again + [e for e in state["todo"] if e["name"] not in names],
+            "data": data, "artifacts": artifacts,
+            "recompute": {"dirty_steps": [], "dirty_state": [], "dirty_artifacts": []}}
 
 
 def _newest_matching(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, Any], components: set[str],

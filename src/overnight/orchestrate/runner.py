@@ -53,9 +53,9 @@ from overnight.orchestrate.router import Route, locate, open_routed
 from overnight.orchestrate.router import route as route_task
 from overnight.verify.replicas import ReplicatedStore, repair_task
 from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
-from overnight.verify.drift import WorldNow, changed_products, invalidate, parse_policies, readers_of
+from overnight.verify.drift import WorldNow, changed_products, parse_policies, reads_dirty, world_reads_changed
 from overnight.verify.fingerprint import digest_path, normalize, world
-from overnight.verify.integrity import LoadedCheckpoint, encode_state, signing_key_from_env
+from overnight.verify.integrity import LoadedCheckpoint, encode_state, load_checkpoint, signing_key_from_env
 from overnight.verify.records import FORMAT_VERSION, event
 
 
@@ -290,6 +290,60 @@ class Runner:
         """The CLI command that resumes this task where this run stands."""
         return resume_command(self.task.id, self.branch, self.store.url)
 
+    # -- recompute passes -------------------------------------------------------------------------
+
+    def _can_replay(self, entry: dict[str, Any], sdef: Any) -> bool:
+        """In a recompute pass: may this step's last run stand (replayed, not run)?"""
+        prev = entry["previous"]
+        dirty = self.state.get("recompute")
+        return bool(dirty is not None and not prev.get("direct") and prev.get("checkpoint")
+                    and prev.get("version") == sdef.version and not reads_dirty(prev["reads"], dirty)
+                    and not world_reads_changed(prev["reads"], WorldNow(self.salt, dict(self.task.sources)).get))
+
+    def _replay(self, entry: dict[str, Any], key: str, writer: BlobWriter) -> bool:
+        """Apply a step's recorded effect from the checkpoint that committed it: its done entry,
+        the state keys and the artifacts it wrote. Nothing runs, no model is called."""
+        old = load_checkpoint(self.store, entry["previous"]["checkpoint"], key=self.key, deep=False,
+                              reader=self._reader)
+        tree = old.state_tree
+        done = next(d for d in reversed(tree["done"]) if d["name"] == entry["name"])
+        data = self.state["data"]
+        writes = done["produced"]["state"]
+        if "*" in writes:
+            data = tree["data"]
+        elif writes:
+            data = dict(data)
+            for k in writes:
+                if k in tree["data"]:
+                    data[k] = tree["data"][k]
+                else:
+                    data.pop(k, None)
+        artifacts = dict(self.state["artifacts"])
+        for name in done["writes"]:
+            if name in tree["artifacts"]:
+                artifacts[name] = tree["artifacts"][name]
+        self.state = {**self.state, "todo": self.state["todo"][1:],
+                      "done": self.state["done"] + [{**done, "seq": self.chain.seq + 1}],
+                      "data": data, "artifacts": artifacts}
+        if not any(e.get("previous") for e in self.state["todo"]):
+            self.state = {**self.state, "recompute": None}
+        self._commit(writer, event("step", step=entry["name"], key=key, detail="replayed: nothing it read changed"), [])
+        self._emit("replay", step=entry["name"], checkpoint_id=self.head)
+        return False
+
+    def _dirtied(self, entry: dict[str, Any], produced: dict[str, Any]) -> dict[str, Any] | None:
+        """The recompute pass after a step ran in it: what it produced differently is dirty (all
+        of it, for a step that had not run before); the pass ends with its last re-checked step."""
+        prev = entry.get("previous")
+        changed = changed_products(prev, produced) if prev else {
+            "output": {"*"}, "state": set(produced["state"]), "artifacts": set(produced["artifacts"])}
+        dirty = self.state["recompute"]
+        if not any(e.get("previous") for e in self.state["todo"]):
+            return None
+        return {"dirty_steps": sorted(set(dirty["dirty_steps"]) | ({entry["name"]} if changed["output"] else set())),
+                "dirty_state": sorted(set(dirty["dirty_state"]) | changed["state"]),
+                "dirty_artifacts": sorted(set(dirty["dirty_artifacts"]) | changed["artifacts"])}
+
     def _count(self, gw: ModelGateway) -> None:
         for k, v in (("tokens_in", gw.tokens_in), ("tokens_out", gw.tokens_out), ("replayed_tokens", gw.replayed_tokens),
                      ("calls", gw.calls_made), ("replayed_calls", gw.calls_replayed)):
@@ -414,6 +468,7 @@ class Runner:
                 "artifacts": {},
                 "data": to_tree(dict(self.task.data), "state.data"),
                 "context": {"summary": None, "compactions": 0, "messages": [], "tokens": 0},
+                "recompute": None,
             }
             self.salt = salt_of(self.state)
             spec = canonical_dumps(self.state["task"]["spec"])
@@ -585,6 +640,8 @@ class Runner:
             self._emit("skip", step=entry["name"], checkpoint_id=self.head)
             return False
 
+        if entry.get("previous") is not None and self._can_replay(entry, sdef):
+            return self._replay(entry, key, writer)
         args = from_tree(entry["args"], f"step[{entry['name']!r}].args")
         declared = self._declared_reads(sdef)
         self._emit("step_start", step=entry["name"])
@@ -634,25 +691,28 @@ class Runner:
         gw = ctx.model
         done_entry = {
             "name": entry["name"], "fn": entry["fn"], "key": key, "version": sdef.version, "args": entry["args"],
-            "output": output_tree, "reads": reads, "writes": sorted(ctx._artifacts), "produced": produced,
+            "output": output_tree, "reads": reads, "writes": sorted(ctx._artifacts), "added_by": entry["added_by"],
+            "produced": produced,
             "seq": self.chain.seq + 1,
             "session": self.session_n, "started_at": started_at, "duration_ms": round(duration_ms, 3),
             "tokens_in": gw.tokens_in, "tokens_out": gw.tokens_out, "replayed_tokens": gw.replayed_tokens,
         }
+        rest = self.state["todo"][1:]
+        # in a recompute pass, a new sub-step goes after the ones this step added last time (the
+        # order they first ran in), not before them
+        at = max((i + 1 for i, e in enumerate(rest) if e.get("previous") and e.get("added_by") == entry["name"]),
+                 default=0)
         self.state = {
             **self.state,
-            "todo": ctx._added + self.state["todo"][1:] + ctx._added_end,
+            "todo": rest[:at] + ctx._added + rest[at:] + ctx._added_end,
             "done": self.state["done"] + [done_entry],
             "artifacts": artifacts,
             "data": data_tree,
             "context": self._context_with(self._pending_context),
         }
         self._pending_context = []
-        if entry.get("previous") is not None:  # a re-run: who read what it now produces differently?
-            dependents = readers_of(self.state["done"], entry["name"], changed_products(entry["previous"], produced))
-            if dependents:
-                self.state = invalidate(self.state, dependents, at=len(ctx._added))
-                self._emit("dependents", step=entry["name"], detail=", ".join(dependents))
+        if self.state.get("recompute") is not None:  # a recompute pass: what this run changed is dirty
+            self.state = {**self.state, "recompute": self._dirtied(entry, produced)}
         journal = [{"step_key": key, "step_name": entry["name"], "started_at": started_at,
                     "duration_ms": duration_ms, "tokens_in": gw.tokens_in, "tokens_out": gw.tokens_out}]
         self._commit(writer, event("step", step=entry["name"], key=key), journal)

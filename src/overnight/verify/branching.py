@@ -39,7 +39,9 @@ def _writer(store: Store, base: LoadedCheckpoint, branch: str, key: bytes | None
 
 
 class _Leased:
-    """Hold ``(task, branch)``'s lease for the duration of an operation."""
+    """Hold ``(task, branch)``'s lease for the duration of an operation; its commit passes the
+    lease, so an operation that outlives it (a stall past the TTL while another run took the
+    branch over) fails with ``LeaseLost`` instead of committing over that run's work."""
 
     def __init__(self, store: Store, task_id: str, branch: str) -> None:
         self.store, self.task_id, self.branch = store, task_id, branch
@@ -102,20 +104,18 @@ def rollback(store: Store, task_id: str, to: str, *, branch: str = "main", key: 
         ConfigError: ``to`` is not an ancestor of the branch head (use ``fork`` instead).
         TaskBusy: a run holds the branch.
     """
-    with _Leased(store, task_id, branch):
+    with _Leased(store, task_id, branch) as lease:
+        ref = store.get_ref(task_id, branch)  # the compare-and-swap below expects exactly this
         head, _ = load_head(store, task_id, branch, key=key, deep=False)
         if to not in ancestors(store, task_id, head.id):
             raise ConfigError(f"checkpoint {short_id(to)} is not an ancestor of branch {branch!r}", task_id=task_id,
                               hint="to continue from another branch's checkpoint, fork it: overnight fork --at")
         target = load_checkpoint(store, to, key=key, deep=True)
         dropped = head.doc.done.count - target.doc.done.count
-        chain = _writer(store, head, branch, key, store.get_ref(task_id, branch))
-        return chain.commit(
-            target.state_tree,
-            event("rollback", ref=target.id,
-                  detail=f"to seq {target.record.seq}; {max(dropped, 0)} step(s) will run again"),
-            fingerprint=_dump(target.record.fingerprint),
-        )
+        chain = _writer(store, head, branch, key, ref)
+        ev = event("rollback", ref=target.id, detail=f"to seq {target.record.seq}; {max(dropped, 0)} step(s) "
+                   "will run again")
+        return chain.commit(target.state_tree, ev, lease=lease, fingerprint=_dump(target.record.fingerprint))
 
 
 @dataclass
@@ -177,7 +177,8 @@ def merge(store: Store, task_id: str, source: str, *, into: str = "main", prefer
     """
     if prefer not in (None, "ours", "theirs"):
         raise ConfigError(f"prefer must be 'ours' or 'theirs', got {prefer!r}")
-    with _Leased(store, task_id, into):
+    with _Leased(store, task_id, into) as lease:
+        ref = store.get_ref(task_id, into)  # the compare-and-swap below expects exactly this
         ours, _ = load_head(store, task_id, into, key=key, deep=True)
         theirs, _ = load_head(store, task_id, source, key=key, deep=True)
         our_line = set(ancestors(store, task_id, ours.id))
@@ -234,10 +235,11 @@ def merge(store: Store, task_id: str, source: str, *, into: str = "main", prefer
         todo = [e for e in o["todo"] if e["name"] not in done_names]
         todo += [e for e in t["todo"] if e["name"] not in done_names and e["name"] not in {x["name"] for x in todo}]
         state = {**o, "todo": todo, "done": done, "artifacts": artifacts, "data": data}
-        chain = _writer(store, ours, into, key, store.get_ref(task_id, into))
+        chain = _writer(store, ours, into, key, ref)
         detail = f"from {source} ({len(added)} step(s) added"
         detail += f", {len(conflicts)} conflict(s) resolved preferring {prefer})" if conflicts else ")"
-        cid = chain.commit(state, event("merge", ref=theirs.id, detail=detail), fingerprint=_dump(ours.record.fingerprint))
+        cid = chain.commit(state, event("merge", ref=theirs.id, detail=detail), lease=lease,
+                           fingerprint=_dump(ours.record.fingerprint))
         return MergeResult(cid, added, conflicts)
 
 

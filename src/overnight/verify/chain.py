@@ -18,9 +18,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from overnight.codec import digest
+from overnight.codec.canonical import loads
 from overnight.errors import (
     BranchNotFound,
     CheckpointNotFound,
+    DecodeError,
     FormatTooNew,
     IntegrityError,
     NoValidCheckpoint,
@@ -80,10 +82,11 @@ def load_head(
 ) -> tuple[LoadedCheckpoint, Fallback | None]:
     """Load the newest verifiable checkpoint of ``task_id``/``branch``.
 
-    Tries the branch head, then its parents (the parent pointer the store indexed for each
-    record, since a failed record's own body cannot be trusted). When the chain is broken -- a
-    record is missing altogether -- it continues with the newest not yet tried record committed
-    to the branch. Returns ``(checkpoint, fallback)``; ``fallback`` is None when the head verified.
+    Tries the branch head, then its parents: a failed record's parent pointer is followed only
+    when the record's body still hashes to its id (the failure lies deeper, e.g. a damaged state
+    blob); the store's index columns are not covered by the digest and are never trusted. When
+    the chain is broken -- a record is missing or its body damaged -- it continues with the
+    newest not yet tried record committed to the branch. Returns ``(checkpoint, fallback)``; ``fallback`` is None when the head verified.
     ``verified`` collects the digest of every object found intact on the way.
 
     Raises:
@@ -122,7 +125,10 @@ def load_head(
         except (IntegrityError, CheckpointNotFound) as exc:
             try:
                 row = store.get_checkpoint(cid)
-                parent, seq, step = row.parent_id, row.seq, row.step
+                parent, seq, step = _trusted_parent(row)
+                if parent is _UNKNOWN:  # the body is damaged: its parent pointer cannot be trusted either;
+                    # the index's seq and step serve only as labels in the report
+                    parent, seq, step, broken = None, row.seq, row.step, True
             except CheckpointNotFound:
                 parent, seq, step = None, None, None
                 broken = True
@@ -141,6 +147,26 @@ def load_head(
         checkpoint_id=head,
         hint="run `overnight verify TASK_ID` for the full report",
     )
+
+
+_UNKNOWN: Any = object()
+
+
+def _trusted_parent(row: CheckpointRow) -> tuple[Any, int | None, str | None]:
+    """``(parent, seq, step)`` of a record that failed verification, from its *body* when the
+    body still hashes to its id (the index columns are not covered by the digest), else
+    ``_UNKNOWN`` parent: the caller then searches the branch instead of following a pointer
+    that may have been tampered with."""
+    if digest.sha256(row.body) == row.checkpoint_id:
+        try:
+            body = loads(row.body)
+            parent = body["parent_id"]
+            if parent is None or isinstance(parent, str):
+                event = body.get("event") or {}
+                return parent, body.get("seq"), event.get("step") if isinstance(event, dict) else None
+        except (DecodeError, KeyError, TypeError):
+            pass
+    return _UNKNOWN, None, None
 
 
 def utc_now() -> str:

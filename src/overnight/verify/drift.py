@@ -13,8 +13,11 @@ what each done step recorded it read (``DoneEntry.reads``) with the world now:
   a *warning* -- a cosmetic edit never strands or restarts a long task.
 
 Policies, per component (:data:`POLICIES`; defaults in :data:`DEFAULT_POLICIES`, overridable per
-task and per run): ``recompute`` invalidates exactly the affected steps and their dependents and
-keeps everything else; ``accept`` continues as is, re-baselines what those steps read and
+task and per run): ``recompute`` rewinds the user state to just before the earliest affected step
+and goes forward from there in the original order -- re-running each step that read what drifted
+or what a re-run step now produces differently, and *replaying* every other one from its recorded
+checkpoint (no execution, no model call) -- so exactly the affected steps and their dependents run
+again, and a step that accumulates into the state (``total += x``) never counts twice; ``accept`` continues as is, re-baselines what those steps read and
 records the drift on every later checkpoint; ``rollback`` resumes from the newest checkpoint whose
 fingerprint matches the world now; ``abort`` stops with the report (exit code 5).
 """
@@ -296,23 +299,17 @@ def affected_steps(report: DriftReport, done: list[dict[str, Any]], components: 
     return affected
 
 
-def invalidate(state: dict[str, Any], steps: list[str], *, at: int = 0) -> dict[str, Any]:
-    """A new state in which ``steps`` are no longer done: they go back into the todo list at
-    position ``at`` (the front by default), in the order they ran, each remembering what it
-    produced last time (``previous``) so that its own dependents are re-checked when it re-runs."""
-    chosen = set(steps)
-    back = [{"name": d["name"], "fn": d["fn"], "args": d["args"], "added_by": None,
-             "previous": {**d["produced"], "seq": d["seq"]}}
-            for d in state["done"] if d["name"] in chosen]
-    pending = {e["name"] for e in state["todo"]}
-    back = [e for e in back if e["name"] not in pending]
-    todo = state["todo"][:at] + back + state["todo"][at:]
-    # steps running again keep the order they first ran in, among themselves
-    slots = [i for i, e in enumerate(todo) if e.get("previous") is not None]
-    ordered = sorted((todo[i] for i in slots), key=lambda e: e["previous"].get("seq", 0))
-    for i, e in zip(slots, ordered):
-        todo[i] = e
-    return {**state, "done": [d for d in state["done"] if d["name"] not in chosen], "todo": todo}
+def world_reads_changed(reads: dict[str, Any], now_of: Callable[[str, str], Any]) -> bool:
+    """Has anything in the world that a step read (files, listings, sources, env, packages) changed?"""
+    return any(now_of(kind, key) != old for kind in READ_COMPONENT for key, old in reads.get(kind, {}).items())
+
+
+def reads_dirty(reads: dict[str, Any], dirty: dict[str, Any]) -> bool:
+    """Did a step read an output, a state key or an artifact that a recompute pass changed?"""
+    state = set(reads.get("state", []))
+    return bool(set(reads.get("steps", [])) & set(dirty["dirty_steps"])
+                or state & set(dirty["dirty_state"]) or (state and "*" in dirty["dirty_state"])
+                or set(reads.get("artifacts", {})) & set(dirty["dirty_artifacts"]))
 
 
 def changed_products(previous: dict[str, Any], now: dict[str, Any]) -> dict[str, set[str]]:
@@ -324,22 +321,6 @@ def changed_products(previous: dict[str, Any], now: dict[str, Any]) -> dict[str,
     return {"output": {"*"} if previous.get("output") != now.get("output") else set(),
             "state": diff(previous.get("state", {}), now.get("state", {})),
             "artifacts": diff(previous.get("artifacts", {}), now.get("artifacts", {}))}
-
-
-def readers_of(done: list[dict[str, Any]], step: str, changed: dict[str, set[str]]) -> list[str]:
-    """Done steps that read something ``step`` now produces differently (early cutoff: when a
-    re-run step produces the same as before, nothing after it runs again)."""
-    out = []
-    for d in done:
-        if d["name"] == step:
-            continue
-        reads = d["reads"]
-        state_read = set(reads.get("state", []))
-        if ((changed["output"] and step in reads.get("steps", []))
-                or changed["state"] & state_read or ("*" in changed["state"] and state_read)
-                or changed["artifacts"] & set(reads.get("artifacts", {}))):
-            out.append(d["name"])
-    return out
 
 
 def rebaseline(state: dict[str, Any], report: DriftReport, components: set[str],

@@ -115,7 +115,8 @@ class LoadedCheckpoint:
         return TaskState.model_construct(format=d.format, task=d.task,
                                          todo=[e for p in self.todo_pages for e in p.entries],
                                          done=[e for p in self.done_pages for e in p.entries],
-                                         artifacts=self.artifacts, data=d.data, context=d.context)
+                                         artifacts=self.artifacts, data=d.data, context=d.context,
+                                         recompute=d.recompute)
 
 
 def encode_record(record: dict[str, Any]) -> bytes:

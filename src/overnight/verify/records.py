@@ -143,9 +143,13 @@ class TaskInfo(_Strict):
 class TodoEntry(_Strict):
     """A step still to run: unique ``name``, the step function ``fn``, its ``args`` (JSON tree).
 
-    ``previous``: for a step taken off the done list to run again (drift), what its last run
-    produced (:attr:`DoneEntry.produced`); when it has run again, later steps that read
-    something it now produces differently are invalidated in turn (early cutoff).
+    ``previous``: for a step taken off the done list by a drift recompute, its last run:
+    ``produced`` digests (:attr:`DoneEntry.produced`), ``reads``, ``version``, ``seq``,
+    ``checkpoint`` (the checkpoint that committed it, None if unknown) and ``direct`` (it read
+    what drifted). When it comes up, it runs again if ``direct``, if its version changed, or if
+    anything it read has changed since (the world, or what steps run again in this pass
+    produced); otherwise it is *replayed*: its recorded effect is applied from ``checkpoint``
+    without running it (see :class:`Recompute`).
     """
 
     name: str
@@ -167,6 +171,7 @@ class DoneEntry(_Strict):
             ``steps`` (names of steps whose output it read), ``artifacts`` (name -> digest),
             ``state`` (top-level ``ctx.state`` keys it read).
         writes: names of the artifacts it wrote.
+        added_by: the step that added it (None for a planned step).
         produced: digests of what it produced: ``output``, ``state`` (key -> digest of each
             top-level ``ctx.state`` key it changed), ``artifacts`` (name -> digest).
         output: the step's return value (JSON tree).
@@ -184,6 +189,7 @@ class DoneEntry(_Strict):
     output: Any
     reads: dict[str, Any]
     writes: list[str]
+    added_by: str | None
     produced: dict[str, Any]
     seq: int
     session: int
@@ -224,6 +230,19 @@ class ContextInfo(_Strict):
     tokens: int
 
 
+class Recompute(_Strict):
+    """A drift recompute in progress: what steps run again so far produced differently.
+
+    The user state was rewound to just before the earliest affected step; every step after it
+    is in the todo list with its ``previous`` run, and runs again only if something it read is
+    named here (or in the world) -- otherwise it is replayed. Cleared when the pass is done.
+    """
+
+    dirty_steps: list[str]
+    dirty_state: list[str]
+    dirty_artifacts: list[str]
+
+
 class StateDoc(_Strict):
     """The state document a checkpoint's ``state`` blob holds (``todo``, ``done`` and
     ``artifacts`` as page references, so its size does not grow with the plan or the history)."""
@@ -235,6 +254,7 @@ class StateDoc(_Strict):
     artifacts: Pages
     data: Any
     context: ContextInfo
+    recompute: Recompute | None
 
 
 class TaskState(_Strict):
@@ -247,3 +267,4 @@ class TaskState(_Strict):
     artifacts: dict[str, ArtifactRef]
     data: Any
     context: ContextInfo
+    recompute: Recompute | None
