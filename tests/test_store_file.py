@@ -43,7 +43,7 @@ def test_layout_on_disk_can_be_checked_by_hand(tmp_path):
         r0 = _row("api-report", None, 0)
         store.commit(Commit(r0, None, list(w.objects.values()), [], None, _task("api-report")))
         assert BlobReader(store).get(d) == text
-    assert json.loads((root / "overnight.json").read_bytes()) == {"kind": "overnight-store", "layout": 1}
+    assert json.loads((root / "overnight.json").read_bytes()) == {"kind": "overnight-store", "layout": 2}
     hexd = d.split(":")[1]
     record = (root / "objects" / hexd[:2] / hexd[2:]).read_bytes()
     header, _, payload = record.partition(b"\n")
