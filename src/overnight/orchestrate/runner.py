@@ -40,7 +40,9 @@ from overnight.store import open_store
 from overnight.store.base import Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
+from overnight.store.tiered import TieredStore, tiered
 from overnight.orchestrate.consistency import Decision, decide, policies_for, salt_of, world_spec, write_export
+from overnight.verify.archive import ensure_hot
 from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
 from overnight.verify.drift import WorldNow, parse_policies
 from overnight.verify.fingerprint import digest_path, normalize, world
@@ -139,7 +141,10 @@ class Runner:
         self.policies = policies_for(task, parse_policies(on_drift))
         self.check_drift = check_drift
         self._own_store = not hasattr(store, "commit")
-        self.store: Store = open_store(store) if self._own_store else store  # type: ignore[assignment]
+        raw: Store = open_store(store) if self._own_store else store  # type: ignore[assignment]
+        # archived history reads through to its cold store (a fallback may reach that far)
+        self._own_wrapper = not isinstance(raw, TieredStore)
+        self.store: Store = tiered(raw, own=self._own_store)
         self.branch = branch
         self.key = signing_key_from_env() if signing_key is None else (signing_key or None)
         self.lease_ttl_ms = lease_ttl_ms
@@ -294,6 +299,8 @@ class Runner:
             self._emit("create", checkpoint_id=self.head)
             return True, None
         loaded, fallback = load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known)
+        if fallback is not None:
+            ensure_hot(self.store, self.task.id, loaded.id)  # fell back into archived history: bring it back
         self.state = loaded.state_tree
         self.chain.start_from(loaded, fallback)
         self.chain.session_n = loaded.record.session.n + 1
@@ -321,6 +328,7 @@ class Runner:
             self._emit("drift", detail=decision.report.describe() + "\n-> " + decision.describe())
         if decision.rollback_to is not None:
             target = decision.rollback_to
+            ensure_hot(self.store, self.task.id, target.id)
             self.state = target.state_tree
             self._commit(self.chain.blob_writer(), event("rollback", ref=target.id,
                                                          detail="drift: no drift at this checkpoint"), [])
@@ -367,8 +375,8 @@ class Runner:
                     self.store.release_lease(lease)
                 except OvernightError:
                     pass
-            if self._own_store:
-                self.store.close()
+            if self._own_wrapper:
+                self.store.close()  # the hot store too when this run opened it
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
 
