@@ -5,7 +5,8 @@
 * **dangling checkpoints** -- those on the lineage of no live branch head of their task
   (:func:`~overnight.verify.reachability.lineage`): records a fallback skipped, the history of a
   deleted branch. ``keep_last`` keeps the N newest of each task, ``older_than`` keeps those
-  younger than that; both look at the checkpoint's ``created_at``;
+  younger than that (both by the checkpoint's ``created_at``); a kept one keeps its dangling
+  ancestors too, so no chain is cut;
 * **unreferenced objects** -- those no remaining checkpoint of any task needs
   (:class:`~overnight.verify.reachability.Reach`), nor any archive run recorded in the store (a
   cold store's packs).
@@ -147,12 +148,14 @@ def _dangling(store: Store, task_id: str, hot_rows: list[CheckpointRow]) -> list
 
 
 def _chosen(dangling: list[CheckpointRow], keep_last: int | None, older_than_s: float | None) -> list[CheckpointRow]:
-    """The dangling checkpoints to delete (``dangling`` is newest first)."""
-    out = dangling[keep_last:] if keep_last else list(dangling)
+    """The dangling checkpoints to delete (``dangling`` is newest first). A kept one keeps its
+    dangling ancestors too: a chain is never cut (``verify`` would find a missing parent)."""
+    keep = {r.checkpoint_id for r in dangling[:keep_last]} if keep_last else set()
     if older_than_s is not None:
         cutoff = (datetime.now(timezone.utc) - timedelta(seconds=older_than_s)).isoformat(timespec="microseconds")
-        out = [r for r in out if r.created_at < cutoff]
-    return out
+        keep |= {r.checkpoint_id for r in dangling if r.created_at >= cutoff}
+    keep = lineage(dangling, keep)
+    return [r for r in dangling if r.checkpoint_id not in keep]
 
 
 def collect(
