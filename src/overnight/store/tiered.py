@@ -11,7 +11,9 @@ caller knowing where it lives:
   manifests in the catalog: no cold read), ``get_checkpoint`` finds them;
 * ``get_objects`` / ``missing_objects`` serve an object missing from hot out of the pack that
   holds it (the pack is fetched whole from its cold store once, verified against its digest, and
-  kept in memory for the next reads); what comes back is checked by its reader like any object;
+  kept in memory for the next reads); what comes back is checked by its reader like any object.
+  A pack that is missing or damaged raises :class:`~overnight.errors.MissingObject` /
+  :class:`~overnight.errors.DigestMismatch` naming it;
 * every write, every deletion and everything else goes to the hot store, unchanged.
 
 Reads go through: reading archived data writes nothing to hot. A *write* that builds on an
@@ -31,7 +33,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Iterable, Iterator
 
-from overnight.errors import CheckpointNotFound, IntegrityError, OvernightError
+from overnight.errors import CheckpointNotFound, ConfigError, OvernightError
 from overnight.store.base import (
     ArchiveRow,
     CheckpointRow,
@@ -61,6 +63,18 @@ def absolute_url(url: str) -> str:
     if scheme.lower() in ("file", "sqlite") and rest and not rest.startswith("/"):
         return f"{scheme}://{os.path.abspath(rest)}"
     return url
+
+
+def open_existing(url: str) -> Store:
+    """Open a cold store, refusing to create a ``file://`` / ``sqlite://`` one that is missing."""
+    from overnight.store import open_store
+
+    scheme, sep, rest = url.partition("://")
+    path = rest if sep and scheme.lower() in ("file", "sqlite") else (url if not sep else None)
+    if path is not None and not os.path.exists(path):
+        raise ConfigError(f"cold store {url} does not exist", hint="mount or move it back, or pass "
+                          "`overnight restore --cold URL` with where it is now")
+    return open_store(url)
 
 
 class TieredStore:
@@ -151,17 +165,21 @@ class TieredStore:
     def use_cold(self, cold: Store | str) -> Store:
         """Read every pack from ``cold`` instead of the location the catalog recorded (a cold store
         that moved; ``overnight restore --cold URL``); returns that store."""
-        from overnight.store import open_store
-
-        self._override = cold if not isinstance(cold, str) else self._remember(cold, open_store(cold))
+        self._override = cold if not isinstance(cold, str) else self._remember(cold, open_existing(cold))
         return self._override
 
     def _remember(self, location: str, store: Store) -> Store:
         self._colds[location] = store
         return store
 
-    def cold(self, location: str) -> Store:
-        """The cold store at ``location`` (opened once; the override of :meth:`use_cold` wins)."""
+    def cold(self, location: str, *, create: bool = False) -> Store:
+        """The cold store at ``location`` (opened once; the override of :meth:`use_cold` wins).
+
+        Raises:
+            ConfigError: a ``file://`` or ``sqlite://`` cold store that does not exist, unless
+                ``create`` (``archive`` creates it; a reader must not: a cold store that moved or
+                is not mounted is an error, not an empty store).
+        """
         if self._override is not None:
             return self._override
         with self._lock:
@@ -169,7 +187,7 @@ class TieredStore:
             if store is None:
                 from overnight.store import open_store
 
-                store = self._remember(location, open_store(location))
+                store = self._remember(location, open_store(location) if create else open_existing(location))
             return store
 
     def pack(self, row: ArchiveRow, manifest: Manifest) -> bytes:
@@ -202,10 +220,8 @@ class TieredStore:
             hits = {d: self._by_obj[d] for d in digests if d in self._by_obj}
         for d, (aid, entry) in hits.items():
             row, m = self._rows[aid], self._manifests[aid]
-            try:
-                out[d] = read_entry(self.pack(row, m), entry)
-            except IntegrityError:
-                continue  # reported as missing; `verify` names the pack
+            # a missing or damaged pack raises (naming it): its objects are damaged, not absent
+            out[d] = read_entry(self.pack(row, m), entry)
         return out
 
     # -- objects ------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from overnight.store.base import ArchiveRow, CheckpointRow, Lease, ObjectRecord,
 from overnight.store.blobs import BlobReader
 from overnight.store.leases import Holder
 from overnight.store.pack import Manifest, archive_row, build_pack, manifest_of, read_entry
-from overnight.store.tiered import TieredStore, absolute_url
+from overnight.store.tiered import TieredStore, absolute_url, tiered
 from overnight.verify.chain import utc_now
 from overnight.verify.gc import DEFAULT_GRACE_S, _delete_objects, pack_roots
 from overnight.verify.reachability import Reach, Unreadable, first_parent_chain, lineage
@@ -155,6 +155,7 @@ def archive(store: TieredStore, task_id: str, *, cold: str, keep_last: int | Non
     if older_than_s is not None and older_than_s < 0:
         raise ConfigError(f"--older-than must not be negative (got {older_than_s})", task_id=task_id)
     t0 = time.monotonic()
+    store = tiered(store, own=False)
     hot = store.hot
     location = absolute_url(cold)
     if location == absolute_url(hot.url):
@@ -217,7 +218,7 @@ def _pack(store: TieredStore, report: ArchiveReport, new: list[CheckpointRow], r
         found = hot.get_objects(wanted[i : i + 500])
         objects.extend(found[d] for d in wanted[i : i + 500] if d in found)
     pack, entries = build_pack(objects)
-    cold_store = store.cold(location)
+    cold_store = store.cold(location, create=True)
     pack_ref = None
     if entries:
         pack_record = ObjectRecord(_sha(pack), "blob", len(pack), "none", pack)
@@ -264,6 +265,7 @@ def restore(store: TieredStore, task_id: str, *, cold: str | None = None,
         MissingObject / DigestMismatch: a pack is missing or damaged (what was restored stays).
     """
     t0 = time.monotonic()
+    store = tiered(store, own=False)
     hot = store.hot
     hot.get_task(task_id)
     rep = RestoreReport(task_id)

@@ -57,6 +57,7 @@ from typing import Callable
 from overnight.errors import ConfigError
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.pack import manifest_of
+from overnight.store.tiered import TieredStore, tiered
 from overnight.verify.reachability import Reach, Unreadable, lineage
 
 DEFAULT_GRACE_S = 3600.0
@@ -117,14 +118,8 @@ class GcReport:
     seconds: float = 0.0
 
 
-def _hot(store: Store) -> Store:
-    """The store gc deletes from: a tiered store's hot store, else the store itself."""
-    return getattr(store, "hot", store)
-
-
-def _archived_rows(store: Store, task_id: str) -> list[CheckpointRow]:
-    fn = getattr(store, "archived_rows", None)
-    return fn(task_id) if fn is not None else []
+def _archived_rows(store: TieredStore, task_id: str) -> list[CheckpointRow]:
+    return store.archived_rows(task_id)
 
 
 def pack_roots(store: Store) -> set[str]:
@@ -140,7 +135,7 @@ def pack_roots(store: Store) -> set[str]:
     return out
 
 
-def _dangling(store: Store, task_id: str, hot_rows: list[CheckpointRow]) -> list[CheckpointRow]:
+def _dangling(store: TieredStore, task_id: str, hot_rows: list[CheckpointRow]) -> list[CheckpointRow]:
     """Hot checkpoints on no live branch's lineage, newest first."""
     live = lineage([*hot_rows, *_archived_rows(store, task_id)], store.list_refs(task_id).values())
     rows = [r for r in hot_rows if r.checkpoint_id not in live]
@@ -187,7 +182,9 @@ def collect(
         if value is not None and value < 0:
             raise ConfigError(f"gc: {name} must not be negative (got {value})")
     t0 = time.monotonic()
-    hot = _hot(store)
+    # through the archive catalog always: a lineage may run through archived checkpoints
+    store = tiered(store, own=False)
+    hot = store.hot
     report = GcReport(applied=apply, grace_s=grace_s)
     # 1. mark: list everything first (T0), then read what the remaining checkpoints need
     if task_id is not None:
@@ -317,7 +314,8 @@ def remove_task(store: Store, task_id: str, *, apply: bool = True, grace_s: floa
         TaskNotFound: no such task.
     """
     t0 = time.monotonic()
-    hot = _hot(store)
+    store = tiered(store, own=False)
+    hot = store.hot
     hot.get_task(task_id)
     rows = hot.list_checkpoints(task_id)
     rep = RmReport(task_id, applied=apply, grace_s=grace_s, checkpoints=len(rows),

@@ -114,7 +114,15 @@ class Reach:
         wanted = [d for d in dict.fromkeys(digests) if d not in self._closure]
         for i in range(0, len(wanted), _BATCH):
             part = wanted[i : i + _BATCH]
-            found = self.store.get_objects(part)
+            try:
+                found = self.store.get_objects(part)
+            except IntegrityError:  # an archived object whose pack is damaged: one by one
+                found = {}
+                for d in part:
+                    try:
+                        found.update(self.store.get_objects([d]))
+                    except IntegrityError as exc:
+                        self._note(where, f"object {d}: {exc.message}")
             for d in part:
                 obj = found.get(d)
                 if obj is None:
