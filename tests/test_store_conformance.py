@@ -37,8 +37,15 @@ def s3_store(request, tmp_path):
     return open_store(f"s3://{S3_BUCKET}/t-{uuid.uuid4().hex}?endpoint_url={endpoint}")
 
 
+def tiered_store(request, tmp_path):
+    from overnight.store.tiered import TieredStore
+
+    return TieredStore(open_store(f"sqlite://{tmp_path / 'hot.db'}"))  # the wrapper every command uses
+
+
 # name -> (request, tmp_path) -> a new, empty store; every test below runs against each one
-BACKENDS = {"sqlite": sqlite_store, "file": file_store, "postgres": postgres_store, "s3": s3_store}
+BACKENDS = {"sqlite": sqlite_store, "file": file_store, "postgres": postgres_store, "s3": s3_store,
+            "tiered": tiered_store}
 
 
 # (backend, test) -> why that backend does not meet that part of the contract yet. Strict xfails:

@@ -205,7 +205,7 @@ def collect(
             report.tasks.append(tg)
     doomed_ids = {r.checkpoint_id for rs in doomed.values() for r in rs}
     remaining = [r for t in tasks for r in rows[t] if r.checkpoint_id not in doomed_ids]
-    total = len(remaining) + len(doomed_ids)
+    total = len(remaining) + (len(doomed.get(task_id, [])) if task_id is not None else 0)
     reach = Reach(store)
     marked = reach.checkpoints(remaining, on_progress, total=total) | pack_roots(hot)
     if task_id is not None:  # only what the doomed checkpoints needed is a candidate
