@@ -1,4 +1,5 @@
-"""Layer 2: the ``Store`` protocol, its backends, and blobs (chunk trees) on top of any of them."""
+"""Layer 2: the ``Store`` protocol, its backends, blobs (chunk trees) on top of any of them, and
+the tiered store (hot + cold, :mod:`overnight.store.tiered`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,17 @@ import os
 from pathlib import Path
 
 from overnight.errors import ConfigError
-from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, Store, TaskRow
+from overnight.store.base import (
+    ArchiveRow,
+    CheckpointRow,
+    Commit,
+    JournalRow,
+    Lease,
+    ObjectRecord,
+    ObjectStat,
+    Store,
+    TaskRow,
+)
 from overnight.store.blobs import BlobReader, BlobWriter
 
 DEFAULT_PATH = Path(".overnight") / "overnight.db"
@@ -89,6 +100,7 @@ def _need_extra(module: str, extra: str, url: str) -> None:
 
 
 __all__ = [
+    "ArchiveRow",
     "BlobReader",
     "BlobWriter",
     "CheckpointRow",
@@ -96,6 +108,7 @@ __all__ = [
     "JournalRow",
     "Lease",
     "ObjectRecord",
+    "ObjectStat",
     "Store",
     "TaskRow",
     "default_store_url",

@@ -240,7 +240,7 @@ class PostgresStore:
         if not first:
             return 0
         added = 0
-        todo = list(first)
+        todo = sorted(first)  # digest order, as delete_objects locks them: fewer lock-order deadlocks
         rest: list[str] = []
         for _ in range(5):  # an object deleted between the insert and the refresh is inserted again
             objs = [first[d] for d in todo]
@@ -292,6 +292,7 @@ class PostgresStore:
     def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
         wanted = [d for d in dict.fromkeys(digests) if _text_safe(d)]
         freed = 0
+        wanted.sort()
         for i in range(0, len(wanted), 1000):
             part = wanted[i : i + 1000]
             with self._tx() as cur:
