@@ -298,3 +298,25 @@ def test_archive_and_restore_cli_json(tmp_path):
     res = json.loads(cli("restore", "g", "--json").stdout)
     assert res["checkpoints"] == len(rep["archived"])
     assert "archived" not in cli("show", "g").stdout
+
+
+def test_a_resume_that_falls_back_into_archived_history_brings_it_back(tmp_path):
+    hot_url, cold_url = f"sqlite://{tmp_path / 'hot.db'}", f"file://{tmp_path / 'cold'}"
+    store = open_store(hot_url)
+    task = make_task("g", n=8)
+    run(store, task, max_steps=6)
+    rep = api.archive("g", cold=cold_url, keep_last=1, store=store, grace=0)
+    head = store.get_ref("g", "main")
+    parent = store.get_checkpoint(head).parent_id
+    assert parent in rep.archived
+    state = json.loads(store.get_checkpoint(head).body)["state"]["digest"]
+    assert store.delete_objects([state]) > 0  # the head no longer verifies
+    result = run(store, task)
+    assert result.fallback is not None and result.fallback.used_id == parent
+    assert result.status == "complete"
+    assert {head, parent} <= {r.checkpoint_id for r in store.list_checkpoints("g")}
+    shutil.move(tmp_path / "cold", tmp_path / "away")  # the new head loads from hot alone
+    loaded, fallback = load_head(store, "g", "main")
+    assert fallback is None and loaded.state.data["notes"][-1] == "main:7"
+    assert api.cat("g", "big-1.bin", store=store) == big("main", 7)
+    store.close()

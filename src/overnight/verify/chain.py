@@ -166,8 +166,8 @@ class ChainWriter:
         known: digests verified to be stored intact and reachable from this branch -- the objects
             of the checkpoint it continues from (pass it as ``verified`` to :func:`load_head`) and
             those its commits reference; deduplication trusts these and hashes anything else
-            first. An object a commit staged but does not reference (an artifact overwritten within
-            a step) is not added: ``gc`` may collect it, so it must be written again if needed.
+            first. An object a commit staged but does not reference is not added: nothing keeps
+            it from ``gc``, so it must be carried again if a later commit needs it.
     """
 
     def __init__(self, store: Store, task_id: str, branch: str, *, key: bytes | None,
