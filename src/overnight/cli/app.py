@@ -438,7 +438,7 @@ def gc(
                                             help="Keep each task's N newest dangling checkpoints."),
     older_than: Optional[str] = typer.Option(None, "--older-than", metavar="DURATION",
                                              help="Only dangling checkpoints older than this go (e.g. 30d)."),
-    task_id: Optional[str] = typer.Option(None, "--task", help="Only this task's dangling checkpoints, and the "
+    task_id: Optional[str] = typer.Option(None, "--task", metavar="ID", help="Only this task's dangling checkpoints, and the "
                                           "objects only they needed."),
     grace: str = GraceOpt,
     store: Optional[str] = StoreOpt,
