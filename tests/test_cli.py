@@ -131,6 +131,17 @@ def test_help_documents_exit_codes(tmp_path):
         assert code in out
 
 
-@pytest.mark.parametrize("cmd", ["run", "resume", "ls", "show", "cat", "demo"])
+@pytest.mark.parametrize("cmd", ["run", "resume", "ls", "show", "cat", "demo", "gc", "rm", "archive", "restore"])
 def test_every_command_is_in_the_readme(cmd):
     assert f"overnight {cmd}" in README
+
+
+@pytest.mark.parametrize("cmd", ["gc", "rm", "archive", "restore"])
+def test_housekeeping_commands_document_their_options(cmd, tmp_path):
+    out = cli(cmd, "--help", cwd=tmp_path).stdout
+    expected = {"gc": ["--apply", "--keep-last", "--older-than", "--task", "--grace", "--json"],
+                "rm": ["--yes", "--force", "--grace", "--json"],
+                "archive": ["--cold", "--keep-last", "--older-than", "--grace", "--json"],
+                "restore": ["--cold", "--json"]}[cmd]
+    for option in expected:
+        assert option in out

@@ -412,8 +412,11 @@ def test_H04_nested_enum_in_pydantic_model_resumes_or_fails_loudly(tmp_path: Pat
     assert r1["status"] == "stopped"
     head_before = head(url, "h04").id
 
-    # 1) a process where the class cannot be found: the load fails loudly, naming the type
-    proc = run_py(no_models_dir, RUN_SCRIPT, str(no_models_file), url, ok=False)
+    # 1) a process where the class cannot be found: the load fails loudly, naming the type (the
+    # task code lives in another file there, so that run says the code moved)
+    moved = RUN_SCRIPT.replace("max_steps=max_steps)", "max_steps=max_steps, code_moved=True)")
+    assert moved != RUN_SCRIPT
+    proc = run_py(no_models_dir, moved, str(no_models_file), url, ok=False)
     assert proc.returncode != 0
     assert "UnknownTypeError" in proc.stderr
     assert "h04_models:Report" in proc.stderr

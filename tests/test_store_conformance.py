@@ -43,12 +43,19 @@ def memory_store(request, tmp_path):
     return MemoryStore(uuid.uuid4().hex)
 
 
+def tiered_store(request, tmp_path):
+    from overnight.store.tiered import TieredStore
+
+    return TieredStore(open_store(f"sqlite://{tmp_path / 'hot.db'}"))  # the wrapper every command uses
+
+
 # name -> (request, tmp_path) -> a new, empty store; every test below runs against each one
 BACKENDS = {"sqlite": sqlite_store, "file": file_store, "postgres": postgres_store, "s3": s3_store,
-            "memory": memory_store}
+            "memory": memory_store, "tiered": tiered_store}
 
 # tests of what must survive the process or be shared between processes: memory:// is the
 # in-process ``ephemeral`` level by design, so they do not apply to it
+# (never collected for it: see conftest.py, pytest_collection_modifyitems)
 CROSS_PROCESS = {"test_reopened_store_sees_everything", "test_processes_race_for_the_lease_and_the_head"}
 
 
@@ -62,8 +69,6 @@ def store(request, tmp_path):
     gap = KNOWN_GAPS.get((request.param, request.node.originalname))
     if gap:
         request.applymarker(pytest.mark.xfail(strict=True, reason=gap))
-    if request.param == "memory" and request.node.originalname in CROSS_PROCESS:
-        pytest.skip("memory:// lives in one process by design (the ephemeral level)")
     s = BACKENDS[request.param](request, tmp_path)
     yield s
     s.close()
@@ -490,3 +495,205 @@ def test_call_journal_is_write_once_and_listed_in_order(store):
     assert store.calls("t", "sha256:" + "a" * 64) == [a, b]
     assert store.calls("t") == [a, b, other]
     assert store.calls("t", "sha256:" + "c" * 64) == [] and store.calls("nope") == []
+
+
+# -- deletion (gc, rm, archive), object ages, restored history, the archive catalog -------------
+
+
+def _wait_age(store, digest_: str, at_least_ms: int, timeout: float = 10.0) -> None:
+    """Poll until the object's age (by the store's clock) reaches ``at_least_ms``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        ages = {s.digest: s.age_ms for s in store.iter_object_stats()}
+        if ages.get(digest_, -1) >= at_least_ms:
+            return
+        assert time.monotonic() < deadline, f"object never got {at_least_ms} ms old: {ages.get(digest_)}"
+        time.sleep(0.1)
+
+
+def test_object_stats_list_every_object_with_its_size(store):
+    objs = [_obj(b"alpha" * 100), _obj(os.urandom(5000))]
+    store.put_objects(objs)
+    stats = {s.digest: s for s in store.iter_object_stats()}
+    assert set(stats) == set(store.iter_object_digests()) == {o.digest for o in objs}
+    for o in objs:
+        assert stats[o.digest].stored_bytes >= len(o.data)
+        assert 0 <= stats[o.digest].age_ms < 60_000
+
+
+def test_delete_objects_frees_bytes_and_ignores_unknown_digests(store):
+    a, b = _obj(b"alpha"), _obj(b"beta")
+    store.put_objects([a, b])
+    size = {s.digest: s.stored_bytes for s in store.iter_object_stats()}
+    assert store.delete_objects([a.digest, digest.sha256(b"never stored")]) == size[a.digest]
+    assert store.missing_objects([a.digest, b.digest]) == {a.digest}
+    assert store.delete_objects([a.digest]) == 0
+    assert [s.digest for s in store.iter_object_stats()] == [b.digest]
+    store.put_objects([a])  # a deleted object can be written again
+    assert store.get_objects([a.digest])[a.digest].data == b"alpha"
+
+
+def test_delete_objects_keeps_objects_younger_than_min_age(store):
+    a = _obj(b"young")
+    store.put_objects([a])
+    assert store.delete_objects([a.digest], min_age_ms=600_000) == 0
+    assert store.missing_objects([a.digest]) == set()
+    _wait_age(store, a.digest, 300)
+    assert store.delete_objects([a.digest], min_age_ms=300) > 0
+    assert store.missing_objects([a.digest]) == {a.digest}
+
+
+def test_a_commit_refreshes_the_objects_it_finds_stored(store):
+    """The rule gc relies on: writing an object that exists makes it young again."""
+    old, new = _obj(b"written long ago"), _obj(b"new")
+    store.put_objects([old])
+    _wait_age(store, old.digest, 1500)
+    r0 = _row("t", None, 0)
+    store.commit(Commit(r0, None, [old, new], [], None, _task("t")))
+    ages = {s.digest: s.age_ms for s in store.iter_object_stats()}
+    assert ages[old.digest] < 1500 and ages[new.digest] < 1500
+    assert store.delete_objects([old.digest, new.digest], min_age_ms=1500) == 0
+    assert store.missing_objects([old.digest, new.digest]) == set()
+    store.put_objects([old])  # put_objects refreshes too
+    assert {s.digest: s.age_ms for s in store.iter_object_stats()}[old.digest] < 1500
+
+
+def _chain(store, task_id: str = "t") -> tuple[CheckpointRow, CheckpointRow, CheckpointRow]:
+    r0 = _row(task_id, None, 0)
+    store.commit(Commit(r0, None, [], [], None, _task(task_id)))
+    r1 = _row(task_id, r0.checkpoint_id, 1)
+    store.commit(Commit(r1, r0.checkpoint_id, [], [JournalRow(task_id, r1.checkpoint_id, 1, "sha256:" + "1" * 64,
+                                                                  "s1", "sess", "2026", 1.0)]))
+    r2 = _row(task_id, r1.checkpoint_id, 2)
+    store.commit(Commit(r2, r1.checkpoint_id))
+    return r0, r1, r2
+
+
+def _dangling(store, parent: CheckpointRow, n: int, branch: str = "x") -> list[CheckpointRow]:
+    """``n`` checkpoints on ``branch`` after ``parent``, then the branch deleted: dangling records."""
+    rows, head = [], parent
+    store.set_ref(parent.task_id, branch, parent.checkpoint_id, None)
+    for i in range(n):
+        r = _row(parent.task_id, head.checkpoint_id, head.seq + 1, branch=branch, body_extra=f"d{i}")
+        store.commit(Commit(r, head.checkpoint_id if i else parent.checkpoint_id))
+        rows.append(r)
+        head = r
+    store.set_ref(parent.task_id, branch, None, head.checkpoint_id)
+    return rows
+
+
+def test_delete_checkpoints_removes_records_and_journal_rows(store):
+    r0, r1, r2 = _chain(store)
+    d1, d2 = _dangling(store, r0, 2)
+    assert len(store.list_checkpoints("t")) == 5
+    freed = store.delete_checkpoints([d1.checkpoint_id, d2.checkpoint_id, "sha256:" + "9" * 64])
+    assert freed == len(d1.body) + len(d2.body)
+    assert [r.checkpoint_id for r in store.list_checkpoints("t")] == [r0.checkpoint_id, r1.checkpoint_id,
+                                                                       r2.checkpoint_id]
+    for gone in (d1, d2):
+        with pytest.raises(CheckpointNotFound):
+            store.get_checkpoint(gone.checkpoint_id)
+    assert store.delete_checkpoints([d1.checkpoint_id]) == 0
+    # journal rows go with their checkpoint (orphans=True: r1 is r2's parent)
+    assert [j.checkpoint_id for j in store.journal("t")] == [r1.checkpoint_id]
+    assert store.delete_checkpoints([r1.checkpoint_id], orphans=True) == len(r1.body)
+    assert store.journal("t") == []
+    assert [r.seq for r in store.list_checkpoints("t")] == [0, 2]
+
+
+def test_delete_checkpoints_never_removes_a_head_or_a_parent_of_a_survivor(store):
+    r0, r1, r2 = _chain(store)
+    d1, d2 = _dangling(store, r0, 2)
+    assert store.delete_checkpoints([r2.checkpoint_id], orphans=True) == 0  # a head, always kept
+    assert store.delete_checkpoints([r1.checkpoint_id]) == 0  # r2's parent
+    assert store.delete_checkpoints([d1.checkpoint_id]) == 0  # d2's parent, and d2 stays
+    assert len(store.list_checkpoints("t")) == 5
+    # a fork from d2 (as if it raced a gc that found d2 dangling) keeps d2 and d1
+    f = _row("t", d2.checkpoint_id, d2.seq + 1, branch="f")
+    store.commit(Commit(f, None))
+    assert store.delete_checkpoints([d1.checkpoint_id, d2.checkpoint_id]) == 0
+    assert store.get_checkpoint(d1.checkpoint_id).checkpoint_id == d1.checkpoint_id
+
+
+def test_a_commit_whose_parent_was_deleted_fails_and_writes_nothing(store):
+    from overnight.errors import ParentGone
+
+    r0, _, _ = _chain(store)
+    (d1,) = _dangling(store, r0, 1)
+    assert store.delete_checkpoints([d1.checkpoint_id]) == len(d1.body)
+    child = _row("t", d1.checkpoint_id, d1.seq + 1, branch="y")
+    lost = _obj(b"must not be stored")
+    with pytest.raises(ParentGone) as err:
+        store.commit(Commit(child, None, [lost]))
+    assert err.value.hint
+    assert store.get_ref("t", "y") is None
+    with pytest.raises(CheckpointNotFound):
+        store.get_checkpoint(child.checkpoint_id)
+
+
+def test_put_checkpoints_brings_deleted_history_back(store):
+    r0, r1, r2 = _chain(store)
+    journal = store.journal("t")
+    stored = store.get_checkpoint(r1.checkpoint_id)
+    store.delete_checkpoints([r1.checkpoint_id], orphans=True)
+    store.put_checkpoints([stored], journal)
+    store.put_checkpoints([stored], journal)  # idempotent
+    assert store.get_checkpoint(r1.checkpoint_id) == stored
+    assert [r.checkpoint_id for r in store.list_checkpoints("t")] == [r0.checkpoint_id, r1.checkpoint_id,
+                                                                       r2.checkpoint_id]
+    assert store.journal("t") == journal
+    assert store.get_ref("t", "main") == r2.checkpoint_id
+
+
+def test_delete_task_removes_the_task_and_keeps_objects_and_other_tasks(store):
+    from overnight.store.base import ArchiveRow, CallRecord
+
+    shared = _obj(b"shared by two tasks")
+    for task_id in ("t", "u"):
+        r0 = _row(task_id, None, 0)
+        j = JournalRow(task_id, r0.checkpoint_id, 0, "sha256:" + "3" * 64, "s0", "sess", "2026", 1.0)
+        store.commit(Commit(r0, None, [shared], [j], None, _task(task_id)))
+        store.set_ref(task_id, "b", r0.checkpoint_id, None)
+        store.put_archive(ArchiveRow("sha256:" + "a" * 64, task_id, "2026-11-30T00:00:00+00:00", "file:///cold", b"m"))
+        store.record_call(CallRecord(task_id, "sha256:" + "a" * 64, 0, "sha256:" + "1" * 64, "m", b"{}", 1, 1, 1.0,
+                                     "2026-11-30T00:00:01+00:00"))
+    store.acquire_lease("t", "main", "holder", "{}", 600_000)
+    store.delete_task("t")
+    with pytest.raises(TaskNotFound):
+        store.get_task("t")
+    assert store.list_refs("t") == {} and store.get_ref("t", "main") is None
+    assert store.list_checkpoints("t") == [] and store.journal("t") == []
+    assert store.list_archives("t") == []
+    assert store.calls("t") == [] and len(store.calls("u")) == 1
+    assert [t.task_id for t in store.list_tasks()] == ["u"]
+    assert store.missing_objects([shared.digest]) == set()
+    assert len(store.list_checkpoints("u")) == 1 and len(store.journal("u")) == 1
+    assert [a.task_id for a in store.list_archives()] == ["u"]
+    # the lease went with the task: anyone may take it
+    store.acquire_lease("t", "main", "another", "{}", 60_000)
+    store.delete_task("t")
+    store.delete_task("never existed")
+    # the id can be used again from scratch
+    store.commit(Commit(_row("t", None, 0), None, [], [], None, _task("t")))
+    assert [r.seq for r in store.list_checkpoints("t")] == [0]
+
+
+def test_archive_catalog_rows(store):
+    from overnight.store.base import ArchiveRow
+
+    odd = "task \x00 ü/..\ud800"
+    rows = [ArchiveRow("sha256:" + "1" * 64, "t", "2026-11-30T01:00:00+00:00", "s3://cold/x?endpoint_url=http://h:1",
+                       b"\x28\xb5\x2f\xfd manifest \x00"),
+            ArchiveRow("sha256:" + "2" * 64, "t", "2026-11-30T02:00:00+00:00", "file:///cold", b"second"),
+            ArchiveRow("sha256:" + "3" * 64, odd, "2026-11-30T00:30:00+00:00", "file:///c\x00", b"odd")]
+    for r in reversed(rows):
+        store.put_archive(r)
+    store.put_archive(rows[0])  # again: no duplicate
+    assert store.list_archives("t") == rows[:2]
+    assert store.list_archives(odd) == [rows[2]]
+    assert store.list_archives() == [rows[2], rows[0], rows[1]]  # oldest first
+    store.delete_archive("t", rows[0].archive_id)
+    store.delete_archive("t", "sha256:" + "f" * 64)  # unknown: nothing happens
+    assert store.list_archives("t") == [rows[1]]

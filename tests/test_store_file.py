@@ -43,7 +43,7 @@ def test_layout_on_disk_can_be_checked_by_hand(tmp_path):
         r0 = _row("api-report", None, 0)
         store.commit(Commit(r0, None, list(w.objects.values()), [], None, _task("api-report")))
         assert BlobReader(store).get(d) == text
-    assert json.loads((root / "overnight.json").read_bytes()) == {"kind": "overnight-store", "layout": 1}
+    assert json.loads((root / "overnight.json").read_bytes()) == {"kind": "overnight-store", "layout": 2}
     hexd = d.split(":")[1]
     record = (root / "objects" / hexd[:2] / hexd[2:]).read_bytes()
     header, _, payload = record.partition(b"\n")
@@ -205,3 +205,41 @@ def test_an_object_is_never_overwritten_even_by_a_concurrent_writer(tmp_path):
         assert stores[i].get_objects([d])[d].data == data
         stores[i].close()
     assert len(os.listdir(root / "objects" / d[7:9])) == 1
+
+
+def test_a_layout_1_store_is_upgraded_when_opened(tmp_path):
+    """Layout 2 only adds keys and the refresh rule: the marker is rewritten, nothing else."""
+    root = tmp_path / "store"
+    with FileStore(root) as store:
+        store.put_objects([ObjectRecord(digest.sha256(b"kept"), "blob", 4, "none", b"kept")])
+    (root / "overnight.json").write_bytes(b'{"kind":"overnight-store","layout":1}')
+    with FileStore(root) as store:
+        assert store.get_objects([digest.sha256(b"kept")])[digest.sha256(b"kept")].data == b"kept"
+    assert json.loads((root / "overnight.json").read_bytes())["layout"] == 2
+
+
+def test_delete_with_a_minimum_age_keeps_a_file_refreshed_at_the_last_instant(tmp_path, monkeypatch):
+    """gc's delete renames the file away first, then reads its age: a writer's refresh that lands
+    just before the rename is seen, and the file is put back."""
+    import time
+
+    c = FileContainer(tmp_path / "c")
+    key = "objects/ab/" + "c" * 62
+    c.create_many({key: b"payload", key[:-1] + "d": b"old"})
+    path = tmp_path / "c" / key
+    hour_ago = time.time() - 3600
+    for p in (path, path.with_name(path.name[:-1] + "d")):
+        os.utime(p, (hour_ago, hour_ago))
+    real_rename = os.rename
+
+    def refresh_then_rename(src, dst):
+        if str(src) == str(path):
+            os.utime(src)  # a commit refreshes the object in the instant before gc's rename
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", refresh_then_rename)
+    freed = c.delete([key, key[:-1] + "d"], min_age_ms=60_000)
+    assert list(freed) == [key[:-1] + "d"]
+    assert path.read_bytes() == b"payload"
+    assert not [n for n in os.listdir(path.parent) if n.startswith(".tmp-")]
+    assert c.refresh([key, "objects/ab/" + "e" * 62]) == {"objects/ab/" + "e" * 62}

@@ -129,7 +129,8 @@ def test_caller_strings_are_bytea_not_text(pg_schema):
               ("checkpoints", "event"), ("checkpoints", "step"), ("checkpoints", "created_at"),
               ("refs", "task_id"), ("refs", "branch"), ("journal", "step_name"), ("journal", "session"),
               ("journal", "started_at"), ("leases", "holder"), ("leases", "holder_id"), ("leases", "branch"),
-              ("objects", "data"), ("checkpoints", "body")]
+              ("objects", "data"), ("checkpoints", "body"), ("archives", "task_id"), ("archives", "created_at"),
+              ("archives", "location"), ("archives", "manifest")]
     assert {c: types[c] for c in caller} == {c: "bytea" for c in caller}
 
 
@@ -174,3 +175,21 @@ def test_an_unreachable_server_is_a_config_error():
     with pytest.raises(ConfigError, match="cannot connect") as err:
         PostgresStore(f"postgresql://postgres@127.0.0.1:{free_port()}/test", connect_timeout_s=2)
     assert err.value.hint
+
+
+def test_a_schema_1_store_is_upgraded_and_its_objects_dated(pg_schema):
+    from overnight.codec import digest
+    from overnight.store.base import ArchiveRow
+
+    server, schema = pg_schema
+    PostgresStore(f"{server}?schema={schema}", _migrations=MIGRATIONS[:1]).close()
+    data = b"written by schema 1"
+    with psycopg.connect(server) as conn:
+        conn.execute(f'INSERT INTO "{schema}".objects VALUES (%s, %s, %s, %s, %s)',
+                     (digest.sha256(data), "blob", len(data), "none", data))
+    with PostgresStore(f"{server}?schema={schema}") as store:
+        assert [v for v, _ in _ledger(server, schema)] == [1, 2, 3]
+        (stat,) = list(store.iter_object_stats())
+        assert stat.digest == digest.sha256(data) and 0 <= stat.age_ms < 60_000
+        store.put_archive(ArchiveRow("sha256:" + "1" * 64, "t", "2026", "file:///c", b"m"))
+        assert len(store.list_archives()) == 1

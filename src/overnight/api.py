@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import sys
 import traceback
 from contextlib import contextmanager
@@ -34,8 +35,13 @@ from overnight.store import Store, default_store_url, open_store
 from overnight.store import exists as store_exists
 from overnight.store import location as store_location
 from overnight.store.blobs import BlobReader
+from overnight.store.tiered import TieredStore, tiered
 from overnight.verify import branching
+from overnight.verify import archive as archiving
+from overnight.verify import gc as collecting
+from overnight.verify.archive import ArchiveReport, RestoreReport, ensure_hot
 from overnight.verify.branching import LogEntry, MergeResult
+from overnight.verify.gc import GcReport, RmReport
 from overnight.verify.chain import load_head
 from overnight.verify.drift import DriftReport
 from overnight.verify.fsck import VerifyReport, verify_store
@@ -43,19 +49,50 @@ from overnight.verify.integrity import load_checkpoint, parse_record, signing_ke
 
 
 @contextmanager
-def _opened(store: Store | str | None, *, create: bool = True) -> Iterator[Store]:
+def _opened(store: Store | str | None, *, create: bool = True) -> Iterator[TieredStore]:
+    """The store, wrapped so archived history reads through to its cold store; with
+    ``create=False`` a store that does not exist yet is an error rather than created."""
     if store is not None and hasattr(store, "commit"):
-        yield store  # type: ignore[misc]
+        s = tiered(store, own=False)  # type: ignore[arg-type]
+        try:
+            yield s
+        finally:
+            if s is not store:
+                s.close()  # only the cold stores it opened
         return
     if not create and not store_exists(store):  # type: ignore[arg-type]
         url = str(store) if store is not None else default_store_url()
         raise ConfigError(f"no store at {url} ({store_location(url)})",
                           hint="run a task first (`overnight demo`), or pass --store / set OVERNIGHT_STORE")
-    s = open_store(store)  # type: ignore[arg-type]
+    s = tiered(open_store(store))  # type: ignore[arg-type]
     try:
         yield s
     finally:
         s.close()
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|hr|d|day|days|w|week|weeks)?\s*$")
+_DURATION_S = {None: 1, "ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400,
+               "day": 86400, "days": 86400, "w": 604800, "week": 604800, "weeks": 604800}
+
+
+def parse_duration(value: str | float | int | None, what: str = "duration") -> float | None:
+    """Seconds from ``"30d"``, ``"12h"``, ``"90m"``, ``"45s"``, ``"0"`` (a bare number is seconds).
+
+    Raises:
+        ConfigError: anything else, or a negative number.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value.lower())):
+        seconds = float(m.group(1)) * _DURATION_S[m.group(2)]
+    else:
+        raise ConfigError(f"cannot read {what} {value!r}", hint="use e.g. 30d, 12h, 90m, 45s or 0")
+    if seconds < 0:
+        raise ConfigError(f"{what} {value!r} is negative")
+    return seconds
 
 
 # --- loading task code -------------------------------------------------------------------------
@@ -264,6 +301,8 @@ class ChainEntry:
     heads: list[str] = field(default_factory=list)
     valid: bool = True
     problem: str | None = None
+    archived: bool = False
+    """In a cold store (``overnight archive``); read through, like the others."""
 
 
 @dataclass
@@ -302,6 +341,7 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
         for b, cid in refs.items():
             heads.setdefault(cid, []).append(b)
         chain = []
+        hot = {r.checkpoint_id for r in s.hot.list_checkpoints(task_id)}
         for row in s.list_checkpoints(task_id):
             valid, problem, session = True, None, None
             try:
@@ -310,7 +350,8 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
             except OvernightError as exc:
                 valid, problem = False, f"{type(exc).__name__}: {exc.message}"
             chain.append(ChainEntry(row.seq, row.checkpoint_id, row.branch, session, row.event, row.step,
-                                    row.created_at, row.stored_bytes, heads.get(row.checkpoint_id, []), valid, problem))
+                                    row.created_at, row.stored_bytes, heads.get(row.checkpoint_id, []), valid, problem,
+                                    row.checkpoint_id not in hot))
         status, done, total, todo, artifacts = "invalid", 0, 0, [], {}
         if branch in refs:
             try:
@@ -441,7 +482,9 @@ def fork(task_id: str, at: str, branch: str, *, store: Store | str | None = None
     branch's first checkpoint id. Raises ``BranchExists``, ``CheckpointNotFound``, ``IntegrityError``."""
     with _opened(store) as s:
         s.get_task(task_id)
-        return branching.fork(s, task_id, resolve_checkpoint(s, task_id, at), branch, key=signing_key_from_env())
+        cid = resolve_checkpoint(s, task_id, at)
+        ensure_hot(s, task_id, cid)  # an archived checkpoint comes back to hot before a branch builds on it
+        return branching.fork(s, task_id, cid, branch, key=signing_key_from_env())
 
 
 def rollback(task_id: str, to: str, *, branch: str = "main", store: Store | str | None = None) -> str:
@@ -449,8 +492,9 @@ def rollback(task_id: str, to: str, *, branch: str = "main", store: Store | str 
     in the history. Raises ``TaskBusy`` while a run holds the branch."""
     with _opened(store) as s:
         s.get_task(task_id)
-        return branching.rollback(s, task_id, resolve_checkpoint(s, task_id, to), branch=branch,
-                                  key=signing_key_from_env())
+        cid = resolve_checkpoint(s, task_id, to)
+        ensure_hot(s, task_id, cid)  # an archived checkpoint comes back to hot before the branch uses its state
+        return branching.rollback(s, task_id, cid, branch=branch, key=signing_key_from_env())
 
 
 def merge(task_id: str, source: str, *, into: str = "main", prefer: str | None = None,
@@ -598,3 +642,101 @@ def repair(task_id: str | None = None, *, store: Store | str | None = None) -> l
                     if m is not s:
                         m.close()
     return reports
+# --- gc / rm / archive / restore ----------------------------------------------------------------
+
+
+def gc(*, store: Store | str | None = None, apply: bool = False, keep_last: int | None = None,
+       older_than: str | float | None = None, task_id: str | None = None,
+       grace: str | float = collecting.DEFAULT_GRACE_S,
+       on_progress: Callable[[int, int], None] | None = None) -> GcReport:
+    """Find -- and with ``apply=True`` delete -- dangling checkpoints (on no live branch's
+    lineage) and objects no remaining checkpoint needs. A dry run by default.
+
+    Args:
+        keep_last: keep each task's N newest dangling checkpoints.
+        older_than: only dangling checkpoints older than this go (``"30d"``; seconds as a number).
+        task_id: only this task's dangling checkpoints, and the objects only they needed.
+        grace: objects stored or refreshed more recently than this stay (default 1 h): the
+            safety margin for commits running at the same time (``overnight/verify/gc.py``).
+
+    Raises:
+        TaskNotFound, ConfigError; FormatTooNew when a checkpoint is from a newer overnight.
+    """
+    with _opened(store) as s:
+        return collecting.collect(s, apply=apply, keep_last=keep_last,
+                                  older_than_s=parse_duration(older_than, "--older-than"), task_id=task_id,
+                                  grace_s=parse_duration(grace, "--grace") or 0.0, on_progress=on_progress)
+
+
+@contextmanager
+def _all_leases(s: Store, task_id: str, force: bool) -> Iterator[None]:
+    """Hold every branch's lease (and main's) for the block; ``TaskBusy`` names a live holder
+    unless ``force``."""
+    from overnight.errors import TaskBusy
+    from overnight.store.leases import DEFAULT_TTL_MS, Holder
+
+    holder = Holder.current()
+    held = []
+    try:
+        for b in sorted({"main", *s.list_refs(task_id)}):
+            try:
+                held.append(s.acquire_lease(task_id, b, holder.id, holder.to_json(), DEFAULT_TTL_MS * 20))
+            except TaskBusy as exc:
+                if not force:
+                    raise TaskBusy(exc.message, task_id=task_id, holder=exc.holder,
+                                   hint="stop that run first, or pass --force to delete the task under it") from exc
+        yield
+    finally:
+        for lease in held:
+            try:
+                s.release_lease(lease)
+            except OvernightError:
+                pass
+
+
+def rm(task_id: str, *, store: Store | str | None = None, dry_run: bool = False, force: bool = False,
+       grace: str | float = collecting.DEFAULT_GRACE_S,
+       on_progress: Callable[[int, int], None] | None = None) -> RmReport:
+    """Delete a task -- its record, branches, leases, checkpoints, journal and archive catalog rows
+    -- and then the objects no other task needs (those stored less than ``grace`` ago stay for
+    ``gc``). A cold store it was archived to is not touched.
+
+    Raises:
+        TaskNotFound: no such task.
+        TaskBusy: a live process holds one of its branches (``force=True`` deletes anyway).
+    """
+    with _opened(store) as s:
+        s.get_task(task_id)
+        grace_s = parse_duration(grace, "--grace") or 0.0
+        if dry_run:
+            return collecting.remove_task(s, task_id, apply=False, grace_s=grace_s, on_progress=on_progress)
+        with _all_leases(s, task_id, force):
+            return collecting.remove_task(s, task_id, apply=True, grace_s=grace_s, on_progress=on_progress)
+
+
+def archive(task_id: str, *, cold: str, store: Store | str | None = None, keep_last: int | None = None,
+            older_than: str | float | None = None, grace: str | float = collecting.DEFAULT_GRACE_S,
+            on_progress: Callable[[int, int], None] | None = None) -> ArchiveReport:
+    """Move the task's history beyond ``keep_last`` checkpoints per branch (or older than
+    ``older_than``) into the cold store ``cold``, packed; heads and everything a kept checkpoint
+    needs stay in hot. Archived checkpoints stay readable through every command.
+
+    Raises:
+        ConfigError, TaskNotFound, TaskBusy (a run holds a branch), TaskChanged.
+    """
+    with _opened(store) as s:
+        return archiving.archive(s, task_id, cold=cold, keep_last=keep_last,
+                                 older_than_s=parse_duration(older_than, "--older-than"),
+                                 grace_s=parse_duration(grace, "--grace") or 0.0, on_progress=on_progress)
+
+
+def restore(task_id: str, *, store: Store | str | None = None, cold: str | None = None,
+            on_progress: Callable[[int, int], None] | None = None) -> RestoreReport:
+    """Bring every archived checkpoint of the task back into the hot store (``cold``: read packs
+    from this store, and restore runs it holds that the hot catalog lost).
+
+    Raises:
+        TaskNotFound; MissingObject / DigestMismatch for a missing or damaged pack.
+    """
+    with _opened(store) as s:
+        return archiving.restore(s, task_id, cold=cold, on_progress=on_progress)

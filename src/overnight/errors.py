@@ -8,7 +8,8 @@ Groups (mirrors httpx's ``_exceptions.py``):
 
 * codec        -- :class:`EncodeError`, :class:`DecodeError`, :class:`UnknownTypeError`
 * integrity    -- :class:`IntegrityError` and subclasses (digest, missing object, schema, format)
-* concurrency  -- :class:`TaskBusy`, :class:`StaleHead`, :class:`StoreBusy`, :class:`MergeConflict`
+* concurrency  -- :class:`TaskBusy`, :class:`StaleHead`, :class:`StoreBusy`, :class:`MergeConflict`,
+  :class:`ParentGone`, :class:`TaskChanged`
 * lookup       -- :class:`TaskNotFound`, :class:`CheckpointNotFound`, :class:`ArtifactNotFound`
 * config/spec  -- :class:`ConfigError`, :class:`SpecError`
 * drift        -- :class:`DriftAbort`
@@ -144,6 +145,15 @@ class LeaseLost(ConcurrencyError):
 
 class StoreBusy(ConcurrencyError):
     """The store stayed locked by another process for longer than the configured wait."""
+
+
+class ParentGone(ConcurrencyError):
+    """A commit's parent checkpoint was deleted (``gc``, ``rm``, ``archive``) while the commit was
+    being prepared; nothing was written."""
+
+
+class TaskChanged(ConcurrencyError):
+    """A task gained or moved a branch while ``archive`` was copying it; nothing was removed."""
 
 
 class MergeConflict(ConcurrencyError):

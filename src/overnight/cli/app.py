@@ -255,7 +255,8 @@ def show(
     render.table(None, ["seq", "checkpoint", "branch", "session", "event", "step", "time (UTC)", "size", ""],
                  [(c.seq, c.checkpoint_id[7:19], c.branch, c.session if c.session is not None else "?", c.event,
                    c.step or "", c.created_at[:19].replace("T", " "), render.human_bytes(c.stored_bytes),
-                   ("<- " + ",".join(c.heads) if c.heads else "") + ("" if c.valid else f"  INVALID: {c.problem}"))
+                   ("<- " + ",".join(c.heads) if c.heads else "") + ("archived" if c.archived else "")
+                   + ("" if c.valid else f"  INVALID: {c.problem}"))
                   for c in rep.chain],
                  justify={"seq": "right", "size": "right"})
 
@@ -479,6 +480,162 @@ def merge(
     render.err.print(f"merged {render.esc(source)} into {render.esc(into)}: {len(res.added_steps)} step(s) added"
                      + (f", {len(res.conflicts)} conflict(s) resolved preferring {prefer}" if res.conflicts else "")
                      + f"; new head {(res.checkpoint_id or '')[7:19]}")
+
+
+GraceOpt = typer.Option("1h", "--grace", metavar="DURATION",
+                        help="Objects stored or refreshed more recently than this stay (a commit running at the "
+                        "same time may be about to reference them). Default 1h; 0 only when nothing writes.")
+
+
+def _unreadable_note(unreadable: list) -> None:
+    if unreadable:
+        render.err.print(f"[yellow]note:[/] {len(unreadable)} part(s) of remaining checkpoints could not be read "
+                         "(their objects are unknown and were not protected); `overnight verify --all` explains")
+
+
+@app.command()
+def gc(
+    apply: bool = typer.Option(False, "--apply", help="Delete. Without it, only report what would go."),
+    keep_last: Optional[int] = typer.Option(None, "--keep-last", min=0, metavar="N",
+                                            help="Keep each task's N newest dangling checkpoints."),
+    older_than: Optional[str] = typer.Option(None, "--older-than", metavar="DURATION",
+                                             help="Only dangling checkpoints older than this go (e.g. 30d)."),
+    task_id: Optional[str] = typer.Option(None, "--task", metavar="ID", help="Only this task's dangling checkpoints, and the "
+                                          "objects only they needed."),
+    grace: str = GraceOpt,
+    store: Optional[str] = StoreOpt,
+    as_json: bool = JsonOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Collect garbage: dangling checkpoints (on no live branch's lineage: records a fallback
+    skipped, history of deleted branches) and objects no remaining checkpoint needs.
+
+    A dry run unless --apply. Never removes a branch head, anything on a live branch's lineage,
+    or anything a remaining checkpoint needs to load; safe while tasks run (objects younger than
+    --grace stay)."""
+    try:
+        with render.progress_bar("reading checkpoints", quiet=quiet or as_json) as update:
+            rep = api.gc(store=store, apply=apply, keep_last=keep_last, older_than=older_than, task_id=task_id,
+                         grace=grace, on_progress=update)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        render.print_json(rep)
+        return
+    verb = "deleted" if rep.applied else "would delete"
+    if not rep.applied:
+        render.err.print("[yellow]dry run[/]: nothing deleted (pass --apply to delete)")
+    render.table(None, ["task", "checkpoints", "dangling", "kept", verb, "bytes"],
+                 [(t.task_id, t.checkpoints, len(t.dangling), len(t.kept), len(t.deleted), render.human_bytes(t.bytes))
+                  for t in rep.tasks],
+                 justify={c: "right" for c in ("checkpoints", "dangling", "kept", verb, "bytes")})
+    render.out.print(f"checkpoints: {rep.checkpoints_deleted} {verb} ({render.human_bytes(rep.checkpoint_bytes)})")
+    render.out.print(
+        f"objects: {rep.objects} stored, {rep.objects_referenced} referenced, {rep.objects_unreferenced} unreferenced: "
+        f"{rep.objects_deleted} {verb} ({render.human_bytes(rep.object_bytes)}), {rep.objects_young} kept as younger "
+        f"than the grace period ({render.human_bytes(rep.young_bytes)})")
+    _unreadable_note(rep.unreadable)
+
+
+@app.command()
+def rm(
+    task_id: str = typer.Argument(..., help="Task id."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    force: bool = typer.Option(False, "--force", help="Delete even while a live process holds one of its branches."),
+    grace: str = GraceOpt,
+    store: Optional[str] = StoreOpt,
+    as_json: bool = JsonOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Delete a task: its checkpoints, branches, leases, journal and archive catalog, then the
+    objects no other task needs. Asks first (--yes to skip); refuses while a run holds the task
+    (--force to override). A cold store it was archived to is not touched."""
+    try:
+        plan = api.rm(task_id, store=store, dry_run=True, grace=grace)
+        if not yes:
+            question = (f"delete task {render.safe(task_id)!r}: {plan.checkpoints} checkpoint(s), branches "
+                        f"{', '.join(plan.branches) or 'none'}, {plan.objects_unreferenced} object(s) only it uses?")
+            if not sys.stdin.isatty():
+                render.err.print(f"[bold red]error:[/] {render.esc(question)} -- not confirmed (no terminal); "
+                                 "pass --yes")
+                raise typer.Exit(EXIT_USAGE)
+            if not typer.confirm(question, default=False, err=True):
+                render.err.print("nothing deleted")
+                raise typer.Exit(EXIT_OK)
+        with render.progress_bar("deleting", quiet=quiet or as_json) as update:
+            rep = api.rm(task_id, store=store, force=force, grace=grace, on_progress=update)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        render.print_json(rep)
+        return
+    render.err.print(
+        f"deleted task [bold]{render.esc(task_id)}[/]: {rep.checkpoints} checkpoint(s) "
+        f"({render.human_bytes(rep.checkpoint_bytes)}), {rep.objects_deleted} object(s) "
+        f"({render.human_bytes(rep.object_bytes)})"
+        + (f"; {rep.objects_young} younger than the grace period left for `overnight gc`" if rep.objects_young else ""))
+    _unreadable_note(rep.unreadable)
+
+
+@app.command("archive")
+def archive_(
+    task_id: str = typer.Argument(..., help="Task id."),
+    cold: str = typer.Option(..., "--cold", metavar="URL", help="Cold store URL (s3://BUCKET/PREFIX, file://DIR, ...)."),
+    keep_last: Optional[int] = typer.Option(None, "--keep-last", min=1, metavar="N",
+                                            help="Keep each branch's N newest checkpoints in hot."),
+    older_than: Optional[str] = typer.Option(None, "--older-than", metavar="DURATION",
+                                             help="Archive checkpoints older than this (e.g. 7d); heads always stay."),
+    grace: str = GraceOpt,
+    store: Optional[str] = StoreOpt,
+    as_json: bool = JsonOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Move a task's older history to a cold store as one compressed pack, and remove it from the
+    hot store. Heads and everything a kept checkpoint needs stay; archived checkpoints remain
+    readable (show, log, cat --at, verify) and come back when something builds on them
+    (fork --at, rollback --to) or with `overnight restore`."""
+    try:
+        with render.progress_bar("archiving", quiet=quiet or as_json) as update:
+            rep = api.archive(task_id, cold=cold, store=store, keep_last=keep_last, older_than=older_than,
+                              grace=grace, on_progress=update)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        render.print_json(rep)
+        return
+    if not rep.archived:
+        render.err.print(f"nothing to archive: all {rep.kept} checkpoint(s) of {render.esc(task_id)} are within the policy")
+        return
+    render.err.print(
+        f"archived {len(rep.archived)} checkpoint(s) of [bold]{render.esc(task_id)}[/] to {render.esc(rep.cold)}"
+        + (f" (archive {rep.archive_id[7:19]}: {rep.objects_packed} object(s), pack "
+           f"{render.human_bytes(rep.pack_bytes)})" if rep.archive_id else "")
+        + f"; {rep.kept} kept in hot; freed {render.human_bytes(rep.checkpoint_bytes + rep.object_bytes)} "
+        f"({rep.objects_deleted} object(s))"
+        + (f"; {rep.objects_young} younger than the grace period left for `overnight gc`" if rep.objects_young else ""))
+
+
+@app.command()
+def restore(
+    task_id: str = typer.Argument(..., help="Task id."),
+    cold: Optional[str] = typer.Option(None, "--cold", metavar="URL", help="Read the packs from this store (default: "
+                                       "where each archive run recorded them)."),
+    store: Optional[str] = StoreOpt,
+    as_json: bool = JsonOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Bring a task's archived checkpoints (and the objects they need) back into the hot store."""
+    try:
+        with render.progress_bar("restoring", quiet=quiet or as_json) as update:
+            rep = api.restore(task_id, store=store, cold=cold, on_progress=update)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        render.print_json(rep)
+        return
+    render.err.print(f"restored {rep.checkpoints} checkpoint(s) and {rep.objects} object(s) "
+                     f"({render.human_bytes(rep.bytes)}) of [bold]{render.esc(task_id)}[/] from "
+                     f"{len(rep.archives)} archive(s)")
 
 
 @app.command()

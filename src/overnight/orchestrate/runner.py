@@ -51,6 +51,8 @@ from overnight.config import load as load_config
 from overnight.orchestrate.consistency import Decision, decide, policies_for, salt_of, world_spec, write_export
 from overnight.orchestrate.router import Route, locate, open_routed
 from overnight.orchestrate.router import route as route_task
+from overnight.store.tiered import TieredStore, tiered
+from overnight.verify.archive import ensure_hot
 from overnight.verify.replicas import ReplicatedStore, repair_task
 from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
 from overnight.verify.drift import WorldNow, changed_products, parse_policies, reads_dirty, world_reads_changed
@@ -183,18 +185,21 @@ class Runner:
         self._own_store = not hasattr(store, "commit")
         found = locate(task.id, load_config()) if store is None and task.span_s is not None else None
         if found is not None:  # an existing task: where (and how) it was routed when created
-            self.store, self.route = found
+            raw, self.route = found
             self._own_store = True
             level = task.level or (self.route.level if self.route else "durable")
         elif store is None and task.span_s is not None:
             self.route = route_task(task, load_config())
-            self.store: Store = open_routed(self.route, task.id)
+            raw = open_routed(self.route, task.id)
             level = self.route.level
         else:
-            self.store = open_store(store) if self._own_store else store  # type: ignore[assignment]
+            raw = open_store(store) if self._own_store else store  # type: ignore[assignment]
             level = task.level or "durable"
         self.level = level
         self.check_drift = (level == "durable") if check_drift is None else check_drift
+        # archived history reads through to its cold store (a fallback may reach that far)
+        self._own_wrapper = not isinstance(raw, TieredStore)
+        self.store: Store = tiered(raw, own=self._own_store)
         self.branch = branch
         self.key = signing_key_from_env() if signing_key is None else (signing_key or None)
         self.lease_ttl_ms = lease_ttl_ms
@@ -476,8 +481,9 @@ class Runner:
             self._commit(self.chain.blob_writer(), event("init"), [], task_row)
             self._emit("create", checkpoint_id=self.head, detail=self._level_note())
             return True, None
-        if isinstance(self.store, ReplicatedStore):
-            repair = repair_task(self.store.media, self.store.names, self.task.id, key=self.key)
+        replicated = getattr(self.store, "hot", self.store)
+        if isinstance(replicated, ReplicatedStore):
+            repair = repair_task(replicated.media, replicated.names, self.task.id, key=self.key)
             if repair.repaired or any(m.status != "ok" for m in repair.media):
                 self._emit("repair", detail=repair.describe())
         row = self.store.get_task(self.task.id)
@@ -488,6 +494,8 @@ class Runner:
                 hint="give this task another id, or, if the code moved, resume it with "
                 f"`overnight resume {self.task.id} --file {self.task.entry}`")
         loaded, fallback = load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known)
+        if fallback is not None:
+            ensure_hot(self.store, self.task.id, loaded.id)  # fell back into archived history: bring it back
         self.state = loaded.state_tree
         self.chain.start_from(loaded, fallback)
         self.chain.session_n = loaded.record.session.n + 1
@@ -535,6 +543,7 @@ class Runner:
             self._emit("drift", detail=found.describe() + "\n-> " + decision.describe())
         if decision.rollback_to is not None:
             target = decision.rollback_to
+            ensure_hot(self.store, self.task.id, target.id)
             self.state = target.state_tree
             self._accepted = list(target.record.fingerprint.accepted) if target.record.fingerprint else []
             self._commit(self.chain.blob_writer(), event("rollback", ref=target.id,
@@ -583,8 +592,8 @@ class Runner:
                     self.store.release_lease(lease)
                 except OvernightError:
                     pass
-            if self._own_store:
-                self.store.close()
+            if self._own_wrapper:
+                self.store.close()  # the hot store too when this run opened it
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
 

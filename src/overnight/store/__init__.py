@@ -1,4 +1,5 @@
-"""Layer 2: the ``Store`` protocol, its backends, and blobs (chunk trees) on top of any of them."""
+"""Layer 2: the ``Store`` protocol, its backends, blobs (chunk trees) on top of any of them, and
+the tiered store (hot + cold, :mod:`overnight.store.tiered`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,17 @@ import re
 from pathlib import Path
 
 from overnight.errors import ConfigError
-from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, Store, TaskRow
+from overnight.store.base import (
+    ArchiveRow,
+    CheckpointRow,
+    Commit,
+    JournalRow,
+    Lease,
+    ObjectRecord,
+    ObjectStat,
+    Store,
+    TaskRow,
+)
 from overnight.store.blobs import BlobReader, BlobWriter
 
 
@@ -128,6 +139,7 @@ def _need_extra(module: str, extra: str, url: str) -> None:
 
 
 __all__ = [
+    "ArchiveRow",
     "BlobReader",
     "BlobWriter",
     "CheckpointRow",
@@ -135,6 +147,7 @@ __all__ = [
     "JournalRow",
     "Lease",
     "ObjectRecord",
+    "ObjectStat",
     "Store",
     "TaskRow",
     "default_store_url",

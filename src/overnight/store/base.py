@@ -1,17 +1,40 @@
 """The ``Store`` protocol: the one narrow interface every storage backend implements.
 
-A store keeps five kinds of things (spec: ``docs/FORMAT.md``):
+A store keeps six kinds of things (spec: ``docs/FORMAT.md``):
 
 * **objects** -- immutable, addressed by the SHA-256 of the content they stand for; written once,
-  never modified (``INSERT`` ignores a digest already present);
+  never modified (``INSERT`` ignores a digest already present). Each has a *stored time*, set
+  when it is written and refreshed whenever a commit writes it again (see "Deletion" below);
 * **checkpoints** -- immutable records; ``checkpoint_id`` is the SHA-256 of ``body``;
 * **refs** -- ``(task_id, branch) -> checkpoint_id``, the only mutable pointers, moved by
   compare-and-swap in the same transaction as the checkpoint insert;
 * **journal** -- one row per committed step (index over checkpoints, for ``show`` and stats);
-* **leases** -- ``(task_id, branch) -> holder`` with expiry and a fencing token.
+* **leases** -- ``(task_id, branch) -> holder`` with expiry and a fencing token;
+* **archives** -- the catalog of tiered storage: which checkpoints and objects of a task were
+  moved to a cold store, and where (:class:`ArchiveRow`).
 
 Backends never interpret object payloads or checkpoint bodies: encoding, chunking and
 verification live above them. Every backend passes ``tests/test_store_conformance.py``.
+
+Deletion
+--------
+
+Data is removed **only** by the ``delete_*`` methods, and only ``overnight gc``, ``overnight rm``
+and ``overnight archive`` call them (restic's rule: only ``prune`` removes data). Nothing else --
+no commit, no ref move, no fallback -- ever deletes or overwrites an object or a checkpoint.
+Deletion is made safe against writers that run at the same time by three rules every backend
+keeps:
+
+1. a commit *writes or refreshes* every object it carries: an object already stored gets its
+   stored time set to now (:meth:`Store.commit`);
+2. :meth:`Store.delete_objects` with ``min_age_ms`` checks an object's age and deletes it as one
+   step (a transaction, a row lock, or a rename), so an object a commit refreshed a moment ago
+   is never removed;
+3. a commit whose parent checkpoint is gone fails (:class:`~overnight.errors.ParentGone`), and
+   :meth:`Store.delete_checkpoints` skips a checkpoint that a ref names or that a checkpoint
+   outside the deleted set has as its parent.
+
+``overnight gc`` builds its safety rule on these (``overnight/verify/gc.py``).
 """
 
 from __future__ import annotations
@@ -157,6 +180,50 @@ class Lease:
     expires_at_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class ObjectStat:
+    """What :meth:`Store.iter_object_stats` says about one stored object.
+
+    Attributes:
+        digest: the object's digest.
+        stored_bytes: bytes it occupies as the store counts them: the length of ``data`` in
+            SQLite and PostgreSQL, the whole record (header line + ``data``) in key-value stores.
+            :meth:`Store.delete_objects` frees exactly this many bytes for it.
+        age_ms: milliseconds since its stored time (written, or last refreshed by a commit),
+            measured by the store's own clock (SQLite: the local clock; PostgreSQL: the server's;
+            files: the file's modification time against the local clock; S3: ``LastModified``
+            against the server's ``Date``). Never negative.
+    """
+
+    digest: str
+    stored_bytes: int
+    age_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveRow:
+    """One archive run of a task, in a store's archive catalog (spec: ``docs/FORMAT.md``, "Tiered storage").
+
+    The same row is written twice: in the cold store that holds the pack, and in the hot store the
+    checkpoints were moved out of, which uses it to find them again.
+
+    Attributes:
+        archive_id: ``sha256:<hex>`` of the uncompressed manifest (the archive is addressed by
+            its content, like a checkpoint).
+        task_id: the task whose checkpoints were archived.
+        created_at: RFC 3339 UTC timestamp of the archive run.
+        location: in the hot store, the URL of the cold store holding the pack; in the cold
+            store, the URL of the hot store the data came from (informational).
+        manifest: the manifest: canonical JSON, as one zstd frame.
+    """
+
+    archive_id: str
+    task_id: str
+    created_at: str
+    location: str
+    manifest: bytes
+
+
 @dataclass(slots=True)
 class Commit:
     """Everything one checkpoint commit writes, in one transaction.
@@ -171,7 +238,10 @@ class Commit:
 
     An object whose digest is already stored is not written again -- unless the stored bytes
     differ from the given ones, which hash to the digest by construction: the stored copy is then
-    damaged and is replaced (self-healing; the content behind a digest never changes).
+    damaged and is replaced (self-healing; the content behind a digest never changes). Either
+    way its stored time is refreshed to the commit's time, so a concurrent ``gc`` keeps it.
+    A writer must carry in ``objects`` every object the checkpoint references except those
+    reachable from checkpoints already committed on its own branch (see ``overnight/verify/gc.py``).
     """
 
     checkpoint: CheckpointRow
@@ -211,14 +281,31 @@ class Store(Protocol):
         """Every stored object's digest, in no particular order (for ``verify --all`` and gc)."""
         ...
 
+    def iter_object_stats(self) -> Iterator[ObjectStat]:
+        """Every stored object with its size and age (for ``gc``), in no particular order."""
+        ...
+
+    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
+        """Delete objects; returns the bytes freed (their :attr:`ObjectStat.stored_bytes`).
+
+        Digests that are not stored are ignored. With ``min_age_ms``, an object whose stored time
+        is less than ``min_age_ms`` milliseconds ago (by the store's clock) is kept; the age is
+        checked and the object deleted as one step, so a commit that refreshes the object at the
+        same moment either comes first (and the object stays) or finds it gone and writes it anew.
+        Callers make sure no remaining checkpoint references what they delete (``overnight gc``).
+        """
+        ...
+
     # checkpoints and refs --------------------------------------------------------------------
     def commit(self, commit: Commit) -> int:
         """Insert objects, the checkpoint and journal rows, and CAS the branch ref, atomically.
 
         Durable when it returns. Returns the bytes it added (objects not already stored, plus
-        the body), which it also records as the checkpoint's ``stored_bytes``. Raises :class:`~overnight.errors.StaleHead` when the branch head
-        is not ``commit.expected_head`` and :class:`~overnight.errors.LeaseLost` when
-        ``commit.lease`` is no longer held; nothing is written in either case.
+        the body), which it also records as the checkpoint's ``stored_bytes``. Objects already
+        stored get their stored time refreshed. Raises :class:`~overnight.errors.StaleHead` when
+        the branch head is not ``commit.expected_head``, :class:`~overnight.errors.LeaseLost`
+        when ``commit.lease`` is no longer held, and :class:`~overnight.errors.ParentGone` when
+        the checkpoint's parent is not stored (deleted meanwhile); nothing is written in any case.
         """
         ...
 
@@ -245,6 +332,30 @@ class Store(Protocol):
         """
         ...
 
+    def put_checkpoints(self, rows: Iterable[CheckpointRow], journal: Iterable[JournalRow] = ()) -> None:
+        """Insert checkpoint records and their journal rows without moving any ref (``restore``
+        brings archived history back this way). An id already stored is left as it is; each row's
+        ``stored_bytes`` is kept as given. The task must exist."""
+        ...
+
+    def delete_checkpoints(self, checkpoint_ids: Iterable[str], *, orphans: bool = False) -> int:
+        """Delete checkpoints and their journal rows; returns the bytes freed (their bodies).
+
+        Ids that are not stored are ignored. A checkpoint that a ref names is never deleted (a
+        branch head stays). Unless ``orphans`` is True, a checkpoint that is the parent of a
+        checkpoint not being deleted is skipped as well -- a ``fork`` from a checkpoint that
+        ``gc`` is collecting wins over ``gc`` -- checked and deleted as one step where the
+        backend has transactions. ``archive`` passes ``orphans=True``: the older history it
+        removes has been copied to the cold store first.
+        """
+        ...
+
+    def delete_task(self, task_id: str) -> None:
+        """Delete a task: its registration, refs, leases, checkpoints, journal rows, model calls and archive
+        catalog rows. Objects stay (another task may share them); ``gc`` collects those no
+        remaining checkpoint references. Deleting a task that does not exist does nothing."""
+        ...
+
     # tasks and journal -----------------------------------------------------------------------
     def get_task(self, task_id: str) -> TaskRow:
         """Raises :class:`~overnight.errors.TaskNotFound`."""
@@ -266,6 +377,19 @@ class Store(Protocol):
 
     def calls(self, task_id: str, step_key: str | None = None) -> list[CallRecord]:
         """Recorded calls of a task (of one step, with ``step_key``), oldest first."""
+        ...
+
+    # archives (tiered storage) ------------------------------------------------------------------
+    def put_archive(self, row: ArchiveRow) -> None:
+        """Record an archive run (an ``archive_id`` already recorded for the task is left as is)."""
+        ...
+
+    def list_archives(self, task_id: str | None = None) -> list[ArchiveRow]:
+        """Archive rows of one task (or of every task), oldest first."""
+        ...
+
+    def delete_archive(self, task_id: str, archive_id: str) -> None:
+        """Forget an archive run (after ``restore``); the cold store is not touched."""
         ...
 
     # leases ----------------------------------------------------------------------------------

@@ -15,6 +15,13 @@ is in its ``known`` set (objects this process wrote, or verified when it loaded 
 it continues from) or if it hashes the stored bytes first. A stored object that turns out to be
 damaged is simply written again; the store replaces the damaged copy (:func:`is_damaged`) --
 same digest, same content -- and keeps an intact one.
+
+Deduplication is also what ``gc`` has to be safe against: a commit may reference an object that
+no checkpoint references at that moment. So ``known`` holds only objects reachable from checkpoints
+on the writer's own branch, and an intact object found in the store by hashing it is not trusted
+beyond this commit: it goes in :attr:`BlobWriter.reused`, which the commit carries like a new
+object, so the store refreshes its stored time and a concurrent ``gc`` keeps it
+(``overnight/verify/gc.py``).
 """
 
 from __future__ import annotations
@@ -47,37 +54,56 @@ def is_damaged(store: Store, blob_digest: str) -> bool:
 class BlobWriter:
     """Stages the new objects of one commit.
 
-    ``put`` returns the blob digest at once; :attr:`objects` holds what the commit must write.
+    ``put`` returns the blob digest at once; :attr:`objects` holds what the commit must write,
+    :attr:`reused` the stored objects it found and will reference (:meth:`commit_objects` is both).
 
     Args:
         store: where to look up what already exists.
-        known: digests verified to be stored intact (shared across commits of a run; the objects
-            a commit wrote are added to it). Anything else is hashed before it is reused.
+        known: digests reachable from checkpoints committed on the writer's own branch and
+            verified intact (shared across commits of a run). Anything else is hashed before it is
+            reused, and carried in the commit (see the module docstring).
     """
 
     def __init__(self, store: Store, known: set[str] | None = None) -> None:
         self.store = store
         self.known = known if known is not None else set()
         self.objects: dict[str, ObjectRecord] = {}
+        self.reused: dict[str, ObjectRecord] = {}
+        self.parts: dict[str, tuple[str, ...]] = {}
+        """Blob digest -> the digests of the objects it is made of (itself, its chunk index, its
+        chunks), for every blob :meth:`put` staged."""
 
     def _sound(self, digests: list[str]) -> set[str]:
-        """Which of ``digests`` are stored intact: known, or fetched and verified now (one query).
-        Only plain ``blob`` objects are checked here; a stored tree is rebuilt from its chunks."""
-        todo = [d for d in dict.fromkeys(digests) if d not in self.known and d not in self.objects]
+        """Which of ``digests`` are stored intact: known, staged, or fetched and verified now (one
+        query; those go in :attr:`reused`). Only plain ``blob`` objects are checked here; a stored
+        tree is rebuilt from its chunks."""
+        todo = [d for d in dict.fromkeys(digests)
+                if d not in self.known and d not in self.objects and d not in self.reused]
         if todo:
             for d, obj in self.store.get_objects(todo).items():
                 if obj.kind != "blob":
                     continue
                 try:
                     if digest.sha256(compress.decompress(obj.codec, obj.data, obj.size)) == d:
-                        self.known.add(d)
+                        self.reused[d] = obj
                 except DecodeError:
                     pass  # damaged: staged again below, and the commit heals it
-        return {d for d in digests if d in self.known or d in self.objects}
+        return {d for d in digests if d in self.known or d in self.objects or d in self.reused}
 
     def _stage(self, d: str, kind: str, payload: bytes) -> None:
         codec, data = compress.compress(payload)
         self.objects[d] = ObjectRecord(d, kind, len(payload), codec, data)
+
+    def commit_objects(self) -> list[ObjectRecord]:
+        """What a commit must carry: the staged objects and the reused ones (to refresh them)."""
+        return [*self.objects.values(), *(o for d, o in self.reused.items() if d not in self.objects)]
+
+    def closure(self, blob_digests: Iterable[str]) -> set[str]:
+        """The objects that make up the given blobs, as far as this writer staged or reused them."""
+        out: set[str] = set()
+        for d in blob_digests:
+            out.update(self.parts.get(d, ()))
+        return out
 
     def put(self, data: bytes | bytearray | memoryview, *, _index: bool = False) -> str:
         """Stage ``data`` as a blob; returns its ``sha256:<hex>`` digest."""
@@ -88,10 +114,12 @@ class BlobWriter:
         if len(data) <= chunking.inline_limit(_index):
             # small: staged without a lookup; the store skips it if an intact copy is there
             self._stage(d, "blob", data)
+            self.parts[d] = (d,)
             return d
         chunks = chunking.cut(data, index=_index)
         if len(chunks) == 1:  # content-defined cutting found no boundary: one plain blob, not a
             self._stage(d, "blob", data)  # tree listing itself as its only chunk
+            self.parts[d] = (d,)
             return d
         chunk_digests = [digest.sha256(c) for c in chunks]
         have = self._sound(chunk_digests)
@@ -101,6 +129,7 @@ class BlobWriter:
         index = b"".join(digest.raw(cd) for cd in chunk_digests)
         index_digest = self.put(index, _index=True)
         self._stage(d, "tree", dumps_sorted({"chunks": len(chunks), "index": index_digest, "size": len(data)}))
+        self.parts[d] = (d, *self.parts.get(index_digest, (index_digest,)), *dict.fromkeys(chunk_digests))
         return d
 
 

@@ -17,6 +17,13 @@ primitives on a POSIX file system:
 Every write is durable when the call returns, and a crash at any instant leaves each file either
 absent, old or new -- never torn (temporary files, ``.tmp-*``, are ignored and can be deleted).
 
+**Stored time and deletion.** An object's stored time is its file's modification time; a commit
+that finds an object already there refreshes it with ``utime``. Deleting with a minimum age is
+atomic against that refresh: the file is first *renamed* to a temporary name in its directory
+(after which a writer's ``utime`` fails and the writer writes the object anew), then its
+modification time is read; if it turns out fresh (a writer refreshed it just before the rename) it
+is linked back under its name, otherwise removed.
+
 **Network shares.** The directory may live on NFS or SMB if that share supports ``flock`` locks
 across clients (Linux NFSv4 and NFSv3 with ``lockd`` map ``flock`` onto POSIX byte-range locks; a
 CIFS mount must not use ``nobrl``; ``local_lock=all`` or ``nolock`` make locks local to one client
@@ -165,6 +172,71 @@ class FileContainer:
                 except FileNotFoundError:
                     continue
         return total
+
+    def stats(self, prefix: str) -> Iterator[tuple[str, int, int]]:
+        base = self._path(prefix)
+        now = time.time()
+        for folder, dirs, files in os.walk(base):
+            dirs.sort()
+            rel = os.path.relpath(folder, self.root)
+            for f in sorted(files):
+                if f.startswith(_TMP):
+                    continue
+                try:
+                    st = os.stat(os.path.join(folder, f))
+                except FileNotFoundError:
+                    continue
+                key = f if rel == "." else f"{rel}/{f}"
+                yield key.replace(os.sep, "/"), st.st_size, max(0, int((now - st.st_mtime) * 1000))
+
+    def refresh(self, keys: Iterable[str]) -> set[str]:
+        gone = set()
+        for key in keys:
+            try:
+                os.utime(self._path(key))
+            except FileNotFoundError:
+                gone.add(key)
+        return gone
+
+    def delete(self, keys: Iterable[str], *, min_age_ms: int | None = None) -> dict[str, int]:
+        freed: dict[str, int] = {}
+        folders: set[Path] = set()
+        for key in dict.fromkeys(keys):
+            path = self._path(key)
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if min_age_ms is None:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue
+                freed[key] = st.st_size
+                folders.add(path.parent)
+                continue
+            if (time.time() - st.st_mtime) * 1000 < min_age_ms:
+                continue
+            tomb = path.parent / f"{_TMP}gc-{uuid.uuid4().hex}"
+            try:
+                os.rename(path, tomb)  # from here on a writer's refresh fails and it writes anew
+            except FileNotFoundError:
+                continue
+            st = os.stat(tomb)
+            if (time.time() - st.st_mtime) * 1000 < min_age_ms:  # refreshed just before the rename
+                try:
+                    os.link(tomb, path)
+                except FileExistsError:
+                    pass  # a writer already wrote it again
+                os.unlink(tomb)
+                folders.add(path.parent)
+                continue
+            os.unlink(tomb)
+            freed[key] = st.st_size
+            folders.add(path.parent)
+        for folder in folders:
+            _fsync_dir(folder)
+        return freed
 
     # -- writes -----------------------------------------------------------------------------
 

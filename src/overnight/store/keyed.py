@@ -30,6 +30,15 @@ by the previous holder therefore either lands before the new holder's acquisitio
 the new holder, which reads the head after acquiring, builds on it), or fails its ref swap and sees
 a fence above its token: :class:`~overnight.errors.LeaseLost`. Tokens never go back, because a
 released lease keeps its token.
+
+**Deletion** (``gc``, ``rm``, ``archive``; no transactions here either). A commit's step 2 *refreshes*
+each object that already exists (:meth:`Container.refresh`: a new modification time), re-creates one
+that vanished meanwhile, and after the ref swap checks once more that every object it refreshed is
+still there, writing back any that a concurrent ``gc`` removed in the instant between its age check
+and its delete (S3 has no atomic check-and-delete; files do, see :mod:`overnight.store.file`). A
+commit checks that its parent record exists before writing anything (:class:`~overnight.errors.ParentGone`).
+Deleting a task removes its refs first, then its checkpoint records and index, archive rows and
+leases, and its task record last, so an interrupted ``rm`` leaves a task that ``rm`` can finish.
 """
 
 from __future__ import annotations
@@ -42,15 +51,27 @@ from overnight.errors import (
     ConfigError,
     DecodeError,
     LeaseLost,
+    ParentGone,
     StaleHead,
     StoreBusy,
     StoreVersionError,
     TaskBusy,
     TaskNotFound,
+    short_id,
 )
 from overnight.store import layout
 from overnight.store.blobs import is_damaged
-from overnight.store.base import CallRecord, CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.store.base import (
+    ArchiveRow,
+    CallRecord,
+    CheckpointRow,
+    Commit,
+    JournalRow,
+    Lease,
+    ObjectRecord,
+    ObjectStat,
+    TaskRow,
+)
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
 _SWAP_RETRIES = 50  # lease/fence swaps that lose a race re-read and retry this many times
@@ -87,6 +108,21 @@ class Container(Protocol):
 
     def list(self, prefix: str) -> list[str]:
         """Names of the keys and sub-folders directly under the folder ``prefix``."""
+        ...
+
+    def stats(self, prefix: str) -> Iterator[tuple[str, int, int]]:
+        """``(key, bytes, age in ms)`` of every key under the folder ``prefix``, at any depth; the
+        age is measured since the key was last written or refreshed, by the container's clock."""
+        ...
+
+    def refresh(self, keys: Iterable[str]) -> set[str]:
+        """Set the keys' modification time to now; returns the keys that do not exist."""
+        ...
+
+    def delete(self, keys: Iterable[str], *, min_age_ms: int | None = None) -> dict[str, int]:
+        """Delete keys; returns ``{key: bytes}`` of those deleted. With ``min_age_ms``, a key
+        written or refreshed less than that many ms ago is kept (checked as close to the delete as
+        the medium allows)."""
         ...
 
     def size(self) -> int:
@@ -138,6 +174,11 @@ class KeyedStore:
                 f"(this one knows up to {layout.LAYOUT_VERSION})",
                 hint="upgrade overnight (pip install -U overnight) to open this store",
             )
+        if version < layout.LAYOUT_VERSION:
+            # layout 1 -> 2 adds keys and the refresh rule, nothing to convert: rewrite the marker so
+            # older overnight versions (which do not refresh objects) stop writing here
+            if self._c.swap(layout.META_KEY, layout.encode_meta(), got[1]) is None:
+                self._check_layout()  # another process upgraded it first
 
     def _read_ref(self, task_id: str, branch: str) -> tuple[str | None, int, str | None]:
         """``(checkpoint_id or None, fence, version or None)`` of the branch's ref record."""
@@ -190,9 +231,10 @@ class KeyedStore:
         keys = {layout.object_key(d): d for d in dict.fromkeys(digests)}
         return {keys[k]: layout.decode_object(keys[k], data) for k, data in self._c.read_many(keys).items()}
 
-    def _put(self, objects: Iterable[ObjectRecord]) -> int:
-        """Write the objects not stored yet; returns the ``data`` bytes written. A stored object
-        whose bytes differ from these (which hash to the digest) is damaged and is replaced."""
+    def _put(self, objects: Iterable[ObjectRecord]) -> tuple[int, set[str]]:
+        """Write the objects not stored yet and refresh those that are; returns ``(data bytes
+        written, keys refreshed)``. A stored object whose bytes differ from these (which hash to
+        the digest) is damaged and is replaced."""
         items: dict[str, bytes] = {}
         sizes: dict[str, int] = {}
         digests: dict[str, str] = {}
@@ -203,24 +245,56 @@ class KeyedStore:
                 sizes[key] = len(o.data)
                 digests[key] = o.digest
         if not items:
-            return 0
+            return 0, set()
         created = self._c.create_many(items)
         written = sum(sizes[k] for k in created)
-        for key in items.keys() - created:
+        existing = set(items) - created
+        for key in sorted(existing):
             got = self._c.read(key)
             if got is not None and got[0] != items[key] and is_damaged(self, digests[key]):
                 if self._c.swap(key, items[key], got[1]) is not None:
-                    written += sizes[key]  # healed
-        return written
+                    written += sizes[key]  # healed (a fresh write: nothing to refresh)
+                    existing.discard(key)
+        refreshed = set(existing)
+        for _ in range(5):  # refresh; a key that vanished meanwhile (gc) is written again
+            gone = self._c.refresh(existing)
+            if not gone:
+                break
+            again = self._c.create_many({k: items[k] for k in gone})
+            written += sum(sizes[k] for k in again)
+            existing = gone - again
+        return written, refreshed
+
+    def _repair(self, objects: Iterable[ObjectRecord], keys: set[str]) -> None:
+        """After a commit point: write back any refreshed object a concurrent ``gc`` deleted in the
+        instant between its age check and its delete (see the module docstring)."""
+        if not keys:
+            return
+        present = self._c.exists_many(keys)
+        missing = keys - present
+        if missing:
+            self._c.create_many({layout.object_key(o.digest): layout.encode_object(o) for o in objects
+                                 if layout.object_key(o.digest) in missing})
 
     def put_objects(self, objects: Iterable[ObjectRecord]) -> None:
-        self._put(objects)
+        objects = list(objects)
+        self._repair(objects, self._put(objects)[1])
 
     def iter_object_digests(self) -> Iterator[str]:
         for shard in self._c.list("objects"):
             if len(shard) == 2:
                 for rest in self._c.list(f"objects/{shard}"):
                     yield f"sha256:{shard}{rest}"
+
+    def iter_object_stats(self) -> Iterator[ObjectStat]:
+        for key, size, age in self._c.stats("objects"):
+            d = layout.digest_of_object_key(key)
+            if d is not None:
+                yield ObjectStat(d, size, age)
+
+    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
+        keys = [layout.object_key(d) for d in dict.fromkeys(digests)]
+        return sum(self._c.delete(keys, min_age_ms=min_age_ms).values())
 
     # -- checkpoints and refs ---------------------------------------------------------------
 
@@ -231,9 +305,15 @@ class KeyedStore:
             self._check_lease(commit.lease, fence)
         if current != commit.expected_head:
             raise self._stale(cp.task_id, cp.branch, commit.expected_head, current)
+        if cp.parent_id is not None and not self._c.exists_many([layout.checkpoint_key(cp.parent_id)]):
+            raise ParentGone(f"parent {short_id(cp.parent_id)} of the new checkpoint is not in the store "
+                             "(deleted by gc, rm or archive meanwhile?)", task_id=cp.task_id,
+                             checkpoint_id=cp.parent_id,
+                             hint="reload and retry; to build on an archived checkpoint, restore it first")
         if current is not None:
             self._index(cp.task_id, [current])
-        added = len(cp.body) + self._put(commit.objects)
+        written, refreshed = self._put(commit.objects)
+        added = len(cp.body) + written
         records = {layout.checkpoint_key(cp.checkpoint_id): layout.encode_checkpoint(cp, added, commit.journal)}
         if commit.task is not None:
             records[layout.task_key(commit.task.task_id)] = layout.encode_task(commit.task)
@@ -246,6 +326,7 @@ class KeyedStore:
                 self._check_lease(commit.lease, fence)
             raise self._stale(cp.task_id, cp.branch, commit.expected_head, current)
         self._index(cp.task_id, [cp.checkpoint_id])
+        self._repair(commit.objects, refreshed)
         return added
 
     def _read_checkpoints(self, checkpoint_ids: Iterable[str]) -> list[tuple[CheckpointRow, list[JournalRow]]]:
@@ -267,15 +348,19 @@ class KeyedStore:
                 pass
         raise CheckpointNotFound(f"no checkpoint {checkpoint_id} in {self.url}", checkpoint_id=checkpoint_id)
 
-    def _committed(self, task_id: str) -> list[tuple[CheckpointRow, list[JournalRow]]]:
-        """Committed checkpoints of the task (its index plus its current heads), by seq."""
+    def _committed_ids(self, task_id: str) -> set[str]:
+        """Ids of the task's committed checkpoints: its index plus its current heads."""
         folder = layout.index_dir(task_id)
         names = self._c.list(folder)
         ids = {layout.unname(n) for n in names if not n.startswith("~")}
         hashed = [f"{folder}/{n}" for n in names if n.startswith("~")]
         ids.update(data.decode("utf-8", "surrogatepass") for data in self._c.read_many(hashed).values())
         ids.update(self.list_refs(task_id).values())
-        rows = [r for r in self._read_checkpoints(ids) if r[0].task_id == task_id]
+        return ids
+
+    def _committed(self, task_id: str) -> list[tuple[CheckpointRow, list[JournalRow]]]:
+        """Committed checkpoints of the task (its index plus its current heads), by seq."""
+        rows = [r for r in self._read_checkpoints(self._committed_ids(task_id)) if r[0].task_id == task_id]
         rows.sort(key=lambda r: (r[0].seq, r[0].created_at, r[0].checkpoint_id))
         return rows
 
@@ -307,6 +392,65 @@ class KeyedStore:
             raise self._stale(task_id, branch, expected, self.get_ref(task_id, branch))
         if new is not None:
             self._index(task_id, [new])
+
+    def put_checkpoints(self, rows: Iterable[CheckpointRow], journal: Iterable[JournalRow] = ()) -> None:
+        rows = list(rows)
+        by_cp: dict[str, list[JournalRow]] = {}
+        for j in journal:
+            by_cp.setdefault(j.checkpoint_id, []).append(j)
+        self._c.create_many({layout.checkpoint_key(r.checkpoint_id):
+                             layout.encode_checkpoint(r, r.stored_bytes, by_cp.get(r.checkpoint_id, [])) for r in rows})
+        for task_id in dict.fromkeys(r.task_id for r in rows):
+            self._index(task_id, [r.checkpoint_id for r in rows if r.task_id == task_id])
+
+    def delete_checkpoints(self, checkpoint_ids: Iterable[str], *, orphans: bool = False) -> int:
+        found = {row.checkpoint_id: row for row, _ in self._read_checkpoints(checkpoint_ids)}
+        freed = 0
+        for task_id in dict.fromkeys(r.task_id for r in found.values()):
+            doomed = {c for c, r in found.items() if r.task_id == task_id}
+            doomed -= set(self.list_refs(task_id).values())
+            if not orphans and doomed:
+                rows = [r for r, _ in self._committed(task_id)]
+                while True:
+                    keep = {r.parent_id for r in rows if r.checkpoint_id not in doomed and r.parent_id in doomed}
+                    if not keep:
+                        break
+                    doomed -= keep
+            # the index entry first: an interrupted delete leaves at worst an unlisted record
+            self._c.delete([layout.index_key(task_id, c) for c in doomed])
+            self._c.delete([layout.checkpoint_key(c) for c in doomed])
+            freed += sum(len(found[c].body) for c in doomed)
+        return freed
+
+    def delete_task(self, task_id: str) -> None:
+        folder = layout.task_dir(task_id)
+        ids = self._committed_ids(task_id)
+        self._c.delete([f"{layout.refs_dir(task_id)}/{n}" for n in self._c.list(layout.refs_dir(task_id))])
+        self._c.delete([layout.checkpoint_key(c) for c in ids])
+        rest = [key for key, _, _ in self._c.stats(folder) if key != layout.task_key(task_id)]
+        rest += [key for key, _, _ in self._c.stats(layout.archive_dir(task_id))]
+        self._c.delete(rest)
+        self._c.delete([layout.task_key(task_id)])
+
+    # -- archives ---------------------------------------------------------------------------
+
+    def put_archive(self, row: ArchiveRow) -> None:
+        self._c.create_many({layout.archive_key(row.task_id, row.archive_id): layout.encode_archive(row)})
+
+    def list_archives(self, task_id: str | None = None) -> list[ArchiveRow]:
+        folder = layout.ARCHIVES if task_id is None else layout.archive_dir(task_id)
+        rows = []
+        for data in self._c.read_many([key for key, _, _ in self._c.stats(folder)]).values():
+            try:
+                row = layout.decode_archive(data)
+            except DecodeError:
+                continue
+            if task_id is None or row.task_id == task_id:
+                rows.append(row)
+        return sorted(rows, key=lambda r: (r.created_at, r.archive_id))
+
+    def delete_archive(self, task_id: str, archive_id: str) -> None:
+        self._c.delete([layout.archive_key(task_id, archive_id)])
 
     # -- tasks and journal ------------------------------------------------------------------
 

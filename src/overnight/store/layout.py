@@ -15,6 +15,7 @@ key                                     record
 ``tasks/<T>/checkpoints/<C>``           the checkpoint id: "checkpoint C is committed on task T"
 ``tasks/<T>/refs/<B>``                  a ref: canonical JSON (``checkpoint_id`` null = no branch)
 ``tasks/<T>/leases/<B>``                a lease: canonical JSON
+``archives/<T>/<A>``                    an archive catalog row: header line + manifest (layout 2)
 ======================================  ==========================================================
 
 ``<T>`` and ``<B>`` are task ids and branch names encoded by :func:`name` (lowercase letters,
@@ -22,6 +23,10 @@ digits, ``.``, ``_``, ``-`` kept; every other byte of the UTF-8 as ``%XX``; name
 :data:`MAX_NAME` as ``~`` + SHA-256), so any string -- ``/``, ``..``, U+0000, lone surrogates,
 upper case on a case-insensitive share -- maps to one safe path component, injectively. The real
 names are always read back from the records, never decoded from keys.
+
+Layout 2 (this code) adds ``archives/`` and one rule: a write of an object that exists refreshes
+its modification time (the object's *stored time*, which ``gc`` reads). A layout-1 store is
+upgraded when opened (its marker is rewritten); older overnight versions then refuse it.
 
 A *header line* is canonical JSON (``overnight.codec.canonical``: ASCII, sorted keys, exact for
 every string) followed by ``\\n``; the raw bytes follow it. ``tail -n +2 FILE`` prints them.
@@ -35,9 +40,9 @@ from typing import Any
 
 from overnight.codec.canonical import dumps_sorted, from_tree, loads, to_tree
 from overnight.errors import DecodeError
-from overnight.store.base import CallRecord, CheckpointRow, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, JournalRow, Lease, ObjectRecord, TaskRow
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 META_KEY = "overnight.json"
 MAX_NAME = 120  # encoded bytes; longer names are hashed (file systems allow 255 per component)
 
@@ -143,6 +148,23 @@ def encode_call(call: CallRecord) -> bytes:
 def decode_call(data: bytes) -> CallRecord:
     head, payload = _split(data)
     return CallRecord(**{f: head[f] for f in _CALL_FIELDS}, response=payload)
+ARCHIVES = "archives"
+
+
+def archive_dir(task_id: str) -> str:
+    return f"{ARCHIVES}/{name(task_id)}"
+
+
+def archive_key(task_id: str, archive_id: str) -> str:
+    return f"{archive_dir(task_id)}/{name(archive_id)}"
+
+
+def digest_of_object_key(key: str) -> str | None:
+    """The digest stored under ``objects/<hex[:2]>/<hex[2:]>`` (None for any other key)."""
+    parts = key.split("/")
+    if len(parts) == 3 and parts[0] == "objects" and len(parts[1]) == 2 and len(parts[2]) == 62:
+        return f"sha256:{parts[1]}{parts[2]}"
+    return None
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -220,6 +242,20 @@ def decode_checkpoint(data: bytes) -> tuple[CheckpointRow, list[JournalRow]]:
     except (KeyError, TypeError) as exc:
         raise DecodeError(f"checkpoint record is malformed ({exc})") from exc
     return row, journal
+
+
+def encode_archive(row: ArchiveRow) -> bytes:
+    return _with_header({"archive_id": row.archive_id, "task_id": row.task_id, "created_at": row.created_at,
+                         "location": row.location}, row.manifest)
+
+
+def decode_archive(data: bytes) -> ArchiveRow:
+    """Raises :class:`DecodeError` when the record is unreadable."""
+    try:
+        h, manifest = _split(data)
+        return ArchiveRow(h["archive_id"], h["task_id"], h["created_at"], h["location"], manifest)
+    except (KeyError, TypeError) as exc:
+        raise DecodeError(f"archive record is malformed ({exc})") from exc
 
 
 def encode_task(task: TaskRow) -> bytes:

@@ -8,11 +8,22 @@ runs of this process.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Iterable, Iterator
 
 from overnight.codec.digest import sha256
-from overnight.errors import CheckpointNotFound, LeaseLost, StaleHead, TaskBusy, TaskNotFound
-from overnight.store.base import CallRecord, CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.errors import CheckpointNotFound, LeaseLost, ParentGone, StaleHead, TaskBusy, TaskNotFound, short_id
+from overnight.store.base import (
+    ArchiveRow,
+    CallRecord,
+    CheckpointRow,
+    Commit,
+    JournalRow,
+    Lease,
+    ObjectRecord,
+    ObjectStat,
+    TaskRow,
+)
 from overnight.store.blobs import is_damaged
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
@@ -42,6 +53,8 @@ class MemoryStore:
         self._journal: list[JournalRow] = []
         self._leases: dict[tuple[str, str], Lease] = {}
         self._calls: dict[tuple[str, str, int, str], CallRecord] = {}
+        self._stored_at: dict[str, float] = {}  # digest -> monotonic seconds of its last write
+        self._archives: dict[tuple[str, str], ArchiveRow] = {}
 
     # objects
     def missing_objects(self, digests: Iterable[str]) -> set[str]:
@@ -54,7 +67,9 @@ class MemoryStore:
 
     def _insert(self, objects: Iterable[ObjectRecord]) -> int:
         added = 0
+        now = time.monotonic()
         for o in objects:
+            self._stored_at[o.digest] = now  # a write refreshes the stored time (what gc relies on)
             stored = self._objects.get(o.digest)
             if stored is None or (stored != o and is_damaged(self, o.digest)):
                 self._objects[o.digest] = o
@@ -68,6 +83,26 @@ class MemoryStore:
     def iter_object_digests(self) -> Iterator[str]:
         with self._lock:
             yield from list(self._objects)
+
+    def iter_object_stats(self) -> Iterator[ObjectStat]:
+        with self._lock:
+            now = time.monotonic()
+            stats = [ObjectStat(d, len(o.data), max(0, int((now - self._stored_at[d]) * 1000)))
+                     for d, o in self._objects.items()]
+        yield from stats
+
+    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
+        freed = 0
+        with self._lock:
+            now = time.monotonic()
+            for d in dict.fromkeys(digests):
+                if d not in self._objects:
+                    continue
+                if min_age_ms is not None and (now - self._stored_at[d]) * 1000 < min_age_ms:
+                    continue
+                freed += len(self._objects.pop(d).data)
+                del self._stored_at[d]
+        return freed
 
     # checkpoints and refs
     def _check_lease(self, lease: Lease) -> None:
@@ -84,6 +119,11 @@ class MemoryStore:
             if current != commit.expected_head:
                 raise StaleHead(f"branch {cp.branch!r} moved: expected head {commit.expected_head}, found {current}",
                                 task_id=cp.task_id, hint="another writer advanced this branch; reload and retry")
+            if cp.parent_id is not None and cp.parent_id not in self._checkpoints:
+                raise ParentGone(f"parent {short_id(cp.parent_id)} of the new checkpoint is not in the store "
+                                 "(deleted by gc, rm or archive meanwhile?)", task_id=cp.task_id,
+                                 checkpoint_id=cp.parent_id,
+                                 hint="reload and retry; to build on an archived checkpoint, restore it first")
             if commit.task is not None:
                 self._tasks.setdefault(commit.task.task_id, commit.task)
             added = len(cp.body) + self._insert(commit.objects)
@@ -128,6 +168,38 @@ class MemoryStore:
             else:
                 self._refs[(task_id, branch)] = new
 
+    def put_checkpoints(self, rows: Iterable[CheckpointRow], journal: Iterable[JournalRow] = ()) -> None:
+        with self._lock:
+            for cp in rows:
+                self._checkpoints.setdefault(cp.checkpoint_id, cp)
+            have = {(j.checkpoint_id, j.step_key) for j in self._journal}
+            self._journal.extend(j for j in journal if (j.checkpoint_id, j.step_key) not in have)
+
+    def delete_checkpoints(self, checkpoint_ids: Iterable[str], *, orphans: bool = False) -> int:
+        with self._lock:
+            doomed = {c for c in checkpoint_ids if c in self._checkpoints} - set(self._refs.values())
+            while not orphans:  # a parent of a survivor stays; keeping it may keep its own parent
+                kept = {r.parent_id for r in self._checkpoints.values() if r.checkpoint_id not in doomed} & doomed
+                if not kept:
+                    break
+                doomed -= kept
+            freed = sum(len(self._checkpoints.pop(c).body) for c in doomed)
+            self._journal = [j for j in self._journal if j.checkpoint_id not in doomed]
+        return freed
+
+    def delete_task(self, task_id: str) -> None:
+        with self._lock:
+            self._tasks.pop(task_id, None)
+            for table in (self._refs, self._leases):
+                for k in [k for k in table if k[0] == task_id]:
+                    del table[k]
+            for c in [c for c, r in self._checkpoints.items() if r.task_id == task_id]:
+                del self._checkpoints[c]
+            self._journal = [j for j in self._journal if j.task_id != task_id]
+            for table in (self._calls, self._archives):  # type: ignore[assignment]
+                for k in [k for k in table if k[0] == task_id]:
+                    del table[k]
+
     # tasks and journal
     def get_task(self, task_id: str) -> TaskRow:
         with self._lock:
@@ -153,6 +225,20 @@ class MemoryStore:
         with self._lock:
             out = [c for c in self._calls.values() if c.task_id == task_id and step_key in (None, c.step_key)]
         return sorted(out, key=lambda c: (c.created_at, c.seq))
+
+    # archives
+    def put_archive(self, row: ArchiveRow) -> None:
+        with self._lock:
+            self._archives.setdefault((row.task_id, row.archive_id), row)
+
+    def list_archives(self, task_id: str | None = None) -> list[ArchiveRow]:
+        with self._lock:
+            out = [r for (t, _), r in self._archives.items() if task_id in (None, t)]
+        return sorted(out, key=lambda r: (r.created_at, r.archive_id))
+
+    def delete_archive(self, task_id: str, archive_id: str) -> None:
+        with self._lock:
+            self._archives.pop((task_id, archive_id), None)
 
     # leases
     def acquire_lease(self, task_id: str, branch: str, holder_id: str, holder: str, ttl_ms: int) -> Lease:

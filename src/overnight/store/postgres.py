@@ -16,6 +16,16 @@ Strings the caller controls are stored as ``bytea`` (UTF-8, surrogates passed th
 
 Waiting: a statement blocked on a row lock longer than ``busy_timeout_ms`` (``lock_timeout``), or
 a pool that has no free connection for that long, raises :class:`~overnight.errors.StoreBusy`.
+
+Deletion against concurrent commits, by row locks (every time is the server's clock):
+
+* a commit refreshes an object it finds stored with ``UPDATE ... SET stored_at_ms = now``, which
+  locks the row until the commit ends; ``delete_objects`` deletes with ``... AND stored_at_ms <=
+  now - min_age`` in the ``WHERE`` clause, which PostgreSQL re-checks on the row's new version after
+  waiting for that lock, so a refreshed object stays. An object deleted first is inserted anew;
+* a commit reads its parent checkpoint ``FOR KEY SHARE``; ``delete_checkpoints`` first locks the
+  checkpoints it will delete ``FOR UPDATE`` and only then (a new statement, a new snapshot) drops
+  those that are heads or parents of a survivor. Whichever comes second sees the other.
 """
 
 from __future__ import annotations
@@ -32,18 +42,31 @@ from overnight.errors import (
     CheckpointNotFound,
     ConfigError,
     LeaseLost,
+    ParentGone,
     SchemaError,
     StaleHead,
     StoreBusy,
     TaskBusy,
     TaskNotFound,
+    short_id,
 )
 from overnight.store import postgres_schema
 from overnight.store.blobs import is_damaged
-from overnight.store.base import CallRecord, CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.store.base import (
+    ArchiveRow,
+    CallRecord,
+    CheckpointRow,
+    Commit,
+    JournalRow,
+    Lease,
+    ObjectRecord,
+    ObjectStat,
+    TaskRow,
+)
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
 DEFAULT_SCHEMA = "overnight"
+_NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"  # the server's clock, in ms
 _OUR_PARAMS = ("schema", "pool_max", "busy_timeout_ms")
 
 
@@ -208,25 +231,40 @@ class PostgresStore:
         return {r[0]: ObjectRecord(r[0], r[1], r[2], r[3], bytes(r[4])) for r in rows}
 
     def _insert_objects(self, cur: psycopg.Cursor, objects: Iterable[ObjectRecord]) -> int:
-        """Insert the objects not stored yet; returns the ``data`` bytes written. A stored object with
-        other bytes under the same digest is replaced only if it is damaged (:func:`is_damaged`)."""
+        """Insert the objects not stored yet and refresh the stored time of those that are; returns
+        the ``data`` bytes written. A stored object with other bytes under the same digest is
+        replaced only if it is damaged (:func:`is_damaged`)."""
         first: dict[str, ObjectRecord] = {}
         for o in objects:
             self._require_text("object digest", o.digest)
             first.setdefault(o.digest, o)
         if not first:
             return 0
-        objs = list(first.values())
-        cur.execute(
-            self._sql("INSERT INTO {s}.objects (digest, kind, size, codec, data) "
-                      "SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::bytea[]) "
-                      "ON CONFLICT (digest) DO NOTHING RETURNING digest"),
-            ([o.digest for o in objs], [o.kind for o in objs], [o.size for o in objs], [o.codec for o in objs],
-             [o.data for o in objs]),
-        )
-        inserted = {r[0] for r in cur.fetchall()}
-        added = sum(len(first[d].data) for d in inserted)
-        rest = [d for d in first if d not in inserted]
+        added = 0
+        todo = sorted(first)  # digest order, as delete_objects locks them: fewer lock-order deadlocks
+        rest: list[str] = []
+        for _ in range(5):  # an object deleted between the insert and the refresh is inserted again
+            objs = [first[d] for d in todo]
+            cur.execute(
+                self._sql("INSERT INTO {s}.objects (digest, kind, size, codec, data) "
+                          "SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::bytea[]) "
+                          "ON CONFLICT (digest) DO NOTHING RETURNING digest"),
+                ([o.digest for o in objs], [o.kind for o in objs], [o.size for o in objs], [o.codec for o in objs],
+                 [o.data for o in objs]),
+            )
+            inserted = {r[0] for r in cur.fetchall()}
+            added += sum(len(first[d].data) for d in inserted)
+            present = [d for d in todo if d not in inserted]
+            if not present:
+                break
+            # refresh: the row lock held until this commit ends keeps a concurrent gc off it
+            cur.execute(self._sql(f"UPDATE {{s}}.objects SET stored_at_ms = {_NOW_MS} WHERE digest = ANY(%s) "
+                                  "RETURNING digest"), (present,))
+            refreshed = {r[0] for r in cur.fetchall()}
+            rest.extend(refreshed)
+            todo = [d for d in present if d not in refreshed]
+            if not todo:
+                break
         if rest:
             cur.execute(self._sql("SELECT digest, kind, size, codec, data FROM {s}.objects WHERE digest = ANY(%s)"),
                         (rest,))
@@ -247,6 +285,29 @@ class PostgresStore:
     def iter_object_digests(self) -> Iterator[str]:
         yield from (r[0] for r in self._read("SELECT digest FROM {s}.objects"))
 
+    def iter_object_stats(self) -> Iterator[ObjectStat]:
+        rows = self._read(f"SELECT digest, octet_length(data), greatest(0, {_NOW_MS} - stored_at_ms) FROM {{s}}.objects")
+        for digest, size, age in rows:
+            yield ObjectStat(digest, int(size), int(age))
+
+    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
+        wanted = [d for d in dict.fromkeys(digests) if _text_safe(d)]
+        freed = 0
+        wanted.sort()
+        for i in range(0, len(wanted), 1000):
+            part = wanted[i : i + 1000]
+            with self._tx() as cur:
+                if min_age_ms is None:
+                    cur.execute(self._sql("DELETE FROM {s}.objects WHERE digest = ANY(%s) RETURNING octet_length(data)"),
+                                (part,))
+                else:
+                    # the age test is in the WHERE clause: re-checked on a row a commit refreshed meanwhile
+                    cur.execute(self._sql(f"DELETE FROM {{s}}.objects WHERE digest = ANY(%s) AND "
+                                          f"stored_at_ms <= {_NOW_MS} - %s RETURNING octet_length(data)"),
+                                (part, int(min_age_ms)))
+                freed += sum(int(r[0]) for r in cur.fetchall())
+        return freed
+
     # -- checkpoints and refs ---------------------------------------------------------------
 
     def commit(self, commit: Commit) -> int:
@@ -265,6 +326,15 @@ class PostgresStore:
             if commit.lease is not None:
                 self._check_lease(cur, commit.lease)
             self._cas_ref(cur, cp.task_id, cp.branch, cp.checkpoint_id, commit.expected_head)
+            if cp.parent_id is not None:
+                # FOR KEY SHARE: a delete_checkpoints of the parent waits for this commit, then sees its child
+                cur.execute(self._sql("SELECT 1 FROM {s}.checkpoints WHERE checkpoint_id=%s FOR KEY SHARE"),
+                            (cp.parent_id,))
+                if cur.fetchone() is None:
+                    raise ParentGone(f"parent {short_id(cp.parent_id)} of the new checkpoint is not in the store "
+                                     "(deleted by gc, rm or archive meanwhile?)", task_id=cp.task_id,
+                                     checkpoint_id=cp.parent_id,
+                                     hint="reload and retry; to build on an archived checkpoint, restore it first")
             if commit.task is not None:
                 t = commit.task
                 cur.execute(self._sql("INSERT INTO {s}.tasks VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"),
@@ -345,6 +415,83 @@ class PostgresStore:
                             task_id=task_id, hint="reload the head and retry")
         with self._tx() as cur:
             self._cas_ref(cur, task_id, branch, new, expected)
+
+    def put_checkpoints(self, rows: Iterable[CheckpointRow], journal: Iterable[JournalRow] = ()) -> None:
+        rows, journal = list(rows), list(journal)
+        for cp in rows:
+            self._require_text("checkpoint id", cp.checkpoint_id)
+            self._require_text("parent id", cp.parent_id, cp.checkpoint_id)
+            self._require_text("signature", cp.signature, cp.checkpoint_id)
+        if not rows and not journal:
+            return
+        with self._tx() as cur:
+            if rows:
+                cur.executemany(
+                    self._sql("INSERT INTO {s}.checkpoints VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                              "ON CONFLICT DO NOTHING"),
+                    [(cp.checkpoint_id, _b(cp.task_id), cp.parent_id, _b(cp.branch), cp.seq, _b(cp.created_at),
+                      _b(cp.session), _b(cp.event), _b(cp.step), cp.body, cp.signature, cp.stored_bytes) for cp in rows])
+            if journal:
+                cur.executemany(
+                    self._sql("INSERT INTO {s}.journal VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING"),
+                    [(_b(j.task_id), j.checkpoint_id, j.seq, j.step_key, _b(j.step_name), _b(j.session),
+                      _b(j.started_at), j.duration_ms, j.tokens_in, j.tokens_out) for j in journal])
+
+    def delete_checkpoints(self, checkpoint_ids: Iterable[str], *, orphans: bool = False) -> int:
+        wanted = [c for c in dict.fromkeys(checkpoint_ids) if _text_safe(c)]
+        if not wanted:
+            return 0
+        with self._tx() as cur:
+            # lock first (a commit building on one of them holds FOR KEY SHARE: wait for it), then
+            # decide with a fresh snapshot that sees any child it added
+            cur.execute(self._sql("SELECT checkpoint_id FROM {s}.checkpoints WHERE checkpoint_id = ANY(%s) "
+                                  "ORDER BY checkpoint_id FOR UPDATE"), (wanted,))
+            doomed = {r[0] for r in cur.fetchall()}
+            cur.execute(self._sql("SELECT checkpoint_id FROM {s}.refs WHERE checkpoint_id = ANY(%s)"), (list(doomed),))
+            doomed -= {r[0] for r in cur.fetchall()}
+            while doomed and not orphans:
+                cur.execute(self._sql("SELECT DISTINCT parent_id FROM {s}.checkpoints WHERE parent_id = ANY(%s) "
+                                      "AND NOT (checkpoint_id = ANY(%s))"), (list(doomed), list(doomed)))
+                keep = {r[0] for r in cur.fetchall()}
+                if not keep:
+                    break
+                doomed -= keep
+            if not doomed:
+                return 0
+            ids = list(doomed)
+            cur.execute(self._sql("DELETE FROM {s}.journal WHERE checkpoint_id = ANY(%s)"), (ids,))
+            cur.execute(self._sql("DELETE FROM {s}.checkpoints WHERE checkpoint_id = ANY(%s) RETURNING octet_length(body)"),
+                        (ids,))
+            return sum(int(r[0]) for r in cur.fetchall())
+
+    def delete_task(self, task_id: str) -> None:
+        with self._tx() as cur:
+            for table in ("refs", "leases", "journal", "calls", "checkpoints", "archives", "tasks"):
+                cur.execute(self._sql(f"DELETE FROM {{s}}.{table} WHERE task_id=%s"), (_b(task_id),))
+
+    # -- archives ---------------------------------------------------------------------------
+
+    def put_archive(self, row: ArchiveRow) -> None:
+        self._require_text("archive id", row.archive_id)
+        with self._tx() as cur:
+            cur.execute(self._sql("INSERT INTO {s}.archives VALUES (%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING"),
+                        (_b(row.task_id), row.archive_id, _b(row.created_at), _b(row.location), row.manifest))
+
+    def list_archives(self, task_id: str | None = None) -> list[ArchiveRow]:
+        cols = "archive_id, task_id, created_at, location, manifest"
+        if task_id is None:
+            rows = self._read(f"SELECT {cols} FROM {{s}}.archives ORDER BY created_at, archive_id")
+        else:
+            rows = self._read(f"SELECT {cols} FROM {{s}}.archives WHERE task_id=%s ORDER BY created_at, archive_id",
+                              (_b(task_id),))
+        return [ArchiveRow(r[0], _s(r[1]), _s(r[2]), _s(r[3]), bytes(r[4])) for r in rows]
+
+    def delete_archive(self, task_id: str, archive_id: str) -> None:
+        if not _text_safe(archive_id):
+            return
+        with self._tx() as cur:
+            cur.execute(self._sql("DELETE FROM {s}.archives WHERE task_id=%s AND archive_id=%s"),
+                        (_b(task_id), archive_id))
 
     # -- tasks and journal ------------------------------------------------------------------
 

@@ -127,6 +127,22 @@ MIGRATIONS: tuple[Migration, ...] = (
             PRIMARY KEY (task_id, step_key, seq, request_digest)
         )""",
     )),
+    Migration(3, "object stored times (for gc), archive catalog, parent index", (
+        # now() is stable: evaluated once, so existing rows read the migration time without a rewrite
+        "ALTER TABLE {s}.objects ADD COLUMN stored_at_ms bigint NOT NULL "
+        "DEFAULT (extract(epoch from now()) * 1000)::bigint",
+        "ALTER TABLE {s}.objects ALTER COLUMN stored_at_ms SET DEFAULT "
+        "(extract(epoch from clock_timestamp()) * 1000)::bigint",
+        """CREATE TABLE {s}.archives (
+            task_id    bytea NOT NULL,
+            archive_id text COLLATE "C" NOT NULL,
+            created_at bytea NOT NULL,
+            location   bytea NOT NULL,
+            manifest   bytea NOT NULL,
+            PRIMARY KEY (task_id, archive_id)
+        )""",
+        "CREATE INDEX checkpoints_parent ON {s}.checkpoints (parent_id)",
+    )),
 )
 
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")

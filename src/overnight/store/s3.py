@@ -16,6 +16,12 @@ primitives:
 * **compare-and-swap** (refs, leases): ``PutObject`` with ``If-Match: <ETag read>`` (or
   ``If-None-Match: *`` for a new key); a 412 (or 409, a concurrent conditional write) means another
   writer got there first.
+* **refresh** (a commit meets an object that exists): ``CopyObject`` of the key onto itself with
+  ``MetadataDirective: REPLACE``, which gives it a new ``LastModified`` (the object's stored time);
+* **delete with a minimum age**: ``HeadObject`` (``LastModified`` against the response's ``Date``,
+  both the server's clock), then ``DeleteObject``. S3 cannot make these one step; the gap is one
+  round trip, and a commit that refreshed the object inside it finds it gone when it checks again
+  after its ref swap and writes it back (:mod:`overnight.store.keyed`).
 
 **Guarantees, by server.** When the store opens, it probes the server once per endpoint and bucket
 (a throw-away key under ``PREFIX/.overnight-probe/``): a second ``PutObject`` with ``If-None-Match: *``
@@ -46,7 +52,9 @@ import time
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import parse_qsl, urlsplit
 
 import boto3
@@ -80,6 +88,23 @@ def _status(exc: botocore.exceptions.ClientError) -> int:
 
 def _code(exc: botocore.exceptions.ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _server_now(response: dict[str, Any]) -> datetime:
+    """The server's clock from a response's ``Date`` header (the local clock if it has none)."""
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    if date:
+        try:
+            return parsedate_to_datetime(date)
+        except (TypeError, ValueError):
+            pass
+    return datetime.now(timezone.utc)
+
+
+def _age_ms(now: datetime, last_modified: datetime) -> int:
+    """Milliseconds from ``last_modified`` to ``now``, never negative. Both have 1 s resolution, so
+    one second is taken off: an age is never overstated."""
+    return max(0, int((now - last_modified).total_seconds() * 1000) - 1000)
 
 
 def parse_url(url: str) -> dict[str, Any]:
@@ -215,6 +240,44 @@ class S3Container:
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
             total += sum(o["Size"] for o in page.get("Contents", []))
         return total
+
+    def stats(self, prefix: str) -> Iterator[tuple[str, int, int]]:
+        full = self._key(prefix + "/" if prefix else "")
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+            now = _server_now(page)
+            for o in page.get("Contents", []):
+                yield o["Key"][len(self.prefix):], int(o["Size"]), _age_ms(now, o["LastModified"])
+
+    def _refresh(self, key: str) -> bool:
+        try:
+            self._call(self.client.copy_object, Key=self._key(key), CopySource={"Bucket": self.bucket,
+                       "Key": self._key(key)}, MetadataDirective="REPLACE", Metadata={"refreshed": "1"})
+            return True
+        except botocore.exceptions.ClientError as exc:
+            if _status(exc) == 404:
+                return False
+            raise
+
+    def refresh(self, keys: Iterable[str]) -> set[str]:
+        keys = list(dict.fromkeys(keys))
+        return {k for k, ok in zip(keys, self._map(self._refresh, keys)) if not ok}
+
+    def _delete_one(self, key: str, min_age_ms: int | None) -> int | None:
+        try:
+            head = self._call(self.client.head_object, Key=self._key(key))
+        except botocore.exceptions.ClientError as exc:
+            if _status(exc) == 404:
+                return None
+            raise
+        if min_age_ms is not None and _age_ms(_server_now(head), head["LastModified"]) < min_age_ms:
+            return None
+        self._call(self.client.delete_object, Key=self._key(key))
+        return int(head["ContentLength"])
+
+    def delete(self, keys: Iterable[str], *, min_age_ms: int | None = None) -> dict[str, int]:
+        keys = list(dict.fromkeys(keys))
+        sizes = self._map(lambda k: self._delete_one(k, min_age_ms), keys)
+        return {k: n for k, n in zip(keys, sizes) if n is not None}
 
     # -- writes -----------------------------------------------------------------------------
 

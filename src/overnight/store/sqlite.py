@@ -9,6 +9,15 @@ One file, WAL journal, ``synchronous=FULL``: a commit is on disk when :meth:`SQL
 returns, and a crash at any instant leaves either the old or the new head (SQLite's atomic
 commit). Writers take the database lock with ``BEGIN IMMEDIATE`` and wait up to ``busy_timeout_ms``
 for it; past that they get :class:`~overnight.errors.StoreBusy`, never a raw "database is locked".
+
+Deletion (``gc``, ``rm``, ``archive``) runs in the same kind of write transaction, so it is
+serialized with commits: an object's age is read and the object deleted in one transaction
+(``DELETE ... WHERE stored_at_ms <= ?``), and a checkpoint is deleted only if no ref and no
+surviving child names it at that moment.
+
+Schema versions (``meta.schema_version``): 1 is the first release; 2 adds ``objects.stored_at_ms``
+(added with the migration time as its default, so old rows are dated without being rewritten)
+and the ``archives`` table. Opening a store migrates it; a newer version is refused.
 """
 
 from __future__ import annotations
@@ -25,18 +34,30 @@ from overnight.errors import (
     CheckpointNotFound,
     ConfigError,
     LeaseLost,
+    ParentGone,
     StaleHead,
     StoreBusy,
     StoreVersionError,
     TaskBusy,
     TaskNotFound,
+    short_id,
 )
-from overnight.store.base import CallRecord, CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, TaskRow
+from overnight.store.base import (
+    ArchiveRow,
+    CallRecord,
+    CheckpointRow,
+    Commit,
+    JournalRow,
+    Lease,
+    ObjectRecord,
+    ObjectStat,
+    TaskRow,
+)
 from overnight.codec import digest
 from overnight.store.blobs import is_damaged
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _BATCH = 500  # digests per IN (...) query
 
 _SCHEMA = """
@@ -116,7 +137,24 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 
 
-_BLOB_COLUMNS = frozenset({"data", "body", "spec", "response"})
+def _migration_2(now: int) -> list[str]:
+    """Schema 1 -> 2: object stored times (old rows read the migration time, no rewrite) and the
+    archive catalog."""
+    return [
+        f"ALTER TABLE objects ADD COLUMN stored_at_ms INTEGER NOT NULL DEFAULT {int(now)}",
+        """CREATE TABLE archives (
+            task_id    TEXT NOT NULL,
+            archive_id TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            location   TEXT NOT NULL,
+            manifest   BLOB NOT NULL,
+            PRIMARY KEY (task_id, archive_id)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX checkpoints_parent ON checkpoints (parent_id)",
+    ]
+
+
+_BLOB_COLUMNS = frozenset({"data", "body", "spec", "response", "manifest"})
 
 
 def _param(value: object) -> object:
@@ -231,13 +269,21 @@ class SQLiteStore:
                     self._db.execute(statement)
             row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
-                self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) > SCHEMA_VERSION:
+                self._db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+                version = 1
+            else:
+                version = int(row[0])
+            if version > SCHEMA_VERSION:
                 raise StoreVersionError(
                     f"store {self.path} has schema version {row[0]}, written by a newer overnight "
                     f"(this one knows up to {SCHEMA_VERSION})",
                     hint="upgrade overnight (pip install -U overnight) to open this store",
                 )
+            if version < 2:
+                for statement in _migration_2(now_ms()):
+                    self._db.execute(statement)
+            if version < SCHEMA_VERSION:
+                self._db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -299,24 +345,51 @@ class SQLiteStore:
                 self._insert_objects(db, objects)
 
     def _insert_objects(self, db: sqlite3.Connection, objects: Iterable[ObjectRecord]) -> int:
-        """Insert what is not stored yet; returns the ``data`` bytes written. A stored object with
-        other bytes under the same digest is replaced only if it is damaged (:func:`is_damaged`)."""
+        """Insert what is not stored yet and refresh the stored time of what is; returns the
+        ``data`` bytes written. A stored object with other bytes under the same digest is replaced
+        only if it is damaged (:func:`is_damaged`)."""
         added = 0
+        now = now_ms()
         for o in objects:
             row = (o.digest, o.kind, o.size, o.codec, o.data)
-            if db.execute("INSERT OR IGNORE INTO objects VALUES (?,?,?,?,?)", row).rowcount == 1:
+            if db.execute("INSERT OR IGNORE INTO objects (digest, kind, size, codec, data, stored_at_ms) "
+                          "VALUES (?,?,?,?,?,?)", (*row, now)).rowcount == 1:
                 added += len(o.data)
                 continue
             stored = db.execute("SELECT digest, kind, size, codec, data FROM objects WHERE digest=?",
                                 (o.digest,)).fetchone()
             if tuple(stored[:4]) + (bytes(stored[4]),) != row and is_damaged(self, o.digest):
-                db.execute("UPDATE objects SET kind=?, size=?, codec=?, data=? WHERE digest=?",
-                           (o.kind, o.size, o.codec, o.data, o.digest))
+                db.execute("UPDATE objects SET kind=?, size=?, codec=?, data=?, stored_at_ms=? WHERE digest=?",
+                           (o.kind, o.size, o.codec, o.data, now, o.digest))
                 added += len(o.data)
+            else:
+                db.execute("UPDATE objects SET stored_at_ms=? WHERE digest=? AND stored_at_ms<?", (now, o.digest, now))
         return added
 
     def iter_object_digests(self) -> Iterator[str]:
         yield from (r[0] for r in self._read("SELECT digest FROM objects"))
+
+    def iter_object_stats(self) -> Iterator[ObjectStat]:
+        now = now_ms()
+        for digest, size, stored_at in self._read("SELECT digest, length(data), stored_at_ms FROM objects"):
+            yield ObjectStat(digest, size, max(0, now - stored_at))
+
+    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
+        wanted = list(dict.fromkeys(digests))
+        freed = 0
+        for i in range(0, len(wanted), _BATCH):
+            part = wanted[i : i + _BATCH]
+            marks = ",".join("?" * len(part))
+            with self._write() as db:  # age read and row deleted in one transaction: no commit in between
+                if min_age_ms is None:
+                    rows = db.execute(f"DELETE FROM objects WHERE digest IN ({marks}) RETURNING length(data)",
+                                      tuple(part)).fetchall()
+                else:
+                    cutoff = now_ms() - min_age_ms
+                    rows = db.execute(f"DELETE FROM objects WHERE digest IN ({marks}) AND stored_at_ms <= ? "
+                                      "RETURNING length(data)", (*part, cutoff)).fetchall()
+            freed += sum(r[0] for r in rows)
+        return freed
 
     # -- checkpoints and refs ---------------------------------------------------------------
 
@@ -326,6 +399,12 @@ class SQLiteStore:
             if commit.lease is not None:
                 self._check_lease(db, commit.lease)
             self._cas_ref(db, cp.task_id, cp.branch, cp.checkpoint_id, commit.expected_head)
+            if cp.parent_id is not None and db.execute(
+                    "SELECT 1 FROM checkpoints WHERE checkpoint_id=?", (cp.parent_id,)).fetchone() is None:
+                raise ParentGone(f"parent {short_id(cp.parent_id)} of the new checkpoint is not in the store "
+                                 "(deleted by gc, rm or archive meanwhile?)", task_id=cp.task_id,
+                                 checkpoint_id=cp.parent_id,
+                                 hint="reload and retry; to build on an archived checkpoint, restore it first")
             if commit.task is not None:
                 t = commit.task
                 db.execute(
@@ -402,6 +481,48 @@ class SQLiteStore:
         with self._write() as db:
             self._cas_ref(db, task_id, branch, new, expected)
 
+    def put_checkpoints(self, rows: Iterable[CheckpointRow], journal: Iterable[JournalRow] = ()) -> None:
+        rows, journal = list(rows), list(journal)
+        if not rows and not journal:
+            return
+        with self._write() as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                [(cp.checkpoint_id, cp.task_id, cp.parent_id, cp.branch, cp.seq, cp.created_at, cp.session, cp.event,
+                  cp.step, cp.body, cp.signature, cp.stored_bytes) for cp in rows])
+            db.executemany(
+                "INSERT OR IGNORE INTO journal VALUES (?,?,?,?,?,?,?,?,?,?)",
+                [(j.task_id, j.checkpoint_id, j.seq, j.step_key, j.step_name, j.session, j.started_at,
+                  j.duration_ms, j.tokens_in, j.tokens_out) for j in journal])
+
+    def delete_checkpoints(self, checkpoint_ids: Iterable[str], *, orphans: bool = False) -> int:
+        wanted = list(dict.fromkeys(checkpoint_ids))
+        if not wanted:
+            return 0
+        with self._write() as db:  # the guards and the deletes see one state: no commit in between
+            db.execute("CREATE TEMP TABLE IF NOT EXISTS doomed (checkpoint_id TEXT PRIMARY KEY)")
+            db.execute("DELETE FROM doomed")
+            db.executemany("INSERT OR IGNORE INTO doomed VALUES (?)", [(c,) for c in wanted])
+            db.execute("DELETE FROM doomed WHERE checkpoint_id IN (SELECT checkpoint_id FROM refs)")
+            if not orphans:
+                # a parent of a survivor stays; repeat, since keeping it may keep its own parent
+                while db.execute(
+                        "DELETE FROM doomed WHERE EXISTS (SELECT 1 FROM checkpoints c WHERE c.parent_id = "
+                        "doomed.checkpoint_id AND c.checkpoint_id NOT IN (SELECT checkpoint_id FROM doomed))"
+                ).rowcount:
+                    pass
+            freed = db.execute("SELECT coalesce(sum(length(body)), 0) FROM checkpoints WHERE checkpoint_id IN "
+                               "(SELECT checkpoint_id FROM doomed)").fetchone()[0]
+            db.execute("DELETE FROM journal WHERE checkpoint_id IN (SELECT checkpoint_id FROM doomed)")
+            db.execute("DELETE FROM checkpoints WHERE checkpoint_id IN (SELECT checkpoint_id FROM doomed)")
+            db.execute("DELETE FROM doomed")
+        return int(freed)
+
+    def delete_task(self, task_id: str) -> None:
+        with self._write() as db:
+            for table in ("refs", "leases", "journal", "calls", "checkpoints", "archives", "tasks"):
+                db.execute(f"DELETE FROM {table} WHERE task_id=?", (task_id,))
+
     # -- tasks and journal ------------------------------------------------------------------
 
     def get_task(self, task_id: str) -> TaskRow:
@@ -434,6 +555,25 @@ class SQLiteStore:
             rows = self._read("SELECT * FROM calls WHERE task_id=? AND step_key=? ORDER BY created_at, seq",
                               (task_id, step_key))
         return [CallRecord(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), r[6], r[7], r[8], r[9]) for r in rows]
+
+    # -- archives ---------------------------------------------------------------------------
+
+    def put_archive(self, row: ArchiveRow) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR IGNORE INTO archives VALUES (?,?,?,?,?)",
+                       (row.task_id, row.archive_id, row.created_at, row.location, row.manifest))
+
+    def list_archives(self, task_id: str | None = None) -> list[ArchiveRow]:
+        cols = "archive_id, task_id, created_at, location, manifest"
+        if task_id is None:
+            rows = self._read(f"SELECT {cols} FROM archives ORDER BY created_at, archive_id")
+        else:
+            rows = self._read(f"SELECT {cols} FROM archives WHERE task_id=? ORDER BY created_at, archive_id", (task_id,))
+        return [ArchiveRow(r[0], r[1], r[2], r[3], bytes(r[4])) for r in rows]
+
+    def delete_archive(self, task_id: str, archive_id: str) -> None:
+        with self._write() as db:
+            db.execute("DELETE FROM archives WHERE task_id=? AND archive_id=?", (task_id, archive_id))
 
     # -- leases -----------------------------------------------------------------------------
 

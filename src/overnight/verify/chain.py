@@ -86,8 +86,9 @@ def load_head(
     when the record's body still hashes to its id (the failure lies deeper, e.g. a damaged state
     blob); the store's index columns are not covered by the digest and are never trusted. When
     the chain is broken -- a record is missing or its body damaged -- it continues with the
-    newest not yet tried record committed to the branch. Returns ``(checkpoint, fallback)``; ``fallback`` is None when the head verified.
-    ``verified`` collects the digest of every object found intact on the way.
+    newest not yet tried record committed to the branch. Returns ``(checkpoint, fallback)``;
+    ``fallback`` is None when the head verified. ``verified`` collects the digest of every object
+    of the returned checkpoint found intact (not those of the records skipped on the way).
 
     Raises:
         TaskNotFound: no such task.
@@ -100,7 +101,6 @@ def load_head(
         store.get_task(task_id)  # raises TaskNotFound
         raise BranchNotFound(f"task {task_id!r} has no branch {branch!r}", task_id=task_id,
                              hint="`overnight log TASK_ID` lists the branches")
-    reader = BlobReader(store, verified)
     fallback: Fallback | None = None
     tried: set[str] = set()
     rows: list[CheckpointRow] | None = None
@@ -116,8 +116,11 @@ def load_head(
                 break
             cid = max(rest, key=lambda r: (r.seq, r.created_at)).checkpoint_id
         tried.add(cid)
+        # a fresh set per attempt: only the objects of the checkpoint that loads reach ``verified``
+        # (a writer trusts those as reachable from its branch; a skipped record's are not)
+        seen: set[str] = set()
         try:
-            loaded = load_checkpoint(store, cid, key=key, deep=deep, reader=reader)
+            loaded = load_checkpoint(store, cid, key=key, deep=deep, reader=BlobReader(store, seen))
         except FormatTooNew:
             # intact, but written by a newer overnight: falling back past it would let this run
             # commit over (and orphan) the newer work
@@ -137,6 +140,8 @@ def load_head(
                                             getattr(exc, "object_digest", None)))
             cid = parent
             continue
+        if verified is not None:
+            verified.update(seen)
         if fallback is not None:
             fallback.used_id = loaded.id
         return loaded, fallback
@@ -189,9 +194,11 @@ class ChainWriter:
             ``head`` only after a fallback, when the ref still names a checkpoint that failed
             verification (the bad records stay in place, off the new chain).
         seq: ``seq`` of ``head`` (-1 before the first checkpoint).
-        known: digests verified to be stored intact -- the objects of the checkpoint it continues
-            from (pass it as ``verified`` to :func:`load_head`) and those it wrote; deduplication
-            trusts these and hashes anything else first.
+        known: digests verified to be stored intact and reachable from this branch -- the objects
+            of the checkpoint it continues from (pass it as ``verified`` to :func:`load_head`) and
+            those its commits reference; deduplication trusts these and hashes anything else
+            first. An object a commit staged but does not reference is not added: nothing keeps
+            it from ``gc``, so it must be carried again if a later commit needs it.
     """
 
     def __init__(self, store: Store, task_id: str, branch: str, *, key: bytes | None,
@@ -249,12 +256,12 @@ class ChainWriter:
             LeaseLost: ``lease`` was taken over.
         """
         writer = writer or self.blob_writer()
-        state_bytes = encode_state({
-            **state,
+        doc_refs = {
             "todo": self._todo.refs(todo_pages(state["todo"]), writer),
             "done": self._done.refs(done_pages(state["done"]), writer),
             "artifacts": self._artifacts.refs(artifact_pages(state["artifacts"]), writer),
-        })
+        }
+        state_bytes = encode_state({**state, **doc_refs})
         state_digest = writer.put(state_bytes)
         created_at = utc_now()
         record = {
@@ -278,8 +285,12 @@ class ChainWriter:
         )
         rows = [JournalRow(task_id=self.task_id, checkpoint_id=cid, seq=row.seq, session=self.session_id, **j)
                 for j in journal]
-        self.store.commit(Commit(row, self.ref_head, list(writer.objects.values()), rows, lease, task_row))
-        self.known.update(writer.objects)
+        self.store.commit(Commit(row, self.ref_head, writer.commit_objects(), rows, lease, task_row))
+        roots = [state_digest, *(r["digest"] for k in ("todo", "done", "artifacts") for r in doc_refs[k]["pages"]),
+                 *(a["digest"] for a in state["artifacts"].values())]
+        if fingerprint is not None:
+            roots.append(fingerprint["world"]["digest"])
+        self.known.update(writer.closure(roots))
         self.head = self.ref_head = cid
         self.seq = row.seq
         return cid

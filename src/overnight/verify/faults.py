@@ -135,7 +135,8 @@ class Faults:
         raw = dumps(state_tree)
         d = digest.sha256(raw)
         codec, data = compress(raw)
-        db.execute("INSERT OR IGNORE INTO objects VALUES (?,?,?,?,?)", (d, "blob", len(raw), codec, data))
+        db.execute("INSERT OR IGNORE INTO objects (digest, kind, size, codec, data) VALUES (?,?,?,?,?)",
+                   (d, "blob", len(raw), codec, data))
         return {"digest": d, "size": len(raw)}
 
     def _corrupt_bytes(self, data: bytes, kind: str) -> bytes:

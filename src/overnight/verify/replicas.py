@@ -27,7 +27,18 @@ from overnight.errors import (
     OvernightError,
     short_id,
 )
-from overnight.store.base import CallRecord, CheckpointRow, Commit, JournalRow, Lease, ObjectRecord, Store, TaskRow
+from overnight.store.base import (
+    ArchiveRow,
+    CallRecord,
+    CheckpointRow,
+    Commit,
+    JournalRow,
+    Lease,
+    ObjectRecord,
+    ObjectStat,
+    Store,
+    TaskRow,
+)
 from overnight.verify.chain import load_head
 
 
@@ -56,6 +67,12 @@ class ReplicatedStore:
 
     def iter_object_digests(self) -> Iterator[str]:
         return self.primary.iter_object_digests()
+
+    def iter_object_stats(self) -> Iterator[ObjectStat]:
+        return self.primary.iter_object_stats()
+
+    def list_archives(self, task_id: str | None = None) -> list[ArchiveRow]:
+        return self.primary.list_archives(task_id)
 
     def get_checkpoint(self, checkpoint_id: str) -> CheckpointRow:
         return self.primary.get_checkpoint(checkpoint_id)
@@ -103,6 +120,39 @@ class ReplicatedStore:
     def record_call(self, call: CallRecord) -> None:
         for m in self.media:
             m.record_call(call)
+
+    def put_checkpoints(self, rows: Iterable[CheckpointRow], journal: Iterable[JournalRow] = ()) -> None:
+        rows, journal = list(rows), list(journal)
+        for m in self.media:
+            m.put_checkpoints(rows, journal)
+
+    def put_archive(self, row: ArchiveRow) -> None:
+        for m in self.media:
+            m.put_archive(row)
+
+    # deletions (gc, rm, archive) apply to every medium; the primary's count is returned, since
+    # gc decided on what the primary holds
+    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
+        digests = list(digests)
+        freed = self.primary.delete_objects(digests, min_age_ms=min_age_ms)
+        for m in self.media[1:]:
+            m.delete_objects(digests, min_age_ms=min_age_ms)
+        return freed
+
+    def delete_checkpoints(self, checkpoint_ids: Iterable[str], *, orphans: bool = False) -> int:
+        ids = list(checkpoint_ids)
+        freed = self.primary.delete_checkpoints(ids, orphans=orphans)
+        for m in self.media[1:]:
+            m.delete_checkpoints(ids, orphans=orphans)
+        return freed
+
+    def delete_task(self, task_id: str) -> None:
+        for m in self.media:
+            m.delete_task(task_id)
+
+    def delete_archive(self, task_id: str, archive_id: str) -> None:
+        for m in self.media:
+            m.delete_archive(task_id, archive_id)
 
     def calls(self, task_id: str, step_key: str | None = None) -> list[CallRecord]:
         return self.primary.calls(task_id, step_key)

@@ -1,0 +1,208 @@
+"""Packs and manifests: how one archive run lays out its data in a cold store (spec:
+``docs/FORMAT.md``, "Tiered storage").
+
+A **pack** is one object in the cold store holding every object an archive run moved there. It is
+a plain zstd stream: the concatenation of one zstd frame per object, in manifest order, so
+
+* ``zstd -d < pack`` prints the payloads one after the other (any zstd tool reads it);
+* one object is read by decompressing the frame at its ``[offset, offset + length)``, without
+  touching the rest;
+* an object stored with codec ``zstd`` goes in as its stored frame, byte for byte, so restoring it
+  gives back exactly the record that was archived; one stored with codec ``none`` (incompressible)
+  goes in as a zstd frame of its payload and comes back with codec ``none``.
+
+The pack is stored in the cold store as a ``blob`` object with codec ``none`` (its bytes are the
+zstd stream): it is content-addressed like any object, and ``overnight verify --all`` on the cold
+store checks it.
+
+A **manifest** says what a pack holds and what was archived: the task, the archived checkpoint
+records (whole rows, bodies included, with their journal rows, so ``show`` and ``log`` list
+archived history without reading the pack) and one entry per packed object. It is canonical JSON
+(sorted keys; bytes as tagged base64), addressed by its SHA-256 -- the archive id -- and stored,
+zstd-compressed, in an :class:`~overnight.store.base.ArchiveRow` in both stores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import zstandard
+
+from overnight.codec import digest
+from overnight.codec.canonical import dumps_sorted, from_tree, loads, to_tree
+from overnight.errors import DecodeError, DigestMismatch, FormatTooNew
+from overnight.store.base import ArchiveRow, CheckpointRow, JournalRow, ObjectRecord
+
+MANIFEST_FORMAT = 1
+LEVEL = 3  # zstd level of the frames written for codec-"none" objects and of the manifest
+
+
+@dataclass(frozen=True)
+class PackEntry:
+    """One object in a pack.
+
+    Attributes:
+        digest, kind, size: as in :class:`~overnight.store.base.ObjectRecord` (``size``: payload bytes).
+        codec: the codec the object was stored with in the hot store (restored the same way).
+        offset, length: where its zstd frame lies in the pack, in bytes.
+    """
+
+    digest: str
+    kind: str
+    size: int
+    codec: str
+    offset: int
+    length: int
+
+
+@dataclass
+class Manifest:
+    """What one archive run moved to a cold store.
+
+    Attributes:
+        task_id: the task.
+        created_at: RFC 3339 UTC time of the run.
+        source: URL of the hot store the data came from.
+        pack: ``{"digest", "size"}`` of the pack object in the cold store (``size`` in bytes);
+            None when the run moved only checkpoint records (all their objects were already in
+            earlier packs of the same cold store).
+        policy: the retention policy of the run (``{"keep_last": N}`` or ``{"older_than_s": S}``).
+        checkpoints: the archived records, as stored.
+        journal: their journal rows.
+        objects: the packed objects.
+        previous: archive ids of earlier runs (same task, same cold store) whose packs hold the
+            other objects these checkpoints need.
+    """
+
+    task_id: str
+    created_at: str
+    source: str
+    pack: dict[str, Any] | None
+    policy: dict[str, Any]
+    checkpoints: list[CheckpointRow] = field(default_factory=list)
+    journal: list[JournalRow] = field(default_factory=list)
+    objects: list[PackEntry] = field(default_factory=list)
+    previous: list[str] = field(default_factory=list)
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    return zstandard.ZstdCompressor(level=LEVEL, write_content_size=True)
+
+
+def build_pack(objects: Iterable[ObjectRecord]) -> tuple[bytes, list[PackEntry]]:
+    """The pack bytes for ``objects`` (each digest once) and their entries."""
+    cctx = _compressor()
+    parts: list[bytes] = []
+    entries: list[PackEntry] = []
+    offset = 0
+    seen: set[str] = set()
+    for o in objects:
+        if o.digest in seen:
+            continue
+        seen.add(o.digest)
+        frame = o.data if o.codec == "zstd" else cctx.compress(o.data)
+        parts.append(frame)
+        entries.append(PackEntry(o.digest, o.kind, o.size, o.codec, offset, len(frame)))
+        offset += len(frame)
+    return b"".join(parts), entries
+
+
+def read_entry(pack: bytes, entry: PackEntry) -> ObjectRecord:
+    """The object record ``entry`` names, as it was stored in the hot store.
+
+    Raises:
+        DigestMismatch: the frame is cut short or is not a zstd frame of ``entry.size`` bytes (the
+            object's own digest is checked by whoever reads it, like any object).
+    """
+    frame = pack[entry.offset : entry.offset + entry.length]
+    if len(frame) != entry.length:
+        raise DigestMismatch(f"pack entry {entry.digest} lies outside the pack", object_digest=entry.digest)
+    if entry.codec == "zstd":
+        return ObjectRecord(entry.digest, entry.kind, entry.size, "zstd", frame)
+    try:
+        payload = zstandard.ZstdDecompressor().decompress(frame, max_output_size=max(entry.size, 1))
+    except zstandard.ZstdError as exc:
+        raise DigestMismatch(f"pack entry {entry.digest} is not a valid zstd frame ({exc})",
+                             object_digest=entry.digest) from exc
+    if len(payload) != entry.size:
+        raise DigestMismatch(f"pack entry {entry.digest} holds {len(payload)} bytes, expected {entry.size}",
+                             object_digest=entry.digest)
+    return ObjectRecord(entry.digest, entry.kind, entry.size, "none", payload)
+
+
+_ROW_FIELDS = ("checkpoint_id", "task_id", "parent_id", "branch", "seq", "created_at", "session", "event", "step",
+               "body", "signature", "stored_bytes")
+_JOURNAL_FIELDS = ("task_id", "checkpoint_id", "seq", "step_key", "step_name", "session", "started_at",
+                   "duration_ms", "tokens_in", "tokens_out")
+_ENTRY_FIELDS = ("digest", "kind", "size", "codec", "offset", "length")
+
+
+def encode_manifest(m: Manifest) -> bytes:
+    """Canonical bytes of a manifest (its SHA-256 is the archive id)."""
+    tree = {
+        "format": MANIFEST_FORMAT,
+        "kind": "overnight-archive",
+        "task_id": m.task_id,
+        "created_at": m.created_at,
+        "source": m.source,
+        "pack": m.pack,
+        "policy": m.policy,
+        "checkpoints": [{f: getattr(r, f) for f in _ROW_FIELDS} for r in m.checkpoints],
+        "journal": [{f: getattr(j, f) for f in _JOURNAL_FIELDS} for j in m.journal],
+        "objects": [[getattr(e, f) for f in _ENTRY_FIELDS] for e in m.objects],
+        "previous": m.previous,
+    }
+    return dumps_sorted(to_tree(tree, "manifest"))
+
+
+def decode_manifest(data: bytes, where: str = "archive manifest") -> Manifest:
+    """Parse manifest bytes.
+
+    Raises:
+        FormatTooNew: written by a newer overnight.
+        DecodeError: not a manifest.
+    """
+    try:
+        tree = from_tree(loads(data), "manifest")
+        if not isinstance(tree, dict) or tree.get("kind") != "overnight-archive":
+            raise DecodeError(f"{where} is not an overnight archive manifest")
+        if not isinstance(tree.get("format"), int) or tree["format"] > MANIFEST_FORMAT:
+            raise FormatTooNew(f"{where} has format {tree.get('format')!r}, written by a newer overnight "
+                               f"(this one reads up to {MANIFEST_FORMAT})", hint="upgrade overnight")
+        return Manifest(
+            task_id=tree["task_id"], created_at=tree["created_at"], source=tree["source"], pack=tree["pack"],
+            policy=tree["policy"],
+            checkpoints=[CheckpointRow(**{f: r[f] for f in _ROW_FIELDS}) for r in tree["checkpoints"]],
+            journal=[JournalRow(**{f: j[f] for f in _JOURNAL_FIELDS}) for j in tree["journal"]],
+            objects=[PackEntry(*e) for e in tree["objects"]],
+            previous=list(tree["previous"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, DecodeError):
+            raise
+        raise DecodeError(f"{where} is malformed ({exc})") from exc
+
+
+def archive_row(m: Manifest, location: str) -> ArchiveRow:
+    """The catalog row for a manifest; ``location`` names the other store (see :class:`ArchiveRow`)."""
+    data = encode_manifest(m)
+    return ArchiveRow(digest.sha256(data), m.task_id, m.created_at, location, _compressor().compress(data))
+
+
+def manifest_of(row: ArchiveRow) -> Manifest:
+    """The manifest of a catalog row, checked against its archive id.
+
+    Raises:
+        DigestMismatch: the manifest does not hash to the archive id (damaged).
+        FormatTooNew / DecodeError: see :func:`decode_manifest`.
+    """
+    try:
+        data = zstandard.ZstdDecompressor().decompress(row.manifest)
+    except zstandard.ZstdError as exc:
+        raise DigestMismatch(f"archive {row.archive_id} of task {row.task_id!r}: manifest is not a zstd frame",
+                             task_id=row.task_id, object_digest=row.archive_id) from exc
+    if digest.sha256(data) != row.archive_id:
+        raise DigestMismatch(f"archive {row.archive_id} of task {row.task_id!r}: manifest does not match its id",
+                             task_id=row.task_id, object_digest=row.archive_id)
+    return decode_manifest(data, f"archive {row.archive_id}")
