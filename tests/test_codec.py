@@ -566,6 +566,43 @@ def test_refuses_reference_cycle_through_dataclass() -> None:
     assert "state.data.graph" in msg, msg
 
 
+def _nested(levels: int, leaf: Any = "leaf") -> Any:
+    value = leaf
+    for i in range(levels):
+        value = [value] if i % 3 == 1 else ({"k": value} if i % 3 == 2 else (value, i))
+    return value
+
+
+def test_every_value_that_encodes_decodes_up_to_the_depth_limit() -> None:
+    """Decoding takes more stack per level than encoding: the write-time limit keeps every stored
+    value loadable, even from a deep call stack."""
+    from overnight.codec.canonical import MAX_DEPTH
+
+    deepest = _nested(MAX_DEPTH)
+    data = encode(deepest)
+
+    def at_depth(frames: int) -> Any:  # decode from under a deep caller stack
+        return decode(data) if frames == 0 else at_depth(frames - 1)
+
+    assert at_depth(150) == deepest
+
+
+def test_refuses_a_value_nested_past_the_limit_naming_where() -> None:
+    from overnight.codec.canonical import MAX_DEPTH
+
+    with pytest.raises(EncodeError) as info:
+        to_tree({"tree": _nested(MAX_DEPTH + 5)}, "state.data")
+    msg = str(info.value)
+    assert f"more than {MAX_DEPTH}" in msg and msg.startswith("cannot store the value at state.data.tree")
+    assert info.value.hint and "artifact" in info.value.hint
+
+
+@pytest.mark.parametrize("raw", [b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 50_000 + b"1" + b"}" * 50_000])
+def test_deeply_nested_stored_json_is_a_decode_error_not_a_crash(raw: bytes) -> None:
+    with pytest.raises(DecodeError, match="nested too deeply"):
+        decode(raw)
+
+
 def test_refuses_defaultdict_with_lambda_factory() -> None:
     with pytest.raises(EncodeError) as info:
         to_tree({"counts": collections.defaultdict(lambda: 0)}, "state.data")

@@ -39,6 +39,12 @@ from overnight.errors import DecodeError, EncodeError
 
 TAG = "$t"
 
+MAX_DEPTH = 100
+"""Containers a stored value may nest (a list in a dict in a model ... counts each). Deeper values are
+refused at write time: decoding takes more Python stack per level than encoding, so without a limit
+a value could be stored that no process can load again. 100 leaves room below Python's default
+recursion limit (1000) for the decoder's up to 3 frames per level plus the caller's stack."""
+
 # int beyond this many digits exceeds CPython's int<->str limit (sys.int_info.default_max_str_digits)
 _MAX_INT_DIGITS = 4000
 _BIG = 10**_MAX_INT_DIGITS
@@ -108,15 +114,20 @@ def to_tree(value: Any, path: str = "value") -> Any:
 
     Raises:
         EncodeError: a value (at any depth) has no codec; the message names its path and type.
+            Also for a value that contains itself, or nests more than :data:`MAX_DEPTH` containers.
     """
     try:
         return _enc(value, path)
-    except RecursionError:
+    except (_TooDeep, RecursionError) as exc:
         cycle = _find_cycle(value, path)
         if cycle is not None:
             raise _refuse(cycle[0], cycle[1], "it contains itself (reference cycle)",
                           hint="store a copy without the cycle (JSON has no references)") from None
-        raise EncodeError(f"cannot store the value at {path}: nested too deeply", path=path) from None
+        where = fmt_path(exc.path) if isinstance(exc, _TooDeep) else path
+        short = where if len(where) <= 160 else f"{where[:70]}...{where[-70:]}"
+        raise EncodeError(f"cannot store the value at {short}: it is nested more than {MAX_DEPTH} containers deep",
+                          path=where, hint="flatten it (a list of records with parent ids instead of a deep tree), "
+                          "or store it as an artifact") from None
 
 
 def _children(value: Any, path: Path):
@@ -156,23 +167,37 @@ def _str(value: str) -> Any:
     return value
 
 
-def _pairs(items, path: Path) -> list:
-    return [[_enc(k, (path, _RAW, "<key>")), _enc(v, (path, _KEY, k))] for k, v in items]
+def _pairs(items, path: Path, d: int) -> list:
+    return [[_enc(k, (path, _RAW, "<key>"), d), _enc(v, (path, _KEY, k), d)] for k, v in items]
 
 
-def _enc(value: Any, path: Path) -> Any:
+class _TooDeep(Exception):
+    """Raised inside the encoder at :data:`MAX_DEPTH`; :func:`to_tree` turns it into EncodeError."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+
+def _enc(value: Any, path: Path, d: int = 0) -> Any:
+    """``d``: how many containers ``value`` sits in (refused beyond :data:`MAX_DEPTH`)."""
     cls = type(value)
     if cls is str:
         return value if value.isascii() or not _SURROGATE_PAIR.search(value) else _str(value)
     if cls is dict:
+        d += 1
+        if d > MAX_DEPTH:
+            raise _TooDeep(path)
         out = {}
         for k, v in value.items():
             if type(k) is not str or k == TAG or not (k.isascii() or not _SURROGATE_PAIR.search(k)):
-                return {TAG: "dict", "items": _pairs(value.items(), path)}
-            out[k] = _enc(v, (path, _KEY, k))
+                return {TAG: "dict", "items": _pairs(value.items(), path, d)}
+            out[k] = _enc(v, (path, _KEY, k), d)
         return out
     if cls is list:
-        return [_enc(v, (path, _IDX, i)) for i, v in enumerate(value)]
+        d += 1
+        if d > MAX_DEPTH:
+            raise _TooDeep(path)
+        return [_enc(v, (path, _IDX, i), d) for i, v in enumerate(value)]
     if value is None or cls is bool:
         return value
     if cls is int:
@@ -183,15 +208,18 @@ def _enc(value: Any, path: Path) -> Any:
         if math.isfinite(value):
             return value
         return {TAG: "float", "v": repr(value)}  # 'nan', 'inf', '-inf'
+    d += 1
+    if d > MAX_DEPTH:
+        raise _TooDeep(path)
 
     custom = _types.custom_codec_for(cls)
     if custom is not None:
-        return {TAG: "custom", "name": custom.name, "v": _enc(custom.encode(value), (path, _RAW, f"<{custom.name}>"))}
+        return {TAG: "custom", "name": custom.name, "v": _enc(custom.encode(value), (path, _RAW, f"<{custom.name}>"), d)}
 
     if cls is tuple:
-        return {TAG: "tuple", "items": [_enc(v, (path, _IDX, i)) for i, v in enumerate(value)]}
+        return {TAG: "tuple", "items": [_enc(v, (path, _IDX, i), d) for i, v in enumerate(value)]}
     if cls is set or cls is frozenset:
-        items = [_enc(v, (path, _RAW, "{}")) for v in value]
+        items = [_enc(v, (path, _RAW, "{}"), d) for v in value]
         items.sort(key=dumps)  # deterministic: order by canonical bytes
         return {TAG: "set" if cls is set else "frozenset", "items": items}
     if cls is bytes or cls is bytearray:
@@ -210,7 +238,7 @@ def _enc(value: Any, path: Path) -> Any:
     if cls is uuid.UUID:
         return {TAG: "uuid", "v": str(value)}
     if cls is complex:
-        return {TAG: "complex", "re": _enc(value.real, path), "im": _enc(value.imag, path)}
+        return {TAG: "complex", "re": _enc(value.real, path, d), "im": _enc(value.imag, path, d)}
     if cls is fractions.Fraction:
         return {TAG: "fraction", "v": str(value)}
     if cls in (pathlib.PurePosixPath, pathlib.PureWindowsPath, pathlib.PosixPath, pathlib.WindowsPath):
@@ -218,9 +246,9 @@ def _enc(value: Any, path: Path) -> Any:
                 "concrete": cls in (pathlib.PosixPath, pathlib.WindowsPath), "v": str(value)}
 
     if cls is collections.OrderedDict:
-        return {TAG: "OrderedDict", "items": _pairs(value.items(), path)}
+        return {TAG: "OrderedDict", "items": _pairs(value.items(), path, d)}
     if cls is collections.Counter:
-        return {TAG: "Counter", "items": _pairs(value.items(), path)}
+        return {TAG: "Counter", "items": _pairs(value.items(), path, d)}
     if cls is collections.defaultdict:
         factory = value.default_factory
         if factory is None:
@@ -234,26 +262,26 @@ def _enc(value: Any, path: Path) -> Any:
                 value, path, f"its default_factory {factory!r} cannot be stored",
                 hint="use a builtin factory (list, dict, set, int, ...) or a module-level class",
             )
-        return {TAG: "defaultdict", "factory": name, "items": _pairs(value.items(), path)}
+        return {TAG: "defaultdict", "factory": name, "items": _pairs(value.items(), path, d)}
     if cls is collections.deque:
-        return {TAG: "deque", "maxlen": value.maxlen, "items": [_enc(v, (path, _IDX, i)) for i, v in enumerate(value)]}
+        return {TAG: "deque", "maxlen": value.maxlen, "items": [_enc(v, (path, _IDX, i), d) for i, v in enumerate(value)]}
 
     if isinstance(value, enum.Enum):
         ref = _types.check_resolvable(cls, enum.Enum, path=fmt_path(path))
-        return {TAG: "enum", "cls": ref, "v": _enc(value.value, (path, _ATTR, "value"))}
+        return {TAG: "enum", "cls": ref, "v": _enc(value.value, (path, _ATTR, "value"), d)}
 
     model_base = _pydantic_base()
     if model_base is not None and isinstance(value, model_base):
-        return _enc_model(value, path)
+        return _enc_model(value, path, d)
 
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         ref = _types.check_resolvable(cls, object, path=fmt_path(path))
-        fields = [[f.name, _enc(getattr(value, f.name), (path, _ATTR, f.name))] for f in dataclasses.fields(value)]
+        fields = [[f.name, _enc(getattr(value, f.name), (path, _ATTR, f.name), d)] for f in dataclasses.fields(value)]
         return {TAG: "dataclass", "cls": ref, "fields": fields}
 
     if isinstance(value, tuple) and hasattr(cls, "_fields"):  # namedtuple
         ref = _types.check_resolvable(cls, tuple, path=fmt_path(path))
-        return {TAG: "namedtuple", "cls": ref, "items": [_enc(v, (path, _ATTR, n)) for n, v in zip(cls._fields, value)]}
+        return {TAG: "namedtuple", "cls": ref, "items": [_enc(v, (path, _ATTR, n), d) for n, v in zip(cls._fields, value)]}
 
     raise _refuse(value, path)
 
@@ -299,21 +327,21 @@ def _pydantic_base():
     return BaseModel
 
 
-def _enc_model(value: Any, path: Path) -> dict:
+def _enc_model(value: Any, path: Path, d: int) -> dict:
     cls = type(value)
     base = _pydantic_base()
     ref = _types.check_resolvable(cls, base, path=fmt_path(path))
-    fields = [[name, _enc(getattr(value, name), (path, _ATTR, name))] for name in cls.model_fields]
+    fields = [[name, _enc(getattr(value, name), (path, _ATTR, name), d)] for name in cls.model_fields]
     out: dict[str, Any] = {TAG: "model", "cls": ref, "fields": fields}
     extra = value.__pydantic_extra__
     if extra:
-        out["extra"] = _pairs(extra.items(), path)
+        out["extra"] = _pairs(extra.items(), path, d)
     fields_set = value.model_fields_set
     if fields_set != set(cls.model_fields) | set(extra or {}):
         out["set"] = sorted(fields_set)
     private = value.__pydantic_private__
     if private:
-        out["private"] = _pairs(private.items(), (path, _RAW, "<private>"))
+        out["private"] = _pairs(private.items(), (path, _RAW, "<private>"), d)
     return out
 
 
@@ -327,7 +355,11 @@ def from_tree(tree: Any, path: str = "value") -> Any:
         DecodeError: malformed tag, unknown tag, or a value that does not decode exactly.
         UnknownTypeError: a class named by the data is not registered or imported.
     """
-    return _dec(tree, path)
+    try:
+        return _dec(tree, path)
+    except RecursionError:
+        raise DecodeError(f"cannot decode stored value at {path}: nested too deeply (overnight writes at most "
+                          f"{MAX_DEPTH} levels)", path=path) from None
 
 
 def _bad(path: Path, why: str) -> DecodeError:
@@ -686,6 +718,8 @@ def loads(data: bytes | str) -> Any:
         raise
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise DecodeError(f"not canonical JSON: nested too deeply (overnight writes at most {MAX_DEPTH} levels)") from None
 
 
 def encode(value: Any, path: str = "value") -> bytes:
