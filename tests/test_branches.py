@@ -92,6 +92,22 @@ def test_fork_refuses_existing_branch_and_bad_checkpoint(tmp):
     assert "no checkpoint or branch 'deadbeef'" in err
 
 
+@pytest.mark.parametrize("name", ["", " main", "a\nb", "nul\x00", "esc\x1b[31m", "lone\ud800", "x" * 201])
+def test_branch_names_a_user_cannot_type_back_are_refused_before_anything_is_written(tmp, name):
+    cli(tmp, "run", "chain_task.py", "--max-steps", "2", "-q", check=75)
+    url = f"sqlite://{tmp / 's.db'}"
+    with open_store(url) as s:
+        before = ({r.checkpoint_id for r in s.list_checkpoints("chain")}, s.list_refs("chain"))
+    with pytest.raises(ConfigError, match="branch name"):
+        api.fork("chain", "main", name, store=url)
+    task = api.load_task(str(tmp / "chain_task.py"))
+    with pytest.raises(ConfigError, match="branch name"):
+        overnight.run(task, url, branch=name)
+    with open_store(url) as s:
+        assert ({r.checkpoint_id for r in s.list_checkpoints("chain")}, s.list_refs("chain")) == before
+    api.fork("chain", "main", "ünïcode-ok 分支", store=url)  # printable non-ASCII names are fine
+
+
 def test_rollback_keeps_history_and_reruns_later_steps(tmp):
     cli(tmp, "run", "chain_task.py", "--max-steps", "6", "-q", check=75)
     url = f"sqlite://{tmp / 's.db'}"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -219,3 +222,18 @@ def test_signed_checkpoints_detect_edits_without_the_key(url, tmp_path, monkeypa
     monkeypatch.setenv("OVERNIGHT_SIGNING_KEY", "wrong")
     with pytest.raises(NoValidCheckpoint):
         overnight.run(make_task(calls), url)
+
+
+def test_default_step_names_are_the_same_in_every_process():
+    """A set's repr order follows the process's hash seed: a resumed run must still find the step
+    it added (same name), so names never depend on it."""
+    code = ("from overnight.orchestrate.task import default_step_name; import datetime, decimal;"
+            "print(default_step_name('fetch', {'tags': {'alpha','beta','gamma','delta','eps','zeta','eta','theta'},"
+            " 'when': datetime.date(2026, 11, 30), 'n': 3, 'pair': ('a', 1.5), 'opts': {'k': [1, None]},"
+            " 'amount': decimal.Decimal('1.10')}))")
+    names = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": str(seed)},
+                            capture_output=True, text=True, check=True).stdout.strip() for seed in range(6)}
+    assert len(names) == 1, names
+    (name,) = names
+    assert name.startswith("fetch[amount=#") and "n=3" in name and "pair=('a', 1.5)" in name
+    assert "opts={'k': [1, None]}" in name and "tags=#" in name and "when=#" in name

@@ -54,6 +54,7 @@ from overnight.orchestrate.router import route as route_task
 from overnight.store.tiered import TieredStore, tiered
 from overnight.verify.archive import ensure_hot
 from overnight.verify.replicas import ReplicatedStore, repair_task
+from overnight.verify.branching import check_branch_name
 from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
 from overnight.verify.drift import WorldNow, changed_products, parse_policies, reads_dirty, world_reads_changed
 from overnight.verify.fingerprint import digest_path, normalize, world
@@ -200,7 +201,7 @@ class Runner:
         # archived history reads through to its cold store (a fallback may reach that far)
         self._own_wrapper = not isinstance(raw, TieredStore)
         self.store: Store = tiered(raw, own=self._own_store)
-        self.branch = branch
+        self.branch = check_branch_name(branch, task.id)
         self.key = signing_key_from_env() if signing_key is None else (signing_key or None)
         self.lease_ttl_ms = lease_ttl_ms
         self.max_steps = max_steps

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
 
-from overnight.codec.canonical import dumps, to_tree
+from overnight.codec.canonical import dumps, encode, to_tree
 from overnight.errors import ConfigError, SpecError
 
 CRITICALITY = ("normal", "important", "critical")
@@ -94,12 +94,30 @@ def _source_digest(fn: Callable[..., Any]) -> str | None:
         return None
 
 
+def _arg_text(value: Any) -> str:
+    """How an argument appears in a default step name: ``repr`` for scalars, lists, tuples and dicts
+    of them; ``#`` + 12 hex digits of the canonical encoding's SHA-256 for anything else -- a set's
+    ``repr`` order changes with the process's hash seed, and an object's ``repr`` may hold its
+    address, either of which would make a resumed run see a new step."""
+    cls = type(value)
+    if value is None or cls in (str, int, float, bool):
+        return repr(value)
+    if cls is list:
+        return "[" + ", ".join(_arg_text(v) for v in value) + "]"
+    if cls is tuple:
+        return "(" + ", ".join(_arg_text(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    if cls is dict and all(type(k) is str for k in value):
+        return "{" + ", ".join(f"{k!r}: {_arg_text(v)}" for k, v in value.items()) + "}"
+    return "#" + hashlib.sha256(encode(value, "step argument")).hexdigest()[:12]
+
+
 def default_step_name(fn_name: str, args: dict[str, Any]) -> str:
     """``fn`` alone, or ``fn[a=1, b='x']`` when the step has arguments (sorted by name, so the
-    order they were passed in does not make another step)."""
+    order they were passed in does not make another step). Stable across processes: values other
+    than scalars and lists/tuples/dicts of them appear as a digest (``fn[tags=#3f2a9c1b04de]``)."""
     if not args:
         return fn_name
-    inner = ", ".join(f"{k}={args[k]!r}" for k in sorted(args))
+    inner = ", ".join(f"{k}={_arg_text(args[k])}" for k in sorted(args))
     return f"{fn_name}[{inner}]"
 
 

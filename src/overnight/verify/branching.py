@@ -55,13 +55,42 @@ class _Leased:
         self.store.release_lease(self.lease)
 
 
+MAX_BRANCH_NAME = 200
+"""Characters in a branch name."""
+
+
+def check_branch_name(branch: Any, task_id: str | None = None) -> str:
+    """Return ``branch`` if it can name a branch: a non-empty ``str`` of at most
+    :data:`MAX_BRANCH_NAME` characters, without control characters (U+0000-U+001F, U+007F-U+009F),
+    lone surrogates or leading/trailing whitespace -- names a user must be able to type back.
+
+    Raises:
+        ConfigError: naming the problem.
+    """
+    problem = None
+    if not isinstance(branch, str) or not branch:
+        problem = "must be a non-empty string"
+    elif len(branch) > MAX_BRANCH_NAME:
+        problem = f"is longer than {MAX_BRANCH_NAME} characters"
+    elif branch != branch.strip():
+        problem = "starts or ends with whitespace"
+    elif any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or 0xD800 <= ord(c) <= 0xDFFF for c in branch):
+        problem = "contains a control character or a lone surrogate"
+    if problem:
+        raise ConfigError(f"branch name {branch!r} {problem}", task_id=task_id,
+                          hint="use a short printable name such as `experiment-2`")
+    return branch
+
+
 def fork(store: Store, task_id: str, at: str, branch: str, *, key: bytes | None = None) -> str:
     """Create ``branch`` from checkpoint ``at``; returns the fork checkpoint's id.
 
     Raises:
+        ConfigError: ``branch`` is not a valid name (:func:`check_branch_name`).
         BranchExists: ``branch`` already exists.
         IntegrityError: ``at`` does not verify (a branch never starts from a bad state).
     """
+    check_branch_name(branch, task_id)
     if store.get_ref(task_id, branch) is not None:
         raise BranchExists(f"task {task_id!r} already has a branch {branch!r}", task_id=task_id,
                            hint="pick another --branch name")
