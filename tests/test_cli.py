@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,25 @@ def test_run_resume_exit_codes(tmp_path):
     cli("resume", "job", cwd=tmp_path)
     shown = json.loads(cli("show", "job", "--json", cwd=tmp_path).stdout)
     assert shown["status"] == "complete" and shown["done"] == 3
+
+
+def test_resume_never_imports_code_from_a_location_only_the_store_row_names(tmp_path):
+    """The task row's code location is not covered by any digest; the spec in every checkpoint is."""
+    (tmp_path / "job.py").write_text("import overnight\ntask = overnight.Task('job', goal='g')\n"
+                                     "@task.step\ndef a(ctx): return 1\n@task.step\ndef b(ctx): return 2\n")
+    (tmp_path / "evil.py").write_text("import pathlib\npathlib.Path('IMPORTED').write_text('x')\n"
+                                      "import overnight\ntask = overnight.Task('job', goal='g')\n"
+                                      "@task.step\ndef a(ctx): return 1\n@task.step\ndef b(ctx): return 2\n")
+    cli("run", "job.py", "--max-steps", "1", cwd=tmp_path, check=75)
+    db = sqlite3.connect(tmp_path / ".overnight" / "overnight.db")
+    (entry,) = db.execute("SELECT entry FROM tasks WHERE task_id='job'").fetchone()
+    db.execute("UPDATE tasks SET entry=? WHERE task_id='job'", (entry.replace("job.py", "evil.py"),))
+    db.commit()
+    db.close()
+    out = cli("resume", "job", cwd=tmp_path, check=3)
+    assert "EntryMismatch" in out.stderr or "unverified location" in out.stderr, out.stderr
+    assert not (tmp_path / "IMPORTED").exists()
+    cli("resume", "job", "--file", "job.py", cwd=tmp_path)  # naming the code explicitly still works
 
 
 def test_usage_errors_are_clear(tmp_path):

@@ -241,9 +241,31 @@ def resume(
         if not where:
             raise ConfigError(f"task {task_id!r} has no recorded code location", task_id=task_id,
                               hint="pass --file FILE.py[:NAME]")
+        if entry is None:
+            _check_entry(s, task_id, branch, row.entry)
         task = load_task(where, task_id=task_id)
         return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift,
                       model=model, max_context_tokens=max_context_tokens, code_moved=entry is not None).run()
+
+
+def _check_entry(s: Store, task_id: str, branch: str, recorded: str) -> None:
+    """Refuse to import code from a location the verified head does not record (the store's task
+    row is not covered by any digest; the spec inside every checkpoint is).
+
+    Raises:
+        EntryMismatch: the row names another location than the verified checkpoint.
+        NoValidCheckpoint, BranchNotFound: from loading the head.
+    """
+    from overnight.errors import EntryMismatch
+
+    loaded, _ = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
+    verified = loaded.state_tree["task"]["spec"].get("entry")
+    if verified is not None and verified != recorded:  # None: created before the spec recorded it
+        raise EntryMismatch(
+            f"task {task_id!r}: the store's task row says its code is {recorded}, but its verified checkpoints say "
+            f"{verified}; not importing code from an unverified location", task_id=task_id,
+            checkpoint_id=loaded.id, hint=f"check the store; to run the code you trust: overnight resume {task_id} "
+            "--file FILE.py[:NAME]")
 
 
 # --- ls / show / cat ---------------------------------------------------------------------------

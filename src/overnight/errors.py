@@ -116,6 +116,11 @@ class SignatureError(IntegrityError):
     """A checkpoint's HMAC signature is missing, wrong, or cannot be checked without the key."""
 
 
+class EntryMismatch(IntegrityError):
+    """The code location in a task's store row differs from the one its verified checkpoints
+    record: ``resume`` does not import code from a location nothing verifies."""
+
+
 class NoValidCheckpoint(IntegrityError):
     """No checkpoint on the branch passed verification; there is nothing safe to resume from."""
 

@@ -252,7 +252,9 @@ class Task:
 
     def spec(self) -> dict[str, Any]:
         """The task spec stored with it: span (s), criticality, initial plan, code epoch, what it
-        fingerprints (names only), and a fresh random salt for keyed environment digests."""
+        fingerprints (names only), a fresh random salt for keyed environment digests, and where its
+        code lives (``entry``: part of every checkpoint, so ``resume`` imports only a verified
+        location)."""
         return {
             "expected_span_s": self.span_s,
             "criticality": self.criticality,
@@ -260,6 +262,7 @@ class Task:
             "version": self.version,
             "env": sorted(self.env),
             "salt": secrets.token_hex(16),
+            "entry": self.entry,
         }
 
     def initial_todo(self) -> list[dict[str, Any]]:
