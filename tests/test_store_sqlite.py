@@ -43,3 +43,91 @@ def test_a_newer_schema_is_refused(tmp_path):
     db.close()
     with pytest.raises(StoreVersionError, match="schema version 3"):
         SQLiteStore(path)
+
+
+# -- damage below the record level: typed errors, nothing committed lost ------------------------
+
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import overnight  # noqa: E402
+from overnight import api  # noqa: E402
+from overnight.errors import StoreCorrupt, StoreFull  # noqa: E402
+
+
+def _task(n: int = 6) -> overnight.Task:
+    task = overnight.Task("damage", goal="g")
+
+    @task.step
+    def plan(ctx):
+        for i in range(n):
+            ctx.add_step("work", i=i)
+
+    @task.step(planned=False)
+    def work(ctx, i):
+        ctx.write_artifact(f"part-{i}.bin", os.urandom(20_000))  # incompressible: pages fill up
+        return i
+
+    return task
+
+
+def test_a_full_disk_is_store_full_and_loses_nothing_committed(tmp_path):
+    url = f"sqlite://{tmp_path / 's.db'}"
+    overnight.run(_task(), url, max_steps=3)
+    with SQLiteStore(tmp_path / "s.db") as store:
+        head = store.get_ref("damage", "main")
+        pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+        store._db.execute(f"PRAGMA max_page_count={pages + 2}")  # SQLite's own SQLITE_FULL, as on a full disk
+        with pytest.raises(StoreFull) as err:
+            overnight.run(_task(), store)
+        assert "rolled back" in err.value.message and err.value.hint
+        assert store.get_ref("damage", "main") == head
+    result = overnight.run(_task(), url)  # space again (a new connection has no page cap): it continues
+    assert result.status == "complete" and result.steps_run == 4
+
+
+def _flip_page(path, page_no: int) -> None:
+    with open(path, "r+b") as f:
+        page = 4096
+        f.seek(page * (page_no - 1) + 8)
+        f.write(os.urandom(256))
+
+
+def test_a_damaged_database_file_is_store_corrupt_and_verify_reports_it(tmp_path):
+    db = tmp_path / "s.db"
+    overnight.run(_task(), f"sqlite://{db}")
+    with SQLiteStore(db) as store:
+        store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+        assert store.check_medium() == []
+    for p in range(2, pages + 1):  # damage every b-tree page but the first: whatever is read fails
+        _flip_page(db, p)
+    proc = subprocess.run([sys.executable, "-m", "overnight", "verify", "--all", "--json", "--store", f"sqlite://{db}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr
+    if proc.stdout.strip():
+        report = json.loads(proc.stdout)
+        assert any(p["check"] == "medium" for p in report["problems"])
+    else:
+        assert "is damaged" in proc.stderr
+    with pytest.raises(StoreCorrupt) as err:
+        with SQLiteStore(db) as store:
+            store.list_checkpoints("damage")
+            overnight.run(_task(), store)
+    assert ".recover" in err.value.hint
+
+
+def test_verify_reports_an_edited_index_column(tmp_path):
+    db = tmp_path / "s.db"
+    overnight.run(_task(2), f"sqlite://{db}")
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE checkpoints SET step='not what ran' WHERE seq=2")
+    conn.commit()
+    conn.close()
+    report = api.verify(store=f"sqlite://{db}")
+    assert not report.ok
+    (problem,) = [p for p in report.problems if p.check == "index"]
+    assert "step column" in problem.detail

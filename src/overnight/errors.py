@@ -121,6 +121,11 @@ class EntryMismatch(IntegrityError):
     record: ``resume`` does not import code from a location nothing verifies."""
 
 
+class StoreCorrupt(IntegrityError):
+    """The store's own files are damaged below the record level (SQLite reports a malformed
+    database image): nothing read from it can be trusted until it is recovered or repaired."""
+
+
 class NoValidCheckpoint(IntegrityError):
     """No checkpoint on the branch passed verification; there is nothing safe to resume from."""
 
@@ -150,6 +155,11 @@ class LeaseLost(ConcurrencyError):
 
 class StoreBusy(ConcurrencyError):
     """The store stayed locked by another process for longer than the configured wait."""
+
+
+class StoreFull(OvernightError):
+    """The store ran out of space (disk full, quota) while writing; the write in flight was rolled
+    back and everything committed before it is intact."""
 
 
 class ParentGone(ConcurrencyError):

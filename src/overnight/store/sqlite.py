@@ -37,6 +37,8 @@ from overnight.errors import (
     ParentGone,
     StaleHead,
     StoreBusy,
+    StoreCorrupt,
+    StoreFull,
     StoreVersionError,
     TaskBusy,
     TaskNotFound,
@@ -193,6 +195,9 @@ class _Connection(sqlite3.Connection):
         return super().executemany(sql, [_params(p) for p in seq])  # type: ignore[union-attr]
 
 
+_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 11, 13, 26  # result codes (sqlite.org/rescode.html)
+
+
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
     text = str(exc).lower()
     return "locked" in text or "busy" in text
@@ -256,7 +261,11 @@ class SQLiteStore:
             db.close()
             raise
 
-    def _unreadable(self, exc: Exception) -> ConfigError:
+    def _unreadable(self, exc: sqlite3.Error) -> Exception:
+        """A file SQLite cannot open: damaged (StoreCorrupt), full, or not a SQLite file (ConfigError)."""
+        typed = self._translate(exc)
+        if typed is not exc and "not a database" not in str(exc):
+            return typed
         return ConfigError(f"cannot open store {self.path}: {exc}",
                            hint="is it an overnight SQLite store? point --store / OVERNIGHT_STORE at the right file")
 
@@ -280,40 +289,67 @@ class SQLiteStore:
                     hint="upgrade overnight (pip install -U overnight) to open this store",
                 )
             if version < 2:
-                for statement in _migration_2(now_ms()):
-                    self._db.execute(statement)
+                try:
+                    for statement in _migration_2(now_ms()):
+                        self._db.execute(statement)
+                except sqlite3.Error as exc:  # a damaged meta table makes a current store look old
+                    damage = [str(r[0]) for r in self._db.execute("PRAGMA quick_check(20)").fetchall()]
+                    if damage != ["ok"]:
+                        raise StoreCorrupt(f"store {self.path} is damaged: {'; '.join(damage)}",
+                                           hint=f"recover the file: sqlite3 {self.path} .recover | sqlite3 "
+                                           "recovered.db") from exc
+                    raise
             if version < SCHEMA_VERSION:
                 self._db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
+    def _translate(self, exc: sqlite3.Error) -> Exception:
+        """The typed error for a SQLite failure (the original is chained by the caller)."""
+        code = getattr(exc, "sqlite_errorcode", None)
+        if isinstance(exc, sqlite3.OperationalError) and _is_locked(exc):
+            return StoreBusy(f"store {self.path} stayed locked by another process for {self.busy_timeout_ms} ms",
+                             hint="another overnight process is writing a large commit; retry, or raise busy_timeout_ms")
+        if code == _SQLITE_FULL or "disk is full" in str(exc):
+            return StoreFull(f"store {self.path}: the disk is full ({exc}); the write in flight was rolled back, "
+                             "everything committed before it is intact", hint="free space and resume")
+        if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "malformed" in str(exc):
+            return StoreCorrupt(f"store {self.path} is damaged: {exc}",
+                                hint="resume a replicated task from another medium (`overnight repair`), or recover "
+                                f"the file: sqlite3 {self.path} .recover | sqlite3 recovered.db")
+        return exc
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``), rolled back on error."""
+        """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``), rolled back on error.
+
+        Raises StoreBusy, StoreFull or StoreCorrupt for the SQLite failures they name."""
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                if _is_locked(exc):
-                    raise StoreBusy(
-                        f"store {self.path} stayed locked by another process for {self.busy_timeout_ms} ms",
-                        hint="another overnight process is writing a large commit; retry, or raise busy_timeout_ms",
-                    ) from exc
-                raise
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from exc
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            try:
                 self._db.execute("COMMIT")
-            except sqlite3.OperationalError as exc:
-                self._db.execute("ROLLBACK")
-                if _is_locked(exc):
-                    raise StoreBusy(f"store {self.path} stayed locked while committing") from exc
+            except BaseException as exc:
+                self._rollback()
+                if isinstance(exc, sqlite3.Error):
+                    raise self._translate(exc) from exc
                 raise
+
+    def _rollback(self) -> None:
+        """Roll back the open transaction, if SQLite has not already (it does on a full disk, say)."""
+        if self._db.in_transaction:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # the original error is the one to report
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self._lock:
-            return self._db.execute(sql, args).fetchall()
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from exc
 
     # -- objects ----------------------------------------------------------------------------
 
@@ -632,6 +668,17 @@ class SQLiteStore:
             )
 
     # -- housekeeping -----------------------------------------------------------------------
+
+    def check_medium(self) -> list[str]:
+        """SQLite's own check of the file (``PRAGMA quick_check``: pages, b-trees, free lists --
+        the level below overnight's records), run by ``overnight verify --all``. Returns what it
+        reports as wrong, ``[]`` when the file is sound."""
+        try:
+            rows = self._read("PRAGMA quick_check(100)")
+        except StoreCorrupt as exc:
+            return [exc.message]
+        found = [str(r[0]) for r in rows if str(r[0]) != "ok"]
+        return [f"SQLite file {self.path}: {line}" for line in found]
 
     def stored_bytes(self) -> int:
         """Size of the database file after folding the WAL into it (``wal_checkpoint(TRUNCATE)``)."""

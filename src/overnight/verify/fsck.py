@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from overnight.errors import CheckpointNotFound, IntegrityError, OvernightError, short_id
 from overnight.store.base import Store
@@ -60,6 +60,15 @@ class VerifyReport:
     def ok(self) -> bool:
         """No problem on anything a branch uses (damaged records no branch reaches are warnings)."""
         return not any(not p.dangling for p in self.problems)
+
+
+def _index_mismatches(row: Any, record: Any) -> list[str]:
+    """Index columns of a stored checkpoint row that differ from its verified record (the columns
+    are not covered by the digest: ``ls``/``log`` read them, loading never trusts them)."""
+    expected = {"task_id": record.task_id, "parent_id": record.parent_id, "branch": record.branch, "seq": record.seq,
+                "created_at": record.created_at, "session": record.session.id, "event": record.event.kind,
+                "step": record.event.step}
+    return [name for name, value in expected.items() if getattr(row, name) != value]
 
 
 def _lineage(store: Store, task_id: str, by_id: dict) -> set[str]:
@@ -128,6 +137,11 @@ def verify_store(
                                                f"{type(exc).__name__}: {exc.message}"))
                 loaded = None
             if loaded is not None:
+                for column in _index_mismatches(row, loaded.record):
+                    report.problems.append(Problem(
+                        task.task_id, row.checkpoint_id, "index",
+                        f"the store's {column} column disagrees with the verified record (the index was edited; "
+                        "listings may mislead, loading uses the record)"))
                 blob(task.task_id, row.checkpoint_id, loaded.record.state.digest, "state")
                 for i, page in enumerate(loaded.artifact_pages):
                     if page.ref["digest"] in artifact_pages_checked:
@@ -170,6 +184,13 @@ def verify_store(
         report.heads[task.task_id] = heads
 
     if all_objects:
+        medium = getattr(getattr(store, "hot", store), "check_medium", None)
+        if medium is not None:
+            try:
+                found = medium()
+            except IntegrityError as exc:
+                found = [exc.message]
+            report.problems.extend(Problem(None, None, "medium", detail) for detail in found)
         unreferenced = [d for d in store.iter_object_digests() if d not in verified and d not in bad_objects]
         report.dangling_objects = len(unreferenced)
         for i, d in enumerate(unreferenced):
