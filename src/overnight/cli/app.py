@@ -392,6 +392,10 @@ def verify(
                              "fallback; `overnight show` marks them):")
             for p in dangling[:10]:
                 render.out.print(f"  {(p.checkpoint_id or '')[7:19]}: {render.esc(p.detail)}")
+        if rep.signatures_unchecked:
+            render.err.print(f"[yellow]warning:[/] {rep.signatures_unchecked} checkpoint(s) are signed but "
+                             "OVERNIGHT_SIGNING_KEY is not set: their signatures were not checked (an edit that also "
+                             "recomputed the digest would pass)")
         if not failing:
             render.out.print("[green]ok[/]")
     if not rep.ok:
