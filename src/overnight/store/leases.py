@@ -4,13 +4,18 @@ A lease expires after its TTL (default 30 s, renewed by a heartbeat every TTL/3)
 *this* host whose process no longer exists -- checked by pid and the process start time from
 ``/proc/<pid>/stat``, so a recycled pid is not mistaken for the holder -- is gone at once: after
 a ``kill -9`` the next run resumes immediately instead of waiting out the TTL. A holder on
-another host is only ever taken over after expiry.
+another host -- or in another boot of this host, or another pid namespace (a container sharing
+the host name) -- is only ever taken over after expiry.
+
+The holder record is readable by everyone who can read the store (``TaskBusy`` messages show it):
+it names the program and its arguments with URL passwords and secret-looking options masked.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -42,6 +47,53 @@ def _proc_start(pid: int) -> str | None:
     return stat[1] if stat else None
 
 
+def _boot_id() -> str | None:
+    """This boot of this machine (Linux), so a pid from before a reboot is not looked up now."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def _pid_namespace() -> str | None:
+    """Inode of this process's pid namespace (Linux): two containers can share a host name and pids."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return None
+
+
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@")
+_SECRET_OPTION = re.compile(r"(?i)^--?[a-z0-9_-]*(key|token|secret|password|passwd)[a-z0-9_-]*$")
+
+
+def redact_command(argv: list[str]) -> str:
+    """The command line as a holder records it: program name, arguments; ``user:PASSWORD@`` in a
+    URL becomes ``user:***@`` and the value of an option named like a key, token, secret or
+    password becomes ``***``. At most 200 characters."""
+    out: list[str] = []
+    hide_next = False
+    for i, arg in enumerate(argv):
+        if i == 0:
+            out.append(os.path.basename(arg))
+            continue
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        name, eq, value = arg.partition("=")
+        if _SECRET_OPTION.match(name):
+            if eq:
+                out.append(f"{name}=***")
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(_URL_PASSWORD.sub(r"\g<head>***@", arg))
+    return " ".join(out)[:200]
+
+
 @dataclass(frozen=True)
 class Holder:
     """A process that holds (or wants) a lease."""
@@ -51,6 +103,8 @@ class Holder:
     pid: int
     started: str | None
     command: str
+    boot: str | None = None
+    pidns: str | None = None
 
     @classmethod
     def current(cls) -> "Holder":
@@ -60,7 +114,9 @@ class Holder:
             host=socket.gethostname(),
             pid=os.getpid(),
             started=_proc_start(os.getpid()),
-            command=" ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200],
+            command=redact_command(sys.argv),
+            boot=_boot_id(),
+            pidns=_pid_namespace(),
         )
 
     def to_json(self) -> str:
@@ -78,13 +134,16 @@ class Holder:
         return f"pid {self.pid} on {self.host} ({self.command})"
 
     def is_gone(self) -> bool:
-        """True only when the holder is on this host and its process provably no longer runs.
+        """True only when the holder is on this host, in this boot and pid namespace, and its
+        process provably no longer runs.
 
         On Linux a pid whose start time differs from the recorded one is a recycled pid, and a
         zombie (killed, not yet reaped) counts as gone; elsewhere ``kill(pid, 0)`` decides.
         """
         if self.host != socket.gethostname() or self.pid == os.getpid():
             return False
+        if self.boot != _boot_id() or self.pidns != _pid_namespace():
+            return False  # another boot or container: its pids mean nothing here; wait for expiry
         if os.path.isdir("/proc/self"):
             stat = _proc_stat(self.pid)
             if stat is None or stat[0] in ("Z", "X"):
