@@ -205,3 +205,42 @@ def test_H09_three_resumes_in_a_row_each_start_from_the_latest_head(tmp_path: Pa
         assert chain[0].checkpoint_id == head
         sessions = [load_head(s, TASK_ID)[0].record.session.n]
         assert sessions == [4]
+
+
+def test_a_commit_waits_out_a_store_locked_longer_than_its_busy_timeout(tmp_path):
+    """Another process holding the SQLite write lock (a huge commit, a backup) past the busy
+    timeout delays a commit; it never fails the step that already ran."""
+    import subprocess
+    import sys
+    import time
+
+    import overnight
+    from overnight.store.sqlite import SQLiteStore
+
+    db = tmp_path / "s.db"
+    task = overnight.Task("locked", goal="g")
+    ran: list[int] = []
+    holders: list[subprocess.Popen] = []
+
+    @task.step
+    def work(ctx):
+        ran.append(1)
+        holder = subprocess.Popen([sys.executable, "-c", (
+            "import sqlite3, sys, time\n"
+            f"db = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+            "db.execute('BEGIN IMMEDIATE'); print('locked', flush=True); time.sleep(3); db.execute('COMMIT')\n")],
+            stdout=subprocess.PIPE, text=True)
+        holders.append(holder)
+        assert holder.stdout.readline().strip() == "locked"  # the commit of this step meets the lock
+        return 1
+
+    try:
+        with SQLiteStore(db, busy_timeout_ms=300) as store:
+            t0 = time.monotonic()
+            result = overnight.run(task, store)
+            waited = time.monotonic() - t0
+    finally:
+        for h in holders:
+            h.wait(timeout=30)
+    assert result.status == "complete" and ran == [1]
+    assert waited >= 2.5  # it really waited for the lock, far past its 0.3 s busy timeout

@@ -12,6 +12,7 @@ which check failed on each, and which steps they had committed (now to be redone
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from datetime import datetime, timezone
@@ -26,6 +27,7 @@ from overnight.errors import (
     FormatTooNew,
     IntegrityError,
     NoValidCheckpoint,
+    StoreBusy,
     short_id,
 )
 from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, Store, TaskRow
@@ -174,6 +176,30 @@ def _trusted_parent(row: CheckpointRow) -> tuple[Any, int | None, str | None]:
     return _UNKNOWN, None, None
 
 
+PREWRITE_BYTES = 16 * 1024 * 1024
+"""A commit carrying more object bytes than this writes them first, in batches of about this
+size, each in its own short transaction, so the commit itself holds the store's write lock only
+briefly (another process's commit on the same SQLite file waits at most its busy timeout)."""
+
+BUSY_RETRY_S = 60.0
+"""How long a commit keeps retrying while the store reports ``StoreBusy`` (nothing was written by
+a busy attempt) before giving up."""
+
+
+def _retry_busy(write: Any) -> Any:
+    """Run ``write``; on ``StoreBusy`` retry with backoff for up to :data:`BUSY_RETRY_S` seconds."""
+    deadline = time.monotonic() + BUSY_RETRY_S
+    delay = 0.05
+    while True:
+        try:
+            return write()
+        except StoreBusy:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
 def utc_now() -> str:
     """RFC 3339 UTC timestamp with microseconds, e.g. ``2026-11-30T01:02:03.456789+00:00``."""
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
@@ -224,6 +250,22 @@ class ChainWriter:
             self._done.seed(p.tree, p.ref)
         for p in loaded.artifact_pages:
             self._artifacts.seed(p.tree, p.ref)
+
+    def _prewrite(self, objects: list[Any]) -> list[Any]:
+        """Store a large commit's objects ahead of it, in batches of about :data:`PREWRITE_BYTES`;
+        returns what the commit itself still carries (nothing). The writes refresh the objects'
+        stored time, so ``gc``'s grace period protects them until the commit references them."""
+        batch: list[Any] = []
+        size = 0
+        for o in objects:
+            batch.append(o)
+            size += len(o.data)
+            if size >= PREWRITE_BYTES:
+                _retry_busy(lambda b=batch: self.store.put_objects(b))
+                batch, size = [], 0
+        if batch:
+            _retry_busy(lambda b=batch: self.store.put_objects(b))
+        return []
 
     def blob_writer(self) -> BlobWriter:
         """A :class:`BlobWriter` for the next commit, sharing this chain's known-digest cache."""
@@ -285,7 +327,10 @@ class ChainWriter:
         )
         rows = [JournalRow(task_id=self.task_id, checkpoint_id=cid, seq=row.seq, session=self.session_id, **j)
                 for j in journal]
-        self.store.commit(Commit(row, self.ref_head, writer.commit_objects(), rows, lease, task_row))
+        objects = writer.commit_objects()
+        if sum(len(o.data) for o in objects) > PREWRITE_BYTES:
+            objects = self._prewrite(objects)
+        _retry_busy(lambda: self.store.commit(Commit(row, self.ref_head, objects, rows, lease, task_row)))
         roots = [state_digest, *(r["digest"] for k in ("todo", "done", "artifacts") for r in doc_refs[k]["pages"]),
                  *(a["digest"] for a in state["artifacts"].values())]
         if fingerprint is not None:
