@@ -48,3 +48,14 @@ def test_holder_records_mask_passwords_and_secret_options():
         assert secret not in line
     assert line.startswith("overnight run job.py --store postgresql://bob:***@db:5432/test --api-key *** --token=***")
     assert "--goal keep me" in line
+
+
+def test_a_lease_expiring_absurdly_far_ahead_does_not_block_the_task():
+    """A wrong clock or a hand edit must not hold a task for days; fencing keeps the old holder
+    (if alive) from committing after the takeover."""
+    from overnight.store.leases import MAX_LEASE_AHEAD_MS
+
+    live = Holder.current()
+    other_host = dataclasses.replace(live, host="another-host")
+    assert not can_take_over(other_host.to_json(), now_ms() + 60_000, now_ms())
+    assert can_take_over(other_host.to_json(), now_ms() + MAX_LEASE_AHEAD_MS + 60_000, now_ms())

@@ -24,6 +24,12 @@ from dataclasses import asdict, dataclass
 
 DEFAULT_TTL_MS = 30_000
 
+MAX_LEASE_AHEAD_MS = 3_600_000
+"""A lease recorded as expiring more than this far in the future (1 h; overnight writes at most
+10 min) was written by a wrong clock or by hand: it is treated as expired rather than blocking the
+task for that long. Fencing tokens keep a holder that is in fact alive from committing over the
+taker's work."""
+
 
 def now_ms() -> int:
     """Unix time in milliseconds."""
@@ -165,7 +171,7 @@ def describe_holder(holder_json: str) -> str:
 
 def can_take_over(holder_json: str, expires_at_ms: int, now: int) -> bool:
     """May a new holder take a lease currently recorded as ``holder_json`` until ``expires_at_ms``?"""
-    if expires_at_ms <= now:
+    if expires_at_ms <= now or expires_at_ms - now > MAX_LEASE_AHEAD_MS:
         return True
     holder = Holder.from_json(holder_json)
     return holder is not None and holder.is_gone()
