@@ -243,3 +243,34 @@ def test_delete_with_a_minimum_age_keeps_a_file_refreshed_at_the_last_instant(tm
     assert path.read_bytes() == b"payload"
     assert not [n for n in os.listdir(path.parent) if n.startswith(".tmp-")]
     assert c.refresh([key, "objects/ab/" + "e" * 62]) == {"objects/ab/" + "e" * 62}
+
+
+def test_garbled_records_name_their_key_and_a_garbled_lease_does_not_block(tmp_path):
+    import overnight
+    from overnight.errors import StoreCorrupt
+    from overnight.store import open_store
+
+    url = f"file://{tmp_path / 'st'}"
+    task = overnight.Task("g", goal="g")
+
+    @task.step
+    def a(ctx):
+        return 1
+
+    @task.step
+    def b(ctx):
+        return 2
+
+    overnight.run(task, url, max_steps=1)
+    leases = list((tmp_path / "st").rglob("leases/*"))
+    assert leases
+    for f in leases:
+        f.write_bytes(b"\x00garbage")
+    assert overnight.run(task, url).status == "complete"  # a lease only coordinates: taken over
+    refs = list((tmp_path / "st").rglob("refs/*"))
+    refs[0].write_bytes(b"{not json")
+    with open_store(url) as s:
+        with pytest.raises(StoreCorrupt) as err:
+            s.list_refs("g")
+    key = refs[0].relative_to(tmp_path / "st").as_posix()
+    assert key in err.value.message and err.value.hint

@@ -44,7 +44,7 @@ leases, and its task record last, so an interrupted ``rm`` leaves a task that ``
 from __future__ import annotations
 
 import time
-from typing import Iterable, Iterator, Protocol
+from typing import Any, Iterable, Iterator, Protocol
 
 from overnight.errors import (
     CheckpointNotFound,
@@ -54,6 +54,7 @@ from overnight.errors import (
     ParentGone,
     StaleHead,
     StoreBusy,
+    StoreCorrupt,
     StoreVersionError,
     TaskBusy,
     TaskNotFound,
@@ -182,17 +183,32 @@ class KeyedStore:
 
     def _read_ref(self, task_id: str, branch: str) -> tuple[str | None, int, str | None]:
         """``(checkpoint_id or None, fence, version or None)`` of the branch's ref record."""
-        got = self._c.read(layout.ref_key(task_id, branch))
+        key = layout.ref_key(task_id, branch)
+        got = self._c.read(key)
         if got is None:
             return None, 0, None
-        ref = layout.decode_ref(got[0])
+        ref = self._decoded(layout.decode_ref, key, got[0])
         return ref["checkpoint_id"], ref["fence"], got[1]
 
     def _read_lease(self, task_id: str, branch: str) -> tuple[Lease | None, str | None]:
+        """``(lease, version)``; a garbled lease record reads as no lease (a lease only
+        coordinates: the ref's fence, raised past it by the next holder, keeps commits safe)."""
         got = self._c.read(layout.lease_key(task_id, branch))
         if got is None:
             return None, None
-        return layout.decode_lease(got[0]), got[1]
+        try:
+            return layout.decode_lease(got[0]), got[1]
+        except DecodeError:
+            return None, got[1]
+
+    def _decoded(self, decode: Any, key: str, data: bytes) -> Any:
+        """``decode(data)``, or StoreCorrupt naming the record's key."""
+        try:
+            return decode(data)
+        except DecodeError as exc:
+            raise StoreCorrupt(f"{self.url}: the record at {key} is unreadable ({exc.message})",
+                               hint="restore it from a replica (`overnight repair`) or a backup; `overnight verify "
+                               "--all` lists what else is damaged") from exc
 
     def _index(self, task_id: str, checkpoint_ids: Iterable[str]) -> None:
         self._c.create_many({layout.index_key(task_id, c): c.encode("utf-8", "surrogatepass") for c in checkpoint_ids})
@@ -373,8 +389,8 @@ class KeyedStore:
     def list_refs(self, task_id: str) -> dict[str, str]:
         keys = [f"{layout.refs_dir(task_id)}/{n}" for n in self._c.list(layout.refs_dir(task_id))]
         out = {}
-        for data in self._c.read_many(keys).values():
-            ref = layout.decode_ref(data)
+        for key, data in self._c.read_many(keys).items():
+            ref = self._decoded(layout.decode_ref, key, data)
             if ref["checkpoint_id"] is not None:
                 out[ref["branch"]] = ref["checkpoint_id"]
         return dict(sorted(out.items()))
@@ -455,10 +471,11 @@ class KeyedStore:
     # -- tasks and journal ------------------------------------------------------------------
 
     def get_task(self, task_id: str) -> TaskRow:
-        got = self._c.read(layout.task_key(task_id))
+        key = layout.task_key(task_id)
+        got = self._c.read(key)
         if got is None:
             raise TaskNotFound(f"no task {task_id!r} in {self.url}", task_id=task_id, hint="`overnight ls` lists the tasks")
-        return layout.decode_task(got[0])
+        return self._decoded(layout.decode_task, key, got[0])
 
     def list_tasks(self) -> list[TaskRow]:
         keys = [f"tasks/{n}/task" for n in self._c.list("tasks")]
@@ -482,7 +499,12 @@ class KeyedStore:
         base = layout.calls_dir(task_id)
         steps = [layout.name(step_key)] if step_key is not None else self._c.list(base)
         keys = [f"{base}/{s}/{n}" for s in steps for n in self._c.list(f"{base}/{s}")]
-        out = [layout.decode_call(d) for d in self._c.read_many(keys).values()]
+        out = []
+        for data in self._c.read_many(keys).values():
+            try:
+                out.append(layout.decode_call(data))
+            except DecodeError:
+                continue  # unreadable: that call is simply made again (the journal only saves cost)
         return sorted(out, key=lambda c: (c.created_at, c.seq))
 
     # -- leases -----------------------------------------------------------------------------
@@ -517,7 +539,8 @@ class KeyedStore:
                     holder=describe_holder(current.holder),
                     hint="wait for that run to finish, or stop it (Ctrl-C / kill) and resume",
                 )
-            token = current.token + 1 if current is not None else 1
+            # no readable lease: continue above the ref's fence, so the new token outranks every old one
+            token = (current.token if current is not None else self._read_ref(task_id, branch)[1]) + 1
             lease = Lease(task_id, branch, holder_id, holder, token, now + ttl_ms)
             if self._c.swap(key, layout.encode_lease(lease), version) is not None:
                 self._raise_fence(task_id, branch, token)
