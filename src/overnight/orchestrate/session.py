@@ -47,6 +47,8 @@ SUMMARY_MAX_TOKENS = 600
 def summary_tokens(window: int) -> int:
     """Longest compaction summary (tokens): 600, or a fifth of a small window."""
     return min(SUMMARY_MAX_TOKENS, window // 5)
+
+
 SUMMARY_SYSTEM = ("You keep a long task going across context windows. Summarise the work below for your "
                   "future self: what was done, what was decided, what was learned. Be brief and factual; the goal, "
                   "the plan and the current step are kept separately and need not be repeated.")
