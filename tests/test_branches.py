@@ -12,7 +12,7 @@ import pytest
 
 import overnight
 from overnight import api
-from overnight.errors import BranchExists, ConfigError, MergeConflict, TaskBusy
+from overnight.errors import BranchExists, ConfigError, MergeConflict
 from overnight.store import open_store
 from overnight.verify.chain import load_head
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import overnight
-from overnight.errors import ModelCallFailed, StepFailed
+from overnight.errors import ModelCallFailed
 from overnight.models import ExtractiveModel
 from overnight.orchestrate.session import SUMMARY_SYSTEM
 from overnight.store import open_store

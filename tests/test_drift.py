@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-import overnight
 from overnight.store import open_store
 from overnight.verify.chain import load_head
 
@@ -50,6 +49,7 @@ def lists_dir(ctx):
 
 @task.step(version=os.environ.get("STEP_VERSION", "1"))
 def versioned(ctx):
+    ctx.env("DRIFTY_MODE")  # read by this step only (not declared on the task)
     return "v" + os.environ.get("STEP_VERSION", "1")
 
 @task.step
@@ -248,6 +248,7 @@ def test_env_export_writes_pins_and_names_not_values(world):
     text = run(world, "env", "export", "drifty").stdout
     assert "tinydep==1.0" in text and f"python {sysconfig.get_python_version()}" in text
     assert "MY_SETTING" in text and "MY_SECRET" in text and "s3cr3t" not in text
+    assert "# environment variables its steps read (values not recorded): DRIFTY_MODE" in text
     assert any(line.startswith("pydantic==") for line in text.splitlines())
 
 

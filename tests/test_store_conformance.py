@@ -182,6 +182,7 @@ def test_lease_busy_takeover_and_fencing(store):
 
 
 def test_lease_of_dead_local_process_is_taken_over_at_once(store):
+    import dataclasses
     import subprocess
     import sys
 
@@ -190,7 +191,7 @@ def test_lease_of_dead_local_process_is_taken_over_at_once(store):
         dead = Holder.current()
         from overnight.store.leases import _proc_start
 
-        dead = Holder(dead.id, dead.host, proc.pid, _proc_start(proc.pid), "sleeper")
+        dead = dataclasses.replace(dead, pid=proc.pid, started=_proc_start(proc.pid), command="sleeper")
         store.acquire_lease("t", "main", dead.id, dead.to_json(), 600_000)
         me = Holder.current()
         with pytest.raises(TaskBusy):

@@ -616,7 +616,8 @@ def env_export(task_id: str, *, store: Store | str | None = None, at: str | None
         if loaded.world is None:
             raise ConfigError(f"checkpoint {short_id(loaded.id)} has no fingerprint to export", task_id=task_id,
                               checkpoint_id=loaded.id)
-        return pip_requirements(loaded.world)
+        step_env = {name for d in loaded.state_tree["done"] for name in (d.get("reads") or {}).get("env", {})}
+        return pip_requirements(loaded.world, step_env)
 
 
 # --- route / config / repair ---------------------------------------------------------------------

@@ -16,7 +16,6 @@ Exit codes (also in ``overnight --help`` and the README):
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Optional

@@ -407,8 +407,8 @@ class SQLiteStore:
 
     def iter_object_stats(self) -> Iterator[ObjectStat]:
         now = now_ms()
-        for digest, size, stored_at in self._read("SELECT digest, length(data), stored_at_ms FROM objects"):
-            yield ObjectStat(digest, size, max(0, now - stored_at))
+        for d, size, stored_at in self._read("SELECT digest, length(data), stored_at_ms FROM objects"):
+            yield ObjectStat(d, size, max(0, now - stored_at))
 
     def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
         wanted = list(dict.fromkeys(digests))

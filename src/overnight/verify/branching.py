@@ -21,12 +21,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from overnight.codec.canonical import dumps, loads
+from overnight.codec.canonical import dumps
 from overnight.errors import BranchExists, ConfigError, MergeConflict, OvernightError, short_id
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
 from overnight.verify.chain import ChainWriter, load_head
 from overnight.verify.integrity import LoadedCheckpoint, load_checkpoint, parse_record
+from overnight.verify.reachability import lineage
 from overnight.verify.records import event
 
 
@@ -106,24 +107,8 @@ def fork(store: Store, task_id: str, at: str, branch: str, *, key: bytes | None 
 def ancestors(store: Store, task_id: str, cid: str) -> list[str]:
     """``cid`` and all its ancestors (through merges too), newest (highest ``seq``) first."""
     rows = {r.checkpoint_id: r for r in store.list_checkpoints(task_id)}
-    seen: set[str] = set()
-    todo = [cid]
-    while todo:
-        c = todo.pop()
-        if c in seen or c not in rows:
-            continue
-        seen.add(c)
-        row = rows[c]
-        if row.parent_id:
-            todo.append(row.parent_id)
-        if row.event == "merge":
-            try:
-                ref = loads(row.body)["event"]["ref"]
-            except (OvernightError, KeyError, TypeError):
-                ref = None
-            if isinstance(ref, str):
-                todo.append(ref)
-    return sorted(seen, key=lambda c: (rows[c].seq, rows[c].created_at), reverse=True)
+    found = lineage(rows.values(), [cid]) & rows.keys()
+    return sorted(found, key=lambda c: (rows[c].seq, rows[c].created_at), reverse=True)
 
 
 def rollback(store: Store, task_id: str, to: str, *, branch: str = "main", key: bytes | None = None) -> str:

@@ -35,7 +35,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from overnight.codec import digest
 from overnight.codec.canonical import dumps
@@ -189,8 +189,9 @@ def world(spec: WorldSpec) -> dict[str, Any]:
     }
 
 
-def pip_requirements(fp: dict[str, Any]) -> str:
-    """A pip requirements file recreating a recorded ``deps`` component (for ``env export``)."""
+def pip_requirements(fp: dict[str, Any], step_env: Iterable[str] = ()) -> str:
+    """A pip requirements file recreating a recorded ``deps`` component (for ``env export``);
+    ``step_env`` names the environment variables steps read (``ctx.env``), listed as comments."""
     lines = [f"# written by overnight env export: python {fp['env']['python']} "
              f"({fp['env']['implementation']}) on {fp['env']['platform']}"]
     for name, d in sorted(fp["deps"]["locks"].items()):
@@ -198,6 +199,9 @@ def pip_requirements(fp: dict[str, Any]) -> str:
     if fp["env"]["vars"]:
         lines.append("# environment variables the task declared (values not recorded): "
                      + ", ".join(sorted(fp["env"]["vars"])))
+    read = sorted(set(step_env) - set(fp["env"]["vars"]))
+    if read:
+        lines.append("# environment variables its steps read (values not recorded): " + ", ".join(read))
     for name, version in sorted(fp["deps"]["packages"].items()):
         lines.append(f"{name}=={version}" if version != MISSING else f"# {name}: not installed")
     return "\n".join(lines) + "\n"

@@ -17,7 +17,8 @@ from typing import Any, Callable
 from overnight.errors import CheckpointNotFound, IntegrityError, OvernightError, short_id
 from overnight.store.base import Store
 from overnight.store.blobs import BlobReader
-from overnight.verify.integrity import PageCache, load_checkpoint
+from overnight.verify.integrity import BoundedPageCache, PageCache, load_checkpoint
+from overnight.verify.reachability import lineage
 
 
 @dataclass
@@ -74,17 +75,6 @@ def _index_mismatches(row: Any, record: Any) -> list[str]:
     return [name for name, value in expected.items() if getattr(row, name) != value]
 
 
-def _lineage(store: Store, task_id: str, by_id: dict) -> set[str]:
-    """Checkpoints on the history of some branch head (parents, and merged heads)."""
-    from overnight.verify.branching import ancestors
-
-    live: set[str] = set()
-    for cid in store.list_refs(task_id).values():
-        if cid not in live:
-            live.update(ancestors(store, task_id, cid))
-    return live
-
-
 def verify_store(
     store: Store,
     task_ids: list[str] | None = None,
@@ -104,7 +94,7 @@ def verify_store(
     report = VerifyReport()
     verified: set[str] = set()
     reader = BlobReader(store, verified)
-    pages: PageCache = {}
+    pages: PageCache = BoundedPageCache()
     artifact_pages_checked: set[str] = set()
     bad_objects: set[str] = set()
     tasks = [store.get_task(t) for t in task_ids] if task_ids else store.list_tasks()
@@ -173,7 +163,7 @@ def verify_store(
             done += 1
             if on_progress:
                 on_progress(done, total)
-        live = _lineage(store, task.task_id, by_id)
+        live = lineage(rows, store.list_refs(task.task_id).values())
         for p in report.problems:
             if p.task_id == task.task_id and p.checkpoint_id is not None and p.checkpoint_id in by_id \
                     and p.checkpoint_id not in live:

@@ -19,6 +19,7 @@ failed check, and nothing is returned: a state that cannot be verified is never 
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -70,6 +71,28 @@ class Page:
 
 PageCache = dict[str, Page]
 """Verified pages by digest, shared across loads (a page is parsed and checked once)."""
+
+
+class BoundedPageCache(OrderedDict[str, Page]):
+    """A :data:`PageCache` keeping the ``limit`` most recently used pages (``verify --all`` over a
+    long history: consecutive checkpoints share most pages, old ones are not needed again).
+    At the default 4,096 pages of at most ~64 KB of entries each, memory stays bounded."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        return default
+
+    def __setitem__(self, key: str, value: Page) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
 
 _DONE_PAGE = TypeAdapter(list[DoneEntry])
 _TODO_PAGE = TypeAdapter(list[TodoEntry])
@@ -260,8 +283,8 @@ def load_checkpoint(
         except (DecodeError, ValidationError) as exc:
             detail = _validation_summary(exc) if isinstance(exc, ValidationError) else exc.message
             raise SchemaError(f"{what} is incomplete or malformed: {detail}", **ids) from exc
-        pages[ref.digest] = Page(ref.model_dump(), tree, entries)
-        return pages[ref.digest]
+        found = pages[ref.digest] = Page(ref.model_dump(), tree, entries)
+        return found
 
     todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE) for i, r in enumerate(doc.todo.pages)]
     if sum(len(p.tree) for p in todo_pages) != doc.todo.count or any(not p.tree for p in todo_pages):

@@ -40,6 +40,7 @@ from overnight.store.base import (
     TaskRow,
 )
 from overnight.verify.chain import load_head
+from overnight.verify.reachability import first_parent_chain
 
 
 class ReplicatedStore:
@@ -220,12 +221,8 @@ class RepairReport:
 
 
 def _lineage(src: Store, task_id: str, head: str) -> list[CheckpointRow]:
-    rows = {r.checkpoint_id: r for r in src.list_checkpoints(task_id)}
-    out, cid = [], head
-    while cid is not None and cid in rows:
-        out.append(rows[cid])
-        cid = rows[cid].parent_id
-    return list(reversed(out))
+    """The head and its first parents on ``src``, oldest first."""
+    return list(reversed(first_parent_chain({r.checkpoint_id: r for r in src.list_checkpoints(task_id)}, head)))
 
 
 def _copy_objects(src: Store, dst: Store, digests: Iterable[str]) -> int:
