@@ -644,12 +644,40 @@ def repair(task_id: str | None = None, *, store: Store | str | None = None) -> l
     """Bring every medium of a replicated task (or of every task, ``task_id=None``) up to the newest
     verifiable head; returns one :class:`~overnight.verify.replicas.RepairReport` per task.
 
-    A task kept on one medium is only checked (nothing to copy from). Raises ``TaskNotFound``.
+    With ``store=None`` a task is looked up on every configured medium (local, database, cloud), so
+    a task whose local copy was lost with its disk is found on a replica and the local copy made
+    again; ``task_id=None`` then repairs every task any configured medium knows. A task kept on one
+    medium is only checked (nothing to copy from).
+
+    Raises:
+        TaskNotFound: no configured medium (or ``store``) knows the task.
     """
     from overnight.codec.canonical import loads
-    from overnight.store import open_store
-    from overnight.verify.replicas import repair_task
+    from overnight.verify.replicas import ReplicatedStore, repair_task
 
+    key = signing_key_from_env()
+
+    def over(media: list[Store], names: list[str], tid: str) -> Any:
+        return repair_task(media, names, tid, key=key)
+
+    if store is None:
+        cfg = load_config()
+        ids = [task_id] if task_id else _configured_task_ids(cfg)
+        reports = []
+        for tid in ids:
+            found = locate(tid, cfg)
+            if found is None:
+                raise TaskNotFound(f"no task {tid!r} on any configured medium", task_id=tid,
+                                   hint="`overnight ls` lists the tasks; pass --store URL for another store")
+            located = found[0]
+            try:
+                if isinstance(located, ReplicatedStore):
+                    reports.append(over(located.media, list(located.names), tid))
+                else:
+                    reports.append(over([located], [located.url], tid))
+            finally:
+                located.close()
+        return reports
     reports = []
     with _opened(store) as s:
         ids = [task_id] if task_id else [t.task_id for t in s.list_tasks()]
@@ -659,12 +687,26 @@ def repair(task_id: str | None = None, *, store: Store | str | None = None) -> l
             names = rec.media if rec and len(rec.media) == len(urls) else urls
             media = [s if u == s.url else open_store(u) for u in urls]
             try:
-                reports.append(repair_task(media, list(names), tid, key=signing_key_from_env()))
+                reports.append(over(media, list(names), tid))
             finally:
                 for m in media:
                     if m is not s:
                         m.close()
     return reports
+
+
+def _configured_task_ids(cfg: Config) -> list[str]:
+    """Ids of the tasks on every configured medium that exists (local, database, cloud)."""
+    ids: dict[str, None] = {}
+    for name in ("local", "database", "cloud"):
+        url = cfg.medium(name)
+        if url is None or not store_exists(url):
+            continue
+        with open_store(url) as s:
+            ids.update((t.task_id, None) for t in s.list_tasks())
+    return list(ids)
+
+
 # --- gc / rm / archive / restore ----------------------------------------------------------------
 
 

@@ -779,7 +779,9 @@ def repair(
 ) -> None:
     """Bring every medium a task was routed to (e.g. local + cloud for a critical task) up to the
     newest head that verifies: copy what a lost, emptied, lagging or corrupted medium lacks from a
-    healthy one. Exit 3 when a medium cannot be repaired."""
+    healthy one. Without --store the task is looked up on every configured medium, so a task whose
+    local copy was lost with its disk is found on a replica and made again locally. Exit 3 when a
+    medium cannot be repaired."""
     if not task_id and not all_tasks:
         render.err.print("[bold red]error:[/] name a TASK_ID or pass --all")
         raise typer.Exit(EXIT_USAGE)

@@ -35,6 +35,7 @@ from overnight.errors import (
     OvernightError,
     StepFailed,
     StoreBusy,
+    TaskNotFound,
     UnknownStep,
 )
 from overnight.models import Model, model_from_spec
@@ -460,6 +461,7 @@ class Runner:
     # -- the session ----------------------------------------------------------------------------
 
     def _start(self) -> tuple[bool, Fallback | None]:
+        self._repair_media()
         head = self.store.get_ref(self.task.id, self.branch)
         if head is None and not self._task_exists():
             self.chain.session_n = 1
@@ -482,11 +484,6 @@ class Runner:
             self._commit(self.chain.blob_writer(), event("init"), [], task_row)
             self._emit("create", checkpoint_id=self.head, detail=self._level_note())
             return True, None
-        replicated = getattr(self.store, "hot", self.store)
-        if isinstance(replicated, ReplicatedStore):
-            repair = repair_task(replicated.media, replicated.names, self.task.id, key=self.key)
-            if repair.repaired or any(m.status != "ok" for m in repair.media):
-                self._emit("repair", detail=repair.describe())
         row = self.store.get_task(self.task.id)
         if row.entry and self.task.entry and row.entry != self.task.entry and not self.code_moved:
             raise ConfigError(
@@ -555,6 +552,20 @@ class Runner:
             self.state = decision.state
             self._commit(self.chain.blob_writer(), event("drift", detail=decision.describe()), [])
         self._export()
+
+    def _repair_media(self) -> None:
+        """A replicated task: bring every medium up to the newest verifiable head before reading
+        one, so a primary that lost its copy (or holds a damaged one) resumes from a replica
+        instead of starting the task over."""
+        replicated = getattr(self.store, "hot", self.store)
+        if not isinstance(replicated, ReplicatedStore):
+            return
+        try:
+            repair = repair_task(replicated.media, replicated.names, self.task.id, key=self.key)
+        except TaskNotFound:
+            return  # a new task: no medium has it yet
+        if repair.repaired or any(m.status != "ok" for m in repair.media):
+            self._emit("repair", detail=repair.describe())
 
     def _task_exists(self) -> bool:
         try:

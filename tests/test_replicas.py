@@ -1,0 +1,148 @@
+"""Replicas of a critical task: the hot copy is lost or damaged between sessions, the next resume
+continues from a replica, and ``overnight repair`` makes the hot copy whole again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+import overnight
+from conftest import drop_schema
+from overnight.store import open_store
+from overnight.verify.faults import Faults
+from overnight.verify.fsck import verify_store
+
+STEPS = 6
+
+
+def critical_task() -> overnight.Task:
+    t = overnight.Task("ledger", goal="reconcile the ledger over three nights", expected_span="3d",
+                       criticality="critical", done_when="every month reconciled")
+    for i in range(STEPS):
+        def month(ctx, i=i):
+            ctx.write_text(f"month-{i}.txt", f"month {i} reconciled: {'ü€' * 200 * (i + 1)}")
+            ctx.state[f"m{i}"] = i * i
+            return i
+        t.step(month, name=f"month-{i}")
+    return t
+
+
+@pytest.fixture
+def media(tmp_path, monkeypatch, pg_schema, s3_endpoint):
+    """A project whose critical tasks go to local SQLite (hot) + PostgreSQL + S3."""
+    server, schema = pg_schema
+    urls = {
+        "local": f"sqlite://{tmp_path / 'hot' / 'overnight.db'}",
+        "database": f"{server}?schema={schema}",
+        "cloud": f"s3://overnight-test/replicas-{uuid.uuid4().hex[:8]}?endpoint_url={s3_endpoint}",
+    }
+    (tmp_path / "overnight.toml").write_text(
+        f'[store]\nurl = "{urls["local"]}"\n'
+        f'[media]\ndatabase = "{urls["database"]}"\ncloud = "{urls["cloud"]}"\n'
+        '[criticality]\ncritical = ["local", "database", "cloud"]\n')
+    monkeypatch.chdir(tmp_path)
+    for var in ("OVERNIGHT_STORE", "OVERNIGHT_MEDIA_LOCAL", "OVERNIGHT_MEDIA_DATABASE", "OVERNIGHT_MEDIA_CLOUD",
+                "OVERNIGHT_CONFIG", "OVERNIGHT_SIGNING_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    return urls
+
+
+def first_session(urls) -> str:
+    """Run half the task; every medium then holds the same head."""
+    r = overnight.run(critical_task(), handle_signals=False, max_steps=STEPS // 2)
+    assert r.status == "stopped" and r.level == "durable"
+    heads = {name: _head(url) for name, url in urls.items()}
+    assert len(set(heads.values())) == 1, heads
+    return heads["local"]
+
+
+def _head(url: str) -> str | None:
+    with open_store(url) as s:
+        return s.get_ref("ledger", "main")
+
+
+def finish_and_check(urls) -> overnight.RunResult:
+    r = overnight.run(critical_task(), handle_signals=False)
+    assert r.status == "complete"
+    assert r.steps_run == STEPS - STEPS // 2, "resume must redo nothing that was committed"
+    heads = {name: _head(url) for name, url in urls.items()}
+    assert len(set(heads.values())) == 1 and None not in heads.values(), heads
+    for url in urls.values():  # every medium holds the whole, verifiable history again
+        with open_store(url) as s:
+            report = verify_store(s, ["ledger"])
+            assert report.ok, (url, report.problems)
+    return r
+
+
+def repair_cli(tmp_path) -> dict:
+    out = subprocess.run([sys.executable, "-m", "overnight", "repair", "ledger", "--json"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    assert out.returncode == 0, out.stderr
+    (report,) = json.loads(out.stdout)
+    return {m["name"]: m for m in report["media"]}
+
+
+def test_hot_copy_deleted_resume_from_replica_then_repair(media, tmp_path):
+    first_session(media)
+    db = tmp_path / "hot" / "overnight.db"
+    for p in db.parent.iterdir():  # the machine's disk is gone: database, WAL, everything
+        p.unlink()
+    db.parent.rmdir()
+    repaired = repair_cli(tmp_path)
+    assert repaired["local"]["status"] == "repaired" and repaired["local"]["checkpoints_copied"] >= STEPS // 2
+    assert repaired["database"]["status"] == repaired["cloud"]["status"] == "ok"
+    assert _head(media["local"]) == _head(media["cloud"])
+    finish_and_check(media)
+
+
+def test_hot_copy_deleted_resume_heals_it_without_repair(media, tmp_path):
+    first_session(media)
+    (tmp_path / "hot" / "overnight.db").unlink()
+    finish_and_check(media)
+
+
+@pytest.mark.parametrize("kind", ["bit_flip", "removed_blob", "truncation"])
+def test_hot_copy_corrupted_resume_from_replica_then_repair(media, tmp_path, kind):
+    head = first_session(media)
+    injected = Faults(tmp_path / "hot" / "overnight.db").inject(kind, "ledger")
+    assert injected.kind == kind
+    with open_store(media["local"]) as s:
+        assert not verify_store(s, ["ledger"]).ok, "the injected damage must be visible on the hot copy"
+    repaired = repair_cli(tmp_path)
+    assert repaired["local"]["status"] == "repaired", repaired
+    assert _head(media["local"]) == head == _head(media["database"])
+    with open_store(media["local"]) as s:
+        assert verify_store(s, ["ledger"]).ok
+    r = finish_and_check(media)
+    assert r.fallback is None or not r.fallback.skipped, "a healthy replica leaves nothing to fall back from"
+
+
+def test_replica_corrupted_is_repaired_from_hot_copy(media, tmp_path):
+    first_session(media)
+    import psycopg
+
+    server, schema = media["database"].split("?schema=")
+    with psycopg.connect(server, autocommit=True) as conn:  # a replica loses an artifact (a botched restore, say)
+        conn.execute(f'DELETE FROM "{schema}".objects WHERE digest = '
+                     f'(SELECT digest FROM "{schema}".objects ORDER BY size DESC LIMIT 1)')
+    repaired = repair_cli(tmp_path)
+    assert repaired["database"]["status"] == "repaired" and repaired["database"]["objects_copied"] >= 1
+    assert repaired["local"]["status"] == "ok"
+    finish_and_check(media)
+
+
+def test_two_media_lost_the_third_carries_the_task(media, tmp_path):
+    first_session(media)
+    (tmp_path / "hot" / "overnight.db").unlink()
+    server, schema = media["database"].split("?schema=")
+    drop_schema(server, schema)
+    # the cloud copy alone still carries the task
+    repaired = repair_cli(tmp_path)
+    assert repaired["cloud"]["status"] == "ok"
+    assert {repaired["local"]["status"], repaired["database"]["status"]} == {"repaired"}
+    finish_and_check(media)
