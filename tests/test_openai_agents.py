@@ -23,7 +23,7 @@ from agents import Agent, Runner, set_tracing_disabled  # noqa: E402
 from agents.memory import Session, SessionSettings  # noqa: E402
 from agents.testing import ModelStep, ScriptedModel, assistant_message  # noqa: E402
 
-from _procs import env  # noqa: E402
+from _procs import env, wait_for  # noqa: E402
 from overnight.adapters.openai_agents import OvernightSession, session_task_id  # noqa: E402
 from overnight.api import log  # noqa: E402
 from overnight.errors import ConfigError, EncodeError, SessionCorrupt  # noqa: E402
@@ -169,24 +169,34 @@ def test_eight_threads_pop_each_item_exactly_once(tmp_path, shared):
 
 def test_two_processes_pop_each_item_exactly_once(tmp_path):
     url = f"sqlite://{tmp_path}/a.db"
-    n = 60
+    n = 80
     with OvernightSession("procs", store=url) as s:
         run(s.add_items([msg("user", f"item {i}") for i in range(n)]))
-    code = ("import asyncio, json, sys\n"
+    code = ("import asyncio, json, sys, time\n"
+            "from pathlib import Path\n"
             "from overnight.adapters.openai_agents import OvernightSession\n"
             "s = OvernightSession('procs', store=sys.argv[1])\n"
+            "Path(sys.argv[2] + '.ready').touch()\n"
+            "while not Path(sys.argv[2]).exists():\n"
+            "    time.sleep(0.005)\n"
             "async def main():\n"
             "    got = []\n"
             "    while (item := await s.pop_item()) is not None:\n"
             "        got.append(item['content'])\n"
             "    print(json.dumps(got))\n"
             "asyncio.run(main())\n")
-    procs = [subprocess.Popen([sys.executable, "-c", code, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env()) for _ in range(2)]
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", code, url, f"{go}{k}"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env()) for k in range(2)]
+    wait_for(lambda: all(Path(f"{go}{k}.ready").exists() for k in range(2)), 120, what="both processes ready")
+    for k in range(2):  # start both at once: they pop concurrently
+        Path(f"{go}{k}").touch()
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
-    popped = [x for o in outs for x in json.loads(o[0])]
-    assert len(popped) == n and set(popped) == {f"item {i}" for i in range(n)}
+    got = [json.loads(o[0]) for o in outs]
+    popped = [x for g in got for x in g]
+    assert len(popped) == n and set(popped) == {f"item {i}" for i in range(n)}  # none twice, none lost
+    assert all(got), [len(g) for g in got]  # both processes did pop
 
 
 def test_concurrent_adds_lose_nothing(tmp_path):
