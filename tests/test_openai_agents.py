@@ -295,9 +295,9 @@ def test_unencodable_item_refused_and_foreign_task_refused(tmp_path):
         run(OvernightSession("taken", store=url).get_items())
 
 
-def test_compaction_keeps_newest_verbatim_summary_fits_history_stays(tmp_path):
+@pytest.mark.parametrize("window", [256, 1000])
+def test_compaction_keeps_newest_verbatim_summary_fits_history_stays(tmp_path, window):
     url = f"sqlite://{tmp_path}/a.db"
-    window = 1000
     with OvernightSession("long", store=url, max_context_tokens=window) as s:
         added = []
         for i in range(40):
@@ -311,7 +311,7 @@ def test_compaction_keeps_newest_verbatim_summary_fits_history_stays(tmp_path):
         summary, rest = items[0], items[1:]
         assert summary["role"] == "system" and summary["content"].startswith("Summary of the earlier conversation")
         assert s.count(summary) <= summary_tokens(window)
-        assert rest == added[-len(rest):] and len(rest) >= 4  # the newest items, verbatim
+        assert rest == added[-len(rest):] and len(rest) >= 2  # the newest items, verbatim
         entries = [e.row for e in reversed(log(s.task_id, store=url))]
         compactions = [e for e in entries if e.event == "compaction"]
         assert compactions

@@ -133,6 +133,8 @@ class OvernightSession:
         session_id: the session's id.
         task_id: the overnight task holding it (:func:`session_task_id`).
         session_settings: the SDK settings (None when not given).
+        budget: the context budget (:class:`~overnight.orchestrate.session.Budget`: ``max_tokens``,
+            ``threshold``, ``compact_at`` in tokens), None without one.
 
     Raises:
         ConfigError: a bad argument, or the task id is taken by something that is not this session.
@@ -420,15 +422,17 @@ class OvernightSession:
         return done.text
 
     def _fit(self, text: str, limit: int) -> dict[str, str]:
-        """The summary item, its text cut (from the end) until the item counts at most ``limit`` tokens."""
-        item = {"role": "system", "content": SUMMARY_PREFIX + text}
-        while self.count(item) > limit and text:
-            ids = self._tokenizer.encode(text)
-            keep = max(0, min(len(ids), limit - self.count({"role": "system", "content": SUMMARY_PREFIX})) - 1)
-            decode = getattr(self._tokenizer, "decode", None)
-            text = decode(ids[:keep]) if decode is not None and keep < len(ids) else text[: len(text) * 3 // 4]
+        """The summary item, its text cut at the end until the item counts at most ``limit`` tokens."""
+        decode = getattr(self._tokenizer, "decode", None)
+        ids = self._tokenizer.encode(text)
+        keep = len(ids)
+        while True:
             item = {"role": "system", "content": SUMMARY_PREFIX + text}
-        return item
+            over = self.count(item) - limit
+            if over <= 0 or not text:
+                return item
+            keep = max(0, min(keep - over, keep - 1))
+            text = decode(ids[:keep]) if decode is not None else text[: len(text) * keep // max(len(ids), 1)]
 
     def _compact(self) -> None:
         """One compaction if the items reach the threshold: the oldest items become one summary
@@ -459,11 +463,10 @@ class OvernightSession:
             summary = self._fit(text, limit)
             raw = dumps(to_tree(summary, "summary"))
             ctx = loaded.state_tree["context"]
-            total = self.count(summary) + sum(tokens[cut:])
             return None, {
                 "items": dict(items[cut:]), "new": {items[cut - 1][0]: raw}, "data": {"next": self._next(loaded)},
                 "context": {"summary": summary["content"], "compactions": ctx["compactions"] + 1, "messages": [],
-                            "tokens": total},
+                            "tokens": 0},
                 "new_session": True,
                 "ev": event("compaction", ref=loaded.id,
                             detail=f"{cut} items ({sum(tokens[:cut])} tokens) -> a {self.count(summary)}-token summary; "
