@@ -42,6 +42,7 @@ import hashlib
 import os
 import random
 import re
+import threading
 import time
 import uuid
 from typing import Any
@@ -63,7 +64,7 @@ from overnight.store.base import CallRecord, TaskRow
 from overnight.store.blobs import BlobReader
 from overnight.tokens import Tokenizer, tokenizer_for
 from overnight.verify.chain import ChainWriter, utc_now
-from overnight.verify.integrity import LoadedCheckpoint, load_checkpoint, signing_key_from_env
+from overnight.verify.integrity import BoundedPageCache, LoadedCheckpoint, load_checkpoint, signing_key_from_env
 from overnight.verify.records import FORMAT_VERSION, event
 
 try:
@@ -171,6 +172,8 @@ class OvernightSession:
         self._run_id = uuid.uuid4().hex
         self._loaded: LoadedCheckpoint | None = None  # the last head read (checkpoints never change)
         self._raw: dict[str, bytes] = {}  # item digest -> verified canonical bytes
+        self._pages = BoundedPageCache()  # verified pages by digest: a load parses only the new ones
+        self._pages_lock = threading.Lock()  # guards the cache only; writes are ordered by the CAS
 
     # -- the Session protocol ---------------------------------------------------------------------
 
@@ -221,7 +224,7 @@ class OvernightSession:
             if loaded.record.task_id != self.task_id:
                 raise CheckpointNotFound(f"checkpoint {short_id(checkpoint_id)} is not in session "
                                          f"{self.session_id!r}", task_id=self.task_id, checkpoint_id=checkpoint_id)
-            return [self._decode(loaded, name, ref) for name, ref in self._items(loaded)]
+            return self._decode(loaded, self._items(loaded))
 
         return await asyncio.to_thread(read)
 
@@ -248,7 +251,8 @@ class OvernightSession:
 
     def _verified(self, checkpoint_id: str) -> LoadedCheckpoint:
         try:
-            loaded = load_checkpoint(self._store, checkpoint_id, key=self._key, deep=False)
+            with self._pages_lock:
+                loaded = load_checkpoint(self._store, checkpoint_id, key=self._key, deep=False, pages=self._pages)
         except (IntegrityError, CheckpointNotFound) as exc:
             raise self._corrupt(exc, checkpoint_id, f"checkpoint {short_id(checkpoint_id)}") from exc
         spec = loaded.doc.task.spec
@@ -281,29 +285,32 @@ class OvernightSession:
             return []
         return [(n, a) for n, a in loaded.state_tree["artifacts"].items() if n.startswith(ITEM_PREFIX)]
 
-    def _decode(self, loaded: LoadedCheckpoint, name: str, ref: dict[str, Any]) -> Any:
-        d = ref["digest"]
-        raw = self._raw.get(d)
-        if raw is None:
-            try:
-                raw = BlobReader(self._store).get(d, f"session {self.session_id!r} item {name!r}")
-                if len(raw) != ref["size"]:
-                    raise IntegrityError(f"item {name!r} is {len(raw)} bytes, its reference says {ref['size']}",
-                                         object_digest=d)
-                value = from_tree(loads(raw), f"session {self.session_id!r} item {name!r}")
-            except IntegrityError as exc:
-                raise self._corrupt(exc, loaded.id, f"item {name!r}") from exc
-            self._raw[d] = raw
-            return value
-        return from_tree(loads(raw), f"session {self.session_id!r} item {name!r}")
+    def _decode(self, loaded: LoadedCheckpoint, items: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+        """The values of ``items`` (``(name, artifact ref)`` of ``loaded``), each checked against
+        its digest (once per process: verified bytes are kept), in one store call for all."""
+        missing = [a["digest"] for _, a in items if a["digest"] not in self._raw]
+        try:
+            fetched = BlobReader(self._store).get_many(missing, f"session {self.session_id!r} items")
+        except IntegrityError as exc:
+            name = next((n for n, a in items if a["digest"] == exc.object_digest), None)
+            raise self._corrupt(exc, loaded.id, f"item {name!r}" if name else "an item") from exc
+        out = []
+        for name, ref in items:
+            raw = fetched[ref["digest"]] if ref["digest"] in fetched else self._raw[ref["digest"]]
+            if len(raw) != ref["size"]:
+                exc = IntegrityError(f"item is {len(raw)} bytes, its reference says {ref['size']}",
+                                     object_digest=ref["digest"])
+                raise self._corrupt(exc, loaded.id, f"item {name!r}")
+            out.append(from_tree(loads(raw), f"session {self.session_id!r} item {name!r}"))
+        self._raw.update(fetched)
+        return out
 
     def _get_items(self, limit: int | None) -> list[Any]:
         loaded = self._head()
         items = self._items(loaded)
         if limit is not None and limit >= 0:
             items = items[len(items) - limit:] if limit else []
-        assert loaded is not None or not items
-        return [self._decode(loaded, n, a) for n, a in items]  # type: ignore[arg-type]
+        return self._decode(loaded, items) if loaded is not None else []
 
     # -- writing ------------------------------------------------------------------------------------
 
@@ -379,8 +386,8 @@ class OvernightSession:
             items = self._items(loaded)
             if not items:
                 return None, None
-            name, ref = items[-1]
-            value = self._decode(loaded, name, ref)  # type: ignore[arg-type]
+            name = items[-1][0]
+            value = self._decode(loaded, items[-1:])[0]  # type: ignore[arg-type]
             return value, {"items": dict(items[:-1]), "new": {}, "data": {"next": self._next(loaded)},
                            "ev": event("step", step="pop_item", detail=f"-{name}")}
 
@@ -445,7 +452,7 @@ class OvernightSession:
 
         def change(loaded: LoadedCheckpoint | None) -> tuple[None, dict[str, Any] | None]:
             items = self._items(loaded)
-            values = [self._decode(loaded, n, a) for n, a in items]  # type: ignore[arg-type]
+            values = self._decode(loaded, items) if loaded is not None else []
             tokens = [self.count(v) for v in values]
             if sum(tokens) < budget.compact_at or len(items) < 2:
                 return None, None
