@@ -25,7 +25,7 @@ from agents.testing import ModelStep, ScriptedModel, assistant_message  # noqa: 
 
 from _procs import env, wait_for  # noqa: E402
 from overnight.adapters.openai_agents import OvernightSession, session_task_id  # noqa: E402
-from overnight.api import log  # noqa: E402
+from overnight.api import log, rollback  # noqa: E402
 from overnight.errors import ConfigError, EncodeError, SessionCorrupt  # noqa: E402
 from overnight.orchestrate.session import summary_tokens  # noqa: E402
 from overnight.store import open_store  # noqa: E402
@@ -265,6 +265,7 @@ def test_corrupted_head_checkpoint_is_a_typed_error(tmp_path):
     conn = sqlite3.connect(db)
     with conn:
         head = conn.execute("SELECT checkpoint_id FROM refs WHERE task_id=?", (s.task_id,)).fetchone()[0]
+        parent = conn.execute("SELECT parent_id FROM checkpoints WHERE checkpoint_id=?", (head,)).fetchone()[0]
         body = conn.execute("SELECT body FROM checkpoints WHERE checkpoint_id=?", (head,)).fetchone()[0]
         conn.execute("UPDATE checkpoints SET body=? WHERE checkpoint_id=?", (bytes(body).replace(b'"seq":1', b'"seq":7'), head))
     conn.close()
@@ -273,6 +274,8 @@ def test_corrupted_head_checkpoint_is_a_typed_error(tmp_path):
             with pytest.raises(SessionCorrupt) as err:
                 run(op)
             assert err.value.checkpoint_id == head and "'fragile'" in str(err.value)
+    rollback(s.task_id, parent, store=f"sqlite://{db}")  # what the error's hint says to do
+    assert run(OvernightSession("fragile", store=f"sqlite://{db}").get_items()) == [msg("user", "a")]
 
 
 def test_unencodable_item_refused_and_foreign_task_refused(tmp_path):
