@@ -142,9 +142,14 @@ def _pop_all(session: OvernightSession, into: list, errors: list) -> None:
         errors.append(exc)
 
 
-@pytest.mark.parametrize("shared", [True, False], ids=["one-object", "object-per-thread"])
-def test_eight_threads_pop_each_item_exactly_once(tmp_path, shared):
-    url = f"sqlite://{tmp_path}/a.db"
+@pytest.mark.parametrize("shared, medium", [(True, "sqlite"), (False, "sqlite"), (False, "postgres")],
+                         ids=["one-object", "object-per-thread", "postgres"])
+def test_eight_threads_pop_each_item_exactly_once(request, tmp_path, shared, medium):
+    if medium == "postgres":
+        server, schema = request.getfixturevalue("pg_schema")
+        url = f"{server}?schema={schema}"
+    else:
+        url = f"sqlite://{tmp_path}/a.db"
     n = 96
     with OvernightSession("busy", store=url) as s:
         run(s.add_items([msg("user", f"item {i}") for i in range(n)]))
@@ -377,3 +382,14 @@ def test_docs_example_runs(tmp_path):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["You are Ada.", "4 items in agents.user-42"]
+
+
+def test_bench_compares_both_sessions_on_the_same_conversation(tmp_path):
+    from overnight.bench.agents_session import run_session_bench
+
+    result = run_session_bench(turns=30, message_bytes=50, directory=tmp_path)
+    assert set(result.ms) == {"OvernightSession", "SQLiteSession"}
+    assert all(v > 0 for ms in result.ms.values() for v in ms.values())
+    table = result.markdown()
+    assert "| pop_item |" in table and "| bytes on disk at the end |" in table
+    assert not list(tmp_path.iterdir())  # its files are removed
