@@ -341,6 +341,17 @@ def test_compaction_never_keeps_a_tool_output_without_its_call(tmp_path):
             items = run(s.get_items())
             calls = {x["call_id"] for x in items if x.get("type") == "function_call"}
             assert all(x["call_id"] in calls for x in items if x.get("type") == "function_call_output")
+        assert items[0]["content"].startswith("Summary of the earlier conversation")  # it did compact
+
+
+def test_compaction_keeps_a_newest_tool_output_with_its_call(tmp_path):
+    with OvernightSession("big-tool", store=f"sqlite://{tmp_path}/a.db", max_context_tokens=300) as s:
+        run(s.add_items([msg("user", f"Question {i} about the ledger, in a few words.") for i in range(6)]))
+        run(s.add_items([{"type": "function_call", "call_id": "c9", "name": "lookup", "arguments": "{}"},
+                         {"type": "function_call_output", "call_id": "c9", "output": "row " * 150}]))
+        items = run(s.get_items())
+        assert items[0]["content"].startswith("Summary of the earlier conversation")
+        assert [x.get("type") for x in items[-2:]] == ["function_call", "function_call_output"]
 
 
 def test_agents_runner_two_turns_with_an_offline_model(tmp_path):

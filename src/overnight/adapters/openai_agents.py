@@ -111,6 +111,11 @@ def item_text(item: Any) -> str:
     return dumps_sorted(to_tree(item, "item")).decode("ascii")
 
 
+def _tool_output(item: Any) -> bool:
+    """Is this item a tool's output (``function_call_output``, ``computer_call_output``, ...)?"""
+    return isinstance(item, dict) and str(item.get("type", "")).endswith("_call_output")
+
+
 class OvernightSession:
     """An Agents SDK ``Session`` backed by an overnight store (see the module docstring).
 
@@ -460,9 +465,15 @@ class OvernightSession:
             while cut > 1 and kept + tokens[cut - 1] <= keep:
                 cut -= 1
                 kept += tokens[cut]
-            cut = max(cut, 1) if cut < len(items) else len(items) - 1  # keep the newest item at least
-            while cut < len(items) - 1 and isinstance(values[cut], dict) and values[cut].get("type") == "function_call_output":
-                cut += 1
+            cut = min(cut, len(items) - 1)  # keep the newest item at least
+            while cut < len(items) - 1 and _tool_output(values[cut]):
+                cut += 1  # an output whose call is summarised goes into the summary too
+            if _tool_output(values[cut]):  # the newest item is a tool output: keep its call with it
+                call_id = values[cut].get("call_id")
+                cut = next((i for i in range(cut - 1, 0, -1)
+                            if isinstance(values[i], dict) and values[i].get("call_id") == call_id), 0)
+                if cut == 0:
+                    return None, None
             transcript = "\n\n".join(f"{v.get('role') or v.get('type', 'item')}: {item_text(v)}"
                                      if isinstance(v, dict) else item_text(v) for v in values[:cut])
             assert loaded is not None
