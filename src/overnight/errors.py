@@ -130,6 +130,15 @@ class NoValidCheckpoint(IntegrityError):
     """No checkpoint on the branch passed verification; there is nothing safe to resume from."""
 
 
+class SessionCorrupt(IntegrityError):
+    """A stored agent session (``overnight.adapters``) failed verification: its history is not
+    returned, in part or whole. ``session_id`` names the session; the cause is chained."""
+
+    def __init__(self, message: str, *, session_id: str, **kw) -> None:
+        super().__init__(message, **kw)
+        self.session_id = session_id
+
+
 # --- concurrency -------------------------------------------------------------------------------
 
 

@@ -189,16 +189,8 @@ def summarize(runner: "Runner", exchanges: list[list[dict[str, str]]], key: str)
     if previous:
         transcript = f"(summary of earlier sessions)\n{previous}\n\n{transcript}"
     gateway = ModelGateway(runner, "(compaction)", key, with_summary=False)  # the summary is in the transcript
-    reply = summary_tokens(runner.budget.max_tokens)
-    frame = count_messages([*gateway._base(), {"role": "system", "content": SUMMARY_SYSTEM},
-                            {"role": "user", "content": ""}], runner.tokenizer)
-    budget = runner.budget.max_tokens - reply - frame - 16
-    if budget < 64:
-        raise ContextOverflow(f"a {runner.budget.max_tokens}-token context window leaves no room to summarise "
-                              "(the goal and the todo list alone fill it)", task_id=runner.task.id,
-                              hint="raise max_context_tokens")
-    transcript = newest_tokens(runner.tokenizer, transcript, budget)
-    messages = [{"role": "system", "content": SUMMARY_SYSTEM}, {"role": "user", "content": transcript}]
+    messages, reply = summary_request(runner.tokenizer, runner.budget.max_tokens, transcript, gateway._base(),
+                                      task_id=runner.task.id)
     last: Exception | None = None
     for attempt in range(3):
         try:
@@ -208,6 +200,36 @@ def summarize(runner: "Runner", exchanges: list[list[dict[str, str]]], key: str)
             time.sleep(0.2 * 2 ** attempt)
     raise ModelCallFailed(f"compaction failed after 3 attempts: {last}", model=runner.model.name,
                           hint="the previous checkpoint is still the head; resume to retry the compaction") from last
+
+
+def summary_request(tokenizer: Tokenizer, window: int, transcript: str, frame: Sequence[Message] = (), *,
+                    task_id: str | None = None) -> tuple[list[dict[str, str]], int]:
+    """The compaction request for ``transcript`` in a ``window``-token context window.
+
+    Args:
+        tokenizer: counts the tokens.
+        window: the context window (tokens).
+        transcript: what to summarise; only its newest part that fits is sent.
+        frame: messages sent before the request (the control point), counted against the window.
+        task_id: named in the error.
+
+    Returns:
+        ``(messages, max_tokens)``: the summary instruction and the transcript, and the longest
+        reply allowed (:func:`summary_tokens` of the window, in tokens).
+
+    Raises:
+        ContextOverflow: the frame leaves fewer than 64 tokens for the transcript.
+    """
+    reply = summary_tokens(window)
+    fixed = count_messages([*frame, {"role": "system", "content": SUMMARY_SYSTEM},
+                            {"role": "user", "content": ""}], tokenizer)
+    budget = window - reply - fixed - 16
+    if budget < 64:
+        raise ContextOverflow(f"a {window}-token context window leaves no room to summarise "
+                              "(the goal and the todo list alone fill it)", task_id=task_id,
+                              hint="raise max_context_tokens")
+    return [{"role": "system", "content": SUMMARY_SYSTEM},
+            {"role": "user", "content": newest_tokens(tokenizer, transcript, budget)}], reply
 
 
 def newest_tokens(tokenizer: Tokenizer, text: str, limit: int) -> str:

@@ -168,6 +168,13 @@ class BlobReader:
         obj = self._fetch([blob_digest], context)[blob_digest]
         return self._assemble(obj, context, _depth)
 
+    def get_many(self, blob_digests: Iterable[str], context: str = "a read") -> dict[str, bytes]:
+        """The verified bytes of several blobs by digest, their objects fetched in one store call
+        (raises as :meth:`get` does, for the first blob that fails)."""
+        wanted = list(dict.fromkeys(blob_digests))
+        objects = self._fetch(wanted, context) if wanted else {}
+        return {d: self._assemble(objects[d], context) for d in wanted}
+
     def _tree_index(self, obj: ObjectRecord, context: str, depth: int) -> tuple[list[str], int]:
         """``(chunk digests, size)`` of a ``tree`` object, its chunk index read and verified."""
         if depth > MAX_TREE_DEPTH:

@@ -1,0 +1,32 @@
+"""``overnight bench agents-session``: the Agents SDK session adapter against the SDK's SQLiteSession."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from overnight.cli import render
+
+
+def register(bench_app: typer.Typer) -> None:
+    """Add the ``agents-session`` command to ``overnight bench``."""
+
+    @bench_app.command("agents-session")
+    def bench_agents_session(
+        turns: int = typer.Option(200, "--turns", min=30, help="Conversation turns (two items each)."),
+        message_bytes: int = typer.Option(400, "--message-bytes", min=10, help="Bytes of text per message."),
+        directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure (default: "
+                                                 "a temporary directory under the current one)."),
+    ) -> None:
+        """OvernightSession vs the Agents SDK's SQLiteSession: latency per operation, bytes on disk."""
+        try:
+            from overnight.bench.agents_session import run_session_bench
+
+            result = run_session_bench(turns=turns, message_bytes=message_bytes, directory=directory)
+        except ImportError as exc:
+            render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the agents extra: "
+                             + render.esc("pip install 'overnight[agents]'"))
+            raise typer.Exit(2)  # EXIT_USAGE of overnight.cli.app
+        render.out.print(result.markdown())
