@@ -29,23 +29,24 @@ The ratio is LangGraph's bytes over overnight's (issue 6's target: at least 20x)
 from __future__ import annotations
 
 import random
-import sqlite3
 import statistics
 import tempfile
 import time
-import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from overnight.bench.commit import message_text
+from overnight.bench.commit import DEFAULT_POSTGRES, langgraph_saver, message_text, overnight_store_url
 from overnight.orchestrate.runner import RunEvent, Runner
 from overnight.orchestrate.task import Task
-from overnight.store import open_store
+from overnight.store import location, open_store
 from overnight.store.base import Store
 
 #: systems this bench can measure besides LangGraph's SqliteSaver (always measured)
 MEDIA = ("sqlite", "file", "postgres")
+#: the task id the workload runs under
+TASK_ID = "bench-storage"
 
 
 @dataclass
@@ -166,13 +167,9 @@ def growth_task(task_id: str, steps: int, *, start_kb: float, append_kb: float, 
     return task
 
 
-def _dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
 def run_storage_bench(steps: int = 500, *, start_kb: float = 500.0, append_kb: float = 1.0,
                       message_kb: float = 2.0, media: tuple[str, ...] = ("sqlite",),
-                      postgres_url: str = "postgresql://postgres@127.0.0.1:5432/test",
+                      postgres_url: str = DEFAULT_POSTGRES,
                       directory: Path | None = None) -> StorageBench:
     """Run the workload on each overnight medium in ``media`` and, in the SQLite run, LangGraph's
     ``SqliteSaver`` beside it; see the module docstring.
@@ -196,7 +193,6 @@ def run_storage_bench(steps: int = 500, *, start_kb: float = 500.0, append_kb: f
     if unknown:
         raise ValueError(f"unknown medium {unknown[0]!r}; choose from {', '.join(MEDIA)}")
     from langgraph.checkpoint.base import empty_checkpoint
-    from langgraph.checkpoint.sqlite import SqliteSaver
 
     base = Path(directory) if directory is not None else Path.cwd()
     base.mkdir(parents=True, exist_ok=True)
@@ -208,37 +204,30 @@ def run_storage_bench(steps: int = 500, *, start_kb: float = 500.0, append_kb: f
         totals = {"artifact": 0, "messages": 0, "logical": 0}
         for medium in ordered:
             ours = StorageSeries(f"overnight {medium}")
-            schema = f"overnight_bench_{uuid.uuid4().hex[:10]}"
-            if medium == "sqlite":
-                ours.where = str(tmpdir / "overnight.db")
-                store: Store = open_store(f"sqlite://{ours.where}")
-            elif medium == "file":
-                ours.where = str(tmpdir / "file-store")
-                store = open_store(f"file://{ours.where}")
-            else:
-                ours.where = f"{postgres_url} schema {schema}"
-                store = open_store(f"{postgres_url}?schema={schema}")
-            saver = conn = None
-            config: dict[str, Any] = {"configurable": {"thread_id": "bench", "checkpoint_ns": ""}}
-            if medium == "sqlite":  # LangGraph beside the SQLite run: same disk, same moments
-                conn = sqlite3.connect(lg.where, check_same_thread=False)
-                saver = SqliteSaver(conn)
-                saver.setup()
-            pending: dict[str, Any] = {}
+            with ExitStack() as stack:
+                url = overnight_store_url(ours.name, tmpdir, postgres_url, stack)
+                ours.where = location(url) if medium != "postgres" else url
+                store: Store = open_store(url)
+                stack.callback(store.close)
+                saver = lg_bytes = None
+                if medium == "sqlite":  # LangGraph beside the SQLite run: same disk, same moments
+                    saver, lg_bytes = langgraph_saver(lg.name, stack, tmpdir, postgres_url)
+                config: dict[str, Any] = {"configurable": {"thread_id": "bench", "checkpoint_ns": ""}}
+                pending: dict[str, Any] = {}
 
-            def on_state(text: str, messages: list[dict[str, str]]) -> None:
-                pending.update(text=text, messages=messages, t=time.perf_counter())
+                def on_state(text: str, messages: list[dict[str, str]]) -> None:
+                    pending.update(text=text, messages=messages, t=time.perf_counter())
 
-            def on_event(ev: RunEvent) -> None:
-                nonlocal config
-                if ev.kind != "step_end":
-                    return
-                ours.commit_ms.append((time.perf_counter() - pending["t"]) * 1000)
-                if medium == "sqlite":
+                def on_event(ev: RunEvent) -> None:
+                    nonlocal config
+                    if ev.kind != "step_end":
+                        return
+                    ours.commit_ms.append((time.perf_counter() - pending["t"]) * 1000)
+                    if saver is None:
+                        return
                     totals["artifact"] = len(pending["text"].encode())
                     totals["messages"] = sum(len(m["content"].encode()) for m in pending["messages"])
                     totals["logical"] += totals["artifact"] + totals["messages"]
-                if saver is not None:
                     n = len(ours.commit_ms)
                     cp = empty_checkpoint()
                     cp["channel_values"] = {"artifact": pending["text"], "messages": pending["messages"]}
@@ -247,28 +236,14 @@ def run_storage_bench(steps: int = 500, *, start_kb: float = 500.0, append_kb: f
                     config = saver.put(config, cp, {"source": "loop", "step": n}, {"artifact": n, "messages": n})
                     lg.commit_ms.append((time.perf_counter() - t0) * 1000)
 
-            task = growth_task("bench-storage", steps, start_kb=start_kb, append_kb=append_kb,
-                               message_kb=message_kb, on_state=on_state)
-            try:
+                task = growth_task(TASK_ID, steps, start_kb=start_kb, append_kb=append_kb,
+                                   message_kb=message_kb, on_state=on_state)
                 result = Runner(task, store, handle_signals=False, on_event=on_event).run()
                 if result.status != "complete" or len(ours.commit_ms) != steps:
                     raise RuntimeError(f"bench task ended {result.status} after {len(ours.commit_ms)} of {steps} steps")
-                ours.stored_bytes = _dir_bytes(Path(ours.where)) if medium == "file" else store.stored_bytes()
-            finally:
-                store.close()
-                if conn is not None:
-                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-                    conn.close()
-                if medium == "postgres":
-                    _drop_schema(postgres_url, schema)
+                ours.stored_bytes = store.stored_bytes()
+                if lg_bytes is not None:
+                    lg.stored_bytes = lg_bytes()
             series.append(ours)
-        lg.stored_bytes = sum(p.stat().st_size for p in tmpdir.glob("langgraph.db*"))
         series.append(lg)
         return StorageBench(steps, totals["artifact"], totals["messages"], totals["logical"], series)
-
-
-def _drop_schema(url: str, schema: str) -> None:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
