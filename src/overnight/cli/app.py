@@ -23,7 +23,7 @@ from typing import Optional
 import typer
 
 from overnight import api
-from overnight.cli import bench_storage, render
+from overnight.cli import bench_perf, bench_storage, render
 from overnight.errors import (
     ConcurrencyError,
     ConfigError,
@@ -696,6 +696,7 @@ bench_app = typer.Typer(help="Benchmarks that print a table (ratios against a na
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 bench_storage.register(bench_app)
+bench_perf.register(bench_app)
 
 
 @bench_app.command("commit")
