@@ -166,9 +166,9 @@ def langgraph_saver(system: str, stack: ExitStack, tmpdir: Path, postgres_url: s
         saver = SqliteSaver(conn)
         saver.setup()
 
-        def sqlite_bytes() -> int:
+        def sqlite_bytes() -> int:  # as SQLiteStore.stored_bytes: the file and its WAL (not the -shm index)
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-            return sum(p.stat().st_size for p in tmpdir.glob("langgraph.db*"))
+            return sum(p.stat().st_size for p in (path, tmpdir / "langgraph.db-wal") if p.exists())
 
         return saver, sqlite_bytes
     import psycopg

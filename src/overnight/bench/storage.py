@@ -29,6 +29,7 @@ The ratio is LangGraph's bytes over overnight's (issue 6's target: at least 20x)
 from __future__ import annotations
 
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -170,7 +171,7 @@ def growth_task(task_id: str, steps: int, *, start_kb: float, append_kb: float, 
 def run_storage_bench(steps: int = 500, *, start_kb: float = 500.0, append_kb: float = 1.0,
                       message_kb: float = 2.0, media: tuple[str, ...] = ("sqlite",),
                       postgres_url: str = DEFAULT_POSTGRES,
-                      directory: Path | None = None) -> StorageBench:
+                      directory: Path | None = None, keep: bool = False) -> StorageBench:
     """Run the workload on each overnight medium in ``media`` and, in the SQLite run, LangGraph's
     ``SqliteSaver`` beside it; see the module docstring.
 
@@ -180,7 +181,11 @@ def run_storage_bench(steps: int = 500, *, start_kb: float = 500.0, append_kb: f
             step (KB, 1024 bytes).
         media: overnight stores to measure, from :data:`MEDIA`; ``sqlite`` is always included.
         postgres_url: server for the ``postgres`` medium (a fresh schema is created and dropped).
-        directory: where the temporary stores go (default the current directory).
+        directory: where the stores go, in a new ``overnight-bench-storage-*`` directory (default
+            under the current directory).
+        keep: leave that directory (the SQLite files, the file store) in place instead of deleting
+            it, to inspect it (``overnight verify --store sqlite://PATH``); PostgreSQL schemas are
+            always dropped.
 
     Raises:
         ValueError: ``steps`` < 2 or an unknown medium.
@@ -197,8 +202,10 @@ def run_storage_bench(steps: int = 500, *, start_kb: float = 500.0, append_kb: f
     base = Path(directory) if directory is not None else Path.cwd()
     base.mkdir(parents=True, exist_ok=True)
     ordered = ["sqlite"] + [m for m in MEDIA if m in media and m != "sqlite"]
-    with tempfile.TemporaryDirectory(prefix="overnight-bench-storage-", dir=base) as tmp:
-        tmpdir = Path(tmp)
+    with ExitStack() as outer:
+        tmpdir = Path(tempfile.mkdtemp(prefix="overnight-bench-storage-", dir=base))
+        if not keep:
+            outer.callback(shutil.rmtree, tmpdir, ignore_errors=True)
         series: list[StorageSeries] = []
         lg = StorageSeries("LangGraph SqliteSaver", where=str(tmpdir / "langgraph.db"))
         totals = {"artifact": 0, "messages": 0, "logical": 0}

@@ -26,6 +26,8 @@ def register(bench_app: typer.Typer) -> None:
                                      help="Server for the postgres medium (a fresh schema, dropped afterwards)."),
         directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure (default: a "
                                                  "temporary directory under the current one)."),
+        keep: bool = typer.Option(False, "--keep", help="Keep the stores (SQLite files, file store) to inspect "
+                                  "them; their paths are in --json's \"where\"."),
         as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
     ) -> None:
         """Storage growth: a task whose artifact grows by appends (500 KB + 1 KB per step) and whose
@@ -39,7 +41,7 @@ def register(bench_app: typer.Typer) -> None:
         try:
             result = run_storage_bench(steps, start_kb=start_kb, append_kb=append_kb, message_kb=message_kb,
                                        media=tuple(m.strip() for m in media.split(",") if m.strip()),
-                                       postgres_url=postgres, directory=directory)
+                                       postgres_url=postgres, directory=directory, keep=keep)
         except ImportError as exc:
             render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the bench extra: "
                              + render.esc("pip install 'overnight[bench]'"))
