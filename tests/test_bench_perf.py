@@ -105,3 +105,13 @@ def test_perf_report_measures_every_system_and_writes_its_files(tmp_path, postgr
         assert f"| {name} |" in md
     assert _bench_schemas(postgres_url) == before  # every schema the bench made was dropped
     assert list((tmp_path / "disk").iterdir()) == []  # and every temporary file removed
+
+
+def test_perf_cli_with_an_unreachable_server_fails_clearly_and_writes_nothing(tmp_path):
+    out = tmp_path / "results"
+    done = subprocess.run([sys.executable, "-m", "overnight", "bench", "perf", "--quick", "--out", str(out),
+                           "--postgres", "postgresql://postgres@127.0.0.1:1/test"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "cannot connect to PostgreSQL at 127.0.0.1:1/test" in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from overnight.codec.canonical import dumps, to_tree
-from overnight.store import open_store
+from overnight.errors import ConfigError
+from overnight.store import Store, open_store
 from overnight.verify.chain import ChainWriter
 from overnight.verify.records import FORMAT_VERSION, event
 
@@ -150,7 +151,7 @@ def langgraph_saver(system: str, stack: ExitStack, tmpdir: Path, postgres_url: s
 
     Raises:
         ImportError: the langgraph checkpointer package is not installed (the ``bench`` extra).
-        psycopg.OperationalError: the PostgreSQL server is unreachable.
+        ConfigError: the PostgreSQL server is unreachable.
     """
     if system == "LangGraph SqliteSaver":
         from langgraph.checkpoint.sqlite import SqliteSaver
@@ -176,8 +177,12 @@ def langgraph_saver(system: str, stack: ExitStack, tmpdir: Path, postgres_url: s
     from psycopg.rows import dict_row
 
     schema = f"lg_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        with psycopg.connect(postgres_url, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(f'CREATE SCHEMA "{schema}"')
+    except psycopg.OperationalError as exc:
+        raise ConfigError(f"{system}: cannot connect to PostgreSQL at {postgres_url}: {str(exc).strip()}",
+                          hint="start the server or pass another --postgres URL") from exc
     stack.callback(drop_pg_schema, postgres_url, schema)
     pg = psycopg.connect(postgres_url, autocommit=True, prepare_threshold=0, row_factory=dict_row,
                          options=f"-c search_path={schema}")
@@ -194,25 +199,31 @@ def langgraph_saver(system: str, stack: ExitStack, tmpdir: Path, postgres_url: s
     return saver, pg_bytes
 
 
-def overnight_store_url(system: str, tmpdir: Path, postgres_url: str, stack: ExitStack) -> str:
-    """The store URL of an ``overnight <medium>`` system: a file in ``tmpdir``, a directory in it,
-    or a fresh schema on ``postgres_url`` (dropped when ``stack`` closes)."""
+def open_overnight(system: str, tmpdir: Path, postgres_url: str, stack: ExitStack) -> Store:
+    """Open the store of an ``overnight <medium>`` system -- a file in ``tmpdir``, a directory in it,
+    or a fresh schema on ``postgres_url`` -- closed (and the schema dropped) when ``stack`` closes.
+
+    Raises:
+        ConfigError: the PostgreSQL server is unreachable or refuses the login.
+    """
     medium = system.split()[-1]
     if medium == "sqlite":
-        return f"sqlite://{tmpdir / 'overnight.db'}"
-    if medium == "file":
-        return f"file://{tmpdir / 'overnight-files'}"
-    schema = f"overnight_bench_{uuid.uuid4().hex[:10]}"
-    stack.callback(drop_pg_schema, postgres_url, schema)
-    return f"{postgres_url}?schema={schema}"
+        store = open_store(f"sqlite://{tmpdir / 'overnight.db'}")
+    elif medium == "file":
+        store = open_store(f"file://{tmpdir / 'overnight-files'}")
+    else:
+        schema = f"overnight_bench_{uuid.uuid4().hex[:10]}"
+        store = open_store(f"{postgres_url}?schema={schema}")
+        stack.callback(drop_pg_schema, postgres_url, schema)
+    stack.callback(store.close)
+    return store
 
 
 def _writer(system: str, stack: ExitStack, tmpdir: Path, postgres_url: str
             ) -> tuple[Callable[[dict[str, Any], int], None], Callable[[], int]]:
     """``(commit(payload, i), stored_bytes())`` for one system."""
     if system.startswith("overnight "):
-        store = open_store(overnight_store_url(system, tmpdir, postgres_url, stack))
-        stack.callback(store.close)
+        store = open_overnight(system, tmpdir, postgres_url, stack)
         chain = ChainWriter(store, "bench", "main", key=None, session_id=uuid.uuid4().hex, session_n=1)
 
         def commit(payload: dict[str, Any], i: int) -> None:
@@ -258,8 +269,7 @@ def run_commit_bench(n: int = 300, state_kb: float = 10.0, directory: Path | Non
     Raises:
         ValueError: an unknown system name.
         ImportError: a langgraph checkpointer is not installed (``pip install 'overnight[bench]'``).
-        ConfigError / psycopg.OperationalError: a PostgreSQL system was asked for and the server
-            is unreachable.
+        ConfigError: a PostgreSQL system was asked for and the server is unreachable.
     """
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:

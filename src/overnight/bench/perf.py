@@ -110,7 +110,7 @@ def run_perf(settings: PerfSettings = DEFAULT, *, postgres_url: str = DEFAULT_PO
 
     Raises:
         ImportError: matplotlib or a langgraph checkpointer is missing (``pip install 'overnight[bench]'``).
-        ConfigError / psycopg.OperationalError: the PostgreSQL server is unreachable.
+        ConfigError: the PostgreSQL server is unreachable.
     """
     base = Path(directory) if directory is not None else Path.cwd()
     base.mkdir(parents=True, exist_ok=True)

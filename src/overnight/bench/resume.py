@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from overnight.bench.commit import DEFAULT_POSTGRES, langgraph_saver, message_text, overnight_store_url
+from overnight.bench.commit import DEFAULT_POSTGRES, langgraph_saver, message_text, open_overnight
 from overnight.orchestrate.runner import RunEvent, Runner
 from overnight.orchestrate.task import Task
-from overnight.store import open_store
 from overnight.verify.chain import load_head
 
 #: every system :func:`run_resume_bench` can measure, in table order
@@ -123,8 +122,7 @@ def _overnight(system: str, stack: ExitStack, tmpdir: Path, postgres_url: str, s
                ) -> tuple[Callable[[int], int], list[tuple[str, Callable[[], float]]]]:
     """``(grow_to(length) -> checkpoints on the branch, [(probe name, probe() -> ms)])`` for an
     overnight store: the head's load and verification alone, and a whole resume session."""
-    store = open_store(overnight_store_url(system, tmpdir, postgres_url, stack))
-    stack.callback(store.close)
+    store = open_overnight(system, tmpdir, postgres_url, stack)
     task = chain_task(state_kb, capacity)
 
     def head_seq() -> int:

@@ -38,11 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from overnight.bench.commit import DEFAULT_POSTGRES, langgraph_saver, message_text, overnight_store_url
+from overnight.bench.commit import DEFAULT_POSTGRES, langgraph_saver, message_text, open_overnight
 from overnight.orchestrate.runner import RunEvent, Runner
 from overnight.orchestrate.task import Task
-from overnight.store import location, open_store
-from overnight.store.base import Store
+from overnight.store import location
 
 #: systems this bench can measure besides LangGraph's SqliteSaver (always measured)
 MEDIA = ("sqlite", "file", "postgres")
@@ -212,10 +211,8 @@ def run_storage_bench(steps: int = 500, *, start_kb: float = 500.0, append_kb: f
         for medium in ordered:
             ours = StorageSeries(f"overnight {medium}")
             with ExitStack() as stack:
-                url = overnight_store_url(ours.name, tmpdir, postgres_url, stack)
-                ours.where = location(url) if medium != "postgres" else url
-                store: Store = open_store(url)
-                stack.callback(store.close)
+                store = open_overnight(ours.name, tmpdir, postgres_url, stack)
+                ours.where = location(store.url) if medium != "postgres" else store.url
                 saver = lg_bytes = None
                 if medium == "sqlite":  # LangGraph beside the SQLite run: same disk, same moments
                     saver, lg_bytes = langgraph_saver(lg.name, stack, tmpdir, postgres_url)
