@@ -99,13 +99,14 @@ def machine() -> dict[str, Any]:
             "loadavg": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
 
 
-def run_perf(settings: PerfSettings = DEFAULT, *, postgres_url: str = DEFAULT_POSTGRES,
+def run_perf(settings: PerfSettings = DEFAULT, *, postgres_url: str | None = DEFAULT_POSTGRES,
              directory: Path | None = None) -> PerfReport:
     """Run the three benchmarks (see the module docstring) on every system.
 
     Args:
         settings: sizes (:data:`DEFAULT`, :data:`QUICK`, or your own).
-        postgres_url: the PostgreSQL server (fresh schemas, dropped afterwards).
+        postgres_url: the PostgreSQL server (fresh schemas, dropped afterwards); None leaves out
+            the PostgreSQL systems (overnight's and LangGraph's).
         directory: disk to measure; temporary files go under it (default the current directory).
 
     Raises:
@@ -116,11 +117,14 @@ def run_perf(settings: PerfSettings = DEFAULT, *, postgres_url: str = DEFAULT_PO
     base.mkdir(parents=True, exist_ok=True)
     info = machine()
     t0 = time.perf_counter()
-    commit = run_commit_bench(settings.commits, settings.state_kb, base, systems=COMMIT_SYSTEMS,
-                              postgres_url=postgres_url)
+    def served(systems: tuple[str, ...]) -> tuple[str, ...]:
+        return systems if postgres_url is not None else tuple(s for s in systems if "ostgres" not in s)
+
+    commit = run_commit_bench(settings.commits, settings.state_kb, base, systems=served(COMMIT_SYSTEMS),
+                              postgres_url=postgres_url or DEFAULT_POSTGRES)
     with tempfile.TemporaryDirectory(prefix="overnight-bench-resume-", dir=base) as tmp:
-        resume = run_resume_bench(settings.lengths, reps=settings.reps, systems=RESUME_SYSTEMS,
-                                  directory=Path(tmp), postgres_url=postgres_url)
+        resume = run_resume_bench(settings.lengths, reps=settings.reps, systems=served(RESUME_SYSTEMS),
+                                  directory=Path(tmp), postgres_url=postgres_url or DEFAULT_POSTGRES)
     verify = run_verify_bench(settings.verify_checkpoints, settings.verify_mb, base)
     return PerfReport(settings, info, commit, resume, verify, time.perf_counter() - t0)
 

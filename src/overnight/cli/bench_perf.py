@@ -21,6 +21,8 @@ def register(bench_app: typer.Typer) -> None:
         postgres: str = typer.Option(DEFAULT_POSTGRES, "--postgres",
                                      help="PostgreSQL server for the postgres systems (fresh schemas, dropped "
                                      "afterwards)."),
+        no_postgres: bool = typer.Option(False, "--no-postgres", help="Leave out the PostgreSQL systems (no "
+                                         "server needed)."),
         as_json: bool = typer.Option(False, "--json", help="Print perf.json's content instead of the tables."),
     ) -> None:
         """Commit latency of overnight (SQLite, file, PostgreSQL) against LangGraph's SqliteSaver and
@@ -32,7 +34,7 @@ def register(bench_app: typer.Typer) -> None:
         from overnight.errors import OvernightError
 
         try:
-            report = run_perf(QUICK if quick else DEFAULT, postgres_url=postgres)
+            report = run_perf(QUICK if quick else DEFAULT, postgres_url=None if no_postgres else postgres)
             paths = write_report(report, out)
         except ImportError as exc:
             render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the bench extra: "
