@@ -23,7 +23,7 @@ from typing import Optional
 import typer
 
 from overnight import api
-from overnight.cli import bench_agents, render
+from overnight.cli import bench_agents, bench_perf, bench_storage, render
 from overnight.errors import (
     ConcurrencyError,
     ConfigError,
@@ -695,6 +695,8 @@ def demo(
 bench_app = typer.Typer(help="Benchmarks that print a table (ratios against a named baseline, same run).",
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+bench_storage.register(bench_app)
+bench_perf.register(bench_app)
 bench_agents.register(bench_app)
 
 

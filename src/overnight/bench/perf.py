@@ -1,0 +1,187 @@
+"""``overnight bench perf``: commit latency, resume latency and verify throughput, as one report.
+
+Runs three benchmarks in one process, each against baselines measured in the same run:
+
+1. commit latency (:mod:`overnight.bench.commit`) of overnight on SQLite, a ``file://`` directory
+   and PostgreSQL, against LangGraph's ``SqliteSaver`` and ``PostgresSaver`` and a bare
+   write+fsync of the same bytes (the floor);
+2. resume latency against chain length (:mod:`overnight.bench.resume`) -- overnight's verified
+   head load and its whole resume session on each store, against LangGraph's ``get_tuple``;
+3. ``verify --all`` throughput in MB/s (:mod:`overnight.bench.verify`) against ``hashlib.sha256``
+   in memory.
+
+:func:`write_report` puts into one directory ``perf.md`` (the Markdown tables), ``perf.json``
+(settings, machine, every raw sample) and two PNG plots drawn with matplotlib:
+``commit_latency.png`` (median and p99 per system and medium) and ``resume_latency.png``
+(milliseconds against chain length, log-log).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from overnight.bench.commit import DEFAULT_POSTGRES, CommitBench, run_commit_bench
+from overnight.bench.commit import SYSTEMS as COMMIT_SYSTEMS
+from overnight.bench.resume import SYSTEMS as RESUME_SYSTEMS
+from overnight.bench.resume import ResumeBench, run_resume_bench
+from overnight.bench.verify import VerifyBench, run_verify_bench
+
+#: files :func:`write_report` writes into its directory
+FILES = ("perf.md", "perf.json", "commit_latency.png", "resume_latency.png")
+
+
+@dataclass(frozen=True)
+class PerfSettings:
+    """Sizes of one run.
+
+    Attributes:
+        commits: commits per system in the commit benchmark.
+        state_kb: state size per commit (KB).
+        lengths: chain lengths (checkpoints) at which resume is timed, ascending.
+        reps: timed resumes per system and length.
+        verify_checkpoints, verify_mb: size of the store ``verify --all`` checks (checkpoints, MB
+            of distinct artifact content).
+    """
+
+    commits: int = 200
+    state_kb: float = 10.0
+    lengths: tuple[int, ...] = (10, 100, 1000)
+    reps: int = 5
+    verify_checkpoints: int = 300
+    verify_mb: float = 30.0
+
+
+#: the default run (a few minutes on a 2-core machine) and ``--quick`` (under a minute)
+DEFAULT = PerfSettings()
+QUICK = PerfSettings(commits=30, lengths=(10, 100), reps=3, verify_checkpoints=50, verify_mb=5.0)
+
+
+@dataclass
+class PerfReport:
+    """Result of :func:`run_perf`: the three benchmarks, the settings, the machine, the run time (s)."""
+
+    settings: PerfSettings
+    machine: dict[str, Any]
+    commit: CommitBench
+    resume: ResumeBench
+    verify: VerifyBench
+    elapsed_s: float
+
+    def markdown(self) -> str:
+        m = self.machine
+        return "\n\n".join([
+            "# overnight bench perf",
+            f"{m['date']} · {m['platform']} · {m['cpus']} CPUs · Python {m['python']} · load average "
+            f"{m['loadavg']} at start · {self.elapsed_s:.0f} s",
+            "## Commit latency\n\n" + self.commit.markdown(),
+            "## Resume latency against chain length\n\n" + self.resume.markdown(),
+            "## Verify throughput\n\n" + self.verify.markdown(),
+            "![commit latency](commit_latency.png)\n\n![resume latency](resume_latency.png)",
+        ]) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"settings": asdict(self.settings), "machine": self.machine, "elapsed_s": round(self.elapsed_s, 3),
+                "commit": self.commit.to_json(), "resume": self.resume.to_json(), "verify": self.verify.to_json()}
+
+
+def machine() -> dict[str, Any]:
+    """Where and when the run happened: UTC date, platform, CPU count, Python, 1-minute load."""
+    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "platform": platform.platform(),
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "loadavg": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+
+
+def run_perf(settings: PerfSettings = DEFAULT, *, postgres_url: str | None = DEFAULT_POSTGRES,
+             directory: Path | None = None) -> PerfReport:
+    """Run the three benchmarks (see the module docstring) on every system.
+
+    Args:
+        settings: sizes (:data:`DEFAULT`, :data:`QUICK`, or your own).
+        postgres_url: the PostgreSQL server (fresh schemas, dropped afterwards); None leaves out
+            the PostgreSQL systems (overnight's and LangGraph's).
+        directory: disk to measure; temporary files go under it (default the current directory).
+
+    Raises:
+        ImportError: matplotlib or a langgraph checkpointer is missing (``pip install 'overnight[bench]'``).
+        ConfigError: the PostgreSQL server is unreachable.
+    """
+    base = Path(directory) if directory is not None else Path.cwd()
+    base.mkdir(parents=True, exist_ok=True)
+    info = machine()
+    t0 = time.perf_counter()
+    def served(systems: tuple[str, ...]) -> tuple[str, ...]:
+        return systems if postgres_url is not None else tuple(s for s in systems if "ostgres" not in s)
+
+    commit = run_commit_bench(settings.commits, settings.state_kb, base, systems=served(COMMIT_SYSTEMS),
+                              postgres_url=postgres_url or DEFAULT_POSTGRES)
+    with tempfile.TemporaryDirectory(prefix="overnight-bench-resume-", dir=base) as tmp:
+        resume = run_resume_bench(settings.lengths, reps=settings.reps, systems=served(RESUME_SYSTEMS),
+                                  directory=Path(tmp), postgres_url=postgres_url or DEFAULT_POSTGRES)
+    verify = run_verify_bench(settings.verify_checkpoints, settings.verify_mb, base)
+    return PerfReport(settings, info, commit, resume, verify, time.perf_counter() - t0)
+
+
+_COLOURS = {"overnight": "#1f77b4", "LangGraph": "#ff7f0e", "floor": "#7f7f7f"}
+
+
+def _colour(name: str) -> str:
+    return next((c for prefix, c in _COLOURS.items() if name.startswith(prefix)), "#2ca02c")
+
+
+def write_report(report: PerfReport, out: Path) -> list[Path]:
+    """Write :data:`FILES` into ``out`` (created if missing). Returns their paths.
+
+    Raises:
+        ImportError: matplotlib is not installed (the ``bench`` extra).
+        OSError: ``out`` cannot be written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / name for name in FILES]
+    paths[0].write_text(report.markdown(), encoding="utf-8")
+    paths[1].write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+
+    series = report.commit.series
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(series) + 1.5))
+    names = [s.name for s in series]
+    medians = [s.median for s in series]
+    p99 = [s.pct(99) - s.median for s in series]
+    ax.barh(names, medians, xerr=[[0] * len(series), p99], color=[_colour(n) for n in names], capsize=3)
+    ax.invert_yaxis()
+    ax.set_xlabel("commit latency, ms (bar: median, whisker: p99)")
+    ax.set_title(f"Commit latency, {report.commit.n} commits of ~{report.commit.state_bytes / 1024:.0f} KB each")
+    fig.tight_layout()
+    fig.savefig(paths[2], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    lengths = report.resume.lengths
+    systems = list(dict.fromkeys(s.system for s in report.resume.series))
+    for s in report.resume.series:  # a colour per system; dashed: overnight's whole resume session
+        ax.plot(lengths, [s.median(n) for n in lengths], marker="o", label=s.name,
+                color=plt.get_cmap("tab10")(systems.index(s.system)),
+                linestyle="--" if s.name.endswith("resume session") else "-")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("checkpoints on the branch")
+    ax.set_ylabel("resume latency, ms (median)")
+    ax.set_title("Resume latency against chain length")
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(paths[3], dpi=110)
+    plt.close(fig)
+    return paths
+

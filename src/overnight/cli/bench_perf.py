@@ -1,0 +1,49 @@
+"""``overnight bench perf``: commit latency, resume latency and verify throughput, with plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from overnight.bench.commit import DEFAULT_POSTGRES
+from overnight.cli import render
+
+
+def register(bench_app: typer.Typer) -> None:
+    """Add the ``perf`` command to ``overnight bench``."""
+
+    @bench_app.command("perf")
+    def bench_perf(
+        out: Path = typer.Option(Path("bench-results"), "--out", help="Directory for perf.md, perf.json and "
+                                 "the PNG plots (created if missing)."),
+        quick: bool = typer.Option(False, "--quick", help="Smaller sizes: under a minute instead of a few."),
+        postgres: str = typer.Option(DEFAULT_POSTGRES, "--postgres",
+                                     help="PostgreSQL server for the postgres systems (fresh schemas, dropped "
+                                     "afterwards)."),
+        no_postgres: bool = typer.Option(False, "--no-postgres", help="Leave out the PostgreSQL systems (no "
+                                         "server needed)."),
+        as_json: bool = typer.Option(False, "--json", help="Print perf.json's content instead of the tables."),
+    ) -> None:
+        """Commit latency of overnight (SQLite, file, PostgreSQL) against LangGraph's SqliteSaver and
+        PostgresSaver and a write+fsync floor; resume latency against chain length (10 / 100 / 1000
+        checkpoints) against LangGraph's get_tuple; verify --all throughput (MB/s) against sha256 in
+        memory. Writes perf.md, perf.json, commit_latency.png and resume_latency.png into --out."""
+        from overnight.bench.perf import DEFAULT, QUICK, run_perf, write_report
+        from overnight.cli.app import EXIT_USAGE, _fail
+        from overnight.errors import OvernightError
+
+        try:
+            report = run_perf(QUICK if quick else DEFAULT, postgres_url=None if no_postgres else postgres)
+            paths = write_report(report, out)
+        except ImportError as exc:
+            render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the bench extra: "
+                             + render.esc("pip install 'overnight[bench]'"))
+            raise typer.Exit(EXIT_USAGE)
+        except OvernightError as exc:
+            _fail(exc)
+        if as_json:
+            render.print_json(report.to_json())
+        else:
+            render.out.print(report.markdown(), markup=False)
+        render.err.print("wrote " + ", ".join(str(p) for p in paths))

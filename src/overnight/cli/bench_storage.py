@@ -1,0 +1,57 @@
+"""``overnight bench storage``: stored bytes of a 500-step growing task vs LangGraph's SqliteSaver."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from overnight.bench.commit import DEFAULT_POSTGRES
+from overnight.cli import render
+
+
+def register(bench_app: typer.Typer) -> None:
+    """Add the ``storage`` command to ``overnight bench``."""
+
+    @bench_app.command("storage")
+    def bench_storage(
+        steps: int = typer.Option(500, "--steps", min=2, help="Steps of the task (one checkpoint each)."),
+        start_kb: float = typer.Option(500.0, "--start-kb", min=0.0, help="Artifact size before the first append (KB)."),
+        append_kb: float = typer.Option(1.0, "--append-kb", min=0.01, help="Appended to the artifact per step (KB)."),
+        message_kb: float = typer.Option(2.0, "--message-kb", min=0.01, help="Message text added per step (KB)."),
+        media: str = typer.Option("sqlite", "--media", help="Overnight stores to measure, comma-separated: sqlite, "
+                                  "file, postgres (LangGraph's SqliteSaver runs beside sqlite)."),
+        postgres: str = typer.Option(DEFAULT_POSTGRES, "--postgres",
+                                     help="Server for the postgres medium (a fresh schema, dropped afterwards)."),
+        directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure (default: a "
+                                                 "temporary directory under the current one)."),
+        keep: bool = typer.Option(False, "--keep", help="Keep the stores (SQLite files, file store) to inspect "
+                                  "them; their paths are in --json's \"where\"."),
+        as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
+    ) -> None:
+        """Storage growth: a task whose artifact grows by appends (500 KB + 1 KB per step) and whose
+        message list grows 2 KB per step, run by overnight's runner; bytes stored (database file after
+        a WAL checkpoint) against LangGraph's SqliteSaver storing the same state each step, in the same
+        run; commit time per step."""
+        from overnight.bench.storage import run_storage_bench
+        from overnight.cli.app import EXIT_USAGE, _fail
+        from overnight.errors import OvernightError
+
+        try:
+            result = run_storage_bench(steps, start_kb=start_kb, append_kb=append_kb, message_kb=message_kb,
+                                       media=tuple(m.strip() for m in media.split(",") if m.strip()),
+                                       postgres_url=postgres, directory=directory, keep=keep)
+        except ImportError as exc:
+            render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the bench extra: "
+                             + render.esc("pip install 'overnight[bench]'"))
+            raise typer.Exit(EXIT_USAGE)
+        except ValueError as exc:
+            render.err.print(f"[bold red]error:[/] {render.esc(exc)}")
+            raise typer.Exit(EXIT_USAGE)
+        except OvernightError as exc:
+            _fail(exc)
+        if as_json:
+            render.print_json(result.to_json())
+            return
+        render.out.print(result.markdown())

@@ -1,0 +1,117 @@
+"""``overnight bench storage`` and ``overnight bench perf`` at toy sizes: what their tables claim
+is what is on disk, every system named is measured, and the report files are written.
+
+No timing thresholds here: the numbers themselves are the benchmarks' output, not test results.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("langgraph.checkpoint.sqlite")
+
+from overnight.bench.commit import SYSTEMS as COMMIT_SYSTEMS  # noqa: E402
+from overnight.bench.perf import FILES, PerfSettings, run_perf, write_report  # noqa: E402
+from overnight.bench.resume import SYSTEMS as RESUME_SYSTEMS  # noqa: E402
+from overnight.bench.storage import TASK_ID, run_storage_bench  # noqa: E402
+from overnight.store import open_store  # noqa: E402
+from overnight.verify.chain import load_head  # noqa: E402
+from overnight.verify.fsck import verify_store  # noqa: E402
+
+
+def test_storage_bench_reports_the_measured_database_and_beats_sqlitesaver(tmp_path):
+    steps = 20
+    result = run_storage_bench(steps, start_kb=200, append_kb=1, message_kb=2, directory=tmp_path, keep=True)
+    ours, lg = result.series
+    assert (ours.name, lg.name) == ("overnight sqlite", "LangGraph SqliteSaver")
+
+    # the bytes reported are the files on disk (WAL folded in), not an estimate
+    def on_disk(db: Path) -> int:  # the database file and its WAL, after the bench closed them
+        return sum(p.stat().st_size for p in (db, Path(f"{db}-wal")) if p.exists())
+
+    db = Path(ours.where)
+    assert ours.stored_bytes == on_disk(db)
+    assert lg.stored_bytes == on_disk(Path(lg.where))
+
+    # that database holds the whole task, intact: the final artifact at its full size, every step
+    with open_store(f"sqlite://{db}") as store:
+        loaded, fallback = load_head(store, TASK_ID, key=None)
+        assert fallback is None
+        assert loaded.state_tree["artifacts"]["draft.md"]["size"] == result.artifact_bytes
+        assert len(loaded.state_tree["done"]) == steps
+        assert verify_store(store, all_objects=True).problems == []
+    assert result.artifact_bytes >= (200 + steps - 1) * 1024 - steps
+    # LangGraph stored the full state every step: at least the text itself, uncompressed
+    assert lg.stored_bytes >= result.logical_bytes
+    assert result.ratio(ours) >= 5
+    assert len(ours.commit_ms) == len(lg.commit_ms) == steps
+
+
+def test_storage_bench_measures_file_and_postgres_stores_too(tmp_path, postgres_url):
+    result = run_storage_bench(4, start_kb=16, media=("file", "postgres"), postgres_url=postgres_url,
+                               directory=tmp_path)
+    assert [s.name for s in result.series] == ["overnight sqlite", "overnight file", "overnight postgres",
+                                               "LangGraph SqliteSaver"]
+    assert all(s.stored_bytes > 16 * 1024 / 4 and len(s.commit_ms) == 4 for s in result.series)
+    assert list(tmp_path.iterdir()) == []  # nothing left behind without keep=True
+
+
+def test_storage_cli_prints_json_and_refuses_an_unknown_medium(tmp_path):
+    cmd = [sys.executable, "-m", "overnight", "bench", "storage", "--steps", "3", "--start-kb", "8",
+           "--dir", str(tmp_path)]
+    done = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert [s["name"] for s in data["systems"]] == ["overnight sqlite", "LangGraph SqliteSaver"]
+    assert data["steps"] == 3 and all(len(s["commit_ms"]) == 3 for s in data["systems"])
+    bad = subprocess.run(cmd + ["--media", "tape"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown medium 'tape'" in bad.stderr
+
+
+def _bench_schemas(url: str) -> set[str]:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'overnight_bench_%' "
+                                           "OR nspname LIKE 'lg_bench_%'")}
+
+
+def test_perf_report_measures_every_system_and_writes_its_files(tmp_path, postgres_url):
+    before = _bench_schemas(postgres_url)
+    settings = PerfSettings(commits=5, state_kb=2, lengths=(3, 8), reps=1, verify_checkpoints=5, verify_mb=0.2)
+    report = run_perf(settings, postgres_url=postgres_url, directory=tmp_path / "disk")
+    paths = write_report(report, tmp_path / "out")
+
+    assert [p.name for p in paths] == list(FILES)
+    assert all(p.stat().st_size > 0 for p in paths)
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths if p.suffix == ".png")
+
+    data = json.loads((tmp_path / "out" / "perf.json").read_text())
+    assert [s["name"] for s in data["commit"]["systems"]] == list(COMMIT_SYSTEMS)
+    assert all(len(s["samples_ms"]) == 5 for s in data["commit"]["systems"])
+    resumed = data["resume"]["systems"]
+    assert [s["system"] for s in resumed] == [n for n in RESUME_SYSTEMS for _ in range(2 if n.startswith("overnight") else 1)]
+    for s in resumed:  # each chain really had the requested number of checkpoints when timed
+        assert [(b["length"], b["checkpoints"]) for b in s["by_length"]] == [(3, 3), (8, 8)], s["name"]
+    assert data["verify"]["problems"] == 0 and data["verify"]["bytes_verified"] >= 0.2e6 * 4 / 5 - 5
+
+    md = (tmp_path / "out" / "perf.md").read_text()
+    for name in [*COMMIT_SYSTEMS, *(s["name"] for s in resumed)]:
+        assert f"| {name} |" in md
+    assert _bench_schemas(postgres_url) == before  # every schema the bench made was dropped
+    assert list((tmp_path / "disk").iterdir()) == []  # and every temporary file removed
+
+
+def test_perf_cli_with_an_unreachable_server_fails_clearly_and_writes_nothing(tmp_path):
+    out = tmp_path / "results"
+    done = subprocess.run([sys.executable, "-m", "overnight", "bench", "perf", "--quick", "--out", str(out),
+                           "--postgres", "postgresql://postgres@127.0.0.1:1/test"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "cannot connect to PostgreSQL at 127.0.0.1:1/test" in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
