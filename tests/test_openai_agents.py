@@ -386,7 +386,7 @@ def test_agents_runner_two_turns_with_an_offline_model(tmp_path):
 
 
 def test_docs_example_runs(tmp_path):
-    text = (ROOT / "docs" / "openai_agents.md").read_text()
+    text = (ROOT / "README.md").read_text().split("## Use with the OpenAI Agents SDK", 1)[1]
     code = re.findall(r"```python\n(.*?)```", text, re.S)[0]
     (tmp_path / "example.py").write_text(code)
     out = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, env=env(),
