@@ -1,0 +1,1 @@
+"""Adapters that put overnight under other agent frameworks."""
