@@ -138,19 +138,23 @@ CHILD = textwrap.dedent("""
     if sys.argv[1] == "start":
         app.invoke({{"items": []}}, cfg)
     else:
-        app.invoke(Command(resume="yes"), cfg)
+        app.invoke(Command(resume="yes"), cfg, durability={durability!r})
 """)
 
 
 def test_sigkill_between_supersteps_resumes_to_the_same_result(tmp_path):
-    """Process 1 runs to the interrupt; process 2 resumes, is SIGKILLed inside the superstep
-    after the approved step committed; process 3 (same code, fresh saver) finishes the run:
-    the final state equals an uninterrupted run's, and b ran once (its write was kept)."""
+    """Process 1 runs to the interrupt; process 2 resumes with the approval and is SIGKILLed in
+    the superstep after it; this process (same graph, fresh saver) finishes the run: the final
+    state equals an uninterrupted run's. ``durability="sync"``: each superstep's checkpoint is
+    committed before the next one starts (LangGraph's ``"async"`` default commits it while the
+    next superstep runs, so a kill may lose the newest superstep, as LangGraph documents)."""
+    durability = "sync"
     url = f"sqlite://{tmp_path / 'lg.db'}"
     marker = tmp_path / "in-c"
 
     def child(mode: str, die: bool) -> subprocess.Popen:
-        code = CHILD.format(tests=str(Path(__file__).parent), marker=str(marker), die=die, url=url)
+        code = CHILD.format(tests=str(Path(__file__).parent), marker=str(marker), die=die, url=url,
+                                durability=durability)
         return subprocess.Popen([sys.executable, "-c", code, mode], env=env(), cwd=tmp_path,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -164,7 +168,7 @@ def test_sigkill_between_supersteps_resumes_to_the_same_result(tmp_path):
     with OvernightSaver.from_url(url) as saver:
         app = _approval_graph().compile(checkpointer=saver)
         cfg = {"configurable": {"thread_id": "t"}}
-        assert app.get_state(cfg).next == ("c",)  # b's step survived the kill
+        assert app.get_state(cfg).next == ("c",)  # b's superstep survived the kill
         resumed = app.invoke(None, cfg)
         with OvernightSaver.from_url(f"sqlite://{tmp_path / 'ref.db'}") as ref:
             assert resumed == _run_to_end(ref, "t")
