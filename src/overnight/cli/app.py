@@ -23,7 +23,7 @@ from typing import Optional
 import typer
 
 from overnight import api
-from overnight.cli import render
+from overnight.cli import bench_langgraph, render
 from overnight.errors import (
     ConcurrencyError,
     ConfigError,
@@ -695,6 +695,7 @@ def demo(
 bench_app = typer.Typer(help="Benchmarks that print a table (ratios against a named baseline, same run).",
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+bench_langgraph.register(bench_app)
 
 
 @bench_app.command("commit")
