@@ -252,3 +252,14 @@ def test_docs_example_runs(tmp_path):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert "verified" in out.stdout and "turns: 3" in out.stdout, out.stdout
+
+
+def test_bench_langgraph_prints_both_savers(tmp_path):
+    """``overnight bench langgraph`` runs both savers on the same turns (it asserts they end with
+    the same transcript) and prints the table with the ratios."""
+    out = subprocess.run([sys.executable, "-m", "overnight", "bench", "langgraph", "--turns", "6", "--dir",
+                          str(tmp_path)], env=env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| overnight") or line.startswith("| LangGraph")]
+    assert len(rows) == 2 and "| 1.000x |" in rows[1], out.stdout
+    assert not any(tmp_path.iterdir())  # the temporary databases are removed
