@@ -523,8 +523,9 @@ class OvernightSaver(BaseCheckpointSaver[int]):
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: keep only each namespace's newest checkpoint (with its writes) per
-        thread; ``delete``: delete the threads. The kept record becomes its namespace's only branch
-        head; every other record of the thread is deleted (its blobs wait for ``overnight gc``).
+        thread; ``delete``: delete the threads. Kept checkpoints are committed again as a new
+        chain (:meth:`_rewrite`), so the thread still verifies; the blobs only the removed
+        records used go at the next ``overnight gc``.
 
         Raises:
             ValueError: an unknown strategy.
@@ -542,60 +543,83 @@ class OvernightSaver(BaseCheckpointSaver[int]):
                 for (ns, lid), e in index.entries.items():
                     if ns not in latest or lid > latest[ns].lg_id:
                         latest[ns] = e
-                self._keep_only(task_id, index, {_ns_branch(ns): e.cid for ns, e in latest.items()})
-
-    def _keep_only(self, task_id: str, index: _Index, heads: dict[str, str]) -> None:
-        """Point the task's refs at ``heads`` (branch -> checkpoint) and delete every other record.
-
-        Refs move first, so a crash in between leaves extra records, never a dangling head."""
-        current = dict(index.refs)
-        for branch, cid in heads.items():
-            if current.get(branch) != cid:
-                self.store.set_ref(task_id, branch, cid, current.get(branch))
-        for branch, cid in current.items():
-            if branch not in heads:
-                self.store.set_ref(task_id, branch, None, cid)
-        keep = set(heads.values())
-        doomed = [r.checkpoint_id for r in self.store.list_checkpoints(task_id) if r.checkpoint_id not in keep]
-        self.store.delete_checkpoints(doomed, orphans=True)
-        self._forget(task_id)
+                if len(latest) < len(index.entries):
+                    self._rewrite(task_id, index, list(latest.values()))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete every checkpoint (with its writes) whose metadata ``run_id`` is in ``run_ids``,
-        in every thread. A branch whose head goes moves back to its newest remaining record (or
-        goes, when none remains)."""
+        in every thread; the remaining ones of a thread are committed again as a new chain
+        (:meth:`_rewrite`), each under its nearest remaining ancestor, so the thread still verifies."""
         runs = set(run_ids)
         if not runs:
             return
         for task_id in self._thread_tasks(None):
             with self._lock:
                 index = self._index(task_id)
-                rows = {r.checkpoint_id: r for r in self.store.list_checkpoints(task_id)}
-                doomed_lg = set()
-                for key, e in index.entries.items():
-                    loaded, _, _ = self._load(e.cid)
-                    meta = from_tree(loaded.doc.data["langgraph"]["metadata"], "metadata")
-                    if meta.get("run_id") in runs:
-                        doomed_lg.add(key)
-                if not doomed_lg:
+                keep = [e for e in index.entries.values()
+                        if from_tree(self._load(e.cid)[0].doc.data["langgraph"]["metadata"]).get("run_id") not in runs]
+                if len(keep) == len(index.entries):
                     continue
-                doomed = {cid for cid, r in rows.items() if r.step is not None
-                          and (loads(r.body)["event"].get("detail") or "", r.step) in doomed_lg}
-                heads: dict[str, str] = {}
-                for branch, cid in index.refs.items():
-                    while cid is not None and cid in doomed:
-                        cid = rows[cid].parent_id if cid in rows else None
-                    if cid is not None and cid in rows:
-                        heads[branch] = cid
-                kept_heads = set(heads.values())
-                current = dict(index.refs)
-                for branch, cid in current.items():
-                    if heads.get(branch) != cid:
-                        self.store.set_ref(task_id, branch, heads.get(branch), cid)
-                self.store.delete_checkpoints(doomed - kept_heads, orphans=True)
-                if not heads:
+                if keep:
+                    self._rewrite(task_id, index, keep)
+                else:
                     self.store.delete_task(task_id)
-                self._forget(task_id)
+                    self._forget(task_id)
+
+    def _rewrite(self, task_id: str, index: _Index, keep: list[_Entry]) -> None:
+        """Replace the thread's records by a new chain holding only ``keep``.
+
+        Each kept checkpoint is committed again (same state: values, metadata, writes) under the
+        new record of its nearest kept LangGraph ancestor (a root when none is kept), on temporary
+        branches; then the refs are pointed at the new heads -- each namespace's newest
+        checkpoint on its first branch (``main``, ``ns:<ns>``), the others on
+        ``<branch>@<checkpoint id>`` -- and every old record is deleted. A crash midway leaves
+        both copies, which hold the same checkpoints; never a record whose parent is gone.
+        """
+        old_rows = [r.checkpoint_id for r in self.store.list_checkpoints(task_id)]
+        loaded = {key: self._load(e.cid)[0] for key, e in index.entries.items()}
+        parent_of = {key: (key[0], lc.doc.data["langgraph"]["parent_checkpoint_id"]) for key, lc in loaded.items()}
+        kept = {(e.ns, e.lg_id) for e in keep}
+        gen = uuid.uuid4().hex[:8]
+        chains: dict[tuple[str, str], ChainWriter] = {}  # kept key -> the writer that committed it
+        new_cid: dict[tuple[str, str], str] = {}  # kept key -> its new record
+        first_of: dict[str, tuple[str, str]] = {}  # temporary branch -> its first checkpoint's key
+        for key in sorted(kept, key=lambda k: k[1]):
+            anc = parent_of[key]
+            walked: set[tuple[str, str]] = set()
+            while anc[1] is not None and anc not in kept and anc in parent_of and anc not in walked:
+                walked.add(anc)
+                anc = parent_of[anc]
+            if anc in new_cid and chains[anc].head == new_cid[anc]:
+                chain = chains[anc]  # the ancestor is still its branch's head: append
+            else:
+                branch = f"rewrite-{gen}-{len(first_of)}"
+                first_of[branch] = key
+                chain = ChainWriter(self.store, task_id, branch, key=self.key, session_id=self._session, session_n=1)
+                if anc in new_cid:
+                    parent_loaded, seen_objects, _ = self._load(new_cid[anc])
+                    chain.start_from(parent_loaded, None)
+                    chain.known = seen_objects
+                    chain.ref_head = None
+            new_cid[key] = chain.commit(loaded[key].state_tree, event("step", step=key[1], key=EVENT_KEY, detail=key[0]))
+            chains[key] = chain
+        heads = {b: c for b, c in self.store.list_refs(task_id).items() if b.startswith(f"rewrite-{gen}-")}
+        newest = {ns: max(lid for n, lid in kept if n == ns) for ns, _ in kept}
+        final: dict[str, str] = {}
+        for branch, cid in heads.items():
+            ns, lid = first_of[branch]
+            has_newest = any(chains[k].branch == branch for k in kept if k == (ns, newest[ns]))
+            final[_ns_branch(ns) if has_newest else f"{_ns_branch(ns)}@{lid}"] = cid
+        current = dict(index.refs)
+        for name, cid in final.items():
+            self.store.set_ref(task_id, name, cid, current.get(name))
+        for branch, cid in heads.items():
+            self.store.set_ref(task_id, branch, None, cid)
+        for name, cid in current.items():
+            if name not in final:
+                self.store.set_ref(task_id, name, None, cid)
+        self.store.delete_checkpoints(old_rows, orphans=True)
+        self._forget(task_id)
 
     # -- async twins ----------------------------------------------------------------------------
 
