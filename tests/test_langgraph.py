@@ -324,3 +324,18 @@ def test_delete_for_runs_in_the_middle_keeps_a_verifiable_chain(tmp_path):
         assert left[0].pending_writes == [("task-1", "n", 4)]
     report = api.verify("langgraph:r", store=url)
     assert report.ok, report
+
+
+def test_drift_report_names_a_changed_lock_file(tmp_path):
+    """Every checkpoint records the world (installed distributions, lock files, Python,
+    platform); ``drift`` compares it with now -- here a dependency pin edited after the run."""
+    (tmp_path / "requirements.txt").write_text("langgraph==1.0\n")
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    with OvernightSaver.from_url(url, project_root=tmp_path) as saver:
+        _run_to_end(saver, "w")
+        cfg = {"configurable": {"thread_id": "w"}}
+        assert not saver.drift(cfg).drifted
+        (tmp_path / "requirements.txt").write_text("langgraph==2.0\n")
+        report = saver.drift(cfg)
+    assert report.components() == ["deps"]
+    assert [i.key for i in report.items] == ["lock file requirements.txt"]

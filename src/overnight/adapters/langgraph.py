@@ -36,6 +36,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import langchain_core.messages  # noqa: F401  (message classes must be importable by name when loading)
@@ -65,7 +66,9 @@ from overnight.store import open_store
 from overnight.store.base import Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.verify.chain import ChainWriter, utc_now
-from overnight.verify.integrity import LoadedCheckpoint, load_checkpoint, signing_key_from_env
+from overnight.verify.drift import DriftReport, detect
+from overnight.verify.fingerprint import WorldSpec, world
+from overnight.verify.integrity import LoadedCheckpoint, encode_state, load_checkpoint, signing_key_from_env
 from overnight.verify.records import FORMAT_VERSION, event
 
 __all__ = ["OvernightSaver"]
@@ -119,6 +122,9 @@ class OvernightSaver(BaseCheckpointSaver[int]):
             opened from a URL is closed by :meth:`close`.
         key: HMAC-SHA256 signing key for the records (default: ``$OVERNIGHT_SIGNING_KEY``).
         task_prefix: prefix of the overnight task id of each thread.
+        project_root: directory whose lock files (``uv.lock``, ``requirements*.txt``, ...) the
+            world fingerprint records, with the installed distributions and the Python version and
+            platform (default: the current directory); :meth:`drift` compares them with now.
 
     All methods are safe to call from several threads; the ``a*`` twins run the same code in a
     worker thread. Raises :class:`~overnight.errors.EncodeError` (a value no codec covers, naming
@@ -126,7 +132,8 @@ class OvernightSaver(BaseCheckpointSaver[int]):
     verification: it is never returned).
     """
 
-    def __init__(self, store: Store | str, *, key: bytes | None = None, task_prefix: str = "langgraph:") -> None:
+    def __init__(self, store: Store | str, *, key: bytes | None = None, task_prefix: str = "langgraph:",
+                 project_root: str | Path | None = None) -> None:
         super().__init__()
         self._owns_store = isinstance(store, str)
         self.store: Store = open_store(store) if isinstance(store, str) else store
@@ -138,6 +145,10 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         """task -> the writer of our last commit and the state it wrote (the next commit on top
         of it reuses its page cache and known digests instead of loading it again)."""
         self._session = "langgraph-" + uuid.uuid4().hex
+        self.project_root = Path(project_root) if project_root is not None else Path.cwd()
+        self._world: bytes | None = None
+        """The world fingerprint recorded with every checkpoint this saver writes (taken once,
+        at its first write: one blob for all of them)."""
         self._early: dict[tuple[str, str, str], list[tuple[list[tuple[str, Any]], str, str]]] = {}
         """Writes that arrived before their checkpoint (``(task, ns, id)`` -> ``put_writes`` args)."""
 
@@ -201,6 +212,14 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         loaded = load_checkpoint(self.store, entry_cid, key=self.key, deep=True, reader=reader)
         return loaded, seen, reader
 
+    def _world_now(self) -> dict[str, Any]:
+        return world(WorldSpec(deps="all", root=self.project_root))
+
+    def _fingerprint(self, writer: BlobWriter) -> dict[str, Any]:
+        if self._world is None:
+            self._world = encode_state(self._world_now())
+        return {"world": {"digest": writer.put(self._world), "size": len(self._world)}, "exports": {}, "accepted": []}
+
     @staticmethod
     def _blob(writer: BlobWriter, value: Any, where: str, task_id: str) -> dict[str, Any]:
         try:
@@ -261,7 +280,7 @@ class OvernightSaver(BaseCheckpointSaver[int]):
                 task_row = TaskRow(task_id, utc_now(), state["task"]["goal"], None, encode(spec))
             ev = event("step", step=lg_id, key=WRITES_EVENT_KEY if writes else EVENT_KEY, detail=ns)
             try:
-                cid = chain.commit(state, ev, writer=writer, task_row=task_row)
+                cid = chain.commit(state, ev, writer=writer, task_row=task_row, fingerprint=self._fingerprint(writer))
             except (StaleHead, ParentGone):
                 self._forget(task_id)
                 continue
@@ -449,6 +468,30 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         found = self._read(task_id, pick)
         return found[0] if found else None
 
+    def drift(self, config: RunnableConfig) -> DriftReport:
+        """The drift between the world recorded with a checkpoint (the one ``config`` names, or
+        the thread's newest in its namespace) and the world now: installed distributions and lock
+        files (``deps``), Python version, implementation and platform (``env``).
+
+        Raises:
+            CheckpointNotFound: the thread has no such checkpoint.
+            IntegrityError: the checkpoint fails verification.
+        """
+        conf = config["configurable"]
+        task_id = self.task_id(conf["thread_id"])
+        ns = conf.get("checkpoint_ns", "") or ""
+        lg_id = get_checkpoint_id(config)
+        with self._lock:
+            index = self._index(task_id)
+        mine = [e for (n, lid), e in index.entries.items() if n == ns and (lg_id is None or lid == lg_id)]
+        if not mine:
+            raise CheckpointNotFound(f"thread {conf['thread_id']!r} has no checkpoint {lg_id or ''} in namespace {ns!r}",
+                                     task_id=task_id)
+        entry = max(mine, key=lambda e: e.lg_id)
+        loaded = self._load(entry.cid)[0]
+        return detect(checkpoint_id=entry.cid, recorded=loaded.world, now=self._world_now(), done=[],
+                      step_versions={}, exports={}, salt=b"", sources={})
+
     def _thread_tasks(self, thread_id: Any | None) -> list[str]:
         if thread_id is not None:
             return [self.task_id(thread_id)]
@@ -602,7 +645,9 @@ class OvernightSaver(BaseCheckpointSaver[int]):
                     chain.start_from(parent_loaded, None)
                     chain.known = seen_objects
                     chain.ref_head = None
-            new_cid[key] = chain.commit(loaded[key].state_tree, event("step", step=key[1], key=EVENT_KEY, detail=key[0]))
+            fp = loaded[key].record.fingerprint
+            new_cid[key] = chain.commit(loaded[key].state_tree, event("step", step=key[1], key=EVENT_KEY, detail=key[0]),
+                                        fingerprint=fp.model_dump() if fp is not None else None)
             chains[key] = chain
         heads = {b: c for b, c in self.store.list_refs(task_id).items() if b.startswith(f"rewrite-{gen}-")}
         newest = {ns: max(lid for n, lid in kept if n == ns) for ns, _ in kept}
