@@ -239,7 +239,7 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         or None when nothing changed. Retries when another writer moved the branch meanwhile.
         Returns whether a record was written.
         """
-        for attempt in range(COMMIT_ATTEMPTS):
+        for _ in range(COMMIT_ATTEMPTS):
             index = self._index(task_id)
             if base is not None:  # the newest record of the parent (None: it was deleted meanwhile)
                 base = index.entries.get((ns, base.lg_id))
