@@ -38,7 +38,7 @@ from langgraph.checkpoint.conformance.spec import (  # noqa: E402
     test_put_writes,
 )
 from langgraph.graph import END, START, StateGraph  # noqa: E402
-from langgraph.types import Command, interrupt  # noqa: E402
+from langgraph.types import Command, Interrupt, Send, interrupt  # noqa: E402
 
 from overnight import api  # noqa: E402
 from overnight.adapters.langgraph import OvernightSaver  # noqa: E402
@@ -279,11 +279,16 @@ def test_messages_round_trip_through_a_new_saver(tmp_path):
         stored = saver.put({"configurable": {"thread_id": "m", "checkpoint_ns": ""}},
                            _cp("1", {"messages": msgs}, {"messages": 1}), {}, {"messages": 1})
         saver.put_writes(stored, [("messages", [AIMessage("late", id="a3")])], "task-1", "~__pregel_pull, chat")
+        saver.put_writes(stored, [("__pregel_tasks", Send("chat", {"n": 1})),
+                                  ("__interrupt__", (Interrupt("ok?", id="i1"),))], "task-2", "~__pregel_pull, ask")
     with OvernightSaver.from_url(url) as again:
         tup = again.get_tuple(stored)
     assert tup.checkpoint["channel_values"]["messages"] == msgs
     assert [type(m) for m in tup.checkpoint["channel_values"]["messages"]] == [type(m) for m in msgs]
-    assert tup.pending_writes == [("task-1", "messages", [AIMessage("late", id="a3")])]
+    # in LangGraph's order (task path, task id, index; special channels have negative indexes)
+    assert tup.pending_writes == [("task-2", "__interrupt__", (Interrupt("ok?", id="i1"),)),
+                                  ("task-2", "__pregel_tasks", Send("chat", {"n": 1})),
+                                  ("task-1", "messages", [AIMessage("late", id="a3")])]
 
 
 def test_overnight_tools_work_on_threads(tmp_path):
