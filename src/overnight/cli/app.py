@@ -23,7 +23,7 @@ from typing import Optional
 import typer
 
 from overnight import api
-from overnight.cli import bench_agents, bench_perf, bench_storage, render
+from overnight.cli import bench_agents, bench_langgraph, bench_perf, bench_storage, render
 from overnight.errors import (
     ConcurrencyError,
     ConfigError,
@@ -697,6 +697,7 @@ bench_app = typer.Typer(help="Benchmarks that print a table (ratios against a na
 app.add_typer(bench_app, name="bench")
 bench_storage.register(bench_app)
 bench_perf.register(bench_app)
+bench_langgraph.register(bench_app)
 bench_agents.register(bench_app)
 
 

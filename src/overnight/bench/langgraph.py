@@ -1,0 +1,153 @@
+"""``overnight bench langgraph``: storage and put latency of a message-accumulating LangGraph graph,
+stored with :class:`~overnight.adapters.langgraph.OvernightSaver` vs LangGraph's own ``SqliteSaver``.
+
+The graph is one node on ``MessagesState``: each turn (one ``invoke``) appends a ~1-2 KB
+assistant message (pseudo-random prose, deterministic per turn) to ``messages`` through
+``add_messages``, so the state grows by one message per turn -- a chat transcript. Both savers
+run the same turns, interleaved turn by turn on the same disk (noise hits both alike), each on its
+own SQLite file in a temporary directory:
+
+* **overnight** -- ``OvernightSaver`` on ``sqlite://``: the list is one blob per checkpoint, cut
+  into content-defined chunks, so a turn stores the new message's chunks, not the transcript again;
+* **LangGraph** -- ``SqliteSaver`` (langgraph-checkpoint-sqlite), which stores each new version
+  of the ``messages`` channel as a whole serialized blob.
+
+Measured: the bytes of the database files (``*.db``, ``-wal``, ``-shm``) after the run, each
+WAL checkpointed into its database first; and the wall time of every ``put`` call (ms), summed
+per turn. Ratios are overnight / LangGraph.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from overnight.bench.commit import message_text
+
+
+@dataclass
+class SaverRun:
+    """One saver's result: per-turn put time (ms), put calls, and database bytes on disk."""
+
+    name: str
+    turn_ms: list[float] = field(default_factory=list)
+    puts: int = 0
+    stored_bytes: int = 0
+
+    def pct(self, p: float) -> float:
+        xs = sorted(self.turn_ms)
+        return xs[min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))]
+
+
+@dataclass
+class LangGraphBench:
+    """Result of :func:`run_langgraph_bench`; :meth:`markdown` renders the table."""
+
+    turns: int
+    transcript_bytes: int
+    directory: str
+    ours: SaverRun
+    theirs: SaverRun
+
+    def markdown(self) -> str:
+        o, t = self.ours, self.theirs
+        med_o, med_t = statistics.median(o.turn_ms), statistics.median(t.turn_ms)
+        lines = [
+            f"LangGraph, {self.turns} turns appending one ~1-2 KB message each (final transcript "
+            f"{self.transcript_bytes / 1024:.0f} KB), disk {self.directory}",
+            "",
+            "| saver | stored (DB files) | stored vs SqliteSaver | put ms/turn median | p99 | mean | "
+            "median vs SqliteSaver | put calls |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r, med in ((o, med_o), (t, med_t)):
+            lines.append(
+                f"| {r.name} | {r.stored_bytes / 1024 / 1024:.2f} MB | {r.stored_bytes / t.stored_bytes:.3f}x | "
+                f"{med:.2f} | {r.pct(99):.2f} | {statistics.fmean(r.turn_ms):.2f} | {med / med_t:.2f}x | {r.puts} |")
+        return "\n".join(lines)
+
+
+def _timed(saver: Any, run: SaverRun, clock: list[float]) -> Any:
+    """Wrap ``saver.put`` to add its wall time to ``clock[0]`` (ms) and count calls."""
+    put = saver.put
+
+    def timed_put(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return put(*args, **kwargs)
+        finally:
+            clock[0] += (time.perf_counter() - t0) * 1000
+            run.puts += 1
+
+    saver.put = timed_put
+    return saver
+
+
+def _db_bytes(path: Path) -> int:
+    """Bytes of an SQLite database and its WAL/SHM files, after checkpointing the WAL into it."""
+    with sqlite3.connect(str(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    conn.close()
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+
+
+def run_langgraph_bench(turns: int = 500, directory: Path | None = None, seed: int = 7) -> LangGraphBench:
+    """Run the benchmark; see the module docstring.
+
+    Raises:
+        ImportError: langgraph / langgraph-checkpoint-sqlite are not installed
+            (``pip install 'overnight[langgraph,bench]'``).
+        AssertionError: the two savers ended with different transcripts (a broken run).
+    """
+    from langchain_core.messages import AIMessage
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from overnight.adapters.langgraph import OvernightSaver
+
+    def graph(checkpointer: Any) -> Any:
+        def reply(state: dict[str, Any]) -> dict[str, Any]:
+            n = len(state["messages"])
+            rng = random.Random(seed * 1_000_003 + n)
+            return {"messages": [AIMessage(message_text(rng, rng.randrange(1024, 2048)), id=f"m{n}")]}
+
+        g = StateGraph(MessagesState)
+        g.add_node("reply", reply)
+        g.add_edge(START, "reply")
+        return g.compile(checkpointer=checkpointer)
+
+    base = Path(directory) if directory is not None else Path.cwd()
+    base.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="overnight-bench-lg-", dir=base) as tmp:
+        tmpdir = Path(tmp)
+        ours, theirs = SaverRun("overnight OvernightSaver"), SaverRun("LangGraph SqliteSaver")
+        clock_o, clock_t = [0.0], [0.0]
+        ov = _timed(OvernightSaver.from_url(f"sqlite://{tmpdir / 'overnight.db'}"), ours, clock_o)
+        conn = sqlite3.connect(str(tmpdir / "langgraph.db"), check_same_thread=False)
+        sq = SqliteSaver(conn)
+        sq.setup()
+        _timed(sq, theirs, clock_t)
+        apps = ((graph(ov), ours, clock_o), (graph(sq), theirs, clock_t))
+        cfg = {"configurable": {"thread_id": "bench"}}
+        finals = []
+        try:
+            for _ in range(turns):
+                for app, run, clock in apps:
+                    clock[0] = 0.0
+                    app.invoke({"messages": []}, cfg, durability="sync")
+                    run.turn_ms.append(clock[0])
+            finals = [app.get_state(cfg).values["messages"] for app, _, _ in apps]
+        finally:
+            ov.close()
+            conn.close()
+        assert finals[0] == finals[1] and len(finals[0]) == turns, "the two savers disagree on the transcript"
+        ours.stored_bytes = _db_bytes(tmpdir / "overnight.db")
+        theirs.stored_bytes = _db_bytes(tmpdir / "langgraph.db")
+        transcript = sum(len(str(m.content).encode()) for m in finals[0])
+        return LangGraphBench(turns=turns, transcript_bytes=transcript, directory=str(base), ours=ours, theirs=theirs)

@@ -1,0 +1,36 @@
+"""``overnight bench langgraph``: OvernightSaver vs LangGraph's SqliteSaver on a growing chat."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from overnight.cli import render
+
+
+def register(bench_app: typer.Typer) -> None:
+    """Add the ``langgraph`` command to ``overnight bench``."""
+
+    @bench_app.command("langgraph")
+    def bench_langgraph(
+        turns: int = typer.Option(500, "--turns", min=2, help="Turns; each appends one ~1-2 KB message."),
+        directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure (default: "
+                                                 "a temporary directory under the current one)."),
+    ) -> None:
+        """Stored bytes and per-turn put latency of a message-accumulating LangGraph graph:
+        OvernightSaver vs SqliteSaver, same turns, same run."""
+        try:
+            from overnight.bench.langgraph import run_langgraph_bench
+        except ImportError as exc:
+            render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the extras: "
+                             + render.esc("pip install 'overnight[langgraph,bench]'"))
+            raise typer.Exit(2)
+        try:
+            result = run_langgraph_bench(turns=turns, directory=directory)
+        except ImportError as exc:
+            render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the extras: "
+                             + render.esc("pip install 'overnight[langgraph,bench]'"))
+            raise typer.Exit(2)
+        render.out.print(result.markdown())

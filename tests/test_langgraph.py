@@ -1,0 +1,346 @@
+"""OvernightSaver (overnight as a LangGraph checkpointer).
+
+* the PyPI ``langgraph-checkpoint-conformance`` suite, every one of its tests, against
+  OvernightSaver on SQLite and on the real PostgreSQL server;
+* a graph with an interrupt killed with SIGKILL between supersteps (a real child process) resumes
+  to the same result as an uninterrupted run;
+* a fork via ``update_state`` keeps both branches separate after a reload;
+* the overnight tools (verify) see LangGraph threads; unchanged channels are not stored again;
+* a value no codec covers is refused with an error naming the channel;
+* the docs example (``docs/langgraph.md``) runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Annotated, TypedDict
+
+import pytest
+
+pytest.importorskip("langgraph.checkpoint.conformance")
+
+from langgraph.checkpoint.conformance.spec import (  # noqa: E402
+    test_copy_thread,
+    test_delete_for_runs,
+    test_delete_thread,
+    test_get_tuple,
+    test_list,
+    test_prune,
+    test_put,
+    test_put_writes,
+)
+from langgraph.graph import END, START, StateGraph  # noqa: E402
+from langgraph.types import Command, Interrupt, Send, interrupt  # noqa: E402
+
+from overnight import api  # noqa: E402
+from overnight.adapters.langgraph import OvernightSaver  # noqa: E402
+from overnight.errors import EncodeError  # noqa: E402
+from overnight.store import open_store  # noqa: E402
+
+from _procs import env, wait_for  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SUITE = [
+    fn
+    for module, name in (
+        (test_put, "ALL_PUT_TESTS"),
+        (test_put_writes, "ALL_PUT_WRITES_TESTS"),
+        (test_get_tuple, "ALL_GET_TUPLE_TESTS"),
+        (test_list, "ALL_LIST_TESTS"),
+        (test_delete_thread, "ALL_DELETE_THREAD_TESTS"),
+        (test_delete_for_runs, "ALL_DELETE_FOR_RUNS_TESTS"),
+        (test_copy_thread, "ALL_COPY_THREAD_TESTS"),
+        (test_prune, "ALL_PRUNE_TESTS"),
+    )
+    for fn in getattr(module, name)
+]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """A fresh, empty store URL on each backend."""
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'lg.db'}"
+    url, schema = request.getfixturevalue("pg_schema")
+    return f"{url}?schema={schema}"
+
+
+@pytest.mark.parametrize("spec", SUITE, ids=lambda fn: fn.__name__)
+def test_conformance(spec, store_url):
+    """One test of the upstream suite, on a fresh saver (as ``validate`` gives each capability)."""
+    with OvernightSaver.from_url(store_url) as saver:
+        asyncio.run(spec(saver))
+
+
+def test_every_capability_is_detected(tmp_path):
+    """The suite's own capability detection sees all eight capabilities implemented (none of its
+    tests is skipped as 'not implemented')."""
+    from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES, DetectedCapabilities
+
+    with OvernightSaver.from_url(f"sqlite://{tmp_path / 'lg.db'}") as saver:
+        assert DetectedCapabilities.from_instance(saver).detected == ALL_CAPABILITIES
+
+
+# -- graphs ------------------------------------------------------------------------------------
+
+
+class Items(TypedDict):
+    items: Annotated[list, operator.add]
+
+
+def _approval_graph():
+    """a -> b (interrupts for approval) -> c -> d."""
+    def a(s): return {"items": ["a"]}
+    def b(s): return {"items": [f"b:{interrupt('approve?')}"]}
+    def c(s): return {"items": ["c"]}
+    def d(s): return {"items": [f"d:{len(s['items'])}"]}
+    g = StateGraph(Items)
+    for fn in (a, b, c, d):
+        g.add_node(fn.__name__, fn)
+    g.add_edge(START, "a"); g.add_edge("a", "b"); g.add_edge("b", "c"); g.add_edge("c", "d"); g.add_edge("d", END)
+    return g
+
+
+def _run_to_end(saver, thread: str):
+    app = _approval_graph().compile(checkpointer=saver)
+    cfg = {"configurable": {"thread_id": thread}}
+    first = app.invoke({"items": []}, cfg)
+    assert "__interrupt__" in first
+    return app.invoke(Command(resume="yes"), cfg)
+
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys, time
+    sys.path.insert(0, {tests!r})
+    from test_langgraph import _approval_graph
+    from overnight.adapters.langgraph import OvernightSaver
+    from langgraph.types import Command
+
+    def c_then_die(s):
+        # the checkpoint after b is committed; die before c's superstep completes
+        open({marker!r}, "w").write("c")
+        time.sleep(60)
+        return {{"items": ["c"]}}
+
+    g = _approval_graph()
+    g.nodes["c"].runnable.func = c_then_die if {die!r} else g.nodes["c"].runnable.func
+    app = g.compile(checkpointer=OvernightSaver.from_url({url!r}))
+    cfg = {{"configurable": {{"thread_id": "t"}}}}
+    if sys.argv[1] == "start":
+        app.invoke({{"items": []}}, cfg)
+    else:
+        app.invoke(Command(resume="yes"), cfg, durability={durability!r})
+""")
+
+
+def test_sigkill_between_supersteps_resumes_to_the_same_result(tmp_path):
+    """Process 1 runs to the interrupt; process 2 resumes with the approval and is SIGKILLed in
+    the superstep after it; this process (same graph, fresh saver) finishes the run: the final
+    state equals an uninterrupted run's. ``durability="sync"``: each superstep's checkpoint is
+    committed before the next one starts (LangGraph's ``"async"`` default commits it while the
+    next superstep runs, so a kill may lose the newest superstep, as LangGraph documents)."""
+    durability = "sync"
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    marker = tmp_path / "in-c"
+
+    def child(mode: str, die: bool) -> subprocess.Popen:
+        code = CHILD.format(tests=str(Path(__file__).parent), marker=str(marker), die=die, url=url,
+                                durability=durability)
+        return subprocess.Popen([sys.executable, "-c", code, mode], env=env(), cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    p = child("start", False)
+    assert p.wait(timeout=60) == 0, p.stderr.read().decode()
+    p = child("resume", True)
+    wait_for(marker.exists, timeout=60, what="the child to reach node c")
+    os.kill(p.pid, signal.SIGKILL)
+    assert p.wait(timeout=10) == -signal.SIGKILL
+
+    with OvernightSaver.from_url(url) as saver:
+        app = _approval_graph().compile(checkpointer=saver)
+        cfg = {"configurable": {"thread_id": "t"}}
+        assert app.get_state(cfg).next == ("c",)  # b's superstep survived the kill
+        resumed = app.invoke(None, cfg)
+        with OvernightSaver.from_url(f"sqlite://{tmp_path / 'ref.db'}") as ref:
+            assert resumed == _run_to_end(ref, "t")
+        assert resumed == {"items": ["a", "b:yes", "c", "d:3"]}
+    report = api.verify("langgraph:t", store=url)
+    assert report.ok, report
+
+
+def test_update_state_fork_keeps_both_branches_after_reload(tmp_path):
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    cfg = {"configurable": {"thread_id": "f"}}
+    with OvernightSaver.from_url(url) as saver:
+        done = _run_to_end(saver, "f")
+        app = _approval_graph().compile(checkpointer=saver)
+        # go back to the interrupt at b and answer differently: a fork from an older checkpoint
+        at_b = next(s for s in app.get_state_history(cfg) if s.next == ("b",))
+        forked = app.update_state(at_b.config, {"items": ["edited"]})
+        alt = app.invoke(Command(resume="no"), forked)
+    assert done == {"items": ["a", "b:yes", "c", "d:3"]}
+    assert alt == {"items": ["a", "edited", "b:no", "c", "d:4"]}
+
+    with OvernightSaver.from_url(url) as again:  # a new saver instance: nothing cached
+        app = _approval_graph().compile(checkpointer=again)
+        history = list(app.get_state_history(cfg))
+        done_id = next(s for s in history if s.values.get("items") == done["items"]).config["configurable"]["checkpoint_id"]
+        original = app.get_state({"configurable": {**cfg["configurable"], "checkpoint_id": done_id}})
+        latest = app.get_state(cfg)
+    assert original.values == done
+    assert latest.values == alt  # the newest checkpoint is the fork's
+    assert [s.values for s in history].count(done) == 1 and [s.values for s in history].count(alt) == 1
+    # in overnight terms: the original history is branch main, the fork another branch
+    rows = sorted(open_store(url).list_checkpoints("langgraph:f"), key=lambda r: r.seq)
+    branch_of = {r.step: r.branch for r in rows}
+    assert branch_of[done_id] == "main"
+    assert branch_of[latest.config["configurable"]["checkpoint_id"]].startswith("main@")
+
+
+def test_unchanged_channels_are_not_stored_again(tmp_path):
+    """A second checkpoint that changes one small channel stores far less than the big one."""
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    big = os.urandom(100_000).hex()  # incompressible enough: ~100 KB stored
+    with OvernightSaver.from_url(url) as saver:
+        c1 = saver.put({"configurable": {"thread_id": "u", "checkpoint_ns": ""}},
+                       _cp("1", {"big": big, "n": 1}, {"big": 1, "n": 1}), {}, {"big": 1, "n": 1})
+        saver.put(c1, _cp("2", {"big": big, "n": 2}, {"big": 1, "n": 2}), {}, {"n": 2})
+        rows = saver.store.list_checkpoints("langgraph:u")
+        assert saver.get_tuple(c1).checkpoint["channel_values"]["big"] == big
+    assert rows[1].stored_bytes < 5_000 < rows[0].stored_bytes
+
+
+def _cp(n: str, values, versions):
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    return generate_checkpoint(checkpoint_id=f"00000000-0000-6000-8000-00000000000{n}", channel_values=values,
+                               channel_versions=versions)
+
+
+def test_unsupported_value_is_refused_naming_the_channel(tmp_path):
+    class Opaque:  # no codec covers it (and never pickle)
+        pass
+
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    with OvernightSaver.from_url(url) as saver:
+        cfg = {"configurable": {"thread_id": "bad", "checkpoint_ns": ""}}
+        with pytest.raises(EncodeError, match=r"channel 'scratch'") as err:
+            saver.put(cfg, _cp("1", {"ok": [1], "scratch": {"k": Opaque()}}, {"ok": 1, "scratch": 1}), {},
+                      {"ok": 1, "scratch": 1})
+        assert err.value.task_id == "langgraph:bad"
+        assert saver.get_tuple(cfg) is None  # nothing was written
+        stored = saver.put(cfg, _cp("2", {"ok": [1]}, {"ok": 1}), {}, {"ok": 1})
+        with pytest.raises(EncodeError, match=r"write to channel 'out'"):
+            saver.put_writes(stored, [("out", Opaque())], "task-1")
+        assert saver.get_tuple(stored).pending_writes == []
+
+
+def test_docs_example_runs(tmp_path):
+    """The example in docs/langgraph.md, run as written (offline, fake chat model)."""
+    text = (ROOT / "docs" / "langgraph.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env(), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "verified" in out.stdout and "turns: 3" in out.stdout, out.stdout
+
+
+def test_bench_langgraph_prints_both_savers(tmp_path):
+    """``overnight bench langgraph`` runs both savers on the same turns (it asserts they end with
+    the same transcript) and prints the table with the ratios."""
+    out = subprocess.run([sys.executable, "-m", "overnight", "bench", "langgraph", "--turns", "6", "--dir",
+                          str(tmp_path)], env=env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| overnight") or line.startswith("| LangGraph")]
+    assert len(rows) == 2 and "| 1.000x |" in rows[1], out.stdout
+    assert not any(tmp_path.iterdir())  # the temporary databases are removed
+
+
+def test_messages_round_trip_through_a_new_saver(tmp_path):
+    """LangChain messages (all kinds, with tool calls and usage) come back equal from another
+    saver instance: stored by overnight's codec, not pickle."""
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+    msgs = [SystemMessage("be brief"), HumanMessage("2+2?", id="h1"),
+            AIMessage("", id="a1", tool_calls=[{"name": "add", "args": {"a": 2, "b": 2}, "id": "t1"}],
+                      usage_metadata={"input_tokens": 3, "output_tokens": 5, "total_tokens": 8}),
+            ToolMessage("4", tool_call_id="t1"), AIMessage("4 — ✓", id="a2", response_metadata={"model": "fake"})]
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    with OvernightSaver.from_url(url) as saver:
+        stored = saver.put({"configurable": {"thread_id": "m", "checkpoint_ns": ""}},
+                           _cp("1", {"messages": msgs}, {"messages": 1}), {}, {"messages": 1})
+        saver.put_writes(stored, [("messages", [AIMessage("late", id="a3")])], "task-1", "~__pregel_pull, chat")
+        saver.put_writes(stored, [("__pregel_tasks", Send("chat", {"n": 1})),
+                                  ("__interrupt__", (Interrupt("ok?", id="i1"),))], "task-2", "~__pregel_pull, ask")
+    with OvernightSaver.from_url(url) as again:
+        tup = again.get_tuple(stored)
+    assert tup.checkpoint["channel_values"]["messages"] == msgs
+    assert [type(m) for m in tup.checkpoint["channel_values"]["messages"]] == [type(m) for m in msgs]
+    # in LangGraph's order (task path, task id, index; special channels have negative indexes)
+    assert tup.pending_writes == [("task-2", "__interrupt__", (Interrupt("ok?", id="i1"),)),
+                                  ("task-2", "__pregel_tasks", Send("chat", {"n": 1})),
+                                  ("task-1", "messages", [AIMessage("late", id="a3")])]
+
+
+def test_overnight_tools_work_on_threads(tmp_path):
+    """``log`` lists a thread's LangGraph checkpoints; after ``prune`` and ``delete_thread``,
+    ``gc`` reclaims what only they used, and what remains still loads and verifies."""
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    with OvernightSaver.from_url(url) as saver:
+        done_x = _run_to_end(saver, "x")
+        done_y = _run_to_end(saver, "y")
+        _run_to_end(saver, "z")
+        ids = {t.config["configurable"]["checkpoint_id"] for t in saver.list({"configurable": {"thread_id": "x"}})}
+        assert ids <= {e.row.step for e in api.log("langgraph:x", store=url)}
+        before = saver.store.stored_bytes()
+        saver.prune(["x"])
+        saver.delete_thread("z")
+        report = api.gc(store=url, apply=True, grace=0)
+        assert report.checkpoints_deleted == 0 and report.objects_deleted > 0  # prune deleted the records
+        app = _approval_graph().compile(checkpointer=saver)
+        assert app.get_state({"configurable": {"thread_id": "x"}}).values == done_x
+        assert len(list(saver.list({"configurable": {"thread_id": "x"}}))) == 1
+        assert app.get_state({"configurable": {"thread_id": "y"}}).values == done_y
+        assert saver.get_tuple({"configurable": {"thread_id": "z"}}) is None
+        assert saver.store.stored_bytes() <= before
+    report = api.verify(store=url)
+    assert report.ok, report
+
+
+def test_delete_for_runs_in_the_middle_keeps_a_verifiable_chain(tmp_path):
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    with OvernightSaver.from_url(url) as saver:
+        cfg = {"configurable": {"thread_id": "r", "checkpoint_ns": ""}}
+        for n, run in (("1", "run-a"), ("2", "run-b"), ("3", "run-a")):
+            cfg = saver.put(cfg, _cp(n, {"n": int(n)}, {"n": int(n)}), {"run_id": run}, {"n": int(n)})
+        saver.put_writes(cfg, [("n", 4)], "task-1")
+        saver.delete_for_runs(["run-b"])
+        left = list(saver.list({"configurable": {"thread_id": "r"}}))
+        assert [t.checkpoint["channel_values"]["n"] for t in left] == [3, 1]
+        assert left[0].pending_writes == [("task-1", "n", 4)]
+    report = api.verify("langgraph:r", store=url)
+    assert report.ok, report
+
+
+def test_drift_report_names_a_changed_lock_file(tmp_path):
+    """Every checkpoint records the world (installed distributions, lock files, Python,
+    platform); ``drift`` compares it with now -- here a dependency pin edited after the run."""
+    (tmp_path / "requirements.txt").write_text("langgraph==1.0\n")
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    with OvernightSaver.from_url(url, project_root=tmp_path) as saver:
+        _run_to_end(saver, "w")
+        cfg = {"configurable": {"thread_id": "w"}}
+        assert not saver.drift(cfg).drifted
+        (tmp_path / "requirements.txt").write_text("langgraph==2.0\n")
+        report = saver.drift(cfg)
+    assert report.components() == ["deps"]
+    assert [i.key for i in report.items] == ["lock file requirements.txt"]
