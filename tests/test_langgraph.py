@@ -7,7 +7,7 @@
 * a fork via ``update_state`` keeps both branches separate after a reload;
 * the overnight tools (verify) see LangGraph threads; unchanged channels are not stored again;
 * a value no codec covers is refused with an error naming the channel;
-* the docs example (``docs/langgraph.md``) runs.
+* the README's LangGraph example runs.
 """
 
 from __future__ import annotations
@@ -245,8 +245,8 @@ def test_unsupported_value_is_refused_naming_the_channel(tmp_path):
 
 
 def test_docs_example_runs(tmp_path):
-    """The example in docs/langgraph.md, run as written (offline, fake chat model)."""
-    text = (ROOT / "docs" / "langgraph.md").read_text()
+    """The README's LangGraph example, run as written (offline, fake chat model)."""
+    text = (ROOT / "README.md").read_text().split("## Use with LangGraph", 1)[1]
     code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env(), capture_output=True, text=True,
                          timeout=120)
