@@ -360,6 +360,16 @@ def _drop_store(store: dict[str, Any]) -> None:
             Path(store["path"] + suffix).unlink(missing_ok=True)
 
 
+def warm_up() -> None:
+    """Load what every worker needs (the o200k_base vocabulary, the model) once, here, so that the
+    forked workers share it: resume latency then measures overnight, not interpreter start-up."""
+    from overnight.models.extractive import ExtractiveModel
+    from overnight.tokens import tokenizer_for
+
+    tokenizer_for("o200k_base").count("warm up")
+    ExtractiveModel()
+
+
 def run_trial(config: str, spec: TaskSpec, root: Path) -> Trial:
     """Run ``spec`` through ``config`` (see the module docstring); files go under ``root/config/id``."""
     level = {"naive": "none", "session": "session", "durable": "durable"}.get(config) or routed_level(spec)
@@ -427,11 +437,11 @@ def run_media(specs: list[TaskSpec], root: Path, postgres_url: str | None,
                            {"kind": "sqlite", "path": str(local / "store.db")},
                            lambda: (shutil.rmtree(local), local.mkdir())))
     log("media: local done")
-    pg = _postgres(postgres_url)
-    if isinstance(pg, str):
+    pg, why = _postgres(postgres_url)
+    if pg is None:
         for case, media in (("database", "database (Postgres)"), ("critical-db", "database + cloud replica"),
                             ("critical-cloud", "database + cloud replica")):
-            out.append(MediaTrial(case, media, "-", status="not measured", detail=pg))
+            out.append(MediaTrial(case, media, "-", status="not measured", detail=why))
         return out
     schema = f"overnight_kpi_{uuid.uuid4().hex[:10]}"
     url = f"{pg}?schema={schema}" if "?" not in pg else f"{pg}&schema={schema}"
@@ -470,18 +480,18 @@ def run_media(specs: list[TaskSpec], root: Path, postgres_url: str | None,
     return out
 
 
-def _postgres(url: str | None) -> str:
-    """The server URL when it answers, else the reason it does not (a str starting ``not``)."""
+def _postgres(url: str | None) -> tuple[str | None, str]:
+    """``(url, "")`` when the server answers, else ``(None, the reason)``."""
     if not url:
-        return "not configured (--postgres)"
+        return None, "not configured (--postgres)"
     try:
         import psycopg
 
         with psycopg.connect(url, connect_timeout=3) as conn:
             conn.execute("SELECT 1")
     except Exception as exc:  # noqa: BLE001 - any failure means: not measured, with the reason
-        return f"not reachable: {type(exc).__name__}: {str(exc).strip()[:120]}"
-    return url
+        return None, f"not reachable: {type(exc).__name__}: {str(exc).strip()[:120]}"
+    return url, ""
 
 
 def _drop_schema(url: str, schema: str) -> None:
@@ -533,7 +543,8 @@ def summarize(trials: list[Trial]) -> dict[str, dict[str, Any]]:
     ``corrupt_injected``/``corrupt_detected``/``corrupt_loaded``, ``drift_injected`` (relevant),
     ``drift_detected``/``drift_missed``/``false_alarms``, ``overhead_ms``/``overhead_pct`` (mean
     per step), ``resume_ms`` (median)/``resume_p95_ms``, ``stored_bytes`` (mean per task),
-    ``compactions``, ``levels`` (tasks per level).
+    ``compactions``, ``levels`` (tasks per level), ``cost_s`` (checkpoint overhead plus resume
+    latency summed over all tasks, s).
     """
     out: dict[str, dict[str, Any]] = {}
     for config in dict.fromkeys(t.config for t in trials):
@@ -579,6 +590,7 @@ def summarize(trials: list[Trial]) -> dict[str, dict[str, Any]]:
             "stored_bytes": fmean(stored) if stored else None,
             "compactions": sum(s.compactions for t in ts for s in t.sessions),
             "levels": levels,
+            "cost_s": (sum(overhead) + sum(resume)) / 1000,
             "elapsed_s": sum(t.elapsed_s for t in ts),
         }
     return out
@@ -615,6 +627,7 @@ def run_kpi(tasks: int, seed: int, work: Path, *, postgres_url: str | None = Non
         on_trial: called with a description after each trial (progress).
     """
     t0 = time.perf_counter()
+    warm_up()
     specs = make_workload(tasks, seed)
     trials = []
     saved_env = os.environ.get(FORMAT_ENV)

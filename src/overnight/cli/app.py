@@ -24,6 +24,7 @@ import typer
 
 from overnight import api
 from overnight.cli import render
+from overnight.cli.bench_kpi import register as register_bench_kpi
 from overnight.errors import (
     ConcurrencyError,
     ConfigError,
@@ -810,6 +811,9 @@ def bench_verify(
     from overnight.bench.verify import run_verify_bench
 
     render.out.print(run_verify_bench(checkpoints=checkpoints, mb=mb, directory=directory).markdown())
+
+
+register_bench_kpi(bench_app)
 
 
 @app.callback()

@@ -35,6 +35,7 @@ from overnight.errors import (
     OvernightError,
     StepFailed,
     StoreBusy,
+    TaskNotFound,
     UnknownStep,
 )
 from overnight.models import Model, model_from_spec
@@ -460,6 +461,16 @@ class Runner:
     # -- the session ----------------------------------------------------------------------------
 
     def _start(self) -> tuple[bool, Fallback | None]:
+        replicated = getattr(self.store, "hot", self.store)
+        if isinstance(replicated, ReplicatedStore):
+            # before deciding the task is new: a primary that lost its data must not start the
+            # task over while a replica holds it (repair copies it back first)
+            try:
+                repair = repair_task(replicated.media, replicated.names, self.task.id, key=self.key)
+            except TaskNotFound:
+                repair = None  # no medium knows the task: it is new
+            if repair is not None and (repair.repaired or any(m.status != "ok" for m in repair.media)):
+                self._emit("repair", detail=repair.describe())
         head = self.store.get_ref(self.task.id, self.branch)
         if head is None and not self._task_exists():
             self.chain.session_n = 1
@@ -482,11 +493,6 @@ class Runner:
             self._commit(self.chain.blob_writer(), event("init"), [], task_row)
             self._emit("create", checkpoint_id=self.head, detail=self._level_note())
             return True, None
-        replicated = getattr(self.store, "hot", self.store)
-        if isinstance(replicated, ReplicatedStore):
-            repair = repair_task(replicated.media, replicated.names, self.task.id, key=self.key)
-            if repair.repaired or any(m.status != "ok" for m in repair.media):
-                self._emit("repair", detail=repair.describe())
         row = self.store.get_task(self.task.id)
         if row.entry and self.task.entry and row.entry != self.task.entry and not self.code_moved:
             raise ConfigError(
