@@ -113,7 +113,14 @@ def routed_level(spec: TaskSpec) -> str:
 
 @dataclass
 class Session:
-    """One worker process of a trial: why it started, what it loaded, what it ran, how it ended."""
+    """One worker process of a trial: why it started, what it loaded, what it ran, how it ended.
+
+    ``wasted``: executions in this session of a step already executed with the same inputs;
+    ``caused_waste``: such re-executions (in any later session) whose previous execution was in
+    this session -- the waste caused by the interruption that ended it (the step in flight at a
+    SIGKILL; with no persistence, everything it ran) -- unless a damaged store was resumed or
+    started over in between: those re-executions are this session's ``corruption_waste``.
+    """
 
     cause: str  # start / kill / day / restart
     status: str = "killed"
@@ -121,8 +128,11 @@ class Session:
     loaded: str | None = None
     done_at_start: int = 0
     committed_seen: int = 0
+    after_corruption: bool = False
     executions: int = 0
     wasted: int = 0
+    caused_waste: int = 0
+    corruption_waste: int = 0
     ready_ms: float | None = None
     overhead_ms: list[float] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
@@ -191,7 +201,7 @@ class _Runner:
         self.trial = Trial(config, spec.id, spec.span_h, level, spec.plan_steps)
         self.kills = sorted(spec.kills, key=lambda k: k.step)
         self.executions = 0
-        self.seen: set[str] = set()
+        self.last_run: dict[str, int] = {}  # execution-log line -> index of the session that last ran it
 
     def _worker(self, max_steps: int | None) -> multiprocessing.Process:
         ctx = multiprocessing.get_context("fork")
@@ -201,9 +211,9 @@ class _Runner:
         proc.start()
         return proc
 
-    def session(self, cause: str, max_steps: int | None) -> Session:
+    def session(self, cause: str, max_steps: int | None, after_corruption: bool = False) -> Session:
         """Run one worker to its end (or SIGKILL it on schedule) and read what it did."""
-        s = Session(cause)
+        s = Session(cause, after_corruption=after_corruption)
         offset = self.events.stat().st_size if self.events.exists() else 0
         lines_before = len(_exec_lines(self.exec_log))
         proc = self._worker(max_steps)
@@ -259,12 +269,18 @@ class _Runner:
                 s.error = e.get("error")
                 s.committed_seen = max(s.committed_seen, e.get("done", 0))
         lines = _exec_lines(self.exec_log)
+        self.trial.sessions.append(s)
+        here = len(self.trial.sessions) - 1
         for line in lines[lines_before:]:
             s.executions += 1
-            if line in self.seen:
+            if line in self.last_run:
                 s.wasted += 1
-            self.seen.add(line)
-        self.trial.sessions.append(s)
+                j = self.last_run[line]
+                if any(x.after_corruption or x.cause == "restart" for x in self.trial.sessions[j + 1:]):
+                    s.corruption_waste += 1
+                else:
+                    self.trial.sessions[j].caused_waste += 1
+            self.last_run[line] = here
         return s
 
     def _between_days(self, boundary: int, done: int) -> list[dict[str, Any]]:
@@ -300,7 +316,7 @@ class _Runner:
         while len(self.trial.sessions) < MAX_SESSIONS:
             last_day = day == len(cum) - 1
             max_steps = None if last_day else max(1, cum[day] - (last_done if self.config != "naive" else 0))
-            s = self.session(cause, max_steps)
+            s = self.session(cause, max_steps, after_corruption=pending_corrupt is not None)
             if pending_corrupt is not None and (s.resumed or s.error or s.status != "killed"):
                 pending_corrupt["loaded_bad"] = s.loaded == pending_corrupt["bad_head"]
                 pending_corrupt["detected"] = not pending_corrupt["loaded_bad"]
@@ -551,7 +567,7 @@ def summarize(trials: list[Trial]) -> dict[str, dict[str, Any]]:
         ts = [t for t in trials if t.config == config]
         interrupted = [s for t in ts for s in t.sessions if s.cause in ("kill", "day")]
         wasted = [sum(s.wasted for s in t.sessions) for t in ts]
-        per_kill = [s.wasted for t in ts for s in t.sessions if s.cause == "kill"]
+        per_kill = [s.caused_waste for t in ts for s in t.sessions if s.status == "killed"]
         overhead = [x for t in ts for s in t.sessions for x in s.overhead_ms]
         step = [x for t in ts for s in t.sessions for x in s.step_ms]
         resume = [s.ready_ms for t in ts for s in t.sessions if s.ready_ms is not None]
