@@ -36,9 +36,8 @@ from pathlib import Path
 from statistics import fmean, median
 from typing import Any, Callable
 
-from overnight.bench.kpi_workload import FORMAT_ENV, SIGNING_KEY, Kill, TaskSpec, build_task, chunk_text, \
-    run_session, write_inputs
-from overnight.orchestrate import runner as _runner  # noqa: F401  imported before forking workers
+from overnight.bench.kpi_workload import FORMAT_ENV, Kill, TaskSpec, build_task, chunk_text, run_session, \
+    write_inputs
 from overnight.verify.faults import KINDS, Faults
 
 CONFIGS = ("naive", "session", "durable", "router")
@@ -55,7 +54,8 @@ def make_workload(n: int, seed: int) -> list[TaskSpec]:
 
     Classes (share): ``short`` (1 h, 4-7 chunks, one session; 30 %), ``medium`` (4-12 h the same
     day, 8-13 chunks, two sessions; 30 %), ``overnight`` (8-10 h from 18-22 h, 10-15 chunks, two
-    days; 20 %), ``long`` (30-60 h, 14-20 chunks, two or three days; 20 %). Each step execution
+    days; 20 %), ``long`` (30-60 h, 17-24 chunks, two or three days; 20 %). A section adds ~520 tokens
+    of context, so a long task's sections do not fit in one 8,000-token window. Each step execution
     draws a SIGKILL with probability 0.08; each boundary between days draws drift (input edit or
     env change) with probability 0.8, and each other boundary between sessions a corruption of
     the stored head with probability 0.6 (kinds in turn; one fault per boundary, so each is
@@ -74,7 +74,7 @@ def make_workload(n: int, seed: int) -> list[TaskSpec]:
         elif r < 0.8:
             cls, span, start, chunks, parts = "overnight", float(rng.randint(8, 10)), rng.randint(18, 22), rng.randint(10, 15), 2
         else:
-            cls, span, start, chunks, parts = "long", float(rng.randint(30, 60)), rng.randint(8, 17), rng.randint(14, 20), rng.choice((2, 3))
+            cls, span, start, chunks, parts = "long", float(rng.randint(30, 60)), rng.randint(8, 17), rng.randint(17, 24), rng.choice((2, 3))
         plan = chunks + 2
         cuts = sorted(rng.sample(range(2, plan - 1), parts - 1)) if parts > 1 else []
         days = [b - a for a, b in zip([0, *cuts], [*cuts, plan])]
@@ -186,7 +186,7 @@ def _exec_lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-class _Runner:
+class _TrialRun:
     """Runs the sessions of one trial and injects its faults."""
 
     def __init__(self, config: str, level: str, spec: TaskSpec, root: Path, store: dict[str, Any] | None) -> None:
@@ -379,6 +379,7 @@ def _drop_store(store: dict[str, Any]) -> None:
 def warm_up() -> None:
     """Load what every worker needs (the o200k_base vocabulary, the model) once, here, so that the
     forked workers share it: resume latency then measures overnight, not interpreter start-up."""
+    import overnight.orchestrate.runner  # noqa: F401 - imported once, here, not in every worker
     from overnight.models.extractive import ExtractiveModel
     from overnight.tokens import tokenizer_for
 
@@ -393,7 +394,7 @@ def run_trial(config: str, spec: TaskSpec, root: Path) -> Trial:
     if config != "naive":
         store = ({"kind": "memory", "name": spec.id} if level == "ephemeral"
                  else {"kind": "sqlite", "path": str(root / config / spec.id / "store.db")})
-    return _Runner(config, level, spec, root, store).run()
+    return _TrialRun(config, level, spec, root, store).run()
 
 
 # -- medium loss ------------------------------------------------------------------------------------
@@ -426,7 +427,7 @@ def _media_case(case: str, media: str, loss: str, specs: list[TaskSpec], root: P
     mt = MediaTrial(case, media, loss, tasks=len(specs))
     runners = []
     for spec in specs:
-        r = _Runner("media-" + case, "session", spec, root, store)
+        r = _TrialRun("media-" + case, "session", spec, root, store)
         s = r.session("start", spec.plan_steps // 2)
         mt.overhead_ms += s.overhead_ms
         runners.append(r)
@@ -559,7 +560,9 @@ def summarize(trials: list[Trial]) -> dict[str, dict[str, Any]]:
     ``corrupt_injected``/``corrupt_detected``/``corrupt_loaded``, ``drift_injected`` (relevant),
     ``drift_detected``/``drift_missed``/``false_alarms``, ``overhead_ms``/``overhead_pct`` (mean
     per step), ``resume_ms`` (median)/``resume_p95_ms``, ``stored_bytes`` (mean per task),
-    ``compactions``, ``levels`` (tasks per level), ``cost_s`` (checkpoint overhead plus resume
+    ``compactions``, ``levels`` (tasks per level), ``overflow_by_class`` (class -> [overflowed,
+    tasks]), ``no_valid_checkpoint`` (resumes that found nothing verifiable and started over),
+    ``corruption_waste`` (re-executions caused by corruption fallbacks), ``cost_s`` (checkpoint overhead plus resume
     latency summed over all tasks, s).
     """
     out: dict[str, dict[str, Any]] = {}
@@ -568,6 +571,11 @@ def summarize(trials: list[Trial]) -> dict[str, dict[str, Any]]:
         interrupted = [s for t in ts for s in t.sessions if s.cause in ("kill", "day")]
         wasted = [sum(s.wasted for s in t.sessions) for t in ts]
         per_kill = [s.caused_waste for t in ts for s in t.sessions if s.status == "killed"]
+        by_class: dict[str, list[int]] = {}
+        for t in ts:
+            c = by_class.setdefault(t.task_id.rsplit("-", 1)[-1], [0, 0])
+            c[0] += t.status == "context overflow"
+            c[1] += 1
         overhead = [x for t in ts for s in t.sessions for x in s.overhead_ms]
         step = [x for t in ts for s in t.sessions for x in s.step_ms]
         resume = [s.ready_ms for t in ts for s in t.sessions if s.ready_ms is not None]
@@ -582,6 +590,9 @@ def summarize(trials: list[Trial]) -> dict[str, dict[str, Any]]:
             "completed": sum(t.status == "complete" for t in ts),
             "completion": sum(t.status == "complete" for t in ts) / len(ts),
             "overflow": sum(t.status == "context overflow" for t in ts),
+            "overflow_by_class": by_class,
+            "no_valid_checkpoint": sum(s.error == "NoValidCheckpoint" for t in ts for s in t.sessions),
+            "corruption_waste": sum(s.corruption_waste for t in ts for s in t.sessions),
             "kills": sum(t.kills for t in ts),
             "interruptions": len(interrupted),
             "continued": sum(s.resumed for s in interrupted),

@@ -208,11 +208,23 @@ class _Events:
         os.write(self.fd, (json.dumps(kw) + "\n").encode())
 
 
+_STORED = ("SELECT (SELECT COALESCE(SUM(LENGTH(data)), 0) FROM objects)"
+           " + (SELECT COALESCE(SUM(LENGTH(body)), 0) FROM checkpoints)"
+           " + (SELECT COALESCE(SUM(LENGTH(response)), 0) FROM calls)")
+
+
 def _store_bytes(store: dict[str, Any]) -> int | None:
+    """Bytes the task's SQLite store holds: stored (compressed) objects, checkpoint records and
+    recorded model calls -- what the data costs, without SQLite's page slack and WAL."""
     if store["kind"] != "sqlite":
         return None
-    p = Path(store["path"])
-    return sum(q.stat().st_size for q in (p, p.with_name(p.name + "-wal")) if q.exists())
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{store['path']}?mode=ro", uri=True)
+    try:
+        return int(conn.execute(_STORED).fetchone()[0])
+    finally:
+        conn.close()
 
 
 def _open(store: dict[str, Any]) -> Any:
