@@ -126,6 +126,7 @@ class Session:
     status: str = "killed"
     resumed: bool = False
     loaded: str | None = None
+    last_checkpoint: str | None = None
     done_at_start: int = 0
     committed_seen: int = 0
     after_corruption: bool = False
@@ -144,7 +145,12 @@ class Session:
 
 @dataclass
 class Trial:
-    """One task through one configuration; every raw figure the summary is built from."""
+    """One task through one configuration; every raw figure the summary is built from.
+
+    ``committed_lost``: steps lost to SIGKILLs -- counted when the checkpoint a resume loaded does
+    not descend from the last one the killed worker reported committed. ``corruptions`` and
+    ``drifts``: each injected fault and whether (and how) the next resume caught it.
+    """
 
     config: str
     task_id: str
@@ -244,6 +250,8 @@ class _TrialRun:
         starts: dict[str, float] = {}
         for e in events:
             k = e["kind"]
+            if e.get("checkpoint") and k in ("create", "resume", "step_end", "compaction"):
+                s.last_checkpoint = e["checkpoint"]
             if k == "resume":
                 s.resumed, s.loaded, s.done_at_start = True, e.get("checkpoint"), e.get("done", 0)
             elif k == "step_start":
@@ -305,6 +313,21 @@ class _TrialRun:
                                            "detected": None, "loaded_bad": None, "fell_back_to": None})
         return injected
 
+    def _descends(self, head: str | None, ancestor: str) -> bool:
+        """Is ``ancestor`` on ``head``'s parent chain (or ``head`` itself)? True for stores this
+        process cannot open (in-process ``ephemeral`` stores are lost by design)."""
+        if self.store is None or self.store["kind"] != "sqlite":
+            return True
+        from overnight.store.sqlite import SQLiteStore
+
+        with SQLiteStore(self.store["path"]) as st:
+            cid = head
+            while cid is not None:
+                if cid == ancestor:
+                    return True
+                cid = st.get_checkpoint(cid).parent_id
+        return False
+
     def run(self) -> Trial:
         t0 = time.perf_counter()
         os.environ[FORMAT_ENV] = "md"
@@ -313,6 +336,7 @@ class _TrialRun:
         last_done = 0
         pending_drift: list[dict[str, Any]] = []
         pending_corrupt: dict[str, Any] | None = None
+        known: str | None = None  # the newest checkpoint the worker reported committed
         while len(self.trial.sessions) < MAX_SESSIONS:
             last_day = day == len(cum) - 1
             max_steps = None if last_day else max(1, cum[day] - (last_done if self.config != "naive" else 0))
@@ -322,8 +346,12 @@ class _TrialRun:
                 pending_corrupt["detected"] = not pending_corrupt["loaded_bad"]
                 pending_corrupt["fell_back_to"] = s.loaded
                 pending_corrupt = None
-            if cause == "kill" and s.resumed and self.config != "naive":
-                self.trial.committed_lost += max(0, last_done - s.done_at_start)
+            if cause == "kill" and s.resumed and known is not None and not self._descends(s.loaded, known):
+                self.trial.committed_lost += max(1, last_done - s.done_at_start)
+            if s.status == "error":
+                known = None
+            elif s.last_checkpoint:
+                known = s.last_checkpoint
             for item in s.drift:
                 match = next((d for d in pending_drift if d["component"] == item["component"]
                               and (d["key"] == item["key"] or d["key"] in item["key"])), None)

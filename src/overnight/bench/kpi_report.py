@@ -171,8 +171,8 @@ def notes(run: KpiRun) -> list[str]:
     if "naive" in S and S["naive"]["overflow"]:
         out.append(
             "- **Context overflow** (claimed 100 % for one 8k session) is measured per task class: the baseline "
-            "sends its whole conversation every call, so it fails exactly on the tasks whose sections do not fit in "
-            "8,000 tokens (the long ones here) and on none of the others; overnight compacts into a new session "
+            "sends its whole conversation every call, so it fails exactly on the tasks whose conversation outgrows "
+            "8,000 tokens (about 15 sections; most long tasks here) and on none of the others; overnight compacts into a new session "
             "(see compactions) and finishes them.")
     if "session" in S:
         out.append(
