@@ -233,10 +233,10 @@ class _TrialRun:
                 if e["kind"] == "step_start":
                     self.executions += 1
                     if self.kills and self.kills[0].step <= self.executions and not killed:
-                        kill = self.kills.pop(0)
-                        time.sleep(kill.delay_ms / 1000)
-                        if proc.is_alive():
+                        time.sleep(self.kills[0].delay_ms / 1000)
+                        if proc.is_alive():  # else it stays due: the next session's first step gets it
                             os.kill(proc.pid, signal.SIGKILL)
+                            self.kills.pop(0)
                             killed = True
             if not proc.is_alive():
                 new, pos = _read_events(self.events, pos)

@@ -162,11 +162,13 @@ def notes(run: KpiRun) -> list[str]:
     ]
     restarts = {c: S[c]["no_valid_checkpoint"] for c in ("session", "durable", "router") if c in S}
     if any(restarts.values()):
+        kinds = sorted({c["kind"] for t in run.trials for c in t.corruptions if c["expected"] is None})
         out.append(
             "- The interruptions not continued at `session`/`durable` (" + ", ".join(f"{c} {n}" for c, n in
                                                                              restarts.items()) + ") are resumes "
-            "after a corruption that damaged an object every checkpoint shares (the task's first world "
-            "fingerprint or state chunk): no checkpoint verified, so the task started over rather than load "
+            f"after a corruption ({', '.join(kinds)}) of an object every checkpoint of the task shares -- the "
+            "world fingerprint blob is written once per session, so damage to it in a task's first session "
+            "invalidates its whole lineage: no checkpoint verified, and the task started over rather than load "
             "damaged state. The router's others are tasks it routed `ephemeral` (in-process only), killed.")
     if "naive" in S and S["naive"]["overflow"]:
         out.append(
