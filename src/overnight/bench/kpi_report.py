@@ -166,10 +166,10 @@ def notes(run: KpiRun) -> list[str]:
         out.append(
             "- The interruptions not continued at `session`/`durable` (" + ", ".join(f"{c} {n}" for c, n in
                                                                              restarts.items()) + ") are resumes "
-            f"after a corruption ({', '.join(kinds)}) of an object every checkpoint of the task shares -- the "
-            "world fingerprint blob is written once per session, so damage to it in a task's first session "
-            "invalidates its whole lineage: no checkpoint verified, and the task started over rather than load "
-            "damaged state. The router's others are tasks it routed `ephemeral` (in-process only), killed.")
+            f"after a corruption ({', '.join(kinds)}) of an object every checkpoint of the task shares (content "
+            "addressing stores an unchanged object once -- a session's world fingerprint, a state chunk unchanged "
+            "since the task began -- so one damaged copy invalidates the whole lineage): no checkpoint verified, "
+            "and the task started over rather than load damaged state. The router's others are tasks it routed `ephemeral` (in-process only), killed.")
     if "naive" in S and S["naive"]["overflow"]:
         out.append(
             "- **Context overflow** (claimed 100 % for one 8k session) is measured per task class: the baseline "
