@@ -318,17 +318,23 @@ class _TrialRun:
         process cannot open (in-process ``ephemeral`` stores are lost by design)."""
         if self.store is None or self.store["kind"] != "sqlite":
             return True
+        from overnight.errors import OvernightError
         from overnight.store.sqlite import SQLiteStore
 
         with SQLiteStore(self.store["path"]) as st:
             cid = head
-            while cid is not None:
-                if cid == ancestor:
-                    return True
-                cid = st.get_checkpoint(cid).parent_id
+            try:
+                while cid is not None:
+                    if cid == ancestor:
+                        return True
+                    cid = st.get_checkpoint(cid).parent_id
+            except OvernightError:  # the chain is broken: the ancestor is not reachable from the head
+                return False
         return False
 
     def run(self) -> Trial:
+        """Run the task's sessions until it completes, overflows, fails or gives up (MAX_SESSIONS),
+        injecting the schedule's faults; returns the filled-in :class:`Trial`."""
         t0 = time.perf_counter()
         os.environ[FORMAT_ENV] = "md"
         day, cum = 0, [sum(self.spec.days[:i + 1]) for i in range(len(self.spec.days))]
@@ -381,8 +387,7 @@ class _TrialRun:
                 break
             # stopped: the day (or session) is over
             last_done = 0 if self.config == "naive" else s.committed_seen
-            pending_drift = [d for d in pending_drift if d["relevant"]]
-            new = self._between_days(day, last_done if self.config != "naive" else 0)
+            new = self._between_days(day, last_done)
             self.trial.drifts.extend(new)
             pending_drift.extend(d for d in new if d["relevant"] and self.level == "durable")
             if self.trial.corruptions and self.trial.corruptions[-1]["detected"] is None:
