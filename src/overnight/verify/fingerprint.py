@@ -58,14 +58,20 @@ def installed(names: list[str] | None = None) -> dict[str, str]:
     first on ``sys.path`` wins). ``names``: only these (a missing one maps to ``"missing"``)."""
     import importlib.metadata as md
 
+    if names is not None:  # look up only these: reading every distribution's metadata costs ~0.5 s
+        out = {}
+        for n in sorted(names):
+            try:
+                out[normalize(n)] = md.distribution(n).version
+            except md.PackageNotFoundError:
+                out[normalize(n)] = MISSING
+        return out
     found: dict[str, str] = {}
     for dist in md.distributions():
         name = dist.metadata["Name"] if dist.metadata else None
         if name:
             found.setdefault(normalize(name), dist.version)
-    if names is None:
-        return dict(sorted(found.items()))
-    return {normalize(n): found.get(normalize(n), MISSING) for n in sorted(names)}
+    return dict(sorted(found.items()))
 
 
 def digest_path(path: str | os.PathLike) -> str:
