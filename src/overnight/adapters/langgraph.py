@@ -4,7 +4,7 @@ Change one line -- ``checkpointer=OvernightSaver.from_url("sqlite:///agent.db")`
 LangGraph graph's checkpoints become overnight checkpoints: content-addressed, verified on every
 load, deduplicated, and visible to ``overnight verify``, ``log``, ``fork`` and ``gc``.
 
-Mapping (spec of the stored form: ``docs/langgraph.md``):
+Mapping (the README section "Use with LangGraph" shows it as a table):
 
 * a LangGraph **thread** is an overnight **task** with id ``task_prefix + thread_id``
   (default ``"langgraph:<thread_id>"``);
@@ -78,7 +78,7 @@ EVENT_KEY = "langgraph"
 WRITES_EVENT_KEY = "langgraph-writes"
 """``event.key`` of a checkpoint written by :meth:`OvernightSaver.put_writes`."""
 DATA_FORMAT = 1
-"""Format of the ``data.langgraph`` document (see ``docs/langgraph.md``)."""
+"""Format of the ``data.langgraph`` document (the README section "Use with LangGraph")."""
 COMMIT_ATTEMPTS = 8
 """Commits retried after another writer moved the branch (``StaleHead``) or deleted the parent."""
 
