@@ -65,6 +65,14 @@ def test_demo_writes_report_and_says_where(tmp_path):
     assert report.read_bytes() == before
 
 
+def test_demo_resumed_with_the_printed_command_still_writes_the_report(tmp_path):
+    stopped = cli("demo", "--max-steps", "3", cwd=tmp_path, check=75)
+    assert "overnight resume api-report-email" in stopped.stderr
+    assert not (tmp_path / "report.md").exists()
+    cli("resume", "api-report-email", "-q", cwd=tmp_path)
+    assert (tmp_path / "report.md").read_text(encoding="utf-8").startswith("# API reference: `email`")
+
+
 def test_ls_show_cat_json(tmp_path):
     cli("demo", "--max-steps", "3", cwd=tmp_path, check=75)
     tasks = json.loads(cli("ls", "--json", cwd=tmp_path).stdout)

@@ -227,12 +227,15 @@ def write_section(ctx: StepContext, api: dict[str, Any], max_tokens: int) -> str
 
 
 def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latency_ms: float = 0.0,
-              out: str | None = None, model: str | None = None, max_context_tokens: int = 8_000,
+              out: str | None = "report.md", model: str | None = None, max_context_tokens: int = 8_000,
               section_tokens: int | None = None) -> Task:
     """The API-report task for ``package`` (id ``api-report-<package>`` unless given).
 
     Args:
-        out: a file the finished ``report.md`` is exported to.
+        out: the file the finished ``report.md`` is exported to (default ``report.md`` in the
+            current directory, also when the task is resumed with ``overnight resume`` or run
+            from ``examples/api_report.py``); None: keep it in the store only
+            (``overnight cat TASK report.md``).
         model: the model writing the sections (``extractive``, ``local``, ``openai:NAME``; default
             extractive), recorded in the task's data so a resume uses the same one.
         latency_ms: with the extractive writer, sleep this long per section (a model's latency).
