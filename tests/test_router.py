@@ -119,3 +119,17 @@ def test_ephemeral_level_keeps_nothing(tmp_path, monkeypatch):
     result = overnight.run(t, handle_signals=False)
     assert result.status == "complete" and result.level == "ephemeral"
     assert not (tmp_path / ".overnight").exists()
+
+
+def test_stopped_ephemeral_task_is_not_called_resumable(tmp_path):
+    (tmp_path / "quick.py").write_text(
+        "import overnight\n"
+        "task = overnight.Task('quick', goal='count three short things', expected_span='30m', level='ephemeral', criticality='normal',"
+        " done_when='counted')\n"
+        "for i in range(3):\n"
+        "    task.step(lambda ctx, i=i: i, name=f's{i}')\n")
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("OVERNIGHT_")}
+    out = subprocess.run([sys.executable, "-m", "overnight", "run", "quick.py", "--max-steps", "1"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 1, out.stderr
+    assert "NOT resumable" in out.stderr and "resume with" not in out.stderr

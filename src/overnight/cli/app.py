@@ -115,8 +115,10 @@ def _model(spec: Optional[str], base_url: Optional[str]):
 
 def _report_run(result: api.RunResult, *, quiet: bool) -> None:
     if not quiet:
-        state = {"complete": "[green]complete[/]", "interrupted": "[yellow]interrupted (resumable)[/]",
-                 "stopped": "[yellow]stopped after --max-steps (resumable)[/]"}[result.status]
+        kept = "resumable" if result.resumable or result.status == "complete" else \
+            "NOT resumable: level ephemeral kept its checkpoints in this process only; running it again starts over"
+        state = {"complete": "[green]complete[/]", "interrupted": f"[yellow]interrupted ({kept})[/]",
+                 "stopped": f"[yellow]stopped after --max-steps ({kept})[/]"}[result.status]
         render.err.print(
             f"task [bold]{render.esc(result.task_id)}[/] {state}: {result.done}/{result.total} steps, "
             f"{result.steps_run} run this session (session {result.session}), head {result.head[7:19]}"
@@ -133,6 +135,8 @@ def _report_run(result: api.RunResult, *, quiet: bool) -> None:
             render.err.print(f"resume with: {render.esc(resume_command(result.task_id, result.branch, result.store_url))}")
     if result.resumable:
         raise typer.Exit(EXIT_RESUMABLE)
+    if result.status != "complete":  # ephemeral: nothing left to resume
+        raise typer.Exit(EXIT_FAILED)
 
 
 def _run_with_progress(fn, *, quiet: bool, events: Optional[str]) -> api.RunResult:

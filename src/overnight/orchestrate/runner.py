@@ -125,7 +125,8 @@ class RunResult:
 
     @property
     def resumable(self) -> bool:
-        return self.status != "complete"
+        """Not complete, and kept somewhere a later process can resume it from (not ``ephemeral``)."""
+        return self.status != "complete" and self.level != "ephemeral"
 
 
 class Runner:
