@@ -146,3 +146,21 @@ def test_two_media_lost_the_third_carries_the_task(media, tmp_path):
     assert repaired["cloud"]["status"] == "ok"
     assert {repaired["local"]["status"], repaired["database"]["status"]} == {"repaired"}
     finish_and_check(media)
+
+
+def test_cli_finds_a_task_on_the_configured_media_without_store(media, tmp_path):
+    first_session(media)
+    (tmp_path / "hot" / "overnight.db").unlink()  # only the database and cloud copies are left
+
+    def cli(*args):
+        out = subprocess.run([sys.executable, "-m", "overnight", *args], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120, env=os.environ.copy())
+        assert out.returncode == 0, (args, out.stderr)
+        return out.stdout
+
+    (listed,) = json.loads(cli("ls", "--json"))
+    assert listed["task_id"] == "ledger" and listed["done"] == STEPS // 2
+    assert "secret" not in listed["store"]
+    assert json.loads(cli("show", "ledger", "--json"))["task_id"] == "ledger"
+    assert json.loads(cli("verify", "ledger", "--json"))["ok"] is True
+    assert cli("cat", "ledger", "month-0.txt").startswith("month 0 reconciled")

@@ -49,9 +49,25 @@ from overnight.verify.integrity import load_checkpoint, parse_record, signing_ke
 
 
 @contextmanager
-def _opened(store: Store | str | None, *, create: bool = True) -> Iterator[TieredStore]:
+def _opened(store: Store | str | None, *, create: bool = True, task_id: str | None = None,
+            write: bool = False) -> Iterator[TieredStore]:
     """The store, wrapped so archived history reads through to its cold store; with
-    ``create=False`` a store that does not exist yet is an error rather than created."""
+    ``create=False`` a store that does not exist yet is an error rather than created.
+
+    With ``store=None`` and a ``task_id``, the task is looked up where the router may have put it:
+    the default store, else the configured database and cloud media, as ``overnight resume`` does.
+    A replicated task is read from the first medium that holds it; to ``write``, every medium is
+    first brought up to the newest verifiable head (``overnight repair``) and written together."""
+    if store is None and task_id is not None:
+        found = locate(task_id, load_config())
+        if found is not None:
+            s = tiered(_medium_for(found[0], task_id, write=write), own=False)
+            try:
+                yield s
+            finally:
+                s.close()  # the cold stores it opened
+                found[0].close()
+            return
     if store is not None and hasattr(store, "commit"):
         s = tiered(store, own=False)  # type: ignore[arg-type]
         try:
@@ -69,6 +85,24 @@ def _opened(store: Store | str | None, *, create: bool = True) -> Iterator[Tiere
         yield s
     finally:
         s.close()
+
+
+def _medium_for(located: Store, task_id: str, *, write: bool) -> Store:
+    """The store to use for ``task_id`` found by :func:`~overnight.orchestrate.router.locate`."""
+    from overnight.verify.replicas import ReplicatedStore, repair_task
+
+    if not isinstance(located, ReplicatedStore):
+        return located
+    if write:
+        repair_task(located.media, list(located.names), task_id, key=signing_key_from_env())
+        return located
+    for medium in located.media:
+        try:
+            if medium.list_refs(task_id):
+                return medium
+        except OvernightError:
+            continue  # an unavailable medium: read another
+    return located
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|hr|d|day|days|w|week|weeks)?\s*$")
@@ -284,27 +318,60 @@ class TaskSummary:
     checkpoints: int
     updated_at: str | None
     created_at: str
+    store: str = ""
+    """Where the task was listed from: a store's path, or its URL with any password masked."""
 
 
 def ls(*, store: Store | str | None = None) -> list[TaskSummary]:
-    """Every task in the store with its status on ``main`` (or its first branch)."""
+    """Every task in the store with its status on ``main`` (or its first branch).
+
+    With ``store=None``: the default store, then the configured database and cloud media (where
+    the router puts ``important`` and ``critical`` tasks); a task on several media is listed once,
+    from the first. ``TaskSummary.store`` says where each one is.
+
+    Raises:
+        ConfigError: ``store`` names a store that does not exist (nor, with ``store=None``, does
+            the default store or any configured medium).
+    """
+    if store is not None:
+        with _opened(store, create=False) as s:
+            return _summaries(s, set())
+    cfg = load_config()
+    urls = list(dict.fromkeys(u for u in (cfg.medium(n) for n in ("local", "database", "cloud"))
+                              if u is not None and store_exists(u)))
+    if not urls:
+        with _opened(None, create=False) as s:  # raises: no store yet
+            return _summaries(s, set())
+    out: list[TaskSummary] = []
+    seen: set[str] = set()
+    for url in urls:
+        with _opened(url, create=False) as s:
+            out += _summaries(s, seen)
+    return out
+
+
+def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
+    """:class:`TaskSummary` of every task in ``s`` not in ``seen`` (which gains them)."""
     key = signing_key_from_env()
     out = []
-    with _opened(store, create=False) as s:
-        for t in s.list_tasks():
-            refs = s.list_refs(t.task_id)
-            rows = s.list_checkpoints(t.task_id)
-            branch = "main" if "main" in refs else next(iter(refs), None)
-            status, done, total = "invalid", 0, 0
-            if branch is not None:
-                try:
-                    loaded, _ = load_head(s, t.task_id, branch, key=key, deep=False)
-                    done, total = loaded.doc.done.count, loaded.doc.done.count + loaded.doc.todo.count
-                    status = "complete" if not loaded.doc.todo.count else "in progress"
-                except OvernightError:
-                    status = "invalid"
-            out.append(TaskSummary(t.task_id, t.goal, status, done, total, sorted(refs), len(rows),
-                                   max((r.created_at for r in rows), default=None), t.created_at))
+    for t in s.list_tasks():
+        if t.task_id in seen:
+            continue
+        seen.add(t.task_id)
+        refs = s.list_refs(t.task_id)
+        rows = s.list_checkpoints(t.task_id)
+        branch = "main" if "main" in refs else next(iter(refs), None)
+        status, done, total = "invalid", 0, 0
+        if branch is not None:
+            try:
+                loaded, _ = load_head(s, t.task_id, branch, key=key, deep=False)
+                done, total = loaded.doc.done.count, loaded.doc.done.count + loaded.doc.todo.count
+                status = "complete" if not loaded.doc.todo.count else "in progress"
+            except OvernightError:
+                status = "invalid"
+        out.append(TaskSummary(t.task_id, t.goal, status, done, total, sorted(refs), len(rows),
+                               max((r.created_at for r in rows), default=None), t.created_at,
+                               store_location(s.url)))
     return out
 
 
@@ -353,7 +420,7 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
         TaskNotFound: no such task.
     """
     key = signing_key_from_env()
-    with _opened(store, create=False) as s:
+    with _opened(store, create=False, task_id=task_id) as s:
         t = s.get_task(task_id)
         refs = s.list_refs(task_id)
         if refs and branch not in refs:
@@ -458,7 +525,7 @@ def cat(task_id: str, artifact: str, *, store: Store | str | None = None, at: st
         TaskNotFound / CheckpointNotFound / ArtifactNotFound; IntegrityError if it fails verification.
     """
     key = signing_key_from_env()
-    with _opened(store, create=False) as s:
+    with _opened(store, create=False, task_id=task_id) as s:
         s.get_task(task_id)
         if at is None:
             loaded, fallback = load_head(s, task_id, branch, key=key, deep=False)
@@ -487,14 +554,14 @@ def verify(task_id: str | None = None, *, store: Store | str | None = None, all_
     Raises:
         TaskNotFound: ``task_id`` does not exist.
     """
-    with _opened(store, create=False) as s:
+    with _opened(store, create=False, task_id=task_id) as s:
         return verify_store(s, [task_id] if task_id else None, key=signing_key_from_env(),
                             all_objects=all_objects, on_progress=on_progress)
 
 
 def log(task_id: str, *, store: Store | str | None = None) -> list[LogEntry]:
     """The task's history, all branches, newest first, with a graph column (``git log --graph``)."""
-    with _opened(store, create=False) as s:
+    with _opened(store, create=False, task_id=task_id) as s:
         s.get_task(task_id)
         return branching.history(s, task_id, key=signing_key_from_env())
 
@@ -502,7 +569,7 @@ def log(task_id: str, *, store: Store | str | None = None) -> list[LogEntry]:
 def fork(task_id: str, at: str, branch: str, *, store: Store | str | None = None) -> str:
     """Create ``branch`` at checkpoint ``at`` (id, unique prefix, or branch name); returns the new
     branch's first checkpoint id. Raises ``BranchExists``, ``CheckpointNotFound``, ``IntegrityError``."""
-    with _opened(store) as s:
+    with _opened(store, task_id=task_id, write=True) as s:
         s.get_task(task_id)
         cid = resolve_checkpoint(s, task_id, at)
         ensure_hot(s, task_id, cid)  # an archived checkpoint comes back to hot before a branch builds on it
@@ -512,7 +579,7 @@ def fork(task_id: str, at: str, branch: str, *, store: Store | str | None = None
 def rollback(task_id: str, to: str, *, branch: str = "main", store: Store | str | None = None) -> str:
     """Give ``branch`` a new head with the state of its ancestor ``to``; the newer checkpoints stay
     in the history. Raises ``TaskBusy`` while a run holds the branch."""
-    with _opened(store) as s:
+    with _opened(store, task_id=task_id, write=True) as s:
         s.get_task(task_id)
         cid = resolve_checkpoint(s, task_id, to)
         ensure_hot(s, task_id, cid)  # an archived checkpoint comes back to hot before the branch uses its state
@@ -523,7 +590,7 @@ def merge(task_id: str, source: str, *, into: str = "main", prefer: str | None =
           store: Store | str | None = None) -> MergeResult:
     """Merge branch ``source`` into ``into`` (union of done steps; three-way for artifacts and
     state). Raises ``MergeConflict`` listing both sides unless ``prefer`` is ``ours``/``theirs``."""
-    with _opened(store) as s:
+    with _opened(store, task_id=task_id, write=True) as s:
         s.get_task(task_id)
         return branching.merge(s, task_id, source, into=into, prefer=prefer, key=signing_key_from_env())
 
@@ -567,7 +634,7 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
     from overnight.orchestrate.consistency import policies_for, report_for, salt_of, world, world_spec
     from overnight.verify.drift import affected_steps, parse_policies
 
-    with _opened(store, create=False) as s:
+    with _opened(store, create=False, task_id=task_id) as s:
         s.get_task(task_id)
         loaded, _ = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
         st = loaded.state
@@ -606,7 +673,7 @@ def env_export(task_id: str, *, store: Store | str | None = None, at: str | None
     """
     from overnight.verify.fingerprint import pip_requirements
 
-    with _opened(store, create=False) as s:
+    with _opened(store, create=False, task_id=task_id) as s:
         s.get_task(task_id)
         key = signing_key_from_env()
         if at is None:
@@ -770,7 +837,7 @@ def rm(task_id: str, *, store: Store | str | None = None, dry_run: bool = False,
         TaskNotFound: no such task.
         TaskBusy: a live process holds one of its branches (``force=True`` deletes anyway).
     """
-    with _opened(store) as s:
+    with _opened(store, task_id=task_id, write=True) as s:
         s.get_task(task_id)
         grace_s = parse_duration(grace, "--grace") or 0.0
         if dry_run:
@@ -789,7 +856,7 @@ def archive(task_id: str, *, cold: str, store: Store | str | None = None, keep_l
     Raises:
         ConfigError, TaskNotFound, TaskBusy (a run holds a branch), TaskChanged.
     """
-    with _opened(store) as s:
+    with _opened(store, task_id=task_id, write=True) as s:
         return archiving.archive(s, task_id, cold=cold, keep_last=keep_last,
                                  older_than_s=parse_duration(older_than, "--older-than"),
                                  grace_s=parse_duration(grace, "--grace") or 0.0, on_progress=on_progress)
@@ -803,5 +870,5 @@ def restore(task_id: str, *, store: Store | str | None = None, cold: str | None 
     Raises:
         TaskNotFound; MissingObject / DigestMismatch for a missing or damaged pack.
     """
-    with _opened(store) as s:
+    with _opened(store, task_id=task_id, write=True) as s:
         return archiving.restore(s, task_id, cold=cold, on_progress=on_progress)

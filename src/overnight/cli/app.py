@@ -205,7 +205,9 @@ def resume(
 
 @app.command("ls")
 def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
-    """List the tasks in the store: status, steps done/total, branches, last checkpoint time."""
+    """List the tasks in the store: status, steps done/total, branches, last checkpoint time.
+    Without --store: the default store and the configured database and cloud media (where the
+    router puts important and critical tasks)."""
     try:
         tasks = api.ls(store=store)
     except OvernightError as exc:
@@ -219,9 +221,12 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
         render.err.print(f"no tasks in the store at {render.esc(location(store or default_store_url()))} yet "
                          "(try `overnight demo`)")
         return
-    render.table(None, ["task", "status", "steps", "branches", "checkpoints", "updated", "goal"],
+    several = len({t.store for t in tasks}) > 1  # the default store and configured media
+    render.table(None, ["task", "status", "steps", "branches", "checkpoints", "updated", "goal"]
+                 + (["store"] if several else []),
                  [(t.task_id, t.status, f"{t.done}/{t.total}", ",".join(t.branches), t.checkpoints,
-                   (t.updated_at or "")[:19].replace("T", " "), t.goal) for t in tasks],
+                   (t.updated_at or "")[:19].replace("T", " "), t.goal) + ((t.store,) if several else ())
+                  for t in tasks],
                  justify={"steps": "right", "checkpoints": "right"})
 
 

@@ -38,13 +38,14 @@ def _check_bare(text: str) -> None:
 
 
 def location(url: str) -> str:
-    """Where a store URL points, for messages: the absolute path of a file or directory store."""
+    """Where a store URL points, for messages: the absolute path of a file or directory store;
+    other URLs with a password masked (``postgresql://user:***@host/db``)."""
     scheme, sep, rest = str(url).partition("://")
     if not sep:
         return str(Path(url).resolve())
     if scheme.lower() in ("sqlite", "file") and rest:
         return str(Path(rest).resolve())
-    return str(url)
+    return re.sub(r"^([^/]*//[^/@:]*:)[^/@]*@", r"\1***@", str(url))
 
 
 def exists(url: str | os.PathLike | None = None) -> bool:
