@@ -131,3 +131,17 @@ def test_verify_reports_an_edited_index_column(tmp_path):
     assert not report.ok
     (problem,) = [p for p in report.problems if p.check == "index"]
     assert "step column" in problem.detail
+
+
+def test_a_text_column_that_is_not_utf8_is_store_corrupt_not_a_raw_sqlite_error(tmp_path):
+    db = tmp_path / "s.db"
+    overnight.run(_task(), f"sqlite://{db}")
+    with sqlite3.connect(db) as conn:  # bytes that are not UTF-8 where SQLite promises text
+        conn.execute("UPDATE checkpoints SET created_at = CAST(x'32303236ff' AS TEXT)")
+    for args in (["verify", "--all"], ["ls"]):
+        proc = subprocess.run([sys.executable, "-m", "overnight", *args, "--store", f"sqlite://{db}"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 3 and "is damaged" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    with pytest.raises(StoreCorrupt):
+        with SQLiteStore(db) as store:
+            store.list_checkpoints("damage")

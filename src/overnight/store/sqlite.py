@@ -311,7 +311,7 @@ class SQLiteStore:
         if code == _SQLITE_FULL or "disk is full" in str(exc):
             return StoreFull(f"store {self.path}: the disk is full ({exc}); the write in flight was rolled back, "
                              "everything committed before it is intact", hint="free space and resume")
-        if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "malformed" in str(exc):
+        if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "malformed" in str(exc) or "decode to UTF-8" in str(exc):
             return StoreCorrupt(f"store {self.path} is damaged: {exc}",
                                 hint="resume a replicated task from another medium (`overnight repair`), or recover "
                                 f"the file: sqlite3 {self.path} .recover | sqlite3 recovered.db")
