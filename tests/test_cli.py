@@ -186,3 +186,23 @@ def test_housekeeping_commands_document_their_options(cmd, tmp_path):
                 "restore": ["--cold", "--json"]}[cmd]
     for option in expected:
         assert option in out
+
+
+def test_resume_of_an_adapter_task_says_where_it_lives(tmp_path):
+    import asyncio
+
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from overnight.adapters.langgraph import OvernightSaver
+    from overnight.adapters.openai_agents import OvernightSession
+
+    url = f"sqlite://{tmp_path / 'a.db'}"
+    with OvernightSaver.from_url(url) as saver:
+        saver.put({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, empty_checkpoint(), {}, {})
+    session = OvernightSession("s", store=url)
+    asyncio.run(session.add_items([{"role": "user", "content": "hi"}]))
+    session.close()
+    for task_id, what in (("langgraph:t", "LangGraph thread"), ("agents.s", "Agents SDK session")):
+        for args in (["resume", task_id], ["status", task_id, "--drift"]):
+            err = cli(*args, "--store", url, cwd=tmp_path, check=2).stderr
+            assert what in err and "--file" not in err, err

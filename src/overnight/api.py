@@ -273,8 +273,7 @@ def resume(
         row = s.get_task(task_id)
         where = entry or row.entry
         if not where:
-            raise ConfigError(f"task {task_id!r} has no recorded code location", task_id=task_id,
-                              hint="pass --file FILE.py[:NAME]")
+            raise _no_code(row, "resume")
         if entry is None:
             _check_entry(s, task_id, branch, row.entry)
         task = load_task(where, task_id=task_id)
@@ -615,6 +614,29 @@ class StatusReport:
     drift_plan: str | None = None
 
 
+def _no_code(row: Any, action: str) -> ConfigError:
+    """Why a task without a recorded code location cannot be resumed (or drift-checked) here:
+    a LangGraph thread or an Agents SDK session lives in its framework, not in overnight steps."""
+    from overnight.codec.canonical import loads
+
+    try:
+        spec = loads(row.spec)
+    except OvernightError:
+        spec = {}
+    if isinstance(spec, dict) and "langgraph" in spec:
+        return ConfigError(f"task {row.task_id!r} is a LangGraph thread stored by OvernightSaver: it has no overnight "
+                           f"steps to {action}", task_id=row.task_id,
+                           hint="continue it by invoking your graph with the same thread_id; "
+                           "saver.drift(config) reports what changed since its checkpoints")
+    if isinstance(spec, dict) and spec.get("kind") == "openai-agents-session":
+        return ConfigError(f"task {row.task_id!r} is an OpenAI Agents SDK session stored by OvernightSession: it has "
+                           f"no overnight steps to {action}", task_id=row.task_id,
+                           hint="open it again with OvernightSession(session_id, store=...)")
+    return ConfigError(f"task {row.task_id!r} has no recorded code location; cannot {action} it without its code",
+                       task_id=row.task_id, hint="pass --file FILE.py[:NAME] (the file defining the task; it is "
+                       "imported, so its top-level code runs)")
+
+
 def _task_code(s: Store, task_id: str, entry: str | None) -> Task | None:
     where = entry or s.get_task(task_id).entry
     if not where:
@@ -645,8 +667,7 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
         if drift:
             task = _task_code(s, task_id, entry)
             if task is None:
-                raise ConfigError(f"task {task_id!r} has no recorded code location; a drift check needs its code",
-                                  task_id=task_id, hint="pass --file FILE.py[:NAME]")
+                raise _no_code(s.get_task(task_id), "check drift of")
             state = loaded.state_tree
             now = world(world_spec(task, salt_of(state)))
             rep.drift = report_for(loaded, state, task, now, salt_of(state))
