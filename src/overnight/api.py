@@ -49,10 +49,9 @@ from overnight.verify.integrity import load_checkpoint, parse_record, signing_ke
 
 
 @contextmanager
-def _opened(store: Store | str | None, *, create: bool = True, task_id: str | None = None,
-            write: bool = False) -> Iterator[TieredStore]:
-    """The store, wrapped so archived history reads through to its cold store; with
-    ``create=False`` a store that does not exist yet is an error rather than created.
+def _opened(store: Store | str | None, *, task_id: str | None = None, write: bool = False) -> Iterator[TieredStore]:
+    """The store, wrapped so archived history reads through to its cold store. A store that does
+    not exist yet is a ConfigError, never created (only running a task creates one).
 
     With ``store=None`` and a ``task_id``, the task is looked up where the router may have put it:
     the default store, else the configured database and cloud media, as ``overnight resume`` does.
@@ -76,7 +75,7 @@ def _opened(store: Store | str | None, *, create: bool = True, task_id: str | No
             if s is not store:
                 s.close()  # only the cold stores it opened
         return
-    if not create and not store_exists(store):  # type: ignore[arg-type]
+    if not store_exists(store):  # type: ignore[arg-type]
         url = str(store) if store is not None else default_store_url()
         raise ConfigError(f"no store at {url} ({store_location(url)})",
                           hint="run a task first (`overnight demo`), or pass --store / set OVERNIGHT_STORE")
@@ -333,18 +332,18 @@ def ls(*, store: Store | str | None = None) -> list[TaskSummary]:
             the default store or any configured medium).
     """
     if store is not None:
-        with _opened(store, create=False) as s:
+        with _opened(store) as s:
             return _summaries(s, set())
     cfg = load_config()
     urls = list(dict.fromkeys(u for u in (cfg.medium(n) for n in ("local", "database", "cloud"))
                               if u is not None and store_exists(u)))
     if not urls:
-        with _opened(None, create=False) as s:  # raises: no store yet
+        with _opened(None) as s:  # raises: no store yet
             return _summaries(s, set())
     out: list[TaskSummary] = []
     seen: set[str] = set()
     for url in urls:
-        with _opened(url, create=False) as s:
+        with _opened(url) as s:
             out += _summaries(s, seen)
     return out
 
@@ -419,7 +418,7 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
         TaskNotFound: no such task.
     """
     key = signing_key_from_env()
-    with _opened(store, create=False, task_id=task_id) as s:
+    with _opened(store, task_id=task_id) as s:
         t = s.get_task(task_id)
         refs = s.list_refs(task_id)
         if refs and branch not in refs:
@@ -524,7 +523,7 @@ def cat(task_id: str, artifact: str, *, store: Store | str | None = None, at: st
         TaskNotFound / CheckpointNotFound / ArtifactNotFound; IntegrityError if it fails verification.
     """
     key = signing_key_from_env()
-    with _opened(store, create=False, task_id=task_id) as s:
+    with _opened(store, task_id=task_id) as s:
         s.get_task(task_id)
         if at is None:
             loaded, fallback = load_head(s, task_id, branch, key=key, deep=False)
@@ -553,14 +552,14 @@ def verify(task_id: str | None = None, *, store: Store | str | None = None, all_
     Raises:
         TaskNotFound: ``task_id`` does not exist.
     """
-    with _opened(store, create=False, task_id=task_id) as s:
+    with _opened(store, task_id=task_id) as s:
         return verify_store(s, [task_id] if task_id else None, key=signing_key_from_env(),
                             all_objects=all_objects, on_progress=on_progress)
 
 
 def log(task_id: str, *, store: Store | str | None = None) -> list[LogEntry]:
     """The task's history, all branches, newest first, with a graph column (``git log --graph``)."""
-    with _opened(store, create=False, task_id=task_id) as s:
+    with _opened(store, task_id=task_id) as s:
         s.get_task(task_id)
         return branching.history(s, task_id, key=signing_key_from_env())
 
@@ -656,7 +655,7 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
     from overnight.orchestrate.consistency import policies_for, report_for, salt_of, world, world_spec
     from overnight.verify.drift import affected_steps, parse_policies
 
-    with _opened(store, create=False, task_id=task_id) as s:
+    with _opened(store, task_id=task_id) as s:
         s.get_task(task_id)
         loaded, _ = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
         st = loaded.state
@@ -694,7 +693,7 @@ def env_export(task_id: str, *, store: Store | str | None = None, at: str | None
     """
     from overnight.verify.fingerprint import pip_requirements
 
-    with _opened(store, create=False, task_id=task_id) as s:
+    with _opened(store, task_id=task_id) as s:
         s.get_task(task_id)
         key = signing_key_from_env()
         if at is None:

@@ -507,7 +507,8 @@ def _unreadable_note(unreadable: list) -> None:
 
 @app.command()
 def gc(
-    apply: bool = typer.Option(False, "--apply", help="Delete. Without it, only report what would go."),
+    apply: bool = typer.Option(False, "--apply/--dry-run", help="--apply deletes; --dry-run (the default) only "
+                               "reports what would go."),
     keep_last: Optional[int] = typer.Option(None, "--keep-last", min=0, metavar="N",
                                             help="Keep each task's N newest dangling checkpoints."),
     older_than: Optional[str] = typer.Option(None, "--older-than", metavar="DURATION",
