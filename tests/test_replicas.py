@@ -82,7 +82,7 @@ def finish_and_check(urls) -> overnight.RunResult:
 def repair_cli(tmp_path) -> dict:
     out = subprocess.run([sys.executable, "-m", "overnight", "repair", "ledger", "--json"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120, env=os.environ.copy())
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 0, out.stderr + out.stdout
     (report,) = json.loads(out.stdout)
     return {m["name"]: m for m in report["media"]}
 
@@ -164,3 +164,19 @@ def test_cli_finds_a_task_on_the_configured_media_without_store(media, tmp_path)
     assert json.loads(cli("show", "ledger", "--json"))["task_id"] == "ledger"
     assert json.loads(cli("verify", "ledger", "--json"))["ok"] is True
     assert cli("cat", "ledger", "month-0.txt").startswith("month 0 reconciled")
+
+
+def test_every_object_of_the_hot_copy_damaged_is_rewritten_from_a_replica(media, tmp_path):
+    """Objects every checkpoint shares (the world fingerprint, unchanged state pages) damaged too:
+    nothing on the hot copy verifies, and repair still heals it object by object."""
+    import sqlite3
+
+    head = first_session(media)
+    with sqlite3.connect(tmp_path / "hot" / "overnight.db") as conn:
+        conn.execute("UPDATE objects SET data = substr(data, 1, length(data) - 1) WHERE length(data) > 1")
+    with open_store(media["local"]) as s:
+        assert not verify_store(s, ["ledger"]).ok
+    repaired = repair_cli(tmp_path)
+    assert repaired["local"]["status"] == "repaired" and repaired["local"]["objects_copied"] > 3
+    assert _head(media["local"]) == head
+    finish_and_check(media)

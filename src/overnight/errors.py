@@ -127,7 +127,12 @@ class StoreCorrupt(IntegrityError):
 
 
 class NoValidCheckpoint(IntegrityError):
-    """No checkpoint on the branch passed verification; there is nothing safe to resume from."""
+    """No checkpoint on the branch passed verification; there is nothing safe to resume from.
+
+    ``fallback`` (a :class:`~overnight.verify.chain.Fallback`, when raised by ``load_head``) lists
+    every checkpoint skipped, with the check and object that failed."""
+
+    fallback: object = None
 
 
 class SessionCorrupt(IntegrityError):

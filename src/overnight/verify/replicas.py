@@ -313,7 +313,12 @@ def _repair_medium(src: Store, dst: Store, task_row: TaskRow, lineage: list[Chec
             st.checkpoints_copied += 0 if had else 1
         # heal what is damaged: rewrite each object the destination fails on, until its head verifies
         for _ in range(max_rounds):
-            loaded, fallback = load_head(dst, task_row.task_id, branch, key=key, deep=True)
+            try:
+                loaded, fallback = load_head(dst, task_row.task_id, branch, key=key, deep=True)
+            except NoValidCheckpoint as exc:  # an object every checkpoint shares is damaged here
+                fallback = exc.fallback
+                if fallback is None:
+                    raise
             if fallback is None:
                 break
             bad = [s.object_digest for s in fallback.skipped if s.object_digest]
