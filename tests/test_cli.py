@@ -206,3 +206,17 @@ def test_resume_of_an_adapter_task_says_where_it_lives(tmp_path):
         for args in (["resume", task_id], ["status", task_id, "--drift"]):
             err = cli(*args, "--store", url, cwd=tmp_path, check=2).stderr
             assert what in err and "--file" not in err, err
+
+
+def test_demo_cuts_a_class_too_large_for_one_call_between_its_methods(tmp_path):
+    pkg = tmp_path / "bigpkg"
+    pkg.mkdir()
+    methods = "".join(f"    def method_{i}(self, value: int, *, scale: float = 1.0) -> int:\n"
+                      f'        """Return value number {i}, scaled. {"Explains the details at length. " * 12}"""\n'
+                      "        return value\n\n" for i in range(60))
+    (pkg / "__init__.py").write_text('"""A package with one very large class."""\n\n'
+                                     f'class Huge:\n    """A class whose API alone outgrows the window."""\n\n{methods}')
+    cli("demo", "-p", "bigpkg", "-q", "--max-context-tokens", "2000", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    report = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert report.count("### class `Huge`") == 1
+    assert all(f"`Huge.method_{i}(" in report for i in range(60))

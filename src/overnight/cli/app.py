@@ -61,7 +61,8 @@ app = typer.Typer(
 )
 
 StoreOpt = typer.Option(None, "--store", "-s", envvar="OVERNIGHT_STORE",
-                        help="Store URL (sqlite://PATH). Default: sqlite://.overnight/overnight.db")
+                        help="Store URL: sqlite://PATH, file://DIR, postgresql://HOST/DB?schema=NAME or "
+                        "s3://BUCKET/PREFIX. Default: sqlite://.overnight/overnight.db (or overnight.toml's store.url).")
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
 BranchOpt = typer.Option("main", "--branch", "-b", help="Branch to use.")
 MaxStepsOpt = typer.Option(None, "--max-steps", min=1, help="Stop (resumably, exit 75) after N executed steps.")
@@ -101,7 +102,9 @@ def _fail(exc: OvernightError) -> None:
     if isinstance(exc, StepError) and cause is not None:
         import traceback
 
-        render.err.print("".join(traceback.format_exception(cause)).rstrip(), markup=False)
+        # a typed error already says what went wrong: show where in the step, not the library's chain
+        typed = isinstance(cause, OvernightError)
+        render.err.print("".join(traceback.format_exception(cause, chain=not typed)).rstrip(), markup=False)
     raise typer.Exit(_exit_code(exc))
 
 

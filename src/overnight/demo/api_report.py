@@ -200,28 +200,46 @@ def section_parts(api: dict[str, Any]) -> list[dict[str, Any]]:
 MIN_REPLY_TOKENS = 256
 
 
+def _fitting(ctx: StepContext, part: dict[str, Any], max_tokens: int) -> list[dict[str, Any]]:
+    """``part`` as parts that each leave room for their reply -- as long as the API listing it
+    restates (at least :data:`MIN_REPLY_TOKENS`, at most ``max_tokens``): a class too large for one
+    call is cut between its methods (the later pieces marked ``continued``)."""
+    messages = section_messages(part)
+    listing = len(ctx.model.tokenizer.encode(messages[-1]["content"]))
+    if ctx.model.room(messages) >= min(max_tokens, max(MIN_REPLY_TOKENS, listing)):
+        return [part]
+    classes = part["classes"]
+    if len(classes) == 1 and len(classes[0]["methods"]) > 1:
+        cls, methods = classes[0], classes[0]["methods"]
+        half = len(methods) // 2
+        first = {**part, "classes": [{**cls, "methods": methods[:half]}]}
+        rest = {**part, "continued": True, "classes": [{**cls, "doc": "", "methods": methods[half:]}]}
+        return _fitting(ctx, first, max_tokens) + _fitting(ctx, rest, max_tokens)
+    raise ConfigError(f"the API of {part['module']} (part) does not fit in a {MIN_REPLY_TOKENS}-token reply "
+                      "within the context window", hint="raise --max-context-tokens")
+
+
 def _write(ctx: StepContext, api: dict[str, Any], max_tokens: int) -> str:
     messages = section_messages(api)
-    room = ctx.model.room(messages)
-    if room < MIN_REPLY_TOKENS:
-        raise ConfigError(f"the API of {api['module']} (part) does not fit in a {MIN_REPLY_TOKENS}-token reply "
-                          "within the context window", hint="raise --max-context-tokens")
-    return ctx.model.complete(messages, max_tokens=min(max_tokens, room)).text
+    return ctx.model.complete(messages, max_tokens=min(max_tokens, ctx.model.room(messages))).text
 
 
 def write_section(ctx: StepContext, api: dict[str, Any], max_tokens: int) -> str:
     """The module's section, by the task's model: one call when the module's API and a reply of
-    up to ``max_tokens`` fit in the context window, else one call per part (:func:`section_parts`),
-    stitched under one heading. A reply never asks for more tokens than the window has left."""
+    up to ``max_tokens`` fit in the context window, else one call per part (:func:`section_parts`;
+    a class too large for one call cut between its methods), stitched under one heading. A reply never asks for more tokens than the window has left."""
     if ctx.model.fits(section_messages(api), max_tokens):
         return ctx.model.complete(section_messages(api), max_tokens=max_tokens).text
-    texts = [_write(ctx, part, max_tokens) for part in section_parts(api)]
+    parts = [piece for part in section_parts(api) for piece in _fitting(ctx, part, max_tokens)]
+    texts = [_write(ctx, part, max_tokens) for part in parts]
     counts = f"*{len(api['classes'])} classes, {len(api['functions'])} functions.*"
     texts[0] = re.sub(r"^\*\d+ classes, \d+ functions\.\*$", counts, texts[0], count=1, flags=re.M)
     rest = []
-    for text in texts[1:]:  # each part repeats the module heading: keep what follows it
+    for part, text in zip(parts[1:], texts[1:]):  # each part repeats the module heading (a class
+        # continued, its class heading too): keep what follows it
         lines = text.splitlines()
-        start = next((i for i, line in enumerate(lines) if line.startswith("### ")), len(lines))
+        mark = "#### " if part.get("continued") else "### "
+        start = next((i for i, line in enumerate(lines) if line.startswith(mark)), len(lines))
         rest.append("\n".join(lines[start:]))
     return "\n\n".join([texts[0].rstrip(), *(r.strip() for r in rest)]).rstrip() + "\n"
 
