@@ -432,8 +432,11 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         :data:`WRITES_EVENT_KEY` (``put_writes``: ``base_key`` is the checkpoint itself, loaded
         with the writes of all its leaf records; when it is not stored, the record is a
         :data:`PENDING_EVENT_KEY` root of its own branch). ``build(base_state_tree | None,
-        writer) -> data | None`` returns the state tree to commit, or None when nothing changed.
-        Retries when another writer moved the branch meanwhile. Returns whether a record was written.
+        writer, pending) -> data | None`` returns the state tree to commit, or None when nothing
+        changed; ``pending`` holds the writes of the checkpoint's :data:`PENDING_EVENT_KEY` records
+        (for ``put`` to carry them; ``put_writes`` finds them in the base state already). Once the
+        record is committed, those pending records are deleted (:meth:`_drop_pending`). Retries
+        when another writer moved the branch meanwhile. Returns whether a record was written.
         """
         for _ in range(COMMIT_ATTEMPTS):
             index = self._index(task_id)
@@ -472,8 +475,19 @@ class OvernightSaver(BaseCheckpointSaver[int]):
                     chain.known = merged.seen
                     base_state = merged.tree
                 chain.ref_head = expected
+            own = index.entries.get((ns, lg_id))
+            pending = [r for r in own.leaves if r.kind == PENDING_EVENT_KEY] if own and mode != PENDING_EVENT_KEY else []
+            if mode == EVENT_KEY and pending:
+                try:
+                    folded = self._merged(task_id, _Entry(ns, lg_id, None, tuple(pending)))
+                except CheckpointNotFound:
+                    self._forget(task_id)
+                    continue
+                chain.known |= folded.seen
+            else:
+                folded = _Merged(None, None, [], {}, set(), BlobReader(self.store))
             writer = chain.blob_writer()
-            state = build(base_state, writer)
+            state = build(base_state, writer, folded)
             if state is None:
                 return False
             task_row = None
@@ -495,12 +509,34 @@ class OvernightSaver(BaseCheckpointSaver[int]):
             records[key] = [*records.get(key, ()), rec]
             entries = dict(index.entries)
             entries[key] = _entry(ns, lg_id, records[key])
-            self._indexes[task_id] = _Index({**index.refs, branch: cid}, records, entries, True)
+            index = self._indexes[task_id] = _Index({**index.refs, branch: cid}, records, entries, True)
             self._tip[task_id] = (chain, state)
+            if pending:
+                self._drop_pending(task_id, index, key, pending)
             return True
         raise StaleHead(f"LangGraph checkpoint {lg_id} of thread {thread_id!r}: the thread kept changing under "
                         f"{COMMIT_ATTEMPTS} attempts to commit", task_id=task_id,
                         hint="another process writes the same thread at a high rate; retry")
+
+    def _drop_pending(self, task_id: str, index: _Index, key: tuple[str, str], pending: list[_Rec]) -> None:
+        """Delete pending-writes records (and their branches) whose writes the record just
+        committed for checkpoint ``key`` carries. A crash midway leaves both: reading folds the
+        same writes twice, which changes nothing; a branch another writer moved is left alone."""
+        gone: set[str] = set()
+        for rec in pending:
+            try:
+                self.store.set_ref(task_id, rec.branch, None, rec.cid)
+            except StaleHead:
+                continue
+            self.store.delete_checkpoints([rec.cid])
+            gone.add(rec.cid)
+        if gone:
+            records = dict(index.records)
+            records[key] = [r for r in records[key] if r.cid not in gone]
+            entries = dict(index.entries)
+            entries[key] = _entry(key[0], key[1], records[key])
+            refs = {b: c for b, c in index.refs.items() if c not in gone}
+            self._indexes[task_id] = _Index(refs, records, entries, True)
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
@@ -531,7 +567,7 @@ class OvernightSaver(BaseCheckpointSaver[int]):
             exc.task_id = task_id
             raise
 
-        def build(base: dict[str, Any] | None, writer: BlobWriter) -> dict[str, Any]:
+        def build(base: dict[str, Any] | None, writer: BlobWriter, pending: _Merged) -> dict[str, Any]:
             base_arts = base["artifacts"] if base else {}
             base_versions = base["data"]["langgraph"]["checkpoint"].get("channel_versions", {}) if base else {}
             arts: dict[str, Any] = {}
@@ -543,9 +579,11 @@ class OvernightSaver(BaseCheckpointSaver[int]):
                 elif name in values:
                     where = f"thread {thread_id!r} channel {name!r}"
                     arts[aname] = self._ref(writer, self._encode(values[name], where, task_id))
+            arts.update(pending.write_artifacts)  # writes that arrived before this checkpoint
             data = {"langgraph": {
                 "format": DATA_FORMAT, "thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": lg_id,
-                "parent_checkpoint_id": parent_id, "checkpoint": cp_tree, "metadata": meta_tree, "writes": [],
+                "parent_checkpoint_id": parent_id, "checkpoint": cp_tree, "metadata": meta_tree,
+                "writes": pending.writes,
             }}
             return _state(task_id, thread_id, arts, data)
 
@@ -563,8 +601,8 @@ class OvernightSaver(BaseCheckpointSaver[int]):
 
         Writes for a checkpoint not stored yet (LangGraph runs a checkpoint's ``put`` and its
         tasks' ``put_writes`` in parallel) are committed at once as a record of their own (a root
-        on branch ``<ns-branch>@<checkpoint id>/<suffix>``); once the checkpoint is stored,
-        reading it returns them with the others.
+        on branch ``<ns-branch>@<checkpoint id>/<suffix>``, event key :data:`PENDING_EVENT_KEY`);
+        the checkpoint's ``put`` carries them into its own record and deletes that one.
 
         Raises:
             EncodeError: a value no codec covers; names thread and channel.
@@ -582,7 +620,7 @@ class OvernightSaver(BaseCheckpointSaver[int]):
                     self._encode(value, f"thread {thread_id!r} write to channel {channel!r}", otask))
                    for i, (channel, value) in enumerate(writes)]
 
-        def build(base: dict[str, Any] | None, writer: BlobWriter) -> dict[str, Any] | None:
+        def build(base: dict[str, Any] | None, writer: BlobWriter, _pending: _Merged) -> dict[str, Any] | None:
             if base is None:  # the checkpoint is not stored (yet): a record of the writes alone
                 lg = {"format": DATA_FORMAT, "thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": lg_id,
                       "parent_checkpoint_id": None, "checkpoint": None, "metadata": None, "writes": []}
