@@ -7,7 +7,8 @@ load, deduplicated, and visible to ``overnight verify``, ``log``, ``fork`` and `
 Mapping (the README section "Use with LangGraph" shows it as a table):
 
 * a LangGraph **thread** is an overnight **task** with id ``task_prefix + thread_id``
-  (default ``"langgraph:<thread_id>"``);
+  (default ``"langgraph:<thread_id>"``; ``task_prefix + "sha256-<40 hex digits>"`` for an id that
+  is not valid Unicode text);
 * each LangGraph **checkpoint** is an overnight checkpoint with event ``step``, ``event.step`` =
   the LangGraph checkpoint id, ``event.key`` = ``"langgraph"`` and ``event.detail`` = the
   checkpoint namespace. Its channel values are artifacts ``channel/<name>`` (one blob each,
@@ -19,9 +20,20 @@ Mapping (the README section "Use with LangGraph" shows it as a table):
   starts a new branch ``<ns-branch>@<checkpoint id>`` from its parent, so both histories stay
   separate. The root namespace's first branch is ``main``, a subgraph namespace's is ``ns:<ns>``;
 * **pending writes** (``put_writes``) are committed as a new overnight checkpoint that carries
-  the LangGraph checkpoint again with the writes added (event key ``"langgraph-writes"``; same
-  LangGraph id, the newest such record wins), so they are durable when ``put_writes`` returns
-  and survive a crash; the write values are artifacts ``write/<task_id>/<idx>``.
+  the LangGraph checkpoint again with the writes added (event key ``"langgraph-writes"``, same
+  LangGraph id), so they are durable when ``put_writes`` returns and survive a crash; the write
+  values are artifacts ``write/<task_id>/<idx>``. On the branch head the record is appended with
+  compare-and-swap; otherwise (the next checkpoint was appended meanwhile) it starts a one-record
+  branch ``<ns-branch>@<checkpoint id>/<suffix>``. Writes that arrive before their checkpoint is
+  stored are committed at once as a root record of such a branch (event key
+  ``"langgraph-pending"``); the checkpoint's ``put`` carries them on and deletes it. A
+  checkpoint's pending writes are the union of those of all its records that no other record of
+  it descends from, so concurrent writers in several processes never lose one.
+
+Reading never trusts the store's index columns: which checkpoints a thread has is read from the
+records reachable from its branch refs, each verified (digest, schema, signature) before its event
+is used; a branch naming a missing record, or a damaged record or object, raises
+:class:`~overnight.errors.ThreadCorrupt` naming the thread -- never an older checkpoint in its place.
 
 Values go through :mod:`overnight.codec.canonical`: no pickle; LangChain messages (pydantic
 models) and LangGraph's ``Interrupt``/``Command`` (dataclasses) round-trip; ``Send`` has a codec
