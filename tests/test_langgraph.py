@@ -439,7 +439,7 @@ def test_a_damaged_record_or_blob_raises_naming_the_thread(tmp_path):
     assert old is not None and message_blob in digests
     _sql(url, f"delete from objects where digest='{message_blob}'")
     with OvernightSaver.from_url(url) as saver, pytest.raises(ThreadCorrupt, match=r"LangGraph thread 't2'") as err:
-        saver.get_tuple({"configurable": {"thread_id": "t2", "checkpoint_id": old.config["configurable"]["checkpoint_id"]}})
+        saver.get_tuple(old.config)
     assert err.value.object_digest == message_blob and "overnight verify langgraph:t2" in err.value.hint
 
 
@@ -448,7 +448,8 @@ def test_an_unknown_stored_type_names_the_thread(tmp_path, monkeypatch):
     thread's task."""
     from overnight.errors import UnknownTypeError
 
-    (tmp_path / "lgfix_shapes.py").write_text("from dataclasses import dataclass\n\n@dataclass\nclass Box:\n    n: int\n")
+    (tmp_path / "lgfix_shapes.py").write_text("from dataclasses import dataclass\n\n\n@dataclass\nclass Box:\n"
+                                             "    n: int\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import lgfix_shapes
 
@@ -529,7 +530,7 @@ def test_a_thread_id_that_is_not_valid_text_round_trips(tmp_path):
             cp = _cp("2", {"x": 1}, {"x": 1})
             if not conf["checkpoint_ns"]:
                 cp["id"] = "id\udc80"
-            with pytest.raises(ConfigError, match=r"LangGraph thread 'ok': checkpoint (namespace|id) .* not valid Unicode"):
+            with pytest.raises(ConfigError, match=r"thread 'ok': checkpoint (namespace|id) .* not valid Unicode"):
                 saver.put({"configurable": conf}, cp, {}, {"x": 1})
         assert saver.get_tuple({"configurable": {"thread_id": "ok"}}) is None
     report = api.verify(saver.task_id(bad), store=url)
@@ -559,7 +560,8 @@ def test_writes_before_their_checkpoint_are_refused_or_stored_at_once(tmp_path):
         from test_langgraph import _cp
         from overnight.adapters.langgraph import OvernightSaver
         with OvernightSaver.from_url({url!r}) as saver:
-            saver.put({{"configurable": {{"thread_id": "t", "checkpoint_ns": ""}}}}, _cp("1", {{"a": 1}}, {{"a": 1}}), {{}}, {{"a": 1}})
+            cfg = {{"configurable": {{"thread_id": "t", "checkpoint_ns": ""}}}}
+            saver.put(cfg, _cp("1", {{"a": 1}}, {{"a": 1}}), {{}}, {{"a": 1}})
     """)
     out = subprocess.run([sys.executable, "-c", code], env=env(), cwd=tmp_path, capture_output=True, text=True,
                          timeout=60)

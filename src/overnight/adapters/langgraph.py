@@ -488,7 +488,8 @@ class OvernightSaver(BaseCheckpointSaver[int]):
                     base_state = merged.tree
                 chain.ref_head = expected
             own = index.entries.get((ns, lg_id))
-            pending = [r for r in own.leaves if r.kind == PENDING_EVENT_KEY] if own and mode != PENDING_EVENT_KEY else []
+            pending = ([r for r in own.leaves if r.kind == PENDING_EVENT_KEY]
+                       if own is not None and mode != PENDING_EVENT_KEY else [])
             if mode == EVENT_KEY and pending:
                 try:
                     folded = self._merged(task_id, _Entry(ns, lg_id, None, tuple(pending)))
@@ -872,8 +873,8 @@ class OvernightSaver(BaseCheckpointSaver[int]):
             with self._lock:
                 index = self._index(task_id)
                 stored = index.checkpoints()
-                keep = [e for e in stored if from_tree(
-                    self._load(task_id, e.cid).doc.data["langgraph"]["metadata"]).get("run_id") not in runs]  # type: ignore[arg-type]
+                keep = [e for e in stored if e.cid is not None and from_tree(
+                    self._load(task_id, e.cid).doc.data["langgraph"]["metadata"]).get("run_id") not in runs]
                 if len(keep) == len(stored):
                     continue
                 if keep:
