@@ -575,3 +575,22 @@ def test_writes_before_their_checkpoint_are_refused_or_stored_at_once(tmp_path):
         assert [w[0] for w in saver.get_tuple(cfg).pending_writes] == ["task-1", "task-2", "task-3"]
     report = api.verify("langgraph:t", store=url)
     assert report.ok, report
+
+
+def test_prune_keeps_writes_whose_checkpoint_is_not_stored_yet(tmp_path):
+    """``prune`` and ``delete_for_runs`` rewrite the thread; writes that arrived before their
+    checkpoint survive it and come back with the checkpoint once it is stored."""
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    with OvernightSaver.from_url(url) as saver:
+        cfg = {"configurable": {"thread_id": "p", "checkpoint_ns": ""}}
+        for n in "12":
+            cfg = saver.put(cfg, _cp(n, {"n": int(n)}, {"n": int(n)}), {"run_id": f"run-{n}"}, {"n": int(n)})
+        early = {"configurable": {**cfg["configurable"], "checkpoint_id": _cp("3", {}, {})["id"]}}
+        saver.put_writes(early, [("n", 30)], "task-3")
+        saver.prune(["p"])
+        saver.delete_for_runs(["run-1"])
+        assert [t.checkpoint["channel_values"]["n"] for t in saver.list({"configurable": {"thread_id": "p"}})] == [2]
+        saver.put(cfg, _cp("3", {"n": 3}, {"n": 3}), {"run_id": "run-3"}, {"n": 3})
+        assert saver.get_tuple(early).pending_writes == [("task-3", "n", 30)]
+    report = api.verify("langgraph:p", store=url)
+    assert report.ok, report

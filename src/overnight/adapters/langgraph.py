@@ -892,8 +892,10 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         checkpoint on its first branch (``main``, ``ns:<ns>``), the others on
         ``<branch>@<checkpoint id>`` -- and every old record is deleted. A crash midway leaves
         both copies, which hold the same checkpoints; never a record whose parent is gone.
+        Records of writes whose checkpoint is not stored yet (:data:`PENDING_EVENT_KEY`) stay.
         """
-        old_rows = [r.checkpoint_id for r in self.store.list_checkpoints(task_id)]
+        waiting = {r.cid for e in index.entries.values() if e.cid is None for r in e.leaves}
+        old_rows = [r.checkpoint_id for r in self.store.list_checkpoints(task_id) if r.checkpoint_id not in waiting]
         merged = {(e.ns, e.lg_id): self._merged(task_id, e) for e in index.checkpoints()}
         parent_of = {key: (key[0], m.tree["data"]["langgraph"]["parent_checkpoint_id"])  # type: ignore[index]
                      for key, m in merged.items()}
@@ -938,7 +940,7 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         for branch, cid in heads.items():
             self.store.set_ref(task_id, branch, None, cid)
         for name, cid in current.items():
-            if name not in final:
+            if name not in final and cid not in waiting:
                 self.store.set_ref(task_id, name, None, cid)
         self.store.delete_checkpoints(old_rows, orphans=True)
         self._forget(task_id)
