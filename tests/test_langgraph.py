@@ -344,3 +344,253 @@ def test_drift_report_names_a_changed_lock_file(tmp_path):
         report = saver.drift(cfg)
     assert report.components() == ["deps"]
     assert [i.key for i in report.items] == ["lock file requirements.txt"]
+
+
+# -- damage, concurrency and odd input (the QA report's defects) --------------------------------
+
+
+def _echo_graph():
+    from langchain_core.messages import AIMessage
+    from langgraph.graph import MessagesState
+
+    g = StateGraph(MessagesState)
+    g.add_node("chat", lambda s: {"messages": [AIMessage("echo:" + s["messages"][-1].content)]})
+    g.add_edge(START, "chat")
+    return g
+
+
+def _chat(url: str, thread: str, questions: str) -> None:
+    from langchain_core.messages import HumanMessage
+
+    with OvernightSaver.from_url(url) as saver:
+        app = _echo_graph().compile(checkpointer=saver)
+        for q in questions:
+            app.invoke({"messages": [HumanMessage(q)]}, {"configurable": {"thread_id": thread}})
+
+
+def _sql(url: str, statement: str) -> None:
+    import sqlite3
+
+    with sqlite3.connect(url[len("sqlite://"):]) as db:
+        db.execute(statement)
+
+
+def test_a_damaged_step_column_does_not_change_which_checkpoint_is_newest(tmp_path):
+    """The store's ``step`` column is a copy outside the record's digest: overwriting the oldest
+    record's with an id sorting after every real one changes nothing the saver returns."""
+    from langchain_core.messages import HumanMessage
+
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    _chat(url, "t1", "abc")
+    _sql(url, "update checkpoints set step='ffffffff-ffff-6fff-8fff-ffffffffffff' where seq=0")
+    cfg = {"configurable": {"thread_id": "t1"}}
+    with OvernightSaver.from_url(url) as saver:
+        app = _echo_graph().compile(checkpointer=saver)
+        assert [m.content for m in app.get_state(cfg).values["messages"]] == \
+            ["a", "echo:a", "b", "echo:b", "c", "echo:c"]
+        app.invoke({"messages": [HumanMessage("d")]}, cfg)
+        assert len(app.get_state(cfg).values["messages"]) == 8
+        assert all(not t.config["configurable"]["checkpoint_id"].startswith("ffffffff") for t in saver.list(cfg))
+
+
+def test_a_missing_head_record_raises_naming_the_thread(tmp_path):
+    """The branch ``main`` names a record that was deleted: no older checkpoint is served in its
+    place (its pending writes would be lost); reading the thread raises ThreadCorrupt."""
+    from overnight.errors import ThreadCorrupt
+
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    _chat(url, "t1", "abc")
+    _sql(url, "delete from checkpoints where seq >= (select max(seq) - 1 from checkpoints)")
+    cfg = {"configurable": {"thread_id": "t1"}}
+    with OvernightSaver.from_url(url) as saver:
+        for read in (lambda: saver.get_tuple(cfg), lambda: list(saver.list(cfg)),
+                     lambda: saver.put_writes({"configurable": {**cfg["configurable"], "checkpoint_id": "x"}},
+                                              [("a", 1)], "task-1")):
+            with pytest.raises(ThreadCorrupt, match=r"LangGraph thread 't1': branch 'main' names checkpoint \w+, "
+                                                    r"which is missing") as err:
+                read()
+            assert err.value.thread_id == "t1" and err.value.task_id == "langgraph:t1"
+            assert "overnight verify langgraph:t1" in err.value.hint
+
+
+def test_a_damaged_record_or_blob_raises_naming_the_thread(tmp_path):
+    """A record body edited in place, and a channel blob removed from the store: each read raises
+    ThreadCorrupt naming the thread, the checkpoint (and the missing object), with a hint."""
+    from overnight.errors import ThreadCorrupt
+    from overnight.verify.integrity import load_checkpoint
+
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    _chat(url, "t1", "ab")
+    _chat(url, "t2", "ab")
+    cfg = {"configurable": {"thread_id": "t1"}}
+    with OvernightSaver.from_url(url) as saver:
+        rows = sorted(saver.store.list_checkpoints("langgraph:t1"), key=lambda r: r.seq)
+        old = saver.get_tuple({"configurable": {"thread_id": "t2"}})
+        message_blob = load_checkpoint(saver.store, saver.store.get_ref("langgraph:t2", "main")) \
+            .artifacts["channel/messages"].digest
+    _sql(url, f"update checkpoints set body=cast(replace(body, 'langgraph', 'langgraf') as blob) "
+              f"where checkpoint_id='{rows[1].checkpoint_id}'")
+    with OvernightSaver.from_url(url) as saver, pytest.raises(ThreadCorrupt, match=r"LangGraph thread 't1': checkpoint "
+                                                                                    r"\w+ failed verification") as err:
+        saver.get_tuple(cfg)
+    assert err.value.checkpoint_id == rows[1].checkpoint_id and err.value.hint
+    with OvernightSaver.from_url(url) as saver:
+        digests = {d for d in saver.store.iter_object_digests()}
+    assert old is not None and message_blob in digests
+    _sql(url, f"delete from objects where digest='{message_blob}'")
+    with OvernightSaver.from_url(url) as saver, pytest.raises(ThreadCorrupt, match=r"LangGraph thread 't2'") as err:
+        saver.get_tuple(old.config)
+    assert err.value.object_digest == message_blob and "overnight verify langgraph:t2" in err.value.hint
+
+
+def test_an_unknown_stored_type_names_the_thread(tmp_path, monkeypatch):
+    """A value whose class is not importable when read back raises UnknownTypeError naming the
+    thread's task."""
+    from overnight.errors import UnknownTypeError
+
+    (tmp_path / "lgfix_shapes.py").write_text("from dataclasses import dataclass\n\n\n@dataclass\nclass Box:\n"
+                                             "    n: int\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import lgfix_shapes
+
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    with OvernightSaver.from_url(url) as saver:
+        stored = saver.put({"configurable": {"thread_id": "u", "checkpoint_ns": ""}},
+                           _cp("1", {"box": lgfix_shapes.Box(1)}, {"box": 1}), {}, {"box": 1})
+    monkeypatch.delitem(sys.modules, "lgfix_shapes")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    with OvernightSaver.from_url(url) as saver, pytest.raises(UnknownTypeError, match=r"thread 'u'") as err:
+        saver.get_tuple(stored)
+    assert err.value.task_id == "langgraph:u" and err.value.hint
+
+
+WRITER = textwrap.dedent("""
+    import os, sys
+    from overnight.adapters.langgraph import OvernightSaver
+    url, n, go, targets = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+    with OvernightSaver.from_url(url) as saver:
+        saver.get_tuple({"configurable": {"thread_id": "T"}})  # the index is built before the race starts
+        open(go + "." + n, "w").close()
+        while not os.path.exists(go):
+            pass
+        for target in targets:
+            cfg = {"configurable": {"thread_id": "T", "checkpoint_ns": "", "checkpoint_id": target}}
+            saver.put_writes(cfg, [("x", "from-" + n)], "task-" + n)
+    print("acknowledged")
+""")
+
+
+def test_concurrent_put_writes_from_processes_keep_every_acknowledged_write(store_url, tmp_path):
+    """Four processes write at the same instant to the same two checkpoints: one no longer at
+    its branch's head (each writer starts a side branch), then the head (compare-and-swap on the
+    branch). Every write acknowledged by a returning ``put_writes`` is read back, on SQLite and
+    PostgreSQL, and the thread still verifies."""
+    with OvernightSaver.from_url(store_url) as saver:
+        c1 = saver.put({"configurable": {"thread_id": "T", "checkpoint_ns": ""}}, _cp("1", {"x": 1}, {"x": 1}), {},
+                       {"x": 1})
+        c2 = saver.put(c1, _cp("2", {"x": 2}, {"x": 2}), {}, {"x": 2})
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, store_url, str(n), str(go),
+                               c1["configurable"]["checkpoint_id"], c2["configurable"]["checkpoint_id"]],
+                              env=env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in range(4)]
+    wait_for(lambda: all((tmp_path / f"go.{n}").exists() or procs[n].poll() is not None for n in range(4)),
+             timeout=60, what="the writers to be ready")
+    go.touch()
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert all(p.returncode == 0 and out.strip() == "acknowledged" for p, (out, _) in zip(procs, outs)), outs
+    with OvernightSaver.from_url(store_url) as saver:
+        for cfg in (c1, c2):
+            got = saver.get_tuple(cfg)
+            assert sorted(got.pending_writes) == [(f"task-{n}", "x", f"from-{n}") for n in range(4)]
+        # a later write to the older one carries all of them on
+        saver.put_writes(c1, [("x", "late")], "task-9")
+        assert len(saver.get_tuple(c1).pending_writes) == 5
+    report = api.verify("langgraph:T", store=store_url)
+    assert report.ok, report
+
+
+def test_a_thread_id_that_is_not_valid_text_round_trips(tmp_path):
+    """A thread id with a lone surrogate is stored under a hashed task id and read back as given;
+    a namespace or checkpoint id like it is refused before anything is written."""
+    from overnight.errors import ConfigError
+
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    bad = "bad\ud800"
+    with OvernightSaver.from_url(url) as saver:
+        stored = saver.put({"configurable": {"thread_id": bad, "checkpoint_ns": ""}}, _cp("1", {"x": 1}, {"x": 1}), {},
+                           {"x": 1})
+        saver.put_writes(stored, [("x", 2)], "task-1")
+        assert saver.task_id(bad).startswith("langgraph:sha256-") and saver.task_id(bad) != saver.task_id("bad\ud801")
+    with OvernightSaver.from_url(url) as saver:
+        got = saver.get_tuple({"configurable": {"thread_id": bad}})
+        assert got.config["configurable"]["thread_id"] == bad and got.pending_writes == [("task-1", "x", 2)]
+        assert [t.config["configurable"]["thread_id"] for t in saver.list(None)] == [bad]
+        for conf in ({"thread_id": "ok", "checkpoint_ns": "ns\udc80"}, {"thread_id": "ok", "checkpoint_ns": ""}):
+            cp = _cp("2", {"x": 1}, {"x": 1})
+            if not conf["checkpoint_ns"]:
+                cp["id"] = "id\udc80"
+            with pytest.raises(ConfigError, match=r"thread 'ok': checkpoint (namespace|id) .* not valid Unicode"):
+                saver.put({"configurable": conf}, cp, {}, {"x": 1})
+        assert saver.get_tuple({"configurable": {"thread_id": "ok"}}) is None
+    report = api.verify(saver.task_id(bad), store=url)
+    assert report.ok, report
+
+
+def test_writes_before_their_checkpoint_are_refused_or_stored_at_once(tmp_path):
+    """``put_writes`` before its checkpoint's ``put``: a value no codec covers is refused by
+    ``put_writes`` itself (nothing stored); good writes are durable when it returns -- a saver in
+    another process that then stores the checkpoint returns them with it."""
+    class Opaque:
+        pass
+
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    cp = _cp("1", {"a": 1}, {"a": 1})
+    cfg = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": cp["id"]}}
+    with OvernightSaver.from_url(url) as saver:
+        with pytest.raises(EncodeError, match=r"write to channel 'a'"):
+            saver.put_writes(cfg, [("a", Opaque())], "task-1")
+        assert saver.store.list_checkpoints("langgraph:t") == []
+        saver.put_writes(cfg, [("a", 2)], "task-1")
+        saver.put_writes(cfg, [("a", 3)], "task-2")
+        assert saver.get_tuple(cfg) is None  # no checkpoint yet: nothing to return
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_langgraph import _cp
+        from overnight.adapters.langgraph import OvernightSaver
+        with OvernightSaver.from_url({url!r}) as saver:
+            cfg = {{"configurable": {{"thread_id": "t", "checkpoint_ns": ""}}}}
+            saver.put(cfg, _cp("1", {{"a": 1}}, {{"a": 1}}), {{}}, {{"a": 1}})
+    """)
+    out = subprocess.run([sys.executable, "-c", code], env=env(), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    with OvernightSaver.from_url(url) as saver:
+        got = saver.get_tuple({"configurable": {"thread_id": "t"}})
+        assert got.checkpoint["channel_values"] == {"a": 1}
+        assert got.pending_writes == [("task-1", "a", 2), ("task-2", "a", 3)]
+        assert [t.config for t in saver.list(None)] == [got.config]
+        saver.put_writes(cfg, [("a", 4)], "task-3")
+        assert [w[0] for w in saver.get_tuple(cfg).pending_writes] == ["task-1", "task-2", "task-3"]
+    report = api.verify("langgraph:t", store=url)
+    assert report.ok, report
+
+
+def test_prune_keeps_writes_whose_checkpoint_is_not_stored_yet(tmp_path):
+    """``prune`` and ``delete_for_runs`` rewrite the thread; writes that arrived before their
+    checkpoint survive it and come back with the checkpoint once it is stored."""
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    with OvernightSaver.from_url(url) as saver:
+        cfg = {"configurable": {"thread_id": "p", "checkpoint_ns": ""}}
+        for n in "12":
+            cfg = saver.put(cfg, _cp(n, {"n": int(n)}, {"n": int(n)}), {"run_id": f"run-{n}"}, {"n": int(n)})
+        early = {"configurable": {**cfg["configurable"], "checkpoint_id": _cp("3", {}, {})["id"]}}
+        saver.put_writes(early, [("n", 30)], "task-3")
+        saver.prune(["p"])
+        saver.delete_for_runs(["run-1"])
+        assert [t.checkpoint["channel_values"]["n"] for t in saver.list({"configurable": {"thread_id": "p"}})] == [2]
+        saver.put(cfg, _cp("3", {"n": 3}, {"n": 3}), {"run_id": "run-3"}, {"n": 3})
+        assert saver.get_tuple(early).pending_writes == [("task-3", "n", 30)]
+    report = api.verify("langgraph:p", store=url)
+    assert report.ok, report

@@ -144,6 +144,16 @@ class SessionCorrupt(IntegrityError):
         self.session_id = session_id
 
 
+class ThreadCorrupt(IntegrityError):
+    """A stored LangGraph thread (``overnight.adapters.langgraph``) failed verification: a branch
+    names a record that is missing, or a record or object of it is damaged. Nothing of the
+    thread's damaged part is returned. ``thread_id`` names the thread; the cause is chained."""
+
+    def __init__(self, message: str, *, thread_id: str, **kw) -> None:
+        super().__init__(message, **kw)
+        self.thread_id = thread_id
+
+
 # --- concurrency -------------------------------------------------------------------------------
 
 

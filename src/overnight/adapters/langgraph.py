@@ -7,7 +7,8 @@ load, deduplicated, and visible to ``overnight verify``, ``log``, ``fork`` and `
 Mapping (the README section "Use with LangGraph" shows it as a table):
 
 * a LangGraph **thread** is an overnight **task** with id ``task_prefix + thread_id``
-  (default ``"langgraph:<thread_id>"``);
+  (default ``"langgraph:<thread_id>"``; ``task_prefix + "sha256-<40 hex digits>"`` for an id that
+  is not valid Unicode text);
 * each LangGraph **checkpoint** is an overnight checkpoint with event ``step``, ``event.step`` =
   the LangGraph checkpoint id, ``event.key`` = ``"langgraph"`` and ``event.detail`` = the
   checkpoint namespace. Its channel values are artifacts ``channel/<name>`` (one blob each,
@@ -19,9 +20,20 @@ Mapping (the README section "Use with LangGraph" shows it as a table):
   starts a new branch ``<ns-branch>@<checkpoint id>`` from its parent, so both histories stay
   separate. The root namespace's first branch is ``main``, a subgraph namespace's is ``ns:<ns>``;
 * **pending writes** (``put_writes``) are committed as a new overnight checkpoint that carries
-  the LangGraph checkpoint again with the writes added (event key ``"langgraph-writes"``; same
-  LangGraph id, the newest such record wins), so they are durable when ``put_writes`` returns
-  and survive a crash; the write values are artifacts ``write/<task_id>/<idx>``.
+  the LangGraph checkpoint again with the writes added (event key ``"langgraph-writes"``, same
+  LangGraph id), so they are durable when ``put_writes`` returns and survive a crash; the write
+  values are artifacts ``write/<task_id>/<idx>``. On the branch head the record is appended with
+  compare-and-swap; otherwise (the next checkpoint was appended meanwhile) it starts a one-record
+  branch ``<ns-branch>@<checkpoint id>/<suffix>``. Writes that arrive before their checkpoint is
+  stored are committed at once as a root record of such a branch (event key
+  ``"langgraph-pending"``); the checkpoint's ``put`` carries them on and deletes it. A
+  checkpoint's pending writes are the union of those of all its records that no other record of
+  it descends from, so concurrent writers in several processes never lose one.
+
+Reading never trusts the store's index columns: which checkpoints a thread has is read from the
+records reachable from its branch refs, each verified (digest, schema, signature) before its event
+is used; a branch naming a missing record, or a damaged record or object, raises
+:class:`~overnight.errors.ThreadCorrupt` naming the thread -- never an older checkpoint in its place.
 
 Values go through :mod:`overnight.codec.canonical`: no pickle; LangChain messages (pydantic
 models) and LangGraph's ``Interrupt``/``Command`` (dataclasses) round-trip; ``Send`` has a codec
@@ -32,6 +44,7 @@ thread and the channel, before anything is written.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -57,18 +70,31 @@ from overnight.codec.canonical import decode, encode, from_tree, loads, to_tree
 from overnight.codec.registry import register_codec
 from overnight.errors import (
     CheckpointNotFound,
+    ConfigError,
+    DecodeError,
     EncodeError,
+    IntegrityError,
+    OvernightError,
     ParentGone,
+    SchemaError,
     StaleHead,
     TaskNotFound,
+    ThreadCorrupt,
+    short_id,
 )
 from overnight.store import open_store
-from overnight.store.base import Store, TaskRow
+from overnight.store.base import CheckpointRow, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.verify.chain import ChainWriter, utc_now
 from overnight.verify.drift import DriftReport, detect
 from overnight.verify.fingerprint import WorldSpec, world
-from overnight.verify.integrity import LoadedCheckpoint, encode_state, load_checkpoint, signing_key_from_env
+from overnight.verify.integrity import (
+    LoadedCheckpoint,
+    encode_state,
+    load_checkpoint,
+    parse_record,
+    signing_key_from_env,
+)
 from overnight.verify.records import FORMAT_VERSION, event
 
 __all__ = ["OvernightSaver"]
@@ -77,6 +103,9 @@ EVENT_KEY = "langgraph"
 """``event.key`` of a checkpoint written by :meth:`OvernightSaver.put`."""
 WRITES_EVENT_KEY = "langgraph-writes"
 """``event.key`` of a checkpoint written by :meth:`OvernightSaver.put_writes`."""
+PENDING_EVENT_KEY = "langgraph-pending"
+"""``event.key`` of a record holding writes that :meth:`OvernightSaver.put_writes` received before
+their checkpoint was stored (a root of its own branch, without the checkpoint)."""
 DATA_FORMAT = 1
 """Format of the ``data.langgraph`` document (the README section "Use with LangGraph")."""
 COMMIT_ATTEMPTS = 8
@@ -92,25 +121,96 @@ def _ns_branch(ns: str) -> str:
 
 
 @dataclass(frozen=True)
+class _Rec:
+    """One record reachable from the thread's branch refs, as its verified body says (the store's
+    index columns are not covered by the digest and are never used)."""
+
+    cid: str
+    parent: str | None
+    branch: str
+    order: tuple[str, int]
+    """``(created_at, seq)``: newer records sort later."""
+    ns: str
+    lg_id: str | None
+    """The LangGraph checkpoint id (None: a record not written by this adapter, e.g. a fork)."""
+    kind: str | None
+    """``event.key``: :data:`EVENT_KEY`, :data:`WRITES_EVENT_KEY` or :data:`PENDING_EVENT_KEY`."""
+
+
+@dataclass(frozen=True)
 class _Entry:
-    """Where the newest record of one LangGraph checkpoint lives."""
+    """One LangGraph checkpoint ``(ns, lg_id)``: its records that no other record of it descends
+    from (each carries all the writes of its ancestors), oldest first. Its pending writes are the
+    union of theirs; ``cid`` is the newest of them holding the checkpoint (None: only writes that
+    arrived before the checkpoint are stored)."""
 
     ns: str
     lg_id: str
-    cid: str
-    branch: str
-    seq: int
-    created_at: str
+    cid: str | None
+    leaves: tuple[_Rec, ...]
+
+
+def _entry(ns: str, lg_id: str, recs: list[_Rec]) -> _Entry:
+    parents = {r.parent for r in recs}
+    leaves = sorted((r for r in recs if r.cid not in parents), key=lambda r: r.order)
+    full = [r for r in leaves if r.kind != PENDING_EVENT_KEY]
+    return _Entry(ns, lg_id, full[-1].cid if full else None, tuple(leaves))
 
 
 @dataclass
 class _Index:
-    """A thread's LangGraph checkpoints by ``(ns, id)``, valid while the task's refs are ``refs``
-    (every commit moves a ref; a checkpoint deleted behind our back is found missing on load)."""
+    """A thread's LangGraph checkpoints by ``(ns, id)``, built from the records reachable from the
+    task's refs; valid while the refs are ``refs`` (every commit moves a ref)."""
 
     refs: dict[str, str]
+    records: dict[tuple[str, str], list[_Rec]]
     entries: dict[tuple[str, str], _Entry]
     exists: bool
+
+    def checkpoints(self, ns: str | None = None) -> list[_Entry]:
+        """The entries holding a checkpoint (in namespace ``ns``; None: all)."""
+        return [e for (n, _), e in self.entries.items() if e.cid is not None and (ns is None or n == ns)]
+
+
+def _merge_writes(into: dict[tuple[str, int], dict[str, Any]], arts: dict[str, Any], writes: list[dict[str, Any]],
+                  own_arts: dict[str, Any]) -> None:
+    """Fold one record's writes into ``into``/``arts`` (records oldest first): a regular write
+    already there is kept, a special channel's (negative index) is replaced, as LangGraph's savers do."""
+    for w in writes:
+        k = (w["task_id"], w["idx"])
+        if k in into and w["idx"] >= 0:
+            continue
+        into[k] = w
+        arts[w["artifact"]] = own_arts[w["artifact"]]
+
+
+def _ordered(writes: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(writes.values(), key=lambda w: (w["task_path"], w["task_id"], w["idx"]))
+
+
+def _check_text(value: str, field: str, thread: str) -> None:
+    """Refuse a string that cannot be stored as text (a lone surrogate) before anything is written."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"LangGraph thread {thread!r}: {field} {value!r} is not valid Unicode text "
+                          f"(a lone surrogate at position {exc.start}); it cannot be stored",
+                          hint=f"use a {field} without lone surrogates") from None
+
+
+@dataclass(frozen=True)
+class _Merged:
+    """A checkpoint's leaf records, loaded and verified, with their writes folded together."""
+
+    main: LoadedCheckpoint | None
+    """The newest record holding the checkpoint (None: only pending writes are stored)."""
+    tree: dict[str, Any] | None
+    """``main``'s state tree with the folded writes (and their artifacts)."""
+    writes: list[dict[str, Any]]
+    write_artifacts: dict[str, Any]
+    seen: set[str]
+    """Digests of every object verified while loading."""
+    reader: BlobReader
 
 
 class OvernightSaver(BaseCheckpointSaver[int]):
@@ -149,8 +249,8 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         self._world: bytes | None = None
         """The world fingerprint recorded with every checkpoint this saver writes (taken once,
         at its first write: one blob for all of them)."""
-        self._early: dict[tuple[str, str, str], list[tuple[list[tuple[str, Any]], str, str]]] = {}
-        """Writes that arrived before their checkpoint (``(task, ns, id)`` -> ``put_writes`` args)."""
+        self._recs: dict[str, _Rec] = {}
+        """Records verified so far, by checkpoint id (content-addressed: a record never changes)."""
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "OvernightSaver":
@@ -171,46 +271,147 @@ class OvernightSaver(BaseCheckpointSaver[int]):
     # -- mapping --------------------------------------------------------------------------------
 
     def task_id(self, thread_id: Any) -> str:
-        """The overnight task id of LangGraph thread ``thread_id``."""
-        return f"{self.task_prefix}{thread_id}"
+        """The overnight task id of LangGraph thread ``thread_id``: ``task_prefix + thread_id``, or
+        ``task_prefix + "sha256-" + <40 hex digits of its SHA-256>`` when the id is not valid
+        Unicode text (a lone surrogate), which a task id cannot hold."""
+        tid = str(thread_id)
+        try:
+            tid.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{self.task_prefix}sha256-{hashlib.sha256(tid.encode('utf-8', 'surrogatepass')).hexdigest()[:40]}"
+        return f"{self.task_prefix}{tid}"
+
+    def _thread_of(self, task_id: str) -> str:
+        return task_id[len(self.task_prefix):] if task_id.startswith(self.task_prefix) else task_id
+
+    def _corrupt(self, task_id: str, what: str, checkpoint_id: str | None,
+                 cause: OvernightError | None = None) -> ThreadCorrupt:
+        """The error for a thread whose stored records do not verify (``what`` says which and how)."""
+        thread = self._thread_of(task_id)
+        return ThreadCorrupt(
+            f"LangGraph thread {thread!r}: {what}", thread_id=thread, task_id=task_id, checkpoint_id=checkpoint_id,
+            object_digest=getattr(cause, "object_digest", None),
+            hint=f"`overnight verify {task_id}` reports the damage and `overnight log {task_id}` the records "
+                 f"that remain; nothing of the thread is returned until its branches verify")
+
+    def _name_thread(self, exc: OvernightError, task_id: str) -> None:
+        """Name the thread in an error raised while reading it (it is re-raised as is)."""
+        thread = self._thread_of(task_id)
+        exc.task_id = exc.task_id or task_id
+        if f"thread {thread!r}" not in exc.message:
+            exc.message = f"LangGraph thread {thread!r}: {exc.message}"
+            exc.args = (exc.message,)
+        exc.hint = exc.hint or f"`overnight verify {task_id}` checks the thread's records"
+
+    def _rec(self, task_id: str, row: CheckpointRow) -> _Rec:
+        """What a record says about itself, from its verified body (digest, schema, signature)."""
+        cached = self._recs.get(row.checkpoint_id)
+        if cached is not None:
+            return cached
+        try:
+            record = parse_record(row, key=self.key)
+            if record.task_id != task_id:
+                raise SchemaError(f"checkpoint {short_id(row.checkpoint_id)} belongs to task {record.task_id!r}",
+                                  task_id=task_id, checkpoint_id=row.checkpoint_id)
+        except IntegrityError as exc:
+            raise self._corrupt(task_id, f"checkpoint {short_id(row.checkpoint_id)} failed verification: {exc.message}",
+                                row.checkpoint_id, exc) from exc
+        ev = record.event
+        ours = ev.kind == "step" and ev.step is not None and ev.key in (EVENT_KEY, WRITES_EVENT_KEY, PENDING_EVENT_KEY)
+        rec = _Rec(row.checkpoint_id, record.parent_id, record.branch, (record.created_at, record.seq),
+                   (ev.detail or "") if ours else "", ev.step if ours else None, ev.key if ours else None)
+        self._recs[row.checkpoint_id] = rec
+        return rec
 
     def _index(self, task_id: str) -> _Index:
-        refs = self.store.list_refs(task_id)
-        cached = self._indexes.get(task_id)
-        if cached is not None and cached.refs == refs and (refs or cached.exists is False):
-            return cached
-        entries: dict[tuple[str, str], _Entry] = {}
-        rows = self.store.list_checkpoints(task_id)
-        for row in rows:
-            if row.event != "step" or row.step is None:
-                continue
-            ev = loads(row.body).get("event") or {}
-            if ev.get("key") not in (EVENT_KEY, WRITES_EVENT_KEY):
-                continue
-            ns = ev.get("detail") or ""
-            e = _Entry(ns, row.step, row.checkpoint_id, row.branch, row.seq, row.created_at)
-            old = entries.get((ns, row.step))
-            if old is None or (e.seq, e.created_at) > (old.seq, old.created_at):
-                entries[(ns, row.step)] = e
-        exists = bool(rows)
+        """The thread's checkpoints, from the records reachable from its refs (rebuilt when the
+        refs changed since the last call).
+
+        Raises:
+            ThreadCorrupt: a branch names a record that is missing, or a record on it fails verification.
+        """
+        for _ in range(COMMIT_ATTEMPTS):
+            refs = self.store.list_refs(task_id)
+            cached = self._indexes.get(task_id)
+            if cached is not None and cached.refs == refs and (refs or cached.exists is False):
+                return cached
+            index = self._build(task_id, refs)
+            if index is not None:
+                self._indexes[task_id] = index
+                return index
+        raise StaleHead(f"LangGraph thread {self._thread_of(task_id)!r} kept changing under {COMMIT_ATTEMPTS} "
+                        "attempts to read it", task_id=task_id, hint="another process rewrites the thread; retry")
+
+    def _build(self, task_id: str, refs: dict[str, str]) -> _Index | None:
+        """Walk every branch from its head through the verified parent pointers. None: a branch
+        moved (or was deleted) while it was read; the caller reads the refs again."""
+        rows = {r.checkpoint_id: r for r in self.store.list_checkpoints(task_id)} if refs else {}
+        recs: dict[str, _Rec] = {}
+        for branch, head in sorted(refs.items()):
+            cid, child = head, None
+            while cid is not None and cid not in recs:
+                row = rows.get(cid)
+                if row is None:  # not listed: look it up by id (a damaged listing may hide rows)
+                    try:
+                        row = self.store.get_checkpoint(cid)
+                    except CheckpointNotFound:
+                        if self.store.get_ref(task_id, branch) != head:
+                            return None
+                        where = (f"branch {branch!r} names checkpoint {short_id(cid)}" if child is None else
+                                 f"checkpoint {short_id(child)} on branch {branch!r} has parent {short_id(cid)}")
+                        raise self._corrupt(task_id, f"{where}, which is missing from the store", cid) from None
+                rec = self._rec(task_id, row)
+                recs[cid] = rec
+                child, cid = cid, rec.parent
+        records: dict[tuple[str, str], list[_Rec]] = {}
+        for rec in recs.values():
+            if rec.lg_id is not None:
+                records.setdefault((rec.ns, rec.lg_id), []).append(rec)
+        entries = {key: _entry(key[0], key[1], recs_of) for key, recs_of in records.items()}
+        exists = bool(refs)
         if not exists:
             try:
                 self.store.get_task(task_id)
                 exists = True
             except TaskNotFound:
                 pass
-        index = self._indexes[task_id] = _Index(refs, entries, exists)
-        return index
+        return _Index(dict(refs), records, entries, exists)
 
     def _forget(self, task_id: str) -> None:
         self._indexes.pop(task_id, None)
         self._tip.pop(task_id, None)
 
-    def _load(self, entry_cid: str) -> tuple[LoadedCheckpoint, set[str], BlobReader]:
+    def _load(self, task_id: str, cid: str, reader: BlobReader | None = None) -> LoadedCheckpoint:
+        """Load and fully verify one record (every artifact blob read and hashed).
+
+        Raises:
+            CheckpointNotFound: no such record (deleted meanwhile; the callers read the index again).
+            ThreadCorrupt: it fails verification.
+        """
+        try:
+            return load_checkpoint(self.store, cid, key=self.key, deep=True, reader=reader or BlobReader(self.store))
+        except IntegrityError as exc:
+            raise self._corrupt(task_id, f"checkpoint {short_id(cid)} failed verification: {exc.message}", cid,
+                                exc) from exc
+
+    def _merged(self, task_id: str, entry: _Entry) -> _Merged:
+        """Load every leaf record of ``entry`` and fold their writes (oldest first)."""
         seen: set[str] = set()
         reader = BlobReader(self.store, seen)
-        loaded = load_checkpoint(self.store, entry_cid, key=self.key, deep=True, reader=reader)
-        return loaded, seen, reader
+        loaded = {r.cid: self._load(task_id, r.cid, reader) for r in entry.leaves}
+        writes: dict[tuple[str, int], dict[str, Any]] = {}
+        warts: dict[str, Any] = {}
+        for r in entry.leaves:
+            lc = loaded[r.cid]
+            _merge_writes(writes, warts, lc.doc.data["langgraph"]["writes"], lc.state_tree["artifacts"])
+        main = loaded[entry.cid] if entry.cid is not None else None
+        tree = main.state_tree if main is not None else None
+        if tree is not None and len(entry.leaves) > 1:
+            arts = {n: a for n, a in tree["artifacts"].items() if not n.startswith("write/")}
+            arts.update(warts)
+            lg = {**tree["data"]["langgraph"], "writes": _ordered(writes)}
+            tree = {**tree, "artifacts": arts, "data": {**tree["data"], "langgraph": lg}}
+        return _Merged(main, tree, _ordered(writes), warts, seen, reader)
 
     def _world_now(self) -> dict[str, Any]:
         return world(WorldSpec(deps="all", root=self.project_root))
@@ -221,64 +422,92 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         return {"world": {"digest": writer.put(self._world), "size": len(self._world)}, "exports": {}, "accepted": []}
 
     @staticmethod
-    def _blob(writer: BlobWriter, value: Any, where: str, task_id: str) -> dict[str, Any]:
+    def _encode(value: Any, where: str, task_id: str) -> bytes:
         try:
-            data = encode(value, where)
+            return encode(value, where)
         except EncodeError as exc:
             exc.task_id = task_id
             raise
+
+    @staticmethod
+    def _ref(writer: BlobWriter, data: bytes) -> dict[str, Any]:
         return {"digest": writer.put(data), "size": len(data), "text": False, "step": None}
 
     # -- the write path -------------------------------------------------------------------------
 
-    def _commit(self, task_id: str, thread_id: str, ns: str, lg_id: str, base: _Entry | None,
-                build: Any, *, writes: bool) -> bool:
-        """Append one record for LangGraph checkpoint ``lg_id`` after ``base`` (None: a root).
+    def _commit(self, task_id: str, thread_id: str, ns: str, lg_id: str, base_key: tuple[str, str] | None,
+                build: Any, *, kind: str) -> bool:
+        """Append one record for LangGraph checkpoint ``lg_id`` after the newest record of the
+        checkpoint ``base_key`` names (None: a root).
 
-        ``build(base_state_tree | None, writer) -> data | None`` returns the state tree to commit,
-        or None when nothing changed. Retries when another writer moved the branch meanwhile.
-        Returns whether a record was written.
+        ``kind`` is :data:`EVENT_KEY` (``put``: ``base_key`` is the parent checkpoint) or
+        :data:`WRITES_EVENT_KEY` (``put_writes``: ``base_key`` is the checkpoint itself, loaded
+        with the writes of all its leaf records; when it is not stored, the record is a
+        :data:`PENDING_EVENT_KEY` root of its own branch). ``build(base_state_tree | None,
+        writer, pending) -> data | None`` returns the state tree to commit, or None when nothing
+        changed; ``pending`` holds the writes of the checkpoint's :data:`PENDING_EVENT_KEY` records
+        (for ``put`` to carry them; ``put_writes`` finds them in the base state already). Once the
+        record is committed, those pending records are deleted (:meth:`_drop_pending`). Retries
+        when another writer moved the branch meanwhile. Returns whether a record was written.
         """
         for _ in range(COMMIT_ATTEMPTS):
             index = self._index(task_id)
-            if base is not None:  # the newest record of the parent (None: it was deleted meanwhile)
-                base = index.entries.get((ns, base.lg_id))
+            base = index.entries.get(base_key) if base_key else None
+            if base is not None and base.cid is None:
+                base = None
+            mode = PENDING_EVENT_KEY if kind == WRITES_EVENT_KEY and base is None else kind
             heads = {cid: b for b, cid in index.refs.items()}
             first = _ns_branch(ns)
-            if base is not None and base.cid in heads:
+            if mode == PENDING_EVENT_KEY:
+                branch, expected = f"{first}@{lg_id}/{uuid.uuid4().hex[:8]}", None
+            elif base is not None and base.cid in heads:
                 branch, expected = heads[base.cid], base.cid
             elif base is None and first not in index.refs:
                 branch, expected = first, None
-            else:
+            else:  # a new branch no other writer can name: nothing to compare-and-swap
                 branch = f"{first}@{lg_id}"
-                if writes or branch in index.refs:
+                if mode == WRITES_EVENT_KEY or branch in index.refs:
                     branch += f"/{uuid.uuid4().hex[:8]}"
                 expected = None
             tip = self._tip.get(task_id)
-            if base is not None and tip is not None and tip[0].head == base.cid and tip[0].branch == branch:
+            if (base is not None and (mode == EVENT_KEY or len(base.leaves) == 1) and tip is not None
+                    and tip[0].head == base.cid and tip[0].branch == branch):
                 chain, base_state = tip
             else:
                 chain = ChainWriter(self.store, task_id, branch, key=self.key, session_id=self._session, session_n=1)
                 base_state = None
                 if base is not None:
                     try:
-                        loaded, seen, _ = self._load(base.cid)
+                        merged = self._merged(task_id, base)
                     except CheckpointNotFound:
                         self._forget(task_id)
                         continue
-                    chain.start_from(loaded, None)
-                    chain.known = seen
-                    base_state = loaded.state_tree
+                    assert merged.main is not None
+                    chain.start_from(merged.main, None)
+                    chain.known = merged.seen
+                    base_state = merged.tree
                 chain.ref_head = expected
+            own = index.entries.get((ns, lg_id))
+            pending = ([r for r in own.leaves if r.kind == PENDING_EVENT_KEY]
+                       if own is not None and mode != PENDING_EVENT_KEY else [])
+            if mode == EVENT_KEY and pending:
+                try:
+                    folded = self._merged(task_id, _Entry(ns, lg_id, None, tuple(pending)))
+                except CheckpointNotFound:
+                    self._forget(task_id)
+                    continue
+                chain.known |= folded.seen
+            else:
+                folded = _Merged(None, None, [], {}, set(), BlobReader(self.store))
             writer = chain.blob_writer()
-            state = build(base_state, writer)
+            state = build(base_state, writer, folded)
             if state is None:
                 return False
             task_row = None
             if not index.exists:
                 spec = {"langgraph": {"thread_id": thread_id}}
                 task_row = TaskRow(task_id, utc_now(), state["task"]["goal"], None, encode(spec))
-            ev = event("step", step=lg_id, key=WRITES_EVENT_KEY if writes else EVENT_KEY, detail=ns)
+            ev = event("step", step=lg_id, key=mode, detail=ns)
             try:
                 cid = chain.commit(state, ev, writer=writer, task_row=task_row, fingerprint=self._fingerprint(writer))
             except (StaleHead, ParentGone):
@@ -287,16 +516,40 @@ class OvernightSaver(BaseCheckpointSaver[int]):
             except Exception:
                 self._tip.pop(task_id, None)
                 raise
-            refs = dict(index.refs)
-            refs[branch] = cid
+            rec = self._rec(task_id, self.store.get_checkpoint(cid))
+            key = (ns, lg_id)
+            records = dict(index.records)
+            records[key] = [*records.get(key, ()), rec]
             entries = dict(index.entries)
-            entries[(ns, lg_id)] = _Entry(ns, lg_id, cid, branch, chain.seq, utc_now())
-            self._indexes[task_id] = _Index(refs, entries, True)
+            entries[key] = _entry(ns, lg_id, records[key])
+            index = self._indexes[task_id] = _Index({**index.refs, branch: cid}, records, entries, True)
             self._tip[task_id] = (chain, state)
+            if pending:
+                self._drop_pending(task_id, index, key, pending)
             return True
         raise StaleHead(f"LangGraph checkpoint {lg_id} of thread {thread_id!r}: the thread kept changing under "
                         f"{COMMIT_ATTEMPTS} attempts to commit", task_id=task_id,
                         hint="another process writes the same thread at a high rate; retry")
+
+    def _drop_pending(self, task_id: str, index: _Index, key: tuple[str, str], pending: list[_Rec]) -> None:
+        """Delete pending-writes records (and their branches) whose writes the record just
+        committed for checkpoint ``key`` carries. A crash midway leaves both: reading folds the
+        same writes twice, which changes nothing; a branch another writer moved is left alone."""
+        gone: set[str] = set()
+        for rec in pending:
+            try:
+                self.store.set_ref(task_id, rec.branch, None, rec.cid)
+            except StaleHead:
+                continue
+            self.store.delete_checkpoints([rec.cid])
+            gone.add(rec.cid)
+        if gone:
+            records = dict(index.records)
+            records[key] = [r for r in records[key] if r.cid not in gone]
+            entries = dict(index.entries)
+            entries[key] = _entry(key[0], key[1], records[key])
+            refs = {b: c for b, c in index.refs.items() if c not in gone}
+            self._indexes[task_id] = _Index(refs, records, entries, True)
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
@@ -307,6 +560,7 @@ class OvernightSaver(BaseCheckpointSaver[int]):
 
         Raises:
             EncodeError: a channel value (or metadata) no codec covers; names thread and channel.
+            ConfigError: the namespace or checkpoint id is not valid Unicode text.
         """
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
@@ -317,6 +571,8 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         values: dict[str, Any] = cp.pop("channel_values", None) or {}
         versions: dict[str, Any] = cp.get("channel_versions", {}) or {}
         lg_id = cp["id"]
+        _check_text(ns, "checkpoint namespace", thread_id)
+        _check_text(lg_id, "checkpoint id", thread_id)
         try:
             meta_tree = to_tree(get_serializable_checkpoint_metadata(config, metadata), "metadata")
             cp_tree = to_tree(cp, "checkpoint")
@@ -324,7 +580,7 @@ class OvernightSaver(BaseCheckpointSaver[int]):
             exc.task_id = task_id
             raise
 
-        def build(base: dict[str, Any] | None, writer: BlobWriter) -> dict[str, Any]:
+        def build(base: dict[str, Any] | None, writer: BlobWriter, pending: _Merged) -> dict[str, Any]:
             base_arts = base["artifacts"] if base else {}
             base_versions = base["data"]["langgraph"]["checkpoint"].get("channel_versions", {}) if base else {}
             arts: dict[str, Any] = {}
@@ -334,19 +590,18 @@ class OvernightSaver(BaseCheckpointSaver[int]):
                         and base_versions.get(name) == to_tree(versions[name])):
                     arts[aname] = base_arts[aname]
                 elif name in values:
-                    arts[aname] = self._blob(writer, values[name], f"thread {thread_id!r} channel {name!r}", task_id)
+                    where = f"thread {thread_id!r} channel {name!r}"
+                    arts[aname] = self._ref(writer, self._encode(values[name], where, task_id))
+            arts.update(pending.write_artifacts)  # writes that arrived before this checkpoint
             data = {"langgraph": {
                 "format": DATA_FORMAT, "thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": lg_id,
-                "parent_checkpoint_id": parent_id, "checkpoint": cp_tree, "metadata": meta_tree, "writes": [],
+                "parent_checkpoint_id": parent_id, "checkpoint": cp_tree, "metadata": meta_tree,
+                "writes": pending.writes,
             }}
             return _state(task_id, thread_id, arts, data)
 
         with self._lock:
-            base = self._index(task_id).entries.get((ns, parent_id)) if parent_id else None
-            self._commit(task_id, thread_id, ns, lg_id, base, build, writes=False)
-            stored = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": lg_id}}
-            for early in self._early.pop((task_id, ns, lg_id), []):
-                self.put_writes(stored, *early)
+            self._commit(task_id, thread_id, ns, lg_id, (ns, parent_id) if parent_id else None, build, kind=EVENT_KEY)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": lg_id}}
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
@@ -354,34 +609,45 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         """Store the pending writes of task ``task_id`` against the checkpoint in ``config``.
 
         A regular write already stored under the same ``(task_id, index)`` is kept; special
-        channels (errors, interrupts, ...) replace theirs, as LangGraph's own savers do. Durable
-        when it returns.
+        channels (errors, interrupts, ...) replace theirs, as LangGraph's own savers do. Every
+        value is encoded before anything is written. Durable when it returns.
 
         Writes for a checkpoint not stored yet (LangGraph runs a checkpoint's ``put`` and its
-        tasks' ``put_writes`` in parallel) are held until that ``put``, which commits them.
+        tasks' ``put_writes`` in parallel) are committed at once as a record of their own (a root
+        on branch ``<ns-branch>@<checkpoint id>/<suffix>``, event key :data:`PENDING_EVENT_KEY`);
+        the checkpoint's ``put`` carries them into its own record and deletes that one.
 
         Raises:
             EncodeError: a value no codec covers; names thread and channel.
+            ConfigError: the namespace or checkpoint id is not valid Unicode text.
         """
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = conf.get("checkpoint_ns", "") or ""
         lg_id = conf["checkpoint_id"]
         otask = self.task_id(thread_id)
+        _check_text(ns, "checkpoint namespace", thread_id)
+        _check_text(lg_id, "checkpoint id", thread_id)
         special = all(ch in WRITES_IDX_MAP for ch, _ in writes)
+        encoded = [(channel, WRITES_IDX_MAP.get(channel, i),
+                    self._encode(value, f"thread {thread_id!r} write to channel {channel!r}", otask))
+                   for i, (channel, value) in enumerate(writes)]
 
-        def build(base: dict[str, Any] | None, writer: BlobWriter) -> dict[str, Any] | None:
-            assert base is not None
-            lg = base["data"]["langgraph"]
+        def build(base: dict[str, Any] | None, writer: BlobWriter, _pending: _Merged) -> dict[str, Any] | None:
+            if base is None:  # the checkpoint is not stored (yet): a record of the writes alone
+                lg = {"format": DATA_FORMAT, "thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": lg_id,
+                      "parent_checkpoint_id": None, "checkpoint": None, "metadata": None, "writes": []}
+                arts: dict[str, Any] = {}
+            else:
+                lg = base["data"]["langgraph"]
+                arts = dict(base["artifacts"])
             stored = {(w["task_id"], w["idx"]): w for w in lg["writes"]}
-            arts = dict(base["artifacts"])
             changed = False
-            for i, (channel, value) in enumerate(writes):
-                widx = WRITES_IDX_MAP.get(channel, i)
+            for channel, widx, data in encoded:
                 if (task_id, widx) in stored and not special:
                     continue
                 aname = f"write/{task_id}/{widx}"
-                ref = self._blob(writer, value, f"thread {thread_id!r} write to channel {channel!r}", otask)
+                ref = self._ref(writer, data)
                 w = {"task_id": task_id, "task_path": task_path, "idx": widx, "channel": channel, "artifact": aname}
                 if stored.get((task_id, widx)) == w and arts.get(aname) == ref:
                     continue
@@ -390,33 +656,35 @@ class OvernightSaver(BaseCheckpointSaver[int]):
                 changed = True
             if not changed:
                 return None
-            ordered = sorted(stored.values(), key=lambda w: (w["task_path"], w["task_id"], w["idx"]))
-            data = {"langgraph": {**lg, "writes": ordered}}
-            return _state(otask, thread_id, arts, data)
+            return _state(otask, thread_id, arts, {"langgraph": {**lg, "writes": _ordered(stored)}})
 
         with self._lock:
-            entry = self._index(otask).entries.get((ns, lg_id))
-            if entry is None:
-                # LangGraph submits a checkpoint's put and its tasks' writes to background threads
-                # at the same time: the writes may come first. They are committed right after
-                # the checkpoint; without it they are meaningless (a resume starts before it).
-                self._early.setdefault((otask, ns, lg_id), []).append((list(writes), task_id, task_path))
-                return
-            self._commit(otask, thread_id, ns, lg_id, entry, build, writes=True)
+            self._commit(otask, thread_id, ns, lg_id, (ns, lg_id), build, kind=WRITES_EVENT_KEY)
 
     # -- the read path --------------------------------------------------------------------------
 
     def _tuple(self, task_id: str, entry: _Entry) -> CheckpointTuple:
-        loaded, _, reader = self._load(entry.cid)
-        lg = loaded.doc.data["langgraph"]
+        merged = self._merged(task_id, entry)
+        assert merged.tree is not None
+        lg = merged.tree["data"]["langgraph"]
         thread_id, ns = lg["thread_id"], lg["checkpoint_ns"]
-        arts = loaded.artifacts
+        arts = merged.tree["artifacts"]
 
         def value(aname: str, where: str) -> Any:
-            ref = arts[aname]
-            return decode(reader.get(ref.digest, where), where)
+            try:
+                return decode(merged.reader.get(arts[aname]["digest"], where), where)
+            except IntegrityError as exc:
+                raise self._corrupt(task_id, f"{where} failed verification: {exc.message}", entry.cid, exc) from exc
+            except DecodeError as exc:
+                self._name_thread(exc, task_id)
+                raise
 
-        checkpoint = from_tree(lg["checkpoint"], "checkpoint")
+        try:
+            checkpoint = from_tree(lg["checkpoint"], "checkpoint")
+            metadata = from_tree(lg["metadata"], "metadata")
+        except DecodeError as exc:
+            self._name_thread(exc, task_id)
+            raise
         checkpoint["channel_values"] = {
             name[len("channel/"):]: value(name, f"thread {thread_id!r} channel {name[len('channel/'):]!r}")
             for name in arts if name.startswith("channel/")}
@@ -426,7 +694,7 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         return CheckpointTuple(
             config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": lg["checkpoint_id"]}},
             checkpoint=checkpoint,
-            metadata=from_tree(lg["metadata"], "metadata"),
+            metadata=metadata,
             parent_config=({"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
                            if parent else None),
             pending_writes=pending,
@@ -439,19 +707,24 @@ class OvernightSaver(BaseCheckpointSaver[int]):
                 index = self._index(task_id)
             try:
                 return [self._tuple(task_id, e) for e in pick(index)]
-            except CheckpointNotFound:
+            except CheckpointNotFound as exc:
                 if attempt:
-                    raise
+                    raise self._corrupt(task_id, f"a record of it is missing from the store: {exc.message}",
+                                        exc.checkpoint_id) from exc
                 with self._lock:
                     self._forget(task_id)
         raise AssertionError("unreachable")
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint ``config`` names (its ``checkpoint_id``), or the newest one of the
-        thread's namespace when it names none; None when there is no such checkpoint.
+        thread's namespace when it names none; None when there is no such checkpoint. Which
+        checkpoints exist is read from the records reachable from the thread's branches, each
+        verified; its pending writes are those of every record of it.
 
         Raises:
-            IntegrityError: the stored checkpoint fails verification (never returned unverified).
+            ThreadCorrupt: a branch of the thread names a missing record, or a record or object
+                it needs fails verification (nothing unverified is returned; names the thread).
+            UnknownTypeError: a stored value names a class not loaded in this process.
         """
         conf = config["configurable"]
         task_id = self.task_id(conf["thread_id"])
@@ -461,8 +734,8 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         def pick(index: _Index) -> list[_Entry]:
             if lg_id:
                 e = index.entries.get((ns, lg_id))
-                return [e] if e else []
-            mine = [e for (n, _), e in index.entries.items() if n == ns]
+                return [e] if e is not None and e.cid is not None else []
+            mine = index.checkpoints(ns)
             return [max(mine, key=lambda e: e.lg_id)] if mine else []
 
         found = self._read(task_id, pick)
@@ -475,7 +748,7 @@ class OvernightSaver(BaseCheckpointSaver[int]):
 
         Raises:
             CheckpointNotFound: the thread has no such checkpoint.
-            IntegrityError: the checkpoint fails verification.
+            ThreadCorrupt: the checkpoint fails verification.
         """
         conf = config["configurable"]
         task_id = self.task_id(conf["thread_id"])
@@ -483,12 +756,13 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         lg_id = get_checkpoint_id(config)
         with self._lock:
             index = self._index(task_id)
-        mine = [e for (n, lid), e in index.entries.items() if n == ns and (lg_id is None or lid == lg_id)]
+        mine = [e for e in index.checkpoints(ns) if lg_id is None or e.lg_id == lg_id]
         if not mine:
             raise CheckpointNotFound(f"thread {conf['thread_id']!r} has no checkpoint {lg_id or ''} in namespace {ns!r}",
                                      task_id=task_id)
         entry = max(mine, key=lambda e: e.lg_id)
-        loaded = self._load(entry.cid)[0]
+        assert entry.cid is not None
+        loaded = self._load(task_id, entry.cid)
         return detect(checkpoint_id=entry.cid, recorded=loaded.world, now=self._world_now(), done=[],
                       step_versions={}, exports={}, salt=b"", sources={})
 
@@ -510,14 +784,12 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         for task_id in self._thread_tasks(conf.get("thread_id")):
             with self._lock:
                 index = self._index(task_id)
-            for (ens, lid), e in index.entries.items():
-                if ns is not None and ens != ns:
+            for e in index.checkpoints(ns):
+                if want_id and e.lg_id != want_id:
                     continue
-                if want_id and lid != want_id:
+                if before_id and not e.lg_id < before_id:
                     continue
-                if before_id and not lid < before_id:
-                    continue
-                found.append((lid, task_id, e))
+                found.append((e.lg_id, task_id, e))
         found.sort(key=lambda x: x[0], reverse=True)
         n = 0
         for _, task_id, e in found:
@@ -543,7 +815,7 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         """Copy every checkpoint (all namespaces, all branches) and its writes to another thread,
         oldest first, keeping ids, parents, metadata and values. Blobs are shared, not copied."""
         source = self.task_id(source_thread_id)
-        tuples = self._read(source, lambda index: sorted(index.entries.values(), key=lambda e: e.lg_id))
+        tuples = self._read(source, lambda index: sorted(index.checkpoints(), key=lambda e: e.lg_id))
         for tup in tuples:
             conf = tup.config["configurable"]
             ns = conf["checkpoint_ns"]
@@ -554,14 +826,14 @@ class OvernightSaver(BaseCheckpointSaver[int]):
             self._copy_writes(source, conf, stored)
 
     def _copy_writes(self, source: str, conf: dict[str, Any], target: RunnableConfig) -> None:
-        entry = self._index(source).entries[(conf["checkpoint_ns"], conf["checkpoint_id"])]
-        loaded, _, reader = self._load(entry.cid)
-        arts = loaded.artifacts
+        with self._lock:
+            entry = self._index(source).entries[(conf["checkpoint_ns"], conf["checkpoint_id"])]
+        merged = self._merged(source, entry)
         by_task: dict[tuple[str, str], list[tuple[str, Any]]] = {}
-        for w in loaded.doc.data["langgraph"]["writes"]:
-            ref = arts[w["artifact"]]
+        for w in merged.writes:
+            ref = merged.write_artifacts[w["artifact"]]
             by_task.setdefault((w["task_path"], w["task_id"]), []).append(
-                (w["channel"], decode(reader.get(ref.digest, w["artifact"]), w["artifact"])))
+                (w["channel"], decode(merged.reader.get(ref["digest"], w["artifact"]), w["artifact"])))
         for (task_path, task_id), ws in by_task.items():
             self.put_writes(target, ws, task_id, task_path)
 
@@ -584,9 +856,9 @@ class OvernightSaver(BaseCheckpointSaver[int]):
             with self._lock:
                 index = self._index(task_id)
                 latest: dict[str, _Entry] = {}
-                for (ns, lid), e in index.entries.items():
-                    if ns not in latest or lid > latest[ns].lg_id:
-                        latest[ns] = e
+                for e in index.checkpoints():
+                    if e.ns not in latest or e.lg_id > latest[e.ns].lg_id:
+                        latest[e.ns] = e
                 if len(latest) < len(index.entries):
                     self._rewrite(task_id, index, list(latest.values()))
 
@@ -600,9 +872,10 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         for task_id in self._thread_tasks(None):
             with self._lock:
                 index = self._index(task_id)
-                keep = [e for e in index.entries.values()
-                        if from_tree(self._load(e.cid)[0].doc.data["langgraph"]["metadata"]).get("run_id") not in runs]
-                if len(keep) == len(index.entries):
+                stored = index.checkpoints()
+                keep = [e for e in stored if e.cid is not None and from_tree(
+                    self._load(task_id, e.cid).doc.data["langgraph"]["metadata"]).get("run_id") not in runs]
+                if len(keep) == len(stored):
                     continue
                 if keep:
                     self._rewrite(task_id, index, keep)
@@ -619,10 +892,13 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         checkpoint on its first branch (``main``, ``ns:<ns>``), the others on
         ``<branch>@<checkpoint id>`` -- and every old record is deleted. A crash midway leaves
         both copies, which hold the same checkpoints; never a record whose parent is gone.
+        Records of writes whose checkpoint is not stored yet (:data:`PENDING_EVENT_KEY`) stay.
         """
-        old_rows = [r.checkpoint_id for r in self.store.list_checkpoints(task_id)]
-        loaded = {key: self._load(e.cid)[0] for key, e in index.entries.items()}
-        parent_of = {key: (key[0], lc.doc.data["langgraph"]["parent_checkpoint_id"]) for key, lc in loaded.items()}
+        waiting = {r.cid for e in index.entries.values() if e.cid is None for r in e.leaves}
+        old_rows = [r.checkpoint_id for r in self.store.list_checkpoints(task_id) if r.checkpoint_id not in waiting]
+        merged = {(e.ns, e.lg_id): self._merged(task_id, e) for e in index.checkpoints()}
+        parent_of = {key: (key[0], m.tree["data"]["langgraph"]["parent_checkpoint_id"])  # type: ignore[index]
+                     for key, m in merged.items()}
         kept = {(e.ns, e.lg_id) for e in keep}
         gen = uuid.uuid4().hex[:8]
         chains: dict[tuple[str, str], ChainWriter] = {}  # kept key -> the writer that committed it
@@ -641,12 +917,14 @@ class OvernightSaver(BaseCheckpointSaver[int]):
                 first_of[branch] = key
                 chain = ChainWriter(self.store, task_id, branch, key=self.key, session_id=self._session, session_n=1)
                 if anc in new_cid:
-                    parent_loaded, seen_objects, _ = self._load(new_cid[anc])
-                    chain.start_from(parent_loaded, None)
+                    seen_objects: set[str] = set()
+                    chain.start_from(self._load(task_id, new_cid[anc], BlobReader(self.store, seen_objects)), None)
                     chain.known = seen_objects
                     chain.ref_head = None
-            fp = loaded[key].record.fingerprint
-            new_cid[key] = chain.commit(loaded[key].state_tree, event("step", step=key[1], key=EVENT_KEY, detail=key[0]),
+            main = merged[key].main
+            assert main is not None
+            fp = main.record.fingerprint
+            new_cid[key] = chain.commit(merged[key].tree, event("step", step=key[1], key=EVENT_KEY, detail=key[0]),
                                         fingerprint=fp.model_dump() if fp is not None else None)
             chains[key] = chain
         heads = {b: c for b, c in self.store.list_refs(task_id).items() if b.startswith(f"rewrite-{gen}-")}
@@ -662,7 +940,7 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         for branch, cid in heads.items():
             self.store.set_ref(task_id, branch, None, cid)
         for name, cid in current.items():
-            if name not in final:
+            if name not in final and cid not in waiting:
                 self.store.set_ref(task_id, name, None, cid)
         self.store.delete_checkpoints(old_rows, orphans=True)
         self._forget(task_id)
@@ -711,7 +989,7 @@ def _state(task_id: str, thread_id: str, artifacts: dict[str, Any], data: dict[s
     """The overnight state tree of one LangGraph checkpoint record (no todo/done steps)."""
     return {
         "format": FORMAT_VERSION,
-        "task": {"id": task_id, "goal": f"LangGraph thread {thread_id}", "spec": {"langgraph": {"thread_id": thread_id}}},
+        "task": {"id": task_id, "goal": "LangGraph thread " + thread_id.encode("utf-8", "backslashreplace").decode(), "spec": {"langgraph": {"thread_id": thread_id}}},
         "todo": [],
         "done": [],
         "artifacts": artifacts,
