@@ -498,7 +498,11 @@ def resolve_checkpoint(store: Store, task_id: str, ref: str) -> str:
     hexpart = ref.split(":", 1)[-1].lower()
     matches = [r.checkpoint_id for r in store.list_checkpoints(task_id)
                if r.checkpoint_id.split(":", 1)[1].startswith(hexpart)]
-    if len(hexpart) < 4 or not matches:
+    if len(hexpart) < 4 and matches:
+        raise CheckpointNotFound(f"checkpoint prefix {ref!r} is too short: give at least 4 hex digits "
+                                 f"(task {task_id!r})", task_id=task_id,
+                                 hint="`overnight show TASK_ID` lists checkpoint ids (12 digits shown)")
+    if not matches:
         raise CheckpointNotFound(f"task {task_id!r} has no checkpoint or branch {ref!r}", task_id=task_id,
                                  hint="`overnight show TASK_ID` lists checkpoint ids")
     if len(matches) > 1:
