@@ -680,7 +680,8 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
                 policy = policies[component]
                 if policy == "recompute":
                     steps = affected_steps(rep.drift, state["done"], {component})
-                    plan.append(f"{component}: recompute {len(steps)} step(s)" + (f" ({', '.join(steps[:6])}"
+                    plan.append(f"{component}: recompute {len(steps)} step(s), with those that read their output"
+                                + (f" ({', '.join(steps[:6])}"
                                 + (" ..." if len(steps) > 6 else "") + ")" if steps else ""))
                 else:
                     plan.append(f"{component}: {policy}")

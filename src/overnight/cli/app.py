@@ -96,6 +96,12 @@ def _exit_code(exc: OvernightError) -> int:
     return EXIT_FAILED
 
 
+def _clip(value: object, width: int = 48) -> str:
+    """A value for a table cell: long ones (digests, paths) cut in the middle, marked with an ellipsis."""
+    text = str(value)
+    return text if len(text) <= width else text[: width // 2 - 1] + "…" + text[-(width // 2):]
+
+
 def _fail(exc: OvernightError) -> None:
     render.err.print(f"[bold red]error:[/] {render.esc(exc)}")
     cause = exc.__cause__
@@ -330,7 +336,7 @@ def status(
             render.out.print("[green]no drift[/]")
         else:
             render.table("drift", ["component", "what", "was", "now", "read by"],
-                         [(i.component, i.key + (" (warning)" if i.warning else ""), str(i.old)[:24], str(i.new)[:24],
+                         [(i.component, i.key + (" (warning)" if i.warning else ""), _clip(i.old), _clip(i.new),
                            ", ".join(i.steps[:4]) + (" ..." if len(i.steps) > 4 else "")) for i in rep.drift.items])
             if rep.drift.dependents:
                 render.out.print("dependents: " + ", ".join(f"{render.esc(k)} (reads {render.esc(v)})"

@@ -87,8 +87,9 @@ class Decision:
             parts.append(f"rolled back to checkpoint {self.rollback_to.id[7:19]} (seq {self.rollback_to.record.seq}), "
                          "the newest made in a world like this one")
         if self.recomputed:
-            parts.append(f"recompute {len(self.recomputed)} step(s): {', '.join(self.recomputed[:8])}"
-                         + (" ..." if len(self.recomputed) > 8 else ""))
+            parts.append(f"recompute {len(self.recomputed)} step(s) that read what changed: "
+                         f"{', '.join(self.recomputed[:8])}" + (" ..." if len(self.recomputed) > 8 else "")
+                         + " (then the steps that read their output)")
         if self.accepted:
             parts.append(f"accepted {len(self.accepted)} drift(s)")
         return "; ".join(parts) or "nothing to do"
