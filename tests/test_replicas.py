@@ -164,3 +164,67 @@ def test_cli_finds_a_task_on_the_configured_media_without_store(media, tmp_path)
     assert json.loads(cli("show", "ledger", "--json"))["task_id"] == "ledger"
     assert json.loads(cli("verify", "ledger", "--json"))["ok"] is True
     assert cli("cat", "ledger", "month-0.txt").startswith("month 0 reconciled")
+
+
+# --- two media (local + database), driven through the CLI as a user would ------------------------
+
+LEDGER = '''
+import os, overnight
+task = overnight.Task("ledger", goal="reconcile the ledger", expected_span="3d", criticality="critical",
+                      done_when="all months")
+for i in range(6):
+    def month(ctx, i=i):
+        ctx.write_text(f"month-{i}.txt", f"month {i} " * 50)
+        ctx.state[f"m{i}"] = i
+        if os.environ.get("DROP_REPLICA_AT") == str(i):  # the replica disappears while the run goes on
+            import psycopg
+            server, schema = os.environ["DROP_REPLICA"].split("?schema=")
+            with psycopg.connect(server, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    task.step(month, name=f"month-{i}")
+'''
+
+
+@pytest.fixture
+def two_media(tmp_path, monkeypatch, pg_schema):
+    """A project whose critical tasks go to local SQLite (primary) + PostgreSQL; ``ledger.py``."""
+    server, schema = pg_schema
+    urls = {"local": f"sqlite://{tmp_path / '.overnight' / 'overnight.db'}", "database": f"{server}?schema={schema}"}
+    (tmp_path / "overnight.toml").write_text(
+        f'[store]\nurl = "{urls["local"]}"\n[media]\ndatabase = "{urls["database"]}"\n'
+        '[criticality]\ncritical = ["local", "database"]\n')
+    (tmp_path / "ledger.py").write_text(LEDGER)
+    monkeypatch.chdir(tmp_path)
+    for var in ("OVERNIGHT_STORE", "OVERNIGHT_MEDIA_LOCAL", "OVERNIGHT_MEDIA_DATABASE", "OVERNIGHT_MEDIA_CLOUD",
+                "OVERNIGHT_CONFIG", "OVERNIGHT_SIGNING_KEY", "DROP_REPLICA_AT"):
+        monkeypatch.delenv(var, raising=False)
+    return urls
+
+
+def overnight_cli(cwd, *args, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``overnight ARGS`` in a real process, in the project directory."""
+    return subprocess.run([sys.executable, "-m", "overnight", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def _steps_on(url: str, branch: str = "main") -> list[str]:
+    """Step names of the first-parent lineage of ``branch`` on one medium, oldest first."""
+    from overnight.verify.reachability import first_parent_chain
+
+    with open_store(url) as s:
+        rows = {r.checkpoint_id: r for r in s.list_checkpoints("ledger")}
+        head = s.get_ref("ledger", branch)
+    return [r.step for r in reversed(first_parent_chain(rows, head)) if r.step]
+
+
+def test_replica_lost_mid_run_stops_with_a_typed_error_and_resume_heals_it(two_media, tmp_path):
+    out = overnight_cli(tmp_path, "run", "ledger.py", "--quiet",
+                        env={"DROP_REPLICA_AT": "2", "DROP_REPLICA": two_media["database"]})
+    assert out.returncode == 3, out.stderr
+    assert "Traceback" not in out.stderr and "replica database could not take the" in out.stderr, out.stderr
+    assert "overnight repair" in out.stderr
+    # the primary kept the commit the replica could not take; nothing is lost
+    assert _steps_on(two_media["local"]) == ["month-0", "month-1", "month-2"]
+    out = overnight_cli(tmp_path, "resume", "ledger", "--quiet")  # the replica is reachable again (empty)
+    assert out.returncode == 0, out.stderr
+    assert _steps_on(two_media["local"]) == _steps_on(two_media["database"]) == [f"month-{i}" for i in range(6)]

@@ -16,7 +16,7 @@ replicated task, so resume reads from the first healthy copy and heals the other
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from overnight.errors import (
     CheckpointNotFound,
@@ -25,6 +25,7 @@ from overnight.errors import (
     NoValidCheckpoint,
     NotFound,
     OvernightError,
+    ReplicaUnavailable,
     short_id,
 )
 from overnight.store.base import (
@@ -96,40 +97,54 @@ class ReplicatedStore:
     def journal(self, task_id: str) -> list[JournalRow]:
         return self.primary.journal(task_id)
 
-    # writes: every medium
+    # writes: every medium, the primary first. A replica that cannot take a write the primary
+    # already has stops the caller with ReplicaUnavailable (or the ConcurrencyError of a replica
+    # that is behind or diverged): a write returns only when every medium has it.
+    def _replicas(self, what: str, write: Callable[[Store], object], task_id: str | None = None) -> None:
+        for name, m in zip(self.names[1:], self.media[1:]):
+            try:
+                write(m)
+            except ConcurrencyError as exc:
+                exc.message = (f"replica {name} is behind or diverged ({exc.message}); the primary has the {what} "
+                               "-- `overnight repair` (or the next resume) brings the replica up to date")
+                raise
+            except Exception as exc:  # noqa: BLE001 - a driver error of a medium that went away: typed
+                detail = exc.message if isinstance(exc, OvernightError) else f"{type(exc).__name__}: {exc}"
+                raise ReplicaUnavailable(
+                    f"replica {name} could not take the {what} ({detail}); the primary {self.names[0]} has it",
+                    medium=name, task_id=task_id,
+                    hint=f"bring {name} back, then `overnight repair {task_id or 'TASK_ID'}` (or resume, which "
+                    "repairs first) copies what it lacks") from exc
+
     def put_objects(self, objects: Iterable[ObjectRecord]) -> None:
         objects = list(objects)
-        for m in self.media:
-            m.put_objects(objects)
+        self.primary.put_objects(objects)
+        self._replicas("objects", lambda m: m.put_objects(objects))
 
     def commit(self, commit: Commit) -> int:
         added = self.primary.commit(commit)
-        for name, m in zip(self.names[1:], self.media[1:]):
-            try:
-                m.commit(Commit(commit.checkpoint, commit.expected_head, commit.objects, commit.journal, None,
-                                commit.task))
-            except ConcurrencyError as exc:
-                exc.message = (f"replica {name} is behind or diverged ({exc.message}); the primary has the commit "
-                               "-- `overnight repair` (or the next resume) brings the replica up to date")
-                raise
+        row = commit.checkpoint
+        self._replicas(f"commit of checkpoint {short_id(row.checkpoint_id)}",
+                       lambda m: m.commit(Commit(row, commit.expected_head, commit.objects, commit.journal, None,
+                                                 commit.task)), row.task_id)
         return added
 
     def set_ref(self, task_id: str, branch: str, new: str | None, expected: str | None) -> None:
-        for m in self.media:
-            m.set_ref(task_id, branch, new, expected)
+        self.primary.set_ref(task_id, branch, new, expected)
+        self._replicas(f"move of branch {branch!r}", lambda m: m.set_ref(task_id, branch, new, expected), task_id)
 
     def record_call(self, call: CallRecord) -> None:
-        for m in self.media:
-            m.record_call(call)
+        self.primary.record_call(call)
+        self._replicas("model call record", lambda m: m.record_call(call), call.task_id)
 
     def put_checkpoints(self, rows: Iterable[CheckpointRow], journal: Iterable[JournalRow] = ()) -> None:
         rows, journal = list(rows), list(journal)
-        for m in self.media:
-            m.put_checkpoints(rows, journal)
+        self.primary.put_checkpoints(rows, journal)
+        self._replicas("checkpoints", lambda m: m.put_checkpoints(rows, journal))
 
     def put_archive(self, row: ArchiveRow) -> None:
-        for m in self.media:
-            m.put_archive(row)
+        self.primary.put_archive(row)
+        self._replicas("archive record", lambda m: m.put_archive(row), row.task_id)
 
     # deletions (gc, rm, archive) apply to every medium; the primary's count is returned, since
     # gc decided on what the primary holds
