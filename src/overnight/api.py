@@ -270,13 +270,17 @@ def resume(
         finally:
             store.close()
     with _opened(store) as s:
-        row = s.get_task(task_id)
+        # a replicated task is read from a medium that holds it (the runner repairs the others,
+        # and sets aside a damaged one, before its session starts)
+        medium = _medium_for(s.hot, task_id, write=False)
+        reader = s if medium is s.hot else medium
+        row = reader.get_task(task_id)
         where = entry or row.entry
         if not where:
             raise ConfigError(f"task {task_id!r} has no recorded code location", task_id=task_id,
                               hint="pass --file FILE.py[:NAME]")
         if entry is None:
-            _check_entry(s, task_id, branch, row.entry)
+            _check_entry(reader, task_id, branch, row.entry)
         task = load_task(where, task_id=task_id)
         return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift,
                       model=model, max_context_tokens=max_context_tokens, code_moved=entry is not None).run()
