@@ -3,14 +3,19 @@
 :class:`ReplicatedStore` is a :class:`~overnight.store.base.Store` over several media (the first
 is the primary). A commit returns only when every medium has it: the primary first (lease
 fencing and the ref compare-and-swap happen there; it is the coordinator), then each replica with
-the same objects, record and ref move. Reads come from the primary.
+the same objects, record and ref move. A replica that cannot take it raises
+:class:`~overnight.errors.ReplicaUnavailable` (the primary keeps the commit; a repair copies it
+later). Reads come from the primary.
 
-:func:`repair_task` makes the media agree again after a medium was lost, emptied, corrupted or
-left behind: for each branch it finds the medium whose head is the newest that verifies, and
-copies what the others lack -- the task record, the checkpoints on that head's lineage, every
-object missing or damaged -- then moves their refs. The runner calls it before every resume of a
-replicated task, so resume reads from the first healthy copy and heals the others;
-``overnight repair`` runs it on demand and reports what it found.
+:func:`repair_task` makes the media agree again after a medium was lost, emptied, corrupted, left
+behind or went on alone: for each branch it finds the medium holding the newest checkpoint that
+verifies (by ``seq``, after each medium's own fallback), and copies what the others lack -- the
+task record, the checkpoints on that head's lineage, every object missing or damaged -- then moves
+their refs. A head the chosen one does not contain (the media diverged) is kept on a branch
+``<branch>@<medium>``, never dropped; a medium whose store cannot be read is set aside (its files
+renamed, never deleted) and rebuilt. The runner calls it before every resume of a replicated
+task, so resume reads from the first healthy copy and heals the others; ``overnight repair`` runs
+it on demand and reports what it found. Stored names: ``docs/FORMAT.md``, "Replicas".
 """
 
 from __future__ import annotations
