@@ -32,6 +32,7 @@ from overnight.errors import (
     NotFound,
     OvernightError,
     ReplicaUnavailable,
+    StoreBusy,
     StoreCorrupt,
     short_id,
 )
@@ -119,16 +120,21 @@ class ReplicatedStore:
             try:
                 write(m)
             except ConcurrencyError as exc:
+                if isinstance(exc, StoreBusy):  # not retried: the primary already has the write
+                    raise self._unavailable(name, what, exc.message, task_id) from exc
                 exc.message = (f"replica {name} is behind or diverged ({exc.message}); the primary has the {what} "
                                "-- `overnight repair` (or the next resume) brings the replica up to date")
                 raise
             except Exception as exc:  # noqa: BLE001 - a driver error of a medium that went away: typed
                 detail = exc.message if isinstance(exc, OvernightError) else f"{type(exc).__name__}: {exc}"
-                raise ReplicaUnavailable(
-                    f"replica {name} could not take the {what} ({detail}); the primary {self.names[0]} has it",
-                    medium=name, task_id=task_id,
-                    hint=f"bring {name} back, then `overnight repair {task_id or 'TASK_ID'}` (or resume, which "
-                    "repairs first) copies what it lacks") from exc
+                raise self._unavailable(name, what, detail, task_id) from exc
+
+    def _unavailable(self, name: str, what: str, detail: str, task_id: str | None) -> ReplicaUnavailable:
+        return ReplicaUnavailable(
+            f"replica {name} could not take the {what} ({detail}); the primary {self.names[0]} has it",
+            medium=name, task_id=task_id,
+            hint=f"bring {name} back, then `overnight repair {task_id or 'TASK_ID'}` (or resume, which "
+            "repairs first) copies what it lacks")
 
     def put_objects(self, objects: Iterable[ObjectRecord]) -> None:
         objects = list(objects)
