@@ -237,8 +237,8 @@ def _runs(tmp_path) -> list[str]:
     return log.read_text().split() if log.exists() else []
 
 
-def _repair_json(tmp_path, expect_rc: int = 0) -> tuple[dict, dict]:
-    out = overnight_cli(tmp_path, "repair", "ledger", "--json")
+def _repair_json(tmp_path, expect_rc: int = 0, which: str = "ledger") -> tuple[dict, dict]:
+    out = overnight_cli(tmp_path, "repair", which, "--json")
     assert out.returncode == expect_rc, (out.returncode, out.stdout, out.stderr)
     (report,) = json.loads(out.stdout)
     return report, {m["name"]: m for m in report["media"]}
@@ -302,7 +302,7 @@ def test_truncated_local_store_is_set_aside_and_rebuilt_from_the_replica(two_med
     path = tmp_path / ".overnight" / "overnight.db"
     half = path.stat().st_size // 2
     os.truncate(path, half)
-    report, media = _repair_json(tmp_path)
+    report, media = _repair_json(tmp_path, which="--all")  # the tasks are listed from the replica
     assert media["local"]["status"] == "damaged" and media["local"]["checkpoints_copied"] >= 3, media
     (aside,) = path.parent.glob("overnight.db.damaged-*")
     assert aside.stat().st_size == half and str(aside) in media["local"]["detail"]  # moved, never deleted

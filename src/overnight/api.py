@@ -767,14 +767,27 @@ def repair(task_id: str | None = None, *, store: Store | str | None = None) -> l
 
 
 def _configured_task_ids(cfg: Config) -> list[str]:
-    """Ids of the tasks on every configured medium that exists (local, database, cloud)."""
+    """Ids of the tasks on every configured medium that exists (local, database, cloud). A damaged
+    medium is passed over while another one lists tasks (their repair sets it aside).
+
+    Raises:
+        StoreCorrupt: a medium is damaged and no other one lists a task.
+    """
+    from overnight.errors import StoreCorrupt
+
     ids: dict[str, None] = {}
+    damaged: StoreCorrupt | None = None
     for name in ("local", "database", "cloud"):
         url = cfg.medium(name)
         if url is None or not store_exists(url):
             continue
-        with open_store(url) as s:
-            ids.update((t.task_id, None) for t in s.list_tasks())
+        try:
+            with open_store(url) as s:
+                ids.update((t.task_id, None) for t in s.list_tasks())
+        except StoreCorrupt as exc:
+            damaged = damaged or exc
+    if damaged is not None and not ids:
+        raise damaged
     return list(ids)
 
 
