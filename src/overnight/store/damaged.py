@@ -46,9 +46,14 @@ def set_aside(url: str, *, now: datetime | None = None) -> list[tuple[Path, Path
     for _, new in moves:
         if new.exists():
             raise ConfigError(f"cannot set aside {path}: {new} already exists", hint="retry in a moment")
+    done = []
     for old, new in moves:
-        os.replace(old, new)
-    return moves
+        try:
+            os.replace(old, new)
+            done.append((old, new))
+        except FileNotFoundError:  # another process set it aside first
+            continue
+    return done
 
 
 class DamagedMedium:

@@ -274,8 +274,10 @@ class RepairReport:
         parts = []
         for m in self.media:
             if m.status in REPAIRED:
-                text = (f"{m.name}: {m.status}, copied {m.checkpoints_copied} checkpoint(s) and {m.objects_copied} "
-                        f"object(s) from {', '.join(sorted(set(self.sources.values())))}")
+                text = f"{m.name}: {m.status}"
+                if m.checkpoints_copied or m.objects_copied:
+                    text += (f", copied {m.checkpoints_copied} checkpoint(s) and {m.objects_copied} object(s) from "
+                             f"{', '.join(sorted(set(self.sources.values()) - {m.name}))}")
                 parts.append(text + (f" ({m.detail})" if m.detail else ""))
             elif m.status != "ok":
                 parts.append(f"{m.name}: {m.status}" + (f" ({m.detail})" if m.detail else ""))
