@@ -82,7 +82,7 @@ def finish_and_check(urls) -> overnight.RunResult:
 def repair_cli(tmp_path) -> dict:
     out = subprocess.run([sys.executable, "-m", "overnight", "repair", "ledger", "--json"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120, env=os.environ.copy())
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 0, out.stdout + out.stderr
     (report,) = json.loads(out.stdout)
     return {m["name"]: m for m in report["media"]}
 

@@ -51,7 +51,7 @@ from overnight.store.base import (
 from overnight.store.damaged import DamagedMedium
 from overnight.verify.branching import check_branch_name
 from overnight.verify.chain import Fallback, load_head
-from overnight.verify.integrity import LoadedCheckpoint
+from overnight.verify.integrity import LoadedCheckpoint, load_checkpoint
 from overnight.verify.reachability import first_parent_chain, lineage
 
 
@@ -356,7 +356,7 @@ def _keep_name(branch: str, medium: str, index: int, refs: dict[str, str]) -> st
 
 
 def repair_task(media: list[Store], names: list[str], task_id: str, *, key: bytes | None,
-                max_rounds: int = 8) -> RepairReport:
+                max_rounds: int = 64) -> RepairReport:
     """Make every medium hold the newest verifiable head of each branch of ``task_id``.
 
     For each branch, the source is the medium holding the checkpoint with the highest ``seq`` that
@@ -509,16 +509,18 @@ def _repair_medium(src: Store, dst: Store, task_row: TaskRow, lineage: list[Chec
         current = dst.get_ref(task_row.task_id, branch)
         if current != head:
             dst.set_ref(task_row.task_id, branch, head, current)
-        # heal what is damaged: rewrite each object the destination fails on, until its head verifies
+        # heal what is damaged: rewrite each object the destination fails on, until the head
+        # verifies there (the head itself, not the branch: when a damaged object is one every
+        # checkpoint shares, nothing on the branch verifies to fall back to)
         for _ in range(max_rounds):
-            loaded, fallback = load_head(dst, task_row.task_id, branch, key=key, deep=True)
-            if fallback is None:
+            try:
+                load_checkpoint(dst, head, key=key, deep=True)
                 break
-            bad = [s.object_digest for s in fallback.skipped if s.object_digest]
-            if not bad:
-                raise IntegrityError(f"checkpoint(s) {', '.join(short_id(s.checkpoint_id) for s in fallback.skipped)} "
-                                     "still fail verification on this medium after being rewritten")
-            st.objects_copied += _copy_objects(src, dst, bad)
+            except IntegrityError as exc:
+                if not exc.object_digest:
+                    raise IntegrityError(f"checkpoint {short_id(head)} still fails verification on this medium "
+                                         f"after being rewritten: {exc.message}") from exc
+                st.objects_copied += _copy_objects(src, dst, [exc.object_digest])
         else:
             raise IntegrityError(f"head {short_id(head)} still does not verify after {max_rounds} repair rounds")
         if (st.checkpoints_copied or st.objects_copied or st.heads.get(branch) != "ok") and st.status == "ok":
