@@ -35,3 +35,25 @@ def test_primary_lost_resume_continues_from_the_replica(tmp_path):
     assert runs == ["one", "two", "three"]  # nothing committed ran again
     with open_store(f"sqlite://{tmp_path / 'primary' / 'store.db'}") as primary:
         assert primary.get_ref("replicated", "main") == result.head  # repaired, and advanced
+
+
+def test_lost_primary_gets_every_branch_back_a_fork_too(tmp_path):
+    from overnight.verify.branching import fork
+    from overnight.verify.replicas import repair_task
+
+    runs: list[str] = []
+    (tmp_path / "primary").mkdir()
+    result = overnight.run(_task(runs), _stores(tmp_path), max_steps=2, handle_signals=False)
+    stores = _stores(tmp_path)
+    rows = {r.step: r.checkpoint_id for r in stores.list_checkpoints("replicated")}
+    fork(stores, "replicated", rows["one"], "exp")  # a branch that shares main's first checkpoints
+    refs = stores.list_refs("replicated")
+    assert set(refs) == {"main", "exp"} and refs["main"] == result.head
+    stores.close()
+    for p in (tmp_path / "primary").iterdir():  # the primary medium is lost
+        p.unlink()
+    stores = _stores(tmp_path)
+    report = repair_task(stores.media, stores.names, "replicated", key=None)
+    assert report.media[0].status == "repaired" and report.media[1].status == "ok", report
+    assert stores.media[0].list_refs("replicated") == refs  # main did not move to the fork's history
+    stores.close()

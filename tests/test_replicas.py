@@ -82,7 +82,7 @@ def finish_and_check(urls) -> overnight.RunResult:
 def repair_cli(tmp_path) -> dict:
     out = subprocess.run([sys.executable, "-m", "overnight", "repair", "ledger", "--json"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120, env=os.environ.copy())
-    assert out.returncode == 0, out.stderr + out.stdout
+    assert out.returncode == 0, out.stdout + out.stderr
     (report,) = json.loads(out.stdout)
     return {m["name"]: m for m in report["media"]}
 
@@ -180,3 +180,155 @@ def test_every_object_of_the_hot_copy_damaged_is_rewritten_from_a_replica(media,
     assert repaired["local"]["status"] == "repaired" and repaired["local"]["objects_copied"] > 3
     assert _head(media["local"]) == head
     finish_and_check(media)
+
+
+# --- two media (local + database), driven through the CLI as a user would ------------------------
+
+LEDGER = r'''
+import os, overnight
+task = overnight.Task("ledger", goal="reconcile the ledger", expected_span="3d", criticality="critical",
+                      done_when="all months")
+for i in range(6):
+    def month(ctx, i=i):
+        ctx.write_text(f"month-{i}.txt", f"month {i} " * 50)
+        ctx.state[f"m{i}"] = i
+        with open("runs.log", "a") as log:  # which steps actually ran, across processes
+            log.write(f"month-{i}\n")
+        if os.environ.get("DROP_REPLICA_AT") == str(i):  # the replica disappears while the run goes on
+            import psycopg
+            server, schema = os.environ["DROP_REPLICA"].split("?schema=")
+            with psycopg.connect(server, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    task.step(month, name=f"month-{i}")
+'''
+
+
+@pytest.fixture
+def two_media(tmp_path, monkeypatch, pg_schema):
+    """A project whose critical tasks go to local SQLite (primary) + PostgreSQL; ``ledger.py``."""
+    server, schema = pg_schema
+    urls = {"local": f"sqlite://{tmp_path / '.overnight' / 'overnight.db'}", "database": f"{server}?schema={schema}"}
+    (tmp_path / "overnight.toml").write_text(
+        f'[store]\nurl = "{urls["local"]}"\n[media]\ndatabase = "{urls["database"]}"\n'
+        '[criticality]\ncritical = ["local", "database"]\n')
+    (tmp_path / "ledger.py").write_text(LEDGER)
+    monkeypatch.chdir(tmp_path)
+    for var in ("OVERNIGHT_STORE", "OVERNIGHT_MEDIA_LOCAL", "OVERNIGHT_MEDIA_DATABASE", "OVERNIGHT_MEDIA_CLOUD",
+                "OVERNIGHT_CONFIG", "OVERNIGHT_SIGNING_KEY", "DROP_REPLICA_AT"):
+        monkeypatch.delenv(var, raising=False)
+    return urls
+
+
+def overnight_cli(cwd, *args, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``overnight ARGS`` in a real process, in the project directory."""
+    return subprocess.run([sys.executable, "-m", "overnight", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def _steps_on(url: str, branch: str = "main") -> list[str]:
+    """Step names of the first-parent lineage of ``branch`` on one medium, oldest first."""
+    from overnight.verify.reachability import first_parent_chain
+
+    with open_store(url) as s:
+        rows = {r.checkpoint_id: r for r in s.list_checkpoints("ledger")}
+        head = s.get_ref("ledger", branch)
+    return [r.step for r in reversed(first_parent_chain(rows, head)) if r.step]
+
+
+def test_replica_lost_mid_run_stops_with_a_typed_error_and_resume_heals_it(two_media, tmp_path):
+    out = overnight_cli(tmp_path, "run", "ledger.py", "--quiet",
+                        env={"DROP_REPLICA_AT": "2", "DROP_REPLICA": two_media["database"]})
+    assert out.returncode == 3, out.stderr
+    assert "Traceback" not in out.stderr and "replica database could not take the" in out.stderr, out.stderr
+    assert "overnight repair" in out.stderr
+    # the primary kept the commit the replica could not take; nothing is lost
+    assert _steps_on(two_media["local"]) == ["month-0", "month-1", "month-2"]
+    out = overnight_cli(tmp_path, "resume", "ledger", "--quiet")  # the replica is reachable again (empty)
+    assert out.returncode == 0, out.stderr
+    assert _steps_on(two_media["local"]) == _steps_on(two_media["database"]) == [f"month-{i}" for i in range(6)]
+
+
+def _runs(tmp_path) -> list[str]:
+    log = tmp_path / "runs.log"
+    return log.read_text().split() if log.exists() else []
+
+
+def _repair_json(tmp_path, expect_rc: int = 0, which: str = "ledger") -> tuple[dict, dict]:
+    out = overnight_cli(tmp_path, "repair", which, "--json")
+    assert out.returncode == expect_rc, (out.returncode, out.stdout, out.stderr)
+    (report,) = json.loads(out.stdout)
+    return report, {m["name"]: m for m in report["media"]}
+
+
+MONTHS = [f"month-{i}" for i in range(6)]
+
+
+def test_damaged_head_falls_back_on_its_medium_instead_of_rolling_back_to_a_lagging_replica(two_media, tmp_path):
+    import sqlite3
+
+    assert overnight_cli(tmp_path, "run", "ledger.py", "--max-steps", "2", "--quiet").returncode == 75
+    # the replica was "down" for two steps: only the local medium has month-2 and month-3
+    out = overnight_cli(tmp_path, "resume", "ledger", "--store", two_media["local"], "--max-steps", "2", "--quiet")
+    assert out.returncode == 75, out.stderr
+    db = sqlite3.connect(tmp_path / ".overnight" / "overnight.db")  # bit rot in local's head record
+    (body,) = db.execute("SELECT body FROM checkpoints WHERE step='month-3'").fetchone()
+    body = bytearray(body)
+    body[len(body) // 2] ^= 4
+    db.execute("UPDATE checkpoints SET body=? WHERE step='month-3'", (bytes(body),))
+    db.commit()
+    db.close()
+    report, media = _repair_json(tmp_path)
+    # the newest checkpoint that verifies anywhere is local's month-2, not the replica's month-1
+    assert report["sources"] == {"main": "local"}
+    assert media["local"]["heads"] == {"main": "invalid"} and media["local"]["status"] == "repaired"
+    assert media["database"]["heads"] == {"main": "behind"} and media["database"]["status"] == "repaired"
+    assert [s["step"] for s in report["skipped"]["main"]] == ["month-3"]
+    assert _steps_on(two_media["local"]) == _steps_on(two_media["database"]) == MONTHS[:3]
+    assert overnight_cli(tmp_path, "resume", "ledger", "--quiet").returncode == 0
+    assert _runs(tmp_path) == MONTHS[:4] + MONTHS[3:], "only the step that verifies nowhere runs again"
+    assert _steps_on(two_media["local"]) == _steps_on(two_media["database"]) == MONTHS
+
+
+def test_diverged_media_keep_the_losing_head_on_a_branch(two_media, tmp_path):
+    assert overnight_cli(tmp_path, "run", "ledger.py", "--max-steps", "2", "--quiet").returncode == 75
+    # split brain: each medium resumed alone (two machines, each seeing one medium)
+    for url, steps in ((two_media["local"], "2"), (two_media["database"], "3")):
+        out = overnight_cli(tmp_path, "resume", "ledger", "--store", url, "--max-steps", steps, "--quiet")
+        assert out.returncode == 75, out.stderr
+    local_head, db_head = _head(two_media["local"]), _head(two_media["database"])
+    report, media = _repair_json(tmp_path, expect_rc=4)
+    assert report["sources"]["main"] == "database"  # the newer head wins main ...
+    assert media["local"]["status"] == "diverged" and media["local"]["heads"]["main"] == "diverged"
+    assert media["local"]["kept"] == {"main@local": local_head}  # ... and local's work is kept, not dropped
+    assert "main@local" in media["local"]["detail"] and "overnight merge" in media["local"]["detail"]
+    for url in two_media.values():  # both media hold both heads
+        with open_store(url) as s:
+            assert s.list_refs("ledger") == {"main": db_head, "main@local": local_head}
+    out = overnight_cli(tmp_path, "gc", "--apply", "--store", two_media["local"], "--grace", "0s", "--quiet")
+    assert out.returncode == 0, out.stderr
+    assert _steps_on(two_media["local"], "main@local") == MONTHS[:4]  # gc kept the diverged work
+    assert overnight_cli(tmp_path, "repair", "ledger").returncode == 0  # nothing diverges any more
+    out = overnight_cli(tmp_path, "merge", "ledger", "--from", "main@local")
+    assert out.returncode == 0, out.stderr
+    assert _head(two_media["local"]) == _head(two_media["database"]) != db_head
+
+
+def test_truncated_local_store_is_set_aside_and_rebuilt_from_the_replica(two_media, tmp_path):
+    assert overnight_cli(tmp_path, "run", "ledger.py", "--max-steps", "3", "--quiet").returncode == 75
+    path = tmp_path / ".overnight" / "overnight.db"
+    half = path.stat().st_size // 2
+    os.truncate(path, half)
+    report, media = _repair_json(tmp_path, which="--all")  # the tasks are listed from the replica
+    assert media["local"]["status"] == "damaged" and media["local"]["checkpoints_copied"] >= 3, media
+    (aside,) = path.parent.glob("overnight.db.damaged-*")
+    assert aside.stat().st_size == half and str(aside) in media["local"]["detail"]  # moved, never deleted
+    assert media["database"]["status"] == "ok"
+    assert _steps_on(two_media["local"]) == MONTHS[:3]
+    # the same damage found by resume: set aside, rebuilt, and the run goes on
+    os.truncate(path, path.stat().st_size // 2)
+    out = overnight_cli(tmp_path, "resume", "ledger", "--quiet")
+    assert out.returncode == 0, out.stderr
+    assert "damaged" in out.stderr and "moved aside to" in out.stderr
+    assert len(list(path.parent.glob("overnight.db.damaged-*"))) == 2
+    assert _runs(tmp_path) == MONTHS, "nothing committed ran again"
+    assert _steps_on(two_media["local"]) == _steps_on(two_media["database"]) == MONTHS

@@ -269,12 +269,16 @@ def resume(
         finally:
             store.close()
     with _opened(store) as s:
-        row = s.get_task(task_id)
+        # a replicated task is read from a medium that holds it (the runner repairs the others,
+        # and sets aside a damaged one, before its session starts)
+        medium = _medium_for(s.hot, task_id, write=False)
+        reader = s if medium is s.hot else medium
+        row = reader.get_task(task_id)
         where = entry or row.entry
         if not where:
             raise _no_code(row, "resume")
         if entry is None:
-            _check_entry(s, task_id, branch, row.entry)
+            _check_entry(reader, task_id, branch, row.entry)
         task = load_task(where, task_id=task_id)
         return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift,
                       model=model, max_context_tokens=max_context_tokens, code_moved=entry is not None).run()
@@ -788,14 +792,27 @@ def repair(task_id: str | None = None, *, store: Store | str | None = None) -> l
 
 
 def _configured_task_ids(cfg: Config) -> list[str]:
-    """Ids of the tasks on every configured medium that exists (local, database, cloud)."""
+    """Ids of the tasks on every configured medium that exists (local, database, cloud). A damaged
+    medium is passed over while another one lists tasks (their repair sets it aside).
+
+    Raises:
+        StoreCorrupt: a medium is damaged and no other one lists a task.
+    """
+    from overnight.errors import StoreCorrupt
+
     ids: dict[str, None] = {}
+    damaged: StoreCorrupt | None = None
     for name in ("local", "database", "cloud"):
         url = cfg.medium(name)
         if url is None or not store_exists(url):
             continue
-        with open_store(url) as s:
-            ids.update((t.task_id, None) for t in s.list_tasks())
+        try:
+            with open_store(url) as s:
+                ids.update((t.task_id, None) for t in s.list_tasks())
+        except StoreCorrupt as exc:
+            damaged = damaged or exc
+    if damaged is not None and not ids:
+        raise damaged
     return list(ids)
 
 

@@ -7,7 +7,8 @@ log line or a CLI message is actionable on its own.
 Groups (mirrors httpx's ``_exceptions.py``):
 
 * codec        -- :class:`EncodeError`, :class:`DecodeError`, :class:`UnknownTypeError`
-* integrity    -- :class:`IntegrityError` and subclasses (digest, missing object, schema, format)
+* integrity    -- :class:`IntegrityError` and subclasses (digest, missing object, schema, format,
+  damaged store, unavailable replica)
 * concurrency  -- :class:`TaskBusy`, :class:`StaleHead`, :class:`StoreBusy`, :class:`MergeConflict`,
   :class:`ParentGone`, :class:`TaskChanged`
 * lookup       -- :class:`TaskNotFound`, :class:`CheckpointNotFound`, :class:`ArtifactNotFound`
@@ -126,13 +127,21 @@ class StoreCorrupt(IntegrityError):
     database image): nothing read from it can be trusted until it is recovered or repaired."""
 
 
+class ReplicaUnavailable(IntegrityError):
+    """A replica of a replicated (e.g. ``critical``) task could not take a write the primary
+    already has -- its database schema was dropped, its bucket went away, its server is down.
+    A commit returns only when every medium has it, so the run stops here (CLI exit 3); the
+    primary keeps the commit, and ``overnight repair`` (or the next resume, which repairs first)
+    copies it to the replica once that is reachable again. ``medium`` names the replica; the
+    cause is chained."""
+
+    def __init__(self, message: str, *, medium: str, **kw) -> None:
+        super().__init__(message, **kw)
+        self.medium = medium
+
+
 class NoValidCheckpoint(IntegrityError):
-    """No checkpoint on the branch passed verification; there is nothing safe to resume from.
-
-    ``fallback`` (a :class:`~overnight.verify.chain.Fallback`, when raised by ``load_head``) lists
-    every checkpoint skipped, with the check and object that failed."""
-
-    fallback: object = None
+    """No checkpoint on the branch passed verification; there is nothing safe to resume from."""
 
 
 class SessionCorrupt(IntegrityError):

@@ -804,8 +804,13 @@ def repair(
     """Bring every medium a task was routed to (e.g. local + cloud for a critical task) up to the
     newest head that verifies: copy what a lost, emptied, lagging or corrupted medium lacks from a
     healthy one. Without --store the task is looked up on every configured medium, so a task whose
-    local copy was lost with its disk is found on a replica and made again locally. Exit 3 when a
-    medium cannot be repaired."""
+    local copy was lost with its disk is found on a replica and made again locally. The source of a
+    branch is the medium with the newest checkpoint that verifies (a damaged head falls back on its
+    own medium first); newer checkpoints that verify nowhere are listed as skipped. A damaged SQLite
+    file is moved aside to NAME.damaged-TIMESTAMP (never deleted) and rebuilt. Media that diverged
+    (each went on alone) keep the losing head on branch BRANCH@MEDIUM: nothing is dropped.
+    Exit 0 repaired or nothing to do | 3 a medium is unavailable or cannot be repaired |
+    4 media diverged (merge the kept branch: overnight merge TASK_ID --from BRANCH@MEDIUM)."""
     if not task_id and not all_tasks:
         render.err.print("[bold red]error:[/] name a TASK_ID or pass --all")
         raise typer.Exit(EXIT_USAGE)
@@ -822,8 +827,14 @@ def repair(
             render.table(None, ["medium", "status", "heads before", "checkpoints copied", "objects copied", "detail"],
                          [(m.name, m.status, ", ".join(f"{b}: {h}" for b, h in m.heads.items()), m.checkpoints_copied,
                            m.objects_copied, m.detail or "") for m in r.media])
+            for branch, skipped in r.skipped.items():
+                render.err.print(f"[yellow]{render.esc(branch)}: skipped, verifies on no medium:[/] " + ", ".join(
+                    f"{render.esc(str(x['checkpoint_id'])[7:19])} (step {render.esc(x['step'])}, {render.esc(x['medium'])})"
+                    for x in skipped))
     if any(m.status in ("failed", "unavailable") for r in reports for m in r.media):
         raise typer.Exit(EXIT_INTEGRITY)
+    if any(r.diverged for r in reports):
+        raise typer.Exit(EXIT_BUSY)
 
 
 @bench_app.command("verify")

@@ -146,6 +146,8 @@ class RunProgress:
             if e.detail and e.kind == "resume":  # a fallback is always reported, even with --quiet
                 err.print(f"[yellow]fallback:[/] {esc(e.detail)}")
             self.bar = self.progress.add_task("run", total=e.total, completed=e.done, step="", eta=None)
+        elif e.kind == "repair":  # before the session starts; always reported, even with --quiet
+            err.print(f"[yellow]repair:[/] {esc(e.detail)}")
         elif self.bar is None:
             return
         elif e.kind == "step_start":
@@ -165,8 +167,6 @@ class RunProgress:
             self._say(f"[cyan]compacting:[/] {esc(e.detail)}")
         elif e.kind == "compaction":
             self._say(f"[cyan]compacted[/] into checkpoint {(e.checkpoint_id or '')[7:19]}; {esc(e.detail)} starts")
-        elif e.kind == "repair":
-            err.print(f"[yellow]repair:[/] {esc(e.detail)}")
         elif e.kind == "end":
             self.progress.update(self.bar, step="done" if e.detail == "complete" else str(e.detail),
                                  total=e.total, completed=e.done, eta=0 if e.detail == "complete" else None)

@@ -155,15 +155,32 @@ def route(task: Task, config: Config, *, now: datetime | None = None) -> Route:
 
 def open_routed(route: Route, task_id: str) -> Any:
     """The store a route asks for: in-process for ``ephemeral``, one medium, or a
-    :class:`~overnight.verify.replicas.ReplicatedStore` over several (the first is primary)."""
+    :class:`~overnight.verify.replicas.ReplicatedStore` over several (the first is primary).
+
+    A medium of several whose store is damaged (:class:`~overnight.errors.StoreCorrupt` on opening)
+    is opened as a :class:`~overnight.store.damaged.DamagedMedium`: the others still carry the task,
+    and a repair sets it aside and rebuilds it.
+
+    Raises:
+        StoreCorrupt: the single medium of a one-medium route is damaged.
+    """
+    from overnight.errors import StoreCorrupt
     from overnight.store import open_store
+    from overnight.store.damaged import DamagedMedium
     from overnight.store.memory import MemoryStore
     from overnight.verify.replicas import ReplicatedStore
 
     if route.level == "ephemeral" or not route.urls:
         return MemoryStore(f"ephemeral-{task_id}")
-    stores = [open_store(u) for u in route.urls]
-    return stores[0] if len(stores) == 1 else ReplicatedStore(stores, list(route.media))
+    if len(route.urls) == 1:
+        return open_store(route.urls[0])
+    stores: list[Any] = []
+    for url in route.urls:
+        try:
+            stores.append(open_store(url))
+        except StoreCorrupt as exc:
+            stores.append(DamagedMedium(url, exc))
+    return ReplicatedStore(stores, list(route.media))
 
 
 def recorded_route(spec: dict[str, Any]) -> Route | None:
@@ -180,29 +197,46 @@ def locate(task_id: str, config: Config) -> tuple[Any, Route | None] | None:
     """Find an existing task: in the default store, else in the configured database or cloud
     medium. Returns ``(store, recorded route)`` -- the store opened on every medium the task was
     routed to -- or None when no medium knows the task.
+
+    A damaged local store (:class:`~overnight.errors.StoreCorrupt`) does not end the search: a
+    replicated task is found on a replica (its damaged medium then opens as a
+    :class:`~overnight.store.damaged.DamagedMedium`, for a repair to set aside and rebuild).
+
+    Raises:
+        StoreCorrupt: the local store is damaged and no other medium knows the task.
+        ConfigError: the local store cannot be opened for another reason (not an overnight store).
     """
     from overnight.codec.canonical import loads
-    from overnight.errors import NotFound, OvernightError
+    from overnight.errors import NotFound, OvernightError, StoreCorrupt
     from overnight.store import exists, open_store
 
+    damaged: StoreCorrupt | None = None
     for name in ("local", "database", "cloud"):
         url = config.medium(name)
         if url is None or not exists(url):
             continue
+        store = None
         try:
             store = open_store(url)
-        except OvernightError:
-            if name == "local":
-                raise
-            continue
-        try:
             spec = loads(store.get_task(task_id).spec)
         except NotFound:
-            store.close()
+            store.close()  # type: ignore[union-attr]
+            continue
+        except StoreCorrupt as exc:
+            if store is not None:
+                store.close()
+            if name == "local":
+                damaged = exc
+            continue
+        except OvernightError:
+            if name == "local" or store is not None:  # a replica that cannot be opened is skipped
+                raise
             continue
         rec = recorded_route(spec) if isinstance(spec, dict) else None
         if rec is not None and rec.level != "ephemeral" and len(rec.urls) > 1:
             store.close()
             return open_routed(rec, task_id), rec
         return store, rec
+    if damaged is not None:
+        raise damaged
     return None

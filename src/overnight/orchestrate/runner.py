@@ -54,7 +54,7 @@ from overnight.orchestrate.router import Route, locate, open_routed
 from overnight.orchestrate.router import route as route_task
 from overnight.store.tiered import TieredStore, tiered
 from overnight.verify.archive import ensure_hot
-from overnight.verify.replicas import ReplicatedStore, repair_task
+from overnight.verify.replicas import ReplicatedStore, repair_task, set_aside_damaged
 from overnight.verify.branching import check_branch_name
 from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
 from overnight.verify.drift import WorldNow, changed_products, parse_policies, reads_dirty, world_reads_changed
@@ -554,6 +554,14 @@ class Runner:
             self._commit(self.chain.blob_writer(), event("drift", detail=decision.describe()), [])
         self._export()
 
+    def _set_aside_damaged(self) -> None:
+        """A replicated task whose primary (or another medium) is damaged: move its files aside
+        (never deleted) and open a fresh store there; :meth:`_repair_media` then rebuilds it and
+        reports it ``damaged``."""
+        replicated = getattr(self.store, "hot", self.store)
+        if isinstance(replicated, ReplicatedStore):
+            set_aside_damaged(replicated.media, replicated.names, self.task.id)
+
     def _repair_media(self) -> None:
         """A replicated task: bring every medium up to the newest verifiable head before reading
         one, so a primary that lost its copy (or holds a damaged one) resumes from a replica
@@ -590,6 +598,7 @@ class Runner:
         hb: threading.Thread | None = None
         old_handlers = self._install_signals()
         try:
+            self._set_aside_damaged()  # the lease is taken on the primary: it must be readable
             self._lease = self.store.acquire_lease(self.task.id, self.branch, holder.id, holder.to_json(),
                                                    self.lease_ttl_ms)
             hb = threading.Thread(target=self._heartbeat, args=(stop_hb,), name="overnight-lease", daemon=True)

@@ -148,14 +148,12 @@ def load_head(
             fallback.used_id = loaded.id
         return loaded, fallback
     assert fallback is not None
-    error = NoValidCheckpoint(
+    raise NoValidCheckpoint(
         f"no checkpoint of task {task_id!r} on branch {branch!r} passes verification\n{fallback.describe()}",
         task_id=task_id,
         checkpoint_id=head,
         hint="run `overnight verify TASK_ID` for the full report",
     )
-    error.fallback = fallback  # what was skipped and why, for repair
-    raise error
 
 
 _UNKNOWN: Any = object()
