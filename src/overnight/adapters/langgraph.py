@@ -66,7 +66,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.types import Send
 
-from overnight.codec.canonical import decode, encode, from_tree, loads, to_tree
+from overnight.codec.canonical import decode, encode, from_tree, to_tree
 from overnight.codec.registry import register_codec
 from overnight.errors import (
     CheckpointNotFound,

@@ -481,6 +481,26 @@ def _repair_branch(live: list[tuple[str, Store]], task_id: str, branch: str, key
     return created
 
 
+def _heal_checkpoint(src: Store, dst: Store, checkpoint_id: str, key: bytes | None, st: MediumRepair,
+                     max_rounds: int) -> None:
+    """Copy from ``src`` each object ``checkpoint_id`` fails on in ``dst``, until it verifies there.
+
+    Raises:
+        IntegrityError: it still fails on something that is not an object (the record itself), or
+            after ``max_rounds`` objects without verifying."""
+    for _ in range(max_rounds):
+        try:
+            load_checkpoint(dst, checkpoint_id, key=key, deep=True)
+            return
+        except IntegrityError as exc:
+            if not exc.object_digest:
+                raise IntegrityError(f"checkpoint {short_id(checkpoint_id)} still fails verification on this medium "
+                                     f"after being rewritten: {exc.message}") from exc
+            st.objects_copied += _copy_objects(src, dst, [exc.object_digest])
+    raise IntegrityError(f"checkpoint {short_id(checkpoint_id)} still does not verify after {max_rounds} repaired "
+                         "objects")
+
+
 def _repair_medium(src: Store, dst: Store, task_row: TaskRow, lineage: list[CheckpointRow], head: str, branch: str,
                    key: bytes | None, st: MediumRepair, max_rounds: int) -> None:
     try:
@@ -511,18 +531,12 @@ def _repair_medium(src: Store, dst: Store, task_row: TaskRow, lineage: list[Chec
             dst.set_ref(task_row.task_id, branch, head, current)
         # heal what is damaged: rewrite each object the destination fails on, until the head
         # verifies there (the head itself, not the branch: when a damaged object is one every
-        # checkpoint shares, nothing on the branch verifies to fall back to)
-        for _ in range(max_rounds):
-            try:
-                load_checkpoint(dst, head, key=key, deep=True)
-                break
-            except IntegrityError as exc:
-                if not exc.object_digest:
-                    raise IntegrityError(f"checkpoint {short_id(head)} still fails verification on this medium "
-                                         f"after being rewritten: {exc.message}") from exc
-                st.objects_copied += _copy_objects(src, dst, [exc.object_digest])
-        else:
-            raise IntegrityError(f"head {short_id(head)} still does not verify after {max_rounds} repair rounds")
+        # checkpoint shares, nothing on the branch verifies to fall back to). On a medium seen
+        # damaged, every checkpoint of the head's lineage is healed so, not only the head: the
+        # history `overnight verify` checks must verify too.
+        damaged = st.heads.get(branch) == "invalid"
+        for cid in [row.checkpoint_id for row in lineage if damaged] + [head]:
+            _heal_checkpoint(src, dst, cid, key, st, max_rounds)
         if (st.checkpoints_copied or st.objects_copied or st.heads.get(branch) != "ok") and st.status == "ok":
             st.status = "repaired"
     except OvernightError as exc:
