@@ -378,3 +378,29 @@ def test_recompute_never_applies_a_state_update_twice(tmp_path):
     out = {d.name: d.output for d in loaded.state.done}
     assert out["report"] == {"total": 10 + 25 + 30 + 40 + 50, "seen": [0, 1, 2, 3, 4]}
     assert loaded.state.recompute is None
+
+
+def test_demo_replans_when_a_module_is_added_or_removed(tmp_path):
+    """The package gains a module, then loses one: the planning step runs again and re-plans --
+    the new module's section is written before the assembly, the removed one's leaves the plan."""
+    pkg = tmp_path / "tinypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('"""A tiny package."""\n')
+    (pkg / "a.py").write_text('"""Module a."""\n\ndef fa(x: int) -> int:\n    """Double x."""\n    return 2 * x\n')
+    (pkg / "b.py").write_text('"""Module b."""\n\ndef fb(y: str) -> str:\n    """Echo y."""\n    return y\n')
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "overnight", "demo", "-p", "tinypkg", "-q", "--store", f"sqlite://{tmp_path / 's.db'}",
+           "--out", str(tmp_path / "report.md")]
+
+    def demo():
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return (tmp_path / "report.md").read_text()
+
+    assert "## `tinypkg.b`" in demo()
+    (pkg / "c.py").write_text('"""Module c."""\n\ndef fc() -> None:\n    """Nothing."""\n')
+    report = demo()
+    assert "## `tinypkg.c`" in report and "`fc() -> None`" in report
+    (pkg / "b.py").unlink()
+    report = demo()
+    assert "## `tinypkg.b`" not in report and "## `tinypkg.a`" in report and "## `tinypkg.c`" in report

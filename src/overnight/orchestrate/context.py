@@ -136,6 +136,7 @@ class StepContext:
         self._artifacts: dict[str, tuple[bytes, bool]] = {}
         self._added: list[dict[str, Any]] = []
         self._added_end: list[dict[str, Any]] = []
+        self._planned: list[str] = []  # every name add_step was called with, new or already there, in order
 
     # -- artifacts ----------------------------------------------------------------------------
 
@@ -239,7 +240,9 @@ class StepContext:
                  **args: Any) -> str:
         """Add a step to the todo list; returns its name. Adding a step that is already planned
         or done with the same function and arguments does nothing (a recomputed planning step
-        re-adds its sub-steps, and only new ones are added).
+        re-adds its sub-steps, and only new ones are added). A planning step that runs again in
+        a recompute pass re-plans: its sub-steps come in the order it adds them now, and a sub-step
+        it no longer adds (a module that was removed, say) leaves the plan.
 
         Args:
             fn: a registered step function, or its name.
@@ -263,11 +266,13 @@ class StepContext:
             (e for e in self._added + self._added_end if e["name"] == step_name), None)
         if existing is not None:
             if existing["fn"] == fn and dumps_sorted(existing["args"]) == dumps_sorted(entry["args"]):
+                self._planned.append(step_name)
                 return step_name  # already planned or done: adding it again is a no-op
             raise SpecError(f"add_step: task {self.task_id!r} already has a step {step_name!r} "
                             f"({existing['fn']} with other arguments)", task_id=self.task_id,
                             hint="pass a unique name=")
         (self._added if position == "next" else self._added_end).append(entry)
+        self._planned.append(step_name)
         return step_name
 
     @property

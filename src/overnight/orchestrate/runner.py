@@ -728,14 +728,10 @@ class Runner:
             "session": self.session_n, "started_at": started_at, "duration_ms": round(duration_ms, 3),
             "tokens_in": gw.tokens_in, "tokens_out": gw.tokens_out, "replayed_tokens": gw.replayed_tokens,
         }
-        rest = self.state["todo"][1:]
-        # in a recompute pass, a new sub-step goes after the ones this step added last time (the
-        # order they first ran in), not before them
-        at = max((i + 1 for i, e in enumerate(rest) if e.get("previous") and e.get("added_by") == entry["name"]),
-                 default=0)
+        todo = _replan(self.state["todo"][1:], entry["name"], ctx._added, ctx._planned) + ctx._added_end
         self.state = {
             **self.state,
-            "todo": rest[:at] + ctx._added + rest[at:] + ctx._added_end,
+            "todo": todo,
             "done": self.state["done"] + [done_entry],
             "artifacts": artifacts,
             "data": data_tree,
@@ -752,6 +748,25 @@ class Runner:
         if self.state["context"]["tokens"] >= self.budget.compact_at:
             self._compact()
         return True
+
+
+def _replan(rest: list[dict[str, Any]], step: str, added: list[dict[str, Any]], planned: list[str]) -> list[dict[str, Any]]:
+    """The todo list after ``step`` ran and added the sub-steps ``added`` (``planned``: every name it
+    added, new or already there, in order); ``rest`` is the todo list after ``step``.
+
+    New sub-steps go right after ``step``. In a recompute pass, the sub-steps ``step`` added last
+    time are in ``rest`` again (with their ``previous`` run): they and the new ones are laid out in
+    the order ``step`` adds them now, where the first of them stood, and one it no longer adds is
+    dropped from the plan -- a planning step that runs again re-plans."""
+    mine = [e for e in rest if e.get("previous") and e.get("added_by") == step]
+    if not mine:
+        return added + rest
+    ours = {e["name"]: e for e in [*mine, *added]}
+    first = next(i for i, e in enumerate(rest) if e is mine[0])
+    others = [e for e in rest if not (e.get("previous") and e.get("added_by") == step)]
+    before = sum(1 for e in rest[:first] if e in others)
+    layout = [ours[n] for n in dict.fromkeys(planned) if n in ours]
+    return others[:before] + layout + others[before:]
 
 
 def resume_command(task_id: str, branch: str, store_url: str) -> str:
