@@ -133,3 +133,16 @@ def test_stopped_ephemeral_task_is_not_called_resumable(tmp_path):
                          capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 1, out.stderr
     assert "NOT resumable" in out.stderr and "resume with" not in out.stderr
+
+
+def test_relative_store_paths_in_overnight_toml_are_relative_to_the_file(tmp_path, monkeypatch):
+    (tmp_path / "overnight.toml").write_text('[store]\nurl = "sqlite://.overnight/overnight.db"\n'
+                                             '[media]\ncloud = "file://cold"\ndatabase = "postgresql://h/db"\n')
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "sub" / "deeper")
+    for var in ("OVERNIGHT_STORE", "OVERNIGHT_MEDIA_CLOUD", "OVERNIGHT_MEDIA_DATABASE", "OVERNIGHT_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = load()
+    assert cfg.get("store.url") == f"sqlite://{(tmp_path / '.overnight' / 'overnight.db').as_posix()}"
+    assert cfg.medium("cloud") == f"file://{(tmp_path / 'cold').as_posix()}"
+    assert cfg.medium("database") == "postgresql://h/db"

@@ -121,6 +121,20 @@ def find_file(start: Path | None = None) -> Path | None:
     return None
 
 
+STORE_KEYS = ("store.url", "media.local", "media.database", "media.cloud")
+
+
+def _anchored(url: str, folder: Path) -> str:
+    """A store URL from a config file: a relative ``sqlite://`` or ``file://`` path (or a bare
+    path) is relative to the file's folder, not to wherever a command runs."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url if Path(url).is_absolute() else str(folder / url)
+    if scheme.lower() in ("sqlite", "file") and rest and not Path(rest).is_absolute() and rest[0] not in "~:":
+        return f"{scheme}://{(folder / rest).as_posix()}"
+    return url
+
+
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in data.items():
@@ -159,6 +173,8 @@ def load(start: Path | None = None) -> Config:
                 raise ConfigError(f"{path}: {key} must be a list of media names")
             if isinstance(default, float) and not isinstance(value, (int, float)):
                 raise ConfigError(f"{path}: {key} must be a number")
+            if key in STORE_KEYS and isinstance(value, str):
+                value = _anchored(value, path.parent)
             cfg.values[key] = float(value) if isinstance(default, float) else value
             cfg.sources[key] = str(path)
         cfg.file = path
