@@ -12,6 +12,7 @@ import importlib.util
 import re
 import sys
 import traceback
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -346,9 +347,14 @@ def ls(*, store: Store | str | None = None) -> list[TaskSummary]:
             return _summaries(s, set())
     out: list[TaskSummary] = []
     seen: set[str] = set()
-    for url in urls:
-        with _opened(url) as s:
-            out += _summaries(s, seen)
+    for i, url in enumerate(urls):
+        try:
+            with _opened(url) as s:
+                out += _summaries(s, seen)
+        except OvernightError as exc:
+            if i == 0 and url == cfg.medium("local"):
+                raise  # the default store itself: nothing to list
+            warnings.warn(f"tasks on {store_location(url)} are not listed: {exc.message}", stacklevel=2)
     return out
 
 

@@ -67,7 +67,8 @@ JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
 BranchOpt = typer.Option("main", "--branch", "-b", help="Branch to use.")
 MaxStepsOpt = typer.Option(None, "--max-steps", min=1, help="Stop (resumably, exit 75) after N executed steps.")
 EventsOpt = typer.Option(None, "--events", help="Append every run event as a JSON line to this file.")
-QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar.")
+QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary (errors, warnings and, "
+                        "when interrupted, the resume command still print).")
 ModelOpt = typer.Option(None, "--model", "-m", metavar="SPEC",
                         help="Model for ctx.model: extractive (offline, not an LLM; the default), local (SmolLM2 "
                         "in-process, needs the llm extra), or openai:NAME (any OpenAI-compatible endpoint).")
@@ -138,11 +139,10 @@ def _report_run(result: api.RunResult, *, quiet: bool) -> None:
                              f"{u.get('tokens_out', 0)} out; {u.get('replayed_calls', 0)} call(s) "
                              f"({u.get('replayed_tokens', 0)} tokens) replayed from the journal; "
                              f"{result.compactions} compaction(s)")
-        if result.resumable:
-            from overnight.orchestrate.runner import resume_command
+    if result.resumable:  # also with --quiet: where to go on is not progress chatter
+        from overnight.orchestrate.runner import resume_command
 
-            render.err.print(f"resume with: {render.esc(resume_command(result.task_id, result.branch, result.store_url))}")
-    if result.resumable:
+        render.err.print(f"resume with: {render.esc(resume_command(result.task_id, result.branch, result.store_url))}")
         raise typer.Exit(EXIT_RESUMABLE)
     if result.status != "complete":  # ephemeral: nothing left to resume
         raise typer.Exit(EXIT_FAILED)
@@ -224,13 +224,13 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
     if as_json:
         render.print_json(tasks)
         return
-    if not tasks:
-        from overnight.store import default_store_url, location
+    from overnight.store import default_store_url, location
 
-        render.err.print(f"no tasks in the store at {render.esc(location(store or default_store_url()))} yet "
-                         "(try `overnight demo`)")
+    here = location(store or default_store_url())
+    if not tasks:
+        render.err.print(f"no tasks in the store at {render.esc(here)} yet (try `overnight demo`)")
         return
-    several = len({t.store for t in tasks}) > 1  # the default store and configured media
+    several = any(t.store != here for t in tasks)  # some are on a configured database or cloud medium
     render.table(None, ["task", "status", "steps", "branches", "checkpoints", "updated", "goal"]
                  + (["store"] if several else []),
                  [(t.task_id, t.status, f"{t.done}/{t.total}", ",".join(t.branches), t.checkpoints,
@@ -380,7 +380,9 @@ def verify(
     """Check every checkpoint and blob of a task (or the whole store), like `git fsck`.
 
     Records: digest, canonical form, format, schema, signature; chain links; state and artifact
-    blobs, hashed chunk by chunk. Exit 0 when everything verifies, 3 on any problem."""
+    blobs, hashed chunk by chunk. Exit 0 when everything verifies, 3 on any problem. --all checks
+    one store (default: the local one); a configured database or cloud medium is checked with
+    --store URL. A TASK_ID is looked up on every configured medium."""
     if not task_id and not all_tasks:
         render.err.print("[bold red]error:[/] name a TASK_ID or pass --all")
         raise typer.Exit(EXIT_USAGE)
@@ -534,7 +536,8 @@ def gc(
 
     A dry run unless --apply. Never removes a branch head, anything on a live branch's lineage,
     or anything a remaining checkpoint needs to load; safe while tasks run (objects younger than
-    --grace stay)."""
+    --grace stay). Works on one store (default: the local one); --store URL for a configured
+    database or cloud medium."""
     try:
         with render.progress_bar("reading checkpoints", quiet=quiet or as_json) as update:
             rep = api.gc(store=store, apply=apply, keep_last=keep_last, older_than=older_than, task_id=task_id,

@@ -151,7 +151,7 @@ class PostgresStore:
             with psycopg.connect(conninfo, autocommit=True, connect_timeout=max(1, int(connect_timeout_s))) as conn:
                 postgres_schema.migrate(conn, self.schema, where=url, migrations=_migrations)
         except psycopg.OperationalError as exc:
-            raise ConfigError(f"cannot connect to PostgreSQL at {where}: {str(exc).strip()}",
+            raise ConfigError(f"cannot connect to PostgreSQL at {where}: {' '.join(str(exc).split())}",
                               hint="is the server running and the URL right? (user, host, port, database)") from exc
         except psycopg.errors.InsufficientPrivilege as exc:
             raise ConfigError(f"no right to create schema {self.schema!r} in {where}: {str(exc).strip()}",
