@@ -34,6 +34,7 @@ sources. The signing key is never printed, only whether it is set.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,8 +100,12 @@ class Config:
             value = self.values[key]
             if key in SECRET:
                 text = "(set)" if value else "(unset)"
+            elif value is None:
+                text = "(same as store.url)" if key == "media.local" else "(not configured)"
+            elif key in STORE_KEYS:
+                text = mask_password(str(value))
             else:
-                text = "" if value is None else (", ".join(map(str, value)) if isinstance(value, list) else str(value))
+                text = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
             rows.append((key, text, self.sources[key]))
         return rows
 
@@ -122,6 +127,11 @@ def find_file(start: Path | None = None) -> Path | None:
 
 
 STORE_KEYS = ("store.url", "media.local", "media.database", "media.cloud")
+
+
+def mask_password(url: str) -> str:
+    """``scheme://user:PASSWORD@host/...`` with the password shown as ``***`` (for messages)."""
+    return re.sub(r"^([^/]*//[^/@:]*:)[^/@]*@", r"\1***@", url)
 
 
 def _anchored(url: str, folder: Path) -> str:

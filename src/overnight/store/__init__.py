@@ -45,7 +45,9 @@ def location(url: str) -> str:
         return str(Path(url).resolve())
     if scheme.lower() in ("sqlite", "file") and rest:
         return str(Path(rest).resolve())
-    return re.sub(r"^([^/]*//[^/@:]*:)[^/@]*@", r"\1***@", str(url))
+    from overnight.config import mask_password
+
+    return mask_password(str(url))
 
 
 def exists(url: str | os.PathLike | None = None) -> bool:
