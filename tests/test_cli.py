@@ -220,3 +220,21 @@ def test_demo_cuts_a_class_too_large_for_one_call_between_its_methods(tmp_path):
     report = (tmp_path / "report.md").read_text(encoding="utf-8")
     assert report.count("### class `Huge`") == 1
     assert all(f"`Huge.method_{i}(" in report for i in range(60))
+
+
+def test_printed_resume_command_works_for_a_task_created_from_a_script(tmp_path):
+    (tmp_path / "slow.py").write_text(
+        "import overnight\n"
+        "task = overnight.Task('slow', goal='count some things slowly', expected_span='3d')\n"
+        "for i in range(4):\n"
+        "    task.step(lambda ctx, i=i: i, name=f's{i}')\n"
+        "if __name__ == '__main__':\n"
+        "    print(overnight.run(task, max_steps=1).status)\n")
+    created = subprocess.run([sys.executable, "slow.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert created.stdout.strip() == "stopped", created.stderr  # no code location recorded: a script
+    stopped = cli("run", "slow.py", "--max-steps", "1", cwd=tmp_path, check=75)
+    command = next(line for line in stopped.stderr.splitlines() if line.startswith("resume with: "))
+    assert "--file" in command
+    args = command.removeprefix("resume with: overnight ").split()
+    cli(*args, cwd=tmp_path)
+    assert json.loads(cli("ls", "--json", cwd=tmp_path).stdout)[0]["status"] == "complete"

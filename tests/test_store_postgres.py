@@ -193,3 +193,20 @@ def test_a_schema_1_store_is_upgraded_and_its_objects_dated(pg_schema):
         assert stat.digest == digest.sha256(data) and 0 <= stat.age_ms < 60_000
         store.put_archive(ArchiveRow("sha256:" + "1" * 64, "t", "2026", "file:///c", b"m"))
         assert len(store.list_archives()) == 1
+
+
+def test_reading_commands_never_create_a_schema(pg_schema):
+    import subprocess
+    import sys
+
+    import psycopg
+
+    server, schema = pg_schema
+    url = f"{server}?schema={schema}"
+    for args in (["ls"], ["verify", "--all"], ["gc"]):
+        out = subprocess.run([sys.executable, "-m", "overnight", *args, "--store", url], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 2 and "no store at" in out.stderr, out.stderr
+    with psycopg.connect(server) as conn:
+        assert conn.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
+                            (schema,)).fetchone() is None

@@ -142,7 +142,8 @@ def _report_run(result: api.RunResult, *, quiet: bool) -> None:
     if result.resumable:  # also with --quiet: where to go on is not progress chatter
         from overnight.orchestrate.runner import resume_command
 
-        render.err.print(f"resume with: {render.esc(resume_command(result.task_id, result.branch, result.store_url))}")
+        render.err.print("resume with: " + render.esc(resume_command(result.task_id, result.branch, result.store_url,
+                                                                     result.resume_file)))
         raise typer.Exit(EXIT_RESUMABLE)
     if result.status != "complete":  # ephemeral: nothing left to resume
         raise typer.Exit(EXIT_FAILED)

@@ -15,7 +15,9 @@ One :meth:`Runner.run` is one *session*:
 
 from __future__ import annotations
 
+import inspect
 import os
+import shlex
 import signal
 import threading
 import time
@@ -122,6 +124,9 @@ class RunResult:
     route: list[str] = field(default_factory=list)
     compactions: int = 0
     usage: dict[str, int] = field(default_factory=dict)
+    resume_file: str | None = None
+    """The file defining the task, when the store holds no code location for it (a task created
+    by ``overnight.run`` from a script): ``overnight resume`` then needs ``--file`` with it."""
 
     @property
     def resumable(self) -> bool:
@@ -296,7 +301,23 @@ class Runner:
 
     def resume_command(self) -> str:
         """The CLI command that resumes this task where this run stands."""
-        return resume_command(self.task.id, self.branch, self.store.url)
+        return resume_command(self.task.id, self.branch, self.store.url, self._resume_file())
+
+    def _resume_file(self) -> str | None:
+        """``--file`` for ``overnight resume`` when the store records no code location for the
+        task: where this run's task came from (the CLI's entry, else the file of its first step)."""
+        try:
+            if self.store.get_task(self.task.id).entry:
+                return None
+        except OvernightError:
+            return None
+        if self.task.entry:
+            return self.task.entry
+        first = next(iter(self.task.steps.values()), None)
+        try:
+            return inspect.getsourcefile(first.fn) if first is not None else None
+        except TypeError:
+            return None
 
     # -- recompute passes -------------------------------------------------------------------------
 
@@ -649,7 +670,7 @@ class Runner:
             session=self.session_n, steps_run=steps_run, steps_reused=steps_reused, done=done, total=total,
             created=created, fallback=fallback, artifacts=sorted(self.state["artifacts"]), level=self.level,
             route=list(self.route.reasons) if self.route else [], compactions=self.compactions,
-            usage=dict(self.usage),
+            usage=dict(self.usage), resume_file=self._resume_file(),
         )
 
     def _run_one(self) -> bool:
@@ -769,8 +790,9 @@ def _replan(rest: list[dict[str, Any]], step: str, added: list[dict[str, Any]], 
     return others[:before] + layout + others[before:]
 
 
-def resume_command(task_id: str, branch: str, store_url: str) -> str:
-    """``overnight resume ID`` with ``--branch``/``--store`` when they are not the defaults."""
+def resume_command(task_id: str, branch: str, store_url: str, file: str | None = None) -> str:
+    """``overnight resume ID`` with ``--branch``/``--store`` when they are not the defaults, and
+    ``--file FILE`` when the store records no code location for the task."""
     from overnight.config import load
 
     cmd = f"overnight resume {task_id}"
@@ -782,6 +804,8 @@ def resume_command(task_id: str, branch: str, store_url: str) -> str:
         default = None
     if store_url != default and not store_url.startswith(("memory:", "replicated:")):
         cmd += f" --store {store_url}"
+    if file:
+        cmd += f" --file {shlex.quote(file)}"
     return cmd
 
 

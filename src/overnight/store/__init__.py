@@ -51,8 +51,9 @@ def location(url: str) -> str:
 
 
 def exists(url: str | os.PathLike | None = None) -> bool:
-    """Whether a store is already there (an SQLite file, a store directory); other media answer
-    True, since opening them creates nothing a user would notice."""
+    """Whether a store is already there (an SQLite file, a store directory, a PostgreSQL schema),
+    so that reading commands never create one. A bucket answers True (opening creates nothing),
+    as does a PostgreSQL server that cannot be asked (opening it then says why)."""
     text = str(url) if url is not None else default_store_url()
     scheme, sep, rest = text.partition("://")
     if not sep:
@@ -60,6 +61,12 @@ def exists(url: str | os.PathLike | None = None) -> bool:
         return Path(text).exists()
     if scheme.lower() in ("sqlite", "file"):
         return bool(rest) and Path(rest).exists()
+    if scheme.lower() in ("postgresql", "postgres"):
+        try:
+            from overnight.store.postgres import schema_exists
+        except ImportError:
+            return True  # opening it reports the missing extra
+        return schema_exists(text) is not False
     return True
 
 

@@ -124,6 +124,21 @@ def parse_url(url: str) -> tuple[str, str, dict[str, int]]:
     return conninfo, schema, options
 
 
+def schema_exists(url: str, *, connect_timeout_s: float = 3.0) -> bool | None:
+    """Whether the store's schema is already in the database (None: the server cannot be asked --
+    opening the store then says why). Creates nothing.
+
+    Raises:
+        ConfigError: a malformed URL."""
+    conninfo, schema, _ = parse_url(url)
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=max(1, int(connect_timeout_s))) as conn:
+            return conn.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
+                                (schema,)).fetchone() is not None
+    except psycopg.Error:
+        return None
+
+
 class PostgresStore:
     """:class:`~overnight.store.base.Store` in a PostgreSQL schema (see the module docstring).
 
