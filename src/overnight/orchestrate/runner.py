@@ -269,7 +269,9 @@ class Runner:
     def _compact(self) -> None:
         """Summarise this session's exchanges, commit that as a checkpoint, then start a new session."""
         ctx = self.state["context"]
-        self._emit("compaction_start", detail=f"{ctx['tokens']} context tokens >= {self.budget.compact_at}")
+        self._emit("compaction_start", detail=f"this session's exchanges hold {ctx['tokens']} tokens, past "
+                   f"{self.budget.compact_at} ({self.budget.threshold:.0%} of the {self.budget.max_tokens}-token "
+                   "window; each call carried only what fits); a summary replaces them")
         summary, gw = summarize(self, ctx["messages"], f"compaction:{self.head}")
         self._count(gw)
         self.state = {**self.state, "context": {"summary": summary.text, "compactions": ctx["compactions"] + 1,
