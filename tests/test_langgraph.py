@@ -301,7 +301,7 @@ def test_overnight_tools_work_on_threads(tmp_path):
         _run_to_end(saver, "z")
         ids = {t.config["configurable"]["checkpoint_id"] for t in saver.list({"configurable": {"thread_id": "x"}})}
         assert ids <= {e.row.step for e in api.log("langgraph:x", store=url)}
-        before = saver.store.stored_bytes()
+        before = sum(o.stored_bytes for o in saver.store.iter_object_stats())
         saver.prune(["x"])
         saver.delete_thread("z")
         report = api.gc(store=url, apply=True, grace=0)
@@ -311,7 +311,9 @@ def test_overnight_tools_work_on_threads(tmp_path):
         assert len(list(saver.list({"configurable": {"thread_id": "x"}}))) == 1
         assert app.get_state({"configurable": {"thread_id": "y"}}).values == done_y
         assert saver.get_tuple({"configurable": {"thread_id": "z"}}) is None
-        assert saver.store.stored_bytes() <= before
+        # the objects left take less room (the file itself keeps its pages until a VACUUM, and its
+        # WAL grows with gc's own writes, so the file size is not the measure)
+        assert sum(o.stored_bytes for o in saver.store.iter_object_stats()) < before
     report = api.verify(store=url)
     assert report.ok, report
 
