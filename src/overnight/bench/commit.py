@@ -53,6 +53,15 @@ BASELINES = {"LangGraph SqliteSaver": "vs SqliteSaver", "LangGraph PostgresSaver
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 
 
+def percentile(xs: list[float], p: float) -> float | None:
+    """The ``p``-th percentile of ``xs`` by nearest rank (no interpolation: a value that was
+    measured), or None when there are no samples."""
+    if not xs:
+        return None
+    ys = sorted(xs)
+    return ys[min(len(ys) - 1, max(0, round(p / 100 * (len(ys) - 1))))]
+
+
 @dataclass
 class Series:
     """Latency samples of one writer (ms) and the bytes it left on its medium."""
@@ -63,8 +72,7 @@ class Series:
 
     def pct(self, p: float) -> float:
         """The ``p``-th percentile of the samples (nearest rank, ms)."""
-        xs = sorted(self.samples_ms)
-        return xs[min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))]
+        return percentile(self.samples_ms, p) or 0.0
 
     @property
     def median(self) -> float:

@@ -36,6 +36,7 @@ from pathlib import Path
 from statistics import fmean, median
 from typing import Any, Callable
 
+from overnight.bench.commit import percentile
 from overnight.bench.kpi_workload import FORMAT_ENV, Kill, TaskSpec, build_task, chunk_text, run_session, \
     write_inputs
 from overnight.verify.faults import KINDS, Faults
@@ -577,13 +578,6 @@ def _start_s3() -> Any:
 
 # -- summary ----------------------------------------------------------------------------------------
 
-def _pct(xs: list[float], p: float) -> float | None:
-    if not xs:
-        return None
-    ys = sorted(xs)
-    return ys[min(len(ys) - 1, max(0, round(p / 100 * (len(ys) - 1))))]
-
-
 def summarize(trials: list[Trial]) -> dict[str, dict[str, Any]]:
     """Per configuration: the measures of the KPI table (rates in [0, 1], times in ms, bytes).
 
@@ -646,7 +640,7 @@ def summarize(trials: list[Trial]) -> dict[str, dict[str, Any]]:
             "overhead_pct": (100 * sum(overhead) / sum(step)) if overhead and step else 0.0,
             "step_ms": fmean(step) if step else None,
             "resume_ms": median(resume) if resume else None,
-            "resume_p95_ms": _pct(resume, 95),
+            "resume_p95_ms": percentile(resume, 95),
             "stored_bytes": fmean(stored) if stored else None,
             "compactions": sum(s.compactions for t in ts for s in t.sessions),
             "levels": levels,

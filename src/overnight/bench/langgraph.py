@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from overnight.bench.commit import message_text
+from overnight.bench.commit import message_text, percentile
 
 
 @dataclass
@@ -41,8 +41,8 @@ class SaverRun:
     stored_bytes: int = 0
 
     def pct(self, p: float) -> float:
-        xs = sorted(self.turn_ms)
-        return xs[min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))]
+        """The ``p``-th percentile of the per-turn put times (nearest rank, ms)."""
+        return percentile(self.turn_ms, p) or 0.0
 
 
 @dataclass

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from overnight.bench.commit import DEFAULT_POSTGRES, langgraph_saver, message_text, open_overnight
+from overnight.bench.commit import DEFAULT_POSTGRES, langgraph_saver, message_text, open_overnight, percentile
 from overnight.orchestrate.runner import RunEvent, Runner
 from overnight.orchestrate.task import Task
 from overnight.store import location
@@ -72,8 +72,7 @@ class StorageSeries:
 
     @property
     def p99_ms(self) -> float:
-        xs = sorted(self.commit_ms)
-        return xs[min(len(xs) - 1, round(0.99 * (len(xs) - 1)))] if xs else 0.0
+        return percentile(self.commit_ms, 99) or 0.0
 
 
 @dataclass
