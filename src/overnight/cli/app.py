@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 
@@ -113,6 +113,13 @@ def _fail(exc: OvernightError) -> None:
         typed = isinstance(cause, OvernightError)
         render.err.print("".join(traceback.format_exception(cause, chain=not typed)).rstrip(), markup=False)
     raise typer.Exit(_exit_code(exc))
+
+
+def _need_extra(exc: ImportError, extras: str) -> NoReturn:
+    """Exit 2 saying which extra a command needs (``extras``: ``bench``, ``langgraph,bench``, ...)."""
+    render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the extra: "
+                     + render.esc(f"pip install 'overnight[{extras}]' (from a clone: pip install '.[{extras}]')"))
+    raise typer.Exit(EXIT_USAGE)
 
 
 def _model(spec: Optional[str], base_url: Optional[str]):
@@ -739,9 +746,7 @@ def bench_commit(
     try:
         result = run_commit_bench(n=n, state_kb=state_kb, directory=directory)
     except ImportError as exc:
-        render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the bench extra: "
-                         + render.esc("pip install 'overnight[bench]'"))
-        raise typer.Exit(EXIT_USAGE)
+        _need_extra(exc, "bench")
     if as_json:
         render.print_json(result)
         return

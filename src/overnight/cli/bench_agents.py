@@ -21,12 +21,12 @@ def register(bench_app: typer.Typer) -> None:
                                                  "a temporary directory under the current one)."),
     ) -> None:
         """OvernightSession vs the Agents SDK's SQLiteSession: latency per operation, bytes on disk."""
+        from overnight.cli.app import _need_extra
+
         try:
             from overnight.bench.agents_session import run_session_bench
 
             result = run_session_bench(turns=turns, message_bytes=message_bytes, directory=directory)
         except ImportError as exc:
-            render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the agents extra: "
-                             + render.esc("pip install 'overnight[agents]'"))
-            raise typer.Exit(2)  # EXIT_USAGE of overnight.cli.app
+            _need_extra(exc, "agents")
         render.out.print(result.markdown())

@@ -21,16 +21,12 @@ def register(bench_app: typer.Typer) -> None:
     ) -> None:
         """Stored bytes and per-turn put latency of a message-accumulating LangGraph graph:
         OvernightSaver vs SqliteSaver, same turns, same run."""
+        from overnight.cli.app import _need_extra
+
         try:
             from overnight.bench.langgraph import run_langgraph_bench
-        except ImportError as exc:
-            render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the extras: "
-                             + render.esc("pip install 'overnight[langgraph,bench]'"))
-            raise typer.Exit(2)
-        try:
+
             result = run_langgraph_bench(turns=turns, directory=directory)
         except ImportError as exc:
-            render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the extras: "
-                             + render.esc("pip install 'overnight[langgraph,bench]'"))
-            raise typer.Exit(2)
+            _need_extra(exc, "langgraph,bench")
         render.out.print(result.markdown())

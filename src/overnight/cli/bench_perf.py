@@ -30,16 +30,14 @@ def register(bench_app: typer.Typer) -> None:
         checkpoints) against LangGraph's get_tuple; verify --all throughput (MB/s) against sha256 in
         memory. Writes perf.md, perf.json, commit_latency.png and resume_latency.png into --out."""
         from overnight.bench.perf import DEFAULT, QUICK, run_perf, write_report
-        from overnight.cli.app import EXIT_USAGE, _fail
+        from overnight.cli.app import _fail, _need_extra
         from overnight.errors import OvernightError
 
         try:
             report = run_perf(QUICK if quick else DEFAULT, postgres_url=None if no_postgres else postgres)
             paths = write_report(report, out)
         except ImportError as exc:
-            render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the bench extra: "
-                             + render.esc("pip install 'overnight[bench]'"))
-            raise typer.Exit(EXIT_USAGE)
+            _need_extra(exc, "bench")
         except OvernightError as exc:
             _fail(exc)
         if as_json:

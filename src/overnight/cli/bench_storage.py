@@ -35,7 +35,7 @@ def register(bench_app: typer.Typer) -> None:
         a WAL checkpoint) against LangGraph's SqliteSaver storing the same state each step, in the same
         run; commit time per step."""
         from overnight.bench.storage import run_storage_bench
-        from overnight.cli.app import EXIT_USAGE, _fail
+        from overnight.cli.app import EXIT_USAGE, _fail, _need_extra
         from overnight.errors import OvernightError
 
         try:
@@ -43,9 +43,7 @@ def register(bench_app: typer.Typer) -> None:
                                        media=tuple(m.strip() for m in media.split(",") if m.strip()),
                                        postgres_url=postgres, directory=directory, keep=keep)
         except ImportError as exc:
-            render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the bench extra: "
-                             + render.esc("pip install 'overnight[bench]'"))
-            raise typer.Exit(EXIT_USAGE)
+            _need_extra(exc, "bench")
         except ValueError as exc:
             render.err.print(f"[bold red]error:[/] {render.esc(exc)}")
             raise typer.Exit(EXIT_USAGE)
