@@ -785,11 +785,10 @@ def _replan(rest: list[dict[str, Any]], step: str, added: list[dict[str, Any]], 
     if not mine:
         return added + rest
     ours = {e["name"]: e for e in [*mine, *added]}
-    first = next(i for i, e in enumerate(rest) if e is mine[0])
+    first = next(i for i, e in enumerate(rest) if e is mine[0])  # everything before it is another's
     others = [e for e in rest if not (e.get("previous") and e.get("added_by") == step)]
-    before = sum(1 for e in rest[:first] if e in others)
     layout = [ours[n] for n in dict.fromkeys(planned) if n in ours]
-    return others[:before] + layout + others[before:]
+    return others[:first] + layout + others[first:]
 
 
 def resume_command(task_id: str, branch: str, store_url: str, file: str | None = None) -> str:
