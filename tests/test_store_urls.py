@@ -39,3 +39,17 @@ def test_server_schemes_dispatch(pg_schema, s3_endpoint):
         store = open_store(url)
         assert isinstance(store, cls) and store.url == url
         store.close()
+
+
+def test_messages_and_config_mask_a_password_in_a_store_url(monkeypatch, tmp_path):
+    from overnight.config import load
+    from overnight.store import location
+
+    assert location("postgresql://app:s3cr3t@db.example:5432/ops?schema=x") == \
+        "postgresql://app:***@db.example:5432/ops?schema=x"
+    assert location("postgresql://app@db.example/ops") == "postgresql://app@db.example/ops"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OVERNIGHT_MEDIA_DATABASE", "postgresql://app:s3cr3t@db.example/ops")
+    shown = {k: v for k, v, _ in load().shown()}
+    assert shown["media.database"] == "postgresql://app:***@db.example/ops"
+    assert "s3cr3t" not in repr(shown)
