@@ -823,3 +823,98 @@ def test_register_codec_roundtrip() -> None:
     assert str(back["price"].amount) == "1.50"
     assert back["price"].currency == "EUR\x00\ud800"
     assert b"overnight-tests.money" in encode(value)
+
+
+# --- the fast encoder writes the reference encoder's bytes -------------------------------------
+#
+# Canonical bytes are what digests and checkpoint ids are computed over, and loading refuses a
+# record whose bytes are not canonical: the orjson path (overnight.codec.canonical._fast_dumps)
+# must write exactly what json.dumps(ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+# writes, for every tree, or decline.
+
+from overnight.codec.canonical import _fast_dumps, dumps, dumps_sorted  # noqa: E402
+
+import orjson  # noqa: E402
+
+
+def _reference(tree: Any, sort: bool = False) -> bytes:
+    return json.dumps(tree, ensure_ascii=True, separators=(",", ":"), allow_nan=False, sort_keys=sort).encode("ascii")
+
+
+json_leaves = st.none() | st.booleans() | ints | floats.filter(math.isfinite) | texts
+json_trees = st.recursive(
+    json_leaves, lambda c: st.lists(c, max_size=5) | st.dictionaries(texts, c, max_size=5), max_leaves=30
+)
+
+
+@SETTINGS
+@given(json_trees)
+@example({"b": 1, "a": ["\x7f", "\u2028", "\U0001f9ea", "\x00\x1f", 1e-05, 1e16, -0.0, 2**63, 2**64]})
+def test_fast_encoder_writes_the_reference_bytes(tree: Any) -> None:
+    assert dumps(tree) == _reference(tree)
+    assert dumps_sorted(tree) == _reference(tree, sort=True)
+
+
+ascii_text = st.text(alphabet=st.characters(codec="ascii", exclude_characters="\x7f"))
+
+
+@SETTINGS
+@given(st.lists(ascii_text, max_size=6), st.lists(ascii_text | st.floats(allow_nan=False, allow_infinity=False)
+                                                  | st.integers(-(2**63), 2**63 - 1), max_size=6))
+def test_fast_encoder_takes_plain_trees(keys: list[str], xs: list[Any]) -> None:
+    """What a commit usually writes (ASCII text, str keys, 64-bit ints, finite floats outside
+    (0, 1e-4)) takes the fast path, with the reference bytes."""
+    tree = {k: [x for x in xs if not (type(x) is float and 0 < abs(x) < 1e-4)] for k in keys}
+    assert _fast_dumps(tree, 0) == _reference(tree)
+    assert _fast_dumps(tree, orjson.OPT_SORT_KEYS) == _reference(tree, sort=True)
+
+
+def test_fast_encoder_agrees_on_floats_of_every_magnitude() -> None:
+    import random
+    import struct
+
+    rng = random.Random(7)
+    xs = [0.0, -0.0, 1e-4, 9.999999999999999e-05, 1e-05, 1e-10, 1e15, 1e16, 1e17, 1e21, 1e22, 5e-324,
+          1.7976931348623157e308, 0.1, 1.0, 100.0, 123456789.125]
+    xs += [rng.uniform(1, 10) * 10.0**e * rng.choice((1, -1)) for e in range(-320, 308) for _ in range(20)]
+    xs += [x for x in struct.unpack("20000d", rng.randbytes(8 * 20_000)) if math.isfinite(x)]
+    assert dumps(xs) == _reference(xs)
+    taken = [x for x in xs if _fast_dumps([x], 0) is not None]
+    assert len(taken) == sum(1 for x in xs if not 0 < abs(x) < 1e-4)  # declines only the small ones
+    assert all(_fast_dumps([x], 0) == _reference([x]) for x in taken)
+
+
+@pytest.mark.parametrize("tree", [
+    [math.nan], {"x": math.inf}, [-math.inf],  # orjson would write null: the reference raises
+    ("tuple",), {1: "int key"}, [b"bytes"], [dt.date(2026, 1, 1)], [uuid.UUID(int=1)],  # not JSON trees
+    ["\ud800 lone surrogate"], [2**64 + 1], [10**30],  # orjson refuses these
+    [1e-05], [-3.5e-07],  # formatted differently by orjson
+    ["caf\u00e9"], {"\u4e2d": 1}, ["\x7f"], ["\U0001f9ea"],  # escaped by the reference, in C
+    __import__("functools").reduce(lambda inner, _: [inner], range(120), []),  # deeper than MAX_DEPTH
+])
+def test_fast_encoder_declines_what_it_cannot_write_exactly(tree: Any) -> None:
+    assert _fast_dumps(tree, 0) is None
+    try:
+        expected: bytes | type[Exception] = _reference(tree)
+    except (TypeError, ValueError) as exc:
+        expected = type(exc)
+    if isinstance(expected, bytes):
+        assert dumps(tree) == expected
+    else:
+        with pytest.raises(expected):
+            dumps(tree)
+
+
+def test_fast_encoder_declines_a_reference_cycle() -> None:
+    for tree in ([1], [0] * 10_000, {"a": [1.5, "x"]}):
+        (tree["a"] if isinstance(tree, dict) else tree).append(tree)  # type: ignore[union-attr]
+        assert _fast_dumps(tree, 0) is None
+        with pytest.raises(ValueError, match="Circular"):
+            dumps(tree)
+    shared = ["not a cycle"]
+    assert dumps([shared, shared, {"k": shared}]) == _reference([shared, shared, {"k": shared}])
+
+
+def test_orjson_itself_differs_where_the_fast_path_declines() -> None:
+    """Guards the reason for the float rule: if orjson ever prints these like repr(), the rule can go."""
+    assert orjson.dumps(1e-05) != json.dumps(1e-05).encode()

@@ -618,6 +618,38 @@ def test_delete_checkpoints_never_removes_a_head_or_a_parent_of_a_survivor(store
     assert store.get_checkpoint(d1.checkpoint_id).checkpoint_id == d1.checkpoint_id
 
 
+def test_delete_checkpoints_across_tasks_keeps_each_parent_of_a_survivor(store):
+    """One call dooming checkpoints of two tasks: each task's survivors keep their parents."""
+    dangling = {}
+    for task_id in ("t", "u"):
+        r0, _, _ = _chain(store, task_id)
+        dangling[task_id] = _dangling(store, r0, 2)
+    (t1, t2), (u1, u2) = dangling["t"], dangling["u"]
+    assert store.delete_checkpoints([t1.checkpoint_id, u1.checkpoint_id]) == 0  # parents of t2, u2
+    assert store.delete_checkpoints([t1.checkpoint_id, t2.checkpoint_id, u1.checkpoint_id]) == \
+        len(t1.body) + len(t2.body)  # all of t's dangling records go; u1 stays for u2
+    assert {u1.checkpoint_id, u2.checkpoint_id} <= {r.checkpoint_id for r in store.list_checkpoints("u")}
+    assert len(store.list_checkpoints("t")) == 3 and len(store.list_checkpoints("u")) == 5
+
+
+def test_a_commit_whose_parent_is_another_tasks_checkpoint_fails_and_writes_nothing(store):
+    """A checkpoint builds on its own task's chain; deletion relies on it (children are looked for
+    among the task's own checkpoints), so the store refuses anything else."""
+    from overnight.errors import SchemaError
+
+    a0 = _row("A", None, 0)
+    store.commit(Commit(a0, None, [], [], None, _task("A")))
+    b0 = _row("B", a0.checkpoint_id, 1, body_extra="b")
+    lost = _obj(b"must not be stored either")
+    with pytest.raises(SchemaError, match="task 'A'") as err:
+        store.commit(Commit(b0, None, [lost], [], None, _task("B")))
+    assert err.value.task_id == "B" and err.value.hint
+    assert store.get_ref("B", "main") is None and store.missing_objects([lost.digest]) == {lost.digest}
+    with pytest.raises(CheckpointNotFound):
+        store.get_checkpoint(b0.checkpoint_id)
+    assert store.delete_checkpoints([a0.checkpoint_id], orphans=True) == 0  # still A's head
+
+
 def test_a_commit_whose_parent_was_deleted_fails_and_writes_nothing(store):
     from overnight.errors import ParentGone
 

@@ -17,6 +17,10 @@ systems, by name (:data:`SYSTEMS`):
 * ``floor`` -- ``os.write`` of the same state bytes plus ``os.fsync`` on an open file: no durable
   checkpointer can commit faster on this disk.
 
+* ``... (no fsync)`` -- the two SQLite writers again, on their own files, with ``PRAGMA
+  synchronous=OFF`` (``overnight bench commit --cpu``): the same work without waiting for the
+  disk, so that the rest of each median is the flush. Diagnostic only; never how overnight runs.
+
 Latencies are in milliseconds; ratios are against the medians of the baselines present
 (``LangGraph SqliteSaver``, ``LangGraph PostgresSaver``, ``floor``).
 """
@@ -42,10 +46,13 @@ from overnight.verify.chain import ChainWriter
 from overnight.verify.records import FORMAT_VERSION, event
 
 #: every system :func:`run_commit_bench` can measure, in table order
+NO_FSYNC = " (no fsync)"
 SYSTEMS = ("overnight sqlite", "overnight file", "overnight postgres", "LangGraph SqliteSaver",
-           "LangGraph PostgresSaver", "floor")
+           "LangGraph PostgresSaver", "floor", "overnight sqlite" + NO_FSYNC, "LangGraph SqliteSaver" + NO_FSYNC)
 #: the ones ``overnight bench commit`` measures by default (no server needed)
 LOCAL_SYSTEMS = ("overnight sqlite", "LangGraph SqliteSaver", "floor")
+#: ``overnight bench commit --cpu``: the SQLite writers again without the flush
+CPU_SYSTEMS = LOCAL_SYSTEMS + ("overnight sqlite" + NO_FSYNC, "LangGraph SqliteSaver" + NO_FSYNC)
 #: systems whose median is a column of ratios, with the column heading
 BASELINES = {"LangGraph SqliteSaver": "vs SqliteSaver", "LangGraph PostgresSaver": "vs PostgresSaver",
              "floor": "vs floor"}
@@ -230,8 +237,14 @@ def open_overnight(system: str, tmpdir: Path, postgres_url: str, stack: ExitStac
 def _writer(system: str, stack: ExitStack, tmpdir: Path, postgres_url: str
             ) -> tuple[Callable[[dict[str, Any], int], None], Callable[[], int]]:
     """``(commit(payload, i), stored_bytes())`` for one system."""
+    sync = not system.endswith(NO_FSYNC)
+    if not sync:  # its own files, never flushed: what the writer does besides the flush
+        system, tmpdir = system[: -len(NO_FSYNC)], tmpdir / "no-fsync"
+        tmpdir.mkdir(exist_ok=True)
     if system.startswith("overnight "):
         store = open_overnight(system, tmpdir, postgres_url, stack)
+        if not sync:
+            store._db.execute("PRAGMA synchronous=OFF")  # type: ignore[attr-defined]  # SQLiteStore's connection
         chain = ChainWriter(store, "bench", "main", key=None, session_id=uuid.uuid4().hex, session_n=1)
 
         def commit(payload: dict[str, Any], i: int) -> None:
@@ -242,6 +255,8 @@ def _writer(system: str, stack: ExitStack, tmpdir: Path, postgres_url: str
         from langgraph.checkpoint.base import empty_checkpoint
 
         saver, stored = langgraph_saver(system, stack, tmpdir, postgres_url)
+        if not sync:
+            saver.conn.execute("PRAGMA synchronous=OFF")
         config: dict[str, Any] = {"configurable": {"thread_id": "bench", "checkpoint_ns": ""}}
 
         def put(payload: dict[str, Any], i: int) -> None:

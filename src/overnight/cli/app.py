@@ -738,13 +738,16 @@ def bench_commit(
     state_kb: float = typer.Option(10.0, "--state-kb", min=0.1, help="Size of the state per commit (KB)."),
     directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure (default: a "
                                              "temporary directory under the current one)."),
+    cpu: bool = typer.Option(False, "--cpu", help="Also run both SQLite writers on their own files with "
+                             "synchronous=OFF: their time besides the flush (diagnostic rows, '(no fsync)')."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Checkpoint commit latency: overnight vs LangGraph SqliteSaver.put vs a raw write+fsync floor."""
-    from overnight.bench.commit import run_commit_bench
+    from overnight.bench.commit import CPU_SYSTEMS, LOCAL_SYSTEMS, run_commit_bench
 
     try:
-        result = run_commit_bench(n=n, state_kb=state_kb, directory=directory)
+        result = run_commit_bench(n=n, state_kb=state_kb, directory=directory,
+                                  systems=CPU_SYSTEMS if cpu else LOCAL_SYSTEMS)
     except ImportError as exc:
         _need_extra(exc, "bench")
     if as_json:

@@ -32,7 +32,9 @@ keeps:
    is never removed;
 3. a commit whose parent checkpoint is gone fails (:class:`~overnight.errors.ParentGone`), and
    :meth:`Store.delete_checkpoints` skips a checkpoint that a ref names or that a checkpoint
-   outside the deleted set has as its parent.
+   outside the deleted set has as its parent. A parent is always a checkpoint of the same task
+   (a commit naming another task's checkpoint fails, :func:`parent_of_other_task`), so the
+   children of a checkpoint are found among its own task's checkpoints.
 
 ``overnight gc`` builds its safety rule on these (``overnight/verify/gc.py``).
 """
@@ -41,6 +43,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Protocol, runtime_checkable
+
+from overnight.errors import SchemaError, short_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,3 +420,12 @@ class Store(Protocol):
     def close(self) -> None:
         """Release connections and files. Idempotent."""
         ...
+
+
+def parent_of_other_task(cp: "CheckpointRow", parent_task: str) -> SchemaError:
+    """The error every store raises (writing nothing) for a commit of ``cp`` whose parent is a
+    checkpoint of ``parent_task``, not of ``cp.task_id``: a checkpoint builds on its own task's
+    chain, and deletion looks for a checkpoint's children in its own task only."""
+    return SchemaError(f"the new checkpoint of task {cp.task_id!r} names parent {short_id(cp.parent_id or '')}, "
+                       f"a checkpoint of task {parent_task!r}", task_id=cp.task_id, checkpoint_id=cp.parent_id,
+                       hint="build on a checkpoint of the same task (to continue another task's state, fork it)")

@@ -72,6 +72,7 @@ from overnight.store.base import (
     ObjectRecord,
     ObjectStat,
     TaskRow,
+    parent_of_other_task,
 )
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
@@ -321,7 +322,15 @@ class KeyedStore:
             self._check_lease(commit.lease, fence)
         if current != commit.expected_head:
             raise self._stale(cp.task_id, cp.branch, commit.expected_head, current)
-        if cp.parent_id is not None and not self._c.exists_many([layout.checkpoint_key(cp.parent_id)]):
+        parent = None if cp.parent_id is None else self._c.read(layout.checkpoint_key(cp.parent_id))
+        if parent is not None:
+            try:
+                parent_task = layout.decode_checkpoint(parent[0])[0].task_id
+            except DecodeError:
+                parent_task = cp.task_id  # a damaged record: verification reports it, as before
+            if parent_task != cp.task_id:
+                raise parent_of_other_task(cp, parent_task)
+        if cp.parent_id is not None and parent is None:
             raise ParentGone(f"parent {short_id(cp.parent_id)} of the new checkpoint is not in the store "
                              "(deleted by gc, rm or archive meanwhile?)", task_id=cp.task_id,
                              checkpoint_id=cp.parent_id,

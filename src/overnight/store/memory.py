@@ -23,6 +23,7 @@ from overnight.store.base import (
     ObjectRecord,
     ObjectStat,
     TaskRow,
+    parent_of_other_task,
 )
 from overnight.store.blobs import is_damaged
 from overnight.store.leases import can_take_over, describe_holder, now_ms
@@ -119,7 +120,10 @@ class MemoryStore:
             if current != commit.expected_head:
                 raise StaleHead(f"branch {cp.branch!r} moved: expected head {commit.expected_head}, found {current}",
                                 task_id=cp.task_id, hint="another writer advanced this branch; reload and retry")
-            if cp.parent_id is not None and cp.parent_id not in self._checkpoints:
+            if cp.parent_id is not None and cp.parent_id in self._checkpoints:
+                if self._checkpoints[cp.parent_id].task_id != cp.task_id:
+                    raise parent_of_other_task(cp, self._checkpoints[cp.parent_id].task_id)
+            elif cp.parent_id is not None:
                 raise ParentGone(f"parent {short_id(cp.parent_id)} of the new checkpoint is not in the store "
                                  "(deleted by gc, rm or archive meanwhile?)", task_id=cp.task_id,
                                  checkpoint_id=cp.parent_id,

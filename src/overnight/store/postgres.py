@@ -62,6 +62,7 @@ from overnight.store.base import (
     ObjectRecord,
     ObjectStat,
     TaskRow,
+    parent_of_other_task,
 )
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
@@ -343,9 +344,12 @@ class PostgresStore:
             self._cas_ref(cur, cp.task_id, cp.branch, cp.checkpoint_id, commit.expected_head)
             if cp.parent_id is not None:
                 # FOR KEY SHARE: a delete_checkpoints of the parent waits for this commit, then sees its child
-                cur.execute(self._sql("SELECT 1 FROM {s}.checkpoints WHERE checkpoint_id=%s FOR KEY SHARE"),
+                cur.execute(self._sql("SELECT task_id FROM {s}.checkpoints WHERE checkpoint_id=%s FOR KEY SHARE"),
                             (cp.parent_id,))
-                if cur.fetchone() is None:
+                parent = cur.fetchone()
+                if parent is not None and bytes(parent[0]) != _b(cp.task_id):
+                    raise parent_of_other_task(cp, bytes(parent[0]).decode("utf-8", "surrogatepass"))
+                if parent is None:
                     raise ParentGone(f"parent {short_id(cp.parent_id)} of the new checkpoint is not in the store "
                                      "(deleted by gc, rm or archive meanwhile?)", task_id=cp.task_id,
                                      checkpoint_id=cp.parent_id,

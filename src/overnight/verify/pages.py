@@ -10,6 +10,7 @@ collections always give equal pages (and digests).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any
 
@@ -23,6 +24,7 @@ def done_pages(done: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return [done[i : i + DONE_PAGE] for i in range(0, len(done), DONE_PAGE)]
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked again for every entry at every commit
 def is_boundary(name: str) -> bool:
     """Does a todo or artifact page end after the entry named ``name``? (see :data:`PAGE_FANOUT`)"""
     h = hashlib.sha256(name.encode("utf-8", "surrogatepass")).digest()
