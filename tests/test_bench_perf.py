@@ -73,6 +73,22 @@ def test_storage_cli_prints_json_and_refuses_an_unknown_medium(tmp_path):
     assert bad.returncode == 2 and "unknown medium 'tape'" in bad.stderr
 
 
+def test_commit_cli_json_has_the_tables_figures_and_cpu_adds_the_unflushed_writers(tmp_path):
+    cmd = [sys.executable, "-m", "overnight", "bench", "commit", "--n", "10", "--state-kb", "2", "--dir", str(tmp_path)]
+    done = subprocess.run(cmd + ["--cpu", "--json"], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    names = [s["name"] for s in data["systems"]]
+    assert names == ["overnight sqlite", "LangGraph SqliteSaver", "floor", "overnight sqlite (no fsync)",
+                     "LangGraph SqliteSaver (no fsync)"]
+    for s in data["systems"]:  # what the table prints, per system: median, p99, ratios, raw samples
+        assert len(s["samples_ms"]) == 10 and s["median_ms"] > 0 and s["p99_ms"] >= s["median_ms"]
+        assert s["median_vs_SqliteSaver"] == pytest.approx(s["median_ms"] / data["systems"][1]["median_ms"], rel=1e-2)
+    table = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert table.returncode == 0 and "| overnight sqlite |" in table.stdout and "no fsync" not in table.stdout
+    assert list(tmp_path.iterdir()) == []  # temporary stores removed
+
+
 def _bench_schemas(url: str) -> set[str]:
     import psycopg
 

@@ -45,14 +45,16 @@ from overnight.store import Store, open_store
 from overnight.verify.chain import ChainWriter
 from overnight.verify.records import FORMAT_VERSION, event
 
-#: every system :func:`run_commit_bench` can measure, in table order
-NO_FSYNC = " (no fsync)"
+#: the durable systems :func:`run_commit_bench` can measure, in table order
 SYSTEMS = ("overnight sqlite", "overnight file", "overnight postgres", "LangGraph SqliteSaver",
-           "LangGraph PostgresSaver", "floor", "overnight sqlite" + NO_FSYNC, "LangGraph SqliteSaver" + NO_FSYNC)
+           "LangGraph PostgresSaver", "floor")
+NO_FSYNC = " (no fsync)"
+#: diagnostic systems: the SQLite writers with ``synchronous=OFF`` (not durable; see the module docstring)
+NO_FSYNC_SYSTEMS = ("overnight sqlite" + NO_FSYNC, "LangGraph SqliteSaver" + NO_FSYNC)
 #: the ones ``overnight bench commit`` measures by default (no server needed)
 LOCAL_SYSTEMS = ("overnight sqlite", "LangGraph SqliteSaver", "floor")
-#: ``overnight bench commit --cpu``: the SQLite writers again without the flush
-CPU_SYSTEMS = LOCAL_SYSTEMS + ("overnight sqlite" + NO_FSYNC, "LangGraph SqliteSaver" + NO_FSYNC)
+#: ``overnight bench commit --cpu``: those, and the SQLite writers again without the flush
+CPU_SYSTEMS = LOCAL_SYSTEMS + NO_FSYNC_SYSTEMS
 #: systems whose median is a column of ratios, with the column heading
 BASELINES = {"LangGraph SqliteSaver": "vs SqliteSaver", "LangGraph PostgresSaver": "vs PostgresSaver",
              "floor": "vs floor"}
@@ -286,7 +288,8 @@ def run_commit_bench(n: int = 300, state_kb: float = 10.0, directory: Path | Non
         n: commits per system (after 5 warm-up rounds, not counted).
         state_kb: size of the state (KB).
         directory: disk to measure (a temporary directory is made under it; default the cwd).
-        systems: names from :data:`SYSTEMS`, measured in that order within each round.
+        systems: names from :data:`SYSTEMS` and :data:`NO_FSYNC_SYSTEMS`, measured in that order
+            within each round.
         postgres_url: server for the ``postgres`` systems (fresh schemas, dropped afterwards).
 
     Raises:
@@ -294,9 +297,9 @@ def run_commit_bench(n: int = 300, state_kb: float = 10.0, directory: Path | Non
         ImportError: a langgraph checkpointer is not installed (``pip install 'overnight[bench]'``).
         ConfigError: a PostgreSQL system was asked for and the server is unreachable.
     """
-    unknown = [s for s in systems if s not in SYSTEMS]
+    unknown = [s for s in systems if s not in SYSTEMS + NO_FSYNC_SYSTEMS]
     if unknown:
-        raise ValueError(f"unknown system {unknown[0]!r}; choose from {', '.join(SYSTEMS)}")
+        raise ValueError(f"unknown system {unknown[0]!r}; choose from {', '.join(SYSTEMS + NO_FSYNC_SYSTEMS)}")
     base = Path(directory) if directory is not None else Path.cwd()
     base.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="overnight-bench-", dir=base) as tmp, ExitStack() as stack:

@@ -751,7 +751,7 @@ def bench_commit(
     except ImportError as exc:
         _need_extra(exc, "bench")
     if as_json:
-        render.print_json(result)
+        render.print_json(result.to_json())
         return
     render.out.print(result.markdown())
 
