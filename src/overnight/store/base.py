@@ -33,7 +33,7 @@ keeps:
 3. a commit whose parent checkpoint is gone fails (:class:`~overnight.errors.ParentGone`), and
    :meth:`Store.delete_checkpoints` skips a checkpoint that a ref names or that a checkpoint
    outside the deleted set has as its parent. A parent is always a checkpoint of the same task
-   (a commit naming another task's checkpoint fails, :func:`parent_of_other_task`), so the
+   (a commit naming another task's checkpoint fails, :func:`check_parent`), so the
    children of a checkpoint are found among its own task's checkpoints.
 
 ``overnight gc`` builds its safety rule on these (``overnight/verify/gc.py``).
@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Protocol, runtime_checkable
 
-from overnight.errors import SchemaError, short_id
+from overnight.errors import ParentGone, SchemaError, short_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,10 +422,23 @@ class Store(Protocol):
         ...
 
 
-def parent_of_other_task(cp: "CheckpointRow", parent_task: str) -> SchemaError:
-    """The error every store raises (writing nothing) for a commit of ``cp`` whose parent is a
-    checkpoint of ``parent_task``, not of ``cp.task_id``: a checkpoint builds on its own task's
-    chain, and deletion looks for a checkpoint's children in its own task only."""
-    return SchemaError(f"the new checkpoint of task {cp.task_id!r} names parent {short_id(cp.parent_id or '')}, "
-                       f"a checkpoint of task {parent_task!r}", task_id=cp.task_id, checkpoint_id=cp.parent_id,
-                       hint="build on a checkpoint of the same task (to continue another task's state, fork it)")
+def check_parent(cp: "CheckpointRow", parent_task: str | None) -> None:
+    """What every store checks before a commit of ``cp`` writes anything: its parent checkpoint is
+    stored (``parent_task`` is that checkpoint's task, None when it is not stored) and belongs to
+    the same task -- a checkpoint builds on its own task's chain, and deletion looks for a
+    checkpoint's children in its own task only.
+
+    Raises:
+        ParentGone: the parent is not stored (deleted by gc, rm or archive meanwhile).
+        SchemaError: the parent is a checkpoint of another task.
+    """
+    if cp.parent_id is None:
+        return
+    if parent_task is None:
+        raise ParentGone(f"parent {short_id(cp.parent_id)} of the new checkpoint is not in the store "
+                         "(deleted by gc, rm or archive meanwhile?)", task_id=cp.task_id, checkpoint_id=cp.parent_id,
+                         hint="reload and retry; to build on an archived checkpoint, restore it first")
+    if parent_task != cp.task_id:
+        raise SchemaError(f"the new checkpoint of task {cp.task_id!r} names parent {short_id(cp.parent_id)}, "
+                          f"a checkpoint of task {parent_task!r}", task_id=cp.task_id, checkpoint_id=cp.parent_id,
+                          hint="build on a checkpoint of the same task (to continue another task's state, fork it)")

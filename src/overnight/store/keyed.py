@@ -36,7 +36,8 @@ each object that already exists (:meth:`Container.refresh`: a new modification t
 that vanished meanwhile, and after the ref swap checks once more that every object it refreshed is
 still there, writing back any that a concurrent ``gc`` removed in the instant between its age check
 and its delete (S3 has no atomic check-and-delete; files do, see :mod:`overnight.store.file`). A
-commit checks that its parent record exists before writing anything (:class:`~overnight.errors.ParentGone`).
+commit checks that its parent record exists, a checkpoint of the same task, before writing anything
+(:func:`~overnight.store.base.check_parent`).
 Deleting a task removes its refs first, then its checkpoint records and index, archive rows and
 leases, and its task record last, so an interrupted ``rm`` leaves a task that ``rm`` can finish.
 """
@@ -51,14 +52,12 @@ from overnight.errors import (
     ConfigError,
     DecodeError,
     LeaseLost,
-    ParentGone,
     StaleHead,
     StoreBusy,
     StoreCorrupt,
     StoreVersionError,
     TaskBusy,
     TaskNotFound,
-    short_id,
 )
 from overnight.store import layout
 from overnight.store.blobs import is_damaged
@@ -72,7 +71,7 @@ from overnight.store.base import (
     ObjectRecord,
     ObjectStat,
     TaskRow,
-    parent_of_other_task,
+    check_parent,
 )
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
@@ -322,19 +321,8 @@ class KeyedStore:
             self._check_lease(commit.lease, fence)
         if current != commit.expected_head:
             raise self._stale(cp.task_id, cp.branch, commit.expected_head, current)
-        parent = None if cp.parent_id is None else self._c.read(layout.checkpoint_key(cp.parent_id))
-        if parent is not None:
-            try:
-                parent_task = layout.decode_checkpoint(parent[0])[0].task_id
-            except DecodeError:
-                parent_task = cp.task_id  # a damaged record: verification reports it, as before
-            if parent_task != cp.task_id:
-                raise parent_of_other_task(cp, parent_task)
-        if cp.parent_id is not None and parent is None:
-            raise ParentGone(f"parent {short_id(cp.parent_id)} of the new checkpoint is not in the store "
-                             "(deleted by gc, rm or archive meanwhile?)", task_id=cp.task_id,
-                             checkpoint_id=cp.parent_id,
-                             hint="reload and retry; to build on an archived checkpoint, restore it first")
+        if cp.parent_id is not None:
+            check_parent(cp, self._parent_task(cp))
         if current is not None:
             self._index(cp.task_id, [current])
         written, refreshed = self._put(commit.objects)
@@ -353,6 +341,17 @@ class KeyedStore:
         self._index(cp.task_id, [cp.checkpoint_id])
         self._repair(commit.objects, refreshed)
         return added
+
+    def _parent_task(self, cp: CheckpointRow) -> str | None:
+        """The task of ``cp``'s parent record, None when it is not stored (a damaged record counts
+        as ``cp``'s own task: verification reports it)."""
+        got = self._c.read(layout.checkpoint_key(cp.parent_id or ""))
+        if got is None:
+            return None
+        try:
+            return layout.decode_checkpoint(got[0])[0].task_id
+        except DecodeError:
+            return cp.task_id
 
     def _read_checkpoints(self, checkpoint_ids: Iterable[str]) -> list[tuple[CheckpointRow, list[JournalRow]]]:
         keys = [layout.checkpoint_key(c) for c in dict.fromkeys(checkpoint_ids)]

@@ -12,7 +12,7 @@ import time
 from typing import Iterable, Iterator
 
 from overnight.codec.digest import sha256
-from overnight.errors import CheckpointNotFound, LeaseLost, ParentGone, StaleHead, TaskBusy, TaskNotFound, short_id
+from overnight.errors import CheckpointNotFound, LeaseLost, StaleHead, TaskBusy, TaskNotFound
 from overnight.store.base import (
     ArchiveRow,
     CallRecord,
@@ -23,7 +23,7 @@ from overnight.store.base import (
     ObjectRecord,
     ObjectStat,
     TaskRow,
-    parent_of_other_task,
+    check_parent,
 )
 from overnight.store.blobs import is_damaged
 from overnight.store.leases import can_take_over, describe_holder, now_ms
@@ -120,14 +120,9 @@ class MemoryStore:
             if current != commit.expected_head:
                 raise StaleHead(f"branch {cp.branch!r} moved: expected head {commit.expected_head}, found {current}",
                                 task_id=cp.task_id, hint="another writer advanced this branch; reload and retry")
-            if cp.parent_id is not None and cp.parent_id in self._checkpoints:
-                if self._checkpoints[cp.parent_id].task_id != cp.task_id:
-                    raise parent_of_other_task(cp, self._checkpoints[cp.parent_id].task_id)
-            elif cp.parent_id is not None:
-                raise ParentGone(f"parent {short_id(cp.parent_id)} of the new checkpoint is not in the store "
-                                 "(deleted by gc, rm or archive meanwhile?)", task_id=cp.task_id,
-                                 checkpoint_id=cp.parent_id,
-                                 hint="reload and retry; to build on an archived checkpoint, restore it first")
+            if cp.parent_id is not None:
+                parent = self._checkpoints.get(cp.parent_id)
+                check_parent(cp, parent.task_id if parent is not None else None)
             if commit.task is not None:
                 self._tasks.setdefault(commit.task.task_id, commit.task)
             added = len(cp.body) + self._insert(commit.objects)

@@ -42,13 +42,11 @@ from overnight.errors import (
     CheckpointNotFound,
     ConfigError,
     LeaseLost,
-    ParentGone,
     SchemaError,
     StaleHead,
     StoreBusy,
     TaskBusy,
     TaskNotFound,
-    short_id,
 )
 from overnight.store import postgres_schema
 from overnight.store.blobs import is_damaged
@@ -62,7 +60,7 @@ from overnight.store.base import (
     ObjectRecord,
     ObjectStat,
     TaskRow,
-    parent_of_other_task,
+    check_parent,
 )
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
@@ -347,13 +345,7 @@ class PostgresStore:
                 cur.execute(self._sql("SELECT task_id FROM {s}.checkpoints WHERE checkpoint_id=%s FOR KEY SHARE"),
                             (cp.parent_id,))
                 parent = cur.fetchone()
-                if parent is not None and bytes(parent[0]) != _b(cp.task_id):
-                    raise parent_of_other_task(cp, bytes(parent[0]).decode("utf-8", "surrogatepass"))
-                if parent is None:
-                    raise ParentGone(f"parent {short_id(cp.parent_id)} of the new checkpoint is not in the store "
-                                     "(deleted by gc, rm or archive meanwhile?)", task_id=cp.task_id,
-                                     checkpoint_id=cp.parent_id,
-                                     hint="reload and retry; to build on an archived checkpoint, restore it first")
+                check_parent(cp, bytes(parent[0]).decode("utf-8", "surrogatepass") if parent is not None else None)
             if commit.task is not None:
                 t = commit.task
                 cur.execute(self._sql("INSERT INTO {s}.tasks VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"),

@@ -38,7 +38,6 @@ from overnight.errors import (
     CheckpointNotFound,
     ConfigError,
     LeaseLost,
-    ParentGone,
     StaleHead,
     StoreBusy,
     StoreCorrupt,
@@ -46,7 +45,6 @@ from overnight.errors import (
     StoreVersionError,
     TaskBusy,
     TaskNotFound,
-    short_id,
 )
 from overnight.store.base import (
     ArchiveRow,
@@ -58,7 +56,7 @@ from overnight.store.base import (
     ObjectRecord,
     ObjectStat,
     TaskRow,
-    parent_of_other_task,
+    check_parent,
 )
 from overnight.codec import digest
 from overnight.store.blobs import is_damaged
@@ -469,17 +467,11 @@ class SQLiteStore:
         """The checkpoint row was not inserted: its parent is gone (ParentGone) or of another task
         (SchemaError), or a row with its id is stored -- kept if intact (the commit is a repeat),
         replaced if damaged."""
-        parent = None if cp.parent_id is None else db.execute(
-            "SELECT task_id FROM checkpoints WHERE checkpoint_id=?", (cp.parent_id,)).fetchone()
-        if parent is not None and parent[0] != cp.task_id:
-            raise parent_of_other_task(cp, parent[0])
-        if cp.parent_id is not None and parent is None:
-            raise ParentGone(f"parent {short_id(cp.parent_id)} of the new checkpoint is not in the store "
-                             "(deleted by gc, rm or archive meanwhile?)", task_id=cp.task_id,
-                             checkpoint_id=cp.parent_id,
-                             hint="reload and retry; to build on an archived checkpoint, restore it first")
+        if cp.parent_id is not None:
+            parent = db.execute("SELECT task_id FROM checkpoints WHERE checkpoint_id=?", (cp.parent_id,)).fetchone()
+            check_parent(cp, parent[0] if parent is not None else None)
         stored = db.execute("SELECT body FROM checkpoints WHERE checkpoint_id=?", (cp.checkpoint_id,)).fetchone()
-        if stored is None:  # neither: cannot happen in one transaction, but never drop a commit silently
+        if stored is None:  # OR IGNORE skipped another constraint (a NULL where none may be): raise it
             db.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", values)
         elif bytes(stored[0]) != cp.body and digest.sha256(bytes(stored[0])) != cp.checkpoint_id:
             # a damaged copy of this record (its body does not hash to its id): replace it
