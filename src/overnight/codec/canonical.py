@@ -641,8 +641,10 @@ def _d_dataclass(t, p):
 def _d_namedtuple(t, p):
     _need(t, p, "cls", "items")
     cls = _types.resolve(t["cls"], tuple, path=fmt_path(p))
+    if not isinstance(getattr(cls, "_fields", None), tuple):  # a tuple subclass, but not a namedtuple
+        raise _bad(p, f"{t['cls']!r} is not a namedtuple")
     items = _d_items(t, p)
-    if len(items) != len(getattr(cls, "_fields", ())):
+    if len(items) != len(cls._fields):
         raise _bad(p, f"namedtuple {t['cls']!r} has {len(cls._fields)} fields, stored {len(items)}")
     return cls(*items)
 
