@@ -253,7 +253,7 @@ def test_keyed_commit_is_fenced_by_the_ref_even_with_a_stale_lease_record(keyed_
 
 
 def _counting_task(task_id: str, runs: list[str]) -> overnight.Task:
-    task = overnight.Task(task_id, goal="three sections", level="session")
+    task = overnight.Task(task_id, goal="three sections", level="session", deps=[])
 
     @task.step
     def plan(ctx):
@@ -306,7 +306,7 @@ KEYLESS = {
 
 
 def _faulty_task() -> overnight.Task:
-    task = overnight.Task("faulty", goal="a short log", data={"lines": []}, level="session")
+    task = overnight.Task("faulty", goal="a short log", data={"lines": []}, level="session", deps=[])
 
     @task.step
     def plan(ctx):
@@ -513,7 +513,7 @@ def test_call_journal_replays_only_the_same_request(tmp_path):
     is a new call. Uses the offline extractive model: no optional package."""
     url = f"sqlite://{tmp_path / 's.db'}"
     prompt = {"text": "Alpha is the first answer. More text.", "fail": True}
-    task = overnight.Task("journal", goal="ask once", level="session")
+    task = overnight.Task("journal", goal="ask once", level="session", deps=[])
 
     @task.step
     def ask(ctx):
