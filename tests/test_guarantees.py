@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 from conftest import S3_BUCKET
+from test_faults import build_task
 from test_store_conformance import _obj, _row, _task, store  # noqa: F401 - ``store``: every backend
 
 import overnight
@@ -154,12 +155,13 @@ class _SyscallLog:
 def test_file_commit_is_durable_fsync_before_publish(tmp_path, monkeypatch):
     """Every file a ``file://`` commit writes reaches the disk before the name that publishes it,
     and every new name (and new directory) before the ref swap that makes the head visible."""
-    root = tmp_path / "store"
+    root = Path(os.path.realpath(tmp_path)) / "store"  # as /proc/self/fd names it
     with open_store(f"file://{root}") as s:
         r0 = _row("t", None, 0)
         s.commit(Commit(r0, None, [_obj(b"first")], [], None, _task("t")))
         log = _SyscallLog(monkeypatch)
-        # six new objects: written by the store's thread pool; one of them in a new shard directory
+        # six new objects: written by the store's thread pool, in shard directories (objects/ab/) that
+        # that are new (all six sharing the one shard of the first commit: a chance of 1 in 256^6)
         objects = [_obj(f"object {i} {uuid.uuid4()}".encode()) for i in range(6)]
         r1 = _row("t", r0.checkpoint_id, 1)
         s.commit(Commit(r1, r0.checkpoint_id, objects, [], None, None))
@@ -187,6 +189,7 @@ def test_file_commit_is_durable_fsync_before_publish(tmp_path, monkeypatch):
         assert log.synced(folder, i, deadline), f"directory of {dst} not fsynced after the {kind}" + (
             "" if deadline == len(events) else " and before the ref swap")
     new_dirs = [(i, p) for i, (kind, p, _) in enumerate(events) if kind == "mkdir" and p.startswith(str(root))]
+    assert new_dirs, "the commit created no directory"
     for i, p in new_dirs:
         assert log.synced(os.path.dirname(p), i, len(events) if p.startswith(index_entries) else ref_at), \
             f"new directory {p} not made durable in its parent before the ref swap"
@@ -305,28 +308,11 @@ KEYLESS = {
 }
 
 
-def _faulty_task() -> overnight.Task:
-    task = overnight.Task("faulty", goal="a short log", data={"lines": []}, level="session", deps=[])
-
-    @task.step
-    def plan(ctx):
-        for i in range(3):
-            ctx.add_step("write", i=i)
-
-    @task.step(planned=False)
-    def write(ctx, i):
-        ctx.state["lines"].append(f"line {i}")
-        ctx.write_text(f"note-{i}.txt", f"note {i} " * 50)
-        return i
-
-    return task
-
-
 @pytest.fixture(scope="module")
 def unsigned_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("keyless") / "base.db"
-    result = overnight.run(_faulty_task(), f"sqlite://{path}", handle_signals=False)
-    assert result.status == "complete" and result.done == 4
+    result = overnight.run(build_task(), f"sqlite://{path}", handle_signals=False)  # test_faults' task, unsigned
+    assert result.status == "complete" and result.done == 9
     return path
 
 
@@ -408,12 +394,13 @@ def test_fallback_refuses_a_damaged_head_without_a_key(unsigned_store, tmp_path)
         assert loaded.id == parent and fallback is not None
         assert [(x.checkpoint_id, x.error) for x in fallback.skipped] == [(head, "DigestMismatch")]
     events = []
-    result = overnight.run(_faulty_task(), f"sqlite://{path}", handle_signals=False, on_event=events.append)
+    result = overnight.run(build_task(), f"sqlite://{path}", handle_signals=False, on_event=events.append)
     assert result.status == "complete" and result.fallback is not None and result.fallback.used_id == parent
     assert result.steps_run == 1
+    assert any(e.kind == "resume" and "failed verification" in (e.detail or "") for e in events)
     with SQLiteStore(path) as s:
         state = load_head(s, "faulty")[0].state
-        assert state.data["lines"] == ["line 0", "line 1", "line 2"]
+        assert len(state.data["lines"]) == 8 and len(state.done) == 9
 
 
 # -- 6. signed LangGraph threads ----------------------------------------------------------------------
