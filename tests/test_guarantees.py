@@ -32,13 +32,13 @@ import random
 import shutil
 import sqlite3
 import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import S3_BUCKET
 from test_faults import build_task
-from test_store_conformance import _obj, _row, _task, store  # noqa: F401 - ``store``: every backend
+from test_store_conformance import BACKENDS, _obj, _row, _task, store  # noqa: F401 - ``store``: every backend
 
 import overnight
 from overnight.codec.canonical import from_tree, loads
@@ -63,11 +63,11 @@ from overnight.verify.faults import KINDS, NEEDS_KEY, Faults
 from overnight.verify.records import event
 
 
-def _append(store, loaded, state: dict, ev: dict, *, key: bytes | None) -> str:
+def _append(into, loaded, state: dict, ev: dict, *, key: bytes | None) -> str:
     """Commit ``state`` as a child of ``loaded`` on its branch, as someone holding ``key`` (None:
     unsigned) could: a well-formed, digested record (the head's fingerprint kept)."""
     record = loaded.record
-    chain = ChainWriter(store, record.task_id, record.branch, key=key, session_id="forged", session_n=record.session.n)
+    chain = ChainWriter(into, record.task_id, record.branch, key=key, session_id="forged", session_n=record.session.n)
     chain.start_from(loaded, None)
     return chain.commit(state, ev, fingerprint=loads(loaded.row.body)["fingerprint"])
 
@@ -77,8 +77,8 @@ def _append(store, loaded, state: dict, ev: dict, *, key: bytes | None) -> str:
 SYNCHRONOUS_FULL = 2  # PRAGMA synchronous: 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA (sqlite.org/pragma.html)
 
 
-def _durability(store) -> tuple[str, int]:
-    db = store._db  # the store's own connection: PRAGMA synchronous is per connection
+def _durability(s: SQLiteStore) -> tuple[str, int]:
+    db = s._db  # the store's own connection: PRAGMA synchronous is per connection
     return db.execute("PRAGMA journal_mode").fetchone()[0].lower(), db.execute("PRAGMA synchronous").fetchone()[0]
 
 
@@ -220,11 +220,8 @@ def test_lease_fencing_is_by_token_not_holder_id(store):  # noqa: F811 - the con
 
 @pytest.fixture(params=["file", "s3"])
 def keyed_store(request, tmp_path):
-    if request.param == "file":
-        s = open_store(f"file://{tmp_path / 'store'}")
-    else:
-        endpoint = request.getfixturevalue("s3_endpoint")
-        s = open_store(f"s3://{S3_BUCKET}/t-{uuid.uuid4().hex}?endpoint_url={endpoint}")
+    """The key-value backends, as the conformance module opens them."""
+    s = BACKENDS[request.param](request, tmp_path)
     yield s
     s.close()
 
@@ -238,9 +235,7 @@ def test_keyed_commit_is_fenced_by_the_ref_even_with_a_stale_lease_record(keyed_
     old = s.acquire_lease("t", "main", "old", "{}", 1)
     s.commit(Commit(r0, None, [], [], old, _task("t")))
     key = layout.lease_key("t", "main")
-    old_record, _ = s._c.read(key)
-    import time
-
+    old_record, _ = s._c.read(key)  # the raw record, through the store's container (directory or bucket)
     time.sleep(0.01)
     new = s.acquire_lease("t", "main", "new", "{}", 60_000)
     assert new.token > old.token
