@@ -482,6 +482,7 @@ class CodingTasks:
         decisions: list[str] | None = None,
         artifacts: list[ArtifactIn] | None = None,
         blobs: dict[str, bytes] | None = None,
+        skip_known_done: bool = False,
         step: str = "task_checkpoint",
         compaction: bool = False,
         session_id: str | None = None,
@@ -498,6 +499,8 @@ class CodingTasks:
             artifacts: text or project files to store (content-addressed; an unchanged one costs nothing).
             blobs: more artifacts as ``name -> bytes`` (the hooks' transcripts).
             step, detail: the event's step name and detail (``overnight log`` shows them).
+            skip_known_done: leave out ``done`` items already on the done list (a hook mirroring an
+                agent's whole todo list, finished items included, at every turn).
             compaction: a ``compaction`` event: the context was summarised; the session count moves on.
             session_id: the agent session stamped on the checkpoint (default: this process's).
 
@@ -533,7 +536,8 @@ class CodingTasks:
             now = utc_now()
             done_list = list(old["done"])
             finished = set(done or [])
-            names = _unique(done or [], {d["name"] for d in done_list})
+            known = {d["name"] for d in done_list}
+            names = _unique([d for d in done or [] if not (skip_known_done and d in known)], known)
             done_list += [_done_entry(n, chain.seq + 1, session_n, now) for n in names]
             if todo is not None:
                 todo_list = [_todo_entry(n) for n in _unique([t for t in todo if t not in finished], set())]
