@@ -235,3 +235,22 @@ def test_generic_hook_run_for_other_agents(project) -> None:
     assert ok.returncode == 0 and head(repo, tid).record.event.kind == "compaction"
     unknown = hook("run", "--event", "lunch", stdin="{}", cwd=repo)
     assert unknown.returncode == 2 and "unknown hook event" in unknown.stderr
+
+
+def test_readme_setup_writes_the_settings_the_readme_shows(tmp_path: Path) -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Coding agents", 1)[1]
+    setup = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    install = next(line.split("#")[0].strip() for line in setup.splitlines() if "hook claude-code install" in line)
+    shown = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    args = install.split()[1:]  # "overnight ..." through this interpreter
+    out = subprocess.run([*CLI, *args], cwd=repo, env=env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((repo / ".claude" / "settings.json").read_text()) == shown
+    mcp_line = re.search(r"and `\.mcp\.json`: `(.*?)`", section).group(1)
+    assert json.loads((repo / ".mcp.json").read_text()) == json.loads(mcp_line)

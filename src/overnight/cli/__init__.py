@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 HOOK_EVENTS = ("pre-compact", "session-start", "stop")
@@ -51,6 +52,9 @@ def _options(args: list[str], names: dict[str, str]) -> tuple[dict[str, str], li
 def _fast_hook(argv: list[str]) -> int | None:
     if len(argv) < 2 or argv[0] != "hook" or any(a in ("--help", "-h") for a in argv):
         return None
+    # a hook builds only overnight's own pydantic models: skip pydantic's scan of every installed
+    # distribution's entry points for plugins (set the variable to override)
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     if argv[1] == "claude-code" and len(argv) >= 3 and argv[2] in HOOK_EVENTS:
         parsed = _options(argv[3:], {"--store": "store", "-s": "store"})
         if parsed is None or parsed[1]:

@@ -23,7 +23,7 @@ from typing import NoReturn, Optional
 import typer
 
 from overnight import api
-from overnight.cli import bench_agents, bench_kpi, bench_langgraph, bench_perf, bench_storage, render
+from overnight.cli import bench_agents, bench_kpi, bench_langgraph, bench_mcp, bench_perf, bench_storage, render
 from overnight.errors import (
     ConcurrencyError,
     ConfigError,
@@ -730,6 +730,7 @@ bench_perf.register(bench_app)
 bench_langgraph.register(bench_app)
 bench_agents.register(bench_app)
 bench_kpi.register(bench_app)
+bench_mcp.register(bench_app)
 
 
 @bench_app.command("commit")

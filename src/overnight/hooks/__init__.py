@@ -5,8 +5,8 @@ when a session starts (``SessionStart``) and when a turn ends (``Stop``); other 
 points. The command reads the event's JSON on stdin (``session_id``, ``transcript_path``, ``cwd``,
 ``trigger``, ``source``, ``hook_event_name``) and:
 
-* ``pre-compact`` commits a ``compaction`` checkpoint of the current task: the transcript as an
-  artifact (``transcripts/<session_id>.jsonl``; content-defined chunks, so a longer transcript
+* ``pre-compact`` commits a ``compaction`` checkpoint of the current task: the transcript (when
+  the payload names one: it must then exist and be JSON Lines) as an artifact (``transcripts/<session_id>.jsonl``; content-defined chunks, so a longer transcript
   stores only what was appended) and the control point updated from the agent's own todo list
   (the last ``TodoWrite`` in the transcript: pending and in-progress items become the todo list,
   completed ones are added to done). If that commit fails, the compaction must not happen:
@@ -147,17 +147,21 @@ def _checkpoint(event: str, payload: dict[str, Any], loc: tuple[Path, str, str, 
     from overnight.mcp.tasks import CodingTasks
 
     root, task_id, branch, store = loc
-    raw, entries = read_transcript(payload.get("transcript_path"))
-    session = str(payload.get("session_id") or "unknown")
-    todos = agent_todos(entries)
-    todo, done = todos if todos is not None else (None, None)
+    session = str(payload.get("session_id") or payload.get("thread-id") or "unknown")
+    blobs: dict[str, bytes] = {}
+    todo = done = None
+    what = "no transcript"
+    if payload.get("transcript_path"):  # named: it must be there and be JSON Lines
+        raw, entries = read_transcript(payload["transcript_path"])
+        blobs[f"transcripts/{session}.jsonl"] = raw
+        todos = agent_todos(entries)
+        todo, done = todos if todos is not None else (None, None)
+        what = f"transcript {len(entries)} lines, {len(raw)} bytes"
     trigger = payload.get("trigger")
-    detail = (f"{'compaction' if event == 'pre-compact' else 'turn ended'}"
-              f"{f' ({trigger})' if trigger else ''}: transcript {len(entries)} lines, {len(raw)} bytes")
-    with CodingTasks(store, project=root, session_id=session) as tasks:
-        r = tasks.checkpoint(task_id, branch=branch, todo=todo, done=done, skip_known_done=True,
-                             blobs={f"transcripts/{session}.jsonl": raw}, step=event, compaction=event == "pre-compact",
-                             session_id=session, detail=detail)
+    detail = f"{'compaction' if event == 'pre-compact' else 'turn ended'}{f' ({trigger})' if trigger else ''}: {what}"
+    with CodingTasks(store, project=root, session_id=session, exact_root=True) as tasks:
+        r = tasks.checkpoint(task_id, branch=branch, todo=todo, done=done, skip_known_done=True, blobs=blobs,
+                             step=event, compaction=event == "pre-compact", session_id=session, detail=detail)
     return Outcome(event, True, r.describe(), checkpoint_id=r.checkpoint_id, task_id=task_id)
 
 
@@ -166,7 +170,7 @@ def _session_start(payload: dict[str, Any], loc: tuple[Path, str, str, str | Non
 
     root, task_id, branch, store = loc
     source = payload.get("source") or "startup"
-    with CodingTasks(store, project=root) as tasks:
+    with CodingTasks(store, project=root, exact_root=True) as tasks:
         if source in ("compact", "resume"):
             r = tasks.resume(task_id, branch=branch, make_current=False)
             text = ("overnight: this session continues a durable task. Its control point (the last verified "

@@ -319,6 +319,8 @@ class CodingTasks:
             its git top level, else the directory itself.
         key: HMAC signing key (default ``$OVERNIGHT_SIGNING_KEY``).
         session_id: stamped on every checkpoint (default: a fresh id per process).
+        exact_root: ``project`` is the project root already (the hooks know it from the pointer):
+            no ``git`` process to find it.
 
     Raises (from the methods): :class:`~overnight.errors.TaskNotFound`, ``BranchNotFound``,
     ``CheckpointNotFound``, ``ArtifactNotFound``, ``ConfigError`` (bad argument, a path outside the
@@ -327,8 +329,9 @@ class CodingTasks:
     """
 
     def __init__(self, store: Store | str | None = None, *, project: str | os.PathLike | None = None,
-                 key: bytes | None = None, session_id: str | None = None) -> None:
-        self.project = project_root(project if project is not None else Path.cwd())
+                 key: bytes | None = None, session_id: str | None = None, exact_root: bool = False) -> None:
+        start = project if project is not None else Path.cwd()
+        self.project = Path(start).resolve() if exact_root else project_root(start)
         self._own = not hasattr(store, "commit")
         self._store: Store | None = None if self._own else store  # type: ignore[assignment]
         self.url = resolve_store_url(store, self.project) if self._own else store.url  # type: ignore[union-attr]
