@@ -230,22 +230,24 @@ def read_payload(text: str | None = None) -> dict[str, Any]:
     return data
 
 
-def with_deadline(seconds: float | None, on_timeout: Callable[[], None]) -> threading.Timer | None:
+def with_deadline(seconds: float | None, on_timeout: Callable[[], int]) -> threading.Timer | None:
     """Start a watchdog: after ``seconds`` (default ``$OVERNIGHT_HOOK_DEADLINE_S`` or 45), call
-    ``on_timeout`` (which prints what the agent must see) and end the process at once. A commit cut
-    short this way leaves the old head or the new one, never a torn record (the store is crash-safe)."""
+    ``on_timeout`` (which prints what the agent must see and returns the exit code) and end the
+    process at once with that code. A commit cut short this way leaves the old head or the new one,
+    never a torn record (the store is crash-safe)."""
     if seconds is None:
         seconds = float(os.environ.get("OVERNIGHT_HOOK_DEADLINE_S", DEFAULT_DEADLINE_S))
     if seconds <= 0:
         return None
 
     def fire() -> None:
+        code = 1
         try:
-            on_timeout()
+            code = on_timeout()
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
-            os._exit(0)
+            os._exit(code)
 
     timer = threading.Timer(seconds, fire)
     timer.daemon = True
@@ -253,31 +255,38 @@ def with_deadline(seconds: float | None, on_timeout: Callable[[], None]) -> thre
     return timer
 
 
-def run_generic(event: str, payload_text: str | None = None, *, store: str | None = None) -> int:
-    """``overnight hook run --event NAME [PAYLOAD]``: for agents other than Claude Code. Prints the
-    session-start context as plain text on stdout; a failure goes to stderr with exit 2 for
-    ``pre-compact`` (the blocking convention) and 1 otherwise. Returns the exit code."""
+def run_event(event: str, payload_text: str | None, *, store: str | None,
+              on_timeout: Callable[[Outcome], int]) -> Outcome:
+    """Read the payload (``payload_text``, else stdin) and :func:`handle` the event under the
+    watchdog; when the deadline passes, ``on_timeout`` gets a failed outcome saying so, prints it
+    the agent's way and returns the exit code the process ends with."""
     name = event_name(event)
-
-    def timeout() -> None:
-        sys.stderr.write(f"overnight: hook {name} ran past its deadline\n")
-        if name == "pre-compact":
-            os._exit(2)
-
-    timer = with_deadline(None, timeout)
+    late = Outcome(name, False, "the checkpoint did not finish before the hook's deadline "
+                   "($OVERNIGHT_HOOK_DEADLINE_S): the store may be busy or slow")
+    timer = with_deadline(None, lambda: on_timeout(late))
     try:
         try:
             payload = read_payload(payload_text)
         except Exception as exc:  # noqa: BLE001
-            out = Outcome(name, False, _describe(exc), error=exc)
-        else:
-            out = handle(name, payload, store=store)
+            return Outcome(name, False, _describe(exc), error=exc)
+        return handle(name, payload, store=store)
     finally:
         if timer is not None:
             timer.cancel()
+
+
+def generic_output(out: Outcome) -> int:
+    """Print an outcome for ``overnight hook run``: the context as plain text on stdout, a failure on
+    stderr; exit 2 for a failed ``pre-compact`` (the blocking convention), 1 for another failure."""
     if not out.ok:
-        sys.stderr.write(f"overnight: {name} failed: {out.message}\n")
-        return 2 if name == "pre-compact" else 1
+        sys.stderr.write(f"overnight: {out.event} failed: {out.message}\n")
+        return 2 if out.event == "pre-compact" else 1
     if out.context:
         sys.stdout.write(out.context + "\n")
     return 0
+
+
+def run_generic(event: str, payload_text: str | None = None, *, store: str | None = None) -> int:
+    """``overnight hook run --event NAME [PAYLOAD]``: for agents other than Claude Code
+    (:func:`generic_output`). Returns the exit code."""
+    return generic_output(run_event(event, payload_text, store=store, on_timeout=generic_output))

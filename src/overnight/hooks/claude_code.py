@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from overnight.hooks import Outcome, _describe, handle, read_payload, with_deadline
+from overnight.hooks import Outcome, run_event
 
 COMMANDS = {"PreCompact": "pre-compact", "SessionStart": "session-start", "Stop": "stop"}
 TIMEOUTS_S = {"PreCompact": 60, "SessionStart": 30, "Stop": 30}
@@ -63,31 +63,18 @@ def output(out: Outcome) -> tuple[dict[str, Any] | None, int]:
     return None, 0
 
 
-def run(event: str, *, store: str | None = None, payload_text: str | None = None) -> int:
-    """Run one Claude Code hook event (``pre-compact``, ``session-start``, ``stop``) on the JSON on
-    stdin; prints Claude Code's output and returns the exit code."""
-    def timeout() -> None:
-        late = Outcome(event, False, "the checkpoint did not finish before the hook's deadline "
-                       "($OVERNIGHT_HOOK_DEADLINE_S): the store may be busy or slow")
-        obj, _ = output(late)
-        if obj is not None:
-            _emit(obj)
-
-    timer = with_deadline(None, timeout)
-    try:
-        try:
-            payload = read_payload(payload_text)
-        except Exception as exc:  # noqa: BLE001
-            out = Outcome(event, False, _describe(exc), error=exc)
-        else:
-            out = handle(event, payload, store=store)
-    finally:
-        if timer is not None:
-            timer.cancel()
+def _print(out: Outcome) -> int:
     obj, code = output(out)
     if obj is not None:
         _emit(obj)
     return code
+
+
+def run(event: str, *, store: str | None = None, payload_text: str | None = None) -> int:
+    """Run one Claude Code hook event (``pre-compact``, ``session-start``, ``stop``) on the JSON on
+    stdin; prints Claude Code's output and returns the exit code (a ``pre-compact`` past its
+    deadline prints the block decision)."""
+    return _print(run_event(event, payload_text, store=store, on_timeout=_print))
 
 
 def settings_path(scope: str, cwd: str | os.PathLike | None = None) -> Path:
