@@ -291,3 +291,51 @@ def test_checkpoints_are_ordinary_verified_checkpoints(repo: Path, tmp_path: Pat
             from overnight.mcp.tasks import ArtifactIn
 
             t.checkpoint(cp.task_id, artifacts=[ArtifactIn(path="escape/hostname")])
+
+
+def test_streamable_http_on_loopback_needs_the_token(repo: Path, tmp_path: Path) -> None:
+    import socket
+    import time
+
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store = tmp_path / "http.db"
+    proc = subprocess.Popen([*CLI, "mcp", "--store", f"sqlite://{store}", "--http", "--port", str(port),
+                             "--token", "s3cret"], cwd=repo, env=env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        deadline = time.monotonic() + 60
+        while True:  # until it listens
+            try:
+                r = httpx2.post(url, json={}, timeout=5)
+                break
+            except httpx2.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+                time.sleep(0.2)
+        assert r.status_code == 401
+        assert httpx2.post(url, json={}, headers={"Authorization": "Bearer wrong"}, timeout=5).status_code == 401
+
+        async def body() -> str:
+            async with httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret"}, timeout=30) as client:
+                async with streamable_http_client(url, http_client=client) as (read, write, *_):
+                    async with ClientSession(read, write) as s:
+                        await s.initialize()
+                        res = await s.call_tool("task_start", {"goal": "Served over HTTP"})
+                        assert not res.is_error, res.content
+                        return res.structured_content["task_id"]
+
+        tid = asyncio.run(body())
+        assert tid.startswith("code.served-over-http.")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    s = SQLiteStore(store)
+    try:
+        assert load_head(s, tid, "main")[1] is None
+    finally:
+        s.close()
