@@ -44,12 +44,19 @@ if TYPE_CHECKING:
     from overnight.store import open_store
 
 
+_SUBPACKAGES = ("adapters", "api", "bench", "cli", "codec", "config", "demo", "errors", "hooks", "mcp", "models",
+                "orchestrate", "store", "tokens", "verify")
+"""Reachable as attributes (``overnight.store``) without an import, as when the exports were eager."""
+
+
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'overnight' has no attribute {name!r}")
     import importlib
 
+    module = _EXPORTS.get(name)
+    if module is None:
+        if name in _SUBPACKAGES:
+            return importlib.import_module(f"overnight.{name}")
+        raise AttributeError(f"module 'overnight' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
