@@ -170,11 +170,12 @@ def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKE
                                     count=count)
         return text, r.to_json()
 
-    def task_status(task_id: OptTaskId = None, branch: Branch = "main") -> tuple[str, dict[str, Any]]:
+    def task_status(task_id: OptTaskId = None, branch: Annotated[str | None, Field(
+            description="Branch (default: main, or the current task's branch).")] = None) -> tuple[str, dict[str, Any]]:
         """Where the task stands: counts, head checkpoint, branches and drift since the head (no
         deep artifact check; does not change the current task)."""
         tid, b = current(task_id)
-        r = tasks.status(tid, branch=b or branch)
+        r = tasks.status(tid, branch=branch or b or "main")
         cp = r.control
         branches = sorted(tasks.store().list_refs(tid))
         lines = [f"{tid} ({cp.branch}): {len(cp.done)} done, {len(cp.todo)} todo, {len(cp.decisions)} decisions, "
