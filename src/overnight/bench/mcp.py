@@ -10,7 +10,8 @@ Measured in one run, each against a baseline measured beside it:
   encode, commit with fsync), to show what the transport adds;
 * a hook run (``overnight hook claude-code stop`` and ``pre-compact``), wall time of the whole
   process including interpreter start, each run committing a checkpoint (the transcript grows by
-  one line) -- against ``python -c pass`` (the interpreter's own start).
+  one line) -- against ``python -c pass`` (the interpreter's own start); and the CPU time of the
+  same runs (user + sys, ``git`` included), which a busy machine does not inflate by queueing.
 
 Targets (issue 18): ``task_checkpoint`` median <= 20 ms, a hook run <= 300 ms.
 """
@@ -81,7 +82,8 @@ class McpBench:
         load = f"; 1-min load average {self.load[0]:.2f} at the end" if self.load else ""
         lines.append("")
         lines.append(f"{os.cpu_count()} CPUs{load}; {self.seconds:.0f} s in all. Hook runs are whole processes "
-                     f"(interpreter start included); each committed a checkpoint.")
+                     f"(interpreter start included); each committed a checkpoint. CPU time is what a "
+                     f"process used, whatever else ran: on a busy machine wall time includes waiting for a CPU.")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -149,15 +151,21 @@ async def _mcp_rows(repo: Path, store: str, calls: int) -> tuple[list[float], li
     return ck, base, task_id
 
 
-def _run(cmd: list[str], *, stdin: str | None, cwd: Path) -> float:
+def _run(cmd: list[str], *, stdin: str | None, cwd: Path) -> tuple[float, float]:
+    """Wall time and CPU time (user + sys of the process and its children, e.g. ``git``) in ms."""
+    import resource
+
     env = {**os.environ}
     env.pop("OVERNIGHT_STORE", None)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     out = subprocess.run(cmd, input=stdin, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     dt = (time.perf_counter() - t0) * 1000
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0 or '"decision"' in out.stdout:
         raise RuntimeError(f"{' '.join(cmd)} failed: {out.stdout} {out.stderr}")
-    return dt
+    cpu = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000
+    return dt, cpu
 
 
 def run_mcp_bench(*, calls: int = 200, hooks: int = 20, directory: Path | None = None) -> McpBench:
@@ -187,7 +195,7 @@ def run_mcp_bench(*, calls: int = 200, hooks: int = 20, directory: Path | None =
         payload = {"session_id": "bench", "transcript_path": str(transcript), "cwd": str(repo),
                    "hook_event_name": "Stop", "trigger": "auto", "stop_hook_active": False}
         cmd = _overnight_cmd()
-        stop, pre, bare = [], [], []
+        runs: dict[str, list[tuple[float, float]]] = {"stop": [], "pre": [], "bare": []}
         for i in range(hooks + 2):
             with transcript.open("a") as fh:
                 fh.write(json.dumps({"type": "assistant", "message": {"role": "assistant", "content": f"turn {i}"}}) + "\n")
@@ -197,16 +205,20 @@ def run_mcp_bench(*, calls: int = 200, hooks: int = 20, directory: Path | None =
             p_ms = _run([*cmd, "hook", "claude-code", "pre-compact"], stdin=json.dumps(payload), cwd=repo)
             b_ms = _run([sys.executable, "-c", "pass"], stdin=None, cwd=repo)
             if i >= 2:  # warm-up: the page cache
-                stop.append(s_ms)
-                pre.append(p_ms)
-                bare.append(b_ms)
+                runs["stop"].append(s_ms)
+                runs["pre"].append(p_ms)
+                runs["bare"].append(b_ms)
     result.rows = [
         Row("task_checkpoint (MCP stdio round trip)", ck, "no-op tool call (same SDK, stdio)", 20.0),
         Row("no-op tool call (same SDK, stdio)", base),
         Row("task_checkpoint in-process (CodingTasks.checkpoint)", inproc, "no-op tool call (same SDK, stdio)"),
-        Row("hook run: overnight hook claude-code stop", stop, "python -c pass", 300.0),
-        Row("hook run: overnight hook claude-code pre-compact", pre, "python -c pass", 300.0),
-        Row("python -c pass", bare),
+        Row("hook run: overnight hook claude-code stop", [w for w, _ in runs["stop"]], "python -c pass", 300.0),
+        Row("hook run: overnight hook claude-code pre-compact", [w for w, _ in runs["pre"]], "python -c pass", 300.0),
+        Row("python -c pass", [w for w, _ in runs["bare"]]),
+        Row("hook CPU time (user+sys, git included): stop", [c for _, c in runs["stop"]], "python -c pass CPU time"),
+        Row("hook CPU time (user+sys, git included): pre-compact", [c for _, c in runs["pre"]],
+            "python -c pass CPU time"),
+        Row("python -c pass CPU time", [c for _, c in runs["bare"]]),
     ]
     try:
         result.load = os.getloadavg()
