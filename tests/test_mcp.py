@@ -15,18 +15,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
+from mcp import ClientSession, StdioServerParameters  # the [mcp] extra, part of [test]
+from mcp.client.stdio import stdio_client
 
-pytest.importorskip("mcp")
+from overnight.store.sqlite import SQLiteStore
+from overnight.verify.chain import load_head
 
-import jsonschema  # noqa: E402
-from mcp import ClientSession, StdioServerParameters  # noqa: E402
-from mcp.client.stdio import stdio_client  # noqa: E402
-
-from overnight.store.sqlite import SQLiteStore  # noqa: E402
-from overnight.verify.chain import load_head  # noqa: E402
-
-from _procs import CLI, env  # noqa: E402
+from _procs import CLI, env
 
 TOOLS = {"task_start", "task_checkpoint", "task_resume", "task_status", "task_list", "task_log", "task_fork",
          "task_rollback", "task_verify", "artifact_read"}
