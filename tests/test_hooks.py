@@ -40,7 +40,7 @@ def project(tmp_path: Path) -> tuple[Path, str, Path]:
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "initial")
-    with CodingTasks(None, project=repo) as t:  # the default store: <project>/.overnight/overnight.db
+    with CodingTasks(f"sqlite://{repo / '.overnight' / 'overnight.db'}", project=repo) as t:
         cp = t.start("Rewrite the parser as a tokenizer", plan=["Read src/parser.py", "Write the tokenizer"])
     transcript = tmp_path / "transcript.jsonl"
     shutil.copy(FIXTURES / "transcript.jsonl", transcript)
