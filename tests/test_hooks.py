@@ -254,3 +254,17 @@ def test_readme_setup_writes_the_settings_the_readme_shows(tmp_path: Path) -> No
     assert json.loads((repo / ".claude" / "settings.json").read_text()) == shown
     mcp_line = re.search(r"and `\.mcp\.json`: `(.*?)`", section).group(1)
     assert json.loads((repo / ".mcp.json").read_text()) == json.loads(mcp_line)
+
+
+def test_the_default_store_lives_in_the_project_whatever_the_cwd(tmp_path: Path, monkeypatch) -> None:
+    from overnight.mcp.tasks import resolve_store_url
+
+    monkeypatch.delenv("OVERNIGHT_STORE", raising=False)
+    monkeypatch.delenv("OVERNIGHT_CONFIG", raising=False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    project = tmp_path / "proj"
+    assert resolve_store_url(None, project) == f"sqlite://{project / '.overnight' / 'overnight.db'}"
+    assert resolve_store_url("sqlite://x.db", project) == f"sqlite://{project / 'x.db'}"
+    assert resolve_store_url("postgresql://127.0.0.1/test", project) == "postgresql://127.0.0.1/test"
