@@ -15,14 +15,55 @@ module exports; nothing else is promised.
     overnight.run(task)          # creates the task, or resumes it from its latest checkpoint
 """
 
-from overnight.codec.registry import register_codec, register_type
-from overnight.errors import OvernightError
-from overnight.orchestrate.context import StepContext
-from overnight.orchestrate.runner import RunEvent, RunResult, Runner, run
-from overnight.orchestrate.task import Task
-from overnight.store import open_store
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# The exports are loaded on first use (PEP 562): ``import overnight.X`` for one module -- a hook
+# run by a coding agent at every turn (overnight.hooks) -- does not pay for the runner and everything
+# it imports. ``overnight.Task`` etc. behave exactly as plain imports.
+_EXPORTS = {
+    "register_codec": "overnight.codec.registry",
+    "register_type": "overnight.codec.registry",
+    "OvernightError": "overnight.errors",
+    "StepContext": "overnight.orchestrate.context",
+    "RunEvent": "overnight.orchestrate.runner",
+    "RunResult": "overnight.orchestrate.runner",
+    "Runner": "overnight.orchestrate.runner",
+    "run": "overnight.orchestrate.runner",
+    "Task": "overnight.orchestrate.task",
+    "open_store": "overnight.store",
+}
+
+if TYPE_CHECKING:
+    from overnight.codec.registry import register_codec, register_type
+    from overnight.errors import OvernightError
+    from overnight.orchestrate.context import StepContext
+    from overnight.orchestrate.runner import RunEvent, RunResult, Runner, run
+    from overnight.orchestrate.task import Task
+    from overnight.store import open_store
+
+
+_SUBPACKAGES = ("adapters", "api", "bench", "cli", "codec", "config", "demo", "errors", "hooks", "mcp", "models",
+                "orchestrate", "store", "tokens", "verify")
+"""Reachable as attributes (``overnight.store``) without an import, as when the exports were eager."""
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    module = _EXPORTS.get(name)
+    if module is None:
+        if name in _SUBPACKAGES:
+            return importlib.import_module(f"overnight.{name}")
+        raise AttributeError(f"module 'overnight' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
 
 __all__ = [
     "OvernightError",

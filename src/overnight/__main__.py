@@ -1,5 +1,5 @@
 """``python -m overnight`` is the ``overnight`` command."""
 
-from overnight.cli.app import main
+from overnight.cli import main
 
 main()

@@ -1,0 +1,77 @@
+"""The ``overnight`` command (:func:`main`); the commands themselves are in :mod:`overnight.cli.app`."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+HOOK_EVENTS = ("pre-compact", "session-start", "stop")
+
+
+def main() -> None:
+    """Console-script entry point.
+
+    ``overnight hook claude-code EVENT`` and ``overnight hook run --event NAME``, which a coding
+    agent runs at every turn and compaction, are dispatched here without importing the CLI
+    framework, the API layer and the runner (most of a cold start: see ``overnight bench mcp``);
+    the same functions run either way, and anything else -- ``--help`` included -- goes through
+    the typer app in :mod:`overnight.cli.app`.
+    """
+    code = _fast_hook(sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
+    from overnight.cli.app import main as app_main
+
+    app_main()
+
+
+def _options(args: list[str], names: dict[str, str]) -> tuple[dict[str, str], list[str]] | None:
+    """``--name VALUE`` / ``--name=VALUE`` options of ``names`` (flag -> key) and positionals; None
+    for anything it does not know (typer then reports it)."""
+    opts: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        flag, eq, value = a.partition("=")
+        if flag in names:
+            if not eq:
+                if i + 1 >= len(args):
+                    return None
+                value = args[i + 1]
+                i += 1
+            opts[names[flag]] = value
+        elif a.startswith("-"):
+            return None
+        else:
+            rest.append(a)
+        i += 1
+    return opts, rest
+
+
+def _fast_hook(argv: list[str]) -> int | None:
+    if len(argv) < 2 or argv[0] != "hook" or any(a in ("--help", "-h") for a in argv):
+        return None
+    # a hook builds only overnight's own pydantic models: skip pydantic's scan of every installed
+    # distribution's entry points for plugins (set the variable to override)
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    if argv[1] == "claude-code" and len(argv) >= 3 and argv[2] in HOOK_EVENTS:
+        parsed = _options(argv[3:], {"--store": "store", "-s": "store"})
+        if parsed is None or parsed[1]:
+            return None
+        from overnight.hooks import claude_code
+
+        return claude_code.run(argv[2], store=parsed[0].get("store"))
+    if argv[1] == "run":
+        parsed = _options(argv[2:], {"--store": "store", "-s": "store", "--event": "event", "-e": "event"})
+        if parsed is None or "event" not in parsed[0] or len(parsed[1]) > 1:
+            return None
+        from overnight.errors import ConfigError
+        from overnight.hooks import run_generic
+
+        try:
+            return run_generic(parsed[0]["event"], parsed[1][0] if parsed[1] else None, store=parsed[0].get("store"))
+        except ConfigError as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            return 2
+    return None

@@ -1,0 +1,696 @@
+"""Coding-agent tasks as ordinary overnight checkpoints: the engine behind ``overnight mcp`` and the hooks.
+
+A coding agent (Claude Code, Codex, opencode) does not run overnight's runner: it calls tools
+(:mod:`overnight.mcp.server`) and its hooks run commands (:mod:`overnight.hooks`). Each call that
+changes the task commits one ordinary checkpoint through the same write path as every other
+writer (:class:`~overnight.verify.chain.ChainWriter`, as the LangGraph and Agents SDK adapters do),
+so ``overnight show/log/verify/fork/gc`` work on it unchanged. How the control point maps onto the
+checkpoint format (``docs/FORMAT.md``):
+
+=====================  ==========================================================================
+control point          checkpoint
+=====================  ==========================================================================
+task id, goal          ``state.task`` (spec ``{"kind": "coding-agent-task", "project", "plan",
+                       "expected_span_s", "criticality", "inputs", "env", "salt", "route"}``)
+todo items             ``state.todo``: one entry per item, ``name`` = the item's text, ``fn`` = ``agent``
+done items             ``state.done``: one entry per item (``fn`` = ``agent``, ``seq`` = the checkpoint
+                       that recorded it)
+decisions              ``state.data.decisions`` (appended, never rewritten)
+notes (last summary)   ``state.context.summary``; ``context.compactions`` counts compactions
+artifacts              ``state.artifacts``: text by name, project files as ``files/<path>``,
+                       transcripts as ``transcripts/<session>.jsonl`` -- content-addressed blobs
+                       (an appended transcript stores only its new chunks)
+the world              ``fingerprint.world`` (:mod:`overnight.mcp.world`): git, lock files, env, inputs
+why                    ``event``: ``init`` (task_start), ``step`` (task_checkpoint, a stop hook),
+                       ``compaction`` (a pre-compact hook: the session count moves on)
+=====================  ==========================================================================
+
+Every commit moves the branch by compare-and-swap; when another process (a hook beside the server)
+moved it first, the change is applied again to the new head, so no acknowledged update is lost.
+A commit is durable when the call returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from overnight.codec.canonical import dumps_sorted, from_tree, loads, to_tree
+from overnight.errors import (
+    BranchNotFound,
+    ConfigError,
+    StaleHead,
+    TaskNotFound,
+    short_id,
+)
+from overnight.mcp.world import CodingDrift, drift, project_root, world
+from overnight.orchestrate.task import CRITICALITY, parse_span, step_key, todo_entry
+from overnight.store import Store, default_store_url, open_store
+from overnight.store import exists as store_exists
+from overnight.store.base import TaskRow
+from overnight.store.blobs import BlobWriter
+from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
+from overnight.verify.integrity import encode_state, signing_key_from_env
+from overnight.verify.records import FORMAT_VERSION, event
+
+__all__ = ["KIND", "POINTER", "ArtifactIn", "CheckpointResult", "CodingTasks", "ControlPoint", "Resumed",
+           "read_pointer", "render_control_point", "write_pointer"]
+
+KIND = "coding-agent-task"
+"""``spec["kind"]`` of a task written by the MCP server or the hooks."""
+
+AGENT_FN = "agent"
+"""``fn`` of the todo and done entries of a coding-agent task (no step function runs them)."""
+
+POINTER = Path(".overnight") / "current-task"
+"""The project's current task, relative to the project root: JSON ``{"task_id", "branch", "store"}``,
+written by ``task_start`` and ``task_resume``, read by the hooks (module :mod:`overnight.hooks`)."""
+
+COMMIT_ATTEMPTS = 20
+_SLUG = re.compile(r"[^a-z0-9]+")
+
+
+@dataclass
+class ArtifactIn:
+    """An artifact to store: ``text`` under ``name``, or the bytes of the project file ``path``
+    (stored as ``name``, default ``files/<project-relative path>``). Exactly one of the two."""
+
+    name: str | None = None
+    text: str | None = None
+    path: str | None = None
+
+
+@dataclass
+class ControlPoint:
+    """What an agent needs to continue a task: the state of one checkpoint, in plain values."""
+
+    task_id: str
+    branch: str
+    checkpoint_id: str
+    seq: int
+    created_at: str
+    goal: str
+    project: str
+    plan: list[str]
+    done: list[str]
+    todo: list[str]
+    decisions: list[str]
+    summary: str | None
+    artifacts: dict[str, int]
+    """``name -> size`` in bytes."""
+    compactions: int
+    session: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class CheckpointResult:
+    """A committed (or, when nothing changed, the existing) checkpoint."""
+
+    task_id: str
+    branch: str
+    checkpoint_id: str
+    seq: int
+    done: int
+    todo: int
+    artifacts_added: list[str]
+    unchanged: bool = False
+    fallback: str | None = None
+    """Set when the branch head failed verification and the commit continued from an older one."""
+
+    def describe(self) -> str:
+        if self.unchanged:
+            return (f"nothing changed since checkpoint {short_id(self.checkpoint_id)} (seq {self.seq}) of "
+                    f"{self.task_id}/{self.branch}: no new checkpoint")
+        text = (f"checkpoint {short_id(self.checkpoint_id)} (seq {self.seq}) committed to {self.task_id}/{self.branch}: "
+                f"{self.done} done, {self.todo} todo")
+        if self.artifacts_added:
+            text += f", stored {', '.join(self.artifacts_added)}"
+        if self.fallback:
+            text += f"\nwarning: {self.fallback}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Resumed:
+    """``task_resume``: the control point, the drift since it, and a fallback if the head was damaged."""
+
+    control: ControlPoint
+    drift: CodingDrift
+    fallback: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"control": self.control.to_json(), "drift": self.drift.to_json(), "fallback": self.fallback}
+
+
+def approx_tokens(text: str) -> int:
+    """``ceil(UTF-8 bytes / 4)``: the token estimate hooks use (loading a vocabulary costs more than
+    a hook's whole budget); the server counts with the real tokenizer."""
+    return (len(text.encode("utf-8", "surrogatepass")) + 3) // 4
+
+
+def _fmt_size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def render_control_point(cp: ControlPoint, *, drift_report: CodingDrift | None = None, fallback: str | None = None,
+                         budget_tokens: int = 1500, count: Callable[[str], int] = approx_tokens) -> str:
+    """The control point as compact text within ``budget_tokens`` (as ``count`` counts them).
+
+    Kept whole: the header, goal, drift and fallback lines. Then, as the budget allows: the todo
+    list (first items first), the last summary, decisions and done items (newest first), artifacts;
+    whatever does not fit is replaced by a line saying how many were left out and which tool shows them.
+    """
+    head = [f"Task {cp.task_id} (branch {cp.branch}; checkpoint {short_id(cp.checkpoint_id)}, seq {cp.seq}, "
+            f"{cp.created_at[:16].replace('T', ' ')} UTC; project {cp.project})",
+            f"Goal: {cp.goal}"]
+    if fallback:
+        head.append(f"WARNING: {fallback}")
+    if drift_report is not None:
+        head.append("Since this checkpoint:" + (" no drift" if not drift_report.lines else ""))
+        head += [f"- {line}" for line in drift_report.lines]
+    sections: list[tuple[str, list[str], str, bool]] = [
+        (f"Todo ({len(cp.todo)}):", [f"{i}. {t}" for i, t in enumerate(cp.todo, 1)], "task_status", False),
+        ("Last summary:", [cp.summary] if cp.summary else [], "task_resume", False),
+        (f"Decisions ({len(cp.decisions)}, newest first):", [f"- {d}" for d in reversed(cp.decisions)], "task_resume", True),
+        (f"Done ({len(cp.done)}, newest first):", [f"- {d}" for d in reversed(cp.done)], "task_log", True),
+        (f"Artifacts ({len(cp.artifacts)}; artifact_read NAME):",
+         [f"- {n} ({_fmt_size(s)})" for n, s in sorted(cp.artifacts.items())], "artifact_read", False),
+    ]
+    lines = list(head)
+    used = count("\n".join(lines))
+    for title, items, tool, _newest in sections:
+        if not items:
+            continue
+        cost = count(title) + 1
+        if used + cost > budget_tokens:
+            lines.append(f"({title.rstrip(':')} left out: over the {budget_tokens}-token budget)")
+            continue
+        kept = [title]
+        used += cost
+        for k, item in enumerate(items):
+            c = count(item) + 1
+            if used + c > budget_tokens:
+                if k == 0 and c > 40:  # a long single item (a summary): keep its start
+                    room = max(0, (budget_tokens - used - 12) * 4)
+                    if room > 80:
+                        kept.append(item[:room] + " [...]")
+                        used = budget_tokens
+                        k += 1
+                if len(items) - k > 0:
+                    kept.append(f"  (+{len(items) - k} more: {tool})")
+                break
+            kept.append(item)
+            used += c
+        lines += kept
+    return "\n".join(lines)
+
+
+def read_pointer(start: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
+    """``(project root, {"task_id", "branch", "store"})`` from the nearest :data:`POINTER` at or
+    above ``start`` (as git finds ``.git``), or None when there is none."""
+    p = Path(start).resolve()
+    for d in (p, *p.parents):
+        f = d / POINTER
+        try:
+            data = json.loads(f.read_text("utf-8"))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{f} is not a readable overnight task pointer: {exc}",
+                              hint="call task_start or task_resume again to rewrite it") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("task_id"), str):
+            raise ConfigError(f"{f} does not name a task", hint="call task_start or task_resume again to rewrite it")
+        return d, data
+    return None
+
+
+def write_pointer(root: Path, task_id: str, branch: str, store_url: str) -> None:
+    """Make ``task_id``/``branch`` the project's current task (atomically: write, then rename)."""
+    d = root / POINTER.parent
+    d.mkdir(parents=True, exist_ok=True)
+    ignore = d / ".gitignore"
+    if not ignore.exists():  # the store and the pointer are not the project's source
+        ignore.write_text("*\n", "utf-8")
+    tmp = d / f".current-task.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"task_id": task_id, "branch": branch, "store": store_url}) + "\n", "utf-8")
+    os.replace(tmp, root / POINTER)
+
+
+def resolve_store_url(store: str | None, root: Path) -> str:
+    """``store``, else the default (``$OVERNIGHT_STORE``, ``overnight.toml``, else
+    ``sqlite://.overnight/overnight.db``), a relative ``sqlite://``/``file://`` path made absolute
+    against the project root (hooks and the server may run in another directory)."""
+    url = store or default_store_url()
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in ("sqlite", "file") and rest and not Path(rest).is_absolute():
+        return f"{scheme}://{(root / rest).resolve()}"
+    if not sep and not Path(url).is_absolute():
+        return str((root / url).resolve())
+    return url
+
+
+@dataclass
+class _Tip:
+    """The head of one branch as this process last read or wrote it."""
+
+    chain: ChainWriter
+    state: dict[str, Any]
+    world: dict[str, Any] | None
+    created_at: str
+    fallback: Fallback | None = None
+
+
+def _unique(items: Iterable[str], taken: set[str]) -> list[str]:
+    """Item texts made unique names (``"run tests"``, ``"run tests (2)"``), skipping names in ``taken``."""
+    out = []
+    for text in items:
+        name, n = text, 2
+        while name in taken:
+            name, n = f"{text} ({n})", n + 1
+        taken.add(name)
+        out.append(name)
+    return out
+
+
+def _clean(items: list[str] | None, what: str, task_id: str | None) -> list[str] | None:
+    if items is None:
+        return None
+    if isinstance(items, str) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"{what} must be a list of strings", task_id=task_id)
+    out = [i.strip() for i in items]
+    if any(not i for i in out):
+        raise ConfigError(f"{what} has an empty item", task_id=task_id, hint=f"drop it from {what}")
+    return out
+
+
+def _todo_entry(name: str) -> dict[str, Any]:
+    return todo_entry(name, AGENT_FN, {}, None)
+
+
+def _done_entry(name: str, seq: int, session: int, now: str) -> dict[str, Any]:
+    return {"name": name, "fn": AGENT_FN, "key": step_key(AGENT_FN, "1", name, {}), "version": "1", "args": {}, "output": None, "reads": {}, "writes": [], "added_by": None, "produced": {},
+            "seq": seq, "session": session, "started_at": now, "duration_ms": 0.0, "tokens_in": 0, "tokens_out": 0,
+            "replayed_tokens": 0}
+
+
+class CodingTasks:
+    """Coding-agent tasks in one store, for one project (the tools of ``overnight mcp`` call these).
+
+    Args:
+        store: store URL (or a :class:`~overnight.store.Store`); None: the default store, its
+            relative path taken against the project root.
+        project: a directory in the project (default: the current directory); the project root is
+            its git top level, else the directory itself.
+        key: HMAC signing key (default ``$OVERNIGHT_SIGNING_KEY``).
+        session_id: stamped on every checkpoint (default: a fresh id per process).
+        exact_root: ``project`` is the project root already (the hooks know it from the pointer):
+            no ``git`` process to find it.
+
+    Raises (from the methods): :class:`~overnight.errors.TaskNotFound`, ``BranchNotFound``,
+    ``CheckpointNotFound``, ``ArtifactNotFound``, ``ConfigError`` (bad argument, a path outside the
+    project, a task that is not a coding-agent task), ``IntegrityError`` (nothing verifies),
+    ``StoreBusy``, ``StaleHead`` (the branch kept moving under :data:`COMMIT_ATTEMPTS` tries).
+    """
+
+    def __init__(self, store: Store | str | None = None, *, project: str | os.PathLike | None = None,
+                 key: bytes | None = None, session_id: str | None = None, exact_root: bool = False) -> None:
+        start = project if project is not None else Path.cwd()
+        self.project = Path(start).resolve() if exact_root else project_root(start)
+        self._own = not hasattr(store, "commit")
+        self._store: Store | None = None if self._own else store  # type: ignore[assignment]
+        self.url = resolve_store_url(store, self.project) if self._own else store.url  # type: ignore[union-attr]
+        self.key = signing_key_from_env() if key is None else (key or None)
+        self.session_id = session_id or uuid.uuid4().hex
+        self._tips: dict[tuple[str, str], _Tip] = {}
+
+    # -- store ----------------------------------------------------------------------------------
+
+    def store(self, *, create: bool = False) -> Store:
+        """The store, opened on first use. Without ``create`` a store that does not exist yet is a
+        TaskNotFound (no task can be in it), never created."""
+        if self._store is None:
+            if not create and not store_exists(self.url):
+                raise TaskNotFound(f"no store at {self.url}: no task has been started there",
+                                   hint="call task_start first (or pass the store the task lives in)")
+            self._store = open_store(self.url)
+        return self._store
+
+    def close(self) -> None:
+        if self._own and self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def __enter__(self) -> "CodingTasks":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _spec(self, state: dict[str, Any]) -> dict[str, Any]:
+        return state["task"]["spec"]
+
+    def _root(self, spec: dict[str, Any]) -> Path:
+        return Path(spec.get("project") or self.project)
+
+    def _tip(self, task_id: str, branch: str, *, deep: bool = False) -> _Tip:
+        s = self.store()
+        ref = s.get_ref(task_id, branch)
+        if ref is None:
+            s.get_task(task_id)  # TaskNotFound
+            raise BranchNotFound(f"task {task_id!r} has no branch {branch!r}", task_id=task_id,
+                                 hint="task_log lists its branches")
+        tip = self._tips.get((task_id, branch))
+        if tip is not None and tip.chain.ref_head == ref and not deep:
+            return tip
+        seen: set[str] = set()
+        loaded, fallback = load_head(s, task_id, branch, key=self.key, deep=deep, verified=seen)
+        spec = loaded.doc.task.spec
+        if spec.get("kind") != KIND:
+            raise ConfigError(f"task {task_id!r} is not a coding-agent task (kind {spec.get('kind')!r})",
+                              task_id=task_id, hint="the task_* tools work on tasks made by task_start; use the "
+                              "overnight CLI for others")
+        chain = ChainWriter(s, task_id, branch, key=self.key, session_id=self.session_id,
+                            session_n=loaded.record.session.n)
+        chain.start_from(loaded, fallback)
+        chain.known = seen
+        tip = self._tips[(task_id, branch)] = _Tip(chain, loaded.state_tree, loaded.world, loaded.record.created_at,
+                                                    fallback)
+        return tip
+
+    def control_point(self, tip: _Tip, task_id: str, branch: str) -> ControlPoint:
+        st = tip.state
+        spec = self._spec(st)
+        data = from_tree(st["data"], "state.data") if st["data"] is not None else {}
+        return ControlPoint(
+            task_id=task_id, branch=branch, checkpoint_id=tip.chain.head or "", seq=tip.chain.seq,
+            created_at=tip.created_at, goal=st["task"]["goal"], project=str(self._root(spec)),
+            plan=list(spec.get("plan", [])), done=[d["name"] for d in st["done"]], todo=[t["name"] for t in st["todo"]],
+            decisions=list(data.get("decisions", [])), summary=st["context"]["summary"],
+            artifacts={n: a["size"] for n, a in st["artifacts"].items()}, compactions=st["context"]["compactions"],
+            session=tip.chain.session_n)
+
+    def _world(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return world(self._root(spec), inputs=list(spec.get("inputs", [])), env=list(spec.get("env", [])),
+                     salt=bytes.fromhex(spec.get("salt", "")))
+
+    # -- task_start -----------------------------------------------------------------------------
+
+    def start(self, goal: str, *, plan: list[str] | None = None, expected_span: str | float | None = None,
+              criticality: str = "normal", inputs: list[str] | None = None, env: list[str] | None = None,
+              task_id: str | None = None, make_current: bool = True) -> ControlPoint:
+        """Create a task and commit its first checkpoint (event ``init``); the plan becomes the todo
+        list. ``inputs``: project files whose changes count as drift; ``env``: variable names
+        recorded as keyed digests. Makes it the project's current task (:data:`POINTER`)."""
+        if not isinstance(goal, str) or not goal.strip():
+            raise ConfigError("goal must be a non-empty string", hint="one sentence saying what the task is for")
+        plan = _clean(plan, "plan", task_id) or []
+        if criticality not in CRITICALITY:
+            raise ConfigError(f"criticality must be one of {', '.join(CRITICALITY)}, not {criticality!r}")
+        span = None
+        if expected_span is not None:
+            span = parse_span(expected_span)
+        rel_inputs = [self._relative(p, None)[0] for p in (inputs or [])]
+        env = _clean(env, "env", task_id) or []
+        slug = _SLUG.sub("-", goal.lower()).strip("-")[:40].strip("-") or "task"
+        task_id = task_id or f"code.{slug}.{secrets.token_hex(3)}"
+        s = self.store(create=True)
+        spec = {"kind": KIND, "project": str(self.project), "plan": plan, "expected_span_s": span,
+                "criticality": criticality, "inputs": rel_inputs, "env": sorted(env), "salt": secrets.token_hex(16),
+                "route": {"level": "durable", "media": [], "urls": [s.url],
+                          "reasons": ["a coding-agent task (overnight mcp / hooks): a checkpoint per tool call or "
+                                      "hook, each with the project's world fingerprint"]}}
+        state = {"format": FORMAT_VERSION, "task": {"id": task_id, "goal": goal.strip(), "spec": spec},
+                 "todo": [_todo_entry(n) for n in _unique(plan, set())], "done": [], "artifacts": {},
+                 "data": to_tree({"decisions": []}, "state.data"),
+                 "context": {"summary": None, "compactions": 0, "messages": [], "tokens": 0}, "recompute": None}
+        chain = ChainWriter(s, task_id, "main", key=self.key, session_id=self.session_id, session_n=1)
+        writer = chain.blob_writer()
+        fp, now_world = self._fingerprint(writer, spec)
+        row = TaskRow(task_id, utc_now(), goal.strip(), None, dumps_sorted(spec))
+        chain.commit(state, event("init", detail=f"task_start: {len(plan)} planned items"), writer=writer,
+                     task_row=row, fingerprint=fp)
+        tip = self._tips[(task_id, "main")] = _Tip(chain, state, now_world, utc_now())
+        if make_current:
+            write_pointer(self.project, task_id, "main", s.url)
+        return self.control_point(tip, task_id, "main")
+
+    def _fingerprint(self, writer: BlobWriter, spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        now = self._world(spec)
+        raw = encode_state(now)
+        return {"world": {"digest": writer.put(raw), "size": len(raw)}, "exports": {}, "accepted": []}, now
+
+    # -- task_checkpoint ------------------------------------------------------------------------
+
+    def _relative(self, path: str, root: Path | None) -> tuple[str, Path]:
+        """``(project-relative posix path, resolved path)`` of a file inside the project.
+
+        Raises ConfigError for a path outside the project (symlinks resolved) or not a file."""
+        root = (root or self.project).resolve()
+        if not isinstance(path, str) or not path:
+            raise ConfigError("a path must be a non-empty string")
+        p = Path(path)
+        full = (p if p.is_absolute() else root / p).resolve()
+        if full != root and root not in full.parents:
+            raise ConfigError(f"path {path!r} is outside the project {root}",
+                              hint="artifacts and inputs are files inside the project (relative paths are relative "
+                              "to it); store other content as text")
+        return full.relative_to(root).as_posix(), full
+
+    def checkpoint(
+        self,
+        task_id: str,
+        *,
+        branch: str = "main",
+        done: list[str] | None = None,
+        todo: list[str] | None = None,
+        notes: str | None = None,
+        decisions: list[str] | None = None,
+        artifacts: list[ArtifactIn] | None = None,
+        blobs: dict[str, bytes] | None = None,
+        skip_known_done: bool = False,
+        step: str = "task_checkpoint",
+        compaction: bool = False,
+        session_id: str | None = None,
+        detail: str | None = None,
+    ) -> CheckpointResult:
+        """Commit the task's control point updated with what the agent reports.
+
+        Args:
+            done: items finished since the last checkpoint (appended to the done list; each one
+                also leaves the todo list if it is there).
+            todo: the todo list now, replacing the stored one (None: keep it, minus ``done``).
+            notes: where the work stands, in the agent's words: the "last summary" a resume shows.
+            decisions: decisions taken (appended).
+            artifacts: text or project files to store (content-addressed; an unchanged one costs nothing).
+            blobs: more artifacts as ``name -> bytes`` (the hooks' transcripts).
+            step, detail: the event's step name and detail (``overnight log`` shows them).
+            skip_known_done: leave out ``done`` items already on the done list (a hook mirroring an
+                agent's whole todo list, finished items included, at every turn).
+            compaction: a ``compaction`` event: the context was summarised; the session count moves on.
+            session_id: the agent session stamped on the checkpoint (default: this process's).
+
+        A checkpoint whose state and world would equal the head's is not written; the result says
+        ``unchanged``. Returns once the checkpoint is durable.
+        """
+        done = _clean(done, "done", task_id)
+        todo = _clean(todo, "todo", task_id)
+        decisions = _clean(decisions, "decisions", task_id)
+        if notes is not None and not isinstance(notes, str):
+            raise ConfigError("notes must be a string", task_id=task_id)
+        for _ in range(COMMIT_ATTEMPTS):
+            tip = self._tip(task_id, branch)
+            old = tip.state
+            spec = self._spec(old)
+            root = self._root(spec)
+            chain = tip.chain
+            writer = chain.blob_writer()
+            arts = dict(old["artifacts"])
+            added = []
+            for a in artifacts or []:
+                name, data, text = self._artifact(a, root, task_id)
+                ref = {"digest": writer.put(data), "size": len(data), "text": text, "step": None}
+                if arts.get(name) != ref:
+                    added.append(name)
+                arts[name] = ref
+            for name, data in (blobs or {}).items():
+                ref = {"digest": writer.put(data), "size": len(data), "text": True, "step": None}
+                if arts.get(name) != ref:
+                    added.append(name)
+                arts[name] = ref
+            session_n = chain.session_n + (1 if compaction else 0)
+            now = utc_now()
+            done_list = list(old["done"])
+            finished = set(done or [])
+            known = {d["name"] for d in done_list}
+            names = _unique([d for d in done or [] if not (skip_known_done and d in known)], known)
+            done_list += [_done_entry(n, chain.seq + 1, session_n, now) for n in names]
+            if todo is not None:
+                todo_list = [_todo_entry(n) for n in _unique([t for t in todo if t not in finished], set())]
+            else:
+                todo_list = [t for t in old["todo"] if t["name"] not in finished]
+            data = from_tree(old["data"], "state.data") if old["data"] is not None else {}
+            if decisions:
+                data = {**data, "decisions": [*data.get("decisions", []), *decisions]}
+            ctx = dict(old["context"])
+            if notes is not None:
+                ctx["summary"] = notes.strip() or None
+            if compaction:
+                ctx["compactions"] = ctx["compactions"] + 1
+            state = {**old, "todo": todo_list, "done": done_list, "artifacts": dict(sorted(arts.items())),
+                     "data": to_tree(data, "state.data"), "context": ctx}
+            fp, now_world = self._fingerprint(writer, spec)
+            if state == old and now_world == tip.world and not compaction:
+                return CheckpointResult(task_id, branch, chain.head or "", chain.seq, len(done_list), len(todo_list),
+                                        [], unchanged=True)
+            what = detail or ", ".join(x for x in (f"+{len(names)} done" if names else "",
+                                                    f"{len(todo_list)} todo",
+                                                    f"{len(decisions)} decisions" if decisions else "",
+                                                    "notes" if notes is not None else "",
+                                                    f"stored {', '.join(added)}" if added else "") if x)
+            ev = event("compaction" if compaction else "step", step=step, key=AGENT_FN,
+                       ref=chain.head if compaction else None, detail=what[:500])
+            chain.session_n = session_n
+            if session_id:
+                chain.session_id = session_id
+            try:
+                cid = chain.commit(state, ev, writer=writer, fingerprint=fp)
+            except StaleHead:
+                self._tips.pop((task_id, branch), None)
+                continue
+            except BaseException:
+                self._tips.pop((task_id, branch), None)
+                raise
+            fallback = tip.fallback.describe().splitlines()[0] if tip.fallback else None
+            self._tips[(task_id, branch)] = _Tip(chain, state, now_world, now)
+            return CheckpointResult(task_id, branch, cid, chain.seq, len(done_list), len(todo_list), added,
+                                    fallback=fallback)
+        raise StaleHead(f"task {task_id!r} branch {branch!r} kept moving under {COMMIT_ATTEMPTS} attempts to commit",
+                        task_id=task_id, hint="another process writes this task at a high rate; retry")
+
+    def _artifact(self, a: ArtifactIn | dict[str, Any], root: Path, task_id: str) -> tuple[str, bytes, bool]:
+        if isinstance(a, dict):
+            a = ArtifactIn(**a)
+        if (a.text is None) == (a.path is None):
+            raise ConfigError("an artifact needs exactly one of text and path", task_id=task_id,
+                              hint='e.g. {"name": "plan.md", "text": "..."} or {"path": "src/parser.py"}')
+        if a.path is not None:
+            rel, full = self._relative(a.path, root)
+            if not full.is_file():
+                raise ConfigError(f"artifact path {a.path!r} is not a file in the project", task_id=task_id)
+            data = full.read_bytes()
+            try:
+                data.decode("utf-8")
+                text = True
+            except UnicodeDecodeError:
+                text = False
+            name = a.name or f"files/{rel}"
+        else:
+            if not a.name:
+                raise ConfigError("a text artifact needs a name", task_id=task_id, hint='e.g. "notes/design.md"')
+            data, text, name = a.text.encode("utf-8", "surrogatepass"), True, a.name  # type: ignore[union-attr]
+        if name.startswith("/") or len(name) > 512:
+            raise ConfigError(f"artifact name {name[:60]!r} must be relative and at most 512 characters", task_id=task_id)
+        return name, data, text
+
+    # -- task_resume / task_status ----------------------------------------------------------------
+
+    def resume(self, task_id: str, *, branch: str = "main", make_current: bool = True) -> Resumed:
+        """The control point of the branch head -- verified deeply (every artifact blob hashed); a
+        damaged head falls back to the newest checkpoint that verifies -- and the drift of the
+        project since it. Makes it the project's current task."""
+        tip = self._tip(task_id, branch, deep=True)
+        cp = self.control_point(tip, task_id, branch)
+        spec = self._spec(tip.state)
+        d = drift(self._root(spec), tip.world, self._world(spec), checkpoint_id=cp.checkpoint_id, todo=cp.todo,
+                  salt=bytes.fromhex(spec.get("salt", "")))
+        if make_current:
+            write_pointer(self._root(spec), task_id, branch, self.store().url)
+        return Resumed(cp, d, tip.fallback.describe() if tip.fallback else None)
+
+    def status(self, task_id: str, *, branch: str = "main") -> Resumed:
+        """As :meth:`resume` without the deep artifact check and without changing the current task."""
+        tip = self._tip(task_id, branch)
+        cp = self.control_point(tip, task_id, branch)
+        spec = self._spec(tip.state)
+        d = drift(self._root(spec), tip.world, self._world(spec), checkpoint_id=cp.checkpoint_id, todo=cp.todo,
+                  salt=bytes.fromhex(spec.get("salt", "")))
+        return Resumed(cp, d, tip.fallback.describe() if tip.fallback else None)
+
+    # -- task_list --------------------------------------------------------------------------------
+
+    def list(self) -> list[dict[str, Any]]:
+        """Coding-agent tasks in the store: ``{"task_id", "goal", "project", "created_at",
+        "branches", "head", "updated_at", "current"}``, newest first."""
+        try:
+            s = self.store()
+        except TaskNotFound:
+            return []
+        found = read_pointer(self.project)
+        current = found[1]["task_id"] if found else None
+        out = []
+        for t in s.list_tasks():
+            try:
+                spec = loads(t.spec)
+            except Exception:  # noqa: BLE001 - an unreadable spec is not ours to list
+                continue
+            if not isinstance(spec, dict) or spec.get("kind") != KIND:
+                continue
+            refs = s.list_refs(t.task_id)
+            head = refs.get("main") or next(iter(refs.values()), None)
+            updated = s.get_checkpoint(head).created_at if head else None
+            out.append({"task_id": t.task_id, "goal": t.goal, "project": spec.get("project"),
+                        "created_at": t.created_at, "branches": sorted(refs), "head": head, "updated_at": updated,
+                        "current": t.task_id == current})
+        return sorted(out, key=lambda r: r["updated_at"] or "", reverse=True)
+
+    # -- log / fork / rollback / verify / artifact_read: overnight.api on this store ---------------
+
+    def log(self, task_id: str) -> list[Any]:
+        """``overnight log``: every checkpoint, newest first (``LogEntry``)."""
+        from overnight import api
+
+        return api.log(task_id, store=self.store())
+
+    def fork(self, task_id: str, branch: str, *, at: str = "main") -> str:
+        """``overnight fork``: a new branch at ``at`` (a branch, a checkpoint id or prefix)."""
+        from overnight import api
+
+        return api.fork(task_id, at, branch, store=self.store())
+
+    def rollback(self, task_id: str, to: str, *, branch: str = "main") -> str:
+        """``overnight rollback``: ``branch`` gets the state of its ancestor ``to`` (history kept)."""
+        from overnight import api
+
+        self._tips.pop((task_id, branch), None)
+        return api.rollback(task_id, to, branch=branch, store=self.store())
+
+    def verify(self, task_id: str) -> Any:
+        """``overnight verify TASK_ID``: every checkpoint and object of the task (``VerifyReport``)."""
+        from overnight import api
+
+        self.store().get_task(task_id)
+        return api.verify(task_id, store=self.store())
+
+    def artifact(self, task_id: str, name: str, *, at: str | None = None, branch: str = "main") -> bytes:
+        """``overnight cat``: an artifact's bytes, verified."""
+        from overnight import api
+
+        return api.cat(task_id, name, store=self.store(), at=at, branch=branch)

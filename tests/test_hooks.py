@@ -1,0 +1,270 @@
+"""``overnight hook claude-code ...`` and ``overnight hook run`` on recorded Claude Code hook payloads.
+
+Each hook is a real ``python -m overnight hook ...`` process reading the payload on stdin, against a
+real SQLite store and a real git repository in tmp_path; failures are real (a damaged store file,
+a store another process holds locked, a missing or malformed transcript).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from overnight.mcp.tasks import CodingTasks
+from overnight.store.sqlite import SQLiteStore
+from overnight.verify.chain import load_head
+
+from _procs import CLI, env
+
+FIXTURES = Path(__file__).parent / "fixtures" / "claude_code"
+SESSION = "2f5e8a1c-6b1d-4e0f-9a43-5c1e7d0b8f21"
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=repo, check=True,
+                   capture_output=True)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> tuple[Path, str, Path]:
+    """A git repo with a current task (started as task_start does), its id and a copy of the transcript."""
+    repo = tmp_path / "proj"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "parser.py").write_text("def parse(s):\n    return s.split()\n")
+    (repo / "uv.lock").write_text("version = 1\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "initial")
+    with CodingTasks(f"sqlite://{repo / '.overnight' / 'overnight.db'}", project=repo) as t:
+        cp = t.start("Rewrite the parser as a tokenizer", plan=["Read src/parser.py", "Write the tokenizer"])
+    transcript = tmp_path / "transcript.jsonl"
+    shutil.copy(FIXTURES / "transcript.jsonl", transcript)
+    return repo, cp.task_id, transcript
+
+
+def payload(name: str, cwd: Path, transcript: Path) -> str:
+    text = (FIXTURES / name).read_text()
+    return text.replace("{transcript_path}", str(transcript)).replace("{cwd}", str(cwd))
+
+
+def hook(*args: str, stdin: str, cwd: Path, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "hook", *args], input=stdin, cwd=cwd, env={**env(), **(extra_env or {})},
+                          capture_output=True, text=True, timeout=120)
+
+
+def head(repo: Path, task_id: str):
+    s = SQLiteStore(repo / ".overnight" / "overnight.db")
+    try:
+        return load_head(s, task_id, "main", deep=True)[0]
+    finally:
+        s.close()
+
+
+def test_pre_compact_commits_the_transcript_and_the_agents_todo_list(project) -> None:
+    repo, tid, transcript = project
+    before = head(repo, tid)
+    # Claude Code runs hooks in the project directory; the pointer is found from the payload's cwd
+    out = hook("claude-code", "pre-compact", stdin=payload("pre_compact.json", repo / "src", transcript), cwd=repo)
+    assert out.returncode == 0, out.stderr
+    msg = json.loads(out.stdout)
+    assert "decision" not in msg and "committed" in msg["systemMessage"]
+    after = head(repo, tid)
+    assert after.record.parent_id == before.id and after.record.event.kind == "compaction"
+    assert after.record.session.id == SESSION and after.record.session.n == before.record.session.n + 1
+    assert after.state.context.compactions == 1
+    # the transcript, verified, byte for byte
+    art = after.artifacts[f"transcripts/{SESSION}.jsonl"]
+    assert art.size == transcript.stat().st_size
+    # the control point follows the agent's last TodoWrite: completed -> done, the rest -> todo
+    assert [t.name for t in after.state.todo] == ["Write the tokenizer", "Run the tests"]
+    assert [d.name for d in after.state.done] == ["Read src/parser.py"]
+    # a second compaction with the same todo list does not add "Read src/parser.py" twice
+    out = hook("claude-code", "pre-compact", stdin=payload("pre_compact.json", repo, transcript), cwd=repo)
+    assert out.returncode == 0 and [d.name for d in head(repo, tid).state.done] == ["Read src/parser.py"]
+
+
+def test_session_start_puts_the_control_point_and_drift_into_the_context(project) -> None:
+    repo, tid, transcript = project
+    hook("claude-code", "pre-compact", stdin=payload("pre_compact.json", repo, transcript), cwd=repo)
+    (repo / "src" / "parser.py").write_text("def parse(s):\n    return list(tokens(s))\n")
+    (repo / "uv.lock").write_text("version = 2\n")
+    out = hook("claude-code", "session-start", stdin=payload("session_start_compact.json", repo, transcript), cwd=repo)
+    assert out.returncode == 0, out.stderr
+    ctx = json.loads(out.stdout)["hookSpecificOutput"]
+    assert ctx["hookEventName"] == "SessionStart"
+    text = ctx["additionalContext"]
+    assert tid in text and "Goal: Rewrite the parser as a tokenizer" in text
+    assert "1. Write the tokenizer" in text and "2. Run the tests" in text
+    assert "uv.lock changed" in text and "src/parser.py" in text
+    assert f"transcripts/{SESSION}.jsonl" in text
+    # a fresh session gets one line pointing at the task, not the whole control point
+    out = hook("claude-code", "session-start", stdin=payload("session_start_startup.json", repo, transcript), cwd=repo)
+    line = json.loads(out.stdout)["hookSpecificOutput"]["additionalContext"]
+    assert tid in line and "task_resume" in line and "\n" not in line
+
+
+def test_stop_checkpoints_only_what_changed(project) -> None:
+    repo, tid, transcript = project
+    first = hook("claude-code", "stop", stdin=payload("stop.json", repo, transcript), cwd=repo)
+    assert first.returncode == 0 and first.stdout == "", first.stderr
+    h1 = head(repo, tid)
+    assert h1.record.event.kind == "step" and h1.record.event.step == "stop"
+    again = hook("claude-code", "stop", stdin=payload("stop.json", repo, transcript), cwd=repo)
+    assert again.returncode == 0 and head(repo, tid).id == h1.id  # nothing changed: no new checkpoint
+    with transcript.open("a") as fh:
+        fh.write(json.dumps({"type": "user", "message": {"role": "user", "content": "next"}}) + "\n")
+    hook("claude-code", "stop", stdin=payload("stop.json", repo, transcript), cwd=repo)
+    assert head(repo, tid).record.parent_id == h1.id
+
+
+def test_no_current_task_means_the_hooks_do_nothing(tmp_path: Path) -> None:
+    transcript = tmp_path / "t.jsonl"
+    shutil.copy(FIXTURES / "transcript.jsonl", transcript)
+    for name, args in [("pre_compact.json", "pre-compact"), ("session_start_compact.json", "session-start"),
+                       ("stop.json", "stop")]:
+        out = hook("claude-code", args, stdin=payload(name, tmp_path, transcript), cwd=tmp_path)
+        assert out.returncode == 0 and out.stdout == "", (args, out.stdout, out.stderr)
+    assert not (tmp_path / ".overnight").exists()
+
+
+def _blocked(out: subprocess.CompletedProcess) -> str:
+    assert out.returncode == 0, out.stderr
+    msg = json.loads(out.stdout)
+    assert msg["decision"] == "block", msg
+    return msg["reason"]
+
+
+def test_a_failing_commit_blocks_the_compaction(project, tmp_path: Path) -> None:
+    repo, tid, transcript = project
+    before = head(repo, tid).id
+    # a missing transcript, and one that is not JSON lines
+    gone = payload("pre_compact.json", repo, tmp_path / "nowhere.jsonl")
+    assert "does not exist" in _blocked(hook("claude-code", "pre-compact", stdin=gone, cwd=repo))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"type": "user"}\nthis is not json\n')
+    reason = _blocked(hook("claude-code", "pre-compact", stdin=payload("pre_compact.json", repo, bad), cwd=repo))
+    assert "not JSON Lines: line 2" in reason and tid in reason
+    # a store another process holds locked: the hook's deadline passes, the compaction is blocked
+    db = repo / ".overnight" / "overnight.db"
+    locker = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time\n"
+        f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+        "c.execute('BEGIN EXCLUSIVE')\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert locker.stdout.readline().strip() == "locked"
+        out = hook("claude-code", "pre-compact", stdin=payload("pre_compact.json", repo, transcript), cwd=repo,
+                   extra_env={"OVERNIGHT_HOOK_DEADLINE_S": "3"})
+        assert "deadline" in _blocked(out)
+    finally:
+        locker.kill()
+        locker.wait()
+    assert head(repo, tid).id == before  # nothing half-written
+    # a damaged store file
+    saved = db.read_bytes()
+    db.write_bytes(b"this is not an overnight store" * 100)
+    for side in (repo / ".overnight" / "overnight.db-wal", repo / ".overnight" / "overnight.db-shm"):
+        side.unlink(missing_ok=True)
+    reason = _blocked(hook("claude-code", "pre-compact", stdin=payload("pre_compact.json", repo, transcript), cwd=repo))
+    assert tid in reason
+    db.write_bytes(saved)
+    # once the store is back, the same compaction goes through
+    out = hook("claude-code", "pre-compact", stdin=payload("pre_compact.json", repo, transcript), cwd=repo)
+    assert "systemMessage" in json.loads(out.stdout)
+    assert head(repo, tid).record.parent_id == before
+
+
+def test_install_merges_into_existing_settings(tmp_path: Path) -> None:
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    settings = repo / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    existing = {
+        "permissions": {"allow": ["Bash(npm test:*)"]},
+        "hooks": {
+            "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "./guard.sh"}]}],
+            "PreCompact": [{"matcher": "manual", "hooks": [{"type": "command", "command": "./backup.sh"}]}],
+        },
+    }
+    settings.write_text(json.dumps(existing, indent=2))
+    out = subprocess.run([*CLI, "hook", "claude-code", "install", "--project"], cwd=repo, env=env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("added to") == 4  # three hooks and the MCP server
+    data = json.loads(settings.read_text())
+    assert data["permissions"] == existing["permissions"]
+    assert data["hooks"]["PreToolUse"] == existing["hooks"]["PreToolUse"]
+    assert data["hooks"]["PreCompact"][0] == existing["hooks"]["PreCompact"][0]  # theirs kept, first
+    commands = {e: [h["command"] for g in data["hooks"][e] for h in g["hooks"]] for e in ("PreCompact", "SessionStart", "Stop")}
+    assert commands == {"PreCompact": ["./backup.sh", "overnight hook claude-code pre-compact"],
+                        "SessionStart": ["overnight hook claude-code session-start"],
+                        "Stop": ["overnight hook claude-code stop"]}
+    assert json.loads((repo / ".mcp.json").read_text())["mcpServers"]["overnight"] == {"command": "overnight",
+                                                                                       "args": ["mcp"]}
+    snapshot = settings.read_bytes()
+    again = subprocess.run([*CLI, "hook", "claude-code", "install"], cwd=repo, env=env(), capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 0 and "added" not in again.stdout and again.stdout.count("unchanged") == 4
+    assert settings.read_bytes() == snapshot
+    # a settings file that is not JSON is never overwritten
+    settings.write_text("{ not json")
+    broken = subprocess.run([*CLI, "hook", "claude-code", "install"], cwd=repo, env=env(), capture_output=True,
+                            text=True, timeout=60)
+    assert broken.returncode == 2 and "not valid JSON" in broken.stderr
+    assert settings.read_text() == "{ not json"
+
+
+def test_generic_hook_run_for_other_agents(project) -> None:
+    repo, tid, transcript = project
+    # the payload as an argument (Codex's notify passes it so), plain text out
+    arg = json.dumps({"cwd": str(repo), "source": "resume"})
+    out = subprocess.run([*CLI, "hook", "run", "--event", "session-start", arg], cwd=repo, env=env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("overnight: this session continues") and tid in out.stdout
+    fail = hook("run", "--event", "pre-compact", stdin=json.dumps({"cwd": str(repo), "transcript_path": "/nope.jsonl"}),
+                cwd=repo)
+    assert fail.returncode == 2 and "does not exist" in fail.stderr
+    ok = hook("run", "--event", "PreCompact", stdin=payload("pre_compact.json", repo, transcript), cwd=repo)
+    assert ok.returncode == 0 and head(repo, tid).record.event.kind == "compaction"
+    unknown = hook("run", "--event", "lunch", stdin="{}", cwd=repo)
+    assert unknown.returncode == 2 and "unknown hook event" in unknown.stderr
+
+
+def test_readme_setup_writes_the_settings_the_readme_shows(tmp_path: Path) -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Coding agents", 1)[1]
+    setup = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    install = next(line.split("#")[0].strip() for line in setup.splitlines() if "hook claude-code install" in line)
+    shown = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    args = install.split()[1:]  # "overnight ..." through this interpreter
+    out = subprocess.run([*CLI, *args], cwd=repo, env=env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((repo / ".claude" / "settings.json").read_text()) == shown
+    mcp_line = re.search(r"and `\.mcp\.json`: `(.*?)`", section).group(1)
+    assert json.loads((repo / ".mcp.json").read_text()) == json.loads(mcp_line)
+
+
+def test_the_default_store_lives_in_the_project_whatever_the_cwd(tmp_path: Path, monkeypatch) -> None:
+    from overnight.mcp.tasks import resolve_store_url
+
+    monkeypatch.delenv("OVERNIGHT_STORE", raising=False)
+    monkeypatch.delenv("OVERNIGHT_CONFIG", raising=False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    project = tmp_path / "proj"
+    assert resolve_store_url(None, project) == f"sqlite://{project / '.overnight' / 'overnight.db'}"
+    assert resolve_store_url("sqlite://x.db", project) == f"sqlite://{project / 'x.db'}"
+    assert resolve_store_url("postgresql://127.0.0.1/test", project) == "postgresql://127.0.0.1/test"

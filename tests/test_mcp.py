@@ -1,0 +1,338 @@
+"""``overnight mcp`` driven by the official MCP SDK's stdio client, as a coding agent drives it.
+
+Real processes throughout: the server is ``python -m overnight mcp`` in a real git repository made
+in tmp_path; it is SIGKILLed in the middle of a call and started again; the repository, its lock
+file and a tracked file change between sessions; ``overnight verify`` checks the same store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from mcp import ClientSession, StdioServerParameters  # the [mcp] extra, part of [test]
+from mcp.client.stdio import stdio_client
+
+from overnight.store.sqlite import SQLiteStore
+from overnight.verify.chain import load_head
+
+from _procs import CLI, env
+
+TOOLS = {"task_start", "task_checkpoint", "task_resume", "task_status", "task_list", "task_log", "task_fork",
+         "task_rollback", "task_verify", "artifact_read"}
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=repo,
+                          check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    r = tmp_path / "proj"
+    (r / "src").mkdir(parents=True)
+    (r / "src" / "parser.py").write_text("def parse(s):\n    return s.split()\n")
+    (r / "README.md").write_text("# proj\n")
+    (r / "uv.lock").write_text("version = 1\n[[package]]\nname = \"a\"\nversion = \"1.0\"\n")
+    git(r, "init", "-q", "-b", "main")
+    git(r, "add", ".")
+    git(r, "commit", "-qm", "initial")
+    return r
+
+
+class Agent:
+    """One MCP client session against one ``overnight mcp`` process."""
+
+    def __init__(self, session: ClientSession, store_path: Path) -> None:
+        self.session, self.store_path = session, store_path
+
+    async def call(self, name: str, args: dict[str, Any] | None = None, *, ok: bool = True) -> Any:
+        res = await self.session.call_tool(name, args or {})
+        text = "\n".join(c.text for c in res.content if getattr(c, "text", None))
+        assert res.is_error is (not ok), f"{name}: {text}"
+        return res if not ok else (text, res.structured_content)
+
+
+def server_params(repo: Path, store: Path) -> StdioServerParameters:
+    return StdioServerParameters(command=CLI[0], args=[*CLI[1:], "mcp", "--store", f"sqlite://{store}"],
+                                 cwd=str(repo), env=env())
+
+
+def server_pids(store: Path) -> list[int]:
+    """Pids of the ``overnight mcp`` processes serving ``store`` (from /proc)."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"mcp" in cmd and f"sqlite://{store}".encode() in cmd:
+            pids.append(int(p.name))
+    return pids
+
+
+async def session(repo: Path, store: Path, body) -> Any:
+    with open(os.devnull, "w") as devnull:
+        async with stdio_client(server_params(repo, store), errlog=devnull) as (read, write):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                return await body(Agent(s, store))
+
+
+def test_tools_have_valid_schemas_and_errors_are_tool_errors(repo: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store.db"
+
+    async def body(a: Agent) -> None:
+        listed = await a.session.list_tools()
+        assert {t.name for t in listed.tools} == TOOLS
+        for t in listed.tools:
+            jsonschema.Draft202012Validator.check_schema(t.input_schema)
+            assert t.description and len(t.description) > 40, t.name
+        start = {t.name: t for t in listed.tools}["task_start"].input_schema
+        assert start["required"] == ["goal"] and start["properties"]["criticality"]["enum"] == [
+            "normal", "important", "critical"]
+        # before any task: a clear error, not a crash
+        res = await a.call("task_resume", {"task_id": "code.nope"}, ok=False)
+        assert "TaskNotFound" in res.content[0].text and "hint:" in res.content[0].text
+        _, started = await a.call("task_start", {"goal": "Rewrite the parser", "plan": ["read src/parser.py"]})
+        tid = started["task_id"]
+        for args, words in [
+            ({"task_id": "code.nope"}, "TaskNotFound"),
+            ({"task_id": tid, "artifacts": [{"path": "../outside.txt"}]}, "outside the project"),
+            ({"task_id": tid, "artifacts": [{"path": "/etc/hostname"}]}, "outside the project"),
+            ({"task_id": tid, "artifacts": [{"name": "x", "text": "a", "path": "README.md"}]}, "exactly one"),
+            ({"task_id": tid, "done": [""]}, "empty item"),
+        ]:
+            res = await a.call("task_checkpoint", args, ok=False)
+            assert words in res.content[0].text, res.content[0].text
+        res = await a.call("artifact_read", {"task_id": tid, "name": "missing.md"}, ok=False)
+        assert "ArtifactNotFound" in res.content[0].text
+        # the server is still there and nothing was written by the failed calls
+        text, listed_tasks = await a.call("task_list")
+        assert [t["task_id"] for t in listed_tasks["tasks"]] == [tid] and "*" in text
+        _, log = await a.call("task_log", {"task_id": tid})
+        assert log["total"] == 1
+
+    asyncio.run(session(repo, store, body))
+
+
+@pytest.mark.slow
+def test_a_full_day_with_a_sigkill_and_drift_overnight(repo: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store.db"
+    plan = ["read src/parser.py", "refactor src/parser.py into a tokenizer", "update README.md", "run the tests"]
+    acked: list[str] = []
+    done_items: list[str] = []
+
+    async def morning(a: Agent) -> str:
+        _, started = await a.call("task_start", {"goal": "Rewrite the parser as a tokenizer", "plan": plan,
+                                                 "expected_span": "2d", "inputs": ["README.md"]})
+        tid = started["task_id"]
+        assert started["control"]["todo"] == plan
+        steps = [
+            {"done": ["read src/parser.py"], "notes": "parser is one split() call",
+             "decisions": ["keep the public parse() signature"]},
+            {"artifacts": [{"path": "src/parser.py"}, {"name": "notes/design.md", "text": "# Tokenizer\nstates..."}]},
+            {"todo": ["refactor src/parser.py into a tokenizer", "add tests for the tokenizer", "update README.md",
+                      "run the tests"], "notes": "added a test item"},
+            {"decisions": ["tokens are (kind, text) tuples"], "notes": "tokenizer half written"},
+            {"done": ["add tests for the tokenizer"], "notes": "tests written, refactor next"},
+        ]
+        for args in steps:
+            text, r = await a.call("task_checkpoint", {"task_id": tid, **args})
+            assert not r["unchanged"] and r["checkpoint_id"].startswith("sha256:"), text
+            acked.append(r["checkpoint_id"])
+            done_items.extend(args.get("done", []))
+        # the acknowledged checkpoints are on disk, in order, before the server dies
+        s = SQLiteStore(store)
+        try:
+            assert s.get_ref(tid, "main") == acked[-1]
+        finally:
+            s.close()
+        # SIGKILL the server in the middle of a large checkpoint call
+        big = "x" * 6_000_000
+        call = asyncio.ensure_future(a.session.call_tool("task_checkpoint", {
+            "task_id": tid, "done": ["killed item"], "artifacts": [{"name": "big.txt", "text": big}]}))
+        await asyncio.sleep(0.15)
+        pids = server_pids(store)
+        assert len(pids) == 1
+        os.kill(pids[0], signal.SIGKILL)
+        try:
+            await asyncio.wait_for(call, 20)
+        except BaseException:  # noqa: BLE001 - the connection dies with the server
+            pass
+        return tid
+
+    try:
+        tid = asyncio.run(session(repo, store, morning))
+    except BaseException as exc:  # the client's context exits on a dead server; the task id is in `acked`
+        if not acked or len(acked) < 5:
+            raise
+        tid = _task_of(store, acked[0])
+        del exc
+    assert not server_pids(store)
+
+    async def after_restart(a: Agent) -> None:
+        text, r = await a.call("task_resume", {"task_id": tid})
+        cp = r["control"]
+        assert r["fallback"] is None and r["drift"]["drifted"] is False, text
+        killed_done = "killed item" in cp["done"]
+        assert [d for d in cp["done"] if d != "killed item"] == done_items
+        if killed_done:  # the killed call committed before the kill: it is complete
+            assert cp["artifacts"]["big.txt"] == 6_000_000
+            _, got = await a.call("artifact_read", {"task_id": tid, "name": "big.txt", "max_bytes": 10})
+            assert got["size"] == 6_000_000
+        else:  # it did not: the head is the last acknowledged checkpoint
+            assert cp["checkpoint_id"] == acked[-1] and "big.txt" not in cp["artifacts"]
+        assert cp["todo"] == ["refactor src/parser.py into a tokenizer", "update README.md", "run the tests"]
+        assert cp["decisions"] == ["keep the public parse() signature", "tokens are (kind, text) tuples"]
+        assert cp["summary"] == "tests written, refactor next"
+        assert "Goal: Rewrite the parser as a tokenizer" in text and "1. refactor src/parser.py" in text
+        _, art = await a.call("artifact_read", {"task_id": tid, "name": "files/src/parser.py"})
+        assert art["size"] == len((repo / "src" / "parser.py").read_bytes())
+
+    asyncio.run(session(repo, store, after_restart))
+
+    # overnight: a dependency bump is committed on main, a tracked file is edited, README (declared) too
+    (repo / "uv.lock").write_text("version = 1\n[[package]]\nname = \"a\"\nversion = \"2.0\"\n")
+    git(repo, "commit", "-qam", "bump a to 2.0")
+    (repo / "src" / "parser.py").write_text("def parse(s):\n    return list(tokenize(s))\n")
+
+    async def next_morning(a: Agent) -> None:
+        text, r = await a.call("task_resume", {})  # the current task of the project
+        d = r["drift"]
+        assert d["drifted"] is True, text
+        lines = "\n".join(d["lines"])
+        assert "HEAD (main) moved 1 commit" in lines, lines
+        assert "uv.lock changed" in lines
+        assert "src/parser.py" in lines
+        assert "src/parser.py" in d["changed_files"] and "uv.lock" in d["changed_files"]
+        assert [t["index"] for t in d["todo"]] == [1], d["todo"]  # "refactor src/parser.py ..." mentions it
+        assert "todo item 1 mentions files that changed" in text
+        # the agent goes on from there; a fork explores an alternative
+        _, c = await a.call("task_checkpoint", {"task_id": tid, "notes": "re-read parser.py after the bump"})
+        _, f = await a.call("task_fork", {"task_id": tid, "branch": "regex-tokenizer"})
+        _, c2 = await a.call("task_checkpoint", {"task_id": tid, "branch": "regex-tokenizer",
+                                                 "decisions": ["try a regex tokenizer"]})
+        _, status = await a.call("task_status", {"task_id": tid})
+        assert status["branches"] == ["main", "regex-tokenizer"]
+        _, log = await a.call("task_log", {"task_id": tid, "limit": 100})
+        assert {e["branch"] for e in log["checkpoints"]} >= {"main", "regex-tokenizer"}
+        assert c2["checkpoint_id"] in {e["checkpoint_id"] for e in log["checkpoints"]}
+        # roll main back to the first acknowledged checkpoint: its state, history kept
+        _, rb = await a.call("task_rollback", {"task_id": tid, "to": acked[0].split(":")[1][:12]})
+        _, back = await a.call("task_resume", {"task_id": tid})
+        assert back["control"]["done"] == ["read src/parser.py"]
+        text, v = await a.call("task_verify", {"task_id": tid})
+        assert v["ok"] is True and v["checkpoints"] >= 10, text
+
+    asyncio.run(session(repo, store, next_morning))
+
+    # the same store, through the ordinary CLI
+    out = subprocess.run([*CLI, "verify", tid, "--store", f"sqlite://{store}"], cwd=repo, env=env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = subprocess.run([*CLI, "show", tid, "--store", f"sqlite://{store}", "--json"], cwd=repo, env=env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and tid in out.stdout, out.stderr
+
+
+def _task_of(store: Path, checkpoint_id: str) -> str:
+    s = SQLiteStore(store)
+    try:
+        return s.get_checkpoint(checkpoint_id).task_id
+    finally:
+        s.close()
+
+
+def test_checkpoints_are_ordinary_verified_checkpoints(repo: Path, tmp_path: Path) -> None:
+    """What the tools write loads through the ordinary verified path, with the world fingerprint."""
+    from overnight.mcp.tasks import CodingTasks
+
+    store = tmp_path / "s.db"
+    with CodingTasks(f"sqlite://{store}", project=repo) as t:
+        cp = t.start("Document the parser", plan=["write docs"], env=["OVERNIGHT_TEST_FLAG"])
+        t.checkpoint(cp.task_id, done=["write docs"], notes="done")
+    s = SQLiteStore(store)
+    try:
+        loaded, fallback = load_head(s, cp.task_id, "main", deep=True)
+        assert fallback is None
+        world = loaded.world
+        assert world["code"]["git"]["branch"] == "main" and world["code"]["git"]["head"]
+        assert world["deps"]["locks"]["uv.lock"].startswith("sha256:")
+        assert world["env"]["vars"]["OVERNIGHT_TEST_FLAG"] == "unset"  # keyed digests, never values
+        assert [d.name for d in loaded.state.done] == ["write docs"] and not loaded.state.todo
+        assert loaded.record.event.kind == "step" and loaded.state.context.summary == "done"
+    finally:
+        s.close()
+    os.environ["OVERNIGHT_TEST_FLAG"] = "secret-value"
+    try:
+        with CodingTasks(f"sqlite://{store}", project=repo) as t:
+            r = t.status(cp.task_id)
+        assert any("OVERNIGHT_TEST_FLAG was set" in line for line in r.drift.lines), r.drift.lines
+        assert "secret-value" not in repr(r.drift.to_json())
+    finally:
+        del os.environ["OVERNIGHT_TEST_FLAG"]
+    if sys.platform.startswith("linux"):
+        link = repo / "escape"
+        link.symlink_to("/etc")
+        with CodingTasks(f"sqlite://{store}", project=repo) as t, pytest.raises(Exception, match="outside the project"):
+            from overnight.mcp.tasks import ArtifactIn
+
+            t.checkpoint(cp.task_id, artifacts=[ArtifactIn(path="escape/hostname")])
+
+
+def test_streamable_http_on_loopback_needs_the_token(repo: Path, tmp_path: Path) -> None:
+    import socket
+    import time
+
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store = tmp_path / "http.db"
+    proc = subprocess.Popen([*CLI, "mcp", "--store", f"sqlite://{store}", "--http", "--port", str(port),
+                             "--token", "s3cret"], cwd=repo, env=env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        deadline = time.monotonic() + 60
+        while True:  # until it listens
+            try:
+                r = httpx2.post(url, json={}, timeout=5)
+                break
+            except httpx2.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+                time.sleep(0.2)
+        assert r.status_code == 401
+        assert httpx2.post(url, json={}, headers={"Authorization": "Bearer wrong"}, timeout=5).status_code == 401
+
+        async def body() -> str:
+            async with httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret"}, timeout=30) as client:
+                async with streamable_http_client(url, http_client=client) as (read, write, *_):
+                    async with ClientSession(read, write) as s:
+                        await s.initialize()
+                        res = await s.call_tool("task_start", {"goal": "Served over HTTP"})
+                        assert not res.is_error, res.content
+                        return res.structured_content["task_id"]
+
+        tid = asyncio.run(body())
+        assert tid.startswith("code.served-over-http.")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    s = SQLiteStore(store)
+    try:
+        assert load_head(s, tid, "main")[1] is None
+    finally:
+        s.close()
