@@ -861,6 +861,33 @@ def bench_verify(
     render.out.print(run_verify_bench(checkpoints=checkpoints, mb=mb, directory=directory).markdown())
 
 
+@app.command("ui")
+def ui(
+    store: Optional[str] = StoreOpt,
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind. Anything but loopback "
+                             "(127.0.0.1, ::1, localhost) requires a token."),
+    port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port (0 picks a free one)."),
+    read_only: bool = typer.Option(False, "--read-only", help="Pages only: no fork, rollback or verify buttons."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="OVERNIGHT_UI_TOKEN",
+                                        help="Require this token on every request. On a non-loopback --host one "
+                                        "is generated and printed once when not given."),
+) -> None:
+    """A dashboard in the browser: tasks with status and progress (live), each task's timeline and
+    branch graph, checkpoints (state, diff against the parent, artifacts, fingerprint), drift
+    preview (what a resume would recompute and what it would cost, before it runs), the model-call
+    journal and storage. Every page has a JSON twin (add .json to its path). Prints its URL; stops
+    on Ctrl-C. Needs the ui extra: pip install 'overnight[ui]'."""
+    try:
+        from overnight.web.server import serve
+    except ImportError as exc:
+        _need_extra(exc, "ui")
+    try:
+        serve(store, host=host, port=port, read_only=read_only, token=token,
+              announce=lambda line: render.err.print(render.esc(line)))
+    except OvernightError as exc:
+        _fail(exc)
+
+
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
