@@ -861,6 +861,29 @@ def bench_verify(
     render.out.print(run_verify_bench(checkpoints=checkpoints, mb=mb, directory=directory).markdown())
 
 
+@bench_app.command("ui")
+def bench_ui(
+    tasks: int = typer.Option(1000, "--tasks", min=1, help="Small tasks in the store."),
+    checkpoints: int = typer.Option(5000, "--checkpoints", min=3, help="Checkpoints of the one long task."),
+    repeat: int = typer.Option(7, "--repeat", min=1, help="Timed requests per page (median reported)."),
+    directory: Optional[Path] = typer.Option(None, "--dir", help="Directory for the temporary store."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Render time of the dashboard's tasks page (N tasks) and task page (a chain of M
+    checkpoints) on local SQLite, against `overnight ls` and `overnight show` on the same store.
+    Target: under 300 ms each. Needs the ui extra."""
+    try:
+        from overnight.bench.ui import run_ui_bench
+
+        result = run_ui_bench(tasks=tasks, checkpoints=checkpoints, repeat=repeat, directory=directory)
+    except ImportError as exc:
+        _need_extra(exc, "ui")
+    if as_json:
+        render.print_json(result.to_json())
+    else:
+        render.out.print(result.markdown())
+
+
 @app.command("ui")
 def ui(
     store: Optional[str] = StoreOpt,
