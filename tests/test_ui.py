@@ -66,8 +66,7 @@ def test_task_json_twin_matches_the_timeline(server, site):
 
 def test_checkpoint_json_has_diff_and_artifacts(server, site):
     tl = httpx.get(server.base + "/task.json", params={"id": "report"}).json()["timeline"]
-    second = next(e for e in tl if e["step"] and e["step"].endswith("i=1)") or e["step"] == "part(i=1)"
-                  ) if any(e["step"] == "part(i=1)" for e in tl) else [e for e in tl if e["event"] == "step"][-2]
+    second = next(e for e in tl if e["step"] == "part[i=1]")
     cp = httpx.get(server.base + "/checkpoint.json", params={"task": "report", "id": second["checkpoint_id"]}).json()
     assert cp["integrity"] == "verified"
     changed = {a["name"]: a for a in cp["diff"]["artifacts"]}

@@ -99,7 +99,7 @@ class _Guard(BaseHTTPMiddleware):
         resp.headers["Content-Security-Policy"] = CSP
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers["X-Frame-Options"] = "DENY"
-        resp.headers["Referrer-Policy"] = "no-referrer"
+        resp.headers["Referrer-Policy"] = "same-origin"  # (no-referrer makes Chrome send Origin: null on POSTs)
         resp.headers.setdefault("Cache-Control", "no-store")
         return resp
 
