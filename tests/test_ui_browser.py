@@ -176,16 +176,19 @@ def _done(site: Path):
 
 
 def test_fork_from_the_ui_is_a_branch_overnight_log_shows(browser, tmp_path):
-    site = make_site(tmp_path / "fork", parts=3)
+    site = make_site(tmp_path / "fork", parts=4)
     with UiServer(site) as srv:
         browser.get(srv.base + "/task?id=report")
-        form = browser.find_elements(By.CSS_SELECTOR, "form.fork-form")[2]
+        row = browser.find_elements(By.CSS_SELECTOR, "tr.cp-row")[3]
+        row.find_element(By.CSS_SELECTOR, ".row-actions summary").click()
+        form = row.find_element(By.CSS_SELECTOR, "form.fork-form")
         form.find_element(By.NAME, "branch").send_keys("experiment")
         form.find_element(By.TAG_NAME, "button").click()
         wait_for(lambda: "experiment" in browser.find_element(By.CSS_SELECTOR, "ul.branches").text, 10, 0.1,
                  "the new branch on the page")
         assert len(browser.find_elements(By.CSS_SELECTOR, ".graph svg circle.head")) == 2
         assert browser.find_elements(By.CSS_SELECTOR, ".graph svg path.fork")
+        shot(browser, tmp_path, "task-forked")
     log = run_cli(site, "log", "report")
     assert log.returncode == 0 and "experiment" in log.stdout
 

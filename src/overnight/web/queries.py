@@ -383,7 +383,7 @@ def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_pa
     main_facts = branch_facts.get(main or "", {"done": 0, "todo": 0, "verified": False, "problem": "no branch"})
     return {
         "task_id": task_id, "goal": t.goal, "entry": t.entry, "created_at": t.created_at, "level": level,
-        "media": media, "branches": {b: {"head": cid, "verified": branch_facts[b]["verified"],
+        "media": media, "branches": {b: {"head": cid, "lane": lanes.get(b, 0), "verified": branch_facts[b]["verified"],
                                          "used": branch_facts[b]["used"], "problem": branch_facts[b]["problem"],
                                          "done": branch_facts[b]["done"],
                                          "total": branch_facts[b]["done"] + branch_facts[b]["todo"]}
