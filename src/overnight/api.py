@@ -946,3 +946,10 @@ def leases(task_id: str, *, store: Store) -> list[Any] | None:
     if lister is None:
         return None
     return list(lister(task_id))
+
+
+def usage(task_id: str, *, store: Store) -> dict[str, Any]:
+    """Model usage of a task, as ``overnight show`` reports it (``TaskReport.usage``): calls,
+    tokens in/out, tokens saved by resume (replayed from the call journal), per model, and the
+    cost in USD when ``[prices]`` covers every model (else None)."""
+    return _usage(store, task_id)

@@ -299,12 +299,13 @@ def create_app(store: Store | str | None = None, *, read_only: bool = False, tok
             opened.__exit__(None, None, None)
 
     routes: list[Any] = []
-    for path, template, build in (("/", "tasks.html", d.tasks), ("/tasks", "tasks.html", d.tasks),
+    for path, template, build in (("/", "tasks.html", d.tasks),
                                   ("/task", "task.html", d.task), ("/checkpoint", "checkpoint.html", d.checkpoint),
                                   ("/drift", "drift.html", d.drift), ("/journal", "journal.html", d.journal),
                                   ("/storage", "storage.html", d.storage)):
         routes.append(Route(path, d.page(template, build)))
         routes.append(Route(("/tasks" if path == "/" else path) + ".json", d.page(template, build)))
+    routes.append(Route("/tasks", d.page("tasks.html", d.tasks)))
     routes.append(Route("/drift", d.drift_check, methods=["POST"]))
     routes.append(Route("/drift.json", d.drift_check, methods=["POST"]))
     routes.append(Route("/artifact", d.artifact))

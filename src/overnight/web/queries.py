@@ -285,13 +285,12 @@ def _graph(rows: list[CheckpointRow], refs: dict[str, str], lanes: dict[str, int
         lo_hi = sessions.setdefault(r.session, [r.seq, r.seq])
         lo_hi[0], lo_hi[1] = min(lo_hi[0], r.seq), max(lo_hi[1], r.seq)
     max_seq = max((r.seq for r in rows), default=0)
-    damaged = []
     return {"max_seq": max_seq, "lanes": [{"branch": b, "lane": i, "from": seg.get(b, [0, 0])[0],
                                            "to": seg.get(b, [0, 0])[1], "head": refs.get(b)}
                                           for b, i in lanes.items()],
             "forks": forks, "merges": merge_lines,
             "sessions": [{"session": k, "from": v[0], "to": v[1]} for k, v in sessions.items()],
-            "compactions": sorted({r.seq for r in rows if r.event == "compaction"}), "damaged": damaged}
+            "compactions": sorted({r.seq for r in rows if r.event == "compaction"})}
 
 
 def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_page: int = PER_PAGE,
@@ -603,7 +602,7 @@ def journal_page(s: Store, task_id: str) -> dict[str, Any]:
     for st in steps.values():
         if not st["priced"]:
             st["cost_usd"] = None
-    usage = api._usage(s, task_id)
+    usage = api.usage(task_id, store=s)
     return {"task_id": task_id, "goal": t.goal, "steps": list(steps.values()), "replays": replay,
             "tokens_saved": sum(r["tokens"] for r in replay),
             "cost_saved_usd": (round(sum(r["cost_saved_usd"] for r in replay), 6)
