@@ -15,7 +15,6 @@ CI (``CI`` set; ``.ci/run`` installs both) they fail instead.
 from __future__ import annotations
 
 import os
-import shutil
 import sqlite3
 import subprocess
 import time
@@ -264,12 +263,10 @@ def test_read_only_shows_no_action(browser, site, tmp_path):
             assert not browser.find_elements(By.CSS_SELECTOR, "form[action^='/actions']")
             assert not [b for b in browser.find_elements(By.TAG_NAME, "button")
                         if b.text.startswith(("Fork", "Rollback", "Verify"))]
-        cp = browser.find_elements(By.CSS_SELECTOR, "a.cp-link") or []
         browser.get(srv.base + "/task?id=report")
         browser.find_element(By.CSS_SELECTOR, "a.cp-link").click()
         assert not browser.find_elements(By.CSS_SELECTOR, "form[action^='/actions']")
         assert "read-only" in browser.find_element(By.CSS_SELECTOR, "header").text
-        del cp
 
 
 def test_pages_render_and_verify_now_runs(browser, site, tmp_path):
@@ -286,4 +283,3 @@ def test_pages_render_and_verify_now_runs(browser, site, tmp_path):
         browser.find_element(By.CSS_SELECTOR, "details.actions summary").click()
         browser.find_element(By.ID, "verify-now").click()
         assert browser.find_element(By.CSS_SELECTOR, ".badge.ok").text == "ok"
-    shutil.rmtree(ARTIFACTS / "unused", ignore_errors=True)
