@@ -134,6 +134,7 @@ def test_read_only_serves_no_action(site):
         r = httpx.post(srv.base + "/actions/fork", data={"csrf": csrf, "task": "report",
                                                          "at": tl[-1]["checkpoint_id"], "branch": "nope"})
         assert r.status_code in (404, 405)
+    assert srv.proc.returncode == 0  # Ctrl-C (SIGINT) stops it cleanly
 
 
 def test_fork_post_makes_a_branch_overnight_log_shows(tmp_path):
