@@ -166,14 +166,18 @@ class Dashboard:
         status = request.query_params.get("status") or None
         if status is not None and status not in queries.STATUSES:
             raise ConfigError(f"unknown status {status!r}", hint="one of " + ", ".join(queries.STATUSES))
-        return queries.tasks_page(self.store, self.cache, status=status, q=request.query_params.get("q"))
+        return queries.tasks_page(self.store, self.cache, status=status, q=request.query_params.get("q"),
+                                  page=self._int(request, "page"))
+
+    @staticmethod
+    def _int(request: Request, name: str, default: int = 1) -> int:
+        try:
+            return int(request.query_params.get(name, default))
+        except ValueError:
+            return default
 
     def task(self, request: Request) -> dict[str, Any]:
-        try:
-            page = int(request.query_params.get("page", "1"))
-        except ValueError:
-            page = 1
-        data = queries.task_page(self.store, self.cache, self._arg(request, "id"), page=page,
+        data = queries.task_page(self.store, self.cache, self._arg(request, "id"), page=self._int(request, "page"),
                                  branch=request.query_params.get("branch") or None)
         data["commands"] = {"resume": self.cli("resume", data["task_id"]),
                             "cancel": "press Ctrl-C in the terminal running it, or kill -INT PID of the process "

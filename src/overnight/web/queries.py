@@ -42,6 +42,9 @@ that has steps left is shown as running (a run commits after every step)."""
 PER_PAGE = 100
 """Checkpoints per page of a task's timeline."""
 
+TASKS_PER_PAGE = 100
+"""Tasks per page of the tasks page."""
+
 TEXT_INLINE_MAX = 256 * 1024
 """Bytes of a text artifact shown inline (and diffed); larger ones are downloads only."""
 
@@ -107,10 +110,11 @@ class HeadCache:
     """What was learnt about a branch head, by checkpoint id (immutable, so never stale unless
     the stored bytes are damaged afterwards: :meth:`clear` after a verify). Thread-safe, bounded."""
 
-    def __init__(self, limit: int = 20_000) -> None:
+    def __init__(self, limit: int = 20_000, big_limit: int = 16) -> None:
         self._data: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._big: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
-        self.limit = limit
+        self.limit, self.big_limit = limit, big_limit
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self._lock:
@@ -125,6 +129,25 @@ class HeadCache:
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+            self._big.clear()
+
+    def chain(self, s: Store, task_id: str, refs: dict[str, str]) -> tuple[list[CheckpointRow], list[Any], list[Any]]:
+        """A task's checkpoint rows, journal rows and model calls, read again whenever one of its
+        refs moves (every commit, fork, rollback and merge moves one); the last
+        :attr:`big_limit` tasks are kept. ``gc`` and ``archive`` move no ref: what they removed
+        shows until the next commit or "Verify now"."""
+        key = task_id + "\0" + "\0".join(f"{b}={c}" for b, c in sorted(refs.items()))
+        with self._lock:
+            hit = self._big.get(key)
+            if hit is not None:
+                self._big.move_to_end(key)
+                return hit
+        value = (s.list_checkpoints(task_id), s.journal(task_id), s.calls(task_id))
+        with self._lock:
+            self._big[key] = value
+            while len(self._big) > self.big_limit:
+                self._big.popitem(last=False)
+        return value
 
 
 def _head_facts(s: Store, task_id: str, branch: str, head_id: str, cache: HeadCache) -> dict[str, Any]:
@@ -201,45 +224,66 @@ def _cost(prices: Any, model: str | None, tokens_in: int, tokens_out: int) -> fl
 # --- tasks page --------------------------------------------------------------------------------
 
 
-def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str | None = None) -> dict[str, Any]:
+def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str | None = None, page: int = 1,
+               per_page: int = TASKS_PER_PAGE) -> dict[str, Any]:
     """Every task with its status, progress, level and media, newest checkpoint and its age,
     stored bytes and drift badge (drift accepted on its head); ``status`` filters by status,
-    ``q`` keeps task ids (or goals) containing it (case-insensitive).
+    ``q`` keeps task ids (or goals) containing it (case-insensitive); ``per_page`` of those on
+    page ``page``, most recently active first.
 
-    Returns ``{"tasks": [...], "counts": {status: n}, "total": n, "filter": {...}}``.
+    Returns ``{"tasks": [...], "counts": {status: n}, "total": n, "matching": n, "page": n,
+    "pages": n, "filter": {...}}``.
     """
     now = time.time()
     out, counts = [], {k: 0 for k in STATUSES}
     needle = (q or "").strip().lower()
     for t in s.list_tasks():
         refs = s.list_refs(t.task_id)
-        rows = s.list_checkpoints(t.task_id)
+        chain = _chain_facts(s, cache, t, refs)
         branch = "main" if "main" in refs else next(iter(sorted(refs)), None)
         facts = (_head_facts(s, t.task_id, branch, refs[branch], cache) if branch is not None
                  else {"verified": False, "problem": "no branch", "done": 0, "todo": 0, "accepted_drift": 0})
-        last = max(rows, key=lambda r: r.created_at) if rows else None
-        last_age = age_s(last.created_at, now) if last else None
+        last_age = age_s(chain["last_at"], now) if chain["last_at"] else None
         st = derive_status(verified=facts["verified"], problem=facts["problem"], done=facts["done"],
-                           todo=facts["todo"], steps_committed=sum(1 for r in rows if r.event == "step"),
-                           last_age_s=last_age, leases=api.leases(t.task_id, store=s))
+                           todo=facts["todo"], steps_committed=chain["steps"], last_age_s=last_age,
+                           leases=api.leases(t.task_id, store=s))
         counts[st.name] += 1
         if status and st.name != status:
             continue
         if needle and needle not in t.task_id.lower() and needle not in t.goal.lower():
             continue
-        level, media = _route(t.spec)
         out.append({
             "task_id": t.task_id, "goal": t.goal, "status": st.name, "status_reason": st.reason,
             "holder": st.holder, "status_source": st.source, "done": facts["done"],
-            "total": facts["done"] + facts["todo"], "level": level, "media": media, "branches": sorted(refs),
-            "checkpoints": len(rows), "last_checkpoint": last.checkpoint_id if last else None,
-            "last_checkpoint_at": last.created_at if last else None, "last_checkpoint_age_s": last_age,
-            "stored_bytes": sum(r.stored_bytes for r in rows), "accepted_drift": facts["accepted_drift"],
+            "total": facts["done"] + facts["todo"], "level": chain["level"], "media": chain["media"],
+            "branches": sorted(refs), "checkpoints": chain["checkpoints"], "last_checkpoint": chain["last"],
+            "last_checkpoint_at": chain["last_at"], "last_checkpoint_age_s": last_age,
+            "stored_bytes": chain["stored_bytes"], "accepted_drift": facts["accepted_drift"],
             "head_problem": facts["problem"], "created_at": t.created_at,
         })
     out.sort(key=lambda d: d["last_checkpoint_at"] or d["created_at"], reverse=True)
-    return {"tasks": out, "counts": counts, "total": sum(counts.values()),
-            "filter": {"status": status, "q": q}, "store": s.url}
+    pages = max(1, -(-len(out) // per_page))
+    page = min(max(1, page), pages)
+    return {"tasks": out[(page - 1) * per_page: page * per_page], "counts": counts, "total": sum(counts.values()),
+            "matching": len(out), "page": page, "pages": pages, "filter": {"status": status, "q": q}, "store": s.url}
+
+
+def _chain_facts(s: Store, cache: HeadCache, t: Any, refs: dict[str, str]) -> dict[str, Any]:
+    """Checkpoint count, newest checkpoint, bytes stored, steps committed, level and media of a
+    task; read again whenever one of its refs moves (every commit, fork and rollback moves one;
+    ``gc`` and ``archive`` do not, so counts can lag them until the next commit or "Verify now")."""
+    key = "chain\0" + t.task_id + "\0" + "\0".join(f"{b}={c}" for b, c in sorted(refs.items()))
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    rows = s.list_checkpoints(t.task_id)
+    last = max(rows, key=lambda r: r.created_at) if rows else None
+    level, media = _route(t.spec)
+    facts = {"checkpoints": len(rows), "last": last.checkpoint_id if last else None,
+             "last_at": last.created_at if last else None, "stored_bytes": sum(r.stored_bytes for r in rows),
+             "steps": sum(1 for r in rows if r.event == "step"), "level": level, "media": media}
+    cache.put(key, facts)
+    return facts
 
 
 # --- task page ---------------------------------------------------------------------------------
@@ -293,6 +337,22 @@ def _graph(rows: list[CheckpointRow], refs: dict[str, str], lanes: dict[str, int
             "compactions": sorted({r.seq for r in rows if r.event == "compaction"})}
 
 
+def _replayed(s: Store, cache: HeadCache, checkpoint_id: str) -> dict[tuple[int, str], int]:
+    """``(seq, step) -> tokens replayed from the call journal`` from a checkpoint's done list."""
+    hit = cache.get("replayed\0" + checkpoint_id)
+    if hit is not None:
+        return hit["map"]
+    out: dict[tuple[int, str], int] = {}
+    try:
+        loaded = load_checkpoint(s, checkpoint_id, key=signing_key_from_env(), deep=False)
+        out = {(d["seq"], d["name"]): d["replayed_tokens"] for d in loaded.state_tree["done"]
+               if d.get("replayed_tokens")}
+    except OvernightError:
+        pass
+    cache.put("replayed\0" + checkpoint_id, {"map": out})
+    return out
+
+
 def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_page: int = PER_PAGE,
               branch: str | None = None) -> dict[str, Any]:
     """A task's chain as a timeline, newest first, ``per_page`` checkpoints per page (only the
@@ -308,7 +368,7 @@ def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_pa
     """
     t = s.get_task(task_id)
     refs = s.list_refs(task_id)
-    rows = s.list_checkpoints(task_id)
+    rows, journal_rows, calls = cache.chain(s, task_id, refs)
     if branch:
         rows = [r for r in rows if r.branch == branch]
     rows_desc = sorted(rows, key=lambda r: (r.seq, r.created_at), reverse=True)
@@ -326,22 +386,16 @@ def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_pa
         skipped.update(f["skipped"])
         if f["skipped"] and f["used"]:
             landed.setdefault(f["used"], []).append(b)
-    journal = {j.checkpoint_id: j for j in s.journal(task_id)}
-    calls = s.calls(task_id)
+    journal = {j.checkpoint_id: j for j in journal_rows}
     model_of: dict[str, str] = {}
     for c in calls:
         model_of.setdefault(c.step_key, c.model)
     prices = _prices()
     key = signing_key_from_env()
     # tokens replayed per step: from the main (or first) branch head's done list
-    replayed: dict[tuple[int, str], int] = {}
     main = "main" if "main" in refs else next(iter(sorted(refs)), None)
-    if main is not None and branch_facts[main]["verified"]:
-        try:
-            loaded = load_checkpoint(s, branch_facts[main]["used"], key=key, deep=False)
-            replayed = {(d.seq, d.name): d.replayed_tokens for d in loaded.state.done if d.replayed_tokens}
-        except OvernightError:
-            pass
+    replayed = _replayed(s, cache, branch_facts[main]["used"]) if main is not None and branch_facts[main]["verified"] \
+        else {}
     merges: dict[str, str] = {}
     for r in rows:
         if r.event == "merge":
