@@ -134,7 +134,9 @@ def test_read_only_serves_no_action(site):
         r = httpx.post(srv.base + "/actions/fork", data={"csrf": csrf, "task": "report",
                                                          "at": tl[-1]["checkpoint_id"], "branch": "nope"})
         assert r.status_code in (404, 405)
-    assert srv.proc.returncode == 0  # Ctrl-C (SIGINT) stops it cleanly
+    # Ctrl-C (SIGINT) stopped it within 10 s (UiServer.stop kills it, -9, otherwise); uvicorn
+    # re-raises the signal after a graceful shutdown, hence 130 (128 + SIGINT) on newer versions
+    assert srv.proc.returncode in (0, 130)
 
 
 def test_fork_post_makes_a_branch_overnight_log_shows(tmp_path):
