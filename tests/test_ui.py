@@ -173,3 +173,40 @@ def test_missing_extra_names_it(tmp_path):
                           timeout=60)
     assert proc.returncode == 2
     assert "pip install 'overnight[ui]'" in proc.stderr
+
+
+def _lease(holder: str, expires_in_ms: int, holder_id: str = "h1"):
+    from overnight.store.base import Lease
+    from overnight.store.leases import now_ms
+
+    return Lease("t", "main", holder_id, holder, 3, now_ms() + expires_in_ms)
+
+
+def test_status_is_derived_in_one_place(tmp_path):
+    """The rules of ``derive_status``, with real holders: this process (alive) and a process that
+    ran and exited (provably gone)."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from overnight.store.leases import Holder
+    from overnight.web.queries import derive_status
+
+    live = Holder.current()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    gone = dataclasses.replace(Holder.current(), pid=child.pid, id="gone")
+    base = dict(verified=True, problem=None, done=3, todo=2, steps_committed=3, last_age_s=3600.0)
+    assert derive_status(**{**base, "verified": False, "problem": "DigestMismatch"}, leases=None).name == "failed"
+    assert derive_status(**{**base, "todo": 0}, leases=None).name == "complete"
+    # no lease to read: the newest checkpoint's age decides
+    assert derive_status(**{**base, "last_age_s": 5.0}, leases=None).name == "running"
+    assert derive_status(**base, leases=None).name == "interrupted"
+    assert derive_status(**{**base, "done": 0, "steps_committed": 0}, leases=None).name == "queued"
+    # leases: a live holder runs it (whatever the age), a gone or expired one stalled it
+    running = derive_status(**base, leases=[_lease(live.to_json(), 30_000)])
+    assert running.name == "running" and running.holder == live.describe() and running.source == "lease"
+    assert derive_status(**base, leases=[_lease(gone.to_json(), 30_000)]).name == "stalled"
+    assert derive_status(**base, leases=[_lease(live.to_json(), -1_000)]).name == "stalled"
+    released = _lease("{}", -1, holder_id="")
+    assert derive_status(**{**base, "last_age_s": 5.0}, leases=[released]).name == "interrupted"
