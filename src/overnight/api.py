@@ -920,3 +920,36 @@ def restore(task_id: str, *, store: Store | str | None = None, cold: str | None 
     """
     with _opened(store, task_id=task_id, write=True) as s:
         return archiving.restore(s, task_id, cold=cold, on_progress=on_progress)
+
+
+# --- dashboard reads (``overnight ui``) ----------------------------------------------------------
+
+
+@contextmanager
+def reading(store: Store | str | None = None) -> Iterator[TieredStore]:
+    """The store as every read command here sees it (archived history read through from its
+    cold store), held open for the block -- for a long-lived reader such as ``overnight ui``,
+    which serves many requests from one open store.
+
+    Raises:
+        ConfigError: ``store`` names a store that does not exist (it is never created here).
+    """
+    with _opened(store) as s:
+        yield s
+
+
+def leases(task_id: str, *, store: Store) -> list[Any] | None:
+    """The lease rows of a task (:class:`~overnight.store.base.Lease`, one per branch ever held,
+    released ones with ``holder_id == ""``), or None when the store cannot list them (the Store
+    protocol has no lease read yet; a store that offers ``list_leases(task_id)`` is asked)."""
+    lister = getattr(getattr(store, "hot", store), "list_leases", None)
+    if lister is None:
+        return None
+    return list(lister(task_id))
+
+
+def usage(task_id: str, *, store: Store) -> dict[str, Any]:
+    """Model usage of a task, as ``overnight show`` reports it (``TaskReport.usage``): calls,
+    tokens in/out, tokens saved by resume (replayed from the call journal), per model, and the
+    cost in USD when ``[prices]`` covers every model (else None)."""
+    return _usage(store, task_id)

@@ -947,6 +947,56 @@ def cc_install(
         _fail(exc)
 
 
+@bench_app.command("ui")
+def bench_ui(
+    tasks: int = typer.Option(1000, "--tasks", min=1, help="Small tasks in the store."),
+    checkpoints: int = typer.Option(5000, "--checkpoints", min=3, help="Checkpoints of the one long task."),
+    repeat: int = typer.Option(7, "--repeat", min=1, help="Timed requests per page (median reported)."),
+    directory: Optional[Path] = typer.Option(None, "--dir", help="Directory for the temporary store."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Render time of the dashboard's tasks page (N tasks) and task page (a chain of M
+    checkpoints) on local SQLite, against `overnight ls` and `overnight show` on the same store.
+    Target: under 300 ms each. Needs the ui extra."""
+    try:
+        from overnight.bench.ui import run_ui_bench
+
+        result = run_ui_bench(tasks=tasks, checkpoints=checkpoints, repeat=repeat, directory=directory)
+    except ImportError as exc:
+        _need_extra(exc, "ui")
+    if as_json:
+        render.print_json(result.to_json())
+    else:
+        render.out.print(result.markdown())
+
+
+@app.command("ui")
+def ui(
+    store: Optional[str] = StoreOpt,
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind. Anything but loopback "
+                             "(127.0.0.1, ::1, localhost) requires a token."),
+    port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port (0 picks a free one)."),
+    read_only: bool = typer.Option(False, "--read-only", help="Pages only: no fork, rollback or verify buttons."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="OVERNIGHT_UI_TOKEN",
+                                        help="Require this token on every request. On a non-loopback --host one "
+                                        "is generated and printed once when not given."),
+) -> None:
+    """A dashboard in the browser: tasks with status and progress (live), each task's timeline and
+    branch graph, checkpoints (state, diff against the parent, artifacts, fingerprint), drift
+    preview (what a resume would recompute and what it would cost, before it runs), the model-call
+    journal and storage. Every page has a JSON twin (add .json to its path). Prints its URL; stops
+    on Ctrl-C. Needs the ui extra: pip install 'overnight[ui]'."""
+    try:
+        from overnight.web.server import serve
+    except ImportError as exc:
+        _need_extra(exc, "ui")
+    try:
+        serve(store, host=host, port=port, read_only=read_only, token=token,
+              announce=lambda line: render.err.print(render.esc(line)))
+    except OvernightError as exc:
+        _fail(exc)
+
+
 @hook_app.command("run")
 def hook_run(
     event: str = typer.Option(..., "--event", "-e", help="pre-compact, session-start or stop (or PreCompact, "

@@ -1,0 +1,706 @@
+"""The dashboard's query layer: one function per page, each returning plain JSON-ready data.
+
+Every HTML page of ``overnight ui`` is its template applied to what one of these returns, and
+its ``.json`` twin is the same data (datasette's rule), so the UI, tests and scripts read the
+same thing. Everything is read through :mod:`overnight.api` and the verify layer -- the functions
+the CLI uses -- from one open store; nothing here writes.
+
+Records are verified as they are read (``parse_record``: schema, digest, signature; heads with
+``load_head``: state and pages too, falling back as a resume would). Checkpoints are immutable
+and addressed by their content, so what was learnt about one (its progress, whether its head
+verified) is kept in a :class:`HeadCache` keyed by checkpoint id; "Verify now" clears it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from overnight import api
+from overnight.codec.canonical import loads
+from overnight.config import load as load_config
+from overnight.errors import OvernightError, short_id
+from overnight.orchestrate.router import recorded_route
+from overnight.store.base import CheckpointRow, Lease, Store
+from overnight.store.blobs import BlobReader
+from overnight.store.leases import can_take_over, describe_holder, now_ms
+from overnight.verify.chain import load_head
+from overnight.verify.integrity import load_checkpoint, parse_record, signing_key_from_env
+
+STATUSES = ("queued", "running", "stalled", "interrupted", "failed", "complete")
+"""Task statuses the dashboard shows, in the order of its filter."""
+
+RUNNING_WINDOW_S = 60.0
+"""Without a lease to read, a task whose newest checkpoint is younger than this (seconds) and
+that has steps left is shown as running (a run commits after every step)."""
+
+PER_PAGE = 100
+"""Checkpoints per page of a task's timeline."""
+
+TASKS_PER_PAGE = 100
+"""Tasks per page of the tasks page."""
+
+TEXT_INLINE_MAX = 256 * 1024
+"""Bytes of a text artifact shown inline (and diffed); larger ones are downloads only."""
+
+
+# --- status ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Status:
+    """A task's status: ``name`` (one of :data:`STATUSES`), why (``reason``), who holds it
+    (``holder``), and what it was derived from (``source``: ``lease`` or ``checkpoint age``)."""
+
+    name: str
+    reason: str | None = None
+    holder: str | None = None
+    source: str = "checkpoint age"
+
+
+def derive_status(*, verified: bool, problem: str | None, done: int, todo: int, steps_committed: int,
+                  last_age_s: float | None, leases: list[Lease] | None, now: int | None = None) -> Status:
+    """The one place a task's status is decided (the workers' queue, when it lands, is read here).
+
+    Rules, first match wins:
+
+    * ``failed``: no checkpoint of the branch verifies (``problem`` says why).
+    * ``complete``: the head verifies and nothing is left to do.
+    * with leases (``leases`` not None): a lease with a live holder -> ``running`` (on that
+      holder); a lease neither released nor live (expired, or its holder process is gone: the run
+      died without releasing it) -> ``stalled``.
+    * without leases: newest checkpoint younger than :data:`RUNNING_WINDOW_S` -> ``running``.
+    * ``queued``: no step has committed yet; otherwise ``interrupted`` (resumable).
+
+    Args:
+        last_age_s: seconds since the newest checkpoint (None: none).
+        leases: the task's lease rows, or None when the store cannot list them.
+        now: Unix time in ms (default: now).
+    """
+    if not verified:
+        return Status("failed", problem or "no checkpoint verifies")
+    if todo == 0:
+        return Status("complete")
+    now = now_ms() if now is None else now
+    if leases is not None:
+        for lease in leases:
+            if not lease.holder_id:
+                continue  # released
+            who = describe_holder(lease.holder)
+            if not can_take_over(lease.holder, lease.expires_at_ms, now):
+                return Status("running", holder=who, source="lease")
+            return Status("stalled", f"lease on {lease.branch} not renewed (holder gone or expired)", who, "lease")
+    elif last_age_s is not None and last_age_s < RUNNING_WINDOW_S:
+        return Status("running", reason=f"last checkpoint {last_age_s:.0f} s ago")
+    if steps_committed == 0:
+        return Status("queued", "no step committed yet", source="lease" if leases is not None else "checkpoint age")
+    return Status("interrupted", "steps left; `overnight resume` continues it",
+                  source="lease" if leases is not None else "checkpoint age")
+
+
+# --- caching of immutable facts ----------------------------------------------------------------
+
+
+class HeadCache:
+    """What was learnt about a branch head, by checkpoint id (immutable, so never stale unless
+    the stored bytes are damaged afterwards: :meth:`clear` after a verify). Thread-safe, bounded."""
+
+    def __init__(self, limit: int = 20_000, big_limit: int = 16) -> None:
+        self._data: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._big: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.limit, self.big_limit = limit, big_limit
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._data.get(key)
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        with self._lock:
+            self._data[key] = value
+            while len(self._data) > self.limit:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self._big.clear()
+
+    def chain(self, s: Store, task_id: str, refs: dict[str, str]) -> tuple[list[CheckpointRow], list[Any], list[Any]]:
+        """A task's checkpoint rows, journal rows and model calls, read again whenever one of its
+        refs moves (every commit, fork, rollback and merge moves one); the last
+        :attr:`big_limit` tasks are kept. ``gc`` and ``archive`` move no ref: what they removed
+        shows until the next commit or "Verify now"."""
+        key = task_id + "\0" + "\0".join(f"{b}={c}" for b, c in sorted(refs.items()))
+        with self._lock:
+            hit = self._big.get(key)
+            if hit is not None:
+                self._big.move_to_end(key)
+                return hit
+        value = (s.list_checkpoints(task_id), s.journal(task_id), s.calls(task_id))
+        with self._lock:
+            self._big[key] = value
+            while len(self._big) > self.big_limit:
+                self._big.popitem(last=False)
+        return value
+
+
+def _head_facts(s: Store, task_id: str, branch: str, head_id: str, cache: HeadCache) -> dict[str, Any]:
+    """Progress and integrity of ``branch``'s head as a resume would load it (with fallback)."""
+    key = f"{task_id}\0{branch}\0{head_id}"
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    facts: dict[str, Any] = {"verified": False, "problem": None, "done": 0, "todo": 0, "used": None,
+                             "skipped": {}, "accepted_drift": 0}
+    try:
+        loaded, fallback = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
+        facts.update(verified=True, done=loaded.doc.done.count, todo=loaded.doc.todo.count, used=loaded.id,
+                     accepted_drift=len(loaded.record.fingerprint.accepted) if loaded.record.fingerprint else 0)
+        if fallback is not None:
+            facts["problem"] = f"head failed verification; a resume continues from {short_id(loaded.id)}"
+            facts["skipped"] = {k.checkpoint_id: f"{k.error}: {k.reason}" for k in fallback.skipped}
+    except OvernightError as exc:
+        facts["problem"] = f"{type(exc).__name__}: {exc.message}".splitlines()[0]
+        skipped = getattr(exc, "fallback", None)
+        if skipped is not None:
+            facts["skipped"] = {k.checkpoint_id: f"{k.error}: {k.reason}" for k in skipped.skipped}
+    cache.put(key, facts)
+    return facts
+
+
+# --- small helpers -----------------------------------------------------------------------------
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def age_s(text: str | None, now: float | None = None) -> float | None:
+    """Seconds since an RFC 3339 timestamp (None when it cannot be read)."""
+    dt = _parse_time(text)
+    if dt is None:
+        return None
+    return max(0.0, (now if now is not None else time.time()) - dt.timestamp())
+
+
+def _route(spec: bytes) -> tuple[str | None, list[str]]:
+    try:
+        route = recorded_route(loads(spec))
+    except OvernightError:
+        return None, []
+    return (route.level, route.media) if route else (None, [])
+
+
+def _prices() -> dict[str, tuple[float, float] | None]:
+    cfg = load_config()
+
+    class _P(dict):
+        def __missing__(self, model: str) -> tuple[float, float] | None:
+            self[model] = cfg.price(model)
+            return self[model]
+
+    return _P()
+
+
+def _cost(prices: Any, model: str | None, tokens_in: int, tokens_out: int) -> float | None:
+    price = prices[model] if model else None
+    if price is None:
+        return None
+    return round(tokens_in / 1e6 * price[0] + tokens_out / 1e6 * price[1], 6)
+
+
+# --- tasks page --------------------------------------------------------------------------------
+
+
+def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str | None = None, page: int = 1,
+               per_page: int = TASKS_PER_PAGE) -> dict[str, Any]:
+    """Every task with its status, progress, level and media, newest checkpoint and its age,
+    stored bytes and drift badge (drift accepted on its head); ``status`` filters by status,
+    ``q`` keeps task ids (or goals) containing it (case-insensitive); ``per_page`` of those on
+    page ``page``, most recently active first.
+
+    Returns ``{"tasks": [...], "counts": {status: n}, "total": n, "matching": n, "page": n,
+    "pages": n, "filter": {...}}``.
+    """
+    now = time.time()
+    out, counts = [], {k: 0 for k in STATUSES}
+    needle = (q or "").strip().lower()
+    for t in s.list_tasks():
+        refs = s.list_refs(t.task_id)
+        chain = _chain_facts(s, cache, t, refs)
+        branch = "main" if "main" in refs else next(iter(sorted(refs)), None)
+        facts = (_head_facts(s, t.task_id, branch, refs[branch], cache) if branch is not None
+                 else {"verified": False, "problem": "no branch", "done": 0, "todo": 0, "accepted_drift": 0})
+        last_age = age_s(chain["last_at"], now) if chain["last_at"] else None
+        st = derive_status(verified=facts["verified"], problem=facts["problem"], done=facts["done"],
+                           todo=facts["todo"], steps_committed=chain["steps"], last_age_s=last_age,
+                           leases=api.leases(t.task_id, store=s))
+        counts[st.name] += 1
+        if status and st.name != status:
+            continue
+        if needle and needle not in t.task_id.lower() and needle not in t.goal.lower():
+            continue
+        out.append({
+            "task_id": t.task_id, "goal": t.goal, "status": st.name, "status_reason": st.reason,
+            "holder": st.holder, "status_source": st.source, "done": facts["done"],
+            "total": facts["done"] + facts["todo"], "level": chain["level"], "media": chain["media"],
+            "branches": sorted(refs), "checkpoints": chain["checkpoints"], "last_checkpoint": chain["last"],
+            "last_checkpoint_at": chain["last_at"], "last_checkpoint_age_s": last_age,
+            "stored_bytes": chain["stored_bytes"], "accepted_drift": facts["accepted_drift"],
+            "head_problem": facts["problem"], "created_at": t.created_at,
+        })
+    out.sort(key=lambda d: d["last_checkpoint_at"] or d["created_at"], reverse=True)
+    pages = max(1, -(-len(out) // per_page))
+    page = min(max(1, page), pages)
+    return {"tasks": out[(page - 1) * per_page: page * per_page], "counts": counts, "total": sum(counts.values()),
+            "matching": len(out), "page": page, "pages": pages, "filter": {"status": status, "q": q}, "store": s.url}
+
+
+def _chain_facts(s: Store, cache: HeadCache, t: Any, refs: dict[str, str]) -> dict[str, Any]:
+    """Checkpoint count, newest checkpoint, bytes stored, steps committed, level and media of a
+    task; read again whenever one of its refs moves (every commit, fork and rollback moves one;
+    ``gc`` and ``archive`` do not, so counts can lag them until the next commit or "Verify now")."""
+    key = "chain\0" + t.task_id + "\0" + "\0".join(f"{b}={c}" for b, c in sorted(refs.items()))
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    rows = s.list_checkpoints(t.task_id)
+    last = max(rows, key=lambda r: r.created_at) if rows else None
+    level, media = _route(t.spec)
+    facts = {"checkpoints": len(rows), "last": last.checkpoint_id if last else None,
+             "last_at": last.created_at if last else None, "stored_bytes": sum(r.stored_bytes for r in rows),
+             "steps": sum(1 for r in rows if r.event == "step"), "level": level, "media": media}
+    cache.put(key, facts)
+    return facts
+
+
+# --- task page ---------------------------------------------------------------------------------
+
+
+def _lanes(rows: list[CheckpointRow], refs: dict[str, str]) -> dict[str, int]:
+    lanes: dict[str, int] = {}
+    if "main" in refs or any(r.branch == "main" for r in rows):
+        lanes["main"] = 0
+    for r in rows:
+        lanes.setdefault(r.branch, len(lanes))
+    return lanes
+
+
+def _graph(rows: list[CheckpointRow], refs: dict[str, str], lanes: dict[str, int],
+           merges: dict[str, str]) -> dict[str, Any]:
+    """The branch graph of the whole chain, O(branches + forks + merges): one segment per branch
+    (its first to its last seq), a connector from a branch's fork point, one per merge, and the
+    session bands (seq ranges) and compactions. ``merges``: merge checkpoint -> merged head."""
+    by_id = {r.checkpoint_id: r for r in rows}
+    seg: dict[str, list[int]] = {}
+    for r in rows:
+        lo_hi = seg.setdefault(r.branch, [r.seq, r.seq])
+        lo_hi[0], lo_hi[1] = min(lo_hi[0], r.seq), max(lo_hi[1], r.seq)
+    forks = []
+    firsts: dict[str, CheckpointRow] = {}
+    for r in rows:
+        if r.branch not in firsts or r.seq < firsts[r.branch].seq:
+            firsts[r.branch] = r
+    for b, first in firsts.items():
+        parent = by_id.get(first.parent_id or "")
+        if parent is not None and parent.branch != b:
+            forks.append({"branch": b, "from_lane": lanes[parent.branch], "from_seq": parent.seq,
+                          "to_lane": lanes[b], "to_seq": first.seq})
+    merge_lines = []
+    for cid, ref in merges.items():
+        src, dst = by_id.get(ref), by_id.get(cid)
+        if src is not None and dst is not None:
+            merge_lines.append({"from_lane": lanes[src.branch], "from_seq": src.seq,
+                                "to_lane": lanes[dst.branch], "to_seq": dst.seq})
+    sessions: dict[str, list[int]] = {}
+    for r in rows:
+        lo_hi = sessions.setdefault(r.session, [r.seq, r.seq])
+        lo_hi[0], lo_hi[1] = min(lo_hi[0], r.seq), max(lo_hi[1], r.seq)
+    max_seq = max((r.seq for r in rows), default=0)
+    return {"max_seq": max_seq, "lanes": [{"branch": b, "lane": i, "from": seg.get(b, [0, 0])[0],
+                                           "to": seg.get(b, [0, 0])[1], "head": refs.get(b)}
+                                          for b, i in lanes.items()],
+            "forks": forks, "merges": merge_lines,
+            "sessions": [{"session": k, "from": v[0], "to": v[1]} for k, v in sessions.items()],
+            "compactions": sorted({r.seq for r in rows if r.event == "compaction"})}
+
+
+def _replayed(s: Store, cache: HeadCache, checkpoint_id: str) -> dict[tuple[int, str], int]:
+    """``(seq, step) -> tokens replayed from the call journal`` from a checkpoint's done list."""
+    hit = cache.get("replayed\0" + checkpoint_id)
+    if hit is not None:
+        return hit["map"]
+    out: dict[tuple[int, str], int] = {}
+    try:
+        loaded = load_checkpoint(s, checkpoint_id, key=signing_key_from_env(), deep=False)
+        out = {(d["seq"], d["name"]): d["replayed_tokens"] for d in loaded.state_tree["done"]
+               if d.get("replayed_tokens")}
+    except OvernightError:
+        pass
+    cache.put("replayed\0" + checkpoint_id, {"map": out})
+    return out
+
+
+def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_page: int = PER_PAGE,
+              branch: str | None = None) -> dict[str, Any]:
+    """A task's chain as a timeline, newest first, ``per_page`` checkpoints per page (only the
+    page's records are parsed and verified), with the branch graph of the whole chain.
+
+    Each timeline entry: seq, id, branch, event, step, session (number), time, duration (ms),
+    tokens in/out, tokens replayed from the call journal, cost (USD, when ``[prices]`` has the
+    step's model), bytes added, and integrity (``verified`` / ``damaged`` with the reason;
+    ``fallback`` marks the checkpoint a resume of that branch lands on when its head is damaged).
+
+    Raises:
+        TaskNotFound: no such task.
+    """
+    t = s.get_task(task_id)
+    refs = s.list_refs(task_id)
+    rows, journal_rows, calls = cache.chain(s, task_id, refs)
+    if branch:
+        rows = [r for r in rows if r.branch == branch]
+    rows_desc = sorted(rows, key=lambda r: (r.seq, r.created_at), reverse=True)
+    pages = max(1, -(-len(rows_desc) // per_page))
+    page = min(max(1, page), pages)
+    shown = rows_desc[(page - 1) * per_page: page * per_page]
+    lanes = _lanes(sorted(rows, key=lambda r: (r.seq, r.created_at)), refs)
+    heads: dict[str, list[str]] = {}
+    for b, cid in refs.items():
+        heads.setdefault(cid, []).append(b)
+    branch_facts = {b: _head_facts(s, task_id, b, cid, cache) for b, cid in sorted(refs.items())}
+    skipped: dict[str, str] = {}
+    landed: dict[str, list[str]] = {}
+    for b, f in branch_facts.items():
+        skipped.update(f["skipped"])
+        if f["skipped"] and f["used"]:
+            landed.setdefault(f["used"], []).append(b)
+    journal = {j.checkpoint_id: j for j in journal_rows}
+    model_of: dict[str, str] = {}
+    for c in calls:
+        model_of.setdefault(c.step_key, c.model)
+    prices = _prices()
+    key = signing_key_from_env()
+    # tokens replayed per step: from the main (or first) branch head's done list
+    main = "main" if "main" in refs else next(iter(sorted(refs)), None)
+    replayed = _replayed(s, cache, branch_facts[main]["used"]) if main is not None and branch_facts[main]["verified"] \
+        else {}
+    merges: dict[str, str] = {}
+    for r in rows:
+        if r.event == "merge":
+            try:
+                rec = parse_record(r, key=key)
+                if rec.event.ref:
+                    merges[r.checkpoint_id] = rec.event.ref
+            except OvernightError:
+                pass
+    session_band: dict[str, int] = {}
+    for r in sorted(rows, key=lambda r: (r.seq, r.created_at)):
+        session_band.setdefault(r.session, len(session_band))
+    entries = []
+    for r in shown:
+        valid, problem, session_n, ref, detail = True, None, None, None, None
+        try:
+            rec = parse_record(r, key=key)
+            session_n, ref, detail = rec.session.n, rec.event.ref, rec.event.detail
+        except OvernightError as exc:
+            valid, problem = False, f"{type(exc).__name__}: {exc.message}".splitlines()[0]
+        if valid and r.checkpoint_id in skipped:
+            valid, problem = False, skipped[r.checkpoint_id]
+        j = journal.get(r.checkpoint_id)
+        model = model_of.get(j.step_key) if j else None
+        entries.append({
+            "seq": r.seq, "checkpoint_id": r.checkpoint_id, "short_id": short_id(r.checkpoint_id),
+            "parent_id": r.parent_id, "branch": r.branch, "lane": lanes.get(r.branch, 0), "event": r.event,
+            "step": r.step, "session": session_n, "session_band": session_band.get(r.session, 0) % 2,
+            "created_at": r.created_at, "duration_ms": j.duration_ms if j else None,
+            "tokens_in": j.tokens_in if j else 0, "tokens_out": j.tokens_out if j else 0,
+            "replayed_tokens": replayed.get((r.seq, r.step or ""), 0), "model": model,
+            "cost_usd": _cost(prices, model, j.tokens_in, j.tokens_out) if j else None,
+            "stored_bytes": r.stored_bytes, "integrity": "verified" if valid else "damaged", "problem": problem,
+            "fallback_for": landed.get(r.checkpoint_id, []), "heads": heads.get(r.checkpoint_id, []),
+            "ref": ref, "detail": detail,
+        })
+    level, media = _route(t.spec)
+    main_facts = branch_facts.get(main or "", {"done": 0, "todo": 0, "verified": False, "problem": "no branch"})
+    return {
+        "task_id": task_id, "goal": t.goal, "entry": t.entry, "created_at": t.created_at, "level": level,
+        "media": media, "branches": {b: {"head": cid, "lane": lanes.get(b, 0), "verified": branch_facts[b]["verified"],
+                                         "used": branch_facts[b]["used"], "problem": branch_facts[b]["problem"],
+                                         "done": branch_facts[b]["done"],
+                                         "total": branch_facts[b]["done"] + branch_facts[b]["todo"]}
+                                     for b, cid in sorted(refs.items())},
+        "done": main_facts["done"], "total": main_facts["done"] + main_facts["todo"],
+        "checkpoints": len(rows), "stored_bytes": sum(r.stored_bytes for r in rows),
+        "page": page, "pages": pages, "per_page": per_page, "branch": branch, "timeline": entries,
+        "graph": _graph(rows, refs, lanes, merges),
+        "tokens_in": sum(j.tokens_in for j in journal.values()),
+        "tokens_out": sum(j.tokens_out for j in journal.values()),
+    }
+
+
+# --- checkpoint page ---------------------------------------------------------------------------
+
+
+def _artifact_text(s: Store, ref: Any, name: str) -> str | None:
+    if not ref.text or ref.size > TEXT_INLINE_MAX:
+        return None
+    try:
+        return BlobReader(s).get(ref.digest, f"artifact {name!r}").decode("utf-8")
+    except (OvernightError, UnicodeDecodeError):
+        return None
+
+
+def _diff_values(old: Any, new: Any, path: str, out: list[dict[str, Any]], depth: int = 0) -> None:
+    if old == new:
+        return
+    if isinstance(old, dict) and isinstance(new, dict) and depth < 3:
+        for k in sorted(set(old) | set(new), key=str):
+            p = f"{path}.{k}" if path else str(k)
+            if k not in old:
+                out.append({"path": p, "change": "added", "old": None, "new": new[k]})
+            elif k not in new:
+                out.append({"path": p, "change": "removed", "old": old[k], "new": None})
+            else:
+                _diff_values(old[k], new[k], p, out, depth + 1)
+        return
+    out.append({"path": path or "(root)", "change": "changed", "old": old, "new": new})
+
+
+def checkpoint_page(s: Store, task_id: str, ref: str) -> dict[str, Any]:
+    """One checkpoint, verified (``load_checkpoint``): its record, its state as a tree, the diff
+    against its parent (user-state fields, done/todo steps, artifacts with unified diffs of text
+    artifacts up to :data:`TEXT_INLINE_MAX` bytes), its artifacts (size, digest, text inline) and
+    its fingerprint. A checkpoint that fails verification is reported as damaged, never shown.
+
+    Raises:
+        TaskNotFound, CheckpointNotFound.
+    """
+    s.get_task(task_id)
+    cid = api.resolve_checkpoint(s, task_id, ref)
+    row = s.get_checkpoint(cid)
+    key = signing_key_from_env()
+    base = {"task_id": task_id, "checkpoint_id": cid, "short_id": short_id(cid), "seq": row.seq,
+            "branch": row.branch, "event": row.event, "step": row.step, "created_at": row.created_at,
+            "parent_id": row.parent_id, "stored_bytes": row.stored_bytes}
+    try:
+        loaded = load_checkpoint(s, cid, key=key, deep=False)
+    except OvernightError as exc:
+        return {**base, "integrity": "damaged", "problem": f"{type(exc).__name__}: {exc.message}",
+                "state": None, "diff": None, "artifacts": [], "fingerprint": None}
+    tree = loaded.state_tree
+    artifacts = []
+    for name, a in sorted(loaded.artifacts.items()):
+        artifacts.append({"name": name, "size": a.size, "digest": a.digest, "text": a.text, "step": a.step,
+                          "content": _artifact_text(s, a, name)})
+    diff: dict[str, Any] = {"parent": row.parent_id, "state": [], "done_added": [], "todo_added": [],
+                            "todo_removed": [], "artifacts": [], "parent_problem": None}
+    if row.parent_id:
+        try:
+            parent = load_checkpoint(s, row.parent_id, key=key, deep=False)
+            ptree = parent.state_tree
+            _diff_values(ptree.get("data"), tree.get("data"), "", diff["state"])
+            pdone = {d["name"] for d in ptree["done"]}
+            diff["done_added"] = [d["name"] for d in tree["done"] if d["name"] not in pdone]
+            ptodo, todo = [e["name"] for e in ptree["todo"]], [e["name"] for e in tree["todo"]]
+            diff["todo_added"] = [n for n in todo if n not in set(ptodo)]
+            diff["todo_removed"] = [n for n in ptodo if n not in set(todo)]
+            pa = parent.artifacts
+            for name in sorted(set(pa) | set(loaded.artifacts)):
+                old, new = pa.get(name), loaded.artifacts.get(name)
+                if old is not None and new is not None and old.digest == new.digest:
+                    continue
+                change = "added" if old is None else "removed" if new is None else "changed"
+                entry: dict[str, Any] = {"name": name, "change": change, "unified": None,
+                                         "old_size": old.size if old else None, "new_size": new.size if new else None}
+                a_text = _artifact_text(s, old, name) if old is not None else ""
+                b_text = _artifact_text(s, new, name) if new is not None else ""
+                if a_text is not None and b_text is not None:
+                    entry["unified"] = "".join(difflib.unified_diff(
+                        a_text.splitlines(keepends=True), b_text.splitlines(keepends=True),
+                        f"{name} @ {short_id(row.parent_id)}", f"{name} @ {short_id(cid)}", n=2))
+                diff["artifacts"].append(entry)
+        except OvernightError as exc:
+            diff["parent_problem"] = f"{type(exc).__name__}: {exc.message}"
+    rec = loaded.record
+    fingerprint = None
+    if rec.fingerprint is not None:
+        fingerprint = {"world_digest": rec.fingerprint.world.digest, "world": loaded.world,
+                       "exports": dict(rec.fingerprint.exports), "accepted": list(rec.fingerprint.accepted)}
+    state = {"task": tree["task"], "data": tree.get("data"), "context": tree.get("context"),
+             "todo": [e["name"] for e in tree["todo"]], "done": [d["name"] for d in tree["done"]],
+             "recompute": tree.get("recompute")}
+    return {**base, "integrity": "verified", "problem": None, "session": rec.session.n,
+            "event_detail": {"ref": rec.event.ref, "detail": rec.event.detail, "key": rec.event.key},
+            "signature": row.signature is not None, "state": state, "diff": diff, "artifacts": artifacts,
+            "fingerprint": fingerprint}
+
+
+def artifact(s: Store, task_id: str, at: str, name: str) -> tuple[bytes, dict[str, Any]]:
+    """The verified bytes of artifact ``name`` at checkpoint ``at`` (``api.cat``), with its
+    size, digest and text flag. Raises ArtifactNotFound / CheckpointNotFound / IntegrityError."""
+    data = api.cat(task_id, name, store=s, at=at)
+    loaded = load_checkpoint(s, api.resolve_checkpoint(s, task_id, at), key=signing_key_from_env(), deep=False)
+    ref = loaded.artifacts[name]
+    return data, {"name": name, "size": ref.size, "digest": ref.digest, "text": ref.text}
+
+
+# --- drift preview -----------------------------------------------------------------------------
+
+
+def drift_page(s: Store, task_id: str, *, check: bool, branch: str = "main") -> dict[str, Any]:
+    """The drift preview. Without ``check``, only what is recorded (accepted drift, the last
+    checkpoint). With ``check``, the drift report against the world now (``api.status(drift=
+    True)``, which imports the task's code from its recorded location, as ``overnight status
+    --drift`` does) and, per component and per policy, what a resume would do: the steps that
+    would run again and their recorded tokens and cost (from those steps' model calls). Nothing
+    is written and nothing runs.
+
+    Raises:
+        TaskNotFound, BranchNotFound, ConfigError (no code location), IntegrityError.
+    """
+    from overnight.verify.drift import affected_steps
+
+    t = s.get_task(task_id)
+    out: dict[str, Any] = {"task_id": task_id, "goal": t.goal, "entry": t.entry, "branch": branch,
+                           "checked": check, "report": None, "policies": [], "error": None}
+    if not check:
+        return out
+    rep = api.status(task_id, store=s, branch=branch, drift=True)
+    out["accepted"] = rep.accepted_drift
+    drift = rep.drift
+    assert drift is not None
+    out["report"] = [{"component": i.component, "key": i.key, "was": str(i.old), "now": str(i.new),
+                      "steps": i.steps, "warning": i.warning} for i in drift.items]
+    out["dependents"] = drift.dependents
+    loaded, _ = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
+    done = loaded.state_tree["done"]
+    by_name = {d["name"]: d for d in done}
+    model_of: dict[str, str] = {}
+    for c in s.calls(task_id):
+        model_of.setdefault(c.step_key, c.model)
+    prices = _prices()
+    for component in drift.components():
+        steps = affected_steps(drift, done, {component})
+        tin = sum(by_name[n].get("tokens_in", 0) for n in steps if n in by_name)
+        tout = sum(by_name[n].get("tokens_out", 0) for n in steps if n in by_name)
+        costs = [_cost(prices, model_of.get(by_name[n]["key"]), by_name[n].get("tokens_in", 0),
+                       by_name[n].get("tokens_out", 0)) for n in steps if n in by_name]
+        priced = [c for c in costs if c is not None]
+        out["policies"].append({
+            "component": component,
+            "recompute": {"steps": steps, "tokens_in": tin, "tokens_out": tout,
+                          "cost_usd": round(sum(priced), 6) if priced and len(priced) == len(costs) else None,
+                          "command": f"overnight resume {task_id} --on-drift {component}=recompute"},
+            "accept": {"steps": [], "command": f"overnight resume {task_id} --on-drift {component}=accept",
+                       "effect": "continue; the drift is recorded on every later checkpoint"},
+            "rollback": {"command": f"overnight resume {task_id} --on-drift {component}=rollback",
+                         "effect": "resume from the newest checkpoint whose fingerprint matches the world now"},
+            "abort": {"command": f"overnight resume {task_id} --on-drift {component}=abort",
+                      "effect": "stop with the report (exit 5)"},
+        })
+    out["plan"] = rep.drift_plan
+    return out
+
+
+# --- journal -----------------------------------------------------------------------------------
+
+
+def journal_page(s: Store, task_id: str) -> dict[str, Any]:
+    """Model calls per step (model, calls, tokens, latency), replay hits (calls a resumed step
+    took from the call journal instead of making again) and the tokens and cost they saved.
+
+    Raises:
+        TaskNotFound.
+    """
+    t = s.get_task(task_id)
+    names = {j.step_key: j.step_name for j in s.journal(task_id)}
+    prices = _prices()
+    steps: dict[str, dict[str, Any]] = {}
+    for c in s.calls(task_id):
+        st = steps.setdefault(c.step_key, {"step": names.get(c.step_key, c.step_key[:19]), "step_key": c.step_key,
+                                           "calls": 0, "models": [], "tokens_in": 0, "tokens_out": 0,
+                                           "latency_ms": 0.0, "cost_usd": 0.0, "priced": True})
+        st["calls"] += 1
+        if c.model not in st["models"]:
+            st["models"].append(c.model)
+        st["tokens_in"] += c.tokens_in
+        st["tokens_out"] += c.tokens_out
+        st["latency_ms"] = round(st["latency_ms"] + c.latency_ms, 3)
+        cost = _cost(prices, c.model, c.tokens_in, c.tokens_out)
+        if cost is None:
+            st["priced"] = False
+        else:
+            st["cost_usd"] = round(st["cost_usd"] + cost, 6)
+    replay: list[dict[str, Any]] = []
+    try:
+        loaded, _ = load_head(s, task_id, "main", key=signing_key_from_env(), deep=False)
+        for d in loaded.state.done:
+            if d.replayed_tokens:
+                model = next((c for c in steps.values() if c["step_key"] == d.key), {}).get("models", [None])[0]
+                replay.append({"step": d.name, "tokens": d.replayed_tokens, "model": model,
+                               "cost_saved_usd": _cost(prices, model, d.replayed_tokens, 0)})
+    except OvernightError:
+        pass
+    for st in steps.values():
+        if not st["priced"]:
+            st["cost_usd"] = None
+    usage = api.usage(task_id, store=s)
+    return {"task_id": task_id, "goal": t.goal, "steps": list(steps.values()), "replays": replay,
+            "tokens_saved": sum(r["tokens"] for r in replay),
+            "cost_saved_usd": (round(sum(r["cost_saved_usd"] for r in replay), 6)
+                               if replay and all(r["cost_saved_usd"] is not None for r in replay) else None),
+            "usage": usage}
+
+
+# --- storage -----------------------------------------------------------------------------------
+
+
+def storage_page(s: Store, *, gc: bool = False) -> dict[str, Any]:
+    """Bytes per task (added by its commits) and of the store on its medium, the dedup ratio
+    (bytes the artifacts of every head would take stored whole, over bytes stored), growth over
+    each task's chain (cumulative bytes by seq, for the chart), and with ``gc`` the ``overnight
+    gc`` dry run (nothing deleted)."""
+    tasks, growth = [], []
+    logical = 0
+    key = signing_key_from_env()
+    for t in s.list_tasks():
+        rows = sorted(s.list_checkpoints(t.task_id), key=lambda r: (r.seq, r.created_at))
+        level, media = _route(t.spec)
+        total, points = 0, []
+        for r in rows:
+            total += r.stored_bytes
+            points.append((r.seq, total))
+        tasks.append({"task_id": t.task_id, "level": level, "media": media, "checkpoints": len(rows),
+                      "stored_bytes": total})
+        step = max(1, len(points) // 200)
+        growth.append({"task_id": t.task_id, "points": points[::step] + ([points[-1]] if points and
+                                                                      (len(points) - 1) % step else [])})
+        for b, cid in s.list_refs(t.task_id).items():
+            try:
+                loaded = load_checkpoint(s, cid, key=key, deep=False)
+                logical += sum(a.size for a in loaded.artifacts.values()) * max(1, loaded.record.seq + 1)
+            except OvernightError:
+                pass
+    stored = s.stored_bytes()
+    by_medium: dict[str, int] = {}
+    for t in tasks:
+        for m in t["media"] or ["local"]:
+            by_medium[m] = by_medium.get(m, 0) + t["stored_bytes"]
+    report = None
+    if gc:
+        report = asdict(api.gc(store=s))
+    return {"store": s.url, "store_bytes": stored, "tasks": tasks, "by_medium": by_medium,
+            "full_copy_bytes": logical, "dedup_ratio": round(logical / stored, 2) if stored and logical else None,
+            "growth": growth, "gc": report}

@@ -1,0 +1,212 @@
+"""``overnight ui`` over HTTP: JSON twins carry the page's data, the security rules hold (token on
+a non-loopback bind, Host check, CSRF, read-only), artifacts download as attachments.
+
+Every test talks to a real ``overnight ui`` process over a socket (httpx), on a store a real
+``overnight run`` wrote. The browser scenarios are in ``test_ui_browser.py``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+
+from _ui import UiServer, make_site, run_cli, store_url  # noqa: E402
+
+from overnight import api  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    return make_site(tmp_path_factory.mktemp("ui-site"))
+
+
+@pytest.fixture(scope="module")
+def server(site):
+    with UiServer(site) as srv:
+        yield srv
+
+
+def test_tasks_json_twin_has_the_rows_the_page_shows(server, site):
+    page = httpx.get(server.base + "/")
+    data = httpx.get(server.base + "/tasks.json").json()
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    shown = re.findall(r'data-task="([^"]+)"', page.text)
+    assert shown == [t["task_id"] for t in data["tasks"]] == ["report"]
+    row = data["tasks"][0]
+    summary = api.ls(store=store_url(site))[0]
+    assert (row["done"], row["total"], row["checkpoints"]) == (summary.done, summary.total, summary.checkpoints)
+    assert row["status"] == "complete" and row["level"] == "durable"
+    assert f'value="{row["done"]}"' in page.text  # the progress bar
+    # filter by status and search by id
+    assert httpx.get(server.base + "/tasks.json?status=running").json()["tasks"] == []
+    assert httpx.get(server.base + "/tasks.json?q=REP").json()["tasks"][0]["task_id"] == "report"
+    assert httpx.get(server.base + "/tasks.json?q=nothing-like-it").json()["tasks"] == []
+    assert httpx.get(server.base + "/tasks.json?status=bogus").status_code == 400
+
+
+def test_task_json_twin_matches_the_timeline(server, site):
+    data = httpx.get(server.base + "/task.json", params={"id": "report"}).json()
+    page = httpx.get(server.base + "/task", params={"id": "report"}).text
+    shown = re.findall(r'data-checkpoint="([^"]+)"', page)
+    assert shown == [e["checkpoint_id"] for e in data["timeline"]]
+    report = api.show("report", store=store_url(site))
+    assert data["checkpoints"] == len(report.chain) == len(shown)
+    assert [e["seq"] for e in data["timeline"]] == sorted((c.seq for c in report.chain), reverse=True)
+    steps = [e for e in data["timeline"] if e["event"] == "step" and e["step"].startswith("part")]
+    assert steps and all(e["integrity"] == "verified" and e["tokens_in"] > 0 for e in steps)
+    assert sum(e["tokens_in"] for e in data["timeline"]) == report.usage["tokens_in"]
+    assert "<svg" in page and 'class="head"' in page  # the branch graph, drawn on the server
+    missing = httpx.get(server.base + "/task.json", params={"id": "no-such-task"})
+    assert missing.status_code == 404 and missing.json()["error"] == "TaskNotFound"
+
+
+def test_checkpoint_json_has_diff_and_artifacts(server, site):
+    tl = httpx.get(server.base + "/task.json", params={"id": "report"}).json()["timeline"]
+    second = next(e for e in tl if e["step"] == "part[i=1]")
+    cp = httpx.get(server.base + "/checkpoint.json", params={"task": "report", "id": second["checkpoint_id"]}).json()
+    assert cp["integrity"] == "verified"
+    changed = {a["name"]: a for a in cp["diff"]["artifacts"]}
+    assert "report.md" in changed and "+## Part" in changed["report.md"]["unified"]
+    assert {"path": "parts", "change": "changed"}.items() <= next(
+        c for c in cp["diff"]["state"] if c["path"] == "parts").items()
+    names = {a["name"] for a in cp["artifacts"]}
+    assert "report.md" in names
+    body = httpx.get(server.base + "/artifact",
+                     params={"task": "report", "at": second["checkpoint_id"], "name": "report.md"})
+    assert body.status_code == 200
+    assert body.headers["content-type"] == "application/octet-stream"
+    assert body.headers["content-disposition"].startswith("attachment;")
+    assert body.content == api.cat("report", "report.md", store=store_url(site), at=second["checkpoint_id"])
+
+
+def test_security_headers_and_host_check(server):
+    r = httpx.get(server.base + "/")
+    assert "script-src 'self'" in r.headers["content-security-policy"]
+    assert r.headers["x-frame-options"] == "DENY"
+    # DNS rebinding: a loopback server answers only to loopback names
+    assert httpx.get(server.base + "/", headers={"Host": "evil.example:8765"}).status_code == 421
+
+
+def test_posts_need_the_csrf_token(server):
+    tl = httpx.get(server.base + "/task.json", params={"id": "report"}).json()["timeline"]
+    r = httpx.post(server.base + "/actions/fork", data={"task": "report", "at": tl[-1]["checkpoint_id"],
+                                                        "branch": "csrf-probe"})
+    assert r.status_code == 403
+    page = httpx.get(server.base + "/task", params={"id": "report"}).text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+    r = httpx.post(server.base + "/actions/fork", headers={"Origin": "http://evil.example"},
+                   data={"csrf": csrf, "task": "report", "at": tl[-1]["checkpoint_id"], "branch": "csrf-probe"})
+    assert r.status_code == 403
+    assert "csrf-probe" not in httpx.get(server.base + "/task.json", params={"id": "report"}).json()["branches"]
+
+
+def test_non_loopback_bind_requires_the_token(site):
+    with UiServer(site, "--host", "0.0.0.0") as srv:
+        assert srv.token, "a token is generated and printed when none is given"
+        base = srv.base.replace("0.0.0.0", "127.0.0.1")
+        assert httpx.get(base + "/").status_code == 401
+        assert httpx.get(base + "/tasks.json").status_code == 401
+        assert httpx.get(base + "/", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        ok = httpx.get(base + "/tasks.json", headers={"Authorization": f"Bearer {srv.token}"})
+        assert ok.status_code == 200 and ok.json()["tasks"][0]["task_id"] == "report"
+        with httpx.Client(follow_redirects=True) as client:  # ?token= once sets a cookie, then the URL is clean
+            first = client.get(base + f"/?token={srv.token}")
+            assert first.status_code == 200 and "overnight_ui_token" in client.cookies
+            assert first.url.query == b""  # the token left the address bar
+            assert client.get(base + "/tasks.json").status_code == 200
+    with UiServer(site, "--host", "0.0.0.0", "--token", "given-token") as srv:
+        assert srv.token == "given-token"
+        base = srv.base.replace("0.0.0.0", "127.0.0.1")
+        assert httpx.get(base + "/").status_code == 401
+        assert httpx.get(base + "/", headers={"Authorization": "Bearer given-token"}).status_code == 200
+
+
+def test_read_only_serves_no_action(site):
+    with UiServer(site, "--read-only") as srv:
+        page = httpx.get(srv.base + "/task", params={"id": "report"}).text
+        assert "/actions/" not in page and "Fork" not in page and "Rollback" not in page
+        csrf = re.search(r'name="csrf" value="([^"]+)"', httpx.get(srv.base + "/drift?task=report").text).group(1)
+        tl = httpx.get(srv.base + "/task.json", params={"id": "report"}).json()["timeline"]
+        r = httpx.post(srv.base + "/actions/fork", data={"csrf": csrf, "task": "report",
+                                                         "at": tl[-1]["checkpoint_id"], "branch": "nope"})
+        assert r.status_code in (404, 405)
+    # Ctrl-C (SIGINT) stopped it within 10 s (UiServer.stop kills it, -9, otherwise); uvicorn
+    # re-raises the signal after a graceful shutdown, hence 130 (128 + SIGINT) on newer versions
+    assert srv.proc.returncode in (0, 130)
+
+
+def test_fork_post_makes_a_branch_overnight_log_shows(tmp_path):
+    site = make_site(tmp_path / "s", parts=3)
+    with UiServer(site) as srv:
+        page = httpx.get(srv.base + "/task", params={"id": "report"}).text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+        tl = httpx.get(srv.base + "/task.json", params={"id": "report"}).json()["timeline"]
+        r = httpx.post(srv.base + "/actions/fork", data={"csrf": csrf, "task": "report",
+                                                         "at": tl[2]["checkpoint_id"], "branch": "try-b"})
+        assert r.status_code == 303
+        assert "try-b" in httpx.get(srv.base + "/task.json", params={"id": "report"}).json()["branches"]
+    log = run_cli(site, "log", "report")
+    assert log.returncode == 0 and "try-b" in log.stdout
+
+
+def test_ui_refuses_a_store_that_does_not_exist(tmp_path):
+    proc = run_cli(tmp_path, "ui", "--port", "0", timeout=30)
+    assert proc.returncode == 2 and "no store" in proc.stderr
+
+
+def test_missing_extra_names_it(tmp_path):
+    """Without the ui extra, ``overnight ui`` says which extra to install (a child whose import
+    of starlette fails, as on an install without it)."""
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "starlette").mkdir()
+    (blocker / "starlette" / "__init__.py").write_text("raise ImportError('No module named starlette')\n")
+    proc = subprocess.run([sys.executable, "-m", "overnight", "ui", "--port", "0"], cwd=tmp_path,
+                          env={"PYTHONPATH": str(blocker), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert "pip install 'overnight[ui]'" in proc.stderr
+
+
+def _lease(holder: str, expires_in_ms: int, holder_id: str = "h1"):
+    from overnight.store.base import Lease
+    from overnight.store.leases import now_ms
+
+    return Lease("t", "main", holder_id, holder, 3, now_ms() + expires_in_ms)
+
+
+def test_status_is_derived_in_one_place(tmp_path):
+    """The rules of ``derive_status``, with real holders: this process (alive) and a process that
+    ran and exited (provably gone)."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from overnight.store.leases import Holder
+    from overnight.web.queries import derive_status
+
+    live = Holder.current()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    gone = dataclasses.replace(Holder.current(), pid=child.pid, id="gone")
+    base = dict(verified=True, problem=None, done=3, todo=2, steps_committed=3, last_age_s=3600.0)
+    assert derive_status(**{**base, "verified": False, "problem": "DigestMismatch"}, leases=None).name == "failed"
+    assert derive_status(**{**base, "todo": 0}, leases=None).name == "complete"
+    # no lease to read: the newest checkpoint's age decides
+    assert derive_status(**{**base, "last_age_s": 5.0}, leases=None).name == "running"
+    assert derive_status(**base, leases=None).name == "interrupted"
+    assert derive_status(**{**base, "done": 0, "steps_committed": 0}, leases=None).name == "queued"
+    # leases: a live holder runs it (whatever the age), a gone or expired one stalled it
+    running = derive_status(**base, leases=[_lease(live.to_json(), 30_000)])
+    assert running.name == "running" and running.holder == live.describe() and running.source == "lease"
+    assert derive_status(**base, leases=[_lease(gone.to_json(), 30_000)]).name == "stalled"
+    assert derive_status(**base, leases=[_lease(live.to_json(), -1_000)]).name == "stalled"
+    released = _lease("{}", -1, holder_id="")
+    assert derive_status(**{**base, "last_age_s": 5.0}, leases=[released]).name == "interrupted"
