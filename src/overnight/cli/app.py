@@ -67,8 +67,10 @@ JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
 BranchOpt = typer.Option("main", "--branch", "-b", help="Branch to use.")
 MaxStepsOpt = typer.Option(None, "--max-steps", min=1, help="Stop (resumably, exit 75) after N executed steps.")
 EventsOpt = typer.Option(None, "--events", help="Append every run event as a JSON line to this file.")
-QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary (errors, warnings and, "
-                        "when interrupted, the resume command still print).")
+QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary: only results (the demo's "
+                        "report path), errors, warnings and, when interrupted, the resume command print.")
+PlainQuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar (results, errors and warnings still "
+                             "print).")
 ModelOpt = typer.Option(None, "--model", "-m", metavar="SPEC",
                         help="Model for ctx.model: extractive (offline, not an LLM; the default), local (SmolLM2 "
                         "in-process, needs the llm extra), or openai:NAME (any OpenAI-compatible endpoint).")
@@ -79,8 +81,11 @@ ContextOpt = typer.Option(None, "--max-context-tokens", min=256,
                           "(a summary checkpoint, then a new session).")
 DriftOpt = typer.Option(None, "--on-drift", metavar="COMPONENT=POLICY,...",
                         help="Drift policies for this run, e.g. deps=recompute,env=accept (components: code, deps, "
-                        "env, inputs, artifacts, all; policies: recompute, accept, rollback, abort). "
-                        "Default: recompute (only steps that read what changed run again).")
+                        "env, inputs, artifacts, model, all; policies: recompute, accept, rollback, abort). "
+                        "Default: recompute (only steps that read what changed run again); model=accept.")
+StatusDriftOpt = typer.Option(None, "--on-drift", metavar="COMPONENT=POLICY,...",
+                              help="Predict with these drift policies, as `resume --on-drift` would apply them "
+                              "(components: code, deps, env, inputs, artifacts, model, all).")
 
 
 def _exit_code(exc: OvernightError) -> int:
@@ -177,7 +182,9 @@ def run(
     """Create the task defined in FILE.py, or resume it from its latest checkpoint, and run it.
 
     Every step commits a checkpoint. Ctrl-C once: the step in flight finishes and is checkpointed;
-    twice: it is abandoned. Either way the task resumes where it stopped (exit 75).
+    twice: it is abandoned. Either way the task resumes where it stopped (exit 75) -- unless it is
+    ephemeral (a short task the router keeps in this process only): then nothing is kept and the
+    exit is 1.
     """
     try:
         result = _run_with_progress(
@@ -319,13 +326,19 @@ def status(
     store: Optional[str] = StoreOpt,
     branch: str = BranchOpt,
     file: Optional[str] = typer.Option(None, "--file", help="Task code FILE.py[:NAME] (default: recorded location)."),
-    on_drift: Optional[str] = DriftOpt,
+    on_drift: Optional[str] = StatusDriftOpt,
+    model: Optional[str] = typer.Option(None, "--model", "-m", metavar="SPEC",
+                                        help="The model a resume would call (default the task's), for the "
+                                        "model component."),
+    base_url: Optional[str] = BaseUrlOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Where a task stands; with --drift, what changed since its head (which package, file, env
-    key, step version), which steps read it, and what the drift policies would do on resume."""
+    key, step version, model), which steps read it, what the drift policies would do on resume,
+    how the plan in the code differs from the stored one, and which steps the resume runs."""
     try:
-        rep = api.status(task_id, store=store, branch=branch, drift=drift, entry=file, on_drift=on_drift)
+        rep = api.status(task_id, store=store, branch=branch, drift=drift, entry=file, on_drift=on_drift,
+                         model=_model(model, base_url))
     except OvernightError as exc:
         _fail(exc)
     if as_json:
@@ -342,6 +355,8 @@ def status(
     if rep.drift is not None:
         if not rep.drift.items:
             render.out.print("[green]no drift[/]")
+            if rep.plan_change:
+                render.out.print(f"on resume: {render.esc(rep.drift_plan)}")
         else:
             render.table("drift", ["component", "what", "was", "now", "read by"],
                          [(i.component, i.key + (" (warning)" if i.warning else ""), _clip(i.old), _clip(i.new),
@@ -350,6 +365,14 @@ def status(
                 render.out.print("dependents: " + ", ".join(f"{render.esc(k)} (reads {render.esc(v)})"
                                                              for k, v in rep.drift.dependents.items()))
             render.out.print(f"on resume: {render.esc(rep.drift_plan)}")
+        if rep.will_run or rep.may_run or rep.replayed:
+            render.out.print(f"resume runs {len(rep.will_run)} step(s): " + render.esc(", ".join(rep.will_run) or "-"))
+        if rep.may_run:
+            render.out.print(f"re-checks {len(rep.may_run)} (run again only if what they read now differs): "
+                             + render.esc(", ".join(rep.may_run)))
+        if rep.replayed:
+            render.out.print(f"replays {len(rep.replayed)} (nothing they read changed): "
+                             + render.esc(", ".join(rep.replayed)))
 
 
 env_app = typer.Typer(help="The environment a checkpoint was made in.", no_args_is_help=True)
@@ -383,7 +406,7 @@ def verify(
     all_tasks: bool = typer.Option(False, "--all", help="Every task, and every object in the store (referenced or not)."),
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
-    quiet: bool = QuietOpt,
+    quiet: bool = PlainQuietOpt,
 ) -> None:
     """Check every checkpoint and blob of a task (or the whole store), like `git fsck`.
 
@@ -537,7 +560,7 @@ def gc(
     grace: str = GraceOpt,
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
-    quiet: bool = QuietOpt,
+    quiet: bool = PlainQuietOpt,
 ) -> None:
     """Collect garbage: dangling checkpoints (on no live branch's lineage: records a fallback
     skipped, history of deleted branches) and objects no remaining checkpoint needs.
@@ -556,7 +579,7 @@ def gc(
         render.print_json(rep)
         return
     verb = "deleted" if rep.applied else "would delete"
-    if not rep.applied:
+    if not rep.applied and not quiet:
         render.err.print("[yellow]dry run[/]: nothing deleted (pass --apply to delete)")
     render.table(None, ["task", "checkpoints", "dangling", "kept", verb, "bytes"],
                  [(t.task_id, t.checkpoints, len(t.dangling), len(t.kept), len(t.deleted), render.human_bytes(t.bytes))
@@ -578,7 +601,7 @@ def rm(
     grace: str = GraceOpt,
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
-    quiet: bool = QuietOpt,
+    quiet: bool = PlainQuietOpt,
 ) -> None:
     """Delete a task: its checkpoints, branches, leases, journal and archive catalog, then the
     objects no other task needs. Asks first (--yes to skip); refuses while a run holds the task
@@ -621,7 +644,7 @@ def archive_(
     grace: str = GraceOpt,
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
-    quiet: bool = QuietOpt,
+    quiet: bool = PlainQuietOpt,
 ) -> None:
     """Move a task's older history to a cold store as one compressed pack, and remove it from the
     hot store. Heads and everything a kept checkpoint needs stay; archived checkpoints remain
@@ -655,7 +678,7 @@ def restore(
                                        "where each archive run recorded them)."),
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
-    quiet: bool = QuietOpt,
+    quiet: bool = PlainQuietOpt,
 ) -> None:
     """Bring a task's archived checkpoints (and the objects they need) back into the hot store."""
     try:
@@ -713,12 +736,13 @@ def demo(
             quiet=quiet, events=events)
     except OvernightError as exc:
         _fail(exc)
-    if result.status == "complete":
+    if result.status == "complete":  # the result (the report's path) on stdout, the rest on stderr
         size = out_path.stat().st_size
-        render.err.print(f"report: [bold]{out_path.resolve()}[/] ({render.human_bytes(size)}, "
+        render.out.print(f"report: [bold]{render.esc(out_path.resolve())}[/] ({render.human_bytes(size)}, "
                          f"{result.total - 2} module sections)")
-        render.err.print(f"store:  [bold]{render.esc(result.store_url)}[/]  (task {render.esc(result.task_id)}; "
-                         f"`overnight show {render.esc(result.task_id)}` lists its checkpoints)")
+        if not quiet:
+            render.err.print(f"store:  [bold]{render.esc(result.store_url)}[/]  (task {render.esc(result.task_id)}; "
+                             f"`overnight show {render.esc(result.task_id)}` lists its checkpoints)")
     _report_run(result, quiet=quiet)
 
 

@@ -118,10 +118,16 @@ class RunProgress:
         self._log = _StepLogHandler(self.quiet)
         logging.getLogger("overnight.task").addHandler(self._log)
         logging.getLogger("overnight.task").setLevel(logging.INFO)
+        # what the runner logs for Python API users, this progress display shows from run events
+        self._quiet_runner = logging.NullHandler()
+        logging.getLogger("overnight.runner").addHandler(self._quiet_runner)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         logging.getLogger("overnight.task").removeHandler(self._log)
+        logging.getLogger("overnight.runner").removeHandler(self._quiet_runner)
+        if self.bar is None:  # nothing was shown (an error before the run started): leave no blank line
+            self.progress.live.transient = True
         self.progress.__exit__(*exc)
         if self.events:
             self.events.close()
@@ -163,6 +169,8 @@ class RunProgress:
             err.print(f"[yellow]{esc(e.detail)}[/]")
         elif e.kind == "drift":
             err.print(f"[yellow]drift:[/] {esc(e.detail)}")
+        elif e.kind == "plan":
+            err.print(f"[yellow]plan changed:[/] {esc(e.detail)}")
         elif e.kind == "compaction_start":
             self._say(f"[cyan]compacting:[/] {esc(e.detail)}")
         elif e.kind == "compaction":

@@ -1,0 +1,155 @@
+"""Resume follows the user (issue 19): a plan that changes, a model that changes, output
+conventions, short tasks, the user's own folders, readable output -- each through the real CLI,
+as a user would drive it, editing the task file between runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def cli(*args: str, cwd: Path, env: dict | None = None, check: int | None = 0) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "overnight", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=120)
+    if check is not None:
+        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def events(path: Path, kind: str) -> list[str]:
+    return [e["step"] for e in map(json.loads, path.read_text().splitlines()) if e["kind"] == kind]
+
+
+PLAN_V1 = '''
+import overnight
+task = overnight.Task("planned", goal="a plan that changes", deps=[])
+
+@task.step
+def a(ctx):
+    ctx.state.setdefault("order", []).append("a")
+
+@task.step
+def b(ctx):
+    ctx.state["order"].append("b")
+{middle}
+@task.step
+def c(ctx):
+    ctx.state["order"].append("c")
+    return {c_body}
+{tail}'''
+X_STEP = '''
+@task.step
+def x(ctx):
+    ctx.state["order"].append("x")
+    return "made by x"
+'''
+Y_STEP = '''
+@task.step
+def y(ctx):
+    ctx.state["order"].append("y")
+'''
+
+
+def test_a_planned_step_inserted_in_the_code_runs_in_its_place(tmp_path):
+    task = tmp_path / "plan.py"
+    task.write_text(PLAN_V1.format(middle="", c_body="None", tail=Y_STEP))
+    cli("run", "plan.py", "--max-steps", "2", "-q", cwd=tmp_path, check=75)  # a and b ran
+    # the user inserts x between b and c (c now needs it) and deletes y
+    task.write_text(PLAN_V1.format(middle=X_STEP, c_body='ctx.outputs["x"]', tail=""))
+
+    status = json.loads(cli("status", "planned", "--drift", "--json", cwd=tmp_path).stdout)
+    assert status["plan_change"] == "+ x before c; - y"
+    assert status["will_run"] == ["x", "c"]
+    human = cli("status", "planned", "--drift", cwd=tmp_path).stdout
+    assert "plan changed: + x before c; - y" in human and "resume runs 2 step(s): x, c" in human
+
+    ev = tmp_path / "events.jsonl"
+    run = cli("resume", "planned", "--events", str(ev), cwd=tmp_path)
+    assert "plan changed: + x before c; - y" in run.stderr
+    assert events(ev, "step_start") == status["will_run"]  # the prediction is what ran
+    from overnight.store import open_store
+    from overnight.verify.chain import load_head
+
+    with open_store(f"sqlite://{tmp_path}/.overnight/overnight.db") as s:
+        head, _ = load_head(s, "planned", "main", key=None)
+        assert head.state.data["order"] == ["a", "b", "x", "c"]
+        assert [d.output for d in head.state.done if d.name == "c"] == ["made by x"]
+
+
+MODEL_TASK = '''
+import overnight
+task = overnight.Task("modelled", goal="a task that calls a model", deps=[])
+
+@task.step
+def ask(ctx):
+    return ctx.model.complete([{"role": "user", "content": "Say hello."}], max_tokens=16).text
+
+@task.step
+def other(ctx):
+    return "no model here"
+'''
+NOWHERE = ["--base-url", "http://127.0.0.1:9/v1"]  # nothing listens: a call there fails at once
+
+
+def drift_items(proc: subprocess.CompletedProcess) -> list[dict]:
+    return json.loads(proc.stdout)["drift"]["items"]
+
+
+def test_a_switched_model_is_drift_accepted_by_default_and_recompute_calls_the_new_one(tmp_path):
+    (tmp_path / "m.py").write_text(MODEL_TASK)
+    cli("run", "m.py", "-q", cwd=tmp_path)  # extractive (the default)
+    assert [i for i in drift_items(cli("status", "modelled", "--drift", "--json", cwd=tmp_path))
+            if i["component"] == "model"] == []
+
+    switched = cli("status", "modelled", "--drift", "--json", "--model", "openai:tiny", *NOWHERE, cwd=tmp_path)
+    [item] = [i for i in drift_items(switched) if i["component"] == "model"]
+    assert item["old"] == "extractive (tokenizer o200k_base)" and item["steps"] == ["ask"] and not item["warning"]
+    assert item["new"].startswith("openai:tiny (name tiny, base URL http://127.0.0.1:9/v1")
+    assert "model: accept" in json.loads(switched.stdout)["drift_plan"]
+
+    run = cli("resume", "modelled", "--model", "openai:tiny", *NOWHERE, cwd=tmp_path)  # default policy: accept
+    assert "drift:" in run.stderr and "model: model: extractive" in run.stderr and "accepted 1 drift" in run.stderr
+    again = cli("status", "modelled", "--drift", "--json", "--model", "openai:tiny", *NOWHERE, cwd=tmp_path)
+    assert [i for i in drift_items(again) if i["component"] == "model"] == []  # accepted: not reported again
+
+    # recompute: the step that called the model runs again, and calls the new model -- the response
+    # recorded from the earlier one is not replayed (nothing listens there, so the call fails)
+    ev = tmp_path / "ev.jsonl"
+    failed = cli("resume", "modelled", "--model", "openai:other", *NOWHERE, "--on-drift", "model=recompute",
+                 "--events", str(ev), cwd=tmp_path, check=1)
+    assert events(ev, "step_start") == ["ask"]
+    assert "cannot connect to http://127.0.0.1:9/v1" in failed.stderr
+
+
+def test_a_checkpoint_without_the_model_component_is_not_recorded_not_drift(tmp_path):
+    """World format 1 (before `model` was recorded) loads, and compares as `not recorded`: a
+    warning, never drift -- even under --on-drift all=abort."""
+    from overnight.store import open_store
+    from overnight.verify.chain import ChainWriter, load_head
+    from overnight.verify.integrity import encode_state
+    from overnight.verify.records import event
+
+    (tmp_path / "m.py").write_text(MODEL_TASK)
+    cli("run", "m.py", "-q", cwd=tmp_path)
+    with open_store(f"sqlite://{tmp_path}/.overnight/overnight.db") as s:
+        head, _ = load_head(s, "modelled", "main", key=None)
+        assert head.world["format"] == 2 and head.world["model"]["spec"] == "extractive"
+        old = {k: v for k, v in head.world.items() if k != "model"} | {"format": 1}
+        state = head.state_tree
+        state = {**state, "done": [{**d, "reads": {k: v for k, v in d["reads"].items() if k != "model"}}
+                                   for d in state["done"]]}
+        chain = ChainWriter(s, "modelled", "main", key=None, session_id="old", session_n=head.record.session.n)
+        chain.start_from(head, None)
+        writer = chain.blob_writer()
+        raw = encode_state(old)
+        chain.commit(state, event("drift", detail="as an older overnight wrote it"), writer=writer,
+                     fingerprint={"world": {"digest": writer.put(raw), "size": len(raw)}, "exports": {}, "accepted": []})
+    rep = json.loads(cli("status", "modelled", "--drift", "--json", cwd=tmp_path).stdout)
+    [item] = [i for i in rep["drift"]["items"] if i["component"] == "model"]
+    assert item["old"] == "not recorded" and item["warning"] and rep["drift"]["drifted"] is False
+    cli("resume", "modelled", "-q", "--on-drift", "all=abort", cwd=tmp_path)  # exit 0: nothing to abort for
