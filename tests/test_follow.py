@@ -153,3 +153,49 @@ def test_a_checkpoint_without_the_model_component_is_not_recorded_not_drift(tmp_
     [item] = [i for i in rep["drift"]["items"] if i["component"] == "model"]
     assert item["old"] == "not recorded" and item["warning"] and rep["drift"]["drifted"] is False
     cli("resume", "modelled", "-q", "--on-drift", "all=abort", cwd=tmp_path)  # exit 0: nothing to abort for
+
+
+def test_demo_report_lists_every_name_pydoc_lists_with_working_anchors_and_code_spans(tmp_path):
+    """The main job's report against pydoc, module by module: every public name pydoc lists
+    (classes, their methods and attributes -- inherited ones included, EmailMessage's from
+    MIMEPart and Message --, functions, data; a package's submodules) appears in that module's
+    section; the contents link to the anchors GitHub gives the headings; stdlib-style `quote'
+    docstrings stay text, not broken code spans."""
+    import html
+    import importlib
+    import inspect
+    import pydoc
+    import re
+
+    from markdown_it import MarkdownIt
+
+    out = cli("demo", "-q", cwd=tmp_path).stdout  # -q: only the result, the report's path
+    assert out.strip().startswith(f"report: {tmp_path / 'report.md'}")
+    report = (tmp_path / "report.md").read_text(encoding="utf-8")
+    sections = {m.group(1): part for part in re.split(r"(?m)^(?=## `)", report)
+                if (m := re.match(r"## `([\w.]+)`", part))}
+    assert len(sections) == 25
+    missing = []
+    for name, text in sections.items():
+        mod = importlib.import_module(name)
+        public = getattr(mod, "__all__", None)
+        for key, value in inspect.getmembers(mod):
+            if key.startswith("_") or not pydoc.visiblename(key, public, mod) or inspect.ismodule(value):
+                continue
+            if (inspect.isclass(value) or inspect.isroutine(value)) and public is None \
+                    and inspect.getmodule(value) is not mod:
+                continue  # pydoc lists a class or function under the module that defines it
+            names = [key] + ([a for a in dir(value) if not a.startswith("_")] if inspect.isclass(value) else [])
+            missing += [f"{name}.{key}:{n}" for n in names if not re.search(rf"\b{re.escape(n)}\b", text)]
+        if hasattr(mod, "__path__"):  # a package: its submodules, as pydoc's PACKAGE CONTENTS
+            missing += [f"{name}: {sub}" for sub in ("email.mime.text",) if name == "email.mime" and sub not in text]
+    assert missing == []
+    block = sections["email.message"].split("### class `EmailMessage(MIMEPart)`", 1)[1].split("\n### ", 1)[0]
+    assert "Inherited from `email.message.MIMEPart`" in block and "`walk`" in block and "get_body(" in block
+
+    assert "- [`email.message`](#emailmessage)" in report  # GitHub drops the dots: ## `email.message`
+    assert "- [`email.mime.text`](#emailmimetext)" in report
+    rendered = html.unescape(MarkdownIt().render(report))
+    assert "the `mapping' interface" in rendered  # a stdlib `quote' is text, and so is what follows it
+    spans = re.findall(r"(?<!<pre>)<code>(.*?)</code>", rendered, re.S)  # inline code, not code blocks
+    assert spans and all("\n" not in c for c in spans)  # no code span runs on across lines

@@ -65,6 +65,7 @@ class _Module:
         self.name, self.tree = name, ast.parse(source)
         self.defs: dict[str, ast.AST] = {}
         self.imports: dict[str, tuple[str, str]] = {}  # local name -> (module, name there)
+        self.modules: dict[str, str] = {}  # local name -> module (import x.y, import x as y)
         self.all: list[str] | None = None
         for node in self.tree.body:
             if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -78,6 +79,10 @@ class _Module:
                                 self.all = [str(n) for n in ast.literal_eval(node.value)]
                             except ValueError:
                                 self.all = None
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    self.modules[alias.asname or alias.name.split(".")[0]] = (
+                        alias.name if alias.asname else alias.name.split(".")[0])
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
@@ -104,7 +109,16 @@ class _Resolver:
         return self.cache[name]
 
     def find(self, mod: _Module, name: str, depth: int = 0) -> tuple[_Module, ast.AST] | None:
-        """``(module, node)`` defining ``name`` as seen from ``mod`` (following ``from x import``)."""
+        """``(module, node)`` defining ``name`` as seen from ``mod`` (following ``from x import``;
+        a dotted name through a module imported by ``import`` or ``from package import module``)."""
+        if "." in name:
+            head, *middle, last = name.split(".")
+            if head in mod.imports:
+                target = ".".join(p for p in mod.imports[head] if p)
+            else:
+                target = mod.modules.get(head, head)
+            other = self.module(".".join([target, *middle]))
+            return self.find(other, last, depth + 1) if other is not None and depth < 8 else None
         if name in mod.defs:
             return mod, mod.defs[name]
         if name in mod.imports and depth < 8:
@@ -122,6 +136,8 @@ def _members(node: ast.ClassDef) -> tuple[list[ast.AST], list[str]]:
     for m in node.body:
         targets = m.targets if isinstance(m, ast.Assign) else [m.target] if isinstance(m, ast.AnnAssign) else []
         attrs += [t.id for t in targets if isinstance(t, ast.Name) and not t.id.startswith("_")]
+        if isinstance(m, ast.ImportFrom):  # class Message: from email.iterators import walk
+            attrs += [a.asname or a.name for a in m.names if not (a.asname or a.name).startswith("_")]
     return methods, attrs
 
 
@@ -136,7 +152,7 @@ def _inherited(res: _Resolver, mod: _Module, node: ast.ClassDef, own: set[str]) 
     def walk(m: _Module, cls: ast.ClassDef) -> None:
         for base in cls.bases:
             text = ast.unparse(base)
-            found = res.find(m, text) if isinstance(base, ast.Name) else None
+            found = res.find(m, text) if isinstance(base, (ast.Name, ast.Attribute)) else None
             if found is not None and isinstance(found[1], ast.ClassDef):
                 bm, bnode = found
                 qual = f"{bm.name}.{bnode.name}"
