@@ -42,6 +42,17 @@ EXIT_CODES_HELP = (
     "run `overnight resume TASK_ID`)."
 )
 
+def _usage_name(self: typer.core.TyperArgument) -> str:
+    """An argument in a usage line as click and git write it -- ``TASK_ID``, ``[TASK_ID]`` -- not
+    typer's ``{task_id}``."""
+    name = self.metavar or (self.name or "").upper()
+    return (name if self.required else f"[{name}]") + ("..." if self.nargs != 1 else "")
+
+
+if hasattr(typer.core.TyperArgument, "_usage_display_name"):  # typer >= 0.16 writes required ones as {name}
+    typer.core.TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
+
+
 def _version(value: bool) -> None:
     if value:
         from overnight import __version__
@@ -198,7 +209,7 @@ def run(
 
 @app.command()
 def resume(
-    task_id: str = typer.Argument(..., help="Task id (see `overnight ls`)."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id (see `overnight ls`)."),
     store: Optional[str] = StoreOpt,
     branch: str = BranchOpt,
     file: Optional[str] = typer.Option(None, "--file", help="Load the task code from FILE.py[:NAME] instead of the "
@@ -256,7 +267,7 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
 
 @app.command()
 def show(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     store: Optional[str] = StoreOpt,
     branch: str = BranchOpt,
     as_json: bool = JsonOpt,
@@ -272,30 +283,35 @@ def show(
         render.print_json(rep)
         return
     render.out.print(f"[bold]{render.esc(rep.task_id)}[/]: {render.esc(rep.goal)}")
-    render.out.print(f"status: {rep.status}, {rep.done}/{rep.total} steps; branches: "
-                     + ", ".join(f"{b} -> {c[7:19]}" for b, c in rep.branches.items())
-                     + f"; stored: {render.human_bytes(rep.stored_bytes)}")
+    render.out.print(f"status: {rep.status}, {rep.done}/{rep.total} steps; stored {render.human_bytes(rep.stored_bytes)}; "
+                     "branches: " + ", ".join(f"{render.esc(b)} -> {c[7:15]}" for b, c in rep.branches.items()))
     u = rep.usage
     if u.get("calls"):
-        cost = (f", est. ${u['cost_usd']:.4f}" if u.get("cost_usd") is not None
-                else render.esc(" (set [prices] in overnight.toml for a cost estimate)"))
-        render.out.print(f"model: {u['calls']} call(s), {u['tokens_in']} tokens in, {u['tokens_out']} out; "
-                         f"{u['tokens_saved_by_resume']} tokens saved by resume (replayed, not paid again){cost}")
+        priced = u.get("cost_usd") is not None
+        render.out.print(f"model: {u['calls']} call(s), {u['tokens_in']} tokens in, {u['tokens_out']} out"
+                         + (f", est. ${u['cost_usd']:.4f}" if priced else ""))
+        render.out.print(f"  {u['tokens_saved_by_resume']} tokens saved by resume (replayed, not paid again)")
+        if not priced:
+            render.out.print(render.esc("  for a cost estimate, set [prices] in overnight.toml"))
     if rep.todo:
         more = f" (+{len(rep.todo) - 5} more)" if len(rep.todo) > 5 else ""
         render.out.print("todo: " + ", ".join(render.esc(n) for n in rep.todo[:5]) + more)
-    render.table(None, ["seq", "checkpoint", "branch", "session", "event", "step", "time (UTC)", "size", ""],
-                 [(c.seq, c.checkpoint_id[7:19], c.branch, c.session if c.session is not None else "?", c.event,
-                   c.step or "", c.created_at[:19].replace("T", " "), render.human_bytes(c.stored_bytes),
-                   ("<- " + ",".join(c.heads) if c.heads else "") + ("archived" if c.archived else "")
-                   + ("" if c.valid else f"  INVALID: {c.problem}"))
-                  for c in rep.chain],
-                 justify={"seq": "right", "size": "right"})
+    # fits 80 columns: 8-digit ids (`show --json` has the full ones), times as MM-DD HH:MM (UTC), the
+    # branch column only when there are several, notes only when a record has one
+    several = len(rep.branches) > 1 or any(c.branch != "main" for c in rep.chain)
+    notes = [("<- " + ",".join(c.heads) if c.heads else "") + (" archived" if c.archived else "")
+             + ("" if c.valid else f" INVALID: {c.problem}") for c in rep.chain]
+    rows = [(c.seq, c.checkpoint_id[7:15]) + ((c.branch,) if several else ())
+            + (c.session if c.session is not None else "?", c.event, " ".join(filter(None, [c.step, note.strip()])),
+               c.created_at[5:16].replace("T", " "), render.human_bytes(c.stored_bytes))
+            for c, note in zip(rep.chain, notes)]
+    render.table(None, ["seq", "id"] + (["branch"] if several else []) + ["s", "event", "step", "UTC", "size"], rows,
+                 justify={"seq": "right", "size": "right"}, no_wrap=("seq", "id", "s", "UTC", "size"))
 
 
 @app.command()
 def cat(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     artifact: str = typer.Argument(..., help="Artifact name (e.g. report.md)."),
     at: Optional[str] = typer.Option(None, "--at", help="Checkpoint id (or unique prefix) or branch; default: head."),
     store: Optional[str] = StoreOpt,
@@ -321,7 +337,7 @@ def cat(
 
 @app.command()
 def status(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     drift: bool = typer.Option(False, "--drift", help="Compare the head with the world now (no resume, no writes)."),
     store: Optional[str] = StoreOpt,
     branch: str = BranchOpt,
@@ -381,7 +397,7 @@ app.add_typer(env_app, name="env")
 
 @env_app.command("export")
 def env_export(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     at: Optional[str] = typer.Option(None, "--at", help="Checkpoint id (or unique prefix) or branch; default: head."),
     store: Optional[str] = StoreOpt,
     branch: str = BranchOpt,
@@ -402,7 +418,7 @@ def env_export(
 
 @app.command()
 def verify(
-    task_id: Optional[str] = typer.Argument(None, help="Task id; omit with --all."),
+    task_id: Optional[str] = typer.Argument(None, metavar="TASK_ID", help="Task id; omit with --all."),
     all_tasks: bool = typer.Option(False, "--all", help="Every task, and every object in the store (referenced or not)."),
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
@@ -454,7 +470,7 @@ def verify(
 
 @app.command("log")
 def log_(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -482,7 +498,7 @@ def log_(
 
 @app.command()
 def fork(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     at: str = typer.Option(..., "--at", help="Checkpoint id (or unique prefix) or branch to fork from."),
     branch: str = typer.Option(..., "--branch", "-b", help="Name of the new branch."),
     store: Optional[str] = StoreOpt,
@@ -499,7 +515,7 @@ def fork(
 
 @app.command()
 def rollback(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     to: str = typer.Option(..., "--to", help="Checkpoint id (or unique prefix) to go back to."),
     branch: str = BranchOpt,
     store: Optional[str] = StoreOpt,
@@ -516,7 +532,7 @@ def rollback(
 
 @app.command()
 def merge(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     source: str = typer.Option(..., "--from", help="Branch to merge."),
     into: str = typer.Option("main", "--into", help="Branch to merge into."),
     prefer: Optional[str] = typer.Option(None, "--prefer", help="Resolve conflicts: ours | theirs."),
@@ -595,7 +611,7 @@ def gc(
 
 @app.command()
 def rm(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     force: bool = typer.Option(False, "--force", help="Delete even while a live process holds one of its branches."),
     grace: str = GraceOpt,
@@ -635,7 +651,7 @@ def rm(
 
 @app.command("archive")
 def archive_(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     cold: str = typer.Option(..., "--cold", metavar="URL", help="Cold store URL (s3://BUCKET/PREFIX, file://DIR, ...)."),
     keep_last: Optional[int] = typer.Option(None, "--keep-last", min=1, metavar="N",
                                             help="Keep each branch's N newest checkpoints in hot."),
@@ -673,7 +689,7 @@ def archive_(
 
 @app.command()
 def restore(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     cold: Optional[str] = typer.Option(None, "--cold", metavar="URL", help="Read the packs from this store (default: "
                                        "where each archive run recorded them)."),
     store: Optional[str] = StoreOpt,
@@ -832,7 +848,7 @@ def config_(as_json: bool = JsonOpt) -> None:
 
 @app.command()
 def repair(
-    task_id: Optional[str] = typer.Argument(None, help="Task id; omit with --all."),
+    task_id: Optional[str] = typer.Argument(None, metavar="TASK_ID", help="Task id; omit with --all."),
     all_tasks: bool = typer.Option(False, "--all", help="Every task in the store."),
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
