@@ -199,3 +199,136 @@ def test_demo_report_lists_every_name_pydoc_lists_with_working_anchors_and_code_
     assert "the `mapping' interface" in rendered  # a stdlib `quote' is text, and so is what follows it
     spans = re.findall(r"(?<!<pre>)<code>(.*?)</code>", rendered, re.S)  # inline code, not code blocks
     assert spans and all("\n" not in c for c in spans)  # no code span runs on across lines
+
+
+def test_results_on_stdout_progress_on_stderr_and_help_that_says_what_happens(tmp_path):
+    run = cli("demo", "--package", "json", "-q", cwd=tmp_path)
+    assert run.stdout == f"report: {tmp_path / 'report.md'} ({run.stdout.split('(', 1)[1]}"  # the result only
+    assert run.stdout.count("\n") == 1 and run.stderr == ""  # -q: nothing but the result
+    loud = cli("demo", "--package", "json", cwd=tmp_path)
+    assert loud.stdout.startswith("report: ") and "store:" in loud.stderr and "store:" not in loud.stdout
+    missing = cli("resume", "nosuch", cwd=tmp_path, check=2)
+    assert missing.stderr.startswith("error: no task 'nosuch'") and missing.stdout == ""  # no blank line first
+    assert cli("run", "nothere.py", cwd=tmp_path, check=2).stderr.startswith("error: task file nothere.py")
+
+    assert cli("resume", "--help", cwd=tmp_path).stdout.startswith("Usage: python -m overnight resume [OPTIONS] TASK_ID\n")
+    assert "overnight cat [OPTIONS] TASK_ID ARTIFACT" in cli("cat", "--help", cwd=tmp_path).stdout
+    for command in ("verify", "gc", "rm"):
+        text = " ".join(cli(command, "--help", cwd=tmp_path).stdout.split())
+        assert "-q, --quiet No progress bar (results, errors and warnings still print)." in text
+        assert "resume command" not in text
+    run_help = " ".join(cli("run", "--help", cwd=tmp_path).stdout.split())
+    assert "unless it is ephemeral" in run_help and "the exit is 1" in run_help
+    status_help = " ".join(cli("status", "--help", cwd=tmp_path).stdout.split())
+    assert "for this run" not in status_help and "Predict with these drift policies" in status_help
+
+
+SMALL = '''
+import os, overnight
+task = overnight.Task("small", goal="readable output", deps=[], env=["MY_VAR"], expected_span=os.environ.get("SPAN"))
+
+@task.step
+def start(ctx):
+    ctx.add_step("use", fn="a step argument named fn")
+
+@task.step(planned=False)
+def use(ctx, fn):
+    ctx.state["v"] = ("x", int(os.environ.get("V", "0")))
+    if os.environ.get("BAD_TEXT"):
+        ctx.write_text("n.txt", 42)
+    return fn
+'''
+
+
+def test_readable_output(tmp_path):
+    (tmp_path / "small.py").write_text(SMALL)
+    cli("run", "small.py", "--max-steps", "1", "-q", cwd=tmp_path, check=75)
+    cli("fork", "small", "--at", "main", "--branch", "b", cwd=tmp_path)
+    done = cli("resume", "small", "-q", cwd=tmp_path, env={"V": "1"})  # add_step(..., fn=...) is a step argument
+    assert done.returncode == 0
+    cli("resume", "small", "--branch", "b", "-q", cwd=tmp_path, env={"V": "2"})
+    conflict = cli("merge", "small", "--from", "b", cwd=tmp_path, check=4)
+    assert "data 'v': ours ('x', 1) / theirs ('x', 2)" in conflict.stderr  # Python reprs, not {"$t": ...}
+
+    show = cli("show", "small", cwd=tmp_path, env={"COLUMNS": "80"}).stdout
+    assert max(len(line) for line in show.splitlines()) <= 80, show
+    ids = [line.split()[2] for line in show.splitlines() if line.strip()[:1].isdigit()]
+    assert ids and all(len(i) == 8 for i in ids)  # short ids
+
+    typo = cli("show", "smal", cwd=tmp_path, check=2)
+    assert "did you mean small?" in typo.stderr
+
+    pins = cli("env", "export", "small", cwd=tmp_path).stdout
+    assert not any(line.startswith(("overnight==", "pip==", "setuptools==")) for line in pins.splitlines())
+
+    # a drift no step read (the declared MY_VAR) is reported once, not on every later run
+    first = cli("resume", "small", cwd=tmp_path, env={"MY_VAR": "changed"})
+    assert "drift:" in first.stderr and "MY_VAR" in first.stderr
+    again = cli("resume", "small", cwd=tmp_path, env={"MY_VAR": "changed"})
+    assert "drift:" not in again.stderr
+
+    (tmp_path / "small.py").write_text(SMALL.replace('"small"', '"small2"'))
+    bad = cli("run", "small.py", "-q", cwd=tmp_path, env={"BAD_TEXT": "1"}, check=1)
+    assert "write_text('n.txt') takes str, got int (42)" in bad.stderr
+
+
+def test_deps_drift_row_puts_old_and_new_in_their_columns():
+    from overnight.verify.drift import detect
+
+    world = {"code": {"task": "1", "steps": {}}, "env": {"python": "3", "implementation": "C", "platform": "p",
+                                                          "vars": {}}, "inputs": {}, "model": None}
+    old = {**world, "deps": {"packages": {"alpha": "1.0", "beta": "2.0"}, "locks": {}}}
+    new = {**world, "deps": {"packages": {"alpha": "1.1", "beta": "2.0"}, "locks": {}}}
+    rep = detect(checkpoint_id=None, recorded=old, now=new, done=[], step_versions={}, exports={}, salt=b"",
+                 sources={})
+    [item] = rep.items
+    assert (item.component, item.old, item.new) == ("deps", "alpha 1.0", "alpha 1.1")
+
+
+EPHEMERAL = '''
+import overnight
+task = overnight.Task("quick", goal="a short task", expected_span="20m", deps=[])
+
+@task.step
+def one(ctx):
+    return 1
+
+@task.step
+def boom(ctx):
+    raise RuntimeError("no luck")
+'''
+
+
+def test_ephemeral_warns_once_through_the_api_and_no_hint_offers_a_resume(tmp_path):
+    (tmp_path / "quick.py").write_text(EPHEMERAL)
+    script = ("import overnight, importlib.util\n"
+              "spec = importlib.util.spec_from_file_location('quick', 'quick.py'); m = importlib.util.module_from_spec(spec)\n"
+              "spec.loader.exec_module(m)\n"
+              "del m.task.steps['boom']\n"
+              "for _ in range(2):\n"
+              "    print(overnight.run(m.task).level)\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["ephemeral", "ephemeral"]
+    assert proc.stderr.count("task quick is ephemeral") == 1  # logged once per process, on overnight.runner
+    failed = cli("run", "quick.py", cwd=tmp_path, check=1)
+    assert "level ephemeral" in failed.stderr and "no luck" in failed.stderr
+    assert "overnight resume" not in failed.stderr and "resume (" not in failed.stderr
+
+
+def test_the_users_own_folders_give_typed_errors_never_a_traceback(tmp_path):
+    ro = Path("/sys")  # read-only even for root (permission bits are not)
+    in_ro = cli("demo", "--package", "json", cwd=ro, check=2)
+    assert in_ro.stderr.startswith("error: cannot create or open the store at /sys/.overnight")
+    (tmp_path / "afile").write_text("")
+    under_file = cli("demo", "--package", "json", "--store", "sqlite://afile/x.db", cwd=tmp_path, check=2)
+    assert f"{tmp_path / 'afile'} is a file, not a folder" in under_file.stderr
+    under_ro = cli("demo", "--package", "json", "--store", "sqlite:///sys/nope/x.db", cwd=tmp_path, check=2)
+    assert "cannot create or open the store at /sys/nope" in under_ro.stderr
+    out_ro = cli("demo", "--package", "json", "--out", "/sys/report.md", cwd=tmp_path, check=2)
+    assert "task 'api-report-json' is complete (7 step(s) committed)" in out_ro.stderr
+    assert "overnight cat api-report-json report.md -o FILE" in out_ro.stderr
+    for proc in (in_ro, under_file, under_ro, out_ro):
+        assert "Traceback" not in proc.stderr
+    cli("cat", "api-report-json", "report.md", "-o", "r.md", cwd=tmp_path)  # nothing was lost
+    assert (tmp_path / "r.md").read_text().startswith("# API reference: `json`")

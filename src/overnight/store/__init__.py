@@ -83,9 +83,13 @@ def open_store(url: str | os.PathLike | None = None) -> Store:
     try:
         return open_url(url)
     except OSError as exc:
-        where = exc.filename or str(url if url is not None else default_store_url())
-        raise OutputNotWritable(f"cannot create or open the store at {where}: {exc.strerror or exc}",
-                                path=str(where), reason=exc.strerror,
+        import errno
+
+        where = os.path.abspath(exc.filename) if exc.filename else str(url if url is not None else default_store_url())
+        reason = (f"{where} is a file, not a folder" if exc.errno in (errno.EEXIST, errno.ENOTDIR)
+                  else exc.strerror or str(exc))
+        raise OutputNotWritable(f"cannot create or open the store at {where}: {reason}",
+                                path=str(where), reason=reason,
                                 hint="run in a folder you can write, or pass --store URL (or set "
                                 "OVERNIGHT_STORE) to put the store elsewhere") from exc
 
