@@ -332,3 +332,28 @@ def test_the_users_own_folders_give_typed_errors_never_a_traceback(tmp_path):
         assert "Traceback" not in proc.stderr
     cli("cat", "api-report-json", "report.md", "-o", "r.md", cwd=tmp_path)  # nothing was lost
     assert (tmp_path / "r.md").read_text().startswith("# API reference: `json`")
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("llama_cpp") is None,
+                    reason="llama_cpp is not installed: run `bash scripts/ensure-llama-wheel.sh` (or pip install "
+                    "'overnight[llm]') to run the real-model tests")
+def test_local_model_sections_say_each_paragraph_once_and_keep_the_signatures(tmp_path):
+    """SmolLM2-135M through the real CLI on a small package (`html`: 3 modules): its overview is
+    sampled with a repeat penalty, stopped at a repeated line and capped per section; no paragraph
+    of a section repeats, and every signature the extractive writer lists is still there."""
+    import re
+
+    cli("demo", "--model", "local", "--package", "html", "-q", cwd=tmp_path)
+    report = (tmp_path / "report.md").read_text(encoding="utf-8")
+    sections = [s for s in re.split(r"(?m)^(?=## `html)", report) if s.startswith("## `html")]
+    assert len(sections) == 3
+    for section in sections:
+        assert "*Overview by local:*" in section
+        prose = section.split("*Overview by local:*", 1)[1].split("\n*", 1)[0]  # up to "*N classes, ..."
+        paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", prose) if p.strip()]
+        sentences = [x for p in paragraphs for x in re.split(r"(?<=[.!?]) ", p)]
+        assert paragraphs and len(paragraphs) == len(set(paragraphs)), section
+        assert len(sentences) == len(set(sentences)), section
+    assert "#### `escape(s, quote=True)`" in report and "#### `HTMLParser.feed(self, data)`" in report

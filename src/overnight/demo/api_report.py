@@ -453,6 +453,53 @@ def write_section(ctx: StepContext, api: dict[str, Any], max_tokens: int) -> str
     return "\n\n".join([texts[0].rstrip(), *(r.strip() for r in rest)]).rstrip() + "\n"
 
 
+OVERVIEW_SYSTEM = ("You are a technical writer. Answer in plain English with 2 to 4 short sentences. "
+                   "No code, no lists, no headings. Do not repeat yourself.")
+
+
+def overview_messages(api: dict[str, Any]) -> list[dict[str, str]]:
+    """The request a *small* language model can answer well: a few facts about one module (its
+    docstring's first paragraph, its class and function names) and one short question -- not the
+    whole API to rewrite, which a 135M model loops on."""
+    doc = ExtractiveWriter._para(api["doc"]) or "(none)"
+    classes = ", ".join(c["name"] for c in api["classes"][:12]) or "none"
+    functions = ", ".join(f["signature"].split("(", 1)[0] for f in api["functions"][:12]) or "none"
+    user = (f"Python module: {api['module']}\nWhat its documentation says: {_clip(doc, 600)}\n"
+            f"Classes: {classes}\nFunctions: {functions}\n\n"
+            f"In 2 to 4 sentences, what is the module {api['module']} for, and when would you use it?")
+    return [{"role": "system", "content": OVERVIEW_SYSTEM}, {"role": "user", "content": user}]
+
+
+def unique_prose(text: str) -> str:
+    """A model's reply with every paragraph and sentence said once (a small model that starts over
+    repeats itself word for word); blank paragraphs dropped."""
+    seen: set[str] = set()
+    paragraphs = []
+    for para in re.split(r"\n\s*\n", text.strip()):
+        sentences = []
+        for sentence in re.split(r"(?<=[.!?])\s+", " ".join(para.split())):
+            key = re.sub(r"\W+", " ", sentence.lower()).strip()
+            if key and key not in seen:
+                seen.add(key)
+                sentences.append(sentence)
+        if sentences:
+            paragraphs.append(" ".join(sentences))
+    return "\n\n".join(paragraphs)
+
+
+def model_section(ctx: StepContext, api: dict[str, Any], max_tokens: int) -> str:
+    """A module's section by a language model: the model writes a short overview (capped at
+    ``max_tokens`` and what the window has room for), said once (:func:`unique_prose`); the facts --
+    every signature and docstring, as :class:`ExtractiveWriter` lays them out -- follow verbatim,
+    so the section is a usable reference however weak the model's prose."""
+    messages = overview_messages(api)
+    cap = max(16, min(max_tokens, ctx.model.room(messages)))
+    reply = unique_prose(ctx.model.complete(messages, max_tokens=cap).text)
+    facts = ExtractiveWriter().write_section(api).split("\n", 2)[2]  # without its heading
+    overview = f"*Overview by {ctx.model.name}:* {reply}\n\n" if reply else ""
+    return f"## `{api['module']}`\n\n{overview}{facts}"
+
+
 def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latency_ms: float = 0.0,
               out: str | None = "report.md", model: str | None = None, max_context_tokens: int = 8_000,
               section_tokens: int | None = None) -> Task:
@@ -523,7 +570,7 @@ def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latenc
         limit = ctx.state.get("section_tokens") or (4096 if ctx.model.name == "extractive" else 400)
         if ctx.model.name == "extractive" and ctx.state.get("latency_ms"):
             time.sleep(ctx.state["latency_ms"] / 1000)
-        text = write_section(ctx, api, limit)
+        text = write_section(ctx, api, limit) if ctx.model.name == "extractive" else model_section(ctx, api, limit)
         heading = f"## `{module}`"
         if not text.lstrip().startswith(heading):  # a model's reply without the heading: the report keeps its shape
             text = f"{heading}\n\n{text.strip()}\n"
