@@ -10,19 +10,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _procs
 import pytest
 
 
 def cli(*args: str, cwd: Path, env: dict | None = None, check: int | None = 0) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "overnight", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=120)
+    """``python -m overnight ARGS`` (:func:`_procs.cli`), asserting its exit code unless ``check`` is None."""
+    proc = _procs.cli(*args, cwd=cwd, timeout=180, extra_env=env)
     if check is not None:
         assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc
 
 
 def events(path: Path, kind: str) -> list[str]:
-    return [e["step"] for e in map(json.loads, path.read_text().splitlines()) if e["kind"] == kind]
+    return [e["step"] for e in _procs.read_events(path) if e["kind"] == kind]
 
 
 PLAN_V1 = '''
