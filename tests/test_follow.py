@@ -358,3 +358,16 @@ def test_local_model_sections_say_each_paragraph_once_and_keep_the_signatures(tm
         assert paragraphs and len(paragraphs) == len(set(paragraphs)), section
         assert len(sentences) == len(set(sentences)), section
     assert "#### `escape(s, quote=True)`" in report and "#### `HTMLParser.feed(self, data)`" in report
+
+
+def test_a_small_models_repeats_are_cut_and_said_once():
+    """What stops a looping small model, without the model: a reply is cut at its first line that
+    repeats an earlier one (the local model's stop), and the demo keeps each sentence once."""
+    from overnight.demo.api_report import unique_prose
+    from overnight.models.local import _first_repeat
+
+    loop = ["The `json.dumps` function is available in all Python versions."] * 19
+    assert _first_repeat(["JSON encoder and decoder.", *loop]) == 2
+    assert _first_repeat(["- a b c", "* A  B c"]) == 1 and _first_repeat(["ok", "ok"]) is None  # short: kept
+    assert unique_prose("It encodes. It decodes. It encodes.\n\nIt decodes.\n\nIt is fast.") == \
+        "It encodes. It decodes.\n\nIt is fast."

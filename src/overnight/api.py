@@ -743,20 +743,22 @@ def _predict(rep: StatusReport, s: Store, loaded: Any, task: Task, on_drift: str
     state = loaded.state_tree
     client = model if hasattr(model, "complete") else model_from_spec(model or task.model)
     now = world(world_spec(task, salt_of(state), identity_of(client, tokenizer_of(client))))
-    rep.drift = report_for(loaded, state, task, now, salt_of(state))
     policies = policies_for(task, parse_policies(on_drift))
     route = recorded_route(state["task"]["spec"])
     level = task.level or (route.level if route else "durable")
     plan = []
     after = state
     if level != "durable":
+        rep.drift = report_for(loaded, state, task, now, salt_of(state))
         plan.append(f"level {level}: drift is not checked on resume")
     else:
         try:
             decision = decide(s, loaded, task, now, policies, key=signing_key_from_env())
         except DriftAbort as exc:
+            rep.drift = exc.report or report_for(loaded, state, task, now, salt_of(state))
             rep.drift_plan = f"abort (exit 5): {exc.message.splitlines()[0]}"
             return
+        rep.drift = decision.found or decision.report
         after = decision.state
         if decision.rollback_to is not None:
             plan.append(f"roll back to checkpoint {decision.rollback_to.id[7:19]}")

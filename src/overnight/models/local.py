@@ -146,26 +146,29 @@ class LocalModel:
 
     def _generate(self, msgs: list[dict[str, Any]], max_tokens: int, temperature: float
                   ) -> tuple[str, str | None, int, int]:
-        """One reply, stopped at the first repeated line (:attr:`stop_on_repeat`) by a llama.cpp
-        stopping criterion, the repeat cut off. Returns ``(text, finish_reason, tokens_in,
+        """One reply, ended at the first repeated line (:attr:`stop_on_repeat`): a llama.cpp logits
+        processor leaves only end-of-text to sample once a finished line repeats an earlier one,
+        and the repeat is cut off the text. Returns ``(text, finish_reason, tokens_in,
         tokens_out)`` with llama.cpp's token counts."""
-        state: dict[str, Any] = {"prompt": None, "hit": False}
+        state: dict[str, Any] = {"prompt": None}
+        eos = self._llama.token_eos()
 
-        def repeated(input_ids: Any, logits: Any) -> bool:
+        def end_on_repeat(input_ids: Any, scores: Any) -> Any:
             if state["prompt"] is None:
-                state["prompt"] = len(input_ids) - 1  # called after each generated token
-            generated = list(input_ids[state["prompt"]:])
-            if not generated or "\n" not in self._llama.detokenize(generated[-1:]).decode("utf-8", "ignore"):
-                return False
-            text = self._llama.detokenize(generated).decode("utf-8", "ignore")
-            state["hit"] = _first_repeat(text.split("\n")[:-1]) is not None
-            return state["hit"]
+                state["prompt"] = len(input_ids)  # first call: before the first token is sampled
+            generated = [int(t) for t in input_ids[state["prompt"]:]]
+            if generated and b"\n" in self._llama.detokenize(generated[-1:]):
+                text = self._llama.detokenize(generated).decode("utf-8", "ignore")
+                if _first_repeat(text.split("\n")[:-1]) is not None:
+                    scores.fill(float("-inf"))
+                    scores[eos] = 0.0
+            return scores
 
         extra: dict[str, Any] = {}
         if self.stop_on_repeat:
-            from llama_cpp import StoppingCriteriaList
+            from llama_cpp import LogitsProcessorList
 
-            extra["stopping_criteria"] = StoppingCriteriaList([repeated])
+            extra["logits_processor"] = LogitsProcessorList([end_on_repeat])
         out = self._llama.create_chat_completion(messages=msgs, max_tokens=max_tokens, temperature=temperature,
                                                  seed=self.seed, **self.sampling, **extra)
         choice = out["choices"][0]
