@@ -604,9 +604,10 @@ class Runner:
             self._accepted = self._accepted + decision.accepted
             self.state = decision.state
             self._commit(self.chain.blob_writer(), event("drift", detail=decision.describe()), [])
-        elif found.items and decision.rollback_to is None:
-            # drift no step read (or a warning): nothing to do, but record the world it was seen in,
-            # so the next run does not report it again (a task with nothing left to run commits nothing else)
+        elif found.drifted and decision.rollback_to is None:
+            # drift no step read: nothing to do, but record the world it was seen in, so the next run
+            # does not report it again (a task with nothing left to run commits nothing else); a
+            # warning alone commits nothing
             self._commit(self.chain.blob_writer(), event("drift", detail="reported: " + "; ".join(
                 i.describe() for i in found.items)[:500]), [])
         self._export()
