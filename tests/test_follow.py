@@ -14,9 +14,10 @@ import _procs
 import pytest
 
 
-def cli(*args: str, cwd: Path, env: dict | None = None, check: int | None = 0) -> subprocess.CompletedProcess:
+def cli(*args: str, cwd: Path, env: dict | None = None, check: int | None = 0,
+        timeout: float = 180) -> subprocess.CompletedProcess:
     """``python -m overnight ARGS`` (:func:`_procs.cli`), asserting its exit code unless ``check`` is None."""
-    proc = _procs.cli(*args, cwd=cwd, timeout=180, extra_env=env)
+    proc = _procs.cli(*args, cwd=cwd, timeout=timeout, extra_env=env)
     if check is not None:
         assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc
@@ -346,7 +347,7 @@ def test_local_model_sections_say_each_paragraph_once_and_keep_the_signatures(tm
     of a section repeats, and every signature the extractive writer lists is still there."""
     import re
 
-    cli("demo", "--model", "local", "--package", "html", "-q", cwd=tmp_path)
+    cli("demo", "--model", "local", "--package", "html", "--section-tokens", "160", "-q", cwd=tmp_path, timeout=900)
     report = (tmp_path / "report.md").read_text(encoding="utf-8")
     sections = [s for s in re.split(r"(?m)^(?=## `html)", report) if s.startswith("## `html")]
     assert len(sections) == 3
