@@ -5,7 +5,6 @@ as a user would drive it, editing the task file between runs."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
