@@ -496,7 +496,7 @@ def model_section(ctx: StepContext, api: dict[str, Any], max_tokens: int) -> str
     cap = max(16, min(max_tokens, ctx.model.room(messages)))
     reply = unique_prose(ctx.model.complete(messages, max_tokens=cap).text)
     facts = ExtractiveWriter().write_section(api).split("\n", 2)[2]  # without its heading
-    overview = f"*Overview by {ctx.model.name}:* {reply}\n\n" if reply else ""
+    overview = f"*Overview by {ctx.model.name}:* {prose(reply)}\n\n" if reply else ""  # its <tags> stay text
     return f"## `{api['module']}`\n\n{overview}{facts}"
 
 
