@@ -28,9 +28,10 @@ def env() -> dict[str, str]:
     return e
 
 
-def cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run ``python -m overnight ARGS`` to completion."""
-    return subprocess.run([*CLI, *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout)
+def cli(*args: str, cwd: Path, timeout: float = 60, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m overnight ARGS`` to completion (``extra_env``: variables to set for it)."""
+    return subprocess.run([*CLI, *args], cwd=cwd, env={**env(), **(extra_env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def spawn(*args: str, cwd: Path, stderr_path: Path | None = None, argv: list[str] | None = None) -> subprocess.Popen:

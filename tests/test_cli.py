@@ -56,7 +56,7 @@ def test_demo_writes_report_and_says_where(tmp_path):
     assert text.startswith("# API reference: `email`")
     assert "## `email.message`" in text and "## Contents" in text
     assert len(text) > 4 * 8000 * 1.5  # well over an 8,000-token context (~4 bytes/token)
-    assert f"report: {report}" in proc.stderr
+    assert f"report: {report}" in proc.stdout  # the result on stdout; the rest on stderr
     assert "store:" in proc.stderr and ".overnight/overnight.db" in proc.stderr
     # running it again resumes the finished task: nothing is recomputed, same bytes
     before = report.read_bytes()

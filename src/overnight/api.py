@@ -51,6 +51,34 @@ from overnight.verify.integrity import load_checkpoint, parse_record, signing_ke
 
 @contextmanager
 def _opened(store: Store | str | None, *, task_id: str | None = None, write: bool = False) -> Iterator[TieredStore]:
+    """:func:`_opened_store`; a ``TaskNotFound`` raised inside gains "did you mean" in its hint."""
+    with _opened_store(store, task_id=task_id, write=write) as s:
+        try:
+            yield s
+        except TaskNotFound as exc:
+            _suggest(exc, s)
+            raise
+
+
+def _suggest(exc: TaskNotFound, s: Store) -> None:
+    """Add the stored task ids closest to the one not found (``difflib``, as git suggests a
+    mistyped command) in front of ``exc.hint``."""
+    import difflib
+
+    if not exc.task_id:
+        return
+    try:
+        ids = [t.task_id for t in s.list_tasks()]
+    except OvernightError:
+        return
+    close = difflib.get_close_matches(exc.task_id, ids, n=3, cutoff=0.6)
+    if close and "did you mean" not in (exc.hint or ""):
+        exc.hint = f"did you mean {' or '.join(close)}?" + (f" {exc.hint}" if exc.hint else "")
+
+
+@contextmanager
+def _opened_store(store: Store | str | None, *, task_id: str | None = None, write: bool = False
+                  ) -> Iterator[TieredStore]:
     """The store, wrapped so archived history reads through to its cold store. A store that does
     not exist yet is a ConfigError, never created (only running a task creates one).
 
@@ -261,8 +289,12 @@ def resume(
     if store is None:  # the default store, else the configured media; then every medium it was routed to
         found = locate(task_id, load_config())
         if found is None:
-            raise TaskNotFound(f"no task {task_id!r} in the default store or the configured media", task_id=task_id,
+            exc = TaskNotFound(f"no task {task_id!r} in the default store or the configured media", task_id=task_id,
                                hint="`overnight ls` lists the tasks; pass --store URL for another store")
+            if store_exists(default_store_url()):
+                with _opened_store(None) as s:
+                    _suggest(exc, s)
+            raise exc
         store = found[0]
         try:
             return resume(task_id, store=store, branch=branch, entry=entry, max_steps=max_steps, on_event=on_event,
@@ -625,6 +657,16 @@ class StatusReport:
     accepted_drift: list[dict[str, Any]]
     drift: DriftReport | None = None
     drift_plan: str | None = None
+    plan_change: str | None = None
+    """``+ x before c; - y``: how the task code's plan differs from the stored one (``--drift``)."""
+    will_run: list[str] = field(default_factory=list)
+    """With ``--drift``: the steps a resume runs, in order (the todo list after the drift policies
+    and the plan change; steps a running step adds are not known yet)."""
+    may_run: list[str] = field(default_factory=list)
+    """Steps a recompute re-checks that read the output of a recomputed step: run again only if
+    what they read now differs, else replayed."""
+    replayed: list[str] = field(default_factory=list)
+    """Steps a recompute pass replays from their checkpoints (nothing they read changed)."""
 
 
 def _no_code(row: Any, action: str) -> ConfigError:
@@ -658,9 +700,10 @@ def _task_code(s: Store, task_id: str, entry: str | None) -> Task | None:
 
 
 def status(task_id: str, *, store: Store | str | None = None, branch: str = "main", drift: bool = False,
-           entry: str | None = None, on_drift: str | dict[str, str] | None = None) -> StatusReport:
+           entry: str | None = None, on_drift: str | dict[str, str] | None = None, model: Any = None) -> StatusReport:
     """The branch head of a task; with ``drift``, the drift report against the world now and what
-    the policies would do -- without resuming or writing anything.
+    the policies would do -- without resuming or writing anything. ``model``: the model a resume
+    would call (a model or a spec; default the task's), for the ``model`` component.
 
     Raises:
         TaskNotFound / BranchNotFound; IntegrityError when nothing verifies; ConfigError when the
@@ -681,22 +724,63 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
             task = _task_code(s, task_id, entry)
             if task is None:
                 raise _no_code(s.get_task(task_id), "check drift of")
-            state = loaded.state_tree
-            now = world(world_spec(task, salt_of(state)))
-            rep.drift = report_for(loaded, state, task, now, salt_of(state))
-            policies = policies_for(task, parse_policies(on_drift))
-            plan = []
-            for component in rep.drift.components():
-                policy = policies[component]
-                if policy == "recompute":
-                    steps = affected_steps(rep.drift, state["done"], {component})
-                    plan.append(f"{component}: recompute {len(steps)} step(s), with those that read their output"
-                                + (f" ({', '.join(steps[:6])}"
-                                + (" ..." if len(steps) > 6 else "") + ")" if steps else ""))
-                else:
-                    plan.append(f"{component}: {policy}")
-            rep.drift_plan = "; ".join(plan) or "nothing to do"
+            _predict(rep, s, loaded, task, on_drift, model)
         return rep
+
+
+def _predict(rep: StatusReport, s: Store, loaded: Any, task: Task, on_drift: str | dict[str, str] | None,
+             model: Any) -> None:
+    """Fill ``rep`` with the drift against the world now and what a resume would do about it --
+    the same functions the runner calls (:func:`~overnight.orchestrate.consistency.decide`, read
+    only, and :func:`~overnight.orchestrate.task.reconcile_plan`), so the prediction is the run."""
+    from overnight.errors import DriftAbort
+    from overnight.orchestrate.consistency import decide, policies_for, report_for, salt_of, world, world_spec
+    from overnight.models import model_from_spec
+    from overnight.orchestrate.runner import identity_of, tokenizer_of
+    from overnight.orchestrate.task import reconcile_plan
+    from overnight.verify.drift import affected_steps, parse_policies
+
+    state = loaded.state_tree
+    client = model if hasattr(model, "complete") else model_from_spec(model or task.model)
+    now = world(world_spec(task, salt_of(state), identity_of(client, tokenizer_of(client))))
+    policies = policies_for(task, parse_policies(on_drift))
+    route = recorded_route(state["task"]["spec"])
+    level = task.level or (route.level if route else "durable")
+    plan = []
+    after = state
+    if level != "durable":
+        rep.drift = report_for(loaded, state, task, now, salt_of(state))
+        plan.append(f"level {level}: drift is not checked on resume")
+    else:
+        try:
+            decision = decide(s, loaded, task, now, policies, key=signing_key_from_env())
+        except DriftAbort as exc:
+            rep.drift = exc.report or report_for(loaded, state, task, now, salt_of(state))
+            rep.drift_plan = f"abort (exit 5): {exc.message.splitlines()[0]}"
+            return
+        rep.drift = decision.found or decision.report
+        after = decision.state
+        if decision.rollback_to is not None:
+            plan.append(f"roll back to checkpoint {decision.rollback_to.id[7:19]}")
+        for component in rep.drift.components():
+            policy = policies[component]
+            if policy == "recompute":
+                steps = affected_steps(rep.drift, state["done"], {component}, closure=False)
+                plan.append(f"{component}: recompute {len(steps)} step(s)" + (f" ({_some(steps, 6)})" if steps else ""))
+            else:
+                plan.append(f"{component}: {policy}")
+        if decision.recomputed:
+            closure = affected_steps(rep.drift, state["done"], {c for c in rep.drift.components()
+                                                                  if policies[c] == "recompute"})
+            rep.may_run = [n for n in closure if n not in decision.recomputed]
+    todo, change = reconcile_plan(after["todo"], after["done"], task)
+    if change:
+        plan.append(f"plan changed: {change.describe()}")
+        rep.plan_change = change.describe()
+    rep.will_run = [e["name"] for e in todo if e.get("previous") is None or e["previous"].get("direct")]
+    rep.replayed = [e["name"] for e in todo if e.get("previous") is not None and not e["previous"].get("direct")
+                    and e["name"] not in rep.may_run]
+    rep.drift_plan = "; ".join(plan) or "nothing to do"
 
 
 def env_export(task_id: str, *, store: Store | str | None = None, at: str | None = None, branch: str = "main") -> str:

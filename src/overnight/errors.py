@@ -12,7 +12,7 @@ Groups (mirrors httpx's ``_exceptions.py``):
 * concurrency  -- :class:`TaskBusy`, :class:`StaleHead`, :class:`StoreBusy`, :class:`MergeConflict`,
   :class:`ParentGone`, :class:`TaskChanged`
 * lookup       -- :class:`TaskNotFound`, :class:`CheckpointNotFound`, :class:`ArtifactNotFound`
-* config/spec  -- :class:`ConfigError`, :class:`SpecError`
+* config/spec  -- :class:`ConfigError`, :class:`SpecError`, :class:`OutputNotWritable`
 * drift        -- :class:`DriftAbort`
 * steps        -- :class:`StepFailed`, :class:`UnknownStep`
 * tokens       -- :class:`TokenizerError`, :class:`ApproximateTokenCount` (a warning)
@@ -256,6 +256,18 @@ class BranchExists(ConfigError):
 
 class StoreVersionError(ConfigError):
     """The store's schema was created by a newer overnight; refuse rather than misread it."""
+
+
+class OutputNotWritable(ConfigError):
+    """A folder of the user's cannot be written: the store's location (the current directory's
+    ``.overnight/`` by default, ``--store``) or an export path (``--out``, ``Task(exports=...)``).
+    ``path`` names it; ``reason`` is the system's (``Permission denied``, ``Read-only file system``,
+    ``No such file or directory``)."""
+
+    def __init__(self, message: str, *, path: str | None = None, reason: str | None = None, **kw) -> None:
+        super().__init__(message, **kw)
+        self.path = path
+        self.reason = reason
 
 
 # --- drift -------------------------------------------------------------------------------------

@@ -42,6 +42,17 @@ EXIT_CODES_HELP = (
     "run `overnight resume TASK_ID`)."
 )
 
+def _usage_name(self: typer.core.TyperArgument) -> str:
+    """An argument in a usage line as click and git write it -- ``TASK_ID``, ``[TASK_ID]`` -- not
+    typer's ``{task_id}``."""
+    name = self.metavar or (self.name or "").upper()
+    return (name if self.required else f"[{name}]") + ("..." if self.nargs != 1 else "")
+
+
+if hasattr(typer.core.TyperArgument, "_usage_display_name"):  # typer >= 0.16 writes required ones as {name}
+    typer.core.TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
+
+
 def _version(value: bool) -> None:
     if value:
         from overnight import __version__
@@ -67,8 +78,10 @@ JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
 BranchOpt = typer.Option("main", "--branch", "-b", help="Branch to use.")
 MaxStepsOpt = typer.Option(None, "--max-steps", min=1, help="Stop (resumably, exit 75) after N executed steps.")
 EventsOpt = typer.Option(None, "--events", help="Append every run event as a JSON line to this file.")
-QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary (errors, warnings and, "
-                        "when interrupted, the resume command still print).")
+QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary: only results (the demo's "
+                        "report path), errors, warnings and, when interrupted, the resume command print.")
+PlainQuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar (results, errors and warnings still "
+                             "print).")
 ModelOpt = typer.Option(None, "--model", "-m", metavar="SPEC",
                         help="Model for ctx.model: extractive (offline, not an LLM; the default), local (SmolLM2 "
                         "in-process, needs the llm extra), or openai:NAME (any OpenAI-compatible endpoint).")
@@ -79,8 +92,11 @@ ContextOpt = typer.Option(None, "--max-context-tokens", min=256,
                           "(a summary checkpoint, then a new session).")
 DriftOpt = typer.Option(None, "--on-drift", metavar="COMPONENT=POLICY,...",
                         help="Drift policies for this run, e.g. deps=recompute,env=accept (components: code, deps, "
-                        "env, inputs, artifacts, all; policies: recompute, accept, rollback, abort). "
-                        "Default: recompute (only steps that read what changed run again).")
+                        "env, inputs, artifacts, model, all; policies: recompute, accept, rollback, abort). "
+                        "Default: recompute (only steps that read what changed run again); model=accept.")
+StatusDriftOpt = typer.Option(None, "--on-drift", metavar="COMPONENT=POLICY,...",
+                              help="Predict with these drift policies, as `resume --on-drift` would apply them "
+                              "(components: code, deps, env, inputs, artifacts, model, all).")
 
 
 def _exit_code(exc: OvernightError) -> int:
@@ -177,7 +193,9 @@ def run(
     """Create the task defined in FILE.py, or resume it from its latest checkpoint, and run it.
 
     Every step commits a checkpoint. Ctrl-C once: the step in flight finishes and is checkpointed;
-    twice: it is abandoned. Either way the task resumes where it stopped (exit 75).
+    twice: it is abandoned. Either way the task resumes where it stopped (exit 75) -- unless it is
+    ephemeral (a short task the router keeps in this process only): then nothing is kept and the
+    exit is 1.
     """
     try:
         result = _run_with_progress(
@@ -191,7 +209,7 @@ def run(
 
 @app.command()
 def resume(
-    task_id: str = typer.Argument(..., help="Task id (see `overnight ls`)."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id (see `overnight ls`)."),
     store: Optional[str] = StoreOpt,
     branch: str = BranchOpt,
     file: Optional[str] = typer.Option(None, "--file", help="Load the task code from FILE.py[:NAME] instead of the "
@@ -249,7 +267,7 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
 
 @app.command()
 def show(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     store: Optional[str] = StoreOpt,
     branch: str = BranchOpt,
     as_json: bool = JsonOpt,
@@ -265,30 +283,35 @@ def show(
         render.print_json(rep)
         return
     render.out.print(f"[bold]{render.esc(rep.task_id)}[/]: {render.esc(rep.goal)}")
-    render.out.print(f"status: {rep.status}, {rep.done}/{rep.total} steps; branches: "
-                     + ", ".join(f"{b} -> {c[7:19]}" for b, c in rep.branches.items())
-                     + f"; stored: {render.human_bytes(rep.stored_bytes)}")
+    render.out.print(f"status: {rep.status}, {rep.done}/{rep.total} steps; stored {render.human_bytes(rep.stored_bytes)}")
+    render.out.print("branches: " + ", ".join(f"{render.esc(b)} -> {c[7:15]}" for b, c in rep.branches.items()))
     u = rep.usage
     if u.get("calls"):
-        cost = (f", est. ${u['cost_usd']:.4f}" if u.get("cost_usd") is not None
-                else render.esc(" (set [prices] in overnight.toml for a cost estimate)"))
-        render.out.print(f"model: {u['calls']} call(s), {u['tokens_in']} tokens in, {u['tokens_out']} out; "
-                         f"{u['tokens_saved_by_resume']} tokens saved by resume (replayed, not paid again){cost}")
+        priced = u.get("cost_usd") is not None
+        render.out.print(f"model: {u['calls']} call(s), {u['tokens_in']} tokens in, {u['tokens_out']} out"
+                         + (f", est. ${u['cost_usd']:.4f}" if priced else ""))
+        render.out.print(f"  {u['tokens_saved_by_resume']} tokens saved by resume (replayed, not paid again)")
+        if not priced:
+            render.out.print(render.esc("  for a cost estimate, set [prices] in overnight.toml"))
     if rep.todo:
         more = f" (+{len(rep.todo) - 5} more)" if len(rep.todo) > 5 else ""
         render.out.print("todo: " + ", ".join(render.esc(n) for n in rep.todo[:5]) + more)
-    render.table(None, ["seq", "checkpoint", "branch", "session", "event", "step", "time (UTC)", "size", ""],
-                 [(c.seq, c.checkpoint_id[7:19], c.branch, c.session if c.session is not None else "?", c.event,
-                   c.step or "", c.created_at[:19].replace("T", " "), render.human_bytes(c.stored_bytes),
-                   ("<- " + ",".join(c.heads) if c.heads else "") + ("archived" if c.archived else "")
-                   + ("" if c.valid else f"  INVALID: {c.problem}"))
-                  for c in rep.chain],
-                 justify={"seq": "right", "size": "right"})
+    # fits 80 columns: 8-digit ids (`show --json` has the full ones), times as MM-DD HH:MM (UTC), the
+    # branch column only when there are several, notes only when a record has one
+    several = len(rep.branches) > 1 or any(c.branch != "main" for c in rep.chain)
+    notes = [("<- " + ",".join(c.heads) if c.heads else "") + (" archived" if c.archived else "")
+             + ("" if c.valid else f" INVALID: {c.problem}") for c in rep.chain]
+    rows = [(c.seq, c.checkpoint_id[7:15]) + ((c.branch,) if several else ())
+            + (c.session if c.session is not None else "?", c.event, " ".join(filter(None, [c.step, note.strip()])),
+               c.created_at[5:16].replace("T", " "), render.human_bytes(c.stored_bytes))
+            for c, note in zip(rep.chain, notes)]
+    render.table(None, ["seq", "id"] + (["branch"] if several else []) + ["s", "event", "step", "UTC", "size"], rows,
+                 justify={"seq": "right", "size": "right"}, no_wrap=("seq", "id", "s", "UTC", "size"))
 
 
 @app.command()
 def cat(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     artifact: str = typer.Argument(..., help="Artifact name (e.g. report.md)."),
     at: Optional[str] = typer.Option(None, "--at", help="Checkpoint id (or unique prefix) or branch; default: head."),
     store: Optional[str] = StoreOpt,
@@ -314,18 +337,24 @@ def cat(
 
 @app.command()
 def status(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     drift: bool = typer.Option(False, "--drift", help="Compare the head with the world now (no resume, no writes)."),
     store: Optional[str] = StoreOpt,
     branch: str = BranchOpt,
     file: Optional[str] = typer.Option(None, "--file", help="Task code FILE.py[:NAME] (default: recorded location)."),
-    on_drift: Optional[str] = DriftOpt,
+    on_drift: Optional[str] = StatusDriftOpt,
+    model: Optional[str] = typer.Option(None, "--model", "-m", metavar="SPEC",
+                                        help="The model a resume would call (default the task's), for the "
+                                        "model component."),
+    base_url: Optional[str] = BaseUrlOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Where a task stands; with --drift, what changed since its head (which package, file, env
-    key, step version), which steps read it, and what the drift policies would do on resume."""
+    key, step version, model), which steps read it, what the drift policies would do on resume,
+    how the plan in the code differs from the stored one, and which steps the resume runs."""
     try:
-        rep = api.status(task_id, store=store, branch=branch, drift=drift, entry=file, on_drift=on_drift)
+        rep = api.status(task_id, store=store, branch=branch, drift=drift, entry=file, on_drift=on_drift,
+                         model=_model(model, base_url))
     except OvernightError as exc:
         _fail(exc)
     if as_json:
@@ -342,6 +371,8 @@ def status(
     if rep.drift is not None:
         if not rep.drift.items:
             render.out.print("[green]no drift[/]")
+            if rep.plan_change:
+                render.out.print(f"on resume: {render.esc(rep.drift_plan)}")
         else:
             render.table("drift", ["component", "what", "was", "now", "read by"],
                          [(i.component, i.key + (" (warning)" if i.warning else ""), _clip(i.old), _clip(i.new),
@@ -350,6 +381,14 @@ def status(
                 render.out.print("dependents: " + ", ".join(f"{render.esc(k)} (reads {render.esc(v)})"
                                                              for k, v in rep.drift.dependents.items()))
             render.out.print(f"on resume: {render.esc(rep.drift_plan)}")
+        if rep.will_run or rep.may_run or rep.replayed:
+            render.out.print(f"resume runs {len(rep.will_run)} step(s): " + render.esc(", ".join(rep.will_run) or "-"))
+        if rep.may_run:
+            render.out.print(f"re-checks {len(rep.may_run)} (run again only if what they read now differs): "
+                             + render.esc(", ".join(rep.may_run)))
+        if rep.replayed:
+            render.out.print(f"replays {len(rep.replayed)} (nothing they read changed): "
+                             + render.esc(", ".join(rep.replayed)))
 
 
 env_app = typer.Typer(help="The environment a checkpoint was made in.", no_args_is_help=True)
@@ -358,7 +397,7 @@ app.add_typer(env_app, name="env")
 
 @env_app.command("export")
 def env_export(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     at: Optional[str] = typer.Option(None, "--at", help="Checkpoint id (or unique prefix) or branch; default: head."),
     store: Optional[str] = StoreOpt,
     branch: str = BranchOpt,
@@ -379,11 +418,11 @@ def env_export(
 
 @app.command()
 def verify(
-    task_id: Optional[str] = typer.Argument(None, help="Task id; omit with --all."),
+    task_id: Optional[str] = typer.Argument(None, metavar="TASK_ID", help="Task id; omit with --all."),
     all_tasks: bool = typer.Option(False, "--all", help="Every task, and every object in the store (referenced or not)."),
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
-    quiet: bool = QuietOpt,
+    quiet: bool = PlainQuietOpt,
 ) -> None:
     """Check every checkpoint and blob of a task (or the whole store), like `git fsck`.
 
@@ -431,7 +470,7 @@ def verify(
 
 @app.command("log")
 def log_(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -459,7 +498,7 @@ def log_(
 
 @app.command()
 def fork(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     at: str = typer.Option(..., "--at", help="Checkpoint id (or unique prefix) or branch to fork from."),
     branch: str = typer.Option(..., "--branch", "-b", help="Name of the new branch."),
     store: Optional[str] = StoreOpt,
@@ -476,7 +515,7 @@ def fork(
 
 @app.command()
 def rollback(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     to: str = typer.Option(..., "--to", help="Checkpoint id (or unique prefix) to go back to."),
     branch: str = BranchOpt,
     store: Optional[str] = StoreOpt,
@@ -493,7 +532,7 @@ def rollback(
 
 @app.command()
 def merge(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     source: str = typer.Option(..., "--from", help="Branch to merge."),
     into: str = typer.Option("main", "--into", help="Branch to merge into."),
     prefer: Optional[str] = typer.Option(None, "--prefer", help="Resolve conflicts: ours | theirs."),
@@ -537,7 +576,7 @@ def gc(
     grace: str = GraceOpt,
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
-    quiet: bool = QuietOpt,
+    quiet: bool = PlainQuietOpt,
 ) -> None:
     """Collect garbage: dangling checkpoints (on no live branch's lineage: records a fallback
     skipped, history of deleted branches) and objects no remaining checkpoint needs.
@@ -556,7 +595,7 @@ def gc(
         render.print_json(rep)
         return
     verb = "deleted" if rep.applied else "would delete"
-    if not rep.applied:
+    if not rep.applied and not quiet:
         render.err.print("[yellow]dry run[/]: nothing deleted (pass --apply to delete)")
     render.table(None, ["task", "checkpoints", "dangling", "kept", verb, "bytes"],
                  [(t.task_id, t.checkpoints, len(t.dangling), len(t.kept), len(t.deleted), render.human_bytes(t.bytes))
@@ -572,13 +611,13 @@ def gc(
 
 @app.command()
 def rm(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     force: bool = typer.Option(False, "--force", help="Delete even while a live process holds one of its branches."),
     grace: str = GraceOpt,
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
-    quiet: bool = QuietOpt,
+    quiet: bool = PlainQuietOpt,
 ) -> None:
     """Delete a task: its checkpoints, branches, leases, journal and archive catalog, then the
     objects no other task needs. Asks first (--yes to skip); refuses while a run holds the task
@@ -612,7 +651,7 @@ def rm(
 
 @app.command("archive")
 def archive_(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     cold: str = typer.Option(..., "--cold", metavar="URL", help="Cold store URL (s3://BUCKET/PREFIX, file://DIR, ...)."),
     keep_last: Optional[int] = typer.Option(None, "--keep-last", min=1, metavar="N",
                                             help="Keep each branch's N newest checkpoints in hot."),
@@ -621,7 +660,7 @@ def archive_(
     grace: str = GraceOpt,
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
-    quiet: bool = QuietOpt,
+    quiet: bool = PlainQuietOpt,
 ) -> None:
     """Move a task's older history to a cold store as one compressed pack, and remove it from the
     hot store. Heads and everything a kept checkpoint needs stay; archived checkpoints remain
@@ -650,12 +689,12 @@ def archive_(
 
 @app.command()
 def restore(
-    task_id: str = typer.Argument(..., help="Task id."),
+    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
     cold: Optional[str] = typer.Option(None, "--cold", metavar="URL", help="Read the packs from this store (default: "
                                        "where each archive run recorded them)."),
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
-    quiet: bool = QuietOpt,
+    quiet: bool = PlainQuietOpt,
 ) -> None:
     """Bring a task's archived checkpoints (and the objects they need) back into the hot store."""
     try:
@@ -713,12 +752,13 @@ def demo(
             quiet=quiet, events=events)
     except OvernightError as exc:
         _fail(exc)
-    if result.status == "complete":
+    if result.status == "complete":  # the result (the report's path) on stdout, the rest on stderr
         size = out_path.stat().st_size
-        render.err.print(f"report: [bold]{out_path.resolve()}[/] ({render.human_bytes(size)}, "
+        render.out.print(f"report: [bold]{render.esc(out_path.resolve())}[/] ({render.human_bytes(size)}, "
                          f"{result.total - 2} module sections)")
-        render.err.print(f"store:  [bold]{render.esc(result.store_url)}[/]  (task {render.esc(result.task_id)}; "
-                         f"`overnight show {render.esc(result.task_id)}` lists its checkpoints)")
+        if not quiet:
+            render.err.print(f"store:  [bold]{render.esc(result.store_url)}[/]  (task {render.esc(result.task_id)}; "
+                             f"`overnight show {render.esc(result.task_id)}` lists its checkpoints)")
     _report_run(result, quiet=quiet)
 
 
@@ -809,7 +849,7 @@ def config_(as_json: bool = JsonOpt) -> None:
 
 @app.command()
 def repair(
-    task_id: Optional[str] = typer.Argument(None, help="Task id; omit with --all."),
+    task_id: Optional[str] = typer.Argument(None, metavar="TASK_ID", help="Task id; omit with --all."),
     all_tasks: bool = typer.Option(False, "--all", help="Every task in the store."),
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,

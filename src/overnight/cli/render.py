@@ -44,10 +44,15 @@ def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(to_jsonable(value), indent=2, ensure_ascii=True) + "\n")
 
 
-def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, justify: dict[str, str] | None = None) -> None:
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, justify: dict[str, str] | None = None,
+          no_wrap: Iterable[str] = ()) -> None:
+    """A table on stdout; columns named in ``no_wrap`` keep their width (ids, times, sizes), the
+    others fold when the terminal is narrow."""
+    keep = set(no_wrap)
     t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for c in columns:
-        t.add_column(c, justify=(justify or {}).get(c, "left"), overflow="fold")  # type: ignore[arg-type]
+        t.add_column(c, justify=(justify or {}).get(c, "left"), overflow="fold",  # type: ignore[arg-type]
+                     no_wrap=c in keep)
     for r in rows:
         t.add_row(*[Text(safe(v)) for v in r])
     out.print(t)
@@ -114,15 +119,20 @@ class RunProgress:
         self.durations: list[float] = []
 
     def __enter__(self) -> "RunProgress":
-        self.progress.__enter__()
+        # the bar starts with the run (create/resume): an error before that prints no empty bar
         self._log = _StepLogHandler(self.quiet)
         logging.getLogger("overnight.task").addHandler(self._log)
         logging.getLogger("overnight.task").setLevel(logging.INFO)
+        # what the runner logs for Python API users, this progress display shows from run events
+        self._quiet_runner = logging.NullHandler()
+        logging.getLogger("overnight.runner").addHandler(self._quiet_runner)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         logging.getLogger("overnight.task").removeHandler(self._log)
-        self.progress.__exit__(*exc)
+        logging.getLogger("overnight.runner").removeHandler(self._quiet_runner)
+        if self.bar is not None:
+            self.progress.__exit__(*exc)
         if self.events:
             self.events.close()
 
@@ -145,6 +155,8 @@ class RunProgress:
                           f"{(e.checkpoint_id or '')[7:19]} ({e.done}/{e.total} steps done)")
             if e.detail and e.kind == "resume":  # a fallback is always reported, even with --quiet
                 err.print(f"[yellow]fallback:[/] {esc(e.detail)}")
+            if self.bar is None:
+                self.progress.__enter__()
             self.bar = self.progress.add_task("run", total=e.total, completed=e.done, step="", eta=None)
         elif e.kind == "repair":  # before the session starts; always reported, even with --quiet
             err.print(f"[yellow]repair:[/] {esc(e.detail)}")
@@ -163,6 +175,8 @@ class RunProgress:
             err.print(f"[yellow]{esc(e.detail)}[/]")
         elif e.kind == "drift":
             err.print(f"[yellow]drift:[/] {esc(e.detail)}")
+        elif e.kind == "plan":
+            err.print(f"[yellow]plan changed:[/] {esc(e.detail)}")
         elif e.kind == "compaction_start":
             self._say(f"[cyan]compacting:[/] {esc(e.detail)}")
         elif e.kind == "compaction":

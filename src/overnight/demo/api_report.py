@@ -25,7 +25,7 @@ import platform
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from overnight.errors import ConfigError
 from overnight.models.extractive import section_messages
@@ -53,45 +53,242 @@ def _signature(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     return f"{prefix}{fn.name}({args}){ret}"
 
 
-def extract_module(source: str, module: str) -> dict[str, Any]:
-    """Public API of one module from its source: docstring, classes (with methods) and functions.
+def _clip(text: str, limit: int = 72) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Module:
+    """One parsed module: what it defines at top level, what it imports by name, and ``__all__``."""
+
+    def __init__(self, source: str, name: str, is_package: bool) -> None:
+        self.name, self.tree = name, ast.parse(source)
+        self.defs: dict[str, ast.AST] = {}
+        self.imports: dict[str, tuple[str, str]] = {}  # local name -> (module, name there)
+        self.modules: dict[str, str] = {}  # local name -> module (import x.y, import x as y)
+        self.all: list[str] | None = None
+        for node in self.tree.body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.defs[node.name] = node
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(t, ast.Name):
+                        self.defs[t.id] = node
+                        if t.id == "__all__":
+                            try:
+                                self.all = [str(n) for n in ast.literal_eval(node.value)]
+                            except ValueError:
+                                self.all = None
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    self.modules[alias.asname or alias.name.split(".")[0]] = (
+                        alias.name if alias.asname else alias.name.split(".")[0])
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = name.split(".") if is_package else name.split(".")[:-1]
+                    parts = parts[: len(parts) - (node.level - 1)]
+                    base = ".".join([*parts, *([node.module] if node.module else [])])
+                for alias in node.names:
+                    if alias.name != "*":
+                        self.imports[alias.asname or alias.name] = (base, alias.name)
+
+
+class _Resolver:
+    """Finds a name's definition across the modules of the package (by parsing their source,
+    never importing them), and the public members of builtin classes (``Exception``, ``str``)."""
+
+    def __init__(self, read: Callable[[str], tuple[str, bool] | None] | None) -> None:
+        self.read = read
+        self.cache: dict[str, _Module | None] = {}
+
+    def module(self, name: str) -> _Module | None:
+        if name not in self.cache:
+            found = self.read(name) if self.read else None
+            self.cache[name] = _Module(found[0], name, found[1]) if found else None
+        return self.cache[name]
+
+    def find(self, mod: _Module, name: str, depth: int = 0) -> tuple[_Module, ast.AST] | None:
+        """``(module, node)`` defining ``name`` as seen from ``mod`` (following ``from x import``;
+        a dotted name through a module imported by ``import`` or ``from package import module``)."""
+        if "." in name:
+            head, *middle, last = name.split(".")
+            if head in mod.imports:
+                target = ".".join(p for p in mod.imports[head] if p)
+            else:
+                target = mod.modules.get(head, head)
+            other = self.module(".".join([target, *middle]))
+            return self.find(other, last, depth + 1) if other is not None and depth < 8 else None
+        if name in mod.defs:
+            return mod, mod.defs[name]
+        if name in mod.imports and depth < 8:
+            where, orig = mod.imports[name]
+            other = self.module(where)
+            if other is not None:
+                return self.find(other, orig, depth + 1)
+        return None
+
+
+def _members(node: ast.ClassDef) -> tuple[list[ast.AST], list[str]]:
+    """Public methods and class attributes defined in a class body."""
+    methods = [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and _public(m.name)]
+    attrs = []
+    for m in node.body:
+        targets = m.targets if isinstance(m, ast.Assign) else [m.target] if isinstance(m, ast.AnnAssign) else []
+        attrs += [t.id for t in targets if isinstance(t, ast.Name) and not t.id.startswith("_")]
+        if isinstance(m, ast.ImportFrom):  # class Message: from email.iterators import walk
+            attrs += [a.asname or a.name for a in m.names if not (a.asname or a.name).startswith("_")]
+    return methods, attrs
+
+
+def _inherited(res: _Resolver, mod: _Module, node: ast.ClassDef, own: set[str]) -> list[dict[str, Any]]:
+    """What a class inherits, base by base in (left-first, depth-first) method resolution order,
+    as pydoc's "Methods inherited from ..." lists it: ``[{"from", "methods", "attributes"}]``,
+    each name once (the nearest definition wins)."""
+    import builtins
+
+    seen_names, seen_classes, out = set(own), set(), []
+
+    def walk(m: _Module, cls: ast.ClassDef) -> None:
+        for base in cls.bases:
+            text = ast.unparse(base)
+            found = res.find(m, text) if isinstance(base, (ast.Name, ast.Attribute)) else None
+            if found is not None and isinstance(found[1], ast.ClassDef):
+                bm, bnode = found
+                qual = f"{bm.name}.{bnode.name}"
+                if qual in seen_classes:
+                    continue
+                seen_classes.add(qual)
+                methods, attrs = _members(bnode)
+                entry = {"from": qual, "methods": [_signature(f) for f in methods if f.name not in seen_names],
+                         "attributes": [a for a in attrs if a not in seen_names]}
+                seen_names.update(f.name for f in methods)
+                seen_names.update(attrs)
+                if entry["methods"] or entry["attributes"]:
+                    out.append(entry)
+                walk(bm, bnode)
+            elif isinstance(base, ast.Name) and isinstance(getattr(builtins, text, None), type) and text != "object":
+                qual = f"builtins.{text}"
+                if qual in seen_classes:
+                    continue
+                seen_classes.add(qual)
+                names = [n for n in dir(getattr(builtins, text)) if not n.startswith("_") and n not in seen_names]
+                seen_names.update(names)
+                if names:
+                    out.append({"from": qual, "methods": [], "attributes": names})
+
+    walk(mod, node)
+    return out
+
+
+def _data(node: ast.AST, name: str) -> dict[str, str]:
+    value = getattr(node, "value", None)
+    return {"name": name, "value": _clip(ast.unparse(value)) if value is not None else ""}
+
+
+def extract_module(source: str, module: str, read: Callable[[str], tuple[str, bool] | None] | None = None,
+                   *, is_package: bool = False) -> dict[str, Any]:
+    """Public API of one module from its source, as ``pydoc`` lists it: docstring, classes (with
+    their methods, class attributes and what they inherit), functions and data.
 
     Shape: ``{"module", "doc", "classes": [{"name", "bases", "doc", "methods": [{"signature",
-    "doc"}]}], "functions": [{"signature", "doc"}]}``; names listed in ``__all__`` (when the
-    module defines it) or not starting with ``_``.
+    "doc"}], "attributes": [name], "inherited": [{"from", "methods": [signature], "attributes":
+    [name]}]}], "functions": [{"signature", "doc"}], "data": [{"name", "value"}]}``. Names listed in
+    ``__all__`` when the module defines it -- also those it imports from another module of the
+    package -- else the public names it defines.
+
+    Args:
+        read: ``module name -> (source, is a package)`` for the other modules of the package (or
+            None), to follow imports and base classes; nothing is imported.
+        is_package: ``source`` is a package's ``__init__.py`` (for relative imports).
     """
-    tree = ast.parse(source)
-    exported: set[str] | None = None
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
-            try:
-                exported = set(ast.literal_eval(node.value))
-            except ValueError:
-                exported = None
-
-    def visible(name: str) -> bool:
-        return name in exported if exported is not None else not name.startswith("_")
-
-    classes, functions = [], []
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and visible(node.name):
-            methods = [
-                {"signature": _signature(m), "doc": _doc(m)}
-                for m in node.body
-                if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and _public(m.name)
-            ]
-            classes.append({"name": node.name, "bases": [ast.unparse(b) for b in node.bases], "doc": _doc(node),
-                            "methods": methods})
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and visible(node.name):
-            functions.append({"signature": _signature(node), "doc": _doc(node)})
-    return {"module": module, "doc": _doc(tree), "classes": classes, "functions": functions}
+    res = _Resolver(read)
+    mod = _Module(source, module, is_package)
+    res.cache[module] = mod
+    if mod.all is not None:
+        names = [n for n in dict.fromkeys(mod.all)]
+    else:
+        names = [n for n in mod.defs if not n.startswith("_")]
+    classes, functions, data = [], [], []
+    for name in names:
+        found = res.find(mod, name)
+        if found is None:
+            if name in mod.imports or name in mod.defs:
+                data.append({"name": name, "value": ""})
+            continue
+        where, node = found
+        if isinstance(node, ast.ClassDef):
+            methods, attrs = _members(node)
+            classes.append({"name": name, "bases": [ast.unparse(b) for b in node.bases], "doc": _doc(node),
+                            "methods": [{"signature": _signature(m), "doc": _doc(m)} for m in methods],
+                            "attributes": attrs,
+                            "inherited": _inherited(res, where, node, {m.name for m in methods} | set(attrs))})
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            sig = _signature(node)
+            if node.name != name:  # imported under another name
+                sig = name + sig[len(node.name):]
+            functions.append({"signature": sig, "doc": _doc(node)})
+        elif name != "__all__":
+            data.append(_data(node, name))
+    return {"module": module, "doc": _doc(mod.tree), "classes": classes, "functions": functions, "data": data}
 
 
 # --- the writer --------------------------------------------------------------------------------
 
 
-def _anchor(module: str) -> str:
-    return re.sub(r"[^a-z0-9-]", "", module.lower().replace(".", "-").replace(" ", "-"))
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading (before de-duplication): the rendered text,
+    lower-cased, with everything but letters, digits, ``-``, ``_`` and spaces removed and spaces
+    turned into ``-`` -- so ``## `email.message` `` is ``#emailmessage``."""
+    text = heading.lstrip("#").strip().replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def anchors(markdown: str) -> dict[str, str]:
+    """``heading line -> anchor`` for every ATX heading of a document, de-duplicated as GitHub
+    does (a repeated anchor gets ``-1``, ``-2``, ... in document order); fenced code is skipped."""
+    out: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    fenced = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or not re.match(r"#{1,6} ", line):
+            continue
+        slug = github_anchor(line)
+        n = counts.get(slug, 0)
+        counts[slug] = n + 1
+        out.setdefault(line, slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def code(text: str) -> str:
+    """``text`` as one Markdown code span, whatever backticks it holds (a fence one longer than
+    its longest run of backticks, padded when it starts or ends with one)."""
+    run = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * (run + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or run else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|])")
+
+
+def prose(doc: str) -> str:
+    """A docstring as Markdown text that shows what pydoc shows: characters Markdown would take as
+    markup (backticks of stdlib-style `` `quote' `` pairs, ``*args``, ``_private``, ``<tags>``) are
+    escaped; lines indented 4 or more (examples, already code in Markdown) are left as they are, and
+    a line that would read as a heading or a quote is escaped at its start."""
+    out = []
+    for line in doc.splitlines():
+        if line.startswith("    ") or not line.strip():
+            out.append(line)
+            continue
+        line = _MD_SPECIAL.sub(r"\\\1", line)
+        if re.match(r"\s*(#|>|[-+=]{3,}\s*$)", line):
+            line = "\\" + line
+        out.append(line)
+    return "\n".join(out)
 
 
 class ExtractiveWriter:
@@ -115,34 +312,46 @@ class ExtractiveWriter:
         return doc.split("\n\n", 1)[0].strip() if doc else ""
 
     def write_section(self, api: dict[str, Any]) -> str:
-        """Markdown section for one module's extracted API (``extract_module`` shape)."""
+        """Markdown section for one module's extracted API (``extract_module`` shape): every
+        public name pydoc lists -- classes with their own and inherited members, functions, data,
+        and a package's submodules -- with signatures as code and docstrings as escaped text."""
         if self.latency_ms:
             time.sleep(self.latency_ms / 1000)
         lines = [f"## `{api['module']}`", ""]
         if api["doc"]:
-            lines += [api["doc"], ""]
-        lines += [f"*{len(api['classes'])} classes, {len(api['functions'])} functions.*", ""]
+            lines += [prose(api["doc"]), ""]
+        data = api.get("data", [])
+        lines += [f"*{len(api['classes'])} classes, {len(api['functions'])} functions"
+                  + (f", {len(data)} data" if data else "") + ".*", ""]
+        if api.get("submodules"):
+            lines += ["Package contents: " + ", ".join(code(m) for m in api["submodules"]), ""]
         for cls in api["classes"]:
             bases = f"({', '.join(cls['bases'])})" if cls["bases"] else ""
-            lines += [f"### class `{cls['name']}{bases}`", ""]
+            lines += [f"### class {code(cls['name'] + bases)}", ""]
             if cls["doc"]:
                 summary = self._para(cls["doc"])
-                lines += [f"> {summary.replace(chr(10), ' ')}", ""]
+                lines += [f"> {prose(summary).replace(chr(10), ' ')}", ""]
                 rest = cls["doc"][len(summary):].strip()
                 if rest:
-                    lines += [rest, ""]
+                    lines += [prose(rest), ""]
             for m in cls["methods"]:
-                lines += [f"#### `{cls['name']}.{m['signature']}`", ""]
-                if m["doc"]:
-                    lines += [m["doc"], ""]
-                else:
-                    lines += ["*(no docstring)*", ""]
+                lines += [f"#### {code(cls['name'] + '.' + m['signature'])}", ""]
+                lines += [prose(m["doc"]) if m["doc"] else "*(no docstring)*", ""]
+            if cls.get("attributes"):
+                lines += ["Attributes: " + ", ".join(code(a) for a in cls["attributes"]), ""]
+            for inh in cls.get("inherited", []):
+                names = [*inh["methods"], *inh["attributes"]]
+                lines += [f"Inherited from {code(inh['from'])}: " + ", ".join(code(n) for n in names), ""]
         if api["functions"]:
             lines += ["### Functions", ""]
             for f in api["functions"]:
-                lines += [f"#### `{f['signature']}`", ""]
+                lines += [f"#### {code(f['signature'])}", ""]
                 if f["doc"]:
-                    lines += [f["doc"], ""]
+                    lines += [prose(f["doc"]), ""]
+        if data:
+            lines += ["### Data", ""]
+            lines += [f"- {code(d['name'])}" + (f" = {code(d['value'])}" if d["value"] else "") for d in data]
+            lines += [""]
         return "\n".join(lines).rstrip() + "\n"
 
 
@@ -244,6 +453,53 @@ def write_section(ctx: StepContext, api: dict[str, Any], max_tokens: int) -> str
     return "\n\n".join([texts[0].rstrip(), *(r.strip() for r in rest)]).rstrip() + "\n"
 
 
+OVERVIEW_SYSTEM = ("You are a technical writer. Answer in plain English with 2 to 4 short sentences. "
+                   "No code, no lists, no headings. Do not repeat yourself.")
+
+
+def overview_messages(api: dict[str, Any]) -> list[dict[str, str]]:
+    """The request a *small* language model can answer well: a few facts about one module (its
+    docstring's first paragraph, its class and function names) and one short question -- not the
+    whole API to rewrite, which a 135M model loops on."""
+    doc = ExtractiveWriter._para(api["doc"]) or "(none)"
+    classes = ", ".join(c["name"] for c in api["classes"][:12]) or "none"
+    functions = ", ".join(f["signature"].split("(", 1)[0] for f in api["functions"][:12]) or "none"
+    user = (f"Python module: {api['module']}\nWhat its documentation says: {_clip(doc, 600)}\n"
+            f"Classes: {classes}\nFunctions: {functions}\n\n"
+            f"In 2 to 4 sentences, what is the module {api['module']} for, and when would you use it?")
+    return [{"role": "system", "content": OVERVIEW_SYSTEM}, {"role": "user", "content": user}]
+
+
+def unique_prose(text: str) -> str:
+    """A model's reply with every paragraph and sentence said once (a small model that starts over
+    repeats itself word for word); blank paragraphs dropped."""
+    seen: set[str] = set()
+    paragraphs = []
+    for para in re.split(r"\n\s*\n", text.strip()):
+        sentences = []
+        for sentence in re.split(r"(?<=[.!?])\s+", " ".join(para.split())):
+            key = re.sub(r"\W+", " ", sentence.lower()).strip()
+            if key and key not in seen:
+                seen.add(key)
+                sentences.append(sentence)
+        if sentences:
+            paragraphs.append(" ".join(sentences))
+    return "\n\n".join(paragraphs)
+
+
+def model_section(ctx: StepContext, api: dict[str, Any], max_tokens: int) -> str:
+    """A module's section by a language model: the model writes a short overview (capped at
+    ``max_tokens`` and what the window has room for), said once (:func:`unique_prose`); the facts --
+    every signature and docstring, as :class:`ExtractiveWriter` lays them out -- follow verbatim,
+    so the section is a usable reference however weak the model's prose."""
+    messages = overview_messages(api)
+    cap = max(16, min(max_tokens, ctx.model.room(messages)))
+    reply = unique_prose(ctx.model.complete(messages, max_tokens=cap).text)
+    facts = ExtractiveWriter().write_section(api).split("\n", 2)[2]  # without its heading
+    overview = f"*Overview by {ctx.model.name}:* {prose(reply)}\n\n" if reply else ""  # its <tags> stay text
+    return f"## `{api['module']}`\n\n{overview}{facts}"
+
+
 def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latency_ms: float = 0.0,
               out: str | None = "report.md", model: str | None = None, max_context_tokens: int = 8_000,
               section_tokens: int | None = None) -> Task:
@@ -289,12 +545,32 @@ def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latenc
 
     @task.step(planned=False)
     def section(ctx: StepContext, module: str, file: str) -> dict[str, int]:
-        source = ctx.read_input_text(Path(ctx.state["root"]) / file)  # recorded: an edit recomputes this section
-        api = extract_module(source, module)
+        root, pkg = Path(ctx.state["root"]), ctx.state["package"]
+        source = ctx.read_input_text(root / file)  # recorded: an edit recomputes this section
+        is_package = file.endswith("__init__.py")
+
+        def read(name: str) -> tuple[str, bool] | None:
+            """Another module of the package, to follow an import or a base class (recorded too:
+            an edit of a base class's module recomputes this section)."""
+            if name != pkg and not name.startswith(pkg + "."):
+                return None
+            parts = name.split(".")[1:]
+            for path, init in ((root.joinpath(*parts, "__init__.py"), True),
+                               (root.joinpath(*parts[:-1], f"{parts[-1]}.py") if parts else None, False)):
+                if path is not None and path.is_file():
+                    return ctx.read_input_text(path), init
+            return None
+
+        api = extract_module(source, module, read, is_package=is_package)
+        if is_package:  # pydoc's "package contents"
+            folder = (root / file).parent
+            api["submodules"] = sorted(f"{module}.{p.stem if p.is_file() else p.name}" for p in folder.iterdir()
+                                       if not p.name.startswith("_") and p.name not in ("test", "tests") and (
+                                           p.suffix == ".py" or (p / "__init__.py").is_file()))
         limit = ctx.state.get("section_tokens") or (4096 if ctx.model.name == "extractive" else 400)
         if ctx.model.name == "extractive" and ctx.state.get("latency_ms"):
             time.sleep(ctx.state["latency_ms"] / 1000)
-        text = write_section(ctx, api, limit)
+        text = write_section(ctx, api, limit) if ctx.model.name == "extractive" else model_section(ctx, api, limit)
         heading = f"## `{module}`"
         if not text.lstrip().startswith(heading):  # a model's reply without the heading: the report keeps its shape
             text = f"{heading}\n\n{text.strip()}\n"
@@ -305,13 +581,20 @@ def make_task(task_id: str | None = None, package: str = DEFAULT_PACKAGE, latenc
     def assemble(ctx: StepContext) -> dict[str, int]:
         pkg, modules = ctx.state["package"], ctx.outputs["discover"]["modules"]
         sections = [ctx.read_text(f"sections/{m}.md") for m in modules]
-        toc = [f"- [`{m}`](#{_anchor(m)})" for m in modules]
+        heads = [next((ln for ln in text.splitlines() if ln.startswith("## ")), f"## `{m}`")
+                 for m, text in zip(modules, sections)]
         writer = ("overnight's extractive writer (not a language model)" if ctx.state["model"] == "extractive"
                   else f"the model {ctx.state['model']}")
         head = [f"# API reference: `{pkg}`", "",
                 f"{len(modules)} public modules of `{pkg}` ({ctx.state['version']}). Written section by section "
-                f"by {writer} from the package source.", "", "## Contents", "", *toc, ""]
-        report = "\n".join(head) + "\n" + "\n".join(sections)
+                f"by {writer} from the package source.", "", "## Contents", ""]
+        body = "\n".join(sections)
+        # each link is the anchor GitHub gives that section's heading in the whole report (a
+        # heading met twice gets -1, -2, ...): computed on the report as it is assembled
+        draft = "\n".join(head) + "\n" + "\n".join(f"- [`{m}`](#)" for m in modules) + "\n\n" + body
+        where = anchors(draft)
+        toc = [f"- [`{m}`](#{where.get(h, github_anchor(h))})" for m, h in zip(modules, heads)]
+        report = "\n".join([*head, *toc, ""]) + "\n" + body
         ctx.write_text("report.md", report)
         return {"modules": len(modules), "bytes": len(report.encode("utf-8"))}
 

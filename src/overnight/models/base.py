@@ -23,8 +23,9 @@ class Completion:
         tokens_out: tokens generated.
         model: which model answered (the name the server reports, or the client's name).
         latency_ms: wall-clock time of the call, in milliseconds.
-        finish_reason: ``"stop"`` (the model ended its reply) or ``"length"`` (cut at
-            ``max_tokens``); None when the server does not say.
+        finish_reason: ``"stop"`` (the model ended its reply), ``"length"`` (cut at
+            ``max_tokens``) or ``"repeat"`` (a local model ended at a line that repeats an earlier
+            one, cut off); None when the server does not say.
     """
 
     text: str

@@ -21,8 +21,10 @@ from overnight.verify.fingerprint import COMPONENTS, WorldSpec, world
 from overnight.verify.integrity import LoadedCheckpoint, load_checkpoint
 
 
-def world_spec(task: Task, salt: bytes) -> WorldSpec:
-    """What ``task`` declares about its world, for :func:`~overnight.verify.fingerprint.world`."""
+def world_spec(task: Task, salt: bytes, model: dict[str, Any] | None = None) -> WorldSpec:
+    """What ``task`` declares about its world, for :func:`~overnight.verify.fingerprint.world`;
+    ``model``: the :func:`~overnight.verify.fingerprint.model_identity` of the model its steps
+    call in this run."""
     root = Path.cwd()
     if task.entry and ".py:" in task.entry:
         root = Path(task.entry.rsplit(":", 1)[0]).parent
@@ -30,7 +32,7 @@ def world_spec(task: Task, salt: bytes) -> WorldSpec:
         version=task.version,
         steps={n: (s.version, s.source_digest) for n, s in task.steps.items()},
         deps=task.deps, env=list(task.env), inputs=[str(p) for p in task.inputs], sources=dict(task.sources),
-        exports=dict(task.exports), root=root, salt=salt,
+        exports=dict(task.exports), root=root, salt=salt, model=model,
     )
 
 
@@ -138,7 +140,7 @@ def decide(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, An
     if accept:
         decision.accepted = [{"component": i.component, "key": i.key, "old": i.old, "new": i.new}
                              for i in report.items if i.component in accept and not i.warning]
-        state = rebaseline(state, report, accept, WorldNow(salt, dict(task.sources)).get)
+        state = rebaseline(state, report, accept, WorldNow(salt, dict(task.sources), now.get("model")).get)
     decision.state = state
     return decision
 

@@ -145,13 +145,16 @@ class StepContext:
         if not isinstance(name, str) or not name:
             raise SpecError(f"artifact name must be a non-empty str, got {name!r}", task_id=self.task_id)
         if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"write_artifact({name!r}) takes bytes; use write_text for str")
+            raise TypeError(f"write_artifact({name!r}) takes bytes, got {type(data).__name__}"
+                            + ("; use write_text for str" if isinstance(data, str) else ""))
         self._artifacts[name] = (bytes(data), False)
 
     def write_text(self, name: str, text: str) -> None:
         """Stage a text artifact, stored as UTF-8 (lone surrogates kept, so it reads back exactly)."""
         if not isinstance(text, str):
-            raise TypeError(f"write_text({name!r}) takes str; use write_artifact for bytes")
+            raise TypeError(f"write_text({name!r}) takes str, got {type(text).__name__} ({text!r:.60})"
+                            + ("; use write_artifact for bytes" if isinstance(text, (bytes, bytearray)) else
+                               "; convert it first, e.g. str(value) or json.dumps(value)"))
         self.write_artifact(name, text.encode("utf-8", "surrogatepass"))
         self._artifacts[name] = (self._artifacts[name][0], True)
 
@@ -236,7 +239,7 @@ class StepContext:
 
     # -- plan -----------------------------------------------------------------------------------
 
-    def add_step(self, fn: "str | Callable[..., Any]", *, name: str | None = None, position: str = "next",
+    def add_step(self, fn: "str | Callable[..., Any]", /, *, name: str | None = None, position: str = "next",
                  **args: Any) -> str:
         """Add a step to the todo list; returns its name. Adding a step that is already planned
         or done with the same function and arguments does nothing (a recomputed planning step
@@ -245,7 +248,8 @@ class StepContext:
         it no longer adds (a module that was removed, say) leaves the plan.
 
         Args:
-            fn: a registered step function, or its name.
+            fn: a registered step function, or its name (positional: a step argument may be
+                called ``fn`` too).
             name: unique step name (default ``fn[arg=value, ...]``).
             position: ``"next"`` -- after this step, in the order added (sub-steps), or ``"end"``.
             **args: the step's arguments (encodable values).

@@ -16,6 +16,7 @@ One :meth:`Runner.run` is one *session*:
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import shlex
 import signal
@@ -23,6 +24,7 @@ import threading
 import time
 import traceback
 import uuid
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -34,6 +36,7 @@ from overnight.errors import (
     ConfigError,
     EncodeError,
     LeaseLost,
+    OutputNotWritable,
     OvernightError,
     StepFailed,
     StoreBusy,
@@ -45,7 +48,7 @@ from overnight.orchestrate.context import StepContext
 from overnight.orchestrate.session import Budget, ModelGateway, summarize
 from overnight.store.base import CallRecord
 from overnight.tokens import count_messages, tokenizer_for
-from overnight.orchestrate.task import Task, step_key, todo_entry
+from overnight.orchestrate.task import Task, reconcile_plan, step_key
 from overnight.store import open_store
 from overnight.store.base import Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
@@ -60,9 +63,15 @@ from overnight.verify.replicas import ReplicatedStore, repair_task, set_aside_da
 from overnight.verify.branching import check_branch_name
 from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
 from overnight.verify.drift import WorldNow, changed_products, parse_policies, reads_dirty, world_reads_changed
-from overnight.verify.fingerprint import digest_path, normalize, world
+from overnight.verify.fingerprint import digest_path, model_identity, model_label, normalize, world
 from overnight.verify.integrity import LoadedCheckpoint, encode_state, load_checkpoint, signing_key_from_env
 from overnight.verify.records import FORMAT_VERSION, event
+
+
+LOG = logging.getLogger("overnight.runner")
+"""Warnings for Python API users (the CLI shows the same through run events): an ``ephemeral``
+task, whose checkpoints a crash loses."""
+_WARNED_EPHEMERAL: set[str] = set()
 
 
 class _Abandon(BaseException):
@@ -186,6 +195,7 @@ class Runner:
         self.code_moved = code_moved
         self.model: Model = model if hasattr(model, "complete") else model_from_spec(model or task.model)  # type: ignore
         self.tokenizer = tokenizer_of(self.model)
+        self.model_identity = identity_of(self.model, self.tokenizer)
         self.budget = Budget(max_context_tokens or task.max_context_tokens,
                              compaction_threshold if compaction_threshold is not None else task.compaction_threshold)
         self.policies = policies_for(task, parse_policies(on_drift))
@@ -329,7 +339,8 @@ class Runner:
         dirty = self.state.get("recompute")
         return bool(dirty is not None and not prev.get("direct") and prev.get("checkpoint")
                     and prev.get("version") == sdef.version and not reads_dirty(prev["reads"], dirty)
-                    and not world_reads_changed(prev["reads"], WorldNow(self.salt, dict(self.task.sources)).get))
+                    and not world_reads_changed(prev["reads"], WorldNow(self.salt, dict(self.task.sources),
+                                                                        self.model_identity).get))
 
     def _replay(self, entry: dict[str, Any], key: str, writer: BlobWriter) -> bool:
         """Apply a step's recorded effect from the checkpoint that committed it: its done entry,
@@ -464,7 +475,7 @@ class Runner:
         """This session's world (one blob for all its checkpoints), exported artifacts' digests,
         and the drift accepted so far."""
         if self._world is None:
-            self._world = world(world_spec(self.task, self.salt))
+            self._world = world(world_spec(self.task, self.salt, self.model_identity))
         if self._world_ref is None:
             raw = encode_state(self._world)
             self._world_ref = {"digest": writer.put(raw), "size": len(raw)}
@@ -479,8 +490,27 @@ class Runner:
             if ref is None or self._exported.get(name) == ref["digest"]:
                 continue
             if digest_path(path) != ref["digest"]:
-                write_export(path, self.read_artifact(name))
+                try:
+                    write_export(path, self.read_artifact(name))
+                except OSError as exc:
+                    raise self._not_exported(name, path, exc) from exc
             self._exported[name] = ref["digest"]
+
+    def _not_exported(self, name: str, path: str, exc: OSError) -> OutputNotWritable:
+        """An export that could not be written: the commit before it stands (nothing is lost);
+        say so, and how to get the file."""
+        done = len(self.state["done"])
+        where = (f"task {self.task.id!r} is complete ({done} step(s) committed)" if not self.state["todo"] else
+                 f"task {self.task.id!r} has {done} step(s) committed")
+        get = f"overnight cat {self.task.id} {name} -o FILE" + (
+            f" --store {self.store.url}" if self.level != "ephemeral" and "://" in self.store.url
+            and not self.store.url.startswith(("memory:", "replicated:")) and self.store.url != _default_url() else "")
+        return OutputNotWritable(
+            f"{where}, but its artifact {name!r} could not be written to {path}: {exc.strerror or exc}",
+            task_id=self.task.id, checkpoint_id=self.head, path=str(path), reason=exc.strerror,
+            hint=(f"write it elsewhere with `{get}`, or make {os.path.dirname(os.path.abspath(path))} writable "
+                  f"and `{self.resume_command()}`" if self.level != "ephemeral" else
+                  "the task is ephemeral (kept in this process only): make the folder writable and run it again"))
 
     # -- the session ----------------------------------------------------------------------------
 
@@ -507,6 +537,10 @@ class Runner:
             task_row = TaskRow(self.task.id, utc_now(), self.task.goal, self.task.entry, spec)
             self._commit(self.chain.blob_writer(), event("init"), [], task_row)
             self._emit("create", checkpoint_id=self.head, detail=self._level_note())
+            if self.level == "ephemeral" and self.task.id not in _WARNED_EPHEMERAL:
+                _WARNED_EPHEMERAL.add(self.task.id)  # once per task and process, as the CLI says it once
+                LOG.warning("task %s is ephemeral: %s", self.task.id, self._level_note() or
+                            "its checkpoints are kept in this process only")
             return True, None
         row = self.store.get_task(self.task.id)
         if row.entry and self.task.entry and row.entry != self.task.entry and not self.code_moved:
@@ -539,26 +573,21 @@ class Runner:
         return False, fallback
 
     def _reconcile_plan(self) -> None:
-        """Bring the stored plan up to date with the task code: planned steps added to the code
-        since are appended to the todo list; steps to run again whose function is gone are
-        dropped (both reported). Steps still to do whose function is gone fail when reached."""
-        known = {e["name"] for e in (*self.state["todo"], *self.state["done"])}
-        added = [todo_entry(s.fn_name, s.fn_name, {}, None) for s in self.task.steps.values()
-                 if s.planned and s.fn_name not in known]
-        gone = [e["name"] for e in self.state["todo"] if e.get("previous") is not None and e["fn"] not in self.task.steps]
-        if not added and not gone:
+        """Bring the stored plan up to date with the task code (:func:`~overnight.orchestrate.task.
+        reconcile_plan`): a planned step added to the code runs where the code puts it; a planned
+        step whose function is gone leaves the plan. Committed as a ``drift`` checkpoint and
+        reported as ``plan changed: + x before c; - y``."""
+        todo, change = reconcile_plan(self.state["todo"], self.state["done"], self.task)
+        if not change:
             return
-        todo = [e for e in self.state["todo"] if e["name"] not in gone] + added
         self.state = {**self.state, "todo": todo}
-        detail = "; ".join(filter(None, [
-            f"planned step(s) added to the code since: {', '.join(e['name'] for e in added)}" if added else "",
-            f"dropped step(s) whose function is gone: {', '.join(gone)}" if gone else ""]))
-        self._commit(self.chain.blob_writer(), event("drift", detail=f"plan: {detail}"), [])
+        detail = change.describe()
+        self._commit(self.chain.blob_writer(), event("drift", detail=f"plan changed: {detail}"), [])
         self._emit("plan", detail=detail)
 
     def _consistency(self, loaded: LoadedCheckpoint) -> None:
         """Drift check and policies (``abort`` raises ``DriftAbort`` before anything is written)."""
-        self._world = world(world_spec(self.task, self.salt))
+        self._world = world(world_spec(self.task, self.salt, self.model_identity))
         decision = self.drift = decide(self.store, loaded, self.task, self._world, self.policies, key=self.key)
         found = decision.found or decision.report
         if found.items:
@@ -575,6 +604,12 @@ class Runner:
             self._accepted = self._accepted + decision.accepted
             self.state = decision.state
             self._commit(self.chain.blob_writer(), event("drift", detail=decision.describe()), [])
+        elif found.drifted and decision.rollback_to is None:
+            # drift no step read: nothing to do, but record the world it was seen in, so the next run
+            # does not report it again (a task with nothing left to run commits nothing else); a
+            # warning alone commits nothing
+            self._commit(self.chain.blob_writer(), event("drift", detail="reported: " + "; ".join(
+                i.describe() for i in found.items)[:500]), [])
         self._export()
 
     def _set_aside_damaged(self) -> None:
@@ -720,7 +755,10 @@ class Runner:
                     raise StepFailed(
                         f"step {entry['name']!r} failed after {attempt} attempt(s): {type(exc).__name__}: {exc}",
                         task_id=self.task.id, checkpoint_id=self.head, step=entry["name"],
-                        hint=f"nothing of this step was committed; fix the cause and resume (`{self.resume_command()}`)",
+                        hint="nothing of this step was committed; fix the cause and " + (
+                            f"resume (`{self.resume_command()}`)" if self.level != "ephemeral" else
+                            "run it again (level ephemeral: its checkpoints lived in this process, so it starts "
+                            "over; give it a longer expected_span, level='session' or --store to keep them)"),
                     ) from exc
                 self._emit("step_retry", step=entry["name"], detail="".join(traceback.format_exception_only(exc)).strip())
                 time.sleep(min(0.1 * 2 ** (attempt - 1), 5.0))
@@ -739,6 +777,8 @@ class Runner:
         reads = {kind: ({**declared.get(kind, {}), **got} if isinstance(got, dict) else got)
                  for kind, got in ctx.reads.items()}
         reads["state"] = sorted(k for k in ctx._state_reads if isinstance(k, str))
+        if ctx.model.calls_made or ctx.model.calls_replayed:  # drift component "model" reaches this step
+            reads["model"] = {"model": model_label(self.model_identity)}
         produced = {"output": digest.sha256(canonical_dumps(output_tree)),
                     "state": _state_changes(self.state["data"], data_tree),
                     "artifacts": {n: artifacts[n]["digest"] for n in sorted(ctx._artifacts)}}
@@ -791,19 +831,21 @@ def _replan(rest: list[dict[str, Any]], step: str, added: list[dict[str, Any]], 
     return others[:first] + layout + others[first:]
 
 
+def _default_url() -> str | None:
+    """The configured default store URL (``overnight.toml``, ``$OVERNIGHT_STORE``), if readable."""
+    try:
+        return load_config().get("store.url")
+    except OvernightError:
+        return None
+
+
 def resume_command(task_id: str, branch: str, store_url: str, file: str | None = None) -> str:
     """``overnight resume ID`` with ``--branch``/``--store`` when they are not the defaults, and
     ``--file FILE`` when the store records no code location for the task."""
-    from overnight.config import load
-
     cmd = f"overnight resume {task_id}"
     if branch != "main":
         cmd += f" --branch {branch}"
-    try:
-        default = load().get("store.url")
-    except OvernightError:
-        default = None
-    if store_url != default and not store_url.startswith(("memory:", "replicated:")):
+    if store_url != _default_url() and not store_url.startswith(("memory:", "replicated:")):
         cmd += f" --store {store_url}"
     if file:
         cmd += f" --file {shlex.quote(file)}"
@@ -822,6 +864,14 @@ def _state_changes(before: Any, after: Any) -> dict[str, str]:
         elif before.get(k) != after[k] or k not in before:
             out[k] = digest.sha256(canonical_dumps(after[k]))
     return dict(sorted(out.items()))
+
+
+def identity_of(model: Model, tokenizer: Any) -> dict[str, Any]:
+    """The fingerprint component ``model`` of a model client (spec, its own name, base URL,
+    tokenizer): :func:`~overnight.verify.fingerprint.model_identity`."""
+    path, own, url = getattr(model, "model_path", None), getattr(model, "model", None), getattr(model, "base_url", None)
+    return model_identity(model.name, name=own if isinstance(own, str) else (Path(path).name if path else None),
+                          base_url=url if isinstance(url, str) else None, tokenizer=getattr(tokenizer, "name", None))
 
 
 def tokenizer_of(model: Model) -> Any:

@@ -136,7 +136,10 @@ class ModelGateway:
         """
         runner = self._runner
         msgs = [dict(m) for m in messages]
-        req = request_digest(self.name, msgs, max_tokens, temperature)
+        # the endpoint is part of the request: a response recorded from one server (or model) is
+        # never replayed for another that has the same spec
+        base = runner.model_identity.get("base_url") if getattr(runner, "model_identity", None) else None
+        req = request_digest(self.name + (f" @ {base}" if base else ""), msgs, max_tokens, temperature)
         seq, self._seq = self._seq, self._seq + 1
         recorded = runner.recorded_call(self._key, seq, req)
         if recorded is not None:

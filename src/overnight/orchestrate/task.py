@@ -277,3 +277,63 @@ def todo_entry(name: str, fn_name: str, args: dict[str, Any], added_by: str | No
     """A todo entry as stored (:class:`~overnight.verify.records.TodoEntry` fields)."""
     return {"name": name, "fn": fn_name, "args": to_tree(args, f"step {fn_name!r} args"), "added_by": added_by,
             "previous": None}
+
+
+@dataclass
+class PlanChange:
+    """How the stored plan differs from the task code (:func:`reconcile_plan`).
+
+    Attributes:
+        added: ``(step, before)`` for each planned step added to the code since: ``before`` is
+            the step it now runs in front of (the next planned step in the code that has not run
+            yet), or None when it goes at the end.
+        removed: planned steps still to do whose function is no longer in the code.
+    """
+
+    added: list[tuple[str, str | None]] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed)
+
+    def describe(self) -> str:
+        """``+ x before c; + z at the end; - y``."""
+        return "; ".join([f"+ {n} before {b}" if b else f"+ {n} at the end" for n, b in self.added]
+                         + [f"- {n}" for n in self.removed])
+
+
+def reconcile_plan(todo: list[dict[str, Any]], done: list[dict[str, Any]], task: Task
+                   ) -> tuple[list[dict[str, Any]], PlanChange]:
+    """The todo list brought up to date with the task code, and what changed.
+
+    * A planned step added to the code since goes where the code puts it: in front of the next
+      planned step (in definition order) that is still to do, so a later step that needs it does
+      not run without it; at the end when every later planned step has run (or it is the last).
+    * A planned step still to do (or one a recompute pass put back) whose function is gone from
+      the code leaves the plan. A sub-step added by ``ctx.add_step`` whose function is gone stays
+      and fails when reached (:class:`~overnight.errors.UnknownStep`): restoring the function
+      lets it run.
+
+    ``todo``/``done`` are state trees (:class:`~overnight.verify.records.TodoEntry` dicts); neither
+    is mutated. Used by the runner on resume and by ``overnight status --drift``, so the
+    prediction is the plan the resume runs.
+    """
+    change = PlanChange()
+    change.removed = [e["name"] for e in todo if e["fn"] not in task.steps
+                      and (e.get("added_by") is None or e.get("previous") is not None)]
+    out = [e for e in todo if e["name"] not in change.removed]
+    known = {e["name"] for e in (*todo, *done)}
+    planned = [s.fn_name for s in task.steps.values() if s.planned]
+    for i, fn in enumerate(planned):
+        if fn in known:
+            continue
+        names = [e["name"] if e.get("added_by") is None else None for e in out]
+        before = next((n for n in planned[i + 1:] if n in names), None)
+        entry = todo_entry(fn, fn, {}, None)
+        if before is None:
+            out.append(entry)
+        else:
+            out.insert(names.index(before), entry)
+        change.added.append((fn, before))
+        known.add(fn)
+    return out, change

@@ -71,6 +71,30 @@ def exists(url: str | os.PathLike | None = None) -> bool:
 
 
 def open_store(url: str | os.PathLike | None = None) -> Store:
+    """:func:`open_url`, with a folder that cannot be made or written (a read-only current
+    directory, a parent that is a file or not writable) reported as
+    :class:`~overnight.errors.OutputNotWritable` naming it, never as a traceback.
+
+    Raises:
+        ConfigError: see :func:`open_url`; OutputNotWritable (a ConfigError): the store's folder.
+    """
+    from overnight.errors import OutputNotWritable
+
+    try:
+        return open_url(url)
+    except OSError as exc:
+        import errno
+
+        where = os.path.abspath(exc.filename) if exc.filename else str(url if url is not None else default_store_url())
+        reason = (f"{where} is a file, not a folder" if exc.errno in (errno.EEXIST, errno.ENOTDIR)
+                  else exc.strerror or str(exc))
+        raise OutputNotWritable(f"cannot create or open the store at {where}: {reason}",
+                                path=str(where), reason=reason,
+                                hint="run in a folder you can write, or pass --store URL (or set "
+                                "OVERNIGHT_STORE) to put the store elsewhere") from exc
+
+
+def open_url(url: str | os.PathLike | None = None) -> Store:
     """Open a store by URL.
 
     Accepted forms:

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from overnight.codec.canonical import dumps
+from overnight.codec.canonical import dumps, from_tree
 from overnight.errors import BranchExists, ConfigError, MergeConflict, OvernightError, short_id
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
@@ -273,7 +273,13 @@ def _side(kind: str, value: Any) -> str:
 
 
 def _brief(value: Any, limit: int = 60) -> str:
-    text = dumps(value).decode("ascii")
+    """A stored value as the Python ``repr`` of what it decodes to (``{'n': 2}``, ``(1, 2)``), not
+    its canonical-JSON encoding; cut at ``limit`` characters. A value that does not decode here (a
+    class this process has not imported) falls back to its stored encoding."""
+    try:
+        text = repr(from_tree(value, "merge conflict"))
+    except OvernightError:
+        text = dumps(value).decode("ascii")
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

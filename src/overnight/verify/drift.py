@@ -32,6 +32,8 @@ from overnight.errors import ConfigError
 from overnight.verify.fingerprint import (
     COMPONENTS,
     MISSING,
+    NOT_RECORDED,
+    model_label,
     digest_path,
     installed,
     keyed,
@@ -41,9 +43,12 @@ from overnight.verify.fingerprint import (
 )
 
 POLICIES = ("recompute", "accept", "rollback", "abort")
-DEFAULT_POLICIES: dict[str, str] = {c: "recompute" for c in COMPONENTS}
-"""Recompute everywhere: only steps that read what drifted run again, so this is also the cheapest
-safe default; drift nothing read is recorded and otherwise ignored."""
+DEFAULT_POLICIES: dict[str, str] = {**{c: "recompute" for c in COMPONENTS}, "model": "accept"}
+"""Recompute everywhere but ``model``: only steps that read what drifted run again, so this is also
+the cheapest safe default; drift nothing read is recorded and otherwise ignored. A switched model
+is accepted (reported, recorded on every later checkpoint): what an earlier model wrote stays, as a
+resumed agent conversation keeps its history; ``--on-drift model=recompute`` runs again the steps
+that called it."""
 
 
 def parse_policies(text: str | dict[str, str] | None) -> dict[str, str]:
@@ -131,10 +136,12 @@ class DriftReport:
 class WorldNow:
     """The world now, read lazily and once per ``(kind, key)``: ``get("inputs", path)``,
     ``get("listings", dir)``, ``get("env", name)`` (keyed digest), ``get("packages", name)``,
-    ``get("sources", name)``."""
+    ``get("sources", name)``, ``get("model", "model")`` (:func:`~overnight.verify.fingerprint.
+    model_label` of ``model``, the identity of the model steps call now)."""
 
-    def __init__(self, salt: bytes, sources: dict[str, Callable[[], Any]]) -> None:
-        self.salt, self.sources = salt, sources
+    def __init__(self, salt: bytes, sources: dict[str, Callable[[], Any]],
+                 model: dict[str, Any] | None = None) -> None:
+        self.salt, self.sources, self.model = salt, sources, model
         self._cache: dict[tuple[str, str], Any] = {}
         self._packages: dict[str, str] | None = None
 
@@ -154,12 +161,15 @@ class WorldNow:
             elif kind == "sources":
                 fn = self.sources.get(key)
                 self._cache[k] = source_digest(fn, key) if fn is not None else MISSING
+            elif kind == "model":
+                self._cache[k] = model_label(self.model)
             else:
                 raise ValueError(kind)
         return self._cache[k]
 
 
-READ_COMPONENT = {"inputs": "inputs", "listings": "inputs", "sources": "inputs", "env": "env", "packages": "deps"}
+READ_COMPONENT = {"inputs": "inputs", "listings": "inputs", "sources": "inputs", "env": "env", "packages": "deps",
+                  "model": "model"}
 
 
 def detect(
@@ -211,17 +221,19 @@ def detect(
     # world-level components: deps, env runtime and vars, declared inputs
     if recorded is not None:
         read_packages = {p for d in done for p in d["reads"].get("packages", {})}
-        unread = []
+        unread: list[tuple[str, str, str]] = []
         for name in sorted(set(recorded["deps"]["packages"]) | set(now["deps"]["packages"])):
             old, new = recorded["deps"]["packages"].get(name, MISSING), now["deps"]["packages"].get(name, MISSING)
             if old != new:
                 if name in read_packages:
                     item("deps", name, old, new)
                 else:
-                    unread.append(f"{name} {old}->{new}")
-        if unread:  # one line for the distributions no step declared: reported, nothing to recompute
-            item("deps", f"{len(unread)} installed distribution(s) no step reads", ", ".join(unread[:3])
-                 + (" ..." if len(unread) > 3 else ""), "see `overnight env export` for the recorded set")
+                    unread.append((name, old, new))
+        if unread:  # one row for the distributions no step declared: reported, nothing to recompute
+            more = " ..." if len(unread) > 3 else ""
+            item("deps", f"{len(unread)} installed distribution(s) no step reads",
+                 ", ".join(f"{n} {o}" for n, o, _ in unread[:3]) + more,
+                 ", ".join(f"{n} {v}" for n, _, v in unread[:3]) + more)
         for name in sorted(set(recorded["deps"]["locks"]) | set(now["deps"]["locks"])):
             old, new = recorded["deps"]["locks"].get(name, MISSING), now["deps"]["locks"].get(name, MISSING)
             if old != new:
@@ -237,9 +249,13 @@ def detect(
             old, new = recorded["inputs"].get(name, "undeclared"), now["inputs"].get(name, "undeclared")
             if old != new:
                 item("inputs", name, old, new)
+        # the model: a checkpoint from before world format 2 has none -- "not recorded", a warning
+        old_model, new_model = model_label(recorded.get("model")), model_label(now.get("model"))
+        if old_model != new_model:
+            item("model", "model", old_model, new_model, warning=NOT_RECORDED in (old_model, new_model))
 
     # what each step read
-    world = WorldNow(salt, sources)
+    world = WorldNow(salt, sources, now.get("model"))
     for d in done:
         for kind, component in READ_COMPONENT.items():
             for key, old in d["reads"].get(kind, {}).items():
@@ -248,7 +264,9 @@ def detect(
                     label = key if kind != "listings" else f"listing of {key}"
                     if kind == "sources":
                         label = f"source:{key}"
-                    item(component, label, old, new).steps.append(d["name"])
+                    it = item(component, label, old, new)
+                    it.steps.append(d["name"])
+                    it.warning = False  # a step that called another model: drift, whatever the world says
 
     # artifacts exported to files, edited or replaced on disk
     producers = {}

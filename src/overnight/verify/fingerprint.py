@@ -14,6 +14,9 @@ inputs      digests of the task's declared external inputs: files, directory tre
             registered with a callable (an HTTP ETag, a database version, ...)
 artifacts   for artifacts the task exports to files: the digest committed (in the checkpoint)
             against the file on disk now
+model       the model steps call through ``ctx.model``: its spec, the model's own name, the
+            endpoint's base URL and the tokenizer that counts its tokens (world format 2; a
+            checkpoint of format 1 has none: reported as ``not recorded``, never as drift)
 =========== ===================================================================================
 
 Steps record what *they* read the same way (``DoneEntry.reads``), so a drift affects exactly the
@@ -41,11 +44,17 @@ from overnight.codec import digest
 from overnight.codec.canonical import dumps
 from overnight.errors import ConfigError
 
-COMPONENTS = ("code", "deps", "env", "inputs", "artifacts")
+COMPONENTS = ("code", "deps", "env", "inputs", "artifacts", "model")
+WORLD_FORMAT = 2
+"""World fingerprint format: 1 without ``model``, 2 with it (docs/FORMAT.md, Changes)."""
+NOT_RECORDED = "not recorded"
 LOCK_FILES = ("uv.lock", "poetry.lock", "pylock.toml", "Pipfile.lock")
 LOCK_GLOBS = ("requirements*.txt",)
 MISSING = "missing"
 UNSET = "unset"
+NOT_PINNED = ("overnight", "pip", "setuptools")
+"""Recorded, but left out of ``env export``'s pins: overnight itself (installed from wherever the
+user installs it, often an editable clone) and the installer's own tools, as ``pip freeze`` does."""
 
 
 def normalize(name: str) -> str:
@@ -150,6 +159,8 @@ class WorldSpec:
         exports: ``artifact name -> file path`` the runner keeps in sync with committed artifacts.
         root: project directory where lock files are looked for.
         salt: per-task key for environment digests.
+        model: :func:`model_identity` of the model steps call, or None (not known: recorded
+            as null, compared as ``not recorded``).
     """
 
     version: str = "1"
@@ -161,6 +172,40 @@ class WorldSpec:
     exports: dict[str, str] = field(default_factory=dict)
     root: Path = field(default_factory=Path.cwd)
     salt: bytes = b""
+    model: dict[str, Any] | None = None
+
+
+def model_identity(spec: str, *, name: str | None = None, base_url: str | None = None,
+                   tokenizer: str | None = None) -> dict[str, Any]:
+    """The ``model`` component: ``{"spec", "name", "base_url", "tokenizer"}``.
+
+    Args:
+        spec: the model spec (``extractive``, ``local``, ``openai:gpt-4o-mini``).
+        name: the model's own name (an ``openai:`` model's NAME, a GGUF file's name); default:
+            the spec after its kind.
+        base_url: the endpoint of an ``openai:`` model (user and password, if any, removed).
+        tokenizer: the name of the tokenizer that counts its tokens.
+    """
+    if base_url:
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(base_url)
+        if parts.username or parts.password:
+            base_url = urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+    kind, _, rest = spec.partition(":")
+    return {"spec": spec, "name": name or (Path(rest).name if kind == "local" and rest else rest or spec),
+            "base_url": base_url or None, "tokenizer": tokenizer}
+
+
+def model_label(identity: dict[str, Any] | None) -> str:
+    """One line for a drift report: ``openai:m (name m, base URL http://..., tokenizer o200k_base)``;
+    ``"not recorded"`` for None."""
+    if not identity:
+        return NOT_RECORDED
+    extra = [f"name {identity['name']}"] if identity.get("name") not in (None, identity["spec"]) else []
+    extra += [f"base URL {identity['base_url']}"] if identity.get("base_url") else []
+    extra += [f"tokenizer {identity['tokenizer']}"] if identity.get("tokenizer") else []
+    return identity["spec"] + (f" ({', '.join(extra)})" if extra else "")
 
 
 def source_digest(fn: Callable[[], Any], name: str) -> str:
@@ -179,12 +224,13 @@ def source_digest(fn: Callable[[], Any], name: str) -> str:
 def world(spec: WorldSpec) -> dict[str, Any]:
     """The fingerprint of the world now (everything but ``artifacts``, which come from a state).
 
-    Shape: ``{"format": 1, "code": {"task", "steps": {fn: {"version", "source"}}}, "deps":
+    Shape: ``{"format": 2, "code": {"task", "steps": {fn: {"version", "source"}}}, "deps":
     {"packages": {name: version}, "locks": {file: digest}}, "env": {"python", "implementation",
-    "platform", "vars": {name: keyed digest}}, "inputs": {path or source name: digest}}``.
+    "platform", "vars": {name: keyed digest}}, "inputs": {path or source name: digest},
+    "model": {"spec", "name", "base_url", "tokenizer"} or null}``.
     """
     return {
-        "format": 1,
+        "format": WORLD_FORMAT,
         "code": {"task": spec.version,
                  "steps": {n: {"version": v, "source": s} for n, (v, s) in sorted(spec.steps.items())}},
         "deps": {"packages": installed(None if spec.deps == "all" else list(spec.deps)),
@@ -192,6 +238,7 @@ def world(spec: WorldSpec) -> dict[str, Any]:
         "env": {**runtime(), "vars": {n: keyed(spec.salt, n, os.environ.get(n)) for n in sorted(spec.env)}},
         "inputs": {**{str(p): digest_path(p) for p in sorted(spec.inputs)},
                    **{f"source:{n}": source_digest(fn, n) for n, fn in sorted(spec.sources.items())}},
+        "model": spec.model,
     }
 
 
@@ -209,7 +256,10 @@ def pip_requirements(fp: dict[str, Any], step_env: Iterable[str] = ()) -> str:
     if read:
         lines.append("# environment variables its steps read (values not recorded): " + ", ".join(read))
     for name, version in sorted(fp["deps"]["packages"].items()):
-        lines.append(f"{name}=={version}" if version != MISSING else f"# {name}: not installed")
+        if name in NOT_PINNED:  # the installer and overnight itself: pinning them would fight the venv
+            lines.append(f"# {name}=={version} (not pinned)")
+        else:
+            lines.append(f"{name}=={version}" if version != MISSING else f"# {name}: not installed")
     return "\n".join(lines) + "\n"
 
 

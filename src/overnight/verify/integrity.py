@@ -31,6 +31,7 @@ from overnight.codec.canonical import dumps, dumps_sorted, loads
 from overnight.errors import (
     DecodeError,
     DigestMismatch,
+    FormatTooNew,
     IntegrityError,
     MissingObject,
     SchemaError,
@@ -39,6 +40,7 @@ from overnight.errors import (
 )
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.blobs import BlobReader
+from overnight.verify.fingerprint import WORLD_FORMAT
 from overnight.verify.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade
 from overnight.verify.records import (
     DONE_PAGE,
@@ -302,6 +304,10 @@ def load_checkpoint(
     world = None
     if record.fingerprint is not None:
         world = page(record.fingerprint.world, f"{cp} fingerprint", _WORLD).tree
+        if world["format"] > WORLD_FORMAT:
+            raise FormatTooNew(f"{cp} fingerprint was written by a newer overnight (world format {world['format']}); "
+                               f"this one reads up to {WORLD_FORMAT}", hint="upgrade overnight to resume this task",
+                               **ids)
     loaded = LoadedCheckpoint(row=row, record=record, doc=doc, doc_tree=tree, todo_pages=todo_pages,
                               done_pages=done_pages, artifact_pages=artifact_pages, world=world)
 

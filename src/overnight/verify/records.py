@@ -95,13 +95,17 @@ class Fingerprint(_Strict):
 
 
 class WorldDoc(_Strict):
-    """The world fingerprint blob (:func:`overnight.verify.fingerprint.world`)."""
+    """The world fingerprint blob (:func:`overnight.verify.fingerprint.world`).
 
-    format: int
+    ``format`` 1 has no ``model``; format 2 adds it (``{"spec", "name", "base_url", "tokenizer"}``
+    or null). A larger format is refused (``FormatTooNew``)."""
+
+    format: int = Field(ge=1)
     code: dict[str, Any]
     deps: dict[str, Any]
     env: dict[str, Any]
     inputs: dict[str, str]
+    model: dict[str, Any] | None = None
 
 
 class CheckpointRecord(_Strict):
