@@ -50,16 +50,19 @@ from overnight.verify.integrity import load_checkpoint, parse_record, signing_ke
 
 
 @contextmanager
-def _opened(store: Store | str | None, *, task_id: str | None = None, write: bool = False) -> Iterator[TieredStore]:
+def _opened(store: Store | str | None, *, task_id: str | None = None, write: bool = False,
+            read_only: bool = False) -> Iterator[TieredStore]:
     """The store, wrapped so archived history reads through to its cold store. A store that does
     not exist yet is a ConfigError, never created (only running a task creates one).
 
     With ``store=None`` and a ``task_id``, the task is looked up where the router may have put it:
     the default store, else the configured database and cloud media, as ``overnight resume`` does.
     A replicated task is read from the first medium that holds it; to ``write``, every medium is
-    first brought up to the newest verifiable head (``overnight repair``) and written together."""
+    first brought up to the newest verifiable head (``overnight repair``) and written together.
+    ``read_only`` (reading commands) opens a store URL without writing to it, so they work on a
+    read-only file, folder or file system."""
     if store is None and task_id is not None:
-        found = locate(task_id, load_config())
+        found = locate(task_id, load_config(), read_only=read_only)
         if found is not None:
             s = tiered(_medium_for(found[0], task_id, write=write), own=False)
             try:
@@ -80,7 +83,7 @@ def _opened(store: Store | str | None, *, task_id: str | None = None, write: boo
         url = str(store) if store is not None else default_store_url()
         raise ConfigError(f"no store at {url} ({store_location(url)})",
                           hint="run a task first (`overnight demo`), or pass --store / set OVERNIGHT_STORE")
-    s = tiered(open_store(store))  # type: ignore[arg-type]
+    s = tiered(open_store(store, read_only=read_only))  # type: ignore[arg-type]
     try:
         yield s
     finally:
@@ -337,19 +340,19 @@ def ls(*, store: Store | str | None = None) -> list[TaskSummary]:
             the default store or any configured medium).
     """
     if store is not None:
-        with _opened(store) as s:
+        with _opened(store, read_only=True) as s:
             return _summaries(s, set())
     cfg = load_config()
     urls = list(dict.fromkeys(u for u in (cfg.medium(n) for n in ("local", "database", "cloud"))
                               if u is not None and store_exists(u)))
     if not urls:
-        with _opened(None) as s:  # raises: no store yet
+        with _opened(None, read_only=True) as s:  # raises: no store yet
             return _summaries(s, set())
     out: list[TaskSummary] = []
     seen: set[str] = set()
     for i, url in enumerate(urls):
         try:
-            with _opened(url) as s:
+            with _opened(url, read_only=True) as s:
                 out += _summaries(s, seen)
         except OvernightError as exc:
             if i == 0 and url == cfg.medium("local"):
@@ -428,7 +431,7 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
         TaskNotFound: no such task.
     """
     key = signing_key_from_env()
-    with _opened(store, task_id=task_id) as s:
+    with _opened(store, task_id=task_id, read_only=True) as s:
         t = s.get_task(task_id)
         refs = s.list_refs(task_id)
         if refs and branch not in refs:
@@ -537,7 +540,7 @@ def cat(task_id: str, artifact: str, *, store: Store | str | None = None, at: st
         TaskNotFound / CheckpointNotFound / ArtifactNotFound; IntegrityError if it fails verification.
     """
     key = signing_key_from_env()
-    with _opened(store, task_id=task_id) as s:
+    with _opened(store, task_id=task_id, read_only=True) as s:
         s.get_task(task_id)
         if at is None:
             loaded, fallback = load_head(s, task_id, branch, key=key, deep=False)
@@ -566,14 +569,14 @@ def verify(task_id: str | None = None, *, store: Store | str | None = None, all_
     Raises:
         TaskNotFound: ``task_id`` does not exist.
     """
-    with _opened(store, task_id=task_id) as s:
+    with _opened(store, task_id=task_id, read_only=True) as s:
         return verify_store(s, [task_id] if task_id else None, key=signing_key_from_env(),
                             all_objects=all_objects, on_progress=on_progress)
 
 
 def log(task_id: str, *, store: Store | str | None = None) -> list[LogEntry]:
     """The task's history, all branches, newest first, with a graph column (``git log --graph``)."""
-    with _opened(store, task_id=task_id) as s:
+    with _opened(store, task_id=task_id, read_only=True) as s:
         s.get_task(task_id)
         return branching.history(s, task_id, key=signing_key_from_env())
 
@@ -669,7 +672,7 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
     from overnight.orchestrate.consistency import policies_for, report_for, salt_of, world, world_spec
     from overnight.verify.drift import affected_steps, parse_policies
 
-    with _opened(store, task_id=task_id) as s:
+    with _opened(store, task_id=task_id, read_only=True) as s:
         s.get_task(task_id)
         loaded, _ = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
         st = loaded.state
@@ -708,7 +711,7 @@ def env_export(task_id: str, *, store: Store | str | None = None, at: str | None
     """
     from overnight.verify.fingerprint import pip_requirements
 
-    with _opened(store, task_id=task_id) as s:
+    with _opened(store, task_id=task_id, read_only=True) as s:
         s.get_task(task_id)
         key = signing_key_from_env()
         if at is None:
@@ -842,7 +845,7 @@ def gc(*, store: Store | str | None = None, apply: bool = False, keep_last: int 
     Raises:
         TaskNotFound, ConfigError; FormatTooNew when a checkpoint is from a newer overnight.
     """
-    with _opened(store) as s:
+    with _opened(store, read_only=not apply) as s:
         return collecting.collect(s, apply=apply, keep_last=keep_last,
                                   older_than_s=parse_duration(older_than, "--older-than"), task_id=task_id,
                                   grace_s=parse_duration(grace, "--grace") or 0.0, on_progress=on_progress)

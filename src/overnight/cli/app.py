@@ -9,6 +9,8 @@ Exit codes (also in ``overnight --help`` and the README):
 3   integrity: no checkpoint verifies (``overnight verify`` explains)
 4   busy: another process holds the task, or the branch moved under this writer
 5   drift: the world changed and the drift policy says abort (``overnight status --drift``)
+6   store refused: disk full, read-only or permission denied, a folder missing, server unreachable
+    (nothing committed is lost; fix the cause and run the command again)
 75  resumable: interrupted (SIGINT/SIGTERM) or stopped by ``--max-steps``; run
     ``overnight resume TASK_ID`` to continue
 ==  =========================================================================================
@@ -32,13 +34,16 @@ from overnight.errors import (
     NotFound,
     OvernightError,
     StepError,
+    StoreError,
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTEGRITY, EXIT_BUSY, EXIT_DRIFT, EXIT_RESUMABLE = 0, 1, 2, 3, 4, 5, 75
+EXIT_STORE = 6
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 complete | 1 step failed | 2 usage / not found | 3 integrity (nothing verifies) | "
-    "4 busy (task held by another process) | 5 drift abort | 75 resumable (interrupted or --max-steps; "
+    "4 busy (task held by another process) | 5 drift abort | 6 store refused (disk full, read-only, "
+    "unreachable) | 75 resumable (interrupted or --max-steps; "
     "run `overnight resume TASK_ID`)."
 )
 
@@ -84,6 +89,10 @@ DriftOpt = typer.Option(None, "--on-drift", metavar="COMPONENT=POLICY,...",
 
 
 def _exit_code(exc: OvernightError) -> int:
+    if isinstance(exc, StoreError):
+        return EXIT_STORE
+    if isinstance(exc, StepError) and isinstance(exc.__cause__, StoreError):
+        return EXIT_STORE
     if isinstance(exc, DriftError):
         return EXIT_DRIFT
     if isinstance(exc, ConcurrencyError):

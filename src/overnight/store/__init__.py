@@ -70,8 +70,10 @@ def exists(url: str | os.PathLike | None = None) -> bool:
     return True
 
 
-def open_store(url: str | os.PathLike | None = None) -> Store:
-    """Open a store by URL.
+def open_store(url: str | os.PathLike | None = None, *, read_only: bool = False) -> Store:
+    """Open a store by URL; ``read_only`` (what reading commands pass) opens it without writing
+    anything -- an SQLite file read-only (see :class:`~overnight.store.sqlite.SQLiteStore`); the
+    other backends write nothing when they open an existing store.
 
     Accepted forms:
 
@@ -98,7 +100,7 @@ def open_store(url: str | os.PathLike | None = None) -> Store:
         if Path(text).suffix in (".db", ".sqlite", ".sqlite3"):
             from overnight.store.sqlite import SQLiteStore
 
-            return SQLiteStore(text)
+            return SQLiteStore(text, read_only=read_only)
         raise _unsupported(text)
     scheme = scheme.lower()
     if scheme == "sqlite":
@@ -106,7 +108,7 @@ def open_store(url: str | os.PathLike | None = None) -> Store:
 
         if not rest:
             raise ConfigError(f"store URL {text!r} has no path", hint="use sqlite://.overnight/overnight.db")
-        return SQLiteStore(rest)
+        return SQLiteStore(rest, read_only=read_only)
     if scheme == "file":
         from overnight.store.file import FileStore
 

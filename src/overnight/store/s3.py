@@ -62,6 +62,7 @@ import botocore.config
 import botocore.exceptions
 
 from overnight.errors import ConfigError
+from overnight.store.refusal import unreachable
 from overnight.store.keyed import KeyedStore
 
 MULTIPART_THRESHOLD = 8 * 1024 * 1024  # objects larger than this go up in parts
@@ -185,9 +186,11 @@ class S3Container:
         except botocore.exceptions.NoCredentialsError as exc:
             raise ConfigError("no AWS credentials found for the S3 store",
                               hint="set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or AWS_PROFILE") from exc
-        except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError) as exc:
-            raise ConfigError(f"cannot reach the S3 endpoint: {exc}",
-                              hint="check endpoint_url / OVERNIGHT_S3_ENDPOINT_URL and that the server runs") from exc
+        except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError,
+                botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectionClosedError) as exc:
+            raise unreachable(f"s3://{self.bucket}/{self.prefix}", f"cannot reach the S3 endpoint: {exc}",
+                              hint="check endpoint_url / OVERNIGHT_S3_ENDPOINT_URL and that the server runs; "
+                              "run the command again once it answers") from exc
 
     def _key(self, key: str) -> str:
         return self.prefix + key
