@@ -800,6 +800,60 @@ def repair(task_id: str | None = None, *, store: Store | str | None = None) -> l
     return reports
 
 
+@dataclass
+class SalvageReport:
+    """``overnight repair --salvage``: what was read from a damaged SQLite file into a new one, and
+    how the new one verifies. ``rows``/``errors`` per table (see :mod:`overnight.store.salvage`);
+    ``refs_restored`` lists ``task/branch -> checkpoint`` refs rebuilt because the ref rows were
+    lost (the newest checkpoint of the branch whose record verifies); ``verify`` is the full check
+    of the result."""
+
+    source: str
+    target: str
+    rows: dict[str, int]
+    errors: dict[str, int]
+    refs_restored: dict[str, str]
+    verify: VerifyReport
+
+
+def salvage(path: str | Path, *, into: str | Path | None = None) -> SalvageReport:
+    """Recover what SQLite can still read from a damaged store file into a new file (default
+    ``NAME.salvaged.db`` beside it), rebuild lost branch refs from verified records, and verify the
+    result. The damaged file is never written. Nothing salvaged is trusted more than any stored
+    row: every load of the new store verifies it, and :attr:`SalvageReport.verify` says what holds.
+
+    Raises:
+        ConfigError: the file is missing, or the target exists.
+        StoreCorrupt: not even the table list of the file is readable.
+    """
+    from overnight.store.salvage import copy_rows
+    from overnight.store.sqlite import SQLiteStore
+
+    source = Path(str(path).removeprefix("sqlite://"))
+    target = Path(into) if into is not None else source.with_name(source.stem + ".salvaged.db")
+    copied = copy_rows(source, target)
+    key = signing_key_from_env()
+    restored: dict[str, str] = {}
+    with SQLiteStore(target) as s:
+        for t in s.list_tasks():
+            refs = s.list_refs(t.task_id)
+            newest: dict[str, tuple[int, str]] = {}
+            for row in s.list_checkpoints(t.task_id):
+                try:
+                    record = parse_record(row, key=key)  # the branch and seq of a record that verifies
+                except OvernightError:
+                    continue
+                if record.branch not in newest or record.seq > newest[record.branch][0]:
+                    newest[record.branch] = (record.seq, row.checkpoint_id)
+            ids = {r.checkpoint_id for r in s.list_checkpoints(t.task_id)}
+            for branch, (_, cid) in newest.items():
+                if refs.get(branch) not in ids:  # the ref row, or the checkpoint it named, was lost
+                    s.set_ref(t.task_id, branch, cid, refs.get(branch))
+                    restored[f"{t.task_id}/{branch}"] = cid
+        report = verify_store(s, None, key=key, all_objects=True)
+    return SalvageReport(copied.source, copied.target, copied.rows, copied.errors, restored, report)
+
+
 def _configured_task_ids(cfg: Config) -> list[str]:
     """Ids of the tasks on every configured medium that exists (local, database, cloud). A damaged
     medium is passed over while another one lists tasks (their repair sets it aside).

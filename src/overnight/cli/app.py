@@ -815,12 +815,42 @@ def config_(as_json: bool = JsonOpt) -> None:
     render.table(None, ["setting", "value", "from"], rows)
 
 
+def _salvage(path: Path, into: Optional[Path], as_json: bool) -> None:
+    try:
+        rep = api.salvage(path, into=into)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        render.print_json({**render.to_jsonable(rep), "ok": rep.verify.ok and not rep.verify.problems})
+    else:
+        render.table(f"salvaged {render.esc(rep.source)} -> {render.esc(rep.target)}", ["table", "rows", "read errors"],
+                     [(t, n, rep.errors.get(t, 0)) for t, n in rep.rows.items()])
+        for ref, cid in rep.refs_restored.items():
+            render.out.print(f"ref {render.esc(ref)} rebuilt -> {cid[7:19]} (the newest verified record of the branch)")
+        v = rep.verify
+        render.out.print(f"verify: {v.tasks} task(s), {v.checkpoints} checkpoint(s) ({v.checkpoints_invalid} invalid), "
+                         f"{v.objects_checked} object(s) checked ({v.objects_invalid} damaged); heads: "
+                         + "; ".join(f"{t}: " + ", ".join(f"{b} {st}" for b, st in h.items()) for t, h in v.heads.items()))
+        if v.problems:
+            render.out.print(f"[yellow]{len(v.problems)} problem(s)[/]: damaged records never load; resume falls back "
+                             f"to the newest that verifies (`overnight verify --all --store sqlite://{rep.target}`)")
+        else:
+            render.out.print("[green]ok[/]: use it with --store sqlite://" + render.esc(rep.target))
+    if rep.verify.problems:
+        raise typer.Exit(EXIT_INTEGRITY)
+
+
 @app.command()
 def repair(
     task_id: Optional[str] = typer.Argument(None, help="Task id; omit with --all."),
     all_tasks: bool = typer.Option(False, "--all", help="Every task in the store."),
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
+    salvage: Optional[Path] = typer.Option(None, "--salvage", metavar="FILE.db",
+                                           help="Recover what SQLite can still read from a damaged store file "
+                                           "into a new file (--into, default FILE.salvaged.db), then verify it. "
+                                           "The damaged file is not written."),
+    into: Optional[Path] = typer.Option(None, "--into", metavar="NEW.db", help="Where --salvage writes."),
 ) -> None:
     """Bring every medium a task was routed to (e.g. local + cloud for a critical task) up to the
     newest head that verifies: copy what a lost, emptied, lagging or corrupted medium lacks from a
@@ -831,7 +861,15 @@ def repair(
     file is moved aside to NAME.damaged-TIMESTAMP (never deleted) and rebuilt. Media that diverged
     (each went on alone) keep the losing head on branch BRANCH@MEDIUM: nothing is dropped.
     Exit 0 repaired or nothing to do | 3 a medium is unavailable or cannot be repaired |
-    4 media diverged (merge the kept branch: overnight merge TASK_ID --from BRANCH@MEDIUM)."""
+    4 media diverged (merge the kept branch: overnight merge TASK_ID --from BRANCH@MEDIUM).
+
+    --salvage FILE.db recovers a damaged SQLite store with Python's sqlite3 module (row by row,
+    skipping what errors; `sqlite3 FILE .recover` fails on some systems), rebuilds branch refs
+    that were lost from the newest verified record, and verifies the result like `verify --all`:
+    exit 0 when all of it verifies, 3 when something salvaged is damaged (it never loads)."""
+    if salvage is not None:
+        _salvage(salvage, into, as_json)
+        return
     if not task_id and not all_tasks:
         render.err.print("[bold red]error:[/] name a TASK_ID or pass --all")
         raise typer.Exit(EXIT_USAGE)

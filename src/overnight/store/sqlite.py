@@ -315,6 +315,15 @@ class SQLiteStore:
                 if suffix or getattr(exc, "sqlite_errorcode", 0) & 0xFF != _SQLITE_CANTOPEN:
                     raise self._unreadable(exc) from exc
         assert db is not None
+        if row is None or not str(row[0]).isdigit():  # a store always has its version: damaged?
+            damage = [str(r[0]) for r in db.execute("PRAGMA quick_check(20)").fetchall()]
+            if damage != ["ok"]:
+                db.close()
+                raise StoreCorrupt(f"store {self.path} is damaged: {'; '.join(damage)}", hint=self._recover_hint())
+            if row is not None:
+                db.close()
+                raise ConfigError(f"store {self.path} records schema version {row[0]!r}",
+                                  hint="is it an overnight SQLite store? point --store / OVERNIGHT_STORE at the right file")
         if row is not None and int(row[0]) > SCHEMA_VERSION:
             db.close()
             raise StoreVersionError(
@@ -322,6 +331,10 @@ class SQLiteStore:
                 f"(this one knows up to {SCHEMA_VERSION})",
                 hint="upgrade overnight (pip install -U overnight) to open this store")
         return db
+
+    def _recover_hint(self) -> str:
+        return (f"salvage what verifies into a new file: overnight repair --salvage {self.path} "
+                f"(writes {self.path.with_name(self.path.stem + '.salvaged.db')}; the damaged file is kept)")
 
     def _cannot_write(self) -> Exception | None:
         """StoreReadOnly when the file, its folder or its file system refuses writes, else None."""
@@ -378,8 +391,7 @@ class SQLiteStore:
                     damage = [str(r[0]) for r in self._db.execute("PRAGMA quick_check(20)").fetchall()]
                     if damage != ["ok"]:
                         raise StoreCorrupt(f"store {self.path} is damaged: {'; '.join(damage)}",
-                                           hint=f"recover the file: sqlite3 {self.path} .recover | sqlite3 "
-                                           "recovered.db") from exc
+                                           hint=self._recover_hint()) from exc
                     raise
             if version < SCHEMA_VERSION:
                 self._db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
@@ -407,8 +419,8 @@ class SQLiteStore:
                                     hint="check the disk or share (dmesg, mount), then run the command again")
         if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "malformed" in str(exc) or "decode to UTF-8" in str(exc):
             return StoreCorrupt(f"store {self.path} is damaged: {exc}",
-                                hint="resume a replicated task from another medium (`overnight repair`), or recover "
-                                f"the file: sqlite3 {self.path} .recover | sqlite3 recovered.db")
+                                hint="resume a replicated task from another medium (`overnight repair`), or "
+                                + self._recover_hint())
         return exc
 
     @contextmanager
