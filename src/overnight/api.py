@@ -46,7 +46,7 @@ from overnight.verify.gc import GcReport, RmReport
 from overnight.verify.chain import load_head
 from overnight.verify.drift import DriftReport
 from overnight.verify.fsck import VerifyReport, verify_store
-from overnight.verify.integrity import load_checkpoint, parse_record, signing_key_from_env
+from overnight.verify.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
 
 
 @contextmanager
@@ -326,6 +326,20 @@ class TaskSummary:
     created_at: str
     store: str = ""
     """Where the task was listed from: a store's path, or its URL with any password masked."""
+    damaged: int = 0
+    """Checkpoints of the task that fail verification (record or the objects a load reads)."""
+    fell_back: str | None = None
+    """Set when the head of the listed branch fails verification: ``"fell back from X to Y: reason"``."""
+
+
+def _fell_back(fallback: Any) -> str | None:
+    """``"fell back from X to Y: Kind: reason"`` for a head that failed verification, else None."""
+    if fallback is None:
+        return None
+    first = fallback.skipped[0] if fallback.skipped else None
+    why = f": {first.error}: {first.reason}" if first is not None else ""
+    return (f"fell back from {short_id(fallback.head_id)} to "
+            f"{short_id(fallback.used_id) if fallback.used_id else 'nothing'}{why}")
 
 
 def ls(*, store: Store | str | None = None) -> list[TaskSummary]:
@@ -372,17 +386,18 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
         refs = s.list_refs(t.task_id)
         rows = s.list_checkpoints(t.task_id)
         branch = "main" if "main" in refs else next(iter(refs), None)
-        status, done, total = "invalid", 0, 0
+        status, done, total, fell_back = "invalid", 0, 0, None
         if branch is not None:
             try:
-                loaded, _ = load_head(s, t.task_id, branch, key=key, deep=False)
+                loaded, fallback = load_head(s, t.task_id, branch, key=key, deep=False)
                 done, total = loaded.doc.done.count, loaded.doc.done.count + loaded.doc.todo.count
                 status = "complete" if not loaded.doc.todo.count else "in progress"
+                fell_back = _fell_back(fallback)
             except OvernightError:
                 status = "invalid"
         out.append(TaskSummary(t.task_id, t.goal, status, done, total, sorted(refs), len(rows),
                                max((r.created_at for r in rows), default=None), t.created_at,
-                               store_location(s.url)))
+                               store_location(s.url), len(record_problems(s, rows, key=key)), fell_back))
     return out
 
 
@@ -422,6 +437,10 @@ class TaskReport:
     chain: list[ChainEntry]
     stored_bytes: int
     usage: dict[str, Any] = field(default_factory=dict)
+    fell_back: str | None = None
+    """Set when the branch head fails verification: ``"fell back from X to Y: reason"``."""
+    damaged: int = 0
+    """Checkpoints that fail verification (each marked ``valid: false`` with its ``problem``)."""
 
 
 def show(task_id: str, *, store: Store | str | None = None, branch: str = "main") -> TaskReport:
@@ -442,20 +461,23 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
             heads.setdefault(cid, []).append(b)
         chain = []
         hot = {r.checkpoint_id for r in s.hot.list_checkpoints(task_id)}
-        for row in s.list_checkpoints(task_id):
-            valid, problem, session = True, None, None
+        rows = s.list_checkpoints(task_id)
+        damaged = record_problems(s, rows, key=key)
+        for row in rows:
+            session = None
             try:
-                record = parse_record(row, key=key)
-                session = record.session.n
-            except OvernightError as exc:
-                valid, problem = False, f"{type(exc).__name__}: {exc.message}"
+                session = parse_record(row, key=key).session.n
+            except OvernightError:
+                pass  # in damaged already
+            problem = damaged.get(row.checkpoint_id)
             chain.append(ChainEntry(row.seq, row.checkpoint_id, row.branch, session, row.event, row.step,
-                                    row.created_at, row.stored_bytes, heads.get(row.checkpoint_id, []), valid, problem,
-                                    row.checkpoint_id not in hot))
-        status, done, total, todo, artifacts = "invalid", 0, 0, [], {}
+                                    row.created_at, row.stored_bytes, heads.get(row.checkpoint_id, []), problem is None,
+                                    problem, row.checkpoint_id not in hot))
+        status, done, total, todo, artifacts, fell_back = "invalid", 0, 0, [], {}, None
         if branch in refs:
             try:
-                loaded, _ = load_head(s, task_id, branch, key=key, deep=False)
+                loaded, fallback = load_head(s, task_id, branch, key=key, deep=False)
+                fell_back = _fell_back(fallback)
                 st = loaded.doc
                 done, total = st.done.count, st.done.count + st.todo.count
                 todo = [e.name for e in loaded.state.todo]
@@ -464,7 +486,7 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
             except OvernightError:
                 pass
         return TaskReport(task_id, t.goal, t.entry, t.created_at, refs, status, done, total, todo, artifacts, chain,
-                          sum(c.stored_bytes for c in chain), _usage(s, task_id))
+                          sum(c.stored_bytes for c in chain), _usage(s, task_id), fell_back, len(damaged))
 
 
 def _usage(s: Store, task_id: str) -> dict[str, Any]:
@@ -628,6 +650,9 @@ class StatusReport:
     accepted_drift: list[dict[str, Any]]
     drift: DriftReport | None = None
     drift_plan: str | None = None
+    fell_back: str | None = None
+    """Set when the branch head fails verification: ``"fell back from X to Y: reason"`` (``head``
+    is then the checkpoint a resume would continue from)."""
 
 
 def _no_code(row: Any, action: str) -> ConfigError:
@@ -674,12 +699,12 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
 
     with _opened(store, task_id=task_id, read_only=True) as s:
         s.get_task(task_id)
-        loaded, _ = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
+        loaded, fallback = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
         st = loaded.state
         accepted = list(loaded.record.fingerprint.accepted) if loaded.record.fingerprint else []
         rep = StatusReport(task_id, branch, loaded.id, loaded.record.seq,
                            "complete" if not st.todo else "in progress", len(st.done), len(st.done) + len(st.todo),
-                           [e.name for e in st.todo[:10]], accepted)
+                           [e.name for e in st.todo[:10]], accepted, fell_back=_fell_back(fallback))
         if drift:
             task = _task_code(s, task_id, entry)
             if task is None:

@@ -250,10 +250,18 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
     several = any(t.store != here for t in tasks)  # some are on a configured database or cloud medium
     render.table(None, ["task", "status", "steps", "branches", "checkpoints", "updated", "goal"]
                  + (["store"] if several else []),
-                 [(t.task_id, t.status, f"{t.done}/{t.total}", ",".join(t.branches), t.checkpoints,
+                 [(t.task_id, t.status + (" [FELL BACK]" if t.fell_back else ""), f"{t.done}/{t.total}",
+                   ",".join(t.branches), f"{t.checkpoints}" + (f" ({t.damaged} DAMAGED)" if t.damaged else ""),
                    (t.updated_at or "")[:19].replace("T", " "), t.goal) + ((t.store,) if several else ())
                   for t in tasks],
                  justify={"steps": "right", "checkpoints": "right"})
+    for t in tasks:
+        if t.fell_back or t.damaged:
+            render.err.print(f"[yellow]{render.esc(t.task_id)}:[/] "
+                             + render.esc("; ".join(x for x in (t.fell_back, f"{t.damaged} damaged checkpoint(s)"
+                                                                if t.damaged else None) if x))
+                             + render.esc(f" -- `overnight show {t.task_id}` marks them, `overnight verify "
+                                          f"{t.task_id}` checks everything"))
 
 
 @app.command()
@@ -286,6 +294,10 @@ def show(
     if rep.todo:
         more = f" (+{len(rep.todo) - 5} more)" if len(rep.todo) > 5 else ""
         render.out.print("todo: " + ", ".join(render.esc(n) for n in rep.todo[:5]) + more)
+    if rep.fell_back:
+        render.out.print(f"[yellow]head {render.esc(rep.fell_back)}[/]")
+    if rep.damaged:
+        render.out.print(f"[yellow]{rep.damaged} damaged checkpoint(s)[/] (marked INVALID below; they never load)")
     render.table(None, ["seq", "checkpoint", "branch", "session", "event", "step", "time (UTC)", "size", ""],
                  [(c.seq, c.checkpoint_id[7:19], c.branch, c.session if c.session is not None else "?", c.event,
                    c.step or "", c.created_at[:19].replace("T", " "), render.human_bytes(c.stored_bytes),
@@ -342,6 +354,8 @@ def status(
         out["drift"] = rep.drift.to_json() if rep.drift else None
         render.print_json(out)
         return
+    if rep.fell_back:
+        render.out.print(f"[yellow]head {render.esc(rep.fell_back)}[/]")
     render.out.print(f"[bold]{render.esc(rep.task_id)}[/] ({render.esc(rep.branch)}): {rep.status}, "
                      f"{rep.done}/{rep.total} steps, head {rep.head[7:19]} (seq {rep.seq})")
     if rep.next_steps:
@@ -393,11 +407,15 @@ def verify(
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
     quiet: bool = QuietOpt,
+    ignore_dangling: bool = typer.Option(False, "--ignore-dangling",
+                                         help="Exit 0 when only records no branch uses are damaged (they are "
+                                         "still listed)."),
 ) -> None:
     """Check every checkpoint and blob of a task (or the whole store), like `git fsck`.
 
     Records: digest, canonical form, format, schema, signature; chain links; state and artifact
-    blobs, hashed chunk by chunk. Exit 0 when everything verifies, 3 on any problem. --all checks
+    blobs, hashed chunk by chunk. Exit 0 when everything verifies, 3 on any problem -- a damaged
+    record that no branch uses any more (skipped by a fallback) included, unless --ignore-dangling. --all checks
     one store (default: the local one); a configured database or cloud medium is checked with
     --store URL. A TASK_ID is looked up on every configured medium."""
     if not task_id and not all_tasks:
@@ -408,8 +426,9 @@ def verify(
             rep = api.verify(task_id if not all_tasks else None, store=store, all_objects=all_tasks, on_progress=update)
     except OvernightError as exc:
         _fail(exc)
+    ok = rep.ok if ignore_dangling else not rep.problems
     if as_json:
-        render.print_json({**render.to_jsonable(rep), "ok": rep.ok})
+        render.print_json({**render.to_jsonable(rep), "ok": ok})
     else:
         render.out.print(
             f"{rep.tasks} task(s), {rep.checkpoints} checkpoint(s) ({rep.checkpoints_invalid} invalid), "
@@ -425,7 +444,7 @@ def verify(
                          [(p.task_id or "", (p.checkpoint_id or "")[7:19], p.check, p.detail) for p in failing])
         if dangling:
             render.out.print(f"[yellow]{len(dangling)} damaged record(s) no branch uses[/] (kept for inspection after a "
-                             "fallback; `overnight show` marks them):")
+                             "fallback; `overnight show` marks them; exit 3 unless --ignore-dangling):")
             for p in dangling[:10]:
                 render.out.print(f"  {(p.checkpoint_id or '')[7:19]}: {render.esc(p.detail)}")
         if rep.signatures_unchecked:
@@ -433,8 +452,8 @@ def verify(
                              "OVERNIGHT_SIGNING_KEY is not set: their signatures were not checked (an edit that also "
                              "recomputed the digest would pass)")
         if not failing:
-            render.out.print("[green]ok[/]")
-    if not rep.ok:
+            render.out.print("[green]ok[/]" if not dangling else "[yellow]branches ok[/]")
+    if not ok:
         raise typer.Exit(EXIT_INTEGRITY)
 
 

@@ -22,13 +22,14 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Iterable
 
 from pydantic import TypeAdapter, ValidationError
 
 from overnight.codec import digest
 from overnight.codec.canonical import dumps, dumps_sorted, loads
 from overnight.errors import (
+    CheckpointNotFound,
     DecodeError,
     DigestMismatch,
     IntegrityError,
@@ -316,3 +317,21 @@ def load_checkpoint(
         for name, art in loaded.artifacts.items():
             read(art.digest, art.size, f"{cp} artifact {name!r}")
     return loaded
+
+
+def record_problems(store: Store, rows: Iterable[CheckpointRow], *, key: bytes | None) -> dict[str, str]:
+    """``checkpoint_id -> "ErrorKind: message"`` for every row of ``rows`` that does not verify:
+    its record (digest, schema, signature) and everything a load reads before the artifacts' bytes
+    -- the state document, its pages, the presence of every artifact blob. What ``show``, ``log``
+    and ``ls`` mark as damaged (the artifacts' bytes are hashed by ``verify``). Objects shared by
+    several rows are read and hashed once.
+    """
+    reader = BlobReader(store)
+    pages: PageCache = BoundedPageCache()
+    problems: dict[str, str] = {}
+    for row in rows:
+        try:
+            load_checkpoint(store, row.checkpoint_id, key=key, deep=False, reader=reader, pages=pages)
+        except (IntegrityError, CheckpointNotFound) as exc:
+            problems[row.checkpoint_id] = f"{type(exc).__name__}: {exc.message}"
+    return problems
