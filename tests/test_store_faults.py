@@ -347,3 +347,104 @@ def test_salvage_recovers_what_verifies_and_the_task_completes_from_it(tmp_path,
 
         loaded, _ = load_head(s, "salv", "main")
         assert set(loaded.artifacts) == {f"part-{i}.bin" for i in range(30)}
+
+
+# --- servers that go away while a store is open --------------------------------------------------
+
+
+class _Proxy:
+    """A TCP forwarder 127.0.0.1:port -> target, closed with every connection it carries: the
+    network between the store and its server going away, for real."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        import socket
+        import threading
+
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.conns: list = []
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        import socket
+
+        self.closed = True
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # stops listening (close alone leaves a blocked accept listening)
+        except OSError:
+            pass
+        self.listener.close()
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+                c.close()
+            except OSError:
+                pass
+
+
+def test_postgres_going_away_mid_use_is_store_unavailable(pg_schema):
+    pytest.importorskip("psycopg")
+    server, schema = pg_schema
+    open_store(f"{server}?schema={schema}").close()  # migrated directly
+    proxy = _Proxy(("127.0.0.1", 5432))
+    url = f"postgresql://postgres@127.0.0.1:{proxy.port}/test?schema={schema}&busy_timeout_ms=3000"
+    s = open_store(url)
+    try:
+        assert s.list_tasks() == []
+        proxy.close()
+        with pytest.raises(StoreUnavailable, match="unreachable") as err:
+            s.list_tasks()
+        assert "pg_isready" in err.value.hint or "stopped answering" in err.value.hint
+    finally:
+        s.close()
+
+
+def test_s3_going_away_mid_use_is_store_unavailable(s3_env):
+    pytest.importorskip("boto3")
+    moto_server = pytest.importorskip("moto.server")
+    import boto3
+    from conftest import free_port
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="gone")
+    s = open_store(f"s3://gone/p?endpoint_url={endpoint}")
+    try:
+        assert s.list_tasks() == []
+        server.stop()
+        with pytest.raises(StoreUnavailable, match="cannot reach"):
+            s.list_tasks()
+    finally:
+        s.close()
