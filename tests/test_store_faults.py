@@ -448,3 +448,18 @@ def test_s3_going_away_mid_use_is_store_unavailable(s3_env):
             s.list_tasks()
     finally:
         s.close()
+
+
+def test_a_file_store_whose_folder_vanished_is_store_unavailable(tmp_path):
+    import shutil
+
+    from overnight.store.base import ObjectRecord
+
+    s = open_store(f"file://{tmp_path}/store")
+    try:
+        shutil.rmtree(tmp_path / "store")  # unmounted, or deleted by hand, while the store is open
+        with pytest.raises(StoreUnavailable, match="missing") as err:
+            s.put_objects([ObjectRecord("sha256:" + "ab" * 32, "blob", 1, "raw", b"x")])
+        assert err.value.location == f"{tmp_path}/store" and "mount or restore" in err.value.hint
+    finally:
+        s.close()

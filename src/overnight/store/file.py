@@ -114,6 +114,7 @@ class FileContainer:
         self._dirs: set[Path] = set()
         self._dirs_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="overnight-file")
+        self._opened = False
         try:
             self._mkdir(root)
         except OSError as exc:
@@ -121,6 +122,7 @@ class FileContainer:
             raise (typed or ConfigError(f"cannot create store directory {root}: {exc}")) from exc
         if not root.is_dir():
             raise ConfigError(f"store path {root} is not a directory", hint="use file://DIR with a directory")
+        self._opened = True
 
     # -- paths ------------------------------------------------------------------------------
 
@@ -134,6 +136,8 @@ class FileContainer:
         missing = []
         p = path
         while not p.is_dir():
+            if p == self.root and self._opened:  # never recreate a store that vanished (an unmounted share)
+                raise FileNotFoundError(errno.ENOENT, "the store's folder is missing", str(p))
             missing.append(p)
             p = p.parent
         for d in reversed(missing):
