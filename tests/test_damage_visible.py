@@ -71,9 +71,13 @@ def test_a_damaged_head_is_marked_everywhere_and_verify_fails_until_it_is_gone(t
     result = overnight.run(_task(), url)
     assert result.status == "complete"
     after = cli("verify", "dmg", "--store", url, "--json", cwd=tmp_path)
-    assert after.returncode == 3, after.stdout  # dangling, but damaged: not ok
     report = json.loads(after.stdout)
+    shown = json.loads(cli("show", "dmg", "--store", url, "--json", cwd=tmp_path).stdout)
+    assert shown["fell_back"] is None  # the head is fine now
+    if not report["problems"]:  # the re-run step stored the removed object again (content addressing)
+        assert kind == "removed_blob" and after.returncode == 0 and shown["damaged"] == 0
+        return
+    assert after.returncode == 3, after.stdout  # dangling, but damaged: not ok
     assert report["ok"] is False and all(p["dangling"] for p in report["problems"])
     assert cli("verify", "dmg", "--store", url, "--ignore-dangling", cwd=tmp_path).returncode == 0
-    shown = json.loads(cli("show", "dmg", "--store", url, "--json", cwd=tmp_path).stdout)
-    assert shown["fell_back"] is None and shown["damaged"] >= 1  # the head is fine now; the damage still shows
+    assert shown["damaged"] >= 1  # the damage still shows
