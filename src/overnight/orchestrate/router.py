@@ -164,7 +164,7 @@ def open_routed(route: Route, task_id: str, *, read_only: bool = False) -> Any:
     Raises:
         StoreCorrupt: the single medium of a one-medium route is damaged.
     """
-    from overnight.errors import StoreCorrupt
+    from overnight.errors import StoreCorrupt, StoreUnavailable
     from overnight.store import open_store
     from overnight.store.damaged import DamagedMedium
     from overnight.store.memory import MemoryStore
@@ -177,7 +177,12 @@ def open_routed(route: Route, task_id: str, *, read_only: bool = False) -> Any:
     stores: list[Any] = []
     for url in route.urls:
         try:
-            stores.append(open_store(url, read_only=read_only))
+            try:
+                stores.append(open_store(url, read_only=read_only))
+            except StoreUnavailable:
+                if not read_only:
+                    raise
+                stores.append(open_store(url))  # a medium whose file is gone: opened (empty) as before, the others hold the task
         except StoreCorrupt as exc:
             stores.append(DamagedMedium(url, exc))
     return ReplicatedStore(stores, list(route.media))
