@@ -78,6 +78,7 @@ def _done(url: str) -> int:
     return json.loads(out.stdout)["done"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("medium", ["file", "sqlite"])
 def test_disk_full_is_store_full_and_nothing_committed_is_lost(tmpfs, tmp_path, medium):
     (tmp_path / "task.py").write_text(TASK)
@@ -97,6 +98,7 @@ def test_disk_full_is_store_full_and_nothing_committed_is_lost(tmpfs, tmp_path, 
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("medium", ["file", "sqlite"])
 def test_a_read_only_store_can_be_read_but_not_written(tmpfs, tmp_path, medium):
     (tmp_path / "task.py").write_text(TASK)
