@@ -169,10 +169,12 @@ def test_urls():
             open_store(bad)
 
 
-def test_an_unreachable_server_is_a_config_error():
+def test_an_unreachable_server_is_store_unavailable():
     from conftest import free_port
 
-    with pytest.raises(ConfigError, match="cannot connect") as err:
+    from overnight.errors import StoreUnavailable
+
+    with pytest.raises(StoreUnavailable, match="cannot connect") as err:
         PostgresStore(f"postgresql://postgres@127.0.0.1:{free_port()}/test", connect_timeout_s=2)
     assert err.value.hint
 

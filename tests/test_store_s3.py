@@ -163,8 +163,10 @@ def test_a_missing_bucket_is_a_config_error(s3_endpoint):
     assert err.value.hint
 
 
-def test_an_unreachable_endpoint_is_a_config_error(s3_env):
-    with pytest.raises(ConfigError, match="cannot reach"):
+def test_an_unreachable_endpoint_is_store_unavailable(s3_env):
+    from overnight.errors import StoreUnavailable
+
+    with pytest.raises(StoreUnavailable, match="cannot reach"):
         open_store(f"s3://{S3_BUCKET}/p?endpoint_url=http://127.0.0.1:{free_port()}")
 
 

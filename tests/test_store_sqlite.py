@@ -117,7 +117,7 @@ def test_a_damaged_database_file_is_store_corrupt_and_verify_reports_it(tmp_path
         with SQLiteStore(db) as store:
             store.list_checkpoints("damage")
             overnight.run(_task(), store)
-    assert ".recover" in err.value.hint
+    assert "overnight repair --salvage" in err.value.hint
 
 
 def test_verify_reports_an_edited_index_column(tmp_path):

@@ -46,13 +46,14 @@ from overnight.verify.gc import GcReport, RmReport
 from overnight.verify.chain import load_head
 from overnight.verify.drift import DriftReport
 from overnight.verify.fsck import VerifyReport, verify_store
-from overnight.verify.integrity import load_checkpoint, parse_record, signing_key_from_env
+from overnight.verify.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
 
 
 @contextmanager
-def _opened(store: Store | str | None, *, task_id: str | None = None, write: bool = False) -> Iterator[TieredStore]:
+def _opened(store: Store | str | None, *, task_id: str | None = None, write: bool = False,
+            read_only: bool = False) -> Iterator[TieredStore]:
     """:func:`_opened_store`; a ``TaskNotFound`` raised inside gains "did you mean" in its hint."""
-    with _opened_store(store, task_id=task_id, write=write) as s:
+    with _opened_store(store, task_id=task_id, write=write, read_only=read_only) as s:
         try:
             yield s
         except TaskNotFound as exc:
@@ -77,17 +78,19 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
 
 
 @contextmanager
-def _opened_store(store: Store | str | None, *, task_id: str | None = None, write: bool = False
-                  ) -> Iterator[TieredStore]:
+def _opened_store(store: Store | str | None, *, task_id: str | None = None, write: bool = False,
+                  read_only: bool = False) -> Iterator[TieredStore]:
     """The store, wrapped so archived history reads through to its cold store. A store that does
     not exist yet is a ConfigError, never created (only running a task creates one).
 
     With ``store=None`` and a ``task_id``, the task is looked up where the router may have put it:
     the default store, else the configured database and cloud media, as ``overnight resume`` does.
     A replicated task is read from the first medium that holds it; to ``write``, every medium is
-    first brought up to the newest verifiable head (``overnight repair``) and written together."""
+    first brought up to the newest verifiable head (``overnight repair``) and written together.
+    ``read_only`` (reading commands) opens a store URL without writing to it, so they work on a
+    read-only file, folder or file system."""
     if store is None and task_id is not None:
-        found = locate(task_id, load_config())
+        found = locate(task_id, load_config(), read_only=read_only)
         if found is not None:
             s = tiered(_medium_for(found[0], task_id, write=write), own=False)
             try:
@@ -108,7 +111,7 @@ def _opened_store(store: Store | str | None, *, task_id: str | None = None, writ
         url = str(store) if store is not None else default_store_url()
         raise ConfigError(f"no store at {url} ({store_location(url)})",
                           hint="run a task first (`overnight demo`), or pass --store / set OVERNIGHT_STORE")
-    s = tiered(open_store(store))  # type: ignore[arg-type]
+    s = tiered(open_store(store, read_only=read_only))  # type: ignore[arg-type]
     try:
         yield s
     finally:
@@ -355,6 +358,21 @@ class TaskSummary:
     created_at: str
     store: str = ""
     """Where the task was listed from: a store's path, or its URL with any password masked."""
+    damaged: int = 0
+    """Checkpoint records of the task that fail their own checks (digest, schema, signature);
+    ``show`` also checks the objects behind each."""
+    fell_back: str | None = None
+    """Set when the head of the listed branch fails verification: ``"fell back from X to Y: reason"``."""
+
+
+def _fell_back(fallback: Any) -> str | None:
+    """``"fell back from X to Y: Kind: reason"`` for a head that failed verification, else None."""
+    if fallback is None:
+        return None
+    first = fallback.skipped[0] if fallback.skipped else None
+    why = f": {first.error}: {first.reason}" if first is not None else ""
+    return (f"fell back from {short_id(fallback.head_id)} to "
+            f"{short_id(fallback.used_id) if fallback.used_id else 'nothing'}{why}")
 
 
 def ls(*, store: Store | str | None = None) -> list[TaskSummary]:
@@ -369,25 +387,38 @@ def ls(*, store: Store | str | None = None) -> list[TaskSummary]:
             the default store or any configured medium).
     """
     if store is not None:
-        with _opened(store) as s:
+        with _opened(store, read_only=True) as s:
             return _summaries(s, set())
     cfg = load_config()
     urls = list(dict.fromkeys(u for u in (cfg.medium(n) for n in ("local", "database", "cloud"))
                               if u is not None and store_exists(u)))
     if not urls:
-        with _opened(None) as s:  # raises: no store yet
+        with _opened(None, read_only=True) as s:  # raises: no store yet
             return _summaries(s, set())
     out: list[TaskSummary] = []
     seen: set[str] = set()
     for i, url in enumerate(urls):
         try:
-            with _opened(url) as s:
+            with _opened(url, read_only=True) as s:
                 out += _summaries(s, seen)
         except OvernightError as exc:
             if i == 0 and url == cfg.medium("local"):
                 raise  # the default store itself: nothing to list
             warnings.warn(f"tasks on {store_location(url)} are not listed: {exc.message}", stacklevel=2)
     return out
+
+
+def _damaged_records(rows: list[Any], key: bytes | None) -> int:
+    """Records that fail their own checks (digest, schema, signature): ``ls`` counts these for
+    every task; the objects behind each record are checked by ``show``/``log`` (and ``verify``),
+    which cost a read per checkpoint."""
+    bad = 0
+    for row in rows:
+        try:
+            parse_record(row, key=key)
+        except OvernightError:
+            bad += 1
+    return bad
 
 
 def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
@@ -401,17 +432,18 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
         refs = s.list_refs(t.task_id)
         rows = s.list_checkpoints(t.task_id)
         branch = "main" if "main" in refs else next(iter(refs), None)
-        status, done, total = "invalid", 0, 0
+        status, done, total, fell_back = "invalid", 0, 0, None
         if branch is not None:
             try:
-                loaded, _ = load_head(s, t.task_id, branch, key=key, deep=False)
+                loaded, fallback = load_head(s, t.task_id, branch, key=key, deep=False)
                 done, total = loaded.doc.done.count, loaded.doc.done.count + loaded.doc.todo.count
                 status = "complete" if not loaded.doc.todo.count else "in progress"
+                fell_back = _fell_back(fallback)
             except OvernightError:
                 status = "invalid"
         out.append(TaskSummary(t.task_id, t.goal, status, done, total, sorted(refs), len(rows),
                                max((r.created_at for r in rows), default=None), t.created_at,
-                               store_location(s.url)))
+                               store_location(s.url), _damaged_records(rows, key), fell_back))
     return out
 
 
@@ -451,6 +483,10 @@ class TaskReport:
     chain: list[ChainEntry]
     stored_bytes: int
     usage: dict[str, Any] = field(default_factory=dict)
+    fell_back: str | None = None
+    """Set when the branch head fails verification: ``"fell back from X to Y: reason"``."""
+    damaged: int = 0
+    """Checkpoints that fail verification (each marked ``valid: false`` with its ``problem``)."""
 
 
 def show(task_id: str, *, store: Store | str | None = None, branch: str = "main") -> TaskReport:
@@ -460,7 +496,7 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
         TaskNotFound: no such task.
     """
     key = signing_key_from_env()
-    with _opened(store, task_id=task_id) as s:
+    with _opened(store, task_id=task_id, read_only=True) as s:
         t = s.get_task(task_id)
         refs = s.list_refs(task_id)
         if refs and branch not in refs:
@@ -471,20 +507,23 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
             heads.setdefault(cid, []).append(b)
         chain = []
         hot = {r.checkpoint_id for r in s.hot.list_checkpoints(task_id)}
-        for row in s.list_checkpoints(task_id):
-            valid, problem, session = True, None, None
+        rows = s.list_checkpoints(task_id)
+        damaged = record_problems(s, rows, key=key)
+        for row in rows:
+            session = None
             try:
-                record = parse_record(row, key=key)
-                session = record.session.n
-            except OvernightError as exc:
-                valid, problem = False, f"{type(exc).__name__}: {exc.message}"
+                session = parse_record(row, key=key).session.n
+            except OvernightError:
+                pass  # in damaged already
+            problem = damaged.get(row.checkpoint_id)
             chain.append(ChainEntry(row.seq, row.checkpoint_id, row.branch, session, row.event, row.step,
-                                    row.created_at, row.stored_bytes, heads.get(row.checkpoint_id, []), valid, problem,
-                                    row.checkpoint_id not in hot))
-        status, done, total, todo, artifacts = "invalid", 0, 0, [], {}
+                                    row.created_at, row.stored_bytes, heads.get(row.checkpoint_id, []), problem is None,
+                                    problem, row.checkpoint_id not in hot))
+        status, done, total, todo, artifacts, fell_back = "invalid", 0, 0, [], {}, None
         if branch in refs:
             try:
-                loaded, _ = load_head(s, task_id, branch, key=key, deep=False)
+                loaded, fallback = load_head(s, task_id, branch, key=key, deep=False)
+                fell_back = _fell_back(fallback)
                 st = loaded.doc
                 done, total = st.done.count, st.done.count + st.todo.count
                 todo = [e.name for e in loaded.state.todo]
@@ -493,7 +532,7 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
             except OvernightError:
                 pass
         return TaskReport(task_id, t.goal, t.entry, t.created_at, refs, status, done, total, todo, artifacts, chain,
-                          sum(c.stored_bytes for c in chain), _usage(s, task_id))
+                          sum(c.stored_bytes for c in chain), _usage(s, task_id), fell_back, len(damaged))
 
 
 def _usage(s: Store, task_id: str) -> dict[str, Any]:
@@ -569,7 +608,7 @@ def cat(task_id: str, artifact: str, *, store: Store | str | None = None, at: st
         TaskNotFound / CheckpointNotFound / ArtifactNotFound; IntegrityError if it fails verification.
     """
     key = signing_key_from_env()
-    with _opened(store, task_id=task_id) as s:
+    with _opened(store, task_id=task_id, read_only=True) as s:
         s.get_task(task_id)
         if at is None:
             loaded, fallback = load_head(s, task_id, branch, key=key, deep=False)
@@ -598,14 +637,14 @@ def verify(task_id: str | None = None, *, store: Store | str | None = None, all_
     Raises:
         TaskNotFound: ``task_id`` does not exist.
     """
-    with _opened(store, task_id=task_id) as s:
+    with _opened(store, task_id=task_id, read_only=True) as s:
         return verify_store(s, [task_id] if task_id else None, key=signing_key_from_env(),
                             all_objects=all_objects, on_progress=on_progress)
 
 
 def log(task_id: str, *, store: Store | str | None = None) -> list[LogEntry]:
     """The task's history, all branches, newest first, with a graph column (``git log --graph``)."""
-    with _opened(store, task_id=task_id) as s:
+    with _opened(store, task_id=task_id, read_only=True) as s:
         s.get_task(task_id)
         return branching.history(s, task_id, key=signing_key_from_env())
 
@@ -667,6 +706,9 @@ class StatusReport:
     what they read now differs, else replayed."""
     replayed: list[str] = field(default_factory=list)
     """Steps a recompute pass replays from their checkpoints (nothing they read changed)."""
+    fell_back: str | None = None
+    """Set when the branch head fails verification: ``"fell back from X to Y: reason"`` (``head``
+    is then the checkpoint a resume would continue from)."""
 
 
 def _no_code(row: Any, action: str) -> ConfigError:
@@ -709,17 +751,15 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
         TaskNotFound / BranchNotFound; IntegrityError when nothing verifies; ConfigError when the
         task's code cannot be loaded for a drift check.
     """
-    from overnight.orchestrate.consistency import policies_for, report_for, salt_of, world, world_spec
-    from overnight.verify.drift import affected_steps, parse_policies
 
-    with _opened(store, task_id=task_id) as s:
+    with _opened(store, task_id=task_id, read_only=True) as s:
         s.get_task(task_id)
-        loaded, _ = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
+        loaded, fallback = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
         st = loaded.state
         accepted = list(loaded.record.fingerprint.accepted) if loaded.record.fingerprint else []
         rep = StatusReport(task_id, branch, loaded.id, loaded.record.seq,
                            "complete" if not st.todo else "in progress", len(st.done), len(st.done) + len(st.todo),
-                           [e.name for e in st.todo[:10]], accepted)
+                           [e.name for e in st.todo[:10]], accepted, fell_back=_fell_back(fallback))
         if drift:
             task = _task_code(s, task_id, entry)
             if task is None:
@@ -792,7 +832,7 @@ def env_export(task_id: str, *, store: Store | str | None = None, at: str | None
     """
     from overnight.verify.fingerprint import pip_requirements
 
-    with _opened(store, task_id=task_id) as s:
+    with _opened(store, task_id=task_id, read_only=True) as s:
         s.get_task(task_id)
         key = signing_key_from_env()
         if at is None:
@@ -881,6 +921,60 @@ def repair(task_id: str | None = None, *, store: Store | str | None = None) -> l
     return reports
 
 
+@dataclass
+class SalvageReport:
+    """``overnight repair --salvage``: what was read from a damaged SQLite file into a new one, and
+    how the new one verifies. ``rows``/``errors`` per table (see :mod:`overnight.store.salvage`);
+    ``refs_restored`` lists ``task/branch -> checkpoint`` refs rebuilt because the ref rows were
+    lost (the newest checkpoint of the branch whose record verifies); ``verify`` is the full check
+    of the result."""
+
+    source: str
+    target: str
+    rows: dict[str, int]
+    errors: dict[str, int]
+    refs_restored: dict[str, str]
+    verify: VerifyReport
+
+
+def salvage(path: str | Path, *, into: str | Path | None = None) -> SalvageReport:
+    """Recover what SQLite can still read from a damaged store file into a new file (default
+    ``NAME.salvaged.db`` beside it), rebuild lost branch refs from verified records, and verify the
+    result. The damaged file is never written. Nothing salvaged is trusted more than any stored
+    row: every load of the new store verifies it, and :attr:`SalvageReport.verify` says what holds.
+
+    Raises:
+        ConfigError: the file is missing, or the target exists.
+        StoreCorrupt: not even the table list of the file is readable.
+    """
+    from overnight.store.salvage import copy_rows
+    from overnight.store.sqlite import SQLiteStore
+
+    source = Path(str(path).removeprefix("sqlite://"))
+    target = Path(into) if into is not None else source.with_name(source.stem + ".salvaged.db")
+    copied = copy_rows(source, target)
+    key = signing_key_from_env()
+    restored: dict[str, str] = {}
+    with SQLiteStore(target) as s:
+        for t in s.list_tasks():
+            refs = s.list_refs(t.task_id)
+            newest: dict[str, tuple[int, str]] = {}
+            for row in s.list_checkpoints(t.task_id):
+                try:
+                    record = parse_record(row, key=key)  # the branch and seq of a record that verifies
+                except OvernightError:
+                    continue
+                if record.branch not in newest or record.seq > newest[record.branch][0]:
+                    newest[record.branch] = (record.seq, row.checkpoint_id)
+            ids = {r.checkpoint_id for r in s.list_checkpoints(t.task_id)}
+            for branch, (_, cid) in newest.items():
+                if refs.get(branch) not in ids:  # the ref row, or the checkpoint it named, was lost
+                    s.set_ref(t.task_id, branch, cid, refs.get(branch))
+                    restored[f"{t.task_id}/{branch}"] = cid
+        report = verify_store(s, None, key=key, all_objects=True)
+    return SalvageReport(copied.source, copied.target, copied.rows, copied.errors, restored, report)
+
+
 def _configured_task_ids(cfg: Config) -> list[str]:
     """Ids of the tasks on every configured medium that exists (local, database, cloud). A damaged
     medium is passed over while another one lists tasks (their repair sets it aside).
@@ -926,7 +1020,7 @@ def gc(*, store: Store | str | None = None, apply: bool = False, keep_last: int 
     Raises:
         TaskNotFound, ConfigError; FormatTooNew when a checkpoint is from a newer overnight.
     """
-    with _opened(store) as s:
+    with _opened(store, read_only=not apply) as s:
         return collecting.collect(s, apply=apply, keep_last=keep_last,
                                   older_than_s=parse_duration(older_than, "--older-than"), task_id=task_id,
                                   grace_s=parse_duration(grace, "--grace") or 0.0, on_progress=on_progress)

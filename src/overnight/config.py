@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
 from overnight.errors import ConfigError
 
 DEFAULT_STORE = "sqlite://.overnight/overnight.db"
@@ -156,11 +158,97 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+_SCHEMES = ("sqlite", "file", "postgresql", "postgres", "s3", "memory")
+_MEDIA = ("local", "database", "cloud")
+
+
+def _store_url(value: str | None) -> str | None:
+    """A store URL's form (scheme and a path or host), as :func:`overnight.store.open_store` takes it."""
+    if value is None:
+        return None
+    scheme, sep, rest = value.partition("://")
+    if not sep:
+        if Path(value).suffix in (".db", ".sqlite", ".sqlite3"):
+            return value
+        raise ValueError("must be a store URL (sqlite://PATH, file://DIR, postgresql://HOST/DB?schema=NAME, "
+                         "s3://BUCKET/PREFIX) or a path ending in .db")
+    if scheme.lower() not in _SCHEMES:
+        raise ValueError(f"has scheme {scheme!r}; use one of {', '.join(s + '://' for s in _SCHEMES)}")
+    if not rest:
+        raise ValueError("names no path, host or bucket after the scheme")
+    return value
+
+
+class Settings(BaseModel):
+    """The checked form of every setting (keys as in ``overnight.toml``). Each constraint is the
+    range in which the setting means something: a span threshold is a positive number of hours and
+    the durable threshold is above the session one (:mod:`overnight.orchestrate.router`), a
+    completeness is a share in [0, 1], a lease lives at least 1 s (it is renewed every third of
+    its TTL), a store URL has a scheme :func:`overnight.store.open_store` knows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    store_url: str = Field(alias="store.url")
+    media_local: str | None = Field(None, alias="media.local")
+    media_database: str | None = Field(None, alias="media.database")
+    media_cloud: str | None = Field(None, alias="media.cloud")
+    criticality_normal: list[str] = Field(alias="criticality.normal", min_length=1)
+    criticality_important: list[str] = Field(alias="criticality.important", min_length=1)
+    criticality_critical: list[str] = Field(alias="criticality.critical", min_length=1)
+    router_session_hours: float = Field(alias="router.session_hours", gt=0, allow_inf_nan=False)
+    router_durable_hours: float = Field(alias="router.durable_hours", gt=0, allow_inf_nan=False)
+    router_min_completeness: float = Field(alias="router.min_completeness", ge=0, le=1)
+    lease_ttl_ms: int = Field(alias="lease.ttl_ms", ge=1000, le=7 * 24 * 3600 * 1000, strict=True)
+    signing_key: str | None = Field(None, alias="signing.key", min_length=1)
+
+    @field_validator("store_url", "media_local", "media_database", "media_cloud")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return _store_url(value)
+
+    @field_validator("criticality_normal", "criticality_important", "criticality_critical")
+    @classmethod
+    def _media(cls, value: list[str]) -> list[str]:
+        unknown = [m for m in value if m not in _MEDIA]
+        if unknown:
+            raise ValueError(f"names unknown media {unknown}; use {', '.join(_MEDIA)}")
+        return value
+
+    @model_validator(mode="after")
+    def _spans(self) -> "Settings":
+        if self.router_durable_hours < self.router_session_hours:
+            raise ValueError(f"router.durable_hours ({self.router_durable_hours:g}) must not be below "
+                             f"router.session_hours ({self.router_session_hours:g})")
+        return self
+
+
+def _check(cfg: Config) -> None:
+    """Validate the merged values with :class:`Settings`; a bad one is a ConfigError naming the
+    key, the value and where it came from (the file, or the environment variable)."""
+    values = {k: v for k, v in cfg.values.items() if not k.startswith("prices.")}
+    try:
+        Settings.model_validate(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = str(err["loc"][0]) if err["loc"] else ""
+        if not key:  # the rule between the two span thresholds: name the one that was set
+            set_here = [k for k in ("router.session_hours", "router.durable_hours") if cfg.sources[k] != "default"]
+            key = set_here[0] if set_here else "router.durable_hours"
+        shown = "(set)" if key in SECRET else repr(cfg.values.get(key))
+        source = cfg.sources.get(key, "default")
+        where = f"{source}: " if source != "default" else ""
+        message = str(err["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"{where}{key} = {shown}: {message}",
+                          hint=f"fix {key} in {source}" if source != "default" else
+                          "see `overnight config` for the effective values and their sources") from None
+
+
 def load(start: Path | None = None) -> Config:
     """Read the effective configuration.
 
     Raises:
-        ConfigError: the file is not valid TOML, or names an unknown key or a value of the wrong type.
+        ConfigError: the file is not valid TOML, or names an unknown key, or a value of the wrong
+            type or out of its range (:class:`Settings`), naming the key, the value and its source.
     """
     cfg = Config(dict(DEFAULTS), {k: "default" for k in DEFAULTS})
     path = find_file(start)
@@ -192,8 +280,5 @@ def load(start: Path | None = None) -> Config:
         if os.environ.get(var):
             cfg.values[key] = os.environ[var]
             cfg.sources[key] = f"${var}"
-    for level in ("normal", "important", "critical"):
-        unknown = [m for m in cfg.values[f"criticality.{level}"] if m not in ("local", "database", "cloud")]
-        if unknown:
-            raise ConfigError(f"criticality.{level} names unknown media {unknown}; use local, database, cloud")
+    _check(cfg)
     return cfg

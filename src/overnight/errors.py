@@ -12,6 +12,8 @@ Groups (mirrors httpx's ``_exceptions.py``):
 * concurrency  -- :class:`TaskBusy`, :class:`StaleHead`, :class:`StoreBusy`, :class:`MergeConflict`,
   :class:`ParentGone`, :class:`TaskChanged`
 * lookup       -- :class:`TaskNotFound`, :class:`CheckpointNotFound`, :class:`ArtifactNotFound`
+* store medium -- :class:`StoreError`: :class:`StoreFull`, :class:`StoreReadOnly`,
+  :class:`StoreUnavailable` (the disk or server said no; CLI exit 6)
 * config/spec  -- :class:`ConfigError`, :class:`SpecError`, :class:`OutputNotWritable`
 * drift        -- :class:`DriftAbort`
 * steps        -- :class:`StepFailed`, :class:`UnknownStep`
@@ -190,11 +192,6 @@ class StoreBusy(ConcurrencyError):
     """The store stayed locked by another process for longer than the configured wait."""
 
 
-class StoreFull(OvernightError):
-    """The store ran out of space (disk full, quota) while writing; the write in flight was rolled
-    back and everything committed before it is intact."""
-
-
 class ParentGone(ConcurrencyError):
     """A commit's parent checkpoint was deleted (``gc``, ``rm``, ``archive``) while the commit was
     being prepared; nothing was written."""
@@ -210,6 +207,39 @@ class MergeConflict(ConcurrencyError):
     def __init__(self, message: str, *, conflicts: list | None = None, **kw) -> None:
         super().__init__(message, **kw)
         self.conflicts = conflicts or []
+
+
+# --- store medium -------------------------------------------------------------------------------
+
+
+class StoreError(OvernightError):
+    """The medium under a store said no: the disk is full, the file system or file is read-only or
+    not writable by this user, a folder is missing, the server is unreachable. Nothing committed is
+    lost (a write in flight was rolled back, or never started); fix the cause and run the command
+    again (``overnight resume TASK_ID`` continues a run). CLI exit code 6.
+
+    ``location`` is the path or URL (password masked) that refused; ``task_id`` is set where known.
+    The OS or driver error is chained (``__cause__``).
+    """
+
+    def __init__(self, message: str, *, location: str | None = None, **kw) -> None:
+        super().__init__(message, **kw)
+        self.location = location
+
+
+class StoreFull(StoreError):
+    """The store ran out of space (disk full, quota) while writing; the write in flight was rolled
+    back and everything committed before it is intact."""
+
+
+class StoreReadOnly(StoreError):
+    """The store cannot be written: a read-only file system or file, or permission denied to this
+    user. Reading commands (``ls``, ``show``, ``log``, ``status``, ``verify``, ``cat``) still work."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or read: the server refused the connection or timed out, the
+    endpoint is unreachable, a folder of it is missing, or reading it was denied."""
 
 
 # --- lookup ------------------------------------------------------------------------------------
@@ -268,6 +298,18 @@ class OutputNotWritable(ConfigError):
         super().__init__(message, **kw)
         self.path = path
         self.reason = reason
+
+
+class StoreSchemaMismatch(StoreVersionError):
+    """The store's recorded schema version disagrees with its tables (a half-migrated or hand-edited
+    PostgreSQL schema): ``missing`` lists tables/columns its version should have, ``unexpected``
+    those of a later version it already has. Nothing is migrated or written until it is resolved."""
+
+    def __init__(self, message: str, *, missing: list[str] | None = None, unexpected: list[str] | None = None,
+                 **kw) -> None:
+        super().__init__(message, **kw)
+        self.missing = missing or []
+        self.unexpected = unexpected or []
 
 
 # --- drift -------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ Exit codes (also in ``overnight --help`` and the README):
 3   integrity: no checkpoint verifies (``overnight verify`` explains)
 4   busy: another process holds the task, or the branch moved under this writer
 5   drift: the world changed and the drift policy says abort (``overnight status --drift``)
+6   store refused: disk full, read-only or permission denied, a folder missing, server unreachable
+    (nothing committed is lost; fix the cause and run the command again)
 75  resumable: interrupted (SIGINT/SIGTERM) or stopped by ``--max-steps``; run
     ``overnight resume TASK_ID`` to continue
 ==  =========================================================================================
@@ -32,13 +34,16 @@ from overnight.errors import (
     NotFound,
     OvernightError,
     StepError,
+    StoreError,
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTEGRITY, EXIT_BUSY, EXIT_DRIFT, EXIT_RESUMABLE = 0, 1, 2, 3, 4, 5, 75
+EXIT_STORE = 6
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 complete | 1 step failed | 2 usage / not found | 3 integrity (nothing verifies) | "
-    "4 busy (task held by another process) | 5 drift abort | 75 resumable (interrupted or --max-steps; "
+    "4 busy (task held by another process) | 5 drift abort | 6 store refused (disk full, read-only, "
+    "unreachable) | 75 resumable (interrupted or --max-steps; "
     "run `overnight resume TASK_ID`)."
 )
 
@@ -100,6 +105,10 @@ StatusDriftOpt = typer.Option(None, "--on-drift", metavar="COMPONENT=POLICY,..."
 
 
 def _exit_code(exc: OvernightError) -> int:
+    if isinstance(exc, StoreError):
+        return EXIT_STORE
+    if isinstance(exc, StepError) and isinstance(exc.__cause__, StoreError):
+        return EXIT_STORE
     if isinstance(exc, DriftError):
         return EXIT_DRIFT
     if isinstance(exc, ConcurrencyError):
@@ -259,10 +268,18 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
     several = any(t.store != here for t in tasks)  # some are on a configured database or cloud medium
     render.table(None, ["task", "status", "steps", "branches", "checkpoints", "updated", "goal"]
                  + (["store"] if several else []),
-                 [(t.task_id, t.status, f"{t.done}/{t.total}", ",".join(t.branches), t.checkpoints,
+                 [(t.task_id, t.status + (" [FELL BACK]" if t.fell_back else ""), f"{t.done}/{t.total}",
+                   ",".join(t.branches), f"{t.checkpoints}" + (f" ({t.damaged} DAMAGED)" if t.damaged else ""),
                    (t.updated_at or "")[:19].replace("T", " "), t.goal) + ((t.store,) if several else ())
                   for t in tasks],
                  justify={"steps": "right", "checkpoints": "right"})
+    for t in tasks:
+        if t.fell_back or t.damaged:
+            render.err.print(f"[yellow]{render.esc(t.task_id)}:[/] "
+                             + render.esc("; ".join(x for x in (t.fell_back, f"{t.damaged} damaged checkpoint(s)"
+                                                                if t.damaged else None) if x))
+                             + render.esc(f" -- `overnight show {t.task_id}` marks them, `overnight verify "
+                                          f"{t.task_id}` checks everything"))
 
 
 @app.command()
@@ -296,6 +313,10 @@ def show(
     if rep.todo:
         more = f" (+{len(rep.todo) - 5} more)" if len(rep.todo) > 5 else ""
         render.out.print("todo: " + ", ".join(render.esc(n) for n in rep.todo[:5]) + more)
+    if rep.fell_back:
+        render.out.print(f"[yellow]head {render.esc(rep.fell_back)}[/]")
+    if rep.damaged:
+        render.out.print(f"[yellow]{rep.damaged} damaged checkpoint(s)[/] (marked INVALID below; they never load)")
     # fits 80 columns: 8-digit ids (`show --json` has the full ones), times as MM-DD HH:MM (UTC), the
     # branch column only when there are several, notes only when a record has one
     several = len(rep.branches) > 1 or any(c.branch != "main" for c in rep.chain)
@@ -362,6 +383,8 @@ def status(
         out["drift"] = rep.drift.to_json() if rep.drift else None
         render.print_json(out)
         return
+    if rep.fell_back:
+        render.out.print(f"[yellow]head {render.esc(rep.fell_back)}[/]")
     render.out.print(f"[bold]{render.esc(rep.task_id)}[/] ({render.esc(rep.branch)}): {rep.status}, "
                      f"{rep.done}/{rep.total} steps, head {rep.head[7:19]} (seq {rep.seq})")
     if rep.next_steps:
@@ -423,11 +446,15 @@ def verify(
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
     quiet: bool = PlainQuietOpt,
+    ignore_dangling: bool = typer.Option(False, "--ignore-dangling",
+                                         help="Exit 0 when only records no branch uses are damaged (they are "
+                                         "still listed)."),
 ) -> None:
     """Check every checkpoint and blob of a task (or the whole store), like `git fsck`.
 
     Records: digest, canonical form, format, schema, signature; chain links; state and artifact
-    blobs, hashed chunk by chunk. Exit 0 when everything verifies, 3 on any problem. --all checks
+    blobs, hashed chunk by chunk. Exit 0 when everything verifies, 3 on any problem -- a damaged
+    record that no branch uses any more (skipped by a fallback) included, unless --ignore-dangling. --all checks
     one store (default: the local one); a configured database or cloud medium is checked with
     --store URL. A TASK_ID is looked up on every configured medium."""
     if not task_id and not all_tasks:
@@ -438,8 +465,9 @@ def verify(
             rep = api.verify(task_id if not all_tasks else None, store=store, all_objects=all_tasks, on_progress=update)
     except OvernightError as exc:
         _fail(exc)
+    ok = rep.ok if ignore_dangling else not rep.problems
     if as_json:
-        render.print_json({**render.to_jsonable(rep), "ok": rep.ok})
+        render.print_json({**render.to_jsonable(rep), "ok": ok})
     else:
         render.out.print(
             f"{rep.tasks} task(s), {rep.checkpoints} checkpoint(s) ({rep.checkpoints_invalid} invalid), "
@@ -455,7 +483,7 @@ def verify(
                          [(p.task_id or "", (p.checkpoint_id or "")[7:19], p.check, p.detail) for p in failing])
         if dangling:
             render.out.print(f"[yellow]{len(dangling)} damaged record(s) no branch uses[/] (kept for inspection after a "
-                             "fallback; `overnight show` marks them):")
+                             "fallback; `overnight show` marks them; exit 3 unless --ignore-dangling):")
             for p in dangling[:10]:
                 render.out.print(f"  {(p.checkpoint_id or '')[7:19]}: {render.esc(p.detail)}")
         if rep.signatures_unchecked:
@@ -463,8 +491,8 @@ def verify(
                              "OVERNIGHT_SIGNING_KEY is not set: their signatures were not checked (an edit that also "
                              "recomputed the digest would pass)")
         if not failing:
-            render.out.print("[green]ok[/]")
-    if not rep.ok:
+            render.out.print("[green]ok[/]" if not dangling else "[yellow]branches ok[/]")
+    if not ok:
         raise typer.Exit(EXIT_INTEGRITY)
 
 
@@ -847,12 +875,42 @@ def config_(as_json: bool = JsonOpt) -> None:
     render.table(None, ["setting", "value", "from"], rows)
 
 
+def _salvage(path: Path, into: Optional[Path], as_json: bool) -> None:
+    try:
+        rep = api.salvage(path, into=into)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        render.print_json({**render.to_jsonable(rep), "ok": rep.verify.ok and not rep.verify.problems})
+    else:
+        render.table(f"salvaged {render.esc(rep.source)} -> {render.esc(rep.target)}", ["table", "rows", "read errors"],
+                     [(t, n, rep.errors.get(t, 0)) for t, n in rep.rows.items()])
+        for ref, cid in rep.refs_restored.items():
+            render.out.print(f"ref {render.esc(ref)} rebuilt -> {cid[7:19]} (the newest verified record of the branch)")
+        v = rep.verify
+        render.out.print(f"verify: {v.tasks} task(s), {v.checkpoints} checkpoint(s) ({v.checkpoints_invalid} invalid), "
+                         f"{v.objects_checked} object(s) checked ({v.objects_invalid} damaged); heads: "
+                         + "; ".join(f"{t}: " + ", ".join(f"{b} {st}" for b, st in h.items()) for t, h in v.heads.items()))
+        if v.problems:
+            render.out.print(f"[yellow]{len(v.problems)} problem(s)[/]: damaged records never load; resume falls back "
+                             f"to the newest that verifies (`overnight verify --all --store sqlite://{rep.target}`)")
+        else:
+            render.out.print("[green]ok[/]: use it with --store sqlite://" + render.esc(rep.target))
+    if rep.verify.problems:
+        raise typer.Exit(EXIT_INTEGRITY)
+
+
 @app.command()
 def repair(
     task_id: Optional[str] = typer.Argument(None, metavar="TASK_ID", help="Task id; omit with --all."),
     all_tasks: bool = typer.Option(False, "--all", help="Every task in the store."),
     store: Optional[str] = StoreOpt,
     as_json: bool = JsonOpt,
+    salvage: Optional[Path] = typer.Option(None, "--salvage", metavar="FILE.db",
+                                           help="Recover what SQLite can still read from a damaged store file "
+                                           "into a new file (--into, default FILE.salvaged.db), then verify it. "
+                                           "The damaged file is not written."),
+    into: Optional[Path] = typer.Option(None, "--into", metavar="NEW.db", help="Where --salvage writes."),
 ) -> None:
     """Bring every medium a task was routed to (e.g. local + cloud for a critical task) up to the
     newest head that verifies: copy what a lost, emptied, lagging or corrupted medium lacks from a
@@ -863,7 +921,15 @@ def repair(
     file is moved aside to NAME.damaged-TIMESTAMP (never deleted) and rebuilt. Media that diverged
     (each went on alone) keep the losing head on branch BRANCH@MEDIUM: nothing is dropped.
     Exit 0 repaired or nothing to do | 3 a medium is unavailable or cannot be repaired |
-    4 media diverged (merge the kept branch: overnight merge TASK_ID --from BRANCH@MEDIUM)."""
+    4 media diverged (merge the kept branch: overnight merge TASK_ID --from BRANCH@MEDIUM).
+
+    --salvage FILE.db recovers a damaged SQLite store with Python's sqlite3 module (row by row,
+    skipping what errors; `sqlite3 FILE .recover` fails on some systems), rebuilds branch refs
+    that were lost from the newest verified record, and verifies the result like `verify --all`:
+    exit 0 when all of it verifies, 3 when something salvaged is damaged (it never loads)."""
+    if salvage is not None:
+        _salvage(salvage, into, as_json)
+        return
     if not task_id and not all_tasks:
         render.err.print("[bold red]error:[/] name a TASK_ID or pass --all")
         raise typer.Exit(EXIT_USAGE)

@@ -153,7 +153,7 @@ def route(task: Task, config: Config, *, now: datetime | None = None) -> Route:
     return decision
 
 
-def open_routed(route: Route, task_id: str) -> Any:
+def open_routed(route: Route, task_id: str, *, read_only: bool = False) -> Any:
     """The store a route asks for: in-process for ``ephemeral``, one medium, or a
     :class:`~overnight.verify.replicas.ReplicatedStore` over several (the first is primary).
 
@@ -164,7 +164,7 @@ def open_routed(route: Route, task_id: str) -> Any:
     Raises:
         StoreCorrupt: the single medium of a one-medium route is damaged.
     """
-    from overnight.errors import StoreCorrupt
+    from overnight.errors import StoreCorrupt, StoreUnavailable
     from overnight.store import open_store
     from overnight.store.damaged import DamagedMedium
     from overnight.store.memory import MemoryStore
@@ -173,11 +173,16 @@ def open_routed(route: Route, task_id: str) -> Any:
     if route.level == "ephemeral" or not route.urls:
         return MemoryStore(f"ephemeral-{task_id}")
     if len(route.urls) == 1:
-        return open_store(route.urls[0])
+        return open_store(route.urls[0], read_only=read_only)
     stores: list[Any] = []
     for url in route.urls:
         try:
-            stores.append(open_store(url))
+            try:
+                stores.append(open_store(url, read_only=read_only))
+            except StoreUnavailable:
+                if not read_only:
+                    raise
+                stores.append(open_store(url))  # a medium whose file is gone: opened (empty) as before, the others hold the task
         except StoreCorrupt as exc:
             stores.append(DamagedMedium(url, exc))
     return ReplicatedStore(stores, list(route.media))
@@ -193,10 +198,11 @@ def recorded_route(spec: dict[str, Any]) -> Route | None:
                  crosses_night=bool(data.get("crosses_night", False)), overridden=bool(data.get("overridden", False)))
 
 
-def locate(task_id: str, config: Config) -> tuple[Any, Route | None] | None:
+def locate(task_id: str, config: Config, *, read_only: bool = False) -> tuple[Any, Route | None] | None:
     """Find an existing task: in the default store, else in the configured database or cloud
     medium. Returns ``(store, recorded route)`` -- the store opened on every medium the task was
-    routed to -- or None when no medium knows the task.
+    routed to (``read_only`` for reading commands: see :func:`~overnight.store.open_store`) -- or
+    None when no medium knows the task.
 
     A damaged local store (:class:`~overnight.errors.StoreCorrupt`) does not end the search: a
     replicated task is found on a replica (its damaged medium then opens as a
@@ -217,7 +223,7 @@ def locate(task_id: str, config: Config) -> tuple[Any, Route | None] | None:
             continue
         store = None
         try:
-            store = open_store(url)
+            store = open_store(url, read_only=read_only)
             spec = loads(store.get_task(task_id).spec)
         except NotFound:
             store.close()  # type: ignore[union-attr]
@@ -235,7 +241,7 @@ def locate(task_id: str, config: Config) -> tuple[Any, Route | None] | None:
         rec = recorded_route(spec) if isinstance(spec, dict) else None
         if rec is not None and rec.level != "ephemeral" and len(rec.urls) > 1:
             store.close()
-            return open_routed(rec, task_id), rec
+            return open_routed(rec, task_id, read_only=read_only), rec
         return store, rec
     if damaged is not None:
         raise damaged

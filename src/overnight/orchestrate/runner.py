@@ -20,7 +20,9 @@ import logging
 import os
 import shlex
 import signal
+import sys
 import threading
+import warnings
 import time
 import traceback
 import uuid
@@ -40,6 +42,7 @@ from overnight.errors import (
     OvernightError,
     StepFailed,
     StoreBusy,
+    StoreError,
     TaskNotFound,
     UnknownStep,
 )
@@ -662,20 +665,39 @@ class Runner:
             hb = threading.Thread(target=self._heartbeat, args=(stop_hb,), name="overnight-lease", daemon=True)
             hb.start()
             return self._session()
+        except StoreError as exc:  # the disk or server said no: name the task it happened to
+            if exc.task_id is None:
+                exc.task_id = self.task.id
+            raise
         finally:
             stop_hb.set()
             if hb is not None:
                 hb.join(timeout=5)
             lease, self._lease = self._lease, None
             if lease is not None:
-                try:
-                    self.store.release_lease(lease)
-                except OvernightError:
-                    pass
+                self._release(lease, sys.exc_info()[1])
             if self._own_wrapper:
                 self.store.close()  # the hot store too when this run opened it
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
+
+    def _release(self, lease: Lease, first: BaseException | None) -> None:
+        """Release the lease without hiding anything: a release that fails never replaces the error
+        that ended the run (``first``, which gains a note naming the second), and after a run that
+        ended well it is a warning -- the lease expires by itself after its TTL.
+        """
+        try:
+            self.store.release_lease(lease)
+        except Exception as exc:  # noqa: BLE001 - reported, never raised over the run's outcome
+            why = exc.message if isinstance(exc, OvernightError) else str(exc)
+            detail = (f"releasing the lease on task {self.task.id!r} (branch {self.branch!r}) also failed "
+                      f"({type(exc).__name__}: {why}); it expires by itself within {self.lease_ttl_ms} ms")
+            if first is not None:
+                first.add_note(detail)
+                if isinstance(first, OvernightError) and first.hint is not None:
+                    first.hint += f"\n  also: {detail}"
+            else:
+                warnings.warn(detail, RuntimeWarning, stacklevel=2)
 
     def _session(self) -> RunResult:
         created, fallback = self._start()

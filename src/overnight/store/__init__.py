@@ -70,7 +70,7 @@ def exists(url: str | os.PathLike | None = None) -> bool:
     return True
 
 
-def open_store(url: str | os.PathLike | None = None) -> Store:
+def open_store(url: str | os.PathLike | None = None, *, read_only: bool = False) -> Store:
     """:func:`open_url`, with a folder that cannot be made or written (a read-only current
     directory, a parent that is a file or not writable) reported as
     :class:`~overnight.errors.OutputNotWritable` naming it, never as a traceback.
@@ -81,7 +81,7 @@ def open_store(url: str | os.PathLike | None = None) -> Store:
     from overnight.errors import OutputNotWritable
 
     try:
-        return open_url(url)
+        return open_url(url, read_only=read_only)
     except OSError as exc:
         import errno
 
@@ -94,8 +94,10 @@ def open_store(url: str | os.PathLike | None = None) -> Store:
                                 "OVERNIGHT_STORE) to put the store elsewhere") from exc
 
 
-def open_url(url: str | os.PathLike | None = None) -> Store:
-    """Open a store by URL.
+def open_url(url: str | os.PathLike | None = None, *, read_only: bool = False) -> Store:
+    """Open a store by URL; ``read_only`` (what reading commands pass) opens it without writing
+    anything -- an SQLite file read-only (see :class:`~overnight.store.sqlite.SQLiteStore`); the
+    other backends write nothing when they open an existing store.
 
     Accepted forms:
 
@@ -122,7 +124,7 @@ def open_url(url: str | os.PathLike | None = None) -> Store:
         if Path(text).suffix in (".db", ".sqlite", ".sqlite3"):
             from overnight.store.sqlite import SQLiteStore
 
-            return SQLiteStore(text)
+            return SQLiteStore(text, read_only=read_only)
         raise _unsupported(text)
     scheme = scheme.lower()
     if scheme == "sqlite":
@@ -130,7 +132,7 @@ def open_url(url: str | os.PathLike | None = None) -> Store:
 
         if not rest:
             raise ConfigError(f"store URL {text!r} has no path", hint="use sqlite://.overnight/overnight.db")
-        return SQLiteStore(rest)
+        return SQLiteStore(rest, read_only=read_only)
     if scheme == "file":
         from overnight.store.file import FileStore
 

@@ -34,6 +34,7 @@ POSIX locks, this module also serializes the threads of one process on a lock in
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import threading
@@ -42,10 +43,13 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from overnight.errors import ConfigError, StoreBusy
 from overnight.store.keyed import KeyedStore
+from overnight.store.refusal import os_refusal, refusals
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 _TMP = ".tmp-"
 _NO_LINK = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK}
@@ -77,6 +81,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _medium(*, writing: bool) -> Callable[[_F], _F]:
+    """A container method whose ``OSError`` from the disk (full, read-only, permission denied, a
+    folder gone) is raised as the typed :class:`~overnight.errors.StoreError` (see
+    :mod:`overnight.store.refusal`), never as a raw traceback."""
+
+    def wrap(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def call(self: "FileContainer", *args: Any, **kwargs: Any) -> Any:
+            with refusals(str(self.root), writing=writing):
+                return fn(self, *args, **kwargs)
+
+        return call  # type: ignore[return-value]
+
+    return wrap
+
+
 class FileContainer:
     """A directory as a :class:`~overnight.store.keyed.Container` (see the module docstring).
 
@@ -94,12 +114,15 @@ class FileContainer:
         self._dirs: set[Path] = set()
         self._dirs_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="overnight-file")
+        self._opened = False
         try:
             self._mkdir(root)
         except OSError as exc:
-            raise ConfigError(f"cannot create store directory {root}: {exc}") from exc
+            typed = os_refusal(exc, str(root), writing=True)
+            raise (typed or ConfigError(f"cannot create store directory {root}: {exc}")) from exc
         if not root.is_dir():
             raise ConfigError(f"store path {root} is not a directory", hint="use file://DIR with a directory")
+        self._opened = True
 
     # -- paths ------------------------------------------------------------------------------
 
@@ -113,6 +136,8 @@ class FileContainer:
         missing = []
         p = path
         while not p.is_dir():
+            if p == self.root and self._opened:  # never recreate a store that vanished (an unmounted share)
+                raise FileNotFoundError(errno.ENOENT, "the store's folder is missing", str(p))
             missing.append(p)
             p = p.parent
         for d in reversed(missing):
@@ -145,18 +170,22 @@ class FileContainer:
         except (FileNotFoundError, NotADirectoryError):
             return None
 
+    @_medium(writing=False)
     def read(self, key: str) -> tuple[bytes, str] | None:
         data = self._read_bytes(key)
         return None if data is None else (data, _version(data))
 
+    @_medium(writing=False)
     def read_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         keys = list(dict.fromkeys(keys))
         found = self._pool.map(self._read_bytes, keys) if len(keys) > 16 else map(self._read_bytes, keys)
         return {k: d for k, d in zip(keys, found) if d is not None}
 
+    @_medium(writing=False)
     def exists_many(self, keys: Iterable[str]) -> set[str]:
         return {k for k in keys if self._path(k).is_file()}
 
+    @_medium(writing=False)
     def list(self, prefix: str) -> list[str]:
         try:
             return sorted(n for n in os.listdir(self._path(prefix)) if not n.startswith(_TMP))
@@ -189,6 +218,7 @@ class FileContainer:
                 key = f if rel == "." else f"{rel}/{f}"
                 yield key.replace(os.sep, "/"), st.st_size, max(0, int((now - st.st_mtime) * 1000))
 
+    @_medium(writing=True)
     def refresh(self, keys: Iterable[str]) -> set[str]:
         gone = set()
         for key in keys:
@@ -198,6 +228,7 @@ class FileContainer:
                 gone.add(key)
         return gone
 
+    @_medium(writing=True)
     def delete(self, keys: Iterable[str], *, min_age_ms: int | None = None) -> dict[str, int]:
         freed: dict[str, int] = {}
         folders: set[Path] = set()
@@ -264,6 +295,7 @@ class FileContainer:
                 pass
         return created, path.parent
 
+    @_medium(writing=True)
     def create_many(self, items: dict[str, bytes]) -> set[str]:
         if len(items) > 4:
             results = list(self._pool.map(lambda kv: self._create(*kv), items.items()))
@@ -310,6 +342,7 @@ class FileContainer:
             hint="another overnight process is updating this ref or lease; retry, or raise busy_timeout_ms",
         )
 
+    @_medium(writing=True)
     def swap(self, key: str, data: bytes, expected: str | None) -> str | None:
         path = self._path(key)
         with self._locked(key):

@@ -45,9 +45,11 @@ from overnight.errors import (
     SchemaError,
     StaleHead,
     StoreBusy,
+    StoreUnavailable,
     TaskBusy,
     TaskNotFound,
 )
+from overnight.store import location as mask_password
 from overnight.store import postgres_schema
 from overnight.store.blobs import is_damaged
 from overnight.store.base import (
@@ -63,6 +65,7 @@ from overnight.store.base import (
     check_parent,
 )
 from overnight.store.leases import can_take_over, describe_holder, now_ms
+from overnight.store.refusal import unreachable
 
 DEFAULT_SCHEMA = "overnight"
 _NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"  # the server's clock, in ms
@@ -148,8 +151,10 @@ class PostgresStore:
         connect_timeout_s: how long opening waits for the server.
 
     Raises:
-        ConfigError: malformed URL, server unreachable, login refused, or no right to create the schema.
+        ConfigError: malformed URL, login refused, or no right to create the schema.
+        StoreUnavailable: the server does not answer (connection refused, timed out, unknown host).
         StoreVersionError: the schema was created by a newer overnight.
+        StoreSchemaMismatch: the schema's recorded version disagrees with its tables (half-migrated).
     """
 
     def __init__(self, url: str, *, connect_timeout_s: float = 10.0,
@@ -165,8 +170,13 @@ class PostgresStore:
             with psycopg.connect(conninfo, autocommit=True, connect_timeout=max(1, int(connect_timeout_s))) as conn:
                 postgres_schema.migrate(conn, self.schema, where=url, migrations=_migrations)
         except psycopg.OperationalError as exc:
-            raise ConfigError(f"cannot connect to PostgreSQL at {where}: {' '.join(str(exc).split())}",
-                              hint="is the server running and the URL right? (user, host, port, database)") from exc
+            detail = f"cannot connect to PostgreSQL at {where}: {' '.join(str(exc).split())}"
+            if exc.sqlstate is None:  # no answer from a server (refused, timed out, unknown host)
+                raise unreachable(mask_password(url), detail,
+                                  hint="is the server running, and the host and port right? `pg_isready -h HOST "
+                                  "-p PORT` checks; run the command again once it answers") from exc
+            raise ConfigError(detail, hint="the server answered but refused: check the user, password and "
+                              "database in the URL") from exc
         except psycopg.errors.InsufficientPrivilege as exc:
             raise ConfigError(f"no right to create schema {self.schema!r} in {where}: {str(exc).strip()}",
                               hint="grant CREATE on the database, or create the schema for this user") from exc
@@ -187,7 +197,8 @@ class PostgresStore:
             self._pool.open(wait=True, timeout=connect_timeout_s)
         except psycopg_pool.PoolTimeout as exc:
             self._pool.close()
-            raise ConfigError(f"cannot open a connection pool to {where}", hint="is the server overloaded?") from exc
+            raise unreachable(mask_password(url), f"no connection to {where} within {connect_timeout_s} s",
+                              hint="is the server overloaded or gone? run the command again once it answers") from exc
 
     @staticmethod
     def _where(conninfo: str) -> str:
@@ -209,11 +220,35 @@ class PostgresStore:
             with self._pool.connection() as conn:
                 yield conn
         except psycopg_pool.PoolTimeout as exc:
+            if not self._answers():
+                raise self._gone(f"no connection within {self.busy_timeout_ms} ms") from exc
             raise StoreBusy(f"no free connection to {self.url} within {self.busy_timeout_ms} ms",
                             hint="raise ?pool_max=N, or reduce concurrent writers") from exc
         except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
             raise StoreBusy(f"{self.url}: a row stayed locked by another writer for {self.busy_timeout_ms} ms",
                             hint="another overnight process is committing to this branch; retry") from exc
+        except psycopg.errors.UndefinedTable as exc:  # a table dropped under a running store
+            raise StoreUnavailable(f"store {mask_password(self.url)}: {' '.join(str(exc).split())} -- the "
+                                   f"schema {self.schema!r} lost a table while in use", location=mask_password(self.url),
+                                   hint="restore the schema from a backup, or recreate it (opening an empty schema "
+                                   "migrates it) and repair a replicated task from its other media") from exc
+        except psycopg.OperationalError as exc:  # the server went away (shutdown, network, restart)
+            if exc.sqlstate is None or exc.sqlstate.startswith(("08", "57")):
+                raise self._gone(' '.join(str(exc).split())) from exc
+            raise
+
+    def _answers(self) -> bool:
+        """Whether the server accepts a new connection now (telling a full pool from a dead server)."""
+        try:
+            with psycopg.connect(parse_url(self.url)[0], autocommit=True, connect_timeout=2):
+                return True
+        except psycopg.Error:
+            return False
+
+    def _gone(self, detail: str) -> StoreUnavailable:
+        return unreachable(mask_password(self.url), detail,
+                           hint="the PostgreSQL server stopped answering; nothing committed is lost -- run the "
+                           "command again once it is back (`overnight resume TASK_ID` continues a run)")
 
     @contextmanager
     def _tx(self) -> Iterator[psycopg.Cursor]:

@@ -30,7 +30,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from overnight.errors import StoreVersionError
+from overnight.errors import StoreSchemaMismatch, StoreVersionError
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,14 @@ class Migration:
         version: the version the schema has after this migration (1, 2, ...).
         description: one line, stored in the ledger.
         statements: SQL statements; ``{s}`` stands for the quoted schema name.
+        creates: what the statements create, as ``table``, ``index`` or ``table.column`` -- how
+            :func:`check_shape` tells a schema at this version from one half-migrated to it.
     """
 
     version: int
     description: str
     statements: tuple[str, ...]
+    creates: tuple[str, ...] = ()
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -111,7 +114,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             expires_at_ms bigint NOT NULL,
             PRIMARY KEY (task_id, branch)
         )""",
-    )),
+    ), creates=("objects", "tasks", "checkpoints", "checkpoints_task", "refs", "journal", "journal_task", "leases")),
     Migration(2, "call journal", (
         """CREATE TABLE {s}.calls (
             task_id        bytea NOT NULL,
@@ -126,7 +129,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             created_at     bytea NOT NULL,
             PRIMARY KEY (task_id, step_key, seq, request_digest)
         )""",
-    )),
+    ), creates=("calls",)),
     Migration(3, "object stored times (for gc), archive catalog, parent index", (
         # now() is stable: evaluated once, so existing rows read the migration time without a rewrite
         "ALTER TABLE {s}.objects ADD COLUMN stored_at_ms bigint NOT NULL "
@@ -142,7 +145,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             PRIMARY KEY (task_id, archive_id)
         )""",
         "CREATE INDEX checkpoints_parent ON {s}.checkpoints (parent_id)",
-    )),
+    ), creates=("objects.stored_at_ms", "archives", "checkpoints_parent")),
 )
 
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -192,22 +195,74 @@ def current_version(conn, schema: str) -> int:
     return conn.execute(f"SELECT coalesce(max(version), 0) FROM {ledger}").fetchone()[0]
 
 
+def _present(conn, schema: str) -> set[str]:
+    """Every table, index and ``table.column`` in ``schema``."""
+    rows = conn.execute("SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = %s",
+                        (schema,)).fetchall()
+    relations = conn.execute("SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                             "WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'i')", (schema,)).fetchall()
+    return {r[0] for r in relations} | {f"{t}.{c}" for t, c in rows}
+
+
+def check_shape(conn, schema: str, version: int, *, where: str,
+                migrations: tuple[Migration, ...] = MIGRATIONS) -> None:
+    """Check that the tables of ``schema`` are those of ``version``: everything migrations
+    1..version create is there, nothing a later one creates is.
+
+    Raises:
+        StoreSchemaMismatch: they disagree (a half-migrated or hand-edited schema), naming what is
+            missing and what is early, and the SQL that resolves it.
+    """
+    present = _present(conn, schema)
+    q = quote_schema(schema)
+    missing = [f"{o} (version {m.version})" for m in migrations[:version] for o in m.creates if o not in present]
+    early = [(m, o) for m in migrations[version:] for o in m.creates if o in present]
+    if not missing and not early:
+        return
+    parts, hints = [], []
+    if missing:
+        parts.append("lacks " + ", ".join(missing))
+        hints.append("restore the schema from a backup (or, if it holds nothing yet, "
+                     f"DROP SCHEMA {q} CASCADE and open it again)")
+    if early:
+        parts.append("already has " + ", ".join(f"{o} (created by version {m.version})" for m, o in early))
+        first = early[0][0]
+        complete = all(o in present for o in first.creates)
+        hints.append(f"if every object of version {first.version} ({', '.join(first.creates)}) is there, record it: "
+                     f"INSERT INTO {q}.overnight_schema (version, description) VALUES ({first.version}, "
+                     f"'{first.description}'); otherwise drop what it half-created so it can run again"
+                     if complete else
+                     f"version {first.version} was applied in part: drop what it created "
+                     f"({', '.join(o for _, o in early)}) so the migration can run again, or restore a backup")
+    raise StoreSchemaMismatch(
+        f"store {where}: schema {schema!r} records version {version} but its tables disagree -- it "
+        + "; ".join(parts) + " (half-migrated or edited by hand); overnight writes nothing to it",
+        missing=[o for m in migrations[:version] for o in m.creates if o not in present],
+        unexpected=[o for _, o in early], hint="; ".join(hints))
+
+
 def migrate(conn, schema: str, *, where: str, migrations: tuple[Migration, ...] = MIGRATIONS) -> int:
     """Bring ``schema`` to the newest version in ``migrations``; returns that version.
 
     ``conn`` is a psycopg connection in autocommit mode. Safe to call from many processes at once
     and to call again: an up-to-date schema costs two queries and takes no lock.
 
+    Before migrating, and on every open of an up-to-date schema, :func:`check_shape` compares the
+    recorded version with the tables, so a half-migrated schema is refused with what disagrees
+    instead of PostgreSQL's "column already exists" halfway through a migration.
+
     Raises:
         StoreVersionError: the schema is newer than ``migrations`` (``where`` names the store).
+        StoreSchemaMismatch: the recorded version disagrees with the tables.
         psycopg.Error: a migration failed (everything it did is rolled back).
     """
     latest = check_migrations(migrations)
     found = current_version(conn, schema)
-    if found == latest:
-        return latest
     if found > latest:
         raise _too_new(where, found, latest)
+    if found == latest:
+        check_shape(conn, schema, found, where=where, migrations=migrations)
+        return latest
     q = quote_schema(schema)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(schema),))
@@ -220,6 +275,10 @@ def migrate(conn, schema: str, *, where: str, migrations: tuple[Migration, ...] 
         found = conn.execute(f"SELECT coalesce(max(version), 0) FROM {q}.overnight_schema").fetchone()[0]
         if found > latest:
             raise _too_new(where, found, latest)
+        if found == latest:  # another process migrated it while this one waited for the lock
+            check_shape(conn, schema, found, where=where, migrations=migrations)
+            return latest
+        check_shape(conn, schema, found, where=where, migrations=migrations)
         for m in migrations[found:]:
             for statement in m.statements:
                 conn.execute(statement.replace("{s}", q))

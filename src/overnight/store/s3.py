@@ -62,6 +62,7 @@ import botocore.config
 import botocore.exceptions
 
 from overnight.errors import ConfigError
+from overnight.store.refusal import unreachable
 from overnight.store.keyed import KeyedStore
 
 MULTIPART_THRESHOLD = 8 * 1024 * 1024  # objects larger than this go up in parts
@@ -185,9 +186,11 @@ class S3Container:
         except botocore.exceptions.NoCredentialsError as exc:
             raise ConfigError("no AWS credentials found for the S3 store",
                               hint="set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or AWS_PROFILE") from exc
-        except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError) as exc:
-            raise ConfigError(f"cannot reach the S3 endpoint: {exc}",
-                              hint="check endpoint_url / OVERNIGHT_S3_ENDPOINT_URL and that the server runs") from exc
+        except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectTimeoutError,
+                botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectionClosedError) as exc:
+            raise unreachable(f"s3://{self.bucket}/{self.prefix}", f"cannot reach the S3 endpoint: {exc}",
+                              hint="check endpoint_url / OVERNIGHT_S3_ENDPOINT_URL and that the server runs; "
+                              "run the command again once it answers") from exc
 
     def _key(self, key: str) -> str:
         return self.prefix + key
@@ -227,23 +230,34 @@ class S3Container:
         keys = list(dict.fromkeys(keys))
         return {k for k, etag in zip(keys, self._map(self._etag, keys)) if etag is not None}
 
+    def _pages(self, **kwargs: Any) -> Iterator[dict]:
+        """``list_objects_v2`` pages, with the errors of :meth:`_call` typed the same way."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, **kwargs)
+        it = iter(pages)
+        while True:
+            try:
+                page = self._call(lambda Bucket: next(it))
+            except StopIteration:
+                return
+            yield page
+
     def list(self, prefix: str) -> list[str]:
         full = self._key(prefix + "/" if prefix else "")
         names = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full, Delimiter="/"):
+        for page in self._pages(Prefix=full, Delimiter="/"):
             names.extend(p["Prefix"][len(full):].rstrip("/") for p in page.get("CommonPrefixes", []))
             names.extend(o["Key"][len(full):] for o in page.get("Contents", []))
         return sorted(n for n in names if n)
 
     def size(self) -> int:
         total = 0
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
+        for page in self._pages(Prefix=self.prefix):
             total += sum(o["Size"] for o in page.get("Contents", []))
         return total
 
     def stats(self, prefix: str) -> Iterator[tuple[str, int, int]]:
         full = self._key(prefix + "/" if prefix else "")
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+        for page in self._pages(Prefix=full):
             now = _server_now(page)
             for o in page.get("Contents", []):
                 yield o["Key"][len(self.prefix):], int(o["Size"]), _age_ms(now, o["LastModified"])
@@ -363,8 +377,10 @@ class S3Store(KeyedStore):
         conditional_writes_reason: what the probe found (or ``"conditional_writes=off"``).
 
     Raises:
-        ConfigError: malformed URL, missing bucket, bad credentials, unreachable endpoint, a prefix
-            holding something else, or ``conditional_writes=require`` on a server without them.
+        ConfigError: malformed URL, missing bucket, bad credentials, a prefix holding something
+            else, or ``conditional_writes=require`` on a server without them.
+        StoreUnavailable: the endpoint cannot be reached (refused, timed out); also from any later
+            call when it goes away.
         StoreVersionError: the store was written by a newer overnight.
     """
 

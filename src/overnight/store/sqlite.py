@@ -30,6 +30,7 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -42,6 +43,8 @@ from overnight.errors import (
     StoreBusy,
     StoreCorrupt,
     StoreFull,
+    StoreReadOnly,
+    StoreUnavailable,
     StoreVersionError,
     TaskBusy,
     TaskNotFound,
@@ -61,6 +64,7 @@ from overnight.store.base import (
 from overnight.codec import digest
 from overnight.store.blobs import is_damaged
 from overnight.store.leases import can_take_over, describe_holder, now_ms
+from overnight.store.refusal import refusals
 
 SCHEMA_VERSION = 2
 _BATCH = 500  # digests per IN (...) query
@@ -200,7 +204,17 @@ class _Connection(sqlite3.Connection):
         return super().executemany(sql, [_params(p) for p in seq])  # type: ignore[union-attr]
 
 
-_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 11, 13, 26  # result codes (sqlite.org/rescode.html)
+# primary result codes (sqlite.org/rescode.html); extended codes carry them in the low byte
+_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = \
+    3, 8, 10, 11, 13, 14, 26
+
+
+def _read_only_fs(path: Path) -> bool:
+    """Whether ``path`` is on a file system mounted read-only."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # pragma: no cover - no statvfs
+        return False
 
 
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
@@ -215,20 +229,32 @@ class SQLiteStore:
         path: database file; parent directories are created. ``":memory:"`` is refused (a
             checkpoint store that vanishes with the process is not a store).
         busy_timeout_ms: how long a writer waits for another process's transaction (ms).
+        read_only: open without writing anything (no journal-mode switch, no migration): what
+            reading commands do, so they work on a read-only file, directory or file system. In a
+            read-only directory where SQLite cannot create the ``-shm`` file beside the database,
+            the file is opened ``immutable`` (no writer can be changing it there). Every write
+            then raises :class:`~overnight.errors.StoreReadOnly`.
 
     Raises:
         ConfigError: the file is not an SQLite database or cannot be opened.
+        StoreReadOnly: a writable open of a file, folder or file system that refuses writes.
+        StoreUnavailable: ``read_only`` and the file is missing, or reading it was denied.
         StoreVersionError: the file was created by a newer overnight.
     """
 
-    def __init__(self, path: str | os.PathLike, *, busy_timeout_ms: int = 10_000) -> None:
+    def __init__(self, path: str | os.PathLike, *, busy_timeout_ms: int = 10_000, read_only: bool = False) -> None:
         if str(path) == ":memory:":
             raise ConfigError("sqlite store needs a file path, not ':memory:'")
         self.path = Path(path)
         self.url = f"sqlite://{self.path}"
         self.busy_timeout_ms = busy_timeout_ms
+        self.read_only = read_only
         self._lock = threading.RLock()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if read_only:
+            self._db = self._connect_read_only()
+            return
+        with refusals(str(self.path), writing=True):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         # Two processes opening a new file at once can get SQLITE_BUSY at once (the switch to WAL
         # and the first schema write take locks the busy handler does not wait for): retry the
         # whole open until busy_timeout_ms has passed.
@@ -266,11 +292,75 @@ class SQLiteStore:
             db.close()
             raise
 
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """A ``mode=ro`` connection (``immutable=1`` where the ``-shm`` file cannot be created);
+        checks the schema version, migrates nothing."""
+        if not self.path.is_file():
+            raise StoreUnavailable(f"store {self.path} does not exist", location=str(self.path),
+                                   hint="run a task first, or point --store / OVERNIGHT_STORE at the store")
+        uri = "file:" + urllib.parse.quote(str(self.path.resolve())) + "?mode=ro"
+        db = None
+        for suffix in ("", "&immutable=1"):
+            try:
+                db = sqlite3.connect(uri + suffix, uri=True, isolation_level=None, check_same_thread=False,
+                                     timeout=self.busy_timeout_ms / 1000, factory=_Connection)
+                db.row_factory = _row
+                db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+                row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+                break
+            except sqlite3.Error as exc:
+                if db is not None:
+                    db.close()
+                    db = None
+                if suffix or getattr(exc, "sqlite_errorcode", 0) & 0xFF != _SQLITE_CANTOPEN:
+                    raise self._unreadable(exc) from exc
+        assert db is not None
+        if row is None or not str(row[0]).isdigit():  # a store always has its version: damaged?
+            damage = [str(r[0]) for r in db.execute("PRAGMA quick_check(20)").fetchall()]
+            if damage != ["ok"]:
+                db.close()
+                raise StoreCorrupt(f"store {self.path} is damaged: {'; '.join(damage)}", hint=self._recover_hint())
+            if row is not None:
+                db.close()
+                raise ConfigError(f"store {self.path} records schema version {row[0]!r}",
+                                  hint="is it an overnight SQLite store? point --store / OVERNIGHT_STORE at the right file")
+        if row is not None and int(row[0]) > SCHEMA_VERSION:
+            db.close()
+            raise StoreVersionError(
+                f"store {self.path} has schema version {row[0]}, written by a newer overnight "
+                f"(this one knows up to {SCHEMA_VERSION})",
+                hint="upgrade overnight (pip install -U overnight) to open this store")
+        return db
+
+    def _recover_hint(self) -> str:
+        return (f"salvage what verifies into a new file: overnight repair --salvage {self.path} "
+                f"(writes {self.path.with_name(self.path.stem + '.salvaged.db')}; the damaged file is kept)")
+
+    def _cannot_write(self) -> Exception | None:
+        """StoreReadOnly when the file, its folder or its file system refuses writes, else None."""
+        for target in (self.path, self.path.parent):
+            if target.exists() and not os.access(target, os.W_OK):
+                return StoreReadOnly(
+                    f"store {self.path} is read-only ({target} is not writable"
+                    f"{': a read-only file system' if _read_only_fs(target) else ' by this user'})",
+                    location=str(self.path),
+                    hint="reading commands (ls, show, log, status, verify, cat) still work; to write, make it "
+                    "writable or copy the store somewhere writable and pass --store")
+        return None
+
     def _unreadable(self, exc: sqlite3.Error) -> Exception:
         """A file SQLite cannot open: damaged (StoreCorrupt), full, or not a SQLite file (ConfigError)."""
         typed = self._translate(exc)
         if typed is not exc and "not a database" not in str(exc):
             return typed
+        if (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == _SQLITE_CANTOPEN:
+            if not self.read_only:
+                readonly = self._cannot_write()
+                if readonly is not None:
+                    return readonly
+            return StoreUnavailable(f"cannot open store {self.path}: {exc}", location=str(self.path),
+                                    hint="check that the file and its folder exist and this user may read them "
+                                    f"(`ls -l {self.path}`)")
         return ConfigError(f"cannot open store {self.path}: {exc}",
                            hint="is it an overnight SQLite store? point --store / OVERNIGHT_STORE at the right file")
 
@@ -301,8 +391,7 @@ class SQLiteStore:
                     damage = [str(r[0]) for r in self._db.execute("PRAGMA quick_check(20)").fetchall()]
                     if damage != ["ok"]:
                         raise StoreCorrupt(f"store {self.path} is damaged: {'; '.join(damage)}",
-                                           hint=f"recover the file: sqlite3 {self.path} .recover | sqlite3 "
-                                           "recovered.db") from exc
+                                           hint=self._recover_hint()) from exc
                     raise
             if version < SCHEMA_VERSION:
                 self._db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
@@ -313,13 +402,25 @@ class SQLiteStore:
         if isinstance(exc, sqlite3.OperationalError) and _is_locked(exc):
             return StoreBusy(f"store {self.path} stayed locked by another process for {self.busy_timeout_ms} ms",
                              hint="another overnight process is writing a large commit; retry, or raise busy_timeout_ms")
-        if code == _SQLITE_FULL or "disk is full" in str(exc):
+        primary = (code or 0) & 0xFF
+        if primary == _SQLITE_FULL or "disk is full" in str(exc):
             return StoreFull(f"store {self.path}: the disk is full ({exc}); the write in flight was rolled back, "
-                             "everything committed before it is intact", hint="free space and resume")
-        if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "malformed" in str(exc) or "decode to UTF-8" in str(exc):
+                             "everything committed before it is intact", location=str(self.path),
+                             hint=f"free space on that file system (`df -h {self.path.parent}`), then run the "
+                             "command again (`overnight resume TASK_ID` continues a run)")
+        if primary in (_SQLITE_READONLY, _SQLITE_PERM) or "readonly database" in str(exc):
+            return self._cannot_write() or StoreReadOnly(
+                f"store {self.path} is read-only ({exc})", location=str(self.path),
+                hint="reading commands (ls, show, log, status, verify, cat) still work; to write, make the file, "
+                "its folder and file system writable")
+        if primary == _SQLITE_IOERR:
+            return StoreUnavailable(f"store {self.path}: the disk failed reading or writing it ({exc})",
+                                    location=str(self.path),
+                                    hint="check the disk or share (dmesg, mount), then run the command again")
+        if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "malformed" in str(exc) or "decode to UTF-8" in str(exc):
             return StoreCorrupt(f"store {self.path} is damaged: {exc}",
-                                hint="resume a replicated task from another medium (`overnight repair`), or recover "
-                                f"the file: sqlite3 {self.path} .recover | sqlite3 recovered.db")
+                                hint="resume a replicated task from another medium (`overnight repair`), or "
+                                + self._recover_hint())
         return exc
 
     @contextmanager

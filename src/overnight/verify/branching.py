@@ -26,7 +26,7 @@ from overnight.errors import BranchExists, ConfigError, MergeConflict, Overnight
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
 from overnight.verify.chain import ChainWriter, load_head
-from overnight.verify.integrity import LoadedCheckpoint, load_checkpoint, parse_record
+from overnight.verify.integrity import LoadedCheckpoint, load_checkpoint, parse_record, record_problems
 from overnight.verify.reachability import lineage
 from overnight.verify.records import event
 
@@ -306,16 +306,17 @@ def history(store: Store, task_id: str, *, key: bytes | None = None) -> list[Log
     for b, cid in sorted(store.list_refs(task_id).items()):
         heads.setdefault(cid, []).append(b)
     entries: dict[str, LogEntry] = {}
+    damaged = record_problems(store, rows, key=key)  # the record and the objects a load reads
     for r in rows:
         parents = [r.parent_id] if r.parent_id else []
-        valid, problem = True, None
+        problem = damaged.get(r.checkpoint_id)
         try:
             rec = parse_record(r, key=key)
             if rec.event.kind == "merge" and rec.event.ref:
                 parents.append(rec.event.ref)
-        except OvernightError as exc:
-            valid, problem = False, f"{type(exc).__name__}: {exc.message}"
-        entries[r.checkpoint_id] = LogEntry(r, parents, heads.get(r.checkpoint_id, []), valid, problem)
+        except OvernightError:
+            pass  # in damaged already
+        entries[r.checkpoint_id] = LogEntry(r, parents, heads.get(r.checkpoint_id, []), problem is None, problem)
     order = _topo_newest_first(entries)
     _draw(order)
     return order

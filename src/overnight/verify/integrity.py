@@ -18,11 +18,12 @@ failed check, and nothing is returned: a state that cannot be verified is never 
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Iterable
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -34,6 +35,7 @@ from overnight.errors import (
     FormatTooNew,
     IntegrityError,
     MissingObject,
+    OvernightError,
     SchemaError,
     SignatureError,
     short_id,
@@ -322,3 +324,64 @@ def load_checkpoint(
         for name, art in loaded.artifacts.items():
             read(art.digest, art.size, f"{cp} artifact {name!r}")
     return loaded
+
+
+
+
+def record_problems(store: Store, rows: Iterable[CheckpointRow], *, key: bytes | None) -> dict[str, str]:
+    """``checkpoint_id -> "ErrorKind: message"`` for every row of ``rows`` that does not verify:
+    its record (digest, schema, signature), and the objects a load reads first -- the state
+    document, its todo/done/artifact pages and the world fingerprint -- present and hashing to
+    their digests, and every artifact object present (artifact bytes are hashed by ``verify``). What ``show``, ``log`` and ``ls`` mark as
+    damaged. Each object is read and hashed once however many rows share it, and nothing is
+    decoded beyond the state document's page references (a load would validate every page).
+    """
+    reader = BlobReader(store)
+    bad: dict[str, str] = {}
+    problems: dict[str, str] = {}
+    artifacts_of: dict[str, list[str]] = {}  # artifact page -> the artifact digests it names
+    present: set[str] = set()
+
+    def read(digests: list[str], what: str) -> dict[str, bytes]:
+        for d in digests:
+            if d in bad:
+                raise DigestMismatch(bad[d], object_digest=d)
+        todo = [d for d in digests if d not in reader.verified]
+        try:
+            return reader.get_many(todo, what)
+        except IntegrityError:
+            for d in todo:  # which one: each on its own
+                try:
+                    reader.get(d, what)
+                except IntegrityError as exc:
+                    bad[d] = exc.message
+                    raise
+            raise
+
+    for row in rows:
+        try:
+            record = parse_record(row, key=key)
+            what = f"checkpoint {short_id(row.checkpoint_id)}"
+            state = read([record.state.digest], f"{what} state").get(record.state.digest)
+            doc = json.loads(state if state is not None else reader.get(record.state.digest, f"{what} state"))
+            refs = [ref.get("digest") for part in ("todo", "done", "artifacts")
+                    for ref in (doc.get(part) or {}).get("pages", []) if isinstance(ref, dict)]
+            art_pages = [str(ref.get("digest")) for ref in (doc.get("artifacts") or {}).get("pages", [])
+                         if isinstance(ref, dict)]
+            world = (json.loads(row.body).get("fingerprint") or {}).get("world")
+            if isinstance(world, dict):
+                refs.append(world.get("digest"))
+            fetched = read([str(d) for d in dict.fromkeys(refs)], f"{what} page")
+            for d in art_pages:  # every artifact blob present (its bytes are hashed by `verify`)
+                if d not in artifacts_of:
+                    raw = fetched.get(d) or reader.get(d, f"{what} artifact page")
+                    artifacts_of[d] = [str(a.get("digest")) for a in json.loads(raw).values() if isinstance(a, dict)]
+            wanted = {a for d in art_pages for a in artifacts_of[d]} - present
+            gone = store.missing_objects(wanted) if wanted else set()
+            present.update(wanted - gone)
+            if gone:
+                raise MissingObject(f"{what}: artifact object {sorted(gone)[0]} is missing", object_digest=sorted(gone)[0])
+        except (IntegrityError, ValueError, AttributeError, TypeError) as exc:
+            kind = type(exc).__name__ if isinstance(exc, OvernightError) else "SchemaError"
+            problems[row.checkpoint_id] = f"{kind}: {getattr(exc, 'message', exc)}"
+    return problems

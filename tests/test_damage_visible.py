@@ -1,0 +1,83 @@
+"""Damage is visible: after a fallback, ``show`` (and ``--json``), ``log``, ``ls`` and ``status``
+mark the damaged checkpoints and the head that fell back, and ``verify`` exits 3 while any damaged
+record is in the store -- used by a branch or not (``--ignore-dangling`` accepts the latter).
+
+Real SQLite files damaged with :mod:`overnight.verify.faults`; real CLI processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import overnight
+from overnight.verify.faults import Faults
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k not in ("OVERNIGHT_STORE", "OVERNIGHT_SIGNING_KEY")}
+    return subprocess.run([sys.executable, "-m", "overnight", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**e, "COLUMNS": "200"}, timeout=120)
+
+
+def _task():
+    task = overnight.Task("dmg", goal="five steps", expected_span="3h", level="session")
+
+    @task.step
+    def plan(ctx):
+        for i in range(4):
+            ctx.add_step("work", i=i)
+
+    @task.step(planned=False)
+    def work(ctx, i):
+        ctx.write_text(f"part-{i}.txt", f"part {i}\n" * 50)
+        ctx.state[f"k{i}"] = i
+
+    return task
+
+
+@pytest.mark.parametrize("kind", ["removed_blob", "bit_flip"])
+def test_a_damaged_head_is_marked_everywhere_and_verify_fails_until_it_is_gone(tmp_path, kind):
+    db = tmp_path / "s.db"
+    url = f"sqlite://{db}"
+    overnight.run(_task(), url, max_steps=3)
+    inj = Faults(db, random.Random(3)).inject(kind, "dmg")
+    bad = inj.bad_head[7:19]
+
+    shown = json.loads(cli("show", "dmg", "--store", url, "--json", cwd=tmp_path).stdout)
+    marked = {c["checkpoint_id"]: c for c in shown["chain"]}
+    assert marked[inj.bad_head]["valid"] is False and marked[inj.bad_head]["problem"]
+    assert shown["damaged"] >= 1
+    assert shown["fell_back"].startswith(f"fell back from {bad} to {inj.expected[7:19]}")
+    text = cli("show", "dmg", "--store", url, cwd=tmp_path).stdout
+    assert f"head fell back from {bad}" in text and "INVALID" in text
+
+    status = cli("status", "dmg", "--store", url, cwd=tmp_path)
+    assert status.returncode == 0 and f"fell back from {bad}" in status.stdout
+    log = json.loads(cli("log", "dmg", "--store", url, "--json", cwd=tmp_path).stdout)
+    assert any(e["checkpoint_id"] == inj.bad_head and e["valid"] is False for e in log)
+    (listed,) = json.loads(cli("ls", "--store", url, "--json", cwd=tmp_path).stdout)
+    assert listed["fell_back"].startswith(f"fell back from {bad}")
+    assert "FELL BACK" in cli("ls", "--store", url, cwd=tmp_path).stdout
+
+    assert cli("verify", "dmg", "--store", url, cwd=tmp_path).returncode == 3
+    # the run falls back and goes on; the damaged record stays, no branch uses it any more
+    result = overnight.run(_task(), url)
+    assert result.status == "complete"
+    after = cli("verify", "dmg", "--store", url, "--json", cwd=tmp_path)
+    report = json.loads(after.stdout)
+    shown = json.loads(cli("show", "dmg", "--store", url, "--json", cwd=tmp_path).stdout)
+    assert shown["fell_back"] is None  # the head is fine now
+    if not report["problems"]:  # the re-run step stored the removed object again (content addressing)
+        assert kind == "removed_blob" and after.returncode == 0 and shown["damaged"] == 0
+        return
+    assert after.returncode == 3, after.stdout  # dangling, but damaged: not ok
+    assert report["ok"] is False and all(p["dangling"] for p in report["problems"])
+    assert cli("verify", "dmg", "--store", url, "--ignore-dangling", cwd=tmp_path).returncode == 0
+    assert shown["damaged"] >= 1  # the damage still shows
