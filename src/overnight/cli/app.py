@@ -203,9 +203,16 @@ def resume(
     model: Optional[str] = ModelOpt,
     base_url: Optional[str] = BaseUrlOpt,
     max_context_tokens: Optional[int] = ContextOpt,
+    allow_rollback: bool = typer.Option(False, "--allow-rollback", help="Continue from a branch ref that was moved "
+                                        "back behind a newer checkpoint of the branch (refused otherwise, exit 3)."),
 ) -> None:
     """Resume a stored task from the latest head of its branch (never an older checkpoint,
     unless the head fails verification: then the newest valid one, with a report).
+
+    A ref moved back behind a newer verified checkpoint of the branch -- or, with a signing key,
+    behind the newest signed head this machine has seen -- is refused (RollbackDetected, exit 3)
+    unless --allow-rollback. The task's code is imported only from inside the project (the folder
+    holding overnight.toml, else the current directory) or from --file.
 
     Before any step runs, the head is compared with the world now (code, deps, env, inputs,
     exported artifacts); drift is handled by policy (--on-drift)."""
@@ -213,7 +220,7 @@ def resume(
         result = _run_with_progress(
             lambda p: api.resume(task_id, store=store, branch=branch, entry=file, max_steps=max_steps, on_event=p,
                                  on_drift=on_drift, model=_model(model, base_url),
-                                 max_context_tokens=max_context_tokens),
+                                 max_context_tokens=max_context_tokens, allow_rollback=allow_rollback),
             quiet=quiet, events=events)
     except OvernightError as exc:
         _fail(exc)
@@ -335,6 +342,9 @@ def status(
         return
     render.out.print(f"[bold]{render.esc(rep.task_id)}[/] ({render.esc(rep.branch)}): {rep.status}, "
                      f"{rep.done}/{rep.total} steps, head {rep.head[7:19]} (seq {rep.seq})")
+    if rep.rollback:
+        render.out.print(f"[red]rollback detected[/]: {render.esc(rep.rollback)} (`overnight resume` refuses it "
+                         "without --allow-rollback)")
     if rep.next_steps:
         render.out.print("next: " + ", ".join(render.esc(n) for n in rep.next_steps[:5]))
     for a in rep.accepted_drift:
