@@ -87,8 +87,12 @@ def env_key(*, create: bool) -> EnvKey | None:
     if signing is not None:
         return _env_key(signing, "signing key")
     path = env_key_path()
+    cached = _loaded.get(str(path))
+    if cached is not None:
+        return cached
     try:
-        return _env_key(bytes.fromhex(path.read_text("ascii").strip()), str(path))
+        found = _loaded[str(path)] = _env_key(bytes.fromhex(path.read_text("ascii").strip()), str(path))
+        return found
     except FileNotFoundError:
         if not create:
             return None
@@ -108,7 +112,12 @@ def env_key(*, create: bool) -> EnvKey | None:
         pass
     finally:
         tmp.unlink()
-    return _env_key(bytes.fromhex(path.read_text("ascii").strip()), str(path))
+    found = _loaded[str(path)] = _env_key(bytes.fromhex(path.read_text("ascii").strip()), str(path))
+    return found
+
+
+_loaded: dict[str, EnvKey] = {}
+"""Environment keys read from their files in this process, by path (read once per process)."""
 
 
 # --- high-water marks -----------------------------------------------------------------------------
