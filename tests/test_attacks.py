@@ -19,7 +19,6 @@ which is exactly the write access the threat model grants. Nothing is mocked.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -32,12 +31,12 @@ import pytest
 
 import overnight
 from conftest import S3_BUCKET
-from overnight.codec import decode, digest
+from overnight.codec import decode
 from overnight.codec.canonical import loads
 from overnight.errors import DecodeError, NoValidCheckpoint
 from overnight.store import open_store
 from overnight.verify.chain import load_head
-from overnight.verify.integrity import encode_record
+from overnight.verify.faults import forge_record
 
 KEY = "victim-signing-key"
 STORES = ["sqlite", "file", "postgres", "s3"]
@@ -275,15 +274,7 @@ def _victim(url: str, monkeypatch, calls: list[str]) -> overnight.Task:
 
 
 def _forge(s, like, *, parent, seq, signature):
-    """A record copied from ``like`` with another parent/seq, its digest recomputed (so only the
-    signature can tell), stored beside the real ones."""
-    body = loads(like.body)
-    body.update(parent_id=parent, seq=seq, created_at="2099-01-01T00:00:00.000000+00:00")
-    raw = encode_record(body)
-    row = dataclasses.replace(like, checkpoint_id=digest.sha256(raw), parent_id=parent, seq=seq, body=raw,
-                              signature=signature, created_at=body["created_at"])
-    s.put_checkpoints([row])
-    return row.checkpoint_id
+    return forge_record(s, like, parent=parent, seq=seq, signature=signature)
 
 
 HMACS = {"missing": lambda real: None, "wrong": lambda real: "hmac-sha256:" + "0" * 64, "old": lambda real: real}
