@@ -36,6 +36,7 @@ from overnight.codec.canonical import loads
 from overnight.errors import DecodeError, NoValidCheckpoint
 from overnight.store import open_store
 from overnight.verify.chain import load_head
+from overnight.bench.attacks import EVIL, JOB, SECRET_JOB
 from overnight.verify.faults import forge_record
 
 KEY = "victim-signing-key"
@@ -69,48 +70,6 @@ def cli(*args: str, cwd: Path, key: str | None = None, check: int | None = 0, **
     return r
 
 
-JOB = """\
-import os
-import overnight
-
-task = overnight.Task("job", goal="three counted steps")
-
-
-def _count(name):
-    with open(os.environ["RUNS_FILE"], "a") as f:
-        f.write(name + "\\n")
-
-
-@task.step
-def a(ctx):
-    _count("a")
-    return 1
-
-
-@task.step
-def b(ctx):
-    _count("b")
-    return 2
-
-
-@task.step
-def c(ctx):
-    _count("c")
-    return 3
-"""
-
-EVIL = """\
-import os, pathlib
-if os.environ.get("CANARY"):
-    pathlib.Path(os.environ["CANARY"]).write_text("attacker code ran")
-import overnight
-task = overnight.Task("{task_id}", goal="g")
-@task.step
-def a(ctx):
-    return 1
-"""
-
-
 @pytest.fixture
 def project(tmp_path):
     """The victim's project folder (the cwd of every victim command) with ``job.py``."""
@@ -133,7 +92,7 @@ def _plant(url: str, task_id: str, entry: str, tmp_path: Path) -> None:
     location set to ``entry`` (Task(entry=...) is recorded in the row and the spec as is)."""
     script = (
         "import sys, overnight\n"
-        "t = overnight.Task(sys.argv[1], goal='g', entry=sys.argv[2])\n"
+        "t = overnight.Task(sys.argv[1], goal='g', entry=sys.argv[2], deps=[])\n"
         "@t.step\ndef a(ctx):\n    return 1\n"
         "@t.step\ndef b(ctx):\n    return 2\n"
         "overnight.run(t, sys.argv[3], max_steps=1)\n")
@@ -142,6 +101,7 @@ def _plant(url: str, task_id: str, entry: str, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow  # real CLI processes, several per store
 @pytest.mark.parametrize("signed", [False, True], ids=["nokey", "key"])
 def test_code_location_from_the_store_never_runs(store_url, project, tmp_path, signed):
     attacker = tmp_path / "attacker"
@@ -183,7 +143,7 @@ def test_a_moved_project_resumes_from_its_relative_location(tmp_path):
     new = tmp_path / "new"
     old.rename(new)
     cli("resume", "job", cwd=new / "tasks", check=0, **env)  # from a subfolder: the root is overnight.toml's
-    assert (tmp_path / "runs.txt").read_text().split() == ["a", "b", "c"]
+    assert (tmp_path / "runs.txt").read_text().split() == ["a", "b", "c", "d"]
 
 
 # --- no silent rollback ------------------------------------------------------------------------------
@@ -209,17 +169,18 @@ def _move_ref(url: str, to: str, *, delete_newer: bool = False) -> None:
             s.delete_checkpoints(newer, orphans=True)
 
 
+@pytest.mark.slow  # real CLI processes, several per store
 @pytest.mark.parametrize("signed", [False, True], ids=["nokey", "key"])
 def test_ref_moved_back_is_refused_and_reported(store_url, project, signed):
     key = KEY if signed else None
     env = {"RUNS_FILE": str(project / "runs.txt")}
     cli("run", "job.py", "--store", store_url, cwd=project, key=key, **env)
-    chain = _chain(store_url)  # init, a, b, c
-    assert runs(project) == ["a", "b", "c"] and len(chain) == 4
-    _move_ref(store_url, chain[1])  # back to "a done": b and c would run again
+    chain = _chain(store_url)  # init, a, b, c, d
+    assert runs(project) == ["a", "b", "c", "d"] and len(chain) == 5
+    _move_ref(store_url, chain[1])  # back to "a done": b, c and d would run again
     r = cli("resume", "job", "--store", store_url, cwd=project, key=key, check=3, **env)
-    assert "rollback detected" in r.stderr and chain[1][7:19] in r.stderr and chain[3][7:19] in r.stderr, r.stderr
-    assert runs(project) == ["a", "b", "c"]  # nothing ran again
+    assert "rollback detected" in r.stderr and chain[1][7:19] in r.stderr and chain[-1][7:19] in r.stderr, r.stderr
+    assert runs(project) == ["a", "b", "c", "d"]  # nothing ran again
     status = cli("status", "job", "--store", store_url, cwd=project, key=key, **env)
     assert "rolled back" in status.stdout and "rollback detected" in status.stdout, status.stdout
     listed = json.loads(cli("ls", "--json", "--store", store_url, cwd=project, key=key, **env).stdout)
@@ -228,33 +189,35 @@ def test_ref_moved_back_is_refused_and_reported(store_url, project, signed):
     assert "rollback" in v.stdout + v.stderr
     # deliberate: --allow-rollback continues from there (b and c run again) and records it
     cli("resume", "job", "--store", store_url, "--allow-rollback", cwd=project, key=key, **env)
-    assert runs(project) == ["a", "b", "c", "b", "c"]
+    assert runs(project) == ["a", "b", "c", "d", "b", "c", "d"]
     cli("resume", "job", "--store", store_url, cwd=project, key=key, **env)  # accepted once, then normal
     cli("verify", "job", "--store", store_url, cwd=project, key=key, **env)
-    assert runs(project) == ["a", "b", "c", "b", "c"]
+    assert runs(project) == ["a", "b", "c", "d", "b", "c", "d"]
 
 
+@pytest.mark.slow  # real CLI processes, several per store
 def test_signed_ref_moved_back_with_newer_records_deleted_is_caught_by_the_high_water_mark(store_url, project):
     env = {"RUNS_FILE": str(project / "runs.txt")}
     cli("run", "job.py", "--store", store_url, cwd=project, key=KEY, **env)
     chain = _chain(store_url)
     _move_ref(store_url, chain[1], delete_newer=True)  # the store alone no longer shows anything newer
     r = cli("resume", "job", "--store", store_url, cwd=project, key=KEY, check=3, **env)
-    assert "high-water" in r.stderr and chain[3][7:19] in r.stderr, r.stderr
-    assert runs(project) == ["a", "b", "c"]
+    assert "high-water" in r.stderr and chain[-1][7:19] in r.stderr, r.stderr
+    assert runs(project) == ["a", "b", "c", "d"]
     # another machine (its own, empty high-water file) cannot know: that is the documented limit
     other = cli("resume", "job", "--store", store_url, cwd=project, key=KEY, check=0,
                 OVERNIGHT_STATE_DIR=str(project / "other-machine"), **env)
-    assert other.returncode == 0 and runs(project) == ["a", "b", "c", "b", "c"]
+    assert other.returncode == 0 and runs(project) == ["a", "b", "c", "d", "b", "c", "d"]
 
 
+@pytest.mark.slow  # real CLI processes, several per store
 def test_deliberate_rollback_command_is_not_a_detected_rollback(store_url, project):
     env = {"RUNS_FILE": str(project / "runs.txt")}
     cli("run", "job.py", "--store", store_url, cwd=project, key=KEY, **env)
     chain = _chain(store_url)
     cli("rollback", "job", "--to", chain[1][7:19], "--store", store_url, cwd=project, key=KEY, **env)
     cli("resume", "job", "--store", store_url, cwd=project, key=KEY, **env)
-    assert runs(project) == ["a", "b", "c", "b", "c"]
+    assert runs(project) == ["a", "b", "c", "d", "b", "c", "d"]
     cli("verify", "job", "--store", store_url, cwd=project, key=KEY, **env)
 
 
@@ -263,7 +226,7 @@ def test_deliberate_rollback_command_is_not_a_detected_rollback(store_url, proje
 
 def _victim(url: str, monkeypatch, calls: list[str]) -> overnight.Task:
     monkeypatch.setenv("OVERNIGHT_SIGNING_KEY", KEY)
-    t = overnight.Task("job", goal="four steps")
+    t = overnight.Task("job", goal="four steps", deps=[])
     for name in ("a", "b", "c", "d"):
         def fn(ctx, _n=name):
             calls.append(_n)
@@ -314,14 +277,6 @@ def test_forged_records_contribute_nothing_to_the_fallback(store_url, monkeypatc
 
 
 # --- secrets stay secret ---------------------------------------------------------------------------------
-
-SECRET_JOB = """\
-import overnight
-task = overnight.Task("secretive", goal="reads a secret")
-@task.step(env=["API_TOKEN"])
-def a(ctx):
-    return len(ctx.env("API_TOKEN") or "")
-"""
 
 DICTIONARY = ["password", "123456", "letmein", "hunter2", "secret", "qwerty", "admin", "changeme"]
 
@@ -421,7 +376,7 @@ def test_registered_defaultdict_factory_still_loads():
     class Bucket(list):
         pass
 
-    data = overnight.codec.encode({"x": collections.defaultdict(Bucket, {"a": Bucket([1])})})
+    data = overnight.codec.encode({"x": collections.defaultdict(Bucket, {"a": 1})})
     back = decode(data)
     assert type(back["x"]["new"]) is Bucket
     with pytest.raises(overnight.errors.EncodeError):

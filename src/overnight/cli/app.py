@@ -37,7 +37,8 @@ from overnight.errors import (
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTEGRITY, EXIT_BUSY, EXIT_DRIFT, EXIT_RESUMABLE = 0, 1, 2, 3, 4, 5, 75
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 complete | 1 step failed | 2 usage / not found | 3 integrity (nothing verifies) | "
+    "Exit codes: 0 complete | 1 step failed | 2 usage / not found | 3 integrity (nothing verifies, a ref "
+    "moved back, code outside the project) | "
     "4 busy (task held by another process) | 5 drift abort | 75 resumable (interrupted or --max-steps; "
     "run `overnight resume TASK_ID`)."
 )

@@ -76,7 +76,8 @@ class RunEvent:
     """Progress notification passed to ``on_event``.
 
     ``kind``: ``resume`` / ``create`` / ``step_start`` / ``step_end`` / ``step_retry`` /
-    ``skip`` / ``stop_requested`` / ``end``. ``done``/``total`` count steps of the whole task.
+    ``skip`` / ``stop_requested`` / ``rollback`` (a moved-back ref accepted with
+    ``allow_rollback``) / ``end``. ``done``/``total`` count steps of the whole task.
     """
 
     kind: str
