@@ -52,6 +52,22 @@ def pg_schema(postgres_url):
     drop_schema(postgres_url, schema)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _machine_state(tmp_path_factory):
+    """Keep what overnight writes outside a store -- the high-water file of signed heads and the
+    per-user environment key -- in the test session's own folder, for child processes too."""
+    base = tmp_path_factory.mktemp("machine")
+    saved = {k: os.environ.get(k) for k in ("OVERNIGHT_STATE_DIR", "OVERNIGHT_ENV_KEY_FILE")}
+    os.environ["OVERNIGHT_STATE_DIR"] = str(base / "state")
+    os.environ["OVERNIGHT_ENV_KEY_FILE"] = str(base / "env.key")
+    yield base
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -128,6 +128,6 @@ def test_perf_cli_with_an_unreachable_server_fails_clearly_and_writes_nothing(tm
     done = subprocess.run([sys.executable, "-m", "overnight", "bench", "perf", "--quick", "--out", str(out),
                            "--postgres", "postgresql://postgres@127.0.0.1:1/test"],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode == 2
+    assert done.returncode == 6  # StoreUnavailable: the server did not answer
     assert "cannot connect to PostgreSQL at 127.0.0.1:1/test" in done.stderr and "Traceback" not in done.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -157,7 +157,7 @@ def test_env_drift_recompute_accept_abort(world):
     first_run(world)
     items = drift_items(world, MY_SETTING="b")
     assert [(i["component"], i["key"], i["steps"]) for i in items] == [("env", "MY_SETTING", ["settings"])]
-    assert items[0]["old"].startswith("hmac-sha256:") and items[0]["new"].startswith("hmac-sha256:")
+    assert items[0]["old"].startswith("env-hmac:") and items[0]["new"].startswith("env-hmac:")  # keyed, never the value
     # abort: distinct exit code, nothing written
     out = run(world, "resume", "drifty", "-q", "--on-drift", "env=abort", check=5, MY_SETTING="b")
     assert "MY_SETTING" in out.stderr and "abort" in out.stderr

@@ -459,13 +459,7 @@ TARGETS = ["os:system", "subprocess:Popen", "subprocess:run", "pathlib:Path", "c
 CLASS_TAGS = ["enum", "model", "dataclass", "namedtuple", "defaultdict"]
 
 
-def _tag_case(tag: str):
-    if tag == "defaultdict":
-        return pytest.param(tag, marks=pytest.mark.xfail(strict=True, reason="issue 12 adds the defaultdict factory rule"))
-    return tag
-
-
-@pytest.mark.parametrize("tag", [_tag_case(t) for t in CLASS_TAGS])
+@pytest.mark.parametrize("tag", CLASS_TAGS)
 def test_class_naming_tags_refuse_anything_but_their_kind(tag, tmp_path):
     """A stored tag naming a function, ``subprocess:Popen`` or a class of another kind fails the
     load with a DecodeError naming it, and nothing it names is called."""

@@ -217,7 +217,9 @@ def test_signed_checkpoints_detect_edits_without_the_key(url, tmp_path, monkeypa
     result = overnight.run(make_task(calls), url)
     assert result.fallback is not None
     assert [(s.checkpoint_id, s.error) for s in result.fallback.skipped] == [(fid, "SignatureError")]
-    assert result.fallback.used_id == head.parent_id
+    # the forgery contributes nothing (not its parent pointer): the newest record of the branch that
+    # verifies is the real head it was copied from
+    assert result.fallback.used_id == head.checkpoint_id
     # a wrong key verifies nothing: refuse to load rather than guess
     monkeypatch.setenv("OVERNIGHT_SIGNING_KEY", "wrong")
     with pytest.raises(NoValidCheckpoint):

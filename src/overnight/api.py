@@ -7,11 +7,7 @@ dataclasses that the CLI renders as tables or ``--json``.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import re
-import sys
-import traceback
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,6 +25,7 @@ from overnight.errors import (
     TaskNotFound,
     short_id,
 )
+from overnight.orchestrate.loader import load_stored_task, load_task
 from overnight.orchestrate.router import Route, locate, recorded_route
 from overnight.orchestrate.runner import RunEvent, RunResult, Runner
 from overnight.orchestrate.task import Task
@@ -47,6 +44,7 @@ from overnight.verify.chain import load_head
 from overnight.verify.drift import DriftReport
 from overnight.verify.fsck import VerifyReport, verify_store
 from overnight.verify.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
+from overnight.verify.rollback import find_rollback
 
 
 @contextmanager
@@ -160,91 +158,7 @@ def parse_duration(value: str | float | int | None, what: str = "duration") -> f
     return seconds
 
 
-# --- loading task code -------------------------------------------------------------------------
-
-
-def _load_module(path: Path) -> Any:
-    # classes in the file are stored as "<module>:<Qualname>", so the name must be the same on
-    # every run: the file's stem, unless that would shadow an imported module
-    name = path.stem if path.stem.isidentifier() and path.stem not in sys.modules else f"overnight_task_{path.stem}"
-    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"cannot load task file {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec.loader.exec_module(module)
-    except (KeyboardInterrupt, SystemExit):
-        sys.modules.pop(name, None)
-        raise
-    except BaseException as exc:
-        sys.modules.pop(name, None)
-        if isinstance(exc, OvernightError):
-            raise
-        where = ""
-        if isinstance(exc, SyntaxError):
-            where = f" (line {exc.lineno}: {exc.text.strip() if exc.text else ''})"
-        else:
-            frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
-            if frames:
-                where = f" (line {frames[-1].lineno}: {frames[-1].line})"
-        raise ConfigError(f"cannot load task file {path}: {type(exc).__name__}: {exc}{where}",
-                          hint="fix the file; `python FILE.py` shows the full traceback") from exc
-    return module
-
-
-def load_task(entry: str, *, task_id: str | None = None) -> Task:
-    """Load a task definition from ``FILE.py[:NAME]`` or ``package.module[:NAME]``.
-
-    ``NAME`` may be a :class:`~overnight.Task` or a factory ``f(task_id=...) -> Task``. Without
-    ``NAME`` the module must define exactly one ``Task``.
-
-    Raises:
-        ConfigError: file or module missing, or no (or more than one) task in it.
-    """
-    target, attr = entry, ""
-    head, sep, tail = entry.rpartition(":")
-    if sep and head and tail.isidentifier():
-        target, attr = head, tail
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        path = Path(target).expanduser().resolve()
-        if not path.is_file():
-            raise ConfigError(f"task file {target} does not exist")
-        module = _load_module(path)
-        origin = str(path)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as exc:
-            raise ConfigError(f"cannot import task module {target!r}: {exc}") from exc
-        origin = target
-    tasks = {k: v for k, v in vars(module).items() if isinstance(v, Task)}
-    if attr:
-        by_id = [k for k, v in tasks.items() if v.id == attr]
-        if not hasattr(module, attr) and len(by_id) == 1:
-            attr = by_id[0]  # FILE.py:TASK_ID works too
-        if not hasattr(module, attr):
-            raise ConfigError(f"{origin} has no task named {attr!r} (as a variable or a task id)",
-                              hint="tasks there: " + (", ".join(f"{k} (id {v.id})" for k, v in tasks.items()) or "none"))
-        obj = getattr(module, attr)
-    else:
-        if not tasks:
-            raise ConfigError(f"{origin} defines no overnight.Task at module level",
-                              hint="define task = overnight.Task(...) in the file (a factory: FILE.py:make_task)")
-        if len(tasks) > 1:
-            raise ConfigError(f"{origin} defines {len(tasks)} tasks ({', '.join(tasks)}); name one as FILE.py:NAME")
-        attr, obj = next(iter(tasks.items()))
-    if not isinstance(obj, Task) and callable(obj):
-        obj = obj(task_id=task_id) if task_id is not None else obj()
-    if not isinstance(obj, Task):
-        raise ConfigError(f"{origin}:{attr} is not an overnight.Task")
-    if task_id is not None and obj.id != task_id:
-        raise ConfigError(f"{origin}:{attr} defines task {obj.id!r}, not {task_id!r}")
-    obj.entry = obj.entry or f"{origin}:{attr}"
-    return obj
+# --- loading task code: overnight.orchestrate.loader (re-exported: api.load_task) -------------------
 
 
 # --- run / resume ------------------------------------------------------------------------------
@@ -282,12 +196,17 @@ def resume(
     on_drift: str | dict[str, str] | None = None,
     model: Any = None,
     max_context_tokens: int | None = None,
+    allow_rollback: bool = False,
 ) -> RunResult:
     """Resume a stored task from the latest head of ``branch``, loading its code from the entry
-    recorded when it was created (or ``entry`` to override).
+    recorded when it was created (or ``entry`` to override) -- only from inside the project
+    (:mod:`overnight.orchestrate.loader`).
 
     Raises:
         TaskNotFound: no such task. ConfigError: no code location recorded and none given.
+        CodeLocationRefused: the recorded location lies outside the project (pass ``entry``).
+        EntryMismatch: the store's task row and the verified head disagree on the location.
+        RollbackDetected: the branch ref was moved back (``allow_rollback=True`` accepts it).
     """
     if store is None:  # the default store, else the configured media; then every medium it was routed to
         found = locate(task_id, load_config())
@@ -301,7 +220,8 @@ def resume(
         store = found[0]
         try:
             return resume(task_id, store=store, branch=branch, entry=entry, max_steps=max_steps, on_event=on_event,
-                          on_drift=on_drift, model=model, max_context_tokens=max_context_tokens)
+                          on_drift=on_drift, model=model, max_context_tokens=max_context_tokens,
+                          allow_rollback=allow_rollback)
         finally:
             store.close()
     with _opened(store) as s:
@@ -310,34 +230,23 @@ def resume(
         medium = _medium_for(s.hot, task_id, write=False)
         reader = s if medium is s.hot else medium
         row = reader.get_task(task_id)
-        where = entry or row.entry
-        if not where:
+        verified = None
+        if entry is None and row.entry:
+            loaded, _ = load_head(reader, task_id, branch, key=signing_key_from_env(), deep=False)
+            verified = _spec_entry(loaded)
+        task = load_stored_task(task_id, recorded=row.entry, verified=verified, override=entry)
+        if task is None:
             raise _no_code(row, "resume")
-        if entry is None:
-            _check_entry(reader, task_id, branch, row.entry)
-        task = load_task(where, task_id=task_id)
         return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift,
-                      model=model, max_context_tokens=max_context_tokens, code_moved=entry is not None).run()
+                      model=model, max_context_tokens=max_context_tokens, code_moved=entry is not None,
+                      allow_rollback=allow_rollback).run()
 
 
-def _check_entry(s: Store, task_id: str, branch: str, recorded: str) -> None:
-    """Refuse to import code from a location the verified head does not record (the store's task
-    row is not covered by any digest; the spec inside every checkpoint is).
-
-    Raises:
-        EntryMismatch: the row names another location than the verified checkpoint.
-        NoValidCheckpoint, BranchNotFound: from loading the head.
-    """
-    from overnight.errors import EntryMismatch
-
-    loaded, _ = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
-    verified = loaded.state_tree["task"]["spec"].get("entry")
-    if verified is not None and verified != recorded:  # None: created before the spec recorded it
-        raise EntryMismatch(
-            f"task {task_id!r}: the store's task row says its code is {recorded}, but its verified checkpoints say "
-            f"{verified}; not importing code from an unverified location", task_id=task_id,
-            checkpoint_id=loaded.id, hint=f"check the store; to run the code you trust: overnight resume {task_id} "
-            "--file FILE.py[:NAME]")
+def _spec_entry(loaded: Any) -> str | None:
+    """The code location in a verified checkpoint's spec (covered by its digest and signature)."""
+    spec = loaded.state_tree["task"]["spec"]
+    found = spec.get("entry") if isinstance(spec, dict) else None
+    return found if isinstance(found, str) else None
 
 
 # --- ls / show / cat ---------------------------------------------------------------------------
@@ -349,7 +258,7 @@ class TaskSummary:
 
     task_id: str
     goal: str
-    status: str  # complete | in progress | invalid
+    status: str  # complete | in progress | invalid | rolled back (the branch ref was moved back)
     done: int
     total: int
     branches: list[str]
@@ -439,6 +348,9 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
                 done, total = loaded.doc.done.count, loaded.doc.done.count + loaded.doc.todo.count
                 status = "complete" if not loaded.doc.todo.count else "in progress"
                 fell_back = _fell_back(fallback)
+                if find_rollback(s, loaded, key=key, skipped={k.checkpoint_id for k in fallback.skipped}
+                                 if fallback else set()) is not None:
+                    status = "rolled back"  # the ref was moved back: `overnight status` / `verify` say from where
             except OvernightError:
                 status = "invalid"
         out.append(TaskSummary(t.task_id, t.goal, status, done, total, sorted(refs), len(rows),
@@ -709,6 +621,9 @@ class StatusReport:
     fell_back: str | None = None
     """Set when the branch head fails verification: ``"fell back from X to Y: reason"`` (``head``
     is then the checkpoint a resume would continue from)."""
+    rollback: str | None = None
+    """Set when the branch ref was moved back behind a newer record or this machine's high-water
+    mark (:mod:`overnight.verify.rollback`): what it names and what it is older than."""
 
 
 def _no_code(row: Any, action: str) -> ConfigError:
@@ -734,13 +649,6 @@ def _no_code(row: Any, action: str) -> ConfigError:
                        "imported, so its top-level code runs)")
 
 
-def _task_code(s: Store, task_id: str, entry: str | None) -> Task | None:
-    where = entry or s.get_task(task_id).entry
-    if not where:
-        return None
-    return load_task(where, task_id=task_id)
-
-
 def status(task_id: str, *, store: Store | str | None = None, branch: str = "main", drift: bool = False,
            entry: str | None = None, on_drift: str | dict[str, str] | None = None, model: Any = None) -> StatusReport:
     """The branch head of a task; with ``drift``, the drift report against the world now and what
@@ -754,14 +662,20 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
 
     with _opened(store, task_id=task_id, read_only=True) as s:
         s.get_task(task_id)
-        loaded, fallback = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
+        key = signing_key_from_env()
+        loaded, fallback = load_head(s, task_id, branch, key=key, deep=False)
         st = loaded.state
         accepted = list(loaded.record.fingerprint.accepted) if loaded.record.fingerprint else []
         rep = StatusReport(task_id, branch, loaded.id, loaded.record.seq,
                            "complete" if not st.todo else "in progress", len(st.done), len(st.done) + len(st.todo),
                            [e.name for e in st.todo[:10]], accepted, fell_back=_fell_back(fallback))
+        moved_back = find_rollback(s, loaded, key=key, skipped={k.checkpoint_id for k in fallback.skipped}
+                                   if fallback else set())
+        if moved_back is not None:
+            rep.status, rep.rollback = "rolled back", moved_back.describe()
         if drift:
-            task = _task_code(s, task_id, entry)
+            task = load_stored_task(task_id, recorded=s.get_task(task_id).entry, verified=_spec_entry(loaded),
+                                    override=entry, checkpoint_id=loaded.id)
             if task is None:
                 raise _no_code(s.get_task(task_id), "check drift of")
             _predict(rep, s, loaded, task, on_drift, model)

@@ -109,6 +109,17 @@ class Config:
             else:
                 text = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
             rows.append((key, text, self.sources[key]))
+        from overnight.verify.keys import env_key_path, signing_key_from_env, state_dir
+
+        # kept outside every store (overnight.verify.keys): where, never the key itself
+        path = env_key_path()
+        if signing_key_from_env() is not None:
+            rows.append(("env_key", "the signing key", "OVERNIGHT_SIGNING_KEY"))
+        else:
+            rows.append(("env_key", f"{path}{'' if path.exists() else ' (created on first use)'}",
+                         "OVERNIGHT_ENV_KEY_FILE" if os.environ.get("OVERNIGHT_ENV_KEY_FILE") else "default"))
+        rows.append(("high_water", str(state_dir() / "high-water.json"),
+                     "OVERNIGHT_STATE_DIR" if os.environ.get("OVERNIGHT_STATE_DIR") else "default"))
         return rows
 
 

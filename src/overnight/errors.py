@@ -124,6 +124,31 @@ class EntryMismatch(IntegrityError):
     record: ``resume`` does not import code from a location nothing verifies."""
 
 
+class RollbackDetected(IntegrityError):
+    """A branch ref names a checkpoint older than one this machine or the store has already seen
+    on that branch: a newer verified record of the branch descends from it, or (with a signing
+    key) this machine's high-water mark records a newer signed head. Someone moved the ref back;
+    loading it would silently re-run every later step. ``head`` is the checkpoint the ref names,
+    ``newer`` the newer one (CLI exit 3). ``--allow-rollback`` (or ``overnight rollback``, a
+    deliberate rollback) accepts it."""
+
+    def __init__(self, message: str, *, head: str, newer: str, **kw) -> None:
+        super().__init__(message, **kw)
+        self.head = head
+        self.newer = newer
+
+
+class CodeLocationRefused(IntegrityError):
+    """A task's code location, read from the store, lies outside the project (the folder holding
+    ``overnight.toml``, else the current directory) and was not named on the command line:
+    overnight imports code only from the project or from what the user names (``--file``).
+    ``location`` is the refused location."""
+
+    def __init__(self, message: str, *, location: str, **kw) -> None:
+        super().__init__(message, **kw)
+        self.location = location
+
+
 class StoreCorrupt(IntegrityError):
     """The store's own files are damaged below the record level (SQLite reports a malformed
     database image): nothing read from it can be trusted until it is recovered or repaired."""

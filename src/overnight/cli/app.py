@@ -41,9 +41,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTEGRITY, EXIT_BUSY, EXIT_DRIFT, EXIT_RE
 EXIT_STORE = 6
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 complete | 1 step failed | 2 usage / not found | 3 integrity (nothing verifies) | "
-    "4 busy (task held by another process) | 5 drift abort | 6 store refused (disk full, read-only, "
-    "unreachable) | 75 resumable (interrupted or --max-steps; "
+    "Exit codes: 0 complete | 1 step failed | 2 usage / not found | 3 integrity (nothing verifies, a ref "
+    "moved back, code outside the project) | 4 busy (task held by another process) | 5 drift abort | "
+    "6 store refused (disk full, read-only, unreachable) | 75 resumable (interrupted or --max-steps; "
     "run `overnight resume TASK_ID`)."
 )
 
@@ -230,9 +230,16 @@ def resume(
     model: Optional[str] = ModelOpt,
     base_url: Optional[str] = BaseUrlOpt,
     max_context_tokens: Optional[int] = ContextOpt,
+    allow_rollback: bool = typer.Option(False, "--allow-rollback", help="Continue from a branch ref that was moved "
+                                        "back behind a newer checkpoint of the branch (refused otherwise, exit 3)."),
 ) -> None:
     """Resume a stored task from the latest head of its branch (never an older checkpoint,
     unless the head fails verification: then the newest valid one, with a report).
+
+    A ref moved back behind a newer verified checkpoint of the branch -- or, with a signing key,
+    behind the newest signed head this machine has seen -- is refused (RollbackDetected, exit 3)
+    unless --allow-rollback. The task's code is imported only from inside the project (the folder
+    holding overnight.toml, else the current directory) or from --file.
 
     Before any step runs, the head is compared with the world now (code, deps, env, inputs,
     exported artifacts); drift is handled by policy (--on-drift)."""
@@ -240,7 +247,7 @@ def resume(
         result = _run_with_progress(
             lambda p: api.resume(task_id, store=store, branch=branch, entry=file, max_steps=max_steps, on_event=p,
                                  on_drift=on_drift, model=_model(model, base_url),
-                                 max_context_tokens=max_context_tokens),
+                                 max_context_tokens=max_context_tokens, allow_rollback=allow_rollback),
             quiet=quiet, events=events)
     except OvernightError as exc:
         _fail(exc)
@@ -387,6 +394,9 @@ def status(
         render.out.print(f"[yellow]head {render.esc(rep.fell_back)}[/]")
     render.out.print(f"[bold]{render.esc(rep.task_id)}[/] ({render.esc(rep.branch)}): {rep.status}, "
                      f"{rep.done}/{rep.total} steps, head {rep.head[7:19]} (seq {rep.seq})")
+    if rep.rollback:
+        render.out.print(f"[red]rollback detected[/]: {render.esc(rep.rollback)} (`overnight resume` refuses it "
+                         "without --allow-rollback)")
     if rep.next_steps:
         render.out.print("next: " + ", ".join(render.esc(n) for n in rep.next_steps[:5]))
     for a in rep.accepted_drift:

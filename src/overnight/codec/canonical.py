@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 
 from overnight.codec import registry as _types
-from overnight.errors import DecodeError, EncodeError
+from overnight.errors import DecodeError, EncodeError, UnknownTypeError
 
 TAG = "$t"
 
@@ -264,12 +264,13 @@ def _enc(value: Any, path: Path, d: int = 0) -> Any:
             name = None
         elif factory in _FACTORY_NAMES:
             name = _FACTORY_NAMES[factory]
-        elif isinstance(factory, type):
+        elif isinstance(factory, type) and _types.is_registered(factory):
             name = "type:" + _types.check_resolvable(factory, object, path=fmt_path((path, _ATTR, "default_factory")))
         else:
             raise _refuse(
                 value, path, f"its default_factory {factory!r} cannot be stored",
-                hint="use a builtin factory (list, dict, set, int, ...) or a module-level class",
+                hint="use a builtin factory (list, dict, set, int, ...) or a class registered with "
+                "overnight.register_type (a stored factory is called on load, so it must be one you registered)",
             )
         return {TAG: "defaultdict", "factory": name, "items": _pairs(value.items(), path, d)}
     if cls is collections.deque:
@@ -563,7 +564,8 @@ def _d_defaultdict(t, p):
     if name is None:
         factory = None
     elif isinstance(name, str) and name.startswith("type:"):
-        factory = _types.resolve(name[5:], object, path=fmt_path((p, _ATTR, "default_factory")))
+        factory = _types.resolve_registered(name[5:], path=fmt_path((p, _ATTR, "default_factory")),
+                                            what="a defaultdict factory")
     elif name in _FACTORIES:
         factory = _FACTORIES[name]
     else:
@@ -641,8 +643,9 @@ def _d_dataclass(t, p):
 def _d_namedtuple(t, p):
     _need(t, p, "cls", "items")
     cls = _types.resolve(t["cls"], tuple, path=fmt_path(p))
-    if not isinstance(getattr(cls, "_fields", None), tuple):  # a tuple subclass, but not a namedtuple
-        raise _bad(p, f"{t['cls']!r} is not a namedtuple")
+    if not (isinstance(getattr(cls, "_fields", None), tuple) and callable(getattr(cls, "_make", None))):
+        raise UnknownTypeError(f"cannot load {t['cls']!r} at {fmt_path(p)}: a tuple subclass but not a namedtuple",
+                               path=fmt_path(p), type_name=t["cls"])
     items = _d_items(t, p)
     if len(items) != len(cls._fields):
         raise _bad(p, f"namedtuple {t['cls']!r} has {len(cls._fields)} fields, stored {len(items)}")

@@ -134,6 +134,32 @@ def resolve(ref: str, kind: type, *, path: str) -> type:
     return cls
 
 
+def is_registered(cls: type) -> bool:
+    """Was ``cls`` registered with :func:`register_type` or :func:`register_codec`?"""
+    return cls in _codecs or any(registered is cls for registered in _registry.values())
+
+
+def resolve_registered(ref: str, *, path: str, what: str) -> type:
+    """Find the class ``ref`` among the classes registered with :func:`register_type` or
+    :func:`register_codec` *only* -- never by walking imported modules: for tags whose class is
+    called on load with no checks of its own (a ``defaultdict`` factory is called on every missing
+    key), any imported class will not do (``subprocess:Popen`` is one).
+
+    Raises:
+        UnknownTypeError: ``ref`` is not a registered class.
+    """
+    cls = _registry.get(ref)
+    if cls is None:
+        cls = next((c.cls for c in _codecs.values() if type_ref(c.cls) == ref), None)
+    if not isinstance(cls, type):
+        raise UnknownTypeError(
+            f"cannot load {ref!r} at {path}: {what} must be a builtin factory or a class registered with "
+            "overnight.register_type (or register_codec); it is not", path=path, type_name=ref,
+            hint="if you stored it, call overnight.register_type(TheClass) before resuming (refused otherwise: a "
+            "store must not name code to call)")
+    return cls
+
+
 def check_resolvable(cls: type, kind: type, *, path: str) -> str:
     """Write-time twin of :func:`resolve`: refuse a class that could not be found again on load."""
     ref = type_ref(cls)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from overnight.errors import DriftAbort
+from overnight.orchestrate.loader import entry_path
 from overnight.orchestrate.task import Task
 from overnight.store.base import Store
 from overnight.verify.drift import DEFAULT_POLICIES, DriftReport, WorldNow, affected_steps, detect, rebaseline
@@ -25,9 +26,8 @@ def world_spec(task: Task, salt: bytes, model: dict[str, Any] | None = None) -> 
     """What ``task`` declares about its world, for :func:`~overnight.verify.fingerprint.world`;
     ``model``: the :func:`~overnight.verify.fingerprint.model_identity` of the model its steps
     call in this run."""
-    root = Path.cwd()
-    if task.entry and ".py:" in task.entry:
-        root = Path(task.entry.rsplit(":", 1)[0]).parent
+    path = entry_path(task.entry)
+    root = path.parent if path is not None else Path.cwd()
     return WorldSpec(
         version=task.version,
         steps={n: (s.version, s.source_digest) for n, s in task.steps.items()},

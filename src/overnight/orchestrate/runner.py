@@ -57,6 +57,7 @@ from overnight.store.base import Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
 from overnight.config import load as load_config
+from overnight.orchestrate.loader import same_location
 from overnight.orchestrate.consistency import Decision, decide, policies_for, salt_of, world_spec, write_export
 from overnight.orchestrate.router import Route, locate, open_routed
 from overnight.orchestrate.router import route as route_task
@@ -64,6 +65,7 @@ from overnight.store.tiered import TieredStore, tiered
 from overnight.verify.archive import ensure_hot
 from overnight.verify.replicas import ReplicatedStore, repair_task, set_aside_damaged
 from overnight.verify.branching import check_branch_name
+from overnight.verify import rollback
 from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
 from overnight.verify.drift import WorldNow, changed_products, parse_policies, reads_dirty, world_reads_changed
 from overnight.verify.fingerprint import digest_path, model_identity, model_label, normalize, world
@@ -86,7 +88,8 @@ class RunEvent:
     """Progress notification passed to ``on_event``.
 
     ``kind``: ``resume`` / ``create`` / ``step_start`` / ``step_end`` / ``step_retry`` /
-    ``skip`` / ``stop_requested`` / ``end``. ``done``/``total`` count steps of the whole task.
+    ``skip`` / ``stop_requested`` / ``rollback`` (a moved-back ref accepted with
+    ``allow_rollback``) / ``end``. ``done``/``total`` count steps of the whole task.
     """
 
     kind: str
@@ -169,6 +172,9 @@ class Runner:
             task's: 8,000 tokens, compaction at 80 %); see :mod:`overnight.orchestrate.session`.
         code_moved: the task's code now lives somewhere else than where it was created (an
             existing task is otherwise refused when other code claims its id).
+        allow_rollback: continue from a branch ref that is older than a newer verified record of
+            the branch or this machine's high-water mark (otherwise ``RollbackDetected``;
+            :mod:`overnight.verify.rollback`), and lower the mark to it.
 
     Store and level: with ``store=None`` and an ``expected_span`` on the task, the router picks
     the level and the media (:mod:`overnight.orchestrate.router`, recorded on the task); with
@@ -193,9 +199,11 @@ class Runner:
         max_context_tokens: int | None = None,
         compaction_threshold: float | None = None,
         code_moved: bool = False,
+        allow_rollback: bool = False,
     ) -> None:
         self.task = task
         self.code_moved = code_moved
+        self.allow_rollback = allow_rollback
         self.model: Model = model if hasattr(model, "complete") else model_from_spec(model or task.model)  # type: ignore
         self.tokenizer = tokenizer_of(self.model)
         self.model_identity = identity_of(self.model, self.tokenizer)
@@ -546,13 +554,17 @@ class Runner:
                             "its checkpoints are kept in this process only")
             return True, None
         row = self.store.get_task(self.task.id)
-        if row.entry and self.task.entry and row.entry != self.task.entry and not self.code_moved:
+        if row.entry and self.task.entry and not same_location(row.entry, self.task.entry) and not self.code_moved:
             raise ConfigError(
                 f"task {self.task.id!r} already exists, created by {row.entry}; this code is {self.task.entry}",
                 task_id=self.task.id,
                 hint="give this task another id, or, if the code moved, resume it with "
                 f"`overnight resume {self.task.id} --file {self.task.entry}`")
         loaded, fallback = load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known)
+        accepted = rollback.check(self.store, loaded, key=self.key, allow=self.allow_rollback,
+                                  skipped={s.checkpoint_id for s in fallback.skipped} if fallback else set())
+        if accepted is not None:
+            self._emit("rollback", checkpoint_id=loaded.id, detail=f"accepted (--allow-rollback): {accepted.describe()}")
         if fallback is not None:
             ensure_hot(self.store, self.task.id, loaded.id)  # fell back into archived history: bring it back
         self.state = loaded.state_tree
@@ -568,6 +580,10 @@ class Runner:
             skipped = ", ".join(f"{s.checkpoint_id} ({s.error})" for s in fallback.skipped)
             self._commit(self.chain.blob_writer(), event("rollback", ref=loaded.id,
                                                          detail=f"automatic fallback: skipped {skipped}"), [])
+        elif accepted is not None:
+            # record the accepted rollback on the branch: a signed record newer than what it went back from
+            self._commit(self.chain.blob_writer(), event("rollback", ref=loaded.id, detail=(
+                f"accepted rollback (--allow-rollback) from {accepted.newer} (seq {accepted.newer_seq})")), [])
         if self.check_drift:
             self._consistency(loaded)
         else:

@@ -19,11 +19,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from overnight.codec import digest
-from overnight.codec.canonical import loads
 from overnight.errors import (
     BranchNotFound,
     CheckpointNotFound,
-    DecodeError,
     FormatTooNew,
     IntegrityError,
     NoValidCheckpoint,
@@ -32,9 +30,11 @@ from overnight.errors import (
 )
 from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
-from overnight.verify.integrity import LoadedCheckpoint, encode_record, encode_state, load_checkpoint
+from overnight.verify.integrity import LoadedCheckpoint, encode_record, encode_state, load_checkpoint, parse_record
+from overnight.verify.keys import HighWater, Mark
 from overnight.verify.pages import PageWriter, artifact_pages, done_pages, todo_pages
 from overnight.verify.records import FORMAT_VERSION
+from overnight.verify.rollback import store_identity
 
 
 @dataclass(frozen=True)
@@ -84,11 +84,13 @@ def load_head(
 ) -> tuple[LoadedCheckpoint, Fallback | None]:
     """Load the newest verifiable checkpoint of ``task_id``/``branch``.
 
-    Tries the branch head, then its parents: a failed record's parent pointer is followed only
-    when the record's body still hashes to its id (the failure lies deeper, e.g. a damaged state
-    blob); the store's index columns are not covered by the digest and are never trusted. When
-    the chain is broken -- a record is missing or its body damaged -- it continues with the
-    newest not yet tried record committed to the branch. Returns ``(checkpoint, fallback)``;
+    Tries the branch head, then its parents: a failed checkpoint's parent pointer is followed only
+    when its record passes every record check -- digest, canonical form, schema, and with ``key``
+    the signature -- so the failure lies deeper (e.g. a damaged state blob); the store's index
+    columns are not covered by the digest and are never trusted. When the chain is broken -- a
+    record is missing or fails a record check (forged, unsigned, damaged) -- it continues with the
+    newest (by verified ``seq``) record of the branch that passes the record checks; records that
+    do not are reported as skipped and contribute nothing. Returns ``(checkpoint, fallback)``;
     ``fallback`` is None when the head verified. ``verified`` collects the digest of every object
     of the returned checkpoint found intact (not those of the records skipped on the way).
 
@@ -105,18 +107,20 @@ def load_head(
                              hint="`overnight log TASK_ID` lists the branches")
     fallback: Fallback | None = None
     tried: set[str] = set()
-    rows: list[CheckpointRow] | None = None
+    candidates: list[CheckpointRow] | None = None
     cid: str | None = head
     broken = False
     while True:
         if cid is None or cid in tried:
             if not broken:
                 break
-            rows = rows if rows is not None else store.list_checkpoints(task_id)
-            rest = [r for r in rows if r.checkpoint_id not in tried and r.branch == branch]
+            if candidates is None:
+                fallback = fallback or Fallback(head_id=head)
+                candidates = _verified_records(store, task_id, branch, key, tried, fallback)
+            rest = [r for r in candidates if r.checkpoint_id not in tried]
             if not rest:
                 break
-            cid = max(rest, key=lambda r: (r.seq, r.created_at)).checkpoint_id
+            cid = rest[0].checkpoint_id
         tried.add(cid)
         # a fresh set per attempt: only the objects of the checkpoint that loads reach ``verified``
         # (a writer trusts those as reachable from its branch; a skipped record's are not)
@@ -130,9 +134,9 @@ def load_head(
         except (IntegrityError, CheckpointNotFound) as exc:
             try:
                 row = store.get_checkpoint(cid)
-                parent, seq, step = _trusted_parent(row)
-                if parent is _UNKNOWN:  # the body is damaged: its parent pointer cannot be trusted either;
-                    # the index's seq and step serve only as labels in the report
+                parent, seq, step = _trusted_parent(row, key)
+                if parent is _UNKNOWN:  # the record itself failed: its parent pointer (and seq) count for
+                    # nothing; the index's seq and step serve only as labels in the report
                     parent, seq, step, broken = None, row.seq, row.step, True
             except CheckpointNotFound:
                 parent, seq, step = None, None, None
@@ -159,21 +163,40 @@ def load_head(
 _UNKNOWN: Any = object()
 
 
-def _trusted_parent(row: CheckpointRow) -> tuple[Any, int | None, str | None]:
-    """``(parent, seq, step)`` of a record that failed verification, from its *body* when the
-    body still hashes to its id (the index columns are not covered by the digest), else
-    ``_UNKNOWN`` parent: the caller then searches the branch instead of following a pointer
-    that may have been tampered with."""
-    if digest.sha256(row.body) == row.checkpoint_id:
+def _trusted_parent(row: CheckpointRow, key: bytes | None) -> tuple[Any, int | None, str | None]:
+    """``(parent, seq, step)`` of a checkpoint that failed verification, from its record when the
+    record itself passes every record check (digest, canonical form, schema, index columns, and
+    the signature with a key) -- the failure lies deeper, e.g. a damaged state blob -- else
+    ``_UNKNOWN`` parent: a record that fails any check contributes nothing, not its parent pointer
+    and not its seq, and the caller searches the branch's verified records instead."""
+    try:
+        record = parse_record(row, key=key)
+    except IntegrityError:
+        return _UNKNOWN, None, None
+    return record.parent_id, record.seq, record.event.step
+
+
+def _verified_records(store: Store, task_id: str, branch: str, key: bytes | None, tried: set[str],
+                      fallback: Fallback) -> list[CheckpointRow]:
+    """The task's records committed to ``branch`` that pass every record check, newest first by
+    their *verified* ``seq`` (the index columns are only a filter). Those that fail are reported
+    in ``fallback`` as skipped; none of them is a candidate, and nothing of them is followed."""
+    good: list[tuple[int, str, CheckpointRow]] = []
+    for row in store.list_checkpoints(task_id):
+        if row.branch != branch or row.checkpoint_id in tried:
+            continue
         try:
-            body = loads(row.body)
-            parent = body["parent_id"]
-            if parent is None or isinstance(parent, str):
-                event = body.get("event") or {}
-                return parent, body.get("seq"), event.get("step") if isinstance(event, dict) else None
-        except (DecodeError, KeyError, TypeError):
-            pass
-    return _UNKNOWN, None, None
+            record = parse_record(row, key=key)
+        except FormatTooNew:
+            raise
+        except IntegrityError as exc:
+            tried.add(row.checkpoint_id)
+            fallback.skipped.append(Skipped(row.checkpoint_id, row.seq, row.step, type(exc).__name__, exc.message))
+            continue
+        if record.branch == branch:
+            good.append((record.seq, record.created_at, row))
+    good.sort(key=lambda t: (t[0], t[1]), reverse=True)
+    return [r for _, _, r in good]
 
 
 PREWRITE_BYTES = 16 * 1024 * 1024
@@ -338,4 +361,9 @@ class ChainWriter:
         self.known.update(writer.closure(roots))
         self.head = self.ref_head = cid
         self.seq = row.seq
+        if self.key is not None:  # this machine wrote the new head: its high-water mark follows it
+            spec = state["task"]["spec"]
+            HighWater().raise_to(store_identity(self.store), self.task_id, self.branch,
+                                 Mark(cid, row.seq, str(spec.get("salt", "")) if isinstance(spec, dict) else ""),
+                                 force=True)
         return cid

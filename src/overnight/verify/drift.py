@@ -37,6 +37,7 @@ from overnight.verify.fingerprint import (
     digest_path,
     installed,
     keyed,
+    keyed_like,
     listing_digest,
     normalize,
     source_digest,
@@ -98,6 +99,9 @@ class DriftItem:
 
 def _short(value: Any) -> str:
     text = str(value)
+    if text.startswith("env-hmac:"):  # env-hmac:<key id>:<hex>: the key id and a prefix of the digest
+        _, kid, tail = text.split(":", 2) if text.count(":") >= 2 else (text, "", "")
+        return f"env-hmac:{kid[:6]}:{tail[:8]}"
     if text.startswith(("sha256:", "tree:", "hmac-sha256:", "listing:")):
         head, _, tail = text.partition(":")
         return f"{head}:{tail[:12]}"
@@ -145,7 +149,12 @@ class WorldNow:
         self._cache: dict[tuple[str, str], Any] = {}
         self._packages: dict[str, str] | None = None
 
-    def get(self, kind: str, key: str) -> Any:
+    def get(self, kind: str, key: str, like: Any = None) -> Any:
+        """The world's digest of ``key`` now; for ``env`` with ``like`` (the recorded digest), in
+        the recorded digest's scheme (:func:`~overnight.verify.fingerprint.keyed_like`: possibly
+        ``cannot compare``)."""
+        if kind == "env" and like is not None:
+            return keyed_like(like, self.salt, key, os.environ.get(key))
         k = (kind, key)
         if k not in self._cache:
             if kind == "inputs":
@@ -243,6 +252,8 @@ def detect(
                 item("env", key, recorded["env"][key], now["env"][key])
         for name in sorted(set(recorded["env"]["vars"]) | set(now["env"]["vars"])):
             old, new = recorded["env"]["vars"].get(name, "undeclared"), now["env"]["vars"].get(name, "undeclared")
+            if "undeclared" not in (old, new):
+                new = keyed_like(old, salt, name, os.environ.get(name))
             if old != new:
                 item("env", name, old, new)
         for name in sorted(set(recorded["inputs"]) | set(now["inputs"])):
@@ -259,7 +270,7 @@ def detect(
     for d in done:
         for kind, component in READ_COMPONENT.items():
             for key, old in d["reads"].get(kind, {}).items():
-                new = world.get(kind, key)
+                new = world.get(kind, key, old)
                 if new != old:
                     label = key if kind != "listings" else f"listing of {key}"
                     if kind == "sources":
@@ -317,9 +328,11 @@ def affected_steps(report: DriftReport, done: list[dict[str, Any]], components: 
     return affected
 
 
-def world_reads_changed(reads: dict[str, Any], now_of: Callable[[str, str], Any]) -> bool:
-    """Has anything in the world that a step read (files, listings, sources, env, packages) changed?"""
-    return any(now_of(kind, key) != old for kind in READ_COMPONENT for key, old in reads.get(kind, {}).items())
+def world_reads_changed(reads: dict[str, Any], now_of: Callable[[str, str, Any], Any]) -> bool:
+    """Has anything in the world that a step read (files, listings, sources, env, packages)
+    changed? (``now_of(kind, key, recorded)``, e.g. :meth:`WorldNow.get`; an environment value
+    that cannot be compared counts as changed here: the step runs again rather than be reused.)"""
+    return any(now_of(kind, key, old) != old for kind in READ_COMPONENT for key, old in reads.get(kind, {}).items())
 
 
 def reads_dirty(reads: dict[str, Any], dirty: dict[str, Any]) -> bool:

@@ -273,3 +273,20 @@ class Faults:
         if obj.kind == "blob":
             return decompress(obj.codec, obj.data, obj.size)
         return BlobReader(store).get(d)
+
+
+def forge_record(store: Any, like: Any, *, parent: str | None, seq: int, signature: str | None) -> str:
+    """An attacker's record on any store (through the ``Store`` API, the write access a store's
+    other users have): ``like`` (a :class:`~overnight.store.base.CheckpointRow`) with another
+    ``parent`` and ``seq``, a later ``created_at``, its digest recomputed -- so only a signature
+    can tell -- and ``signature`` as given (None: missing; another record's: a replayed "old" one).
+    Stored beside the real records, no ref moved. Returns its id."""
+    import dataclasses
+
+    body = loads(like.body)
+    body.update(parent_id=parent, seq=seq, created_at="2099-01-01T00:00:00.000000+00:00")
+    raw = dumps_sorted(body)
+    row = dataclasses.replace(like, checkpoint_id=digest.sha256(raw), parent_id=parent, seq=seq, body=raw,
+                              signature=signature, created_at=body["created_at"])
+    store.put_checkpoints([row])
+    return row.checkpoint_id

@@ -22,10 +22,14 @@ model       the model steps call through ``ctx.model``: its spec, the model's ow
 Steps record what *they* read the same way (``DoneEntry.reads``), so a drift affects exactly the
 steps that read what drifted (see :mod:`overnight.verify.drift`).
 
-Keyed digests: ``hmac-sha256(salt, name NUL value)`` with a random per-task salt kept in the
-task spec. A value cannot be read back from the store; a guessable one (``DEBUG=1``) can be
-confirmed by someone who has the store and guesses it, so keep secrets out of declared
-variables you do not need, or rely on the per-task salt being private to the store.
+Keyed digests of declared environment variables: ``env-hmac:<key id>:<hex>``, HMAC-SHA256 over
+``name NUL value`` with a per-task key derived from the task's random salt (in its spec) *and* a
+key that is not in the store -- the signing key when set, else a per-user key file
+(:mod:`overnight.verify.keys`). Someone who has the store, but not that key, cannot confirm a
+guessed value (a dictionary attack on ``hunter2`` fails). The price: a machine without the key
+cannot compare the digest either, and reports the variable as ``cannot compare`` (never as
+changed); the drift policy decides. Digests written before this scheme (``hmac-sha256:<hex>``,
+keyed by the salt alone) are still compared the old way.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from typing import Any, Callable, Iterable
 from overnight.codec import digest
 from overnight.codec.canonical import dumps
 from overnight.errors import ConfigError
+from overnight.verify.keys import EnvKey, env_key
 
 COMPONENTS = ("code", "deps", "env", "inputs", "artifacts", "model")
 WORLD_FORMAT = 2
@@ -123,12 +128,53 @@ def listing_digest(path: str | os.PathLike) -> str:
     return "listing:" + digest.sha256(dumps(sorted(names)))[7:]
 
 
+ENV_DIGEST = "env-hmac:"
+"""Prefix of a keyed environment digest: ``env-hmac:<16 hex key id>:<64 hex>``."""
+
+LEGACY_ENV_DIGEST = "hmac-sha256:"
+"""Prefix of an environment digest keyed by the task's salt alone (written before the environment
+key; still compared, never written)."""
+
+CANNOT_COMPARE = "cannot compare"
+"""What an environment digest compares as when this machine lacks the key it was made with."""
+
+
+def _env_msg(name: str, value: str) -> bytes:
+    return name.encode("utf-8", "surrogateescape") + b"\0" + value.encode("utf-8", "surrogateescape")
+
+
+def _keyed_with(k: EnvKey, salt: bytes, name: str, value: str) -> str:
+    task_key = hmac.new(k.key, b"overnight.env/1\0" + salt, hashlib.sha256).digest()
+    return f"{ENV_DIGEST}{k.key_id}:" + hmac.new(task_key, _env_msg(name, value), hashlib.sha256).hexdigest()
+
+
 def keyed(salt: bytes, name: str, value: str | None) -> str:
-    """Keyed digest of an environment variable's value (``"unset"`` when not set)."""
+    """Keyed digest of an environment variable's value (``"unset"`` when not set), with this
+    machine's environment key (created on first use) and the task's ``salt``.
+
+    Raises:
+        OSError: the per-user key file cannot be read or created.
+    """
     if value is None:
         return UNSET
-    msg = name.encode("utf-8", "surrogateescape") + b"\0" + value.encode("utf-8", "surrogateescape")
-    return "hmac-sha256:" + hmac.new(salt, msg, hashlib.sha256).hexdigest()
+    return _keyed_with(env_key(create=True), salt, name, value)
+
+
+def keyed_like(recorded: Any, salt: bytes, name: str, value: str | None) -> str:
+    """The digest of ``value`` now in the scheme of ``recorded``, so the two compare: the legacy
+    salt-only digest for a legacy one; :data:`CANNOT_COMPARE` for one made with an environment
+    key this machine does not have (unless the variable is now unset: that is a change); else
+    :func:`keyed`."""
+    if value is None:
+        return UNSET
+    if isinstance(recorded, str) and recorded.startswith(LEGACY_ENV_DIGEST):
+        return LEGACY_ENV_DIGEST + hmac.new(salt, _env_msg(name, value), hashlib.sha256).hexdigest()
+    if isinstance(recorded, str) and recorded.startswith(ENV_DIGEST):
+        k = env_key(create=False)
+        if k is None or recorded[len(ENV_DIGEST):].split(":", 1)[0] != k.key_id:
+            return CANNOT_COMPARE
+        return _keyed_with(k, salt, name, value)
+    return keyed(salt, name, value)
 
 
 def runtime() -> dict[str, str]:

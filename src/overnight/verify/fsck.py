@@ -3,7 +3,8 @@
 For every checkpoint of the tasks checked: the record (digest, canonical form, format, schema,
 index columns, signature), the chain (its parent exists, belongs to the task, ``seq`` is the
 parent's + 1), the state blob and document, and every artifact blob, streamed through SHA-256
-chunk by chunk; for every branch ref, that it names a checkpoint that verifies. With
+chunk by chunk; for every branch ref, that it names a checkpoint that verifies and that was not
+moved back (:mod:`overnight.verify.rollback`). With
 ``all_objects`` every object in the store is checked too, referenced or not (dangling objects are
 counted as ``dangling_objects``, not errors). Each object is hashed once per run.
 """
@@ -19,6 +20,7 @@ from overnight.store.base import Store
 from overnight.store.blobs import BlobReader
 from overnight.verify.integrity import BoundedPageCache, PageCache, load_checkpoint
 from overnight.verify.reachability import lineage
+from overnight.verify.rollback import find_rollback
 
 
 @dataclass
@@ -119,6 +121,8 @@ def verify_store(
         rows = rows_by_task[task.task_id]
         by_id = {r.checkpoint_id: r for r in rows}
         valid: set[str] = set()
+        refs = store.list_refs(task.task_id)
+        head_loaded: dict[str, Any] = {}
         for row in rows:
             report.checkpoints += 1
             if key is None and row.signature:
@@ -132,6 +136,8 @@ def verify_store(
                                                f"{type(exc).__name__}: {exc.message}"))
                 loaded = None
             if loaded is not None:
+                if row.checkpoint_id in refs.values():
+                    head_loaded[row.checkpoint_id] = loaded
                 for column in _index_mismatches(row, loaded.record):
                     report.problems.append(Problem(
                         task.task_id, row.checkpoint_id, "index",
@@ -163,19 +169,23 @@ def verify_store(
             done += 1
             if on_progress:
                 on_progress(done, total)
-        live = lineage(rows, store.list_refs(task.task_id).values())
+        live = lineage(rows, refs.values())
         for p in report.problems:
             if p.task_id == task.task_id and p.checkpoint_id is not None and p.checkpoint_id in by_id \
                     and p.checkpoint_id not in live:
                 p.dangling = True
         heads = {}
-        for branch, cid in store.list_refs(task.task_id).items():
+        for branch, cid in refs.items():
             if cid not in by_id:
                 heads[branch] = "missing"
                 report.problems.append(Problem(task.task_id, cid, "ref",
                                                f"branch {branch!r} names checkpoint {short_id(cid)}, which is missing"))
             else:
                 heads[branch] = "ok" if cid in valid else "invalid"
+                moved_back = find_rollback(store, head_loaded[cid], key=key) if cid in valid else None
+                if moved_back is not None:
+                    heads[branch] = "rolled back"
+                    report.problems.append(Problem(task.task_id, cid, "rollback", moved_back.describe()))
         report.heads[task.task_id] = heads
 
     if all_objects:

@@ -19,7 +19,6 @@ failed check, and nothing is returned: a state that cannot be verified is never 
 from __future__ import annotations
 
 import json
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
@@ -43,6 +42,7 @@ from overnight.errors import (
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.blobs import BlobReader
 from overnight.verify.fingerprint import WORLD_FORMAT
+from overnight.verify.keys import signing_key_from_env  # noqa: F401 (re-exported)
 from overnight.verify.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade
 from overnight.verify.records import (
     DONE_PAGE,
@@ -55,12 +55,6 @@ from overnight.verify.records import (
     TodoEntry,
     WorldDoc,
 )
-
-
-def signing_key_from_env() -> bytes | None:
-    """``$OVERNIGHT_SIGNING_KEY`` as bytes (UTF-8), or None when unset or empty."""
-    key = os.environ.get("OVERNIGHT_SIGNING_KEY")
-    return key.encode("utf-8") if key else None
 
 
 @dataclass(frozen=True)
