@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,8 @@ def test_H08_fork_then_alternate_branches_in_separate_processes(tmp):
     assert state_of(tmp, "B").data["notes"][-1] == "B:11"
     log = cli(tmp, "log", "chain", check=0).stdout
     assert "(B)" in log and "(main)" in log and "|/" in log and "fork" in log
+    rows = [line for line in log.splitlines() if " seq " in line]
+    assert rows and all(re.search(r" seq \d+ +[a-z-]+( |$)", line) for line in rows), log  # event apart from step
 
 
 def test_fork_refuses_existing_branch_and_bad_checkpoint(tmp):

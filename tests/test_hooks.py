@@ -213,6 +213,17 @@ def test_install_merges_into_existing_settings(tmp_path: Path) -> None:
                            text=True, timeout=60)
     assert again.returncode == 0 and "added" not in again.stdout and again.stdout.count("unchanged") == 4
     assert settings.read_bytes() == snapshot
+    # installed again with another command (a venv not on PATH): each hook is changed, never doubled
+    venv = "/opt/venv/bin/overnight"
+    moved = subprocess.run([*CLI, "hook", "claude-code", "install", "--command", venv], cwd=repo, env=env(),
+                           capture_output=True, text=True, timeout=60)
+    assert moved.returncode == 0 and moved.stdout.count("changed in") == 4, moved.stdout
+    data = json.loads(settings.read_text())
+    commands = {e: [h["command"] for g in data["hooks"][e] for h in g["hooks"]] for e in ("PreCompact", "SessionStart", "Stop")}
+    assert commands == {"PreCompact": ["./backup.sh", f"{venv} hook claude-code pre-compact"],
+                        "SessionStart": [f"{venv} hook claude-code session-start"],
+                        "Stop": [f"{venv} hook claude-code stop"]}
+    assert json.loads((repo / ".mcp.json").read_text())["mcpServers"]["overnight"] == {"command": venv, "args": ["mcp"]}
     # a settings file that is not JSON is never overwritten
     settings.write_text("{ not json")
     broken = subprocess.run([*CLI, "hook", "claude-code", "install"], cwd=repo, env=env(), capture_output=True,

@@ -465,3 +465,37 @@ def test_a_file_store_whose_folder_vanished_is_store_unavailable(tmp_path):
         assert err.value.location == f"{tmp_path}/store" and "mount or restore" in err.value.hint
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("status, error, exit_code", [(404, "ConfigError", 2), (503, "StoreUnavailable", EXIT_STORE)])
+def test_an_endpoint_that_is_not_s3_is_a_typed_error_not_a_traceback(tmp_path, status, error, exit_code):
+    """A web server that is not S3 (a 404 or 503 page without an S3 error document) at
+    ``endpoint_url``: a clear ConfigError (exit 2) or StoreUnavailable (exit 6), never botocore's
+    ClientError traceback."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class NotS3(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>not here</html>")
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _answer
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotS3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"s3://bucket/p?endpoint_url=http://127.0.0.1:{server.server_address[1]}"
+        done = cli("ls", "--store", url, cwd=tmp_path, env={"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+                                                            "AWS_MAX_ATTEMPTS": "1"})
+    finally:
+        server.shutdown()
+    assert done.returncode == exit_code, done.stderr
+    assert "Traceback" not in done.stderr and "ClientError" not in done.stderr
+    assert "S3" in done.stderr or "s3://" in done.stderr

@@ -59,6 +59,7 @@ def test_task_json_twin_matches_the_timeline(server, site):
     steps = [e for e in data["timeline"] if e["event"] == "step" and e["step"].startswith("part")]
     assert steps and all(e["integrity"] == "verified" and e["tokens_in"] > 0 for e in steps)
     assert sum(e["tokens_in"] for e in data["timeline"]) == report.usage["tokens_in"]
+    assert (data["tokens_in"], data["tokens_out"]) == (report.usage["tokens_in"], report.usage["tokens_out"])
     assert "<svg" in page and 'class="head"' in page  # the branch graph, drawn on the server
     missing = httpx.get(server.base + "/task.json", params={"id": "no-such-task"})
     assert missing.status_code == 404 and missing.json()["error"] == "TaskNotFound"

@@ -523,6 +523,7 @@ def log_(
                             "heads": e.heads, "valid": e.valid, "problem": e.problem} for e in entries])
         return
     width = max((len(e.graph.split("\n")[-1]) for e in entries), default=1)
+    ev = max((len(e.row.event) for e in entries), default=1)  # "compaction" is the longest today
     for e in entries:
         *joins, line = e.graph.split("\n")
         for j in joins:
@@ -530,7 +531,7 @@ def log_(
         heads = f"  ({', '.join(e.heads)})" if e.heads else ""
         what = e.row.step or ""
         bad = "" if e.valid else f"  INVALID: {e.problem}"
-        render.out.print(f"{line.ljust(width)}  {e.row.checkpoint_id[7:19]}  seq {e.row.seq:<4} {e.row.event:<9}"
+        render.out.print(f"{line.ljust(width)}  {e.row.checkpoint_id[7:19]}  seq {e.row.seq:<4} {e.row.event:<{ev}} "
                          f"{render.safe(what)}{heads}{bad}", markup=False)
 
 

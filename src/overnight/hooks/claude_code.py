@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,8 @@ def install(scope: str = "project", *, command: str = "overnight", cwd: str | os
             dry_run: bool = False) -> list[str]:
     """Merge the hooks into Claude Code's settings (and, for a project, the MCP server into
     ``.mcp.json``). Idempotent: an event that already runs ``COMMAND hook claude-code EVENT`` is
-    left alone; other hooks and keys are kept. Returns one line per change or non-change.
+    left alone, one that runs it with another command (an earlier ``--command``) is changed to this
+    one, never added twice; other hooks and keys are kept. Returns one line per change or non-change.
 
     Raises ConfigError when a settings file exists but is not a JSON object (it is never overwritten)."""
     from overnight.errors import ConfigError
@@ -131,13 +133,18 @@ def install(scope: str = "project", *, command: str = "overnight", cwd: str | os
         groups = hooks.setdefault(event, [])
         if not isinstance(groups, list):
             raise ConfigError(f"{path}: hooks.{event} is not a list; not changing it")
-        present = any(isinstance(g, dict) and any(isinstance(h, dict) and str(h.get("command", "")).strip() == cmd
-                                                  for h in g.get("hooks", []) or []) for g in groups)
-        if present:
+        ours = [h for g in groups if isinstance(g, dict) for h in (g.get("hooks") or [])
+                if isinstance(h, dict) and str(h.get("command", "")).strip().endswith(f" hook claude-code {sub}")]
+        if any(str(h.get("command", "")).strip() == cmd for h in ours):
             lines.append(f"unchanged {path}: hooks.{event} already runs `{cmd}`")
             continue
-        groups.append({"hooks": [{"type": "command", "command": cmd, "timeout": TIMEOUTS_S[event]}]})
-        lines.append(f"added to {path}: hooks.{event} runs `{cmd}` (timeout {TIMEOUTS_S[event]} s)")
+        if ours:  # installed before with another --command (e.g. a bare `overnight` not on PATH): replace it
+            old = str(ours[0].get("command", "")).strip()
+            ours[0]["command"] = cmd
+            lines.append(f"changed in {path}: hooks.{event} runs `{cmd}` (was `{old}`)")
+        else:
+            groups.append({"hooks": [{"type": "command", "command": cmd, "timeout": TIMEOUTS_S[event]}]})
+            lines.append(f"added to {path}: hooks.{event} runs `{cmd}` (timeout {TIMEOUTS_S[event]} s)")
         changed = True
     if changed and not dry_run:
         _write(path, data)
@@ -147,16 +154,23 @@ def install(scope: str = "project", *, command: str = "overnight", cwd: str | os
         servers = mcp.setdefault("mcpServers", {})
         if not isinstance(servers, dict):
             raise ConfigError(f"{mcp_path}: 'mcpServers' is not an object; not changing it")
-        if "overnight" in servers:
-            lines.append(f"unchanged {mcp_path}: mcpServers.overnight is already there")
+        entry = {"command": command, "args": ["mcp"]}
+        if servers.get("overnight") == entry:
+            lines.append(f"unchanged {mcp_path}: mcpServers.overnight runs `{command} mcp`")
         else:
-            servers["overnight"] = {"command": command, "args": ["mcp"]}
-            lines.append(f"added to {mcp_path}: mcpServers.overnight runs `{command} mcp`")
+            verb = "changed in" if "overnight" in servers else "added to"
+            servers["overnight"] = entry
+            lines.append(f"{verb} {mcp_path}: mcpServers.overnight runs `{command} mcp`")
             if not dry_run:
                 _write(mcp_path, mcp)
     else:
         lines.append(f"register the MCP server for every project with: claude mcp add --scope user overnight -- "
                      f"{command} mcp")
+    if command == "overnight" and shutil.which("overnight") is None:
+        here = Path(sys.executable).parent / "overnight"
+        lines.append("warning: `overnight` is not on PATH here, and Claude Code runs hooks through PATH: a hook it "
+                     "cannot find does not block a compaction. Run install again with --command "
+                     + (str(here) if here.exists() else "/path/to/venv/bin/overnight"))
     if dry_run:
         lines = [f"(dry run) {line}" for line in lines]
     return lines

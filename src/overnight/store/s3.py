@@ -179,9 +179,19 @@ class S3Container:
         try:
             return fn(Bucket=self.bucket, **kwargs)
         except botocore.exceptions.ClientError as exc:
-            if _code(exc) in _CONFIG_CODES:
-                raise ConfigError(f"S3 bucket {self.bucket!r}: {_code(exc)}: {exc.response['Error'].get('Message', '')}",
+            code, status, op = _code(exc), _status(exc), getattr(exc, "operation_name", "?")
+            if code in _CONFIG_CODES:
+                raise ConfigError(f"S3 bucket {self.bucket!r}: {code}: {exc.response['Error'].get('Message', '')}",
                                   hint="check the bucket name, that it exists, and the AWS credentials") from exc
+            if status >= 500:
+                raise unreachable(f"s3://{self.bucket}/{self.prefix}", f"the S3 endpoint answered {status} to {op}",
+                                  hint="the server failed or is overloaded; run the command again once it "
+                                  "answers") from exc
+            if (not code or code.isdigit()) and status not in (409, 412) and op not in ("GetObject", "HeadObject"):
+                # no S3 error document: whatever answered is not an S3 server (or not this bucket's)
+                raise ConfigError(f"S3 bucket {self.bucket!r}: the endpoint answered {status} to {op} without an "
+                                  f"S3 error (is {self.endpoint or 'the default endpoint'} an S3 server?)",
+                                  hint="check endpoint_url / OVERNIGHT_S3_ENDPOINT_URL and the bucket name") from exc
             raise
         except botocore.exceptions.NoCredentialsError as exc:
             raise ConfigError("no AWS credentials found for the S3 store",

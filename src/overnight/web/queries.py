@@ -433,6 +433,7 @@ def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_pa
             "ref": ref, "detail": detail,
         })
     level, media = _route(t.spec)
+    calls = s.calls(task_id)
     main_facts = branch_facts.get(main or "", {"done": 0, "todo": 0, "verified": False, "problem": "no branch"})
     return {
         "task_id": task_id, "goal": t.goal, "entry": t.entry, "created_at": t.created_at, "level": level,
@@ -445,8 +446,8 @@ def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_pa
         "checkpoints": len(rows), "stored_bytes": sum(r.stored_bytes for r in rows),
         "page": page, "pages": pages, "per_page": per_page, "branch": branch, "timeline": entries,
         "graph": _graph(rows, refs, lanes, merges),
-        "tokens_in": sum(j.tokens_in for j in journal.values()),
-        "tokens_out": sum(j.tokens_out for j in journal.values()),
+        # every call the task made, compactions included (as `overnight show` counts them)
+        "tokens_in": sum(c.tokens_in for c in calls), "tokens_out": sum(c.tokens_out for c in calls),
     }
 
 
