@@ -167,7 +167,7 @@ def test_permission_denied_is_typed_for_another_user(tmp_path):
         for p in parents:
             os.chmod(p, modes[p] | 0o005)
         done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
-                               "overnight", "resume", "fill", "--store", url, "-q"], cwd="/", capture_output=True,
+                               "overnight", "resume", "fill", "--store", url, "-q"], cwd=tmp_path, capture_output=True,
                               text=True, env=e, timeout=120)
     finally:
         for p in parents:

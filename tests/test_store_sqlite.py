@@ -145,3 +145,35 @@ def test_a_text_column_that_is_not_utf8_is_store_corrupt_not_a_raw_sqlite_error(
     with pytest.raises(StoreCorrupt):
         with SQLiteStore(db) as store:
             store.list_checkpoints("damage")
+
+
+def test_a_reader_waits_for_a_store_another_process_is_creating(tmp_path):
+    """The file of a new store exists before its schema commits: a reading command that opens it
+    in that moment (``overnight ls`` / the dashboard polling while ``overnight run`` starts) waits
+    for the schema as for a lock instead of calling it "not an overnight store"; an empty file
+    left long ago is refused at once."""
+    import threading
+    import time
+
+    from overnight.errors import ConfigError
+    from overnight.store.sqlite import SQLiteStore
+
+    path = tmp_path / "new.db"
+    path.write_bytes(b"")  # created a moment ago, schema not committed yet
+    creator = threading.Timer(0.3, lambda: SQLiteStore(path).close())
+    creator.start()
+    try:
+        reader = SQLiteStore(path, read_only=True)
+        assert reader.list_tasks() == []
+        reader.close()
+    finally:
+        creator.join()
+
+    stale = tmp_path / "stale.db"
+    stale.write_bytes(b"")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    started = time.monotonic()
+    with pytest.raises(ConfigError):
+        SQLiteStore(stale, read_only=True)
+    assert time.monotonic() - started < 2

@@ -33,7 +33,7 @@ import time
 import urllib.parse
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from overnight.errors import (
     CheckpointNotFound,
@@ -41,6 +41,7 @@ from overnight.errors import (
     LeaseLost,
     StaleHead,
     StoreBusy,
+    OutputNotWritable,
     StoreCorrupt,
     StoreFull,
     StoreReadOnly,
@@ -253,6 +254,19 @@ class SQLiteStore:
         if read_only:
             self._db = self._connect_read_only()
             return
+        if self.path.exists():
+            self._open_writable(busy_timeout_ms)
+            return
+        try:
+            self._open_writable(busy_timeout_ms)
+        except (StoreReadOnly, StoreUnavailable) as exc:
+            # no store yet: what refused is the user's own folder, not a store (issue 19: exit 2)
+            where = os.path.abspath(self.path)
+            raise OutputNotWritable(f"cannot create or open the store at {where}: {exc.message}", path=where,
+                                    reason=exc.message, hint="run in a folder you can write, or pass --store URL "
+                                    "(or set OVERNIGHT_STORE) to put the store elsewhere") from exc
+
+    def _open_writable(self, busy_timeout_ms: int) -> None:
         with refusals(str(self.path), writing=True):
             self.path.parent.mkdir(parents=True, exist_ok=True)
         # Two processes opening a new file at once can get SQLITE_BUSY at once (the switch to WAL
@@ -299,22 +313,16 @@ class SQLiteStore:
             raise StoreUnavailable(f"store {self.path} does not exist", location=str(self.path),
                                    hint="run a task first, or point --store / OVERNIGHT_STORE at the store")
         uri = "file:" + urllib.parse.quote(str(self.path.resolve())) + "?mode=ro"
-        db = None
-        for suffix in ("", "&immutable=1"):
-            try:
-                db = sqlite3.connect(uri + suffix, uri=True, isolation_level=None, check_same_thread=False,
-                                     timeout=self.busy_timeout_ms / 1000, factory=_Connection)
-                db.row_factory = _row
-                db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
-                row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-                break
-            except sqlite3.Error as exc:
-                if db is not None:
-                    db.close()
-                    db = None
-                if suffix or getattr(exc, "sqlite_errorcode", 0) & 0xFF != _SQLITE_CANTOPEN:
-                    raise self._unreadable(exc) from exc
-        assert db is not None
+        # a file with no table at all is a store another process is creating right now (the file
+        # exists before its schema commits): wait for it as for a lock, up to busy_timeout_ms
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        while (opened := self._open_read_only(uri)) is None:
+            if time.monotonic() >= deadline:
+                raise StoreBusy(f"store {self.path} has no tables yet after {self.busy_timeout_ms} ms",
+                                hint="another process is creating it, or the file is empty: check "
+                                "--store / OVERNIGHT_STORE")
+            time.sleep(0.05)
+        db, row = opened
         if row is None or not str(row[0]).isdigit():  # a store always has its version: damaged?
             damage = [str(r[0]) for r in db.execute("PRAGMA quick_check(20)").fetchall()]
             if damage != ["ok"]:
@@ -331,6 +339,40 @@ class SQLiteStore:
                 f"(this one knows up to {SCHEMA_VERSION})",
                 hint="upgrade overnight (pip install -U overnight) to open this store")
         return db
+
+    def _open_read_only(self, uri: str) -> tuple[sqlite3.Connection, Any] | None:
+        """``(connection, schema version row)``, or None while the file has no table yet."""
+        db = None
+        for suffix in ("", "&immutable=1"):
+            try:
+                db = sqlite3.connect(uri + suffix, uri=True, isolation_level=None, check_same_thread=False,
+                                     timeout=self.busy_timeout_ms / 1000, factory=_Connection)
+                db.row_factory = _row
+                db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+                return db, db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            except sqlite3.Error as exc:
+                empty = False
+                if db is not None:
+                    try:
+                        empty = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+                    except sqlite3.Error:
+                        pass
+                    db.close()
+                    db = None
+                if empty and self._being_created():
+                    return None
+                if suffix or getattr(exc, "sqlite_errorcode", 0) & 0xFF != _SQLITE_CANTOPEN:
+                    raise self._unreadable(exc) from exc
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _being_created(self) -> bool:
+        """An empty database that another process is creating: its WAL exists, or it was touched
+        in the last few seconds (a file left empty long ago is not a store: refused at once)."""
+        try:
+            return (Path(f"{self.path}-wal").exists() or Path(f"{self.path}-journal").exists()
+                    or time.time() - self.path.stat().st_mtime < 5)
+        except OSError:
+            return False
 
     def _recover_hint(self) -> str:
         return (f"salvage what verifies into a new file: overnight repair --salvage {self.path} "
