@@ -35,6 +35,7 @@ from typing import Any, Iterable, Iterator
 
 from overnight.errors import CheckpointNotFound, ConfigError, OvernightError
 from overnight.store.base import (
+    MinAge,
     ArchiveRow,
     CallRecord,
     CheckpointRow,
@@ -252,7 +253,7 @@ class TieredStore:
     def iter_object_stats(self) -> Iterator[ObjectStat]:
         return self.hot.iter_object_stats()
 
-    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
+    def delete_objects(self, digests: Iterable[str], *, min_age_ms: MinAge | None = None) -> int:
         return self.hot.delete_objects(digests, min_age_ms=min_age_ms)
 
     # -- checkpoints and refs -----------------------------------------------------------------

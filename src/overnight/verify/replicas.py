@@ -37,6 +37,7 @@ from overnight.errors import (
     short_id,
 )
 from overnight.store.base import (
+    MinAge,
     ArchiveRow,
     CallRecord,
     CheckpointRow,
@@ -168,7 +169,7 @@ class ReplicatedStore:
 
     # deletions (gc, rm, archive) apply to every medium; the primary's count is returned, since
     # gc decided on what the primary holds
-    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
+    def delete_objects(self, digests: Iterable[str], *, min_age_ms: MinAge | None = None) -> int:
         digests = list(digests)
         freed = self.primary.delete_objects(digests, min_age_ms=min_age_ms)
         for m in self.media[1:]:
