@@ -279,3 +279,14 @@ def test_the_default_store_lives_in_the_project_whatever_the_cwd(tmp_path: Path,
     assert resolve_store_url(None, project) == f"sqlite://{project / '.overnight' / 'overnight.db'}"
     assert resolve_store_url("sqlite://x.db", project) == f"sqlite://{project / 'x.db'}"
     assert resolve_store_url("postgresql://127.0.0.1/test", project) == "postgresql://127.0.0.1/test"
+
+
+def test_pre_compact_with_empty_input_commits_nothing(project) -> None:
+    """An empty stdin has nothing to save: no checkpoint, exit 0, the reason on stderr."""
+    repo, tid, _ = project
+    before = head(repo, tid)
+    for args in (("claude-code", "pre-compact"), ("run", "--event", "pre-compact")):
+        out = hook(*args, stdin="", cwd=repo)
+        assert out.returncode == 0 and out.stdout == "", (args, out.stdout, out.stderr)
+        assert "empty" in out.stderr and "no checkpoint" in out.stderr, out.stderr
+        assert head(repo, tid).id == before.id
