@@ -1023,7 +1023,8 @@ HookStoreOpt = typer.Option(None, "--store", "-s", help="Store URL (default: $OV
 
 @claude_app.command("pre-compact")
 def cc_pre_compact(store: Optional[str] = HookStoreOpt) -> None:
-    """PreCompact: commit a checkpoint (transcript stored, control point updated); if it fails, block the compaction."""
+    """PreCompact: commit a checkpoint (transcript stored, control point updated); if it fails, block the compaction.
+    Empty input: nothing to save, no checkpoint (exit 0, the reason on stderr)."""
     from overnight.hooks import claude_code
 
     raise typer.Exit(claude_code.run("pre-compact", store=store))
@@ -1104,8 +1105,9 @@ def ui(
     """A dashboard in the browser: tasks with status and progress (live), each task's timeline and
     branch graph, checkpoints (state, diff against the parent, artifacts, fingerprint), drift
     preview (what a resume would recompute and what it would cost, before it runs), the model-call
-    journal and storage. Every page has a JSON twin (add .json to its path). Prints its URL; stops
-    on Ctrl-C. Needs the ui extra: pip install 'overnight[ui]'."""
+    journal and storage. Every page has a JSON twin (add .json to its path). Prints the URL to
+    open (http://127.0.0.1:PORT/ for a 0.0.0.0 or :: bind); stops on Ctrl-C. Needs the ui extra:
+    pip install 'overnight[ui]'."""
     try:
         from overnight.web.server import serve
     except ImportError as exc:
