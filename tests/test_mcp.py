@@ -406,3 +406,24 @@ def test_artifact_read_keeps_to_the_token_budget_and_errors_stay_quiet(repo: Pat
     logged = errlog.read_text()
     assert "Traceback" not in logged and "╭" not in logged and "│" not in logged, logged
     assert "TaskNotFound" not in logged or "INFO" not in logged, logged
+
+
+def test_read_part_pages_text_by_tokens_and_never_splits_a_character() -> None:
+    """:func:`overnight.mcp.budget.read_part` on its own: pages within the budget that put together
+    are the text; an offset inside a character starts at the next one; binary is described."""
+    from overnight.mcp.budget import read_part
+    from overnight.tokens import tokenizer_for
+
+    count = tokenizer_for().count
+    text = "".join(f"{i}: naïve café — 東京 ✓ {'x' * (i % 50)}\n" for i in range(400))
+    data, offset, parts = text.encode(), 0, []
+    while offset is not None:
+        part = read_part(data, offset, 4000, budget_tokens=300, count=count)
+        assert count(part.text) <= 300 and len(part.text.encode()) <= 4000 and not part.binary
+        parts.append(part.text)
+        offset = part.next_offset
+    assert "".join(parts) == text and len(parts) > 5
+    inside = read_part("é✓".encode(), 1, 100, budget_tokens=50, count=count)
+    assert inside.text == "✓" and inside.returned == 4 and inside.next_offset is None
+    binary = read_part(b"\xff\xfe" + bytes(200), 0, 100, budget_tokens=50, count=count)
+    assert binary.binary and binary.text == "(100 bytes of binary content)" and binary.next_offset == 100

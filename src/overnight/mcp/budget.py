@@ -65,20 +65,25 @@ def read_part(data: bytes, offset: int, max_bytes: int, *, budget_tokens: int,
     """At most ``max_bytes`` bytes and ``budget_tokens`` tokens of ``data`` from byte ``offset``.
 
     Binary content (not UTF-8) is described, not returned: ``returned`` is then the bytes the note
-    covers. An ``offset`` past the end returns an empty text and no ``next_offset``.
+    covers. An ``offset`` inside a UTF-8 character starts at the next character (``returned``
+    counts the skipped bytes). An ``offset`` past the end returns an empty text and no ``next_offset``.
     """
     if offset >= len(data):
         return Part("", 0, None)
-    chunk = data[offset:offset + max_bytes]
-    decoded = _decode(chunk)
+    skip = 0  # an offset inside a UTF-8 character: start at the next one
+    while skip < 3 and offset + skip < len(data) and data[offset + skip] & 0xC0 == 0x80:
+        skip += 1
+    chunk = data[offset + skip:offset + skip + max_bytes]
+    decoded = _decode(chunk) if skip < 3 else None
     if decoded is None:
-        end = offset + len(chunk)
-        return Part(f"({len(chunk)} bytes of binary content)", len(chunk), end if end < len(data) else None, True)
+        end = offset + skip + len(chunk)
+        return Part(f"({len(chunk)} bytes of binary content)", skip + len(chunk), end if end < len(data) else None,
+                    True)
     text, _ = decoded
     text = _prefix(text, budget_tokens, count)
     used = len(text.encode("utf-8"))
     if used == 0 and chunk:  # one character over the whole budget: return it anyway, never loop forever
         text = next(iter(decoded[0]), "")
         used = len(text.encode("utf-8"))
-    end = offset + used
-    return Part(text, used, end if end < len(data) else None)
+    end = offset + skip + used
+    return Part(text, skip + used, end if end < len(data) else None)
