@@ -61,7 +61,7 @@ def test_demo_writes_report_and_says_where(tmp_path):
     # running it again resumes the finished task: nothing is recomputed, same bytes
     before = report.read_bytes()
     again = cli("demo", cwd=tmp_path)
-    assert "0 run this session" in again.stderr
+    assert "0 run now" in again.stderr and "context window #" in again.stderr
     assert report.read_bytes() == before
 
 
@@ -231,10 +231,32 @@ def test_printed_resume_command_works_for_a_task_created_from_a_script(tmp_path)
         "if __name__ == '__main__':\n"
         "    print(overnight.run(task, max_steps=1).status)\n")
     created = subprocess.run([sys.executable, "slow.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert created.stdout.strip() == "stopped", created.stderr  # no code location recorded: a script
+    assert created.stdout.strip() == "stopped", created.stderr  # `python FILE.py` records FILE.py:task
     stopped = cli("run", "slow.py", "--max-steps", "1", cwd=tmp_path, check=75)
     command = next(line for line in stopped.stderr.splitlines() if line.startswith("resume with: "))
-    assert "--file" in command
+    assert command == "resume with: overnight resume slow"  # the recorded location is enough
     args = command.removeprefix("resume with: overnight ").split()
     cli(*args, cwd=tmp_path)
     assert json.loads(cli("ls", "--json", cwd=tmp_path).stdout)[0]["status"] == "complete"
+
+
+def test_store_url_from_the_environment_is_named_and_ls_keeps_ids_whole(tmp_path):
+    """A bad ``OVERNIGHT_STORE`` says it came from that variable; ``ls`` at 80 columns keeps a
+    long task id on one line; ``cat`` suggests the artifact name meant."""
+    from _procs import cli as run_cli
+
+    bad = run_cli("ls", cwd=tmp_path, extra_env={"OVERNIGHT_STORE": "foo://bar"})
+    assert bad.returncode == 2 and "OVERNIGHT_STORE" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    (tmp_path / "t.py").write_text(
+        "import overnight\n"
+        "task = overnight.Task('nightly-report-for-the-platform-team-2026', goal='a long id', deps=[])\n"
+        "@task.step\n"
+        "def write(ctx):\n"
+        "    ctx.write_artifact('report-final.md', b'hello')\n")
+    assert run_cli("run", "t.py", cwd=tmp_path).returncode == 0
+    out = run_cli("ls", cwd=tmp_path, extra_env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    assert "nightly-report-for-the-platform-team-2026" in out.stdout, out.stdout
+    assert max(len(line) for line in out.stdout.splitlines()) <= 80, out.stdout
+    miss = run_cli("cat", "nightly-report-for-the-platform-team-2026", "report-finl.md", cwd=tmp_path)
+    assert miss.returncode == 2 and "did you mean report-final.md?" in miss.stderr, miss.stderr

@@ -371,3 +371,109 @@ def test_a_small_models_repeats_are_cut_and_said_once():
     assert _first_repeat(["- a b c", "* A  B c"]) == 1 and _first_repeat(["ok", "ok"]) is None  # short: kept
     assert unique_prose("It encodes. It decodes. It encodes.\n\nIt decodes.\n\nIt is fast.") == \
         "It encodes. It decodes.\n\nIt is fast."
+
+
+MAIN_TASK = '''
+import enum
+import sys
+
+import overnight
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+task = overnight.Task("colours", goal="one task whichever way the file is started", deps=[])
+
+
+@task.step
+def pick(ctx):
+    return Color.RED
+
+
+@task.step
+def paint(ctx):
+    return [ctx.outputs["pick"].value, Color.BLUE]
+
+
+@task.step
+def frame(ctx):
+    return [c.value if isinstance(c, Color) else c for c in ctx.outputs["paint"]]
+
+
+if __name__ == "__main__":
+    overnight.run(task, max_steps=int(sys.argv[1]) if len(sys.argv) > 1 else None)
+'''
+
+
+def test_python_file_and_overnight_run_file_are_the_same_task(tmp_path):
+    """Issue 19 item 2: a task started by ``python FILE.py`` records ``FILE.py:task`` and its
+    classes under the file's module name (``paint:Color``, never ``__main__:Color``), so ``overnight
+    resume ID`` continues it -- and ``python FILE.py`` continues one ``overnight run FILE.py`` began."""
+    from overnight import api
+    from overnight.store import open_store
+    from overnight.verify.chain import load_head
+
+    (tmp_path / "paint.py").write_text(MAIN_TASK)
+    started = subprocess.run([sys.executable, "paint.py", "1"], cwd=tmp_path, env=_procs.env(), capture_output=True,
+                             text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
+    url = f"sqlite://{tmp_path}/.overnight/overnight.db"
+    assert api.show("colours", store=url).entry == "paint.py:task"
+    cli("resume", "colours", "--max-steps", "1", cwd=tmp_path, check=75)  # loads Color from paint.py
+    again = subprocess.run([sys.executable, "paint.py"], cwd=tmp_path, env=_procs.env(), capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    with open_store(url) as s:
+        head, _ = load_head(s, "colours", "main", key=None)
+    assert [d.name for d in head.state.done] == ["pick", "paint", "frame"]
+    assert [d.output for d in head.state.done if d.name == "frame"] == [["red", "blue"]]
+
+
+def test_a_full_store_during_a_model_call_is_the_typed_error_only(tmp_path):
+    """The store fills up while a step's model call is being journaled: the run ends with
+    StoreFull itself (the step is not retried or wrapped, no traceback of the step), nothing
+    committed is lost."""
+    import overnight
+    from overnight.errors import StoreFull
+    from overnight.store.sqlite import SQLiteStore
+
+    task = overnight.Task("full-call", goal="a model call on a full disk", deps=[])
+    held: dict = {}
+
+    @task.step
+    def first(ctx):
+        return "kept"
+
+    @task.step(retries=2)
+    def ask(ctx):
+        db = held["store"]._db
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count={pages}")  # SQLite's own SQLITE_FULL, as on a full disk
+        return ctx.model.complete([{"role": "user", "content": "Write at length."}], max_tokens=64).text
+
+    class Verbose:
+        """A model whose reply (24 KB) needs new pages in the call journal."""
+
+        name = "verbose"
+
+        def complete(self, messages, *, max_tokens=512, temperature=0.0):
+            import os
+
+            from overnight.models.base import Completion
+
+            return Completion(os.urandom(12_000).hex(), 5, 64, "verbose", 1.0, "stop")
+
+    with SQLiteStore(tmp_path / "s.db") as store:
+        held["store"] = store
+        overnight.run(task, store, max_steps=1)
+        with pytest.raises(StoreFull) as err:
+            overnight.run(task, store, model=Verbose())
+        assert err.value.__cause__ is None and err.value.__suppress_context__
+        assert err.value.task_id == "full-call" and "rolled back" in err.value.message
+        from overnight.verify.chain import load_head
+
+        head, fallback = load_head(store, "full-call", "main", key=None)
+        assert fallback is None and [d.name for d in head.state.done] == ["first"]

@@ -279,3 +279,31 @@ def test_the_default_store_lives_in_the_project_whatever_the_cwd(tmp_path: Path,
     assert resolve_store_url(None, project) == f"sqlite://{project / '.overnight' / 'overnight.db'}"
     assert resolve_store_url("sqlite://x.db", project) == f"sqlite://{project / 'x.db'}"
     assert resolve_store_url("postgresql://127.0.0.1/test", project) == "postgresql://127.0.0.1/test"
+
+
+def test_pre_compact_with_empty_input_commits_nothing(project) -> None:
+    """An empty stdin has nothing to save: no checkpoint, exit 0, the reason on stderr."""
+    repo, tid, _ = project
+    before = head(repo, tid)
+    for args in (("claude-code", "pre-compact"), ("run", "--event", "pre-compact")):
+        out = hook(*args, stdin="", cwd=repo)
+        assert out.returncode == 0 and out.stdout == "", (args, out.stdout, out.stderr)
+        assert "empty" in out.stderr and "no checkpoint" in out.stderr, out.stderr
+        assert head(repo, tid).id == before.id
+
+
+def test_the_hook_fast_path_imports_no_cli_framework_and_no_package_metadata(project) -> None:
+    """A hook process imports neither typer/rich (the CLI framework) nor the runner, the tokenizer
+    or ``importlib.metadata`` (pydantic's plugin scan, with plugins disabled) -- start-up is the
+    hook's cost (`overnight bench mcp`)."""
+    repo, tid, transcript = project
+    out = subprocess.run([sys.executable, "-X", "importtime", *CLI[1:], "hook", "claude-code", "stop"],
+                         input=payload("stop.json", repo, transcript), cwd=repo, env=env(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "overnight.hooks" in imported and "overnight.verify.records" in imported  # it did the work
+    for heavy in ("typer", "rich", "click", "overnight.orchestrate.runner", "overnight.tokens", "importlib.metadata",
+                  "email"):
+        assert heavy not in imported, heavy
+    assert head(repo, tid).record.event.step == "stop"

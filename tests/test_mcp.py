@@ -336,3 +336,94 @@ def test_streamable_http_on_loopback_needs_the_token(repo: Path, tmp_path: Path)
         assert load_head(s, tid, "main")[1] is None
     finally:
         s.close()
+
+
+def test_status_drift_of_a_coding_task_reports_its_world(repo: Path, tmp_path: Path) -> None:
+    """``overnight status --drift`` on a task made by the MCP tools reports its world fingerprint
+    (git, lock files), not "no recorded code location"."""
+    from overnight.mcp.tasks import CodingTasks
+
+    from _procs import cli
+
+    store = tmp_path / "s.db"
+    with CodingTasks(f"sqlite://{store}", project=repo) as t:
+        cp = t.start("Port the parser", plan=["edit src/parser.py"])
+    r = cli("status", cp.task_id, "--drift", "--store", f"sqlite://{store}", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    assert "no drift" in r.stdout and "code location" not in r.stdout + r.stderr
+    (repo / "uv.lock").write_text("version = 1\n[[package]]\nname = \"a\"\nversion = \"2.0\"\n")
+    r = cli("status", cp.task_id, "--drift", "--store", f"sqlite://{store}", cwd=repo)
+    assert r.returncode == 0, r.stderr
+    assert "uv.lock changed" in r.stdout and "deps" in r.stdout, r.stdout
+    r = cli("status", cp.task_id, "--drift", "--json", "--store", f"sqlite://{store}", cwd=repo)
+    import json
+
+    out = json.loads(r.stdout)
+    assert out["drift"]["drifted"] and any("uv.lock" in i["key"] for i in out["drift"]["items"])
+
+
+def test_artifact_read_keeps_to_the_token_budget_and_errors_stay_quiet(repo: Path, tmp_path: Path) -> None:
+    """``artifact_read`` returns at most the 1,500-token budget (the project's tokenizer counts)
+    and the call that reads on; the parts put together are the artifact. A failing tool is an
+    ``isError`` result naming the typed error (with "did you mean" for a mistyped id), and the
+    server's stderr has no traceback and no rich boxes."""
+    from overnight.tokens import tokenizer_for
+
+    store = tmp_path / "store.db"
+    errlog = tmp_path / "server-stderr.txt"
+    body_text = "".join(f"line {i}: the parser keeps state {i * 7} between tokens -- ünïcödé ✓\n" for i in range(900))
+
+    async def body(a: Agent) -> None:
+        _, started = await a.call("task_start", {"goal": "Budgeted reads", "plan": ["write notes"]})
+        tid = started["task_id"]
+        await a.call("task_checkpoint", {"task_id": tid, "artifacts": [{"name": "notes/long.md", "text": body_text}]})
+        count = tokenizer_for().count
+        parts, offset, calls = [], 0, 0
+        while True:
+            text, data = await a.call("artifact_read", {"task_id": tid, "name": "notes/long.md", "offset": offset})
+            calls += 1
+            assert count(text) <= 1500 and data["tokens"] == count(text), (count(text), data)
+            if data["next_offset"] is None:
+                parts.append(text)
+                break
+            assert f"offset={data['next_offset']}" in text.splitlines()[-1]
+            parts.append(text.rsplit("\n[... ", 1)[0])
+            assert data["next_offset"] == offset + data["returned"]
+            offset = data["next_offset"]
+        assert "".join(parts) == body_text and calls > 3
+        res = await a.call("task_status", {"task_id": tid[:-1] + ("x" if tid[-1] != "x" else "y")}, ok=False)
+        text = res.content[0].text
+        assert text.startswith("TaskNotFound:") and f"did you mean {tid}?" in text, text
+
+    async def run() -> None:
+        with open(errlog, "w") as err:
+            async with stdio_client(server_params(repo, store), errlog=err) as (read, write):
+                async with ClientSession(read, write) as s:
+                    await s.initialize()
+                    await body(Agent(s, store))
+
+    asyncio.run(run())
+    logged = errlog.read_text()
+    assert "Traceback" not in logged and "╭" not in logged and "│" not in logged, logged
+    assert "TaskNotFound" not in logged or "INFO" not in logged, logged
+
+
+def test_read_part_pages_text_by_tokens_and_never_splits_a_character() -> None:
+    """:func:`overnight.mcp.budget.read_part` on its own: pages within the budget that put together
+    are the text; an offset inside a character starts at the next one; binary is described."""
+    from overnight.mcp.budget import read_part
+    from overnight.tokens import tokenizer_for
+
+    count = tokenizer_for().count
+    text = "".join(f"{i}: naïve café — 東京 ✓ {'x' * (i % 50)}\n" for i in range(400))
+    data, offset, parts = text.encode(), 0, []
+    while offset is not None:
+        part = read_part(data, offset, 4000, budget_tokens=300, count=count)
+        assert count(part.text) <= 300 and len(part.text.encode()) <= 4000 and not part.binary
+        parts.append(part.text)
+        offset = part.next_offset
+    assert "".join(parts) == text and len(parts) > 5
+    inside = read_part("é✓".encode(), 1, 100, budget_tokens=50, count=count)
+    assert inside.text == "✓" and inside.returned == 4 and inside.next_offset is None
+    binary = read_part(b"\xff\xfe" + bytes(200), 0, 100, budget_tokens=50, count=count)
+    assert binary.binary and binary.text == "(100 bytes of binary content)" and binary.next_offset == 100

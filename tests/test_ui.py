@@ -108,6 +108,7 @@ def test_posts_need_the_csrf_token(server):
 def test_non_loopback_bind_requires_the_token(site):
     with UiServer(site, "--host", "0.0.0.0") as srv:
         assert srv.token, "a token is generated and printed when none is given"
+        assert srv.url.startswith("http://127.0.0.1:"), srv.url  # a URL to open, not the wildcard bind
         base = srv.base.replace("0.0.0.0", "127.0.0.1")
         assert httpx.get(base + "/").status_code == 401
         assert httpx.get(base + "/tasks.json").status_code == 401
@@ -211,3 +212,47 @@ def test_status_is_derived_in_one_place(tmp_path):
     assert derive_status(**base, leases=[_lease(live.to_json(), -1_000)]).name == "stalled"
     released = _lease("{}", -1, holder_id="")
     assert derive_status(**{**base, "last_age_s": 5.0}, leases=[released]).name == "interrupted"
+
+
+def test_not_found_pages_are_styled_and_suggest(server):
+    """An unknown path and an unknown task are styled pages naming what was not found (JSON for
+    a ``.json`` path); a mistyped task id gets "did you mean"."""
+    page = httpx.get(server.base + "/no-such-page")
+    assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+    assert "/static/style.css" in page.text and "/no-such-page" in page.text
+    twin = httpx.get(server.base + "/no-such-page.json")
+    assert twin.status_code == 404 and twin.json()["error"] == "NotFound"
+    task = httpx.get(server.base + "/task", params={"id": "reprot"})
+    assert task.status_code == 404 and "/static/style.css" in task.text
+    assert "reprot" in task.text and "did you mean report?" in task.text
+
+
+def test_rollback_asks_first_and_the_tasks_page_counts_damage(tmp_path):
+    """Rollback is two steps: the form opens a confirmation page (nothing written) whose POST
+    rolls back. The tasks page counts damaged tasks and does not poll when nothing runs (and a
+    poll answers 286, htmx's "stop polling"). A checkpoint page has one "Artifacts" section and
+    no empty "todo:"."""
+    site = make_site(tmp_path / "s", parts=3)
+    with UiServer(site) as srv:
+        tasks = httpx.get(srv.base + "/")
+        assert "damaged 0" in tasks.text and 'hx-trigger="every' not in tasks.text
+        assert httpx.get(srv.base + "/tasks.json").json()["damaged"] == 0
+        poll = httpx.get(srv.base + "/?partial=1", headers={"HX-Request": "true"})
+        assert poll.status_code == 286
+        page = httpx.get(srv.base + "/task", params={"id": "report"}).text
+        assert 'action="/actions/rollback"' not in page and 'action="/rollback"' in page
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+        data = httpx.get(srv.base + "/task.json", params={"id": "report"}).json()
+        head, old = data["timeline"][0]["checkpoint_id"], data["timeline"][2]["checkpoint_id"]
+        ask = httpx.get(srv.base + "/rollback", params={"task": "report", "to": old, "branch": "main"})
+        assert ask.status_code == 200 and "Yes, roll back main" in ask.text and "overnight rollback report" in ask.text
+        unconfirmed = httpx.post(srv.base + "/actions/rollback",
+                                 data={"csrf": csrf, "task": "report", "to": old, "branch": "main"})
+        assert unconfirmed.status_code == 303 and unconfirmed.headers["location"].startswith("/rollback?")
+        assert api.show("report", store=store_url(site)).branches["main"] == head  # nothing happened yet
+        done = httpx.post(srv.base + "/actions/rollback",
+                          data={"csrf": csrf, "task": "report", "to": old, "branch": "main", "confirm": "yes"})
+        assert done.status_code == 303 and api.show("report", store=store_url(site)).branches["main"] != head
+        for e in httpx.get(srv.base + "/task.json", params={"id": "report"}).json()["timeline"]:
+            cp = httpx.get(srv.base + "/checkpoint", params={"task": "report", "id": e["checkpoint_id"]}).text
+            assert cp.count(">Artifacts<") == 1 and not re.search(r"todo: *</p>", cp), e["event"]

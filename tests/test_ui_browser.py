@@ -129,6 +129,13 @@ def test_timeline_counts_checkpoints_and_a_diff_opens(browser, site, tmp_path):
         assert browser.find_element(By.ID, "checkpoint-count").text == str(len(rows))
         assert len(browser.find_elements(By.CSS_SELECTOR, "tr.cp-row .integrity.ok")) == len(rows)
         assert browser.find_elements(By.CSS_SELECTOR, ".graph svg circle.head")
+        # at 1280 px -- even zoomed to 125 %, as a laptop's display scaling shows it -- the integrity
+        # badge of every row is on screen, not scrolled off to the right of the timeline
+        browser.execute_script("document.body.style.zoom = '1.25'")
+        width = browser.execute_script("return window.innerWidth")
+        for badge in browser.find_elements(By.CSS_SELECTOR, "tr.cp-row .integrity"):
+            assert badge.rect["x"] + badge.rect["width"] <= width, (badge.rect, width)
+        browser.execute_script("document.body.style.zoom = '1'")
         shot(browser, tmp_path, "task")
         shot(browser, tmp_path, "task-narrow", width=420)
         # the newest step checkpoint: its diff adds a part to report.md
@@ -249,7 +256,7 @@ def test_markup_in_ids_names_and_values_stays_text(browser, tmp_path):
             assert not browser.find_elements(By.ID, "pwned-state"), url
             assert not browser.find_elements(By.CSS_SELECTOR, "img"), url
             scripts = browser.find_elements(By.TAG_NAME, "script")
-            assert [s.get_attribute("src").rsplit("/", 1)[-1] for s in scripts] == ["htmx.min.js"], url
+            assert [s.get_attribute("src").rsplit("/", 1)[-1] for s in scripts] == ["htmx.min.js", "poll.js"], url
         browser.get(next(u for u in pages if "checkpoint" in u and "xss-probe" in u))
         text = browser.find_element(By.TAG_NAME, "main").text
         assert XSS["img"] + ".txt" in text and "<b id=pwned-state>" in text
@@ -267,6 +274,25 @@ def test_read_only_shows_no_action(browser, site, tmp_path):
         browser.find_element(By.CSS_SELECTOR, "a.cp-link").click()
         assert not browser.find_elements(By.CSS_SELECTOR, "form[action^='/actions']")
         assert "read-only" in browser.find_element(By.CSS_SELECTOR, "header").text
+
+
+def test_rollback_from_the_ui_asks_first(browser, tmp_path):
+    site = make_site(tmp_path / "rollback", parts=3)
+    with UiServer(site) as srv:
+        head = api.show("report", store=store_url(site)).branches["main"]
+        browser.get(srv.base + "/task?id=report")
+        row = browser.find_elements(By.CSS_SELECTOR, "tr.cp-row")[2]
+        row.find_element(By.CSS_SELECTOR, ".row-actions summary").click()
+        next(b for b in row.find_elements(By.TAG_NAME, "button") if b.text.startswith("Rollback")).click()
+        wait_for(lambda: browser.find_elements(By.ID, "confirm-rollback"), 10, 0.1, "the confirmation page")
+        assert api.show("report", store=store_url(site)).branches["main"] == head  # asked, nothing done yet
+        shot(browser, tmp_path, "rollback-confirm")
+        browser.find_element(By.ID, "cancel-rollback").click()
+        assert api.show("report", store=store_url(site)).branches["main"] == head
+        browser.back()
+        browser.find_element(By.ID, "confirm-rollback").click()
+        wait_for(lambda: api.show("report", store=store_url(site)).branches["main"] != head, 10, 0.1, "the rollback")
+        assert "/task" in browser.current_url
 
 
 def test_pages_render_and_verify_now_runs(browser, site, tmp_path):

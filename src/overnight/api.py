@@ -59,18 +59,29 @@ def _opened(store: Store | str | None, *, task_id: str | None = None, write: boo
             raise
 
 
+def _close(name: str, names: list[str]) -> list[str]:
+    """Up to three of ``names`` closest to ``name`` (``difflib``, as git suggests a mistyped command)."""
+    import difflib
+
+    return difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+
+
+def suggest(exc: TaskNotFound, s: Store) -> None:
+    """Add the stored task ids closest to the one not found in front of ``exc.hint`` ("did you
+    mean ...?"); the dashboard and the MCP server call it on their own not-found errors."""
+    _suggest(exc, s)
+
+
 def _suggest(exc: TaskNotFound, s: Store) -> None:
     """Add the stored task ids closest to the one not found (``difflib``, as git suggests a
     mistyped command) in front of ``exc.hint``."""
-    import difflib
-
     if not exc.task_id:
         return
     try:
         ids = [t.task_id for t in s.list_tasks()]
     except OvernightError:
         return
-    close = difflib.get_close_matches(exc.task_id, ids, n=3, cutoff=0.6)
+    close = _close(exc.task_id, ids)
     if close and "did you mean" not in (exc.hint or ""):
         exc.hint = f"did you mean {' or '.join(close)}?" + (f" {exc.hint}" if exc.hint else "")
 
@@ -530,10 +541,12 @@ def cat(task_id: str, artifact: str, *, store: Store | str | None = None, at: st
             loaded = load_checkpoint(s, resolve_checkpoint(s, task_id, at), key=key, deep=False)
         ref = loaded.artifacts.get(artifact)
         if ref is None:
+            close = _close(artifact, list(loaded.artifacts))
             raise ArtifactNotFound(
                 f"no artifact {artifact!r} at checkpoint {short_id(loaded.id)}", task_id=task_id,
                 checkpoint_id=loaded.id,
-                hint="artifacts there: " + _some(sorted(loaded.artifacts)),
+                hint=(f"did you mean {' or '.join(close)}? " if close else "")
+                + "artifacts there: " + _some(sorted(loaded.artifacts)),
             )
         return BlobReader(s).get(ref.digest, f"artifact {artifact!r}")
 
@@ -621,6 +634,8 @@ class StatusReport:
     fell_back: str | None = None
     """Set when the branch head fails verification: ``"fell back from X to Y: reason"`` (``head``
     is then the checkpoint a resume would continue from)."""
+    drift_words: list[str] = field(default_factory=list)
+    """With ``--drift`` on a coding-agent task: the drift in words (``"main moved 3 commits ..."``)."""
     rollback: str | None = None
     """Set when the branch ref was moved back behind a newer record or this machine's high-water
     mark (:mod:`overnight.verify.rollback`): what it names and what it is older than."""
@@ -677,9 +692,33 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
             task = load_stored_task(task_id, recorded=s.get_task(task_id).entry, verified=_spec_entry(loaded),
                                     override=entry, checkpoint_id=loaded.id)
             if task is None:
+                if _coding_drift(rep, s, loaded):
+                    return rep
                 raise _no_code(s.get_task(task_id), "check drift of")
             _predict(rep, s, loaded, task, on_drift, model)
         return rep
+
+
+def _coding_drift(rep: StatusReport, s: Store, loaded: Any) -> bool:
+    """For a coding-agent task (``overnight mcp`` / hooks; no Python code to load): fill ``rep``
+    with the drift of its world fingerprint (git, files, lock files, env, inputs --
+    :mod:`overnight.mcp.world`) and return True; False for any other task."""
+    spec = loaded.state_tree["task"]["spec"]
+    from overnight.mcp.tasks import KIND
+
+    if not isinstance(spec, dict) or spec.get("kind") != KIND:
+        return False
+    from overnight.mcp.tasks import CodingTasks
+    from overnight.verify.drift import DriftItem
+
+    tasks = CodingTasks(s, project=spec.get("project") or ".", exact_root=True)
+    found = tasks.status(rep.task_id, branch=rep.branch).drift
+    rep.drift = DriftReport(found.checkpoint_id, [DriftItem(i["component"], i["key"], i["old"], i["new"])
+                                                  for i in found.items])
+    rep.drift_words = found.lines
+    rep.drift_plan = ("a coding-agent task: nothing runs again on resume; task_resume (or the session-start hook) "
+                      "tells the agent what changed" if found.items else "nothing to do")
+    return True
 
 
 def _predict(rep: StatusReport, s: Store, loaded: Any, task: Task, on_drift: str | dict[str, str] | None,

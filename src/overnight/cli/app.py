@@ -163,7 +163,8 @@ def _report_run(result: api.RunResult, *, quiet: bool) -> None:
                  "stopped": f"[yellow]stopped after --max-steps ({kept})[/]"}[result.status]
         render.err.print(
             f"task [bold]{render.esc(result.task_id)}[/] {state}: {result.done}/{result.total} steps, "
-            f"{result.steps_run} run this session (session {result.session}), head {result.head[7:19]}"
+            f"{result.steps_run} run now, head {result.head[7:19]}; the task's context window #{result.session} "
+            "(each run and each compaction starts a new one)"
         )
         u = result.usage
         if u.get("calls") or u.get("replayed_calls") or result.compactions:
@@ -277,9 +278,9 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
                  + (["store"] if several else []),
                  [(t.task_id, t.status + (" [FELL BACK]" if t.fell_back else ""), f"{t.done}/{t.total}",
                    ",".join(t.branches), f"{t.checkpoints}" + (f" ({t.damaged} DAMAGED)" if t.damaged else ""),
-                   (t.updated_at or "")[:19].replace("T", " "), t.goal) + ((t.store,) if several else ())
+                   (t.updated_at or "")[5:16].replace("T", " "), t.goal) + ((t.store,) if several else ())
                   for t in tasks],
-                 justify={"steps": "right", "checkpoints": "right"})
+                 justify={"steps": "right", "checkpoints": "right"}, no_wrap=("task", "updated"))
     for t in tasks:
         if t.fell_back or t.damaged:
             render.err.print(f"[yellow]{render.esc(t.task_id)}:[/] "
@@ -413,6 +414,8 @@ def status(
             if rep.drift.dependents:
                 render.out.print("dependents: " + ", ".join(f"{render.esc(k)} (reads {render.esc(v)})"
                                                              for k, v in rep.drift.dependents.items()))
+            for line in rep.drift_words:
+                render.out.print(f"- {render.esc(line)}")
             render.out.print(f"on resume: {render.esc(rep.drift_plan)}")
         if rep.will_run or rep.may_run or rep.replayed:
             render.out.print(f"resume runs {len(rep.will_run)} step(s): " + render.esc(", ".join(rep.will_run) or "-"))
@@ -1020,7 +1023,8 @@ HookStoreOpt = typer.Option(None, "--store", "-s", help="Store URL (default: $OV
 
 @claude_app.command("pre-compact")
 def cc_pre_compact(store: Optional[str] = HookStoreOpt) -> None:
-    """PreCompact: commit a checkpoint (transcript stored, control point updated); if it fails, block the compaction."""
+    """PreCompact: commit a checkpoint (transcript stored, control point updated); if it fails, block the compaction.
+    Empty input: nothing to save, no checkpoint (exit 0, the reason on stderr)."""
     from overnight.hooks import claude_code
 
     raise typer.Exit(claude_code.run("pre-compact", store=store))
@@ -1101,8 +1105,9 @@ def ui(
     """A dashboard in the browser: tasks with status and progress (live), each task's timeline and
     branch graph, checkpoints (state, diff against the parent, artifacts, fingerprint), drift
     preview (what a resume would recompute and what it would cost, before it runs), the model-call
-    journal and storage. Every page has a JSON twin (add .json to its path). Prints its URL; stops
-    on Ctrl-C. Needs the ui extra: pip install 'overnight[ui]'."""
+    journal and storage. Every page has a JSON twin (add .json to its path). Prints the URL to
+    open (http://127.0.0.1:PORT/ for a 0.0.0.0 or :: bind); stops on Ctrl-C. Needs the ui extra:
+    pip install 'overnight[ui]'."""
     try:
         from overnight.web.server import serve
     except ImportError as exc:

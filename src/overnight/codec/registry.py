@@ -41,9 +41,36 @@ class CustomCodec:
     decode: Callable[[Any], Any]
 
 
+def file_module_name(path: str, module: Any = None) -> str:
+    """The module name a task file's classes are recorded under, whichever way the file was
+    started: its stem (``tasks/rt.py`` -> ``rt``), or ``overnight_task_<stem>`` when the stem is
+    not an identifier or names another module already imported (``json.py``). ``module``: the
+    module object the file runs as (``__main__`` for ``python FILE.py``), which may hold the name."""
+    stem = path.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+    taken = sys.modules.get(stem)
+    if stem.isidentifier() and (taken is None or (module is not None and taken is module)):
+        return stem
+    return f"overnight_task_{stem}"
+
+
+def main_module_name() -> str | None:
+    """For a process started as ``python FILE.py``: the name ``overnight run FILE.py`` gives the
+    file's module (:func:`file_module_name`), so a class defined in it is recorded as ``rt:Color``
+    either way, never ``__main__:Color``. None when ``__main__`` is not a ``.py`` file."""
+    main = sys.modules.get("__main__")
+    f = getattr(main, "__file__", None)
+    if not isinstance(f, str) or not f.endswith(".py"):
+        return None
+    return file_module_name(f, main)
+
+
 def type_ref(cls: type) -> str:
-    """``"module:Qualname"`` for a class, e.g. ``"app.models:Report.Status"``."""
-    return f"{cls.__module__}:{cls.__qualname__}"
+    """``"module:Qualname"`` for a class, e.g. ``"app.models:Report.Status"``; a class of a task
+    file run as ``python FILE.py`` under the file's module name (:func:`main_module_name`)."""
+    module = cls.__module__
+    if module == "__main__":
+        module = main_module_name() or module
+    return f"{module}:{cls.__qualname__}"
 
 
 def register_type(cls: type, *aliases: str) -> type:
@@ -89,6 +116,8 @@ def _walk(ref: str) -> Any:
     if not qualname:
         return None
     obj: Any = sys.modules.get(module_name)
+    if obj is None and module_name == main_module_name():  # recorded by `overnight run FILE.py`
+        obj = sys.modules.get("__main__")
     if obj is None:
         return None
     for part in qualname.split("."):

@@ -77,6 +77,8 @@ class Outcome:
     checkpoint_id: str | None = None
     task_id: str | None = None
     error: BaseException | None = None
+    skipped: bool = False
+    """Nothing was done and the caller says why on stderr (an empty ``pre-compact`` input)."""
 
 
 def _locate(payload: dict[str, Any], store: str | None) -> tuple[Path, str, str, str | None] | None:
@@ -198,6 +200,9 @@ def handle(event: str, payload: dict[str, Any], *, store: str | None = None) -> 
             return Outcome(event, True, "no current overnight task in this project: nothing to do")
         if event == "session-start":
             return _session_start(payload, loc)
+        if event == "pre-compact" and not payload:
+            return Outcome(event, True, "pre-compact: the hook input was empty (no transcript, no session): nothing "
+                           "to save, no checkpoint committed", task_id=loc[1], skipped=True)
         return _checkpoint(event, payload, loc)
     except Exception as exc:  # noqa: BLE001 - reported to the agent in its own terms by the caller
         return Outcome(event, False, _describe(exc), task_id=loc[1] if loc else None, error=exc)
@@ -281,6 +286,8 @@ def generic_output(out: Outcome) -> int:
     if not out.ok:
         sys.stderr.write(f"overnight: {out.event} failed: {out.message}\n")
         return 2 if out.event == "pre-compact" else 1
+    if out.skipped:
+        sys.stderr.write(f"overnight: {out.message}\n")
     if out.context:
         sys.stdout.write(out.context + "\n")
     return 0

@@ -65,6 +65,8 @@ def output(out: Outcome) -> tuple[dict[str, Any] | None, int]:
 
 
 def _print(out: Outcome) -> int:
+    if out.skipped:
+        sys.stderr.write(f"overnight: {out.message}\n")
     obj, code = output(out)
     if obj is not None:
         _emit(obj)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import secrets
 import sys
 from typing import Annotated, Any, Callable, Literal
@@ -21,16 +22,18 @@ from typing import Annotated, Any, Callable, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from overnight.errors import ConfigError, OvernightError, TaskNotFound, short_id
+from overnight.mcp.budget import CONTINUATION_TOKENS, read_part
 from overnight.mcp.tasks import ArtifactIn, CodingTasks, read_pointer, render_control_point
 
 try:
     from mcp.server.mcpserver import MCPServer
-    from mcp.server.mcpserver.exceptions import ToolError
     from mcp.types import CallToolResult, TextContent, ToolAnnotations
 except ImportError as _exc:  # pragma: no cover - the extra is part of the test environment
     raise ConfigError(f"overnight mcp needs the 'mcp' package ({_exc})", hint="pip install 'overnight[mcp]'") from _exc
 
 __all__ = ["Artifact", "build_server", "run"]
+
+log = logging.getLogger("overnight.mcp")
 
 INSTRUCTIONS = """\
 overnight keeps a long coding task durable across context compactions, crashes and nights.
@@ -70,8 +73,21 @@ Branch = Annotated[str, Field(description="Branch of the task's history (task_fo
 Items = list[str] | None
 
 
+def _suggest(tasks: CodingTasks, exc: TaskNotFound) -> None:
+    """"did you mean" the coding tasks whose ids are closest to the one not found."""
+    import difflib
+
+    try:
+        ids = [r["task_id"] for r in tasks.list()]
+    except Exception:  # noqa: BLE001 - a suggestion is a courtesy, never a second error
+        return
+    close = difflib.get_close_matches(exc.task_id or "", ids, n=3, cutoff=0.6)
+    if close:
+        exc.hint = f"did you mean {' or '.join(close)}? task_list shows the coding tasks in this store"
+
+
 def _error_text(exc: BaseException) -> str:
-    if isinstance(exc, TaskNotFound):
+    if isinstance(exc, TaskNotFound) and "did you mean" not in (exc.hint or ""):
         exc.hint = "task_list shows the coding tasks in this store"
     if isinstance(exc, OvernightError):
         text = f"{type(exc).__name__}: {exc.message}"
@@ -103,10 +119,12 @@ def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKE
         async def wrapper(*args: Any, **kwargs: Any) -> CallToolResult:
             try:
                 text, data = fn(*args, **kwargs)
-            except ToolError:
-                raise
             except Exception as exc:  # noqa: BLE001 - every failure is a tool error, never a dead server
-                raise ToolError(_error_text(exc)) from exc
+                if isinstance(exc, TaskNotFound):
+                    _suggest(tasks, exc)
+                # returned, not raised: the SDK would log a raised error as a traceback on stderr
+                log.info("%s failed: %s", fn.__name__, type(exc).__name__)
+                return CallToolResult(content=[TextContent(type="text", text=_error_text(exc))], is_error=True)
             return _result(text, data)
 
         wrapper.__signature__ = inspect.signature(fn, eval_str=True).replace(  # type: ignore[attr-defined]
@@ -248,26 +266,27 @@ def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKE
                                                                           "(task_resume lists them).")] = "",
                       at: Annotated[str | None, Field(description="Checkpoint id/prefix or branch; default: the "
                                                       "head of main.")] = None,
-                      offset: Annotated[int, Field(ge=0, description="First byte to return.")] = 0,
+                      offset: Annotated[int, Field(ge=0, description="First byte to return (the next_offset of "
+                                                   "the previous call).")] = 0,
                       max_bytes: Annotated[int, Field(ge=1, le=1_000_000, description="At most this many bytes.")] = 16_000,
                       ) -> tuple[str, dict[str, Any]]:
-        """An artifact's content, verified against its digest, from byte ``offset`` (at most
-        ``max_bytes``; binary content is returned as a note, not as text)."""
         tid, _ = current(task_id)
         if not name:
             raise ConfigError("artifact_read needs a name", task_id=tid, hint="task_resume lists the artifacts")
         data = tasks.artifact(tid, name, at=at)
-        part = data[offset:offset + max_bytes]
-        more = len(data) - offset - len(part)
-        try:
-            text = part.decode("utf-8")
-            binary = False
-        except UnicodeDecodeError:
-            text, binary = f"({len(part)} bytes of binary content)", True
-        if more > 0:
-            text += f"\n[... {more} more bytes: artifact_read(name={name!r}, offset={offset + len(part)})]"
-        return text, {"task_id": tid, "name": name, "size": len(data), "offset": offset, "returned": len(part),
-                      "binary": binary}
+        part = read_part(data, offset, max_bytes, budget_tokens=max(budget_tokens - CONTINUATION_TOKENS, 1),
+                         count=count)
+        text = part.text
+        if part.next_offset is not None:
+            text += (f"\n[... {len(data) - part.next_offset} more bytes: artifact_read(task_id={tid!r}, name={name!r}, "
+                     f"offset={part.next_offset})]")
+        return text, {"task_id": tid, "name": name, "size": len(data), "offset": offset, "returned": part.returned,
+                      "next_offset": part.next_offset, "tokens": count(text), "binary": part.binary}
+
+    artifact_read.__doc__ = (f"An artifact's content, verified against its digest, from byte ``offset``: at most "
+                             f"``max_bytes`` and at most {budget_tokens} tokens of text; when there is more, the "
+                             "result ends with the call that reads the next part (``next_offset``). Binary content "
+                             "is returned as a note, not as text.")
 
     for fn in (task_start, task_checkpoint):
         tool(fn)
@@ -276,6 +295,27 @@ def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKE
     tool(task_fork)
     tool(task_rollback)
     return server
+
+
+def plain_logging(level: int = logging.WARNING) -> None:
+    """Log plain lines on stderr (``overnight mcp: WARNING mcp.x: ...``), warnings and worse only:
+    stdout is the protocol, and the client shows stderr as the server's log. Tool failures are
+    not logged as errors -- they go back to the client as tool errors (``isError``). Replaces
+    the SDK's rich handlers (boxes, colours, tracebacks) on the ``mcp`` logger and the root logger."""
+    fmt = logging.Formatter("overnight mcp: %(levelname)s %(name)s: %(message)s")
+    for name in ("mcp", "overnight", ""):
+        lg = logging.getLogger(name)
+        for h in list(lg.handlers):
+            if not getattr(h, "_overnight_plain", False) and (name or "rich" in type(h).__module__):
+                lg.removeHandler(h)
+        if name and not lg.handlers:
+            h = logging.StreamHandler(sys.stderr)
+            h.setFormatter(fmt)
+            h._overnight_plain = True  # type: ignore[attr-defined]
+            lg.addHandler(h)
+        if name:
+            lg.setLevel(level)
+            lg.propagate = False
 
 
 def _version() -> str:
@@ -295,8 +335,10 @@ def run(*, store: str | None = None, project: str | None = None, http: bool = Fa
     requires ``Authorization: Bearer TOKEN`` on every request; without ``token`` a random one is
     made and printed on stderr.
     """
+    plain_logging()
     tasks = CodingTasks(store, project=project)
     server = build_server(tasks, budget_tokens=budget_tokens)
+    plain_logging()  # an SDK that configured its own (rich) handlers while building loses them
     try:
         if not http:
             server.run("stdio")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import overnight
+from overnight.codec.registry import file_module_name
 from overnight.config import find_file
 from overnight.errors import CodeLocationRefused, ConfigError, EntryMismatch, OvernightError
 from overnight.orchestrate.task import Task
@@ -140,7 +141,7 @@ def check_location(entry: str, *, task_id: str | None = None, root: Path | None 
 def _load_module(path: Path) -> Any:
     # classes in the file are stored as "<module>:<Qualname>", so the name must be the same on
     # every run: the file's stem, unless that would shadow an imported module
-    name = path.stem if path.stem.isidentifier() and path.stem not in sys.modules else f"overnight_task_{path.stem}"
+    name = file_module_name(str(path))
     if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -221,6 +222,21 @@ def load_task(entry: str, *, task_id: str | None = None) -> Task:
     return obj
 
 
+def main_entry(task: Task) -> str | None:
+    """Where a task run by ``python FILE.py`` is defined: ``FILE.py:NAME`` (as
+    :func:`recorded_entry` records it) when ``__main__`` is a ``.py`` file with ``task`` at a
+    module-level name, else None -- so ``overnight resume ID`` finds the code of a task started
+    either way, and ``overnight run FILE.py`` sees the same task."""
+    main = sys.modules.get("__main__")
+    f = getattr(main, "__file__", None)
+    if not isinstance(f, str) or not f.endswith(".py"):
+        return None
+    names = [k for k, v in vars(main).items() if v is task and not k.startswith("_")]
+    if not names:
+        return None
+    return recorded_entry(f"{Path(f).resolve()}:{names[0]}")
+
+
 def load_stored_task(task_id: str, *, recorded: str | None, verified: str | None, override: str | None = None,
                      checkpoint_id: str | None = None) -> Task | None:
     """Load the code of a stored task: ``override`` (the user's ``--file``) as given; else the
@@ -257,5 +273,5 @@ def load_stored_task(task_id: str, *, recorded: str | None, verified: str | None
     return task
 
 
-__all__ = ["check_location", "entry_path", "load_stored_task", "load_task", "project_root", "recorded_entry",
-           "same_location"]
+__all__ = ["check_location", "entry_path", "load_stored_task", "load_task", "main_entry", "project_root",
+           "recorded_entry", "same_location"]

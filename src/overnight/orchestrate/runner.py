@@ -57,7 +57,7 @@ from overnight.store.base import Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
 from overnight.config import load as load_config
-from overnight.orchestrate.loader import same_location
+from overnight.orchestrate.loader import main_entry, same_location
 from overnight.orchestrate.consistency import Decision, decide, policies_for, salt_of, world_spec, write_export
 from overnight.orchestrate.router import Route, locate, open_routed
 from overnight.orchestrate.router import route as route_task
@@ -202,6 +202,8 @@ class Runner:
         allow_rollback: bool = False,
     ) -> None:
         self.task = task
+        if task.entry is None:  # `python FILE.py`: record the file, as `overnight run FILE.py` does
+            task.entry = main_entry(task)
         self.code_moved = code_moved
         self.allow_rollback = allow_rollback
         self.model: Model = model if hasattr(model, "complete") else model_from_spec(model or task.model)  # type: ignore
@@ -788,6 +790,10 @@ class Runner:
                 break
             except (_Abandon, KeyboardInterrupt, SystemExit):
                 raise
+            except StoreError as exc:  # the store under a model call said no (disk full...): not the step's fault
+                exc.task_id = exc.task_id or self.task.id
+                exc.checkpoint_id = exc.checkpoint_id or self.head
+                raise exc.with_traceback(None) from None
             except Exception as exc:
                 if attempt > sdef.retries:
                     raise StepFailed(

@@ -31,10 +31,22 @@ def default_store_url() -> str:
     return load().get("store.url")
 
 
+def _source(text: str) -> str:
+    """`` (from $OVERNIGHT_STORE)`` when the environment variable set this URL, else ``""``:
+    a bad URL the user did not type on the command line must say where it came from."""
+    import os
+
+    return " (from the environment variable OVERNIGHT_STORE)" if os.environ.get("OVERNIGHT_STORE") == text else ""
+
+
+def _fix(text: str) -> str:
+    return "; fix or unset OVERNIGHT_STORE" if _source(text) else ""
+
+
 def _check_bare(text: str) -> None:
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", text):  # "sqlite:/x.db", "s3:bucket": a URL typo
-        raise ConfigError(f"store URL {text!r} is malformed (missing '//' after the scheme?)",
-                          hint="use sqlite://PATH, file://DIR, postgresql://HOST/DB, s3://BUCKET/PREFIX")
+        raise ConfigError(f"store URL {text!r}{_source(text)} is malformed (missing '//' after the scheme?)",
+                          hint="use sqlite://PATH, file://DIR, postgresql://HOST/DB, s3://BUCKET/PREFIX" + _fix(text))
 
 
 def location(url: str) -> str:
@@ -131,7 +143,8 @@ def open_url(url: str | os.PathLike | None = None, *, read_only: bool = False) -
         from overnight.store.sqlite import SQLiteStore
 
         if not rest:
-            raise ConfigError(f"store URL {text!r} has no path", hint="use sqlite://.overnight/overnight.db")
+            raise ConfigError(f"store URL {text!r}{_source(text)} has no path",
+                              hint="use sqlite://.overnight/overnight.db" + _fix(text))
         return SQLiteStore(rest, read_only=read_only)
     if scheme == "file":
         from overnight.store.file import FileStore
@@ -160,9 +173,9 @@ def open_url(url: str | os.PathLike | None = None, *, read_only: bool = False) -
 
 def _unsupported(text: str) -> ConfigError:
     return ConfigError(
-        f"unsupported store URL {text!r}",
+        f"unsupported store URL {text!r}{_source(text)}",
         hint="use sqlite://PATH (the embedded default), a path ending in .db, file://DIR, "
-             "postgresql://HOST/DB?schema=NAME, s3://BUCKET/PREFIX or memory://NAME",
+             "postgresql://HOST/DB?schema=NAME, s3://BUCKET/PREFIX or memory://NAME" + _fix(text),
     )
 
 

@@ -35,7 +35,7 @@ from starlette.staticfiles import StaticFiles
 
 from overnight import api
 from overnight.cli.render import human_bytes
-from overnight.errors import ConcurrencyError, ConfigError, NotFound, OvernightError, short_id
+from overnight.errors import ConcurrencyError, ConfigError, NotFound, OvernightError, TaskNotFound, short_id
 from overnight.store.base import Store
 from overnight.web import queries
 from overnight.web.svg import branch_graph, growth_chart, lane_colour
@@ -136,6 +136,8 @@ class Dashboard:
     def error(self, request: Request, exc: OvernightError, as_json: bool) -> Response:
         status = 404 if isinstance(exc, NotFound) else 400 if isinstance(exc, ConfigError) else \
             409 if isinstance(exc, ConcurrencyError) else 500
+        if isinstance(exc, TaskNotFound):
+            api.suggest(exc, self.store)
         data = {"error": type(exc).__name__, "message": exc.message, "hint": getattr(exc, "hint", None)}
         return self.json(data, status) if as_json else self.html("error.html", data, request, status)
 
@@ -149,7 +151,9 @@ class Dashboard:
             if as_json:
                 return self.json(data)
             if request.headers.get("hx-request") and request.query_params.get("partial"):
-                return self.html(template.replace(".html", "_partial.html"), data, request)
+                # htmx stops polling on status 286: nothing running, nothing to watch
+                return self.html(template.replace(".html", "_partial.html"), data, request,
+                                 200 if data.get("live", True) else 286)
             return self.html(template, data, request)
         return view
 
@@ -166,8 +170,10 @@ class Dashboard:
         status = request.query_params.get("status") or None
         if status is not None and status not in queries.STATUSES:
             raise ConfigError(f"unknown status {status!r}", hint="one of " + ", ".join(queries.STATUSES))
-        return queries.tasks_page(self.store, self.cache, status=status, q=request.query_params.get("q"),
+        data = queries.tasks_page(self.store, self.cache, status=status, q=request.query_params.get("q"),
                                   page=self._int(request, "page"))
+        data["live"] = any(data["counts"].get(k) for k in ("running", "queued"))
+        return data
 
     @staticmethod
     def _int(request: Request, name: str, default: int = 1) -> int:
@@ -203,6 +209,18 @@ class Dashboard:
         if not request.url.path.endswith(".json"):
             data["growth_svg"] = growth_chart(data["growth"])
         return data
+
+    def rollback_confirm(self, request: Request) -> dict[str, Any]:
+        """What a rollback would do, for the confirmation step (nothing is written)."""
+        task_id, branch = self._arg(request, "task"), request.query_params.get("branch") or "main"
+        to = api.resolve_checkpoint(self.store, task_id, self._arg(request, "to"))
+        row = self.store.get_checkpoint(to)
+        head = self.store.get_ref(task_id, branch)
+        newer = sum(1 for r in self.store.list_checkpoints(task_id) if r.branch == branch and r.seq > row.seq) \
+            if head else 0
+        return {"task_id": task_id, "branch": branch, "to": to, "seq": row.seq, "event": row.event,
+                "step": row.step, "created_at": row.created_at, "newer": newer,
+                "command": self.cli("rollback", task_id, "--to", to, "--branch", branch)}
 
     # -- posts --
 
@@ -242,6 +260,9 @@ class Dashboard:
                                                    store=self.store), request)
                 self.cache.clear()
                 return RedirectResponse(f"/task?id={quote(task_id, safe='')}", 303)
+            if kind == "rollback" and f.get("confirm") != "yes":
+                return RedirectResponse("/rollback?" + urlencode({k: f.get(k, "") for k in ("task", "to", "branch")}),
+                                        303)
             if kind == "rollback":
                 await _threaded(lambda _: api.rollback(task_id, f.get("to", ""), branch=f.get("branch") or "main",
                                                        store=self.store), request)
@@ -257,7 +278,15 @@ class Dashboard:
                 return self.html("verified.html", data, request)
         except OvernightError as exc:
             return self.error(request, exc, False)
-        return PlainTextResponse("404: no such action", status_code=404)
+        return self.not_found(request)
+
+    def not_found(self, request: Request, exc: Exception | None = None) -> Response:
+        """A styled 404 naming the path that was not found (JSON for a ``.json`` path)."""
+        data = {"error": "NotFound", "message": f"no page {request.url.path!r} in this dashboard",
+                "hint": "the pages are / (tasks), /task?id=TASK_ID, /checkpoint, /drift, /journal and /storage"}
+        if request.url.path.endswith(".json"):
+            return self.json(data, 404)
+        return self.html("error.html", data, request, 404)
 
     async def artifact(self, request: Request) -> Response:
         try:
@@ -314,10 +343,11 @@ def create_app(store: Store | str | None = None, *, read_only: bool = False, tok
     routes.append(Route("/drift.json", d.drift_check, methods=["POST"]))
     routes.append(Route("/artifact", d.artifact))
     if not read_only:
+        routes.append(Route("/rollback", d.page("rollback.html", d.rollback_confirm)))
         routes.append(Route("/actions/{kind}", d.action, methods=["POST"]))
     routes.append(Mount("/static", StaticFiles(directory=str(resources.files("overnight.web") / "static")),
                         name="static"))
-    app = Starlette(routes=routes, lifespan=lifespan,
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: d.not_found},
                     middleware=[Middleware(_Guard, token=token, loopback=loopback)])
     app.state.dashboard = d
     return app

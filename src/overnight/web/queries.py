@@ -231,11 +231,12 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
     ``q`` keeps task ids (or goals) containing it (case-insensitive); ``per_page`` of those on
     page ``page``, most recently active first.
 
-    Returns ``{"tasks": [...], "counts": {status: n}, "total": n, "matching": n, "page": n,
+    Returns ``{"tasks": [...], "counts": {status: n}, "damaged": n (tasks whose head fails
+    verification), "total": n, "matching": n, "page": n,
     "pages": n, "filter": {...}}``.
     """
     now = time.time()
-    out, counts = [], {k: 0 for k in STATUSES}
+    out, counts, damaged = [], {k: 0 for k in STATUSES}, 0
     needle = (q or "").strip().lower()
     for t in s.list_tasks():
         refs = s.list_refs(t.task_id)
@@ -248,6 +249,7 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
                            todo=facts["todo"], steps_committed=chain["steps"], last_age_s=last_age,
                            leases=api.leases(t.task_id, store=s))
         counts[st.name] += 1
+        damaged += facts["problem"] is not None
         if status and st.name != status:
             continue
         if needle and needle not in t.task_id.lower() and needle not in t.goal.lower():
@@ -264,7 +266,8 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
     out.sort(key=lambda d: d["last_checkpoint_at"] or d["created_at"], reverse=True)
     pages = max(1, -(-len(out) // per_page))
     page = min(max(1, page), pages)
-    return {"tasks": out[(page - 1) * per_page: page * per_page], "counts": counts, "total": sum(counts.values()),
+    return {"tasks": out[(page - 1) * per_page: page * per_page], "counts": counts, "damaged": damaged,
+            "total": sum(counts.values()),
             "matching": len(out), "page": page, "pages": pages, "filter": {"status": status, "q": q}, "store": s.url}
 
 
