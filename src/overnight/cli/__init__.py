@@ -49,39 +49,12 @@ def _options(args: list[str], names: dict[str, str]) -> tuple[dict[str, str], li
     return opts, rest
 
 
-def _no_plugin_scan() -> None:
-    """With every pydantic plugin disabled, pydantic's plugin loader returns no plugins -- but
-    importing it imports ``importlib.metadata`` (and ``email``, ``zipfile``, ``csv`` ...), about
-    30 ms of a hook's CPU. Put in its place a module whose ``get_plugins`` returns the same
-    nothing, unless pydantic was imported already."""
-    import types
-
-    name = "pydantic.plugin._loader"
-    if name in sys.modules or "pydantic" in sys.modules:
-        return
-    stub = types.ModuleType(name, "overnight hook: pydantic plugins disabled (PYDANTIC_DISABLE_PLUGINS=__all__)")
-    stub.get_plugins = lambda: ()  # type: ignore[attr-defined]
-
-    def real(attr: str) -> object:  # any other name: the real loader, imported then
-        import importlib
-
-        if attr.startswith("__"):  # the import system asks for __path__ and the like
-            raise AttributeError(attr)
-        sys.modules.pop(name, None)
-        return getattr(importlib.import_module(name), attr)
-
-    stub.__getattr__ = real  # type: ignore[attr-defined]
-    sys.modules[name] = stub
-
-
 def _fast_hook(argv: list[str]) -> int | None:
     if len(argv) < 2 or argv[0] != "hook" or any(a in ("--help", "-h") for a in argv):
         return None
     # a hook builds only overnight's own pydantic models: skip pydantic's scan of every installed
     # distribution's entry points for plugins (set the variable to override)
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    if os.environ["PYDANTIC_DISABLE_PLUGINS"] == "__all__":
-        _no_plugin_scan()
     if argv[1] == "claude-code" and len(argv) >= 3 and argv[2] in HOOK_EVENTS:
         parsed = _options(argv[3:], {"--store": "store", "-s": "store"})
         if parsed is None or parsed[1]:
