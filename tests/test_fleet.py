@@ -13,7 +13,7 @@ import pytest
 
 from _fleet import chain_check, children_of, cli, project, queue_rows, side_log, start_worker, stop, wait_until, wasted
 
-pytestmark = pytest.mark.timeout(300)
+
 
 
 @pytest.fixture

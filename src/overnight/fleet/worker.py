@@ -153,6 +153,7 @@ class Worker:
         while True:
             try:
                 q = self._q()
+                q.expire_dead_lease(task.task_id)  # the child is gone: its task lease need not run out
                 head = q.store.get_ref(task.task_id, "main")
                 status = q.record_death(task, head, reason, base_s=self.backoff_s, max_deaths=self.max_deaths)
                 if status == "failed":

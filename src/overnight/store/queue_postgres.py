@@ -54,6 +54,9 @@ class PostgresQueue(SqlQueue):
             "EXISTS (SELECT 1 FROM {s}.leases l WHERE l.task_id=convert_to(q.task_id, 'UTF8') "
             "AND l.branch=convert_to('main', 'UTF8') AND l.holder_id<>''::bytea AND l.expires_at_ms > ?)")
 
+    def _enc(self, text: str) -> object:
+        return text.encode()
+
     def _next_seq(self, cur: Any) -> int:
         cur.execute(self.store._sql("SELECT nextval('{s}.queue_seq')"))
         return int(cur.fetchone()[0])
