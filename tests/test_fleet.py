@@ -202,3 +202,48 @@ def test_dropped_postgres_connections_mid_run(tmp_path: Path, pg_schema) -> None
     assert {i: rows[i].status for i in ids} == dict.fromkeys(ids, "complete")
     for i in ids:
         assert len(chain_check(store, i)["done"]) == 13
+
+
+SLOW_TASK = '''
+import time
+import overnight
+
+task = overnight.Task("slow", goal="slow steps", level="durable")
+
+@task.step
+def plan(ctx):
+    for i in range(50):
+        ctx.add_step("work", i=i)
+
+@task.step(planned=False)
+def work(ctx, i: int):
+    time.sleep(0.3)
+    return i
+'''
+
+
+def test_plain_run_shows_running_then_interrupted(tmp_path: Path) -> None:
+    """Without workers: a run holds the task lease, so `ls` tells a running task from a killed one."""
+    import subprocess
+
+    from _fleet import fleet_env
+    from _procs import CLI
+
+    project(tmp_path)
+    (tmp_path / "slow.py").write_text(SLOW_TASK)
+    store = f"sqlite://{tmp_path / 'q.db'}"
+    run = subprocess.Popen([*CLI, "run", "slow.py", "--store", store, "--quiet"], cwd=tmp_path,
+                           env=fleet_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def status() -> str:
+        res = cli(tmp_path, "ls", "--store", store, "--json")
+        return json.loads(res.stdout)[0]["status"] if res.returncode == 0 and res.stdout.strip() else ""
+
+    try:
+        got = wait_until(lambda: (lambda st: st if st.startswith("running") else "")(status()), 60, "running")
+        assert got.startswith("running (pid ") and "heartbeat" in got
+    finally:
+        stop(run)
+    assert status() == "interrupted"
+    res = cli(tmp_path, "status", "slow", "--store", store)
+    assert "interrupted" in res.stdout

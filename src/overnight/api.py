@@ -1093,3 +1093,11 @@ def retry(task_id: str, *, store: Store | str | None = None) -> Any:
 def cancel(task_id: str, *, store: Store | str | None = None) -> Any:
     """Cancel a submitted task (a running one stops at its next step boundary). Raises TaskNotFound."""
     return _queue_call(store, lambda q: q.cancel(task_id))
+
+
+def task_state(task_id: str, *, store: Store, complete: bool) -> str | None:
+    """What ``overnight ls`` says of a task from its queue row and task lease (``queued``,
+    ``running (worker W on HOST, heartbeat N s ago)``, ``stalled (...)``, ``interrupted``, ``failed
+    (REASON)``, ``cancelled``, ``complete``), or None for a store kind without a queue.
+    ``complete``: its verified head has nothing left to do."""
+    return task_status(store, task_id, complete=complete)

@@ -179,7 +179,9 @@ def describe(row: QueuedTask | None, lease: LeaseView | None, *, complete: bool,
         return f"failed ({row.reason})" if row.status == "failed" else "cancelled"
     if complete or (row is not None and row.status == "complete"):
         return "complete"
-    live = lease is not None and lease.holder_id != "" and lease.expires_at_ms > now
+    held = lease is not None and lease.holder_id != ""
+    gone = held and (lambda h: h is not None and h.is_gone())(Holder.from_json(lease.holder))  # type: ignore[union-attr]
+    live = held and not gone and lease.expires_at_ms > now  # type: ignore[union-attr]
     if live:
         assert lease is not None
         who = Holder.from_json(lease.holder)
@@ -197,10 +199,8 @@ def describe(row: QueuedTask | None, lease: LeaseView | None, *, complete: bool,
         if expires > now:
             return f"running (worker {row.worker_id} on {row.host}, heartbeat {_ago(now - (row.heartbeat_ms or now))} ago)"
         return f"stalled (lease expired {_ago(now - expires)} ago; another worker will take it over)"
-    if lease is not None and lease.holder_id != "":
-        who = Holder.from_json(lease.holder)
-        if who is not None and who.is_gone():
-            return "interrupted"
+    if held and not gone:
+        assert lease is not None
         return f"stalled (lease expired {_ago(now - lease.expires_at_ms)} ago; resume takes it over)"
     return "interrupted"
 
