@@ -1132,7 +1132,7 @@ def hook_run(
 
 
 from overnight.cli import fleet as _fleet  # noqa: E402 - submit, worker, workers, retry, cancel
-_fleet.register(app)
+_fleet.register(app, bench_app)
 
 
 @app.callback()

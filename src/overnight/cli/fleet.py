@@ -168,13 +168,61 @@ def cancel(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optiona
                                                   if row.status == "running" else row.status))
 
 
-def register(app: typer.Typer) -> None:
-    """Add the queue commands to ``app``."""
+def bench_fleet(
+    workers_n: int = typer.Option(4, "--workers", min=1, help="Worker processes per system."),
+    tasks: int = typer.Option(40, "--tasks", min=1, help="Tasks (DBOS: workflows) per system."),
+    steps: int = typer.Option(15, "--steps", min=1, help="Steps per task."),
+    concurrency: int = typer.Option(2, "--concurrency", min=1, help="Tasks run at once per worker."),
+    step_ms: float = typer.Option(0.0, "--step-ms", min=0, help="Time each step sleeps (ms)."),
+    lease: float = typer.Option(3.0, "--lease", help="Lease (s) of the overnight workers; bounds the takeover time."),
+    postgres: str = typer.Option("postgresql://postgres@127.0.0.1:5432/test", "--postgres",
+                                 help="PostgreSQL server (fresh schemas, dropped afterwards)."),
+    no_postgres: bool = typer.Option(False, "--no-postgres", help="SQLite only."),
+    no_sqlite: bool = typer.Option(False, "--no-sqlite", help="PostgreSQL only."),
+    no_dbos: bool = typer.Option(False, "--no-dbos", help="Leave DBOS out (it needs `pip install dbos`)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Directory for fleet.md, fleet.json and fleet.png."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
+) -> None:
+    """Workers under load: tasks/s, step commits/s, claim latency p50/p99, takeover time after
+    SIGKILL -- overnight on SQLite and PostgreSQL, next to DBOS's queue running the same workload
+    on the same PostgreSQL server in the same run."""
+    import os
+    from pathlib import Path
+
+    from overnight.bench.fleet import markdown, plot, run_fleet_bench, to_json
+
+    load = os.popen("uptime").read().strip()
+    try:
+        results = run_fleet_bench(postgres=None if no_postgres else postgres, sqlite=not no_sqlite,
+                                  workers=workers_n, concurrency=concurrency, tasks=tasks, steps=steps,
+                                  step_ms=step_ms, lease_s=lease, dbos=not no_dbos and not no_postgres)
+    except ImportError as exc:
+        from overnight.cli.app import _need_extra
+
+        _need_extra(exc, "bench")
+    except OvernightError as exc:
+        _fail(exc)
+    if out:
+        d = Path(out)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "fleet.md").write_text(markdown(results, load))
+        (d / "fleet.json").write_text(json.dumps(to_json(results, load), indent=2))
+        plot(results, d / "fleet.png")
+    if as_json:
+        render.print_json(to_json(results, load))
+        return
+    render.out.print(markdown(results, load), markup=False)
+
+
+def register(app: typer.Typer, bench_app: typer.Typer | None = None) -> None:
+    """Add the queue commands to ``app`` (and ``fleet`` to ``overnight bench``)."""
     app.command()(submit)
     app.command()(worker)
     app.command()(workers)
     app.command()(retry)
     app.command()(cancel)
+    if bench_app is not None:
+        bench_app.command("fleet")(bench_fleet)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -240,6 +240,12 @@ class Worker:
             except OvernightError:
                 pass
             self._drop_store()
+            stats_path = os.environ.get("OVERNIGHT_WORKER_STATS")  # `overnight bench fleet` reads these
+            if stats_path:
+                import json
+
+                with open(stats_path, "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps({"worker_id": self.worker_id, **self.stats.__dict__}) + "\n")
         return 0
 
 
