@@ -146,6 +146,22 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (the worker's fork server and the sessions it forked)."""
+    out, todo = [], [pid]
+    while todo:
+        kids = children_of(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def sessions_of(store_url: str, worker_id: str) -> list[int]:
+    """Pids of the sessions running a task for ``worker_id`` (from the queue rows)."""
+    return [r.pid for r in queue_rows(store_url).values() if r.worker_id == worker_id and r.status == "running"
+            and r.pid]
+
+
 def stop(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     if proc.poll() is None:
         try:
@@ -164,5 +180,5 @@ def wasted(log: list[tuple[str, int, int]]) -> int:
     return sum(c - 1 for c in counts.values())
 
 
-__all__ = ["chain_check", "children_of", "cli", "project", "queue_rows", "side_log", "start_worker", "stop",
+__all__ = ["chain_check", "children_of", "descendants", "sessions_of", "cli", "project", "queue_rows", "side_log", "start_worker", "stop",
            "wait_until", "wasted", "sys"]

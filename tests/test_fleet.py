@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from _fleet import chain_check, children_of, cli, project, queue_rows, side_log, start_worker, stop, wait_until, wasted
+from _fleet import chain_check, cli, descendants, project, queue_rows, side_log, start_worker, stop, wait_until, wasted
 
 
 
@@ -159,7 +159,7 @@ def test_paused_holder_is_taken_over_and_gets_lease_lost(tmp_path: Path, pg_sche
     try:
         wait_until(lambda: len(side_log(tmp_path)) >= 2, 60, "A runs steps")
         child = queue_rows(store)[tid].pid
-        assert child in children_of(a.pid)
+        assert child in descendants(a.pid)
         os.kill(child, signal.SIGSTOP)  # a pause past the lease: A's session stops heartbeating
         paused_at = len(side_log(tmp_path))
         b = start_worker(tmp_path, store, "--lease", "1.5", "--worker-id", "B", "--idle-exit", "3", name="b")

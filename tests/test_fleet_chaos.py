@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from _fleet import chain_check, children_of, cli, project, queue_rows, side_log, start_worker, stop
+from _fleet import chain_check, cli, descendants, project, queue_rows, sessions_of, side_log, start_worker, stop
 
 
 def _chaos(tmp_path: Path, store: str, *, tasks: int, steps: int, workers: int, concurrency: int,
@@ -36,6 +36,7 @@ def _chaos(tmp_path: Path, store: str, *, tasks: int, steps: int, workers: int, 
     args = ("--concurrency", str(concurrency), "--lease", "2", "--backoff", "0.2", "--max-deaths", "50")
     procs = {f"w{i}": start_worker(tmp_path, store, *args, "--worker-id", f"w{i}", name=f"w{i}")
              for i in range(workers)}
+    ids_of = {name: name for name in procs}  # slot -> the worker id running in it
     rng = random.Random(13)
     kills = {"workers": 0, "children": 0, "sessions": 0}
     started = time.monotonic()
@@ -49,7 +50,7 @@ def _chaos(tmp_path: Path, store: str, *, tasks: int, steps: int, workers: int, 
             time.sleep(kill_every * rng.uniform(0.6, 1.4))
             name = rng.choice(sorted(procs))
             victim = procs[name]
-            kids = children_of(victim.pid)
+            kids = [p for p in sessions_of(store, ids_of[name]) if p in descendants(victim.pid)]
             if kids and rng.random() < 0.4:  # only one task's session
                 import os
 
@@ -65,6 +66,7 @@ def _chaos(tmp_path: Path, store: str, *, tasks: int, steps: int, workers: int, 
             kills["sessions"] += len(kids)
             n += 1
             procs[name] = start_worker(tmp_path, store, *args, "--worker-id", f"w{n}", name=f"w{n}")
+            ids_of[name] = f"w{n}"
     finally:
         for p in procs.values():
             stop(p, signal.SIGTERM)

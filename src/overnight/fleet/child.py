@@ -31,13 +31,36 @@ EXIT_STORE_GONE = 75
 
 
 def _die_with_parent(worker_pid: int) -> None:
+    """SIGKILL this process when its parent (the worker, or the worker's fork server, which exits
+    with the worker) dies; exit now if the worker is already gone."""
+    parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if os.getppid() != worker_pid:
+    try:
+        os.kill(worker_pid, 0)
+    except ProcessLookupError:
         os._exit(EXIT_STORE_GONE)  # the worker died before we got here
+    if os.getppid() != parent:
+        os._exit(EXIT_STORE_GONE)
+
+
+def forked(argv: list[str]) -> None:
+    """Entry point in a process forked by the worker's fork server (modules already imported):
+    a session of its own (a Ctrl-C in the terminal reaches only the worker), then :func:`main`."""
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        code = main(argv)
+    except Exception:  # noqa: BLE001 - a crash is a death the worker counts; say why on stderr
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _load(entry: str, task_id: str, params: dict):

@@ -36,6 +36,26 @@ from overnight.store.queue import QueuedTask, WorkerRow, queue_for
 LOG = logging.getLogger("overnight.worker")
 
 
+class _Forked:
+    """A session process from the fork server, with the ``Popen`` methods the worker uses."""
+
+    def __init__(self, ctx: Any, argv: list[str]) -> None:
+        from overnight.fleet.child import forked
+
+        self._p = ctx.Process(target=forked, args=(argv,), daemon=False)
+        self._p.start()
+        self.pid = self._p.pid
+
+    def poll(self) -> int | None:
+        return self._p.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self._p.kill()
+
+
 @dataclass
 class _Child:
     task: QueuedTask
@@ -68,12 +88,14 @@ class Worker:
         lease_ms: claim and task-lease TTL (heartbeat every third of it).
         max_deaths: deaths in a row without a new checkpoint before a task is parked ``failed``.
         backoff_s: first retry delay after a death (doubles per death, at most 10 min).
+        fork_server: start sessions from a fork server that has overnight imported (default);
+            False: a fresh ``python -m overnight.fleet.child`` per session.
     """
 
     def __init__(self, store_url: str, *, queues: list[str] | None = None, concurrency: int = 1,
                  max_tasks: int | None = None, idle_exit_s: float | None = None, worker_id: str | None = None,
                  lease_ms: int = DEFAULT_TTL_MS, max_deaths: int = 3, backoff_s: float = 2.0,
-                 poll_s: float = 0.2, python: str | None = None) -> None:
+                 poll_s: float = 0.2, python: str | None = None, fork_server: bool = True) -> None:
         if concurrency < 1:
             raise ConfigError(f"--concurrency must be at least 1, got {concurrency}")
         if lease_ms < 300:
@@ -89,6 +111,8 @@ class Worker:
         self.backoff_s = backoff_s
         self.poll_s = poll_s
         self.python = python or sys.executable
+        self.fork_server = fork_server
+        self._mp: Any = None
         self.stats = WorkerStats()
         self._children: dict[str, _Child] = {}
         self._signals = 0
@@ -131,10 +155,26 @@ class Worker:
 
     # -- children ----------------------------------------------------------------------------------
     def _spawn(self, task: QueuedTask) -> None:
-        cmd = [self.python, "-m", "overnight.fleet.child", self.store_url, task.task_id, str(task.claim_token),
-               str(self.lease_ms), str(os.getpid())]
-        proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL)
+        argv = [self.store_url, task.task_id, str(task.claim_token), str(self.lease_ms), str(os.getpid())]
+        if self.fork_server:
+            proc: Any = _Forked(self._context(), argv)
+        else:
+            proc = subprocess.Popen([self.python, "-m", "overnight.fleet.child", *argv], start_new_session=True,
+                                    stdin=subprocess.DEVNULL)
         self._children[task.task_id] = _Child(task, proc, time.monotonic())
+
+    def _context(self) -> Any:
+        """A ``forkserver`` multiprocessing context with overnight already imported: a session
+        starts in milliseconds instead of a Python start-up, from a clean process (not a fork of
+        this one, whose threads and connections a child must not inherit)."""
+        if self._mp is None:
+            import multiprocessing
+
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["overnight.fleet.child", "overnight.orchestrate.runner", "overnight.api",
+                                        "overnight.store.sqlite", "overnight.store.postgres"])
+            self._mp = ctx
+        return self._mp
 
     def _reap(self) -> None:
         for task_id, child in list(self._children.items()):
