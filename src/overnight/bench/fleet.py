@@ -138,7 +138,7 @@ def run_overnight(store: str, *, workers: int, concurrency: int, tasks: int, ste
     return FleetResult("overnight", store.split("://", 1)[0], workers, concurrency, tasks, steps, round(seconds, 2),
                        round(tasks / seconds, 2), round(tasks * (steps + 1) / seconds, 1), _pct(claims, 0.5),
                        _pct(claims, 0.99), takeover, lease_s,
-                       ["one child process per task (python start-up included)", "timed from the workers' start"])
+                       ["one session process per task, forked from a fork server with overnight imported", "every step a verified checkpoint (digest, fingerprint, journal row)", "timed from the workers' start; tasks submitted before"])
 
 
 def takeover_probe(store: str, *, project: Path, lease_s: float) -> float:
