@@ -171,8 +171,9 @@ class Worker:
             import multiprocessing
 
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["overnight.fleet._forkserver_guard", "overnight.fleet.child", "overnight.orchestrate.runner", "overnight.api",
-                                        "overnight.store.sqlite", "overnight.store.postgres"])
+            ctx.set_forkserver_preload(["overnight.fleet._forkserver_guard", "overnight.fleet.child",
+                                        "overnight.orchestrate.runner", "overnight.api", "overnight.store.sqlite",
+                                        "overnight.store.postgres", "overnight.fleet._warm"])
             self._mp = ctx
         return self._mp
 
