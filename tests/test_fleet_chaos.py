@@ -28,7 +28,7 @@ def _chaos(tmp_path: Path, store: str, *, tasks: int, steps: int, workers: int, 
     try:
         for t in range(tasks):
             row, created = api.submit("tasks/chaos.py", store=store, task_id=f"c{t:02d}",
-                                      params={"steps": steps, "sleep": 0.05, "tag": "t" * (t % 7)})
+                                      params={"steps": steps, "sleep": 0.2, "tag": "t" * (t % 7)})
             assert created
             ids.append(row.task_id)
     finally:
@@ -48,7 +48,8 @@ def _chaos(tmp_path: Path, store: str, *, tasks: int, steps: int, workers: int, 
                 break
             assert time.monotonic() - started < budget_s, collections.Counter(r.status for r in rows.values())
             time.sleep(kill_every * rng.uniform(0.6, 1.4))
-            name = rng.choice(sorted(procs))
+            busy = [nm for nm in sorted(procs) if sessions_of(store, ids_of[nm])]
+            name = rng.choice(busy if busy and rng.random() < 0.8 else sorted(procs))  # mostly kill work in flight
             victim = procs[name]
             kids = [p for p in sessions_of(store, ids_of[name]) if p in descendants(victim.pid)]
             if kids and rng.random() < 0.4:  # only one task's session
