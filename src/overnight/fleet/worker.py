@@ -113,6 +113,7 @@ class Worker:
         self.python = python or sys.executable
         self.fork_server = fork_server
         self._mp: Any = None
+        self._again = False
         self.stats = WorkerStats()
         self._children: dict[str, _Child] = {}
         self._signals = 0
@@ -230,7 +231,8 @@ class Worker:
                                       base_s=0.0, max_deaths=self.max_deaths) == "failed":
                 self.stats.parked += 1
                 return None
-            return None  # queued again without delay (base 0): claimed as usual on the next round
+            self._again = True  # queued again without delay (base 0): claim it (or another) at once
+            return None
         return task
 
     def run(self) -> int:
@@ -269,8 +271,9 @@ class Worker:
                     idle_since = time.monotonic()
                 elif self.idle_exit_s is not None and time.monotonic() - idle_since >= self.idle_exit_s:
                     break
-                if claimed is None:
+                if claimed is None and not self._again:
                     time.sleep(self.poll_s)
+                self._again = False
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
