@@ -162,6 +162,34 @@ def sessions_of(store_url: str, worker_id: str) -> list[int]:
             and r.pid]
 
 
+def client_ports(pids: list[int]) -> set[int]:
+    """Local TCP ports of the sockets these processes hold (to find their PostgreSQL backends by
+    ``pg_stat_activity.client_port``)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if cols[9] in inodes:
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def stop(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     if proc.poll() is None:
         try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from _fleet import chain_check, cli, descendants, project, queue_rows, side_log, start_worker, stop, wait_until, wasted
+from _fleet import chain_check, cli, client_ports, descendants, project, queue_rows, side_log, start_worker, stop, wait_until, wasted
 
 
 
@@ -185,19 +185,22 @@ def test_dropped_postgres_connections_mid_run(tmp_path: Path, pg_schema) -> None
     project(tmp_path)
     ids = [_submit(tmp_path, store, "--id", f"t{i}", "--param", "steps=12", "--param", "sleep=0.1")["task_id"]
            for i in range(3)]
-    w = start_worker(tmp_path, store, "--concurrency", "3", "--lease", "2", "--backoff", "0.2", "--idle-exit", "4",
-                     "--max-deaths", "10")
+    # default --max-deaths (3): a store outage must not count as deaths of the tasks
+    w = start_worker(tmp_path, store, "--concurrency", "3", "--lease", "2", "--backoff", "0.2", "--idle-exit", "4")
+    dropped = 0
     try:
         for _ in range(3):
             wait_until(lambda: len(side_log(tmp_path)) >= 4, 60, "steps")
-            time.sleep(0.7)
+            time.sleep(1.5)
+            ports = sorted(client_ports([w.pid, *descendants(w.pid)]))  # only this test's connections
             with psycopg.connect(url, autocommit=True) as conn:
-                # only this test's connections: their last statement names its schema
-                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-                             "AND datname = current_database() AND position(%s in query) > 0", (schema,))
+                dropped += len(conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                    "AND client_port = ANY(%s)", (ports,)).fetchall())
         assert w.wait(timeout=180) == 0, (tmp_path / "w.err").read_text()
     finally:
         stop(w)
+    assert dropped >= 3  # the worker's and its sessions' connections were cut
     rows = queue_rows(store)
     assert {i: rows[i].status for i in ids} == dict.fromkeys(ids, "complete")
     for i in ids:

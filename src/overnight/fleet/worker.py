@@ -33,6 +33,10 @@ from overnight.store import open_store
 from overnight.store.leases import DEFAULT_TTL_MS, now_ms
 from overnight.store.queue import QueuedTask, WorkerRow, queue_for
 
+EXIT_STORE_GONE = 75
+"""A session's exit status when the store became unreachable (:mod:`overnight.fleet.child`): the
+task is queued again, and the death is not counted against it."""
+
 LOG = logging.getLogger("overnight.worker")
 
 
@@ -186,8 +190,29 @@ class Worker:
             del self._children[task_id]
             if code == 0:
                 continue
+            if code == EXIT_STORE_GONE:  # the store went away under the session: not the task's fault
+                self._store_retry(lambda q: q.release(child.task.task_id, child.task.claim_token,
+                                                      not_before_ms=now_ms() + int(self.backoff_s * 1000)))
+                continue
             reason = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
             self._death(child.task, f"session {reason}")
+
+    def _store_retry(self, fn: Any) -> Any:
+        """``fn(queue)``, retried with a backoff while the store is unreachable (not after a second
+        signal: then the claim expires by itself)."""
+        delay = 0.5
+        while True:
+            try:
+                return fn(self._q())
+            except ConfigError:
+                raise
+            except OvernightError as exc:
+                if self._signals > 1:
+                    return None
+                LOG.warning("store unavailable (%s); retrying in %.1f s", exc, delay)
+                self._drop_store()
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
 
     def _death(self, task: QueuedTask, reason: str) -> None:
         self.stats.deaths += 1
