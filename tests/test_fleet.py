@@ -250,3 +250,20 @@ def test_plain_run_shows_running_then_interrupted(tmp_path: Path) -> None:
     assert status() == "interrupted"
     res = cli(tmp_path, "status", "slow", "--store", store)
     assert "interrupted" in res.stdout
+
+
+def test_second_signal_abandons_the_step_in_flight(tmp_path: Path, sqlite_url: str) -> None:
+    tid = _submit(tmp_path, sqlite_url, "--param", "steps=5", "--param", "sleep=8")["task_id"]
+    w = start_worker(tmp_path, sqlite_url, "--lease", "3")
+    try:
+        wait_until(lambda: len(side_log(tmp_path)) >= 1, 60, "the first step in flight")
+        t0 = time.monotonic()
+        w.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        w.send_signal(signal.SIGTERM)
+        assert w.wait(timeout=30) == 0
+        assert time.monotonic() - t0 < 7  # did not wait for the 8 s step
+    finally:
+        stop(w)
+    assert chain_check(sqlite_url, tid)["done"] == ["plan"]  # nothing of the abandoned step committed
+    assert queue_rows(sqlite_url)[tid].status == "queued"
