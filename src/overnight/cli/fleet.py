@@ -6,7 +6,6 @@ Registered on the main app by :func:`register` (one line in :mod:`overnight.cli.
 from __future__ import annotations
 
 import json
-import sys
 from typing import Optional
 
 import typer
@@ -223,7 +222,3 @@ def register(app: typer.Typer, bench_app: typer.Typer | None = None) -> None:
     app.command()(cancel)
     if bench_app is not None:
         bench_app.command("fleet")(bench_fleet)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(0)

@@ -30,7 +30,6 @@ Statuses (``QueuedTask.status``): ``queued`` / ``running`` / ``failed`` (``reaso
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -234,10 +233,6 @@ def task_status(store: Any, task_id: str, *, complete: bool) -> str | None:
     if q is None:
         return None
     return describe(q.get(task_id), q.lease(task_id), complete=complete)
-
-
-def sleep_until(deadline: float) -> None:
-    time.sleep(max(0.0, deadline - time.monotonic()))
 
 
 __all__ = ["COLUMNS", "ClaimLost", "LeaseView", "QueuedTask", "STATUSES", "WorkerRow", "backoff_ms", "describe",
