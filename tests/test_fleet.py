@@ -267,3 +267,22 @@ def test_second_signal_abandons_the_step_in_flight(tmp_path: Path, sqlite_url: s
         stop(w)
     assert chain_check(sqlite_url, tid)["done"] == ["plan"]  # nothing of the abandoned step committed
     assert queue_rows(sqlite_url)[tid].status == "queued"
+
+
+def test_queue_row_params_changed_behind_the_task_are_refused(tmp_path: Path, sqlite_url: str) -> None:
+    """The queue row is not covered by a digest: a resumed task runs with its verified params."""
+    import sqlite3
+
+    tid = _submit(tmp_path, sqlite_url, "--id", "p", "--param", "steps=30", "--param", "sleep=0.3")["task_id"]
+    w = start_worker(tmp_path, sqlite_url, "--lease", "3")
+    wait_until(lambda: len(side_log(tmp_path)) >= 1, 60, "a step")
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=30) == 0
+    db = sqlite3.connect(tmp_path / "q.db")
+    db.execute("UPDATE queue SET params=? WHERE task_id=?", (json.dumps({"steps": 30, "sleep": 0.3, "tag": "x"}), tid))
+    db.commit()
+    db.close()
+    w2 = start_worker(tmp_path, sqlite_url, "--idle-exit", "2", name="w2")
+    assert w2.wait(timeout=60) == 0
+    row = queue_rows(sqlite_url)[tid]
+    assert row.status == "failed" and "params differ" in row.reason

@@ -78,6 +78,31 @@ def _load(entry: str, task_id: str, params: dict):
     return task
 
 
+def _params_mismatch(store, task_id: str, params: dict) -> str | None:  # type: ignore[no-untyped-def]
+    """Why the queue row's params cannot be used, or None: a task that already has checkpoints
+    runs with the params its verified head's spec records (the queue row is not covered by any
+    digest; a row changed behind the task's back must not change what its steps see)."""
+    from overnight.codec.canonical import to_tree
+    from overnight.errors import NotFound, OvernightError
+    from overnight.verify.chain import load_head
+    from overnight.verify.integrity import signing_key_from_env
+
+    try:
+        if store.get_ref(task_id, "main") is None:
+            return None  # a new task: its first checkpoint records these params
+        loaded, _ = load_head(store, task_id, "main", key=signing_key_from_env(), deep=False)
+    except NotFound:
+        return None
+    except OvernightError as exc:
+        return f"cannot verify its head to check its params: {exc.message}"
+    spec = loaded.state_tree["task"]["spec"]
+    recorded = spec.get("params", {}) if isinstance(spec, dict) else {}
+    if recorded != (to_tree(params, "task params") if params else {}):
+        return ("the queue row's params differ from those its verified checkpoints record; not running it "
+                "with unverified params")
+    return None
+
+
 def main(argv: list[str]) -> int:
     store_url, task_id, token, ttl_ms, worker_pid = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
     _die_with_parent(worker_pid)
@@ -114,6 +139,9 @@ def main(argv: list[str]) -> int:
         why = exc.message if isinstance(exc, OvernightError) else f"{type(exc).__name__}: {exc}"
         return finish("failed", f"cannot import {row.entry}: {why}")
 
+    mismatch = _params_mismatch(qstore, task_id, row.params)
+    if mismatch is not None:
+        return finish("failed", mismatch)
     runner = Runner(task, store_url, lease_ttl_ms=ttl_ms, handle_signals=True)
     cancelled = threading.Event()
     lost = threading.Event()
