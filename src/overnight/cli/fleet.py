@@ -124,7 +124,9 @@ def worker(
 
 def workers(store: Optional[str] = StoreOpt,
             as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")) -> None:
-    """List workers: id, host, pid, started, tasks held, last heartbeat, state."""
+    """List workers: id, host, pid, state, tasks held, started, last heartbeat. A worker whose last
+    heartbeat is older than 90 s shows as `silent` (killed, or its machine gone: its tasks are
+    taken over once their leases expire); `stopped` ones exited cleanly."""
     from overnight import api
 
     try:
@@ -138,7 +140,9 @@ def workers(store: Optional[str] = StoreOpt,
 
     now = now_ms()
     render.table(None, ["worker", "host", "pid", "state", "held", "started", "heartbeat"],
-                 [(w.worker_id, w.host, w.pid, w.state, f"{w.held}/{w.concurrency}",
+                 [(w.worker_id, w.host, w.pid,
+                   "silent" if w.state != "stopped" and now - w.heartbeat_ms > 90_000 else w.state,
+                   f"{w.held}/{w.concurrency}",
                    f"{(now - w.started_ms) / 1000:.0f} s ago", f"{(now - w.heartbeat_ms) / 1000:.0f} s ago")
                   for w in rows])
 
