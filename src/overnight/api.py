@@ -33,6 +33,7 @@ from overnight.store import Store, default_store_url, open_store
 from overnight.store import exists as store_exists
 from overnight.store import location as store_location
 from overnight.store.blobs import BlobReader
+from overnight.store.queue import describe, queue_for, task_status
 from overnight.store.tiered import TieredStore, tiered
 from overnight.verify import branching
 from overnight.verify import archive as archiving
@@ -364,9 +365,17 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
                     status = "rolled back"  # the ref was moved back: `overnight status` / `verify` say from where
             except OvernightError:
                 status = "invalid"
+        if status in ("in progress", "complete"):  # who holds it: running / stalled / queued / failed ...
+            status = task_status(s, t.task_id, complete=status == "complete") or status
         out.append(TaskSummary(t.task_id, t.goal, status, done, total, sorted(refs), len(rows),
                                max((r.created_at for r in rows), default=None), t.created_at,
                                store_location(s.url), _damaged_records(rows, key), fell_back))
+    q = queue_for(s)
+    for row in q.list() if q is not None else []:  # submitted, not started yet
+        if row.task_id not in seen:
+            seen.add(row.task_id)
+            out.append(TaskSummary(row.task_id, f"({row.entry})", describe(row, None, complete=False), 0, 0, [], 0,
+                                   None, "", store_location(s.url)))
     return out
 
 
@@ -688,6 +697,8 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
                                    if fallback else set())
         if moved_back is not None:
             rep.status, rep.rollback = "rolled back", moved_back.describe()
+        else:
+            rep.status = task_status(s, task_id, complete=not st.todo) or rep.status
         if drift:
             task = load_stored_task(task_id, recorded=s.get_task(task_id).entry, verified=_spec_entry(loaded),
                                     override=entry, checkpoint_id=loaded.id)
@@ -1084,3 +1095,48 @@ def usage(task_id: str, *, store: Store) -> dict[str, Any]:
     tokens in/out, tokens saved by resume (replayed from the call journal), per model, and the
     cost in USD when ``[prices]`` covers every model (else None)."""
     return _usage(store, task_id)
+
+
+# --- the queue: submit / workers / retry / cancel (overnight.fleet runs the workers) --------------
+
+
+def submit(entry: str, *, store: Store | str | None = None, task_id: str | None = None,
+           params: dict[str, Any] | None = None, queue: str = "default", priority: int = 0,
+           not_before: Any = None, idempotency_key: str | None = None) -> tuple[Any, bool]:
+    """Queue the task defined at ``entry`` for ``overnight worker``; returns ``(QueuedTask,
+    created)``. See :func:`overnight.fleet.submit.submit`."""
+    from overnight.fleet.submit import submit as submit_task
+
+    return submit_task(entry, store=store, task_id=task_id, params=params, queue=queue, priority=priority,
+                       not_before=not_before, idempotency_key=idempotency_key)
+
+
+def _queue_call(store: Store | str | None, fn: Callable[[Any], Any]) -> Any:
+    with _opened(store) as s:
+        q = queue_for(s)
+        if q is None:
+            raise ConfigError(f"store {s.url} has no queue; workers need an sqlite:// or postgresql:// store")
+        return fn(q)
+
+
+def workers(*, store: Store | str | None = None) -> list[Any]:
+    """Workers that registered in the store's queue (:class:`~overnight.store.queue.WorkerRow`)."""
+    return _queue_call(store, lambda q: q.workers())
+
+
+def retry(task_id: str, *, store: Store | str | None = None) -> Any:
+    """Queue a ``failed`` or ``cancelled`` task again. Raises TaskNotFound when it was never submitted."""
+    return _queue_call(store, lambda q: q.retry(task_id))
+
+
+def cancel(task_id: str, *, store: Store | str | None = None) -> Any:
+    """Cancel a submitted task (a running one stops at its next step boundary). Raises TaskNotFound."""
+    return _queue_call(store, lambda q: q.cancel(task_id))
+
+
+def task_state(task_id: str, *, store: Store, complete: bool) -> str | None:
+    """What ``overnight ls`` says of a task from its queue row and task lease (``queued``,
+    ``running (worker W on HOST, heartbeat N s ago)``, ``stalled (...)``, ``interrupted``, ``failed
+    (REASON)``, ``cancelled``, ``complete``), or None for a store kind without a queue.
+    ``complete``: its verified head has nothing left to do."""
+    return task_status(store, task_id, complete=complete)

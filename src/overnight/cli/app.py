@@ -1136,6 +1136,10 @@ def hook_run(
     raise typer.Exit(code)
 
 
+from overnight.cli import fleet as _fleet  # noqa: E402 - submit, worker, workers, retry, cancel
+_fleet.register(app, bench_app)
+
+
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:

@@ -124,6 +124,7 @@ class StepContext:
         self.goal: str = runner.task.goal
         self.step: str = entry["name"]
         self.args = args
+        self.params: dict[str, Any] = dict(runner.task.params)  # the submission's parameters (``overnight submit``)
         self._state_reads: set[str] = set()
         self.state: dict[str, Any] = StateDict(from_tree(runner.state["data"], "state.data"), self._state_reads)
         self.reads: dict[str, Any] = {"inputs": {}, "listings": {}, "sources": {}, "env": {}, "packages": {},

@@ -180,6 +180,9 @@ class Task:
     media: list[str] | None = None
     steps: dict[str, StepDef] = field(default_factory=dict, repr=False)
     sources: dict[str, Callable[[], Any]] = field(default_factory=dict, repr=False)
+    params: dict[str, Any] = field(default_factory=dict)
+    """Parameters of this submission (``overnight submit --params``), read by steps as
+    ``ctx.params``; recorded in the spec, so part of every checkpoint's digest."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", self.id):
@@ -263,6 +266,7 @@ class Task:
             "env": sorted(self.env),
             "salt": secrets.token_hex(16),
             "entry": self.entry,
+            **({"params": to_tree(self.params, "task params")} if self.params else {}),
         }
 
     def initial_todo(self) -> list[dict[str, Any]]:

@@ -82,10 +82,30 @@ def installed(names: list[str] | None = None) -> dict[str, str]:
         return out
     found: dict[str, str] = {}
     for dist in md.distributions():
-        name = dist.metadata["Name"] if dist.metadata else None
+        name, version = _name_version(dist)
         if name:
-            found.setdefault(normalize(name), dist.version)
+            found.setdefault(normalize(name), version)
     return dict(sorted(found.items()))
+
+
+def _name_version(dist) -> tuple[str | None, str | None]:  # type: ignore[no-untyped-def]
+    """``Name`` and ``Version`` from the header of a distribution's metadata, read line by line up
+    to the first blank line (the email parser would also parse the long description: ~1 ms per
+    distribution, ~0.5 s per run for a few hundred); the email parser when the header lacks one."""
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    name = version = None
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, sep, value = line.partition(":")
+        if sep and key == "Name" and name is None:
+            name = value.strip()
+        elif sep and key == "Version" and version is None:
+            version = value.strip()
+    if name is None or version is None:
+        meta = dist.metadata
+        return (meta["Name"] if meta else None), dist.version
+    return name, version
 
 
 def digest_path(path: str | os.PathLike) -> str:

@@ -32,7 +32,7 @@ from overnight.store.leases import can_take_over, describe_holder, now_ms
 from overnight.verify.chain import load_head
 from overnight.verify.integrity import load_checkpoint, parse_record, signing_key_from_env
 
-STATUSES = ("queued", "running", "stalled", "interrupted", "failed", "complete")
+STATUSES = ("queued", "running", "stalled", "interrupted", "failed", "cancelled", "complete")
 """Task statuses the dashboard shows, in the order of its filter."""
 
 RUNNING_WINDOW_S = 60.0
@@ -248,6 +248,10 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
         st = derive_status(verified=facts["verified"], problem=facts["problem"], done=facts["done"],
                            todo=facts["todo"], steps_committed=chain["steps"], last_age_s=last_age,
                            leases=api.leases(t.task_id, store=s))
+        real = api.task_state(t.task_id, store=s, complete=facts["todo"] == 0) if facts["verified"] else None
+        if real is not None:  # the queue and the task lease say it, not the checkpoints' age
+            name = real.split(" ", 1)[0]
+            st = Status(name, real[len(name):].strip(" ()") or None, source="queue")
         counts[st.name] += 1
         damaged += facts["problem"] is not None
         if status and st.name != status:

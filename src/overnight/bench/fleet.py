@@ -1,0 +1,295 @@
+"""``overnight bench fleet``: the queue and its workers under load, next to DBOS's queue.
+
+Workload: ``tasks`` tasks of ``steps`` steps (each step returns a small dict and sleeps
+``step_ms``), run by ``workers`` worker processes (``concurrency`` sessions each) on one store.
+Measured, in one run on one server:
+
+* **tasks/s** and **step commits/s**: from the workers' start to the last task complete (the
+  tasks are submitted before; every task also commits its plan step);
+* **claim latency** p50/p99 (ms): each successful claim transaction, as the workers time it;
+* **takeover** (s): one task with slow steps, two workers; SIGKILL the one running it; time from
+  the kill until a step of the task runs in another process (bounded by the lease, ``lease_s``).
+
+DBOS (``pip install dbos``) runs the same workload on the same PostgreSQL server: a workflow of
+``steps`` ``@DBOS.step`` calls, enqueued ``tasks`` times on a queue with ``worker_concurrency``
+equal to ``concurrency``, ``workers`` DBOS processes (distinct executor ids), its system tables in
+their own schema (:mod:`overnight.bench.fleet_dbos`). Its time runs from the first enqueue to the
+last workflow ``SUCCESS``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+TASK_FILE = '''
+import os, time
+import overnight
+
+task = overnight.Task("bench", goal="fleet benchmark", level="durable")
+
+@task.step
+def plan(ctx):
+    for i in range(int(ctx.params["steps"])):
+        ctx.add_step("work", i=i)
+
+@task.step(planned=False)
+def work(ctx, i: int):
+    log = os.environ.get("BENCH_SIDE_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{ctx.task_id} {i} {os.getpid()} {time.time()}\\n")
+    time.sleep(float(ctx.params["step_ms"]) / 1000)
+    return {"i": i}
+'''
+
+
+@dataclass
+class FleetResult:
+    """One system's figures (see the module docstring); ``None`` where not measured."""
+
+    system: str
+    store: str
+    workers: int
+    concurrency: int
+    tasks: int
+    steps: int
+    seconds: float
+    tasks_per_s: float
+    step_commits_per_s: float
+    claim_p50_ms: float | None = None
+    claim_p99_ms: float | None = None
+    takeover_s: float | None = None
+    lease_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(q * len(values)))], 2)
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    e = dict(os.environ)
+    e.pop("OVERNIGHT_STORE", None)
+    src = str(Path(__file__).resolve().parents[2])
+    e["PYTHONPATH"] = os.pathsep.join([src, e.get("PYTHONPATH", "")])
+    e.update(extra)
+    return e
+
+
+def _workers(project: Path, store: str, n: int, concurrency: int, lease_s: float, extra: dict[str, str],
+             *args: str) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-m", "overnight", "worker", "--store", store, "--concurrency",
+                              str(concurrency), "--lease", str(lease_s), "--worker-id", f"bench-{i}", *args],
+                             cwd=project, env=_env(extra), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for i in range(n)]
+
+
+def run_overnight(store: str, *, workers: int, concurrency: int, tasks: int, steps: int, step_ms: float,
+                  lease_s: float, project: Path) -> FleetResult:
+    """The overnight side: submit, run to completion, then the takeover probe."""
+    from overnight import api
+    from overnight.store import open_store
+    from overnight.store.queue import queue_for
+
+    (project / "bench_task.py").write_text(TASK_FILE)
+    (project / "overnight.toml").write_text("")
+    here = os.getcwd()
+    os.chdir(project)
+    try:
+        for t in range(tasks):
+            api.submit("bench_task.py", store=store, task_id=f"b{t:04d}", params={"steps": steps, "step_ms": step_ms})
+    finally:
+        os.chdir(here)
+    stats = project / "worker-stats.jsonl"
+    t0 = time.perf_counter()
+    procs = _workers(project, store, workers, concurrency, lease_s, {"OVERNIGHT_WORKER_STATS": str(stats)},
+                     "--idle-exit", "1")
+    s = open_store(store)
+    try:
+        q = queue_for(s)
+        while True:
+            rows = q.list()
+            if sum(r.status == "complete" for r in rows) >= tasks:
+                break
+            if all(p.poll() is not None for p in procs):
+                raise RuntimeError(f"workers exited with {sum(r.status == 'complete' for r in rows)}/{tasks} done")
+            time.sleep(0.05)
+        end_ms = time.time() * 1000
+        with_startup = time.perf_counter() - t0
+        seconds = (end_ms - min(r.claimed_ms for r in rows if r.claimed_ms)) / 1000  # from the first claim
+    finally:
+        s.close()
+    for p in procs:
+        p.wait(timeout=120)
+    claims = [ms for line in stats.read_text().splitlines() for ms in json.loads(line)["claim_ms"]]
+    takeover = takeover_probe(store, project=project, lease_s=lease_s)
+    return FleetResult("overnight", store.split("://", 1)[0], workers, concurrency, tasks, steps, round(seconds, 2),
+                       round(tasks / seconds, 2), round(tasks * (steps + 1) / seconds, 1), _pct(claims, 0.5),
+                       _pct(claims, 0.99), takeover, lease_s,
+                       ["one session process per task, forked from a fork server with overnight imported", "every step a verified checkpoint (digest, fingerprint, journal row)", f"timed from the first claim to the last task complete ({round(with_startup, 1)} s from the workers' "
+                        "start, Python and fork-server start-up included)"])
+
+
+def takeover_probe(store: str, *, project: Path, lease_s: float) -> float:
+    """SIGKILL the worker running a slow task; seconds until a step of it runs in another process."""
+    from overnight import api
+
+    side = project / "takeover.log"
+    here = os.getcwd()
+    os.chdir(project)
+    try:
+        api.submit("bench_task.py", store=store, task_id="takeover", params={"steps": 400, "step_ms": 100})
+    finally:
+        os.chdir(here)
+    extra = {"BENCH_SIDE_LOG": str(side)}
+    first = _workers(project, store, 1, 1, lease_s, extra)[0]
+
+    def lines() -> list[list[str]]:
+        return [ln.split() for ln in side.read_text().splitlines()] if side.exists() else []
+
+    deadline = time.monotonic() + 120
+    while len(lines()) < 3:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the takeover task did not start")
+        time.sleep(0.05)
+    second = _workers(project, store, 1, 1, lease_s, extra, "--worker-id", "bench-taker")[0]
+    time.sleep(1.0)  # the second worker is up and polling
+    pids = {ln[2] for ln in lines()}
+    first.send_signal(signal.SIGKILL)
+    killed = time.time()
+    first.wait()
+    try:
+        while True:
+            new = [ln for ln in lines() if ln[2] not in pids and float(ln[3]) > killed]
+            if new:
+                return round(float(new[0][3]) - killed, 2)
+            if time.time() - killed > lease_s * 3 + 60:
+                raise RuntimeError("no takeover")
+            time.sleep(0.02)
+    finally:
+        second.send_signal(signal.SIGKILL)
+        second.wait()
+
+
+def run_dbos(pg_url: str, *, workers: int, concurrency: int, tasks: int, steps: int, step_ms: float) -> FleetResult:
+    """DBOS's queue on the same server: ``workers`` processes of :mod:`overnight.bench.fleet_dbos`."""
+    import psycopg
+
+    schema = f"dbos_bench_{uuid.uuid4().hex[:8]}"
+    cmd = [sys.executable, "-m", "overnight.bench.fleet_dbos"]
+    args = [pg_url, schema, str(steps), str(concurrency), str(step_ms)]
+    # the first process creates the schema and enqueues; the others join once it exists
+    procs = [subprocess.Popen([*cmd, "worker", *args, "0", str(tasks)], env=_env({}), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)]
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            def count(where: str) -> int:
+                try:
+                    return conn.execute(f'SELECT count(*) FROM "{schema}".workflow_status WHERE {where}').fetchone()[0]
+                except psycopg.errors.UndefinedTable:
+                    return 0
+                except psycopg.Error:
+                    return 0
+
+            deadline = time.monotonic() + 180
+            while count("true") == 0:
+                if procs[0].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("DBOS did not start")
+                time.sleep(0.05)
+            procs += [subprocess.Popen([*cmd, "worker", *args, str(i), "0"], env=_env({}),
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                      for i in range(1, workers)]
+            first = conn.execute(f'SELECT min(created_at) FROM "{schema}".workflow_status').fetchone()[0]
+            while count("status = 'SUCCESS' AND queue_name = 'bench'") < tasks:
+                if time.monotonic() > deadline + 600:
+                    raise RuntimeError("DBOS did not finish")
+                time.sleep(0.05)
+            last = conn.execute(f'SELECT max(updated_at) FROM "{schema}".workflow_status').fetchone()[0]
+            seconds = (last - first) / 1000
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    return FleetResult("dbos", "postgresql", workers, concurrency, tasks, steps, round(seconds, 2),
+                       round(tasks / seconds, 2), round(tasks * steps / seconds, 1),
+                       notes=["workers in-process threads; timed from the first enqueue to the last SUCCESS",
+                              "extra workers start after the first one created the schema"])
+
+
+def run_fleet_bench(*, postgres: str | None, sqlite: bool, workers: int, concurrency: int, tasks: int, steps: int,
+                    step_ms: float, lease_s: float, dbos: bool) -> list[FleetResult]:
+    """Every system in one run; PostgreSQL schemas are fresh and dropped afterwards."""
+    out: list[FleetResult] = []
+    with tempfile.TemporaryDirectory(prefix="overnight-bench-fleet-") as tmp:
+        if sqlite:
+            proj = Path(tmp) / "sqlite"
+            proj.mkdir()
+            out.append(run_overnight(f"sqlite://{proj / 'q.db'}", workers=workers, concurrency=concurrency,
+                                     tasks=tasks, steps=steps, step_ms=step_ms, lease_s=lease_s, project=proj))
+        if postgres:
+            import psycopg
+
+            schema = f"overnight_bench_{uuid.uuid4().hex[:8]}"
+            proj = Path(tmp) / "postgres"
+            proj.mkdir()
+            try:
+                out.append(run_overnight(f"{postgres}?schema={schema}", workers=workers, concurrency=concurrency,
+                                         tasks=tasks, steps=steps, step_ms=step_ms, lease_s=lease_s, project=proj))
+            finally:
+                with psycopg.connect(postgres, autocommit=True) as conn:
+                    conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            if dbos:
+                out.append(run_dbos(postgres, workers=workers, concurrency=concurrency, tasks=tasks, steps=steps,
+                                    step_ms=step_ms))
+    return out
+
+
+def markdown(results: list[FleetResult], load: str) -> str:
+    head = ("| system | store | workers x conc. | tasks x steps | seconds | tasks/s | step commits/s | "
+            "claim p50 ms | claim p99 ms | takeover s (lease) |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    rows = "".join(
+        f"| {r.system} | {r.store} | {r.workers} x {r.concurrency} | {r.tasks} x {r.steps} | {r.seconds} | "
+        f"{r.tasks_per_s} | {r.step_commits_per_s} | {r.claim_p50_ms if r.claim_p50_ms is not None else '-'} | "
+        f"{r.claim_p99_ms if r.claim_p99_ms is not None else '-'} | "
+        + (f"{r.takeover_s} ({r.lease_s:g})" if r.takeover_s is not None else "-") + " |\n" for r in results)
+    notes = "".join(f"- {r.system} ({r.store}): {'; '.join(r.notes)}\n" for r in results if r.notes)
+    return head + rows + f"\nLoad (uptime) at the start: {load}\n\n" + notes
+
+
+def plot(results: list[FleetResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    names = [f"{r.system}\n{r.store}" for r in results]
+    ax.bar(names, [r.step_commits_per_s for r in results], color=["#3465a4" if r.system == "overnight" else "#888"
+                                                                  for r in results])
+    ax.set_ylabel("step commits / s")
+    ax.set_title("overnight bench fleet (same run, same server)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def to_json(results: list[FleetResult], load: str) -> dict[str, Any]:
+    return {"load": load, "results": [asdict(r) for r in results]}
+
+
+__all__ = ["FleetResult", "markdown", "plot", "run_fleet_bench", "to_json"]

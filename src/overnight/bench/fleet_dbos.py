@@ -1,0 +1,42 @@
+"""A DBOS worker process for ``overnight bench fleet`` (the baseline): ``python -m
+overnight.bench.fleet_dbos worker PG_URL SCHEMA STEPS CONCURRENCY STEP_MS INDEX ENQUEUE``.
+
+A workflow of STEPS ``@DBOS.step`` calls (each sleeps STEP_MS and returns a small dict, as the
+overnight bench task does) on a queue ``bench`` with ``worker_concurrency=CONCURRENCY``; process
+INDEX is executor ``dbos-INDEX``; it enqueues ENQUEUE workflows after launching, then serves the
+queue until killed. DBOS's system tables live in SCHEMA on the same server as overnight's.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+def main(argv: list[str]) -> None:
+    from dbos import DBOS
+
+    url, schema, steps, concurrency, step_ms, index, enqueue = argv
+    DBOS(config={"name": "overnight-bench-fleet", "system_database_url": url, "dbos_system_schema": schema,
+                 "executor_id": f"dbos-{index}", "log_level": "ERROR", "application_version": "bench"})
+    @DBOS.step()
+    def work(i: int) -> dict:
+        time.sleep(float(step_ms) / 1000)
+        return {"i": i}
+
+    @DBOS.workflow()
+    def task(n: int) -> int:
+        for i in range(n):
+            work(i)
+        return n
+
+    DBOS.launch()
+    queue = DBOS.register_queue("bench", worker_concurrency=int(concurrency), polling_interval_sec=0.05)
+    for _ in range(int(enqueue)):
+        queue.enqueue(task, int(steps))
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main(sys.argv[2:])

@@ -1,0 +1,228 @@
+"""``overnight submit / worker / workers / retry / cancel``: the queue and its workers.
+
+Registered on the main app by :func:`register` (one line in :mod:`overnight.cli.app`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from overnight.cli import render
+from overnight.errors import ConfigError, OvernightError
+
+StoreOpt = typer.Option(None, "--store", "-s", envvar="OVERNIGHT_STORE",
+                        help="Store holding the queue: sqlite://PATH (workers on this machine) or "
+                        "postgresql://HOST/DB?schema=NAME (workers on many). Default: sqlite://.overnight/overnight.db.")
+
+
+def _store(url: Optional[str]) -> str:
+    from overnight.store import default_store_url
+
+    return url or default_store_url()
+
+
+def _fail(exc: OvernightError) -> None:
+    from overnight.cli.app import _fail as fail
+
+    fail(exc)
+
+
+def _params(params: Optional[str], param: list[str]) -> dict:
+    out: dict = {}
+    if params:
+        try:
+            out = json.loads(params)
+        except ValueError as exc:
+            raise ConfigError(f"--params is not JSON: {exc}", hint="--params '{\"n\": 3}'") from exc
+        if not isinstance(out, dict):
+            raise ConfigError("--params must be a JSON object", hint="--params '{\"n\": 3}'")
+    for kv in param:
+        key, eq, value = kv.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"--param {kv!r} is not KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value  # a bare word is a string
+    return out
+
+
+def submit(
+    entry: str = typer.Argument(..., metavar="FILE.py[:TASK] | MODULE:ATTR",
+                                help="The task definition: a file inside the project, or a module."),
+    store: Optional[str] = StoreOpt,
+    task_id: Optional[str] = typer.Option(None, "--id", help="Task id (default: the definition's id, plus a short "
+                                          "digest of the params when there are any)."),
+    params: Optional[str] = typer.Option(None, "--params", metavar="JSON", help="Parameters as a JSON object "
+                                         "(ctx.params in every step; part of the task's fingerprint)."),
+    param: list[str] = typer.Option([], "--param", metavar="K=V", help="One parameter (VALUE as JSON, else a "
+                                    "string); repeatable."),
+    queue: str = typer.Option("default", "--queue", help="Queue name (workers choose theirs with --queue)."),
+    priority: int = typer.Option(0, "--priority", help="Higher runs first; equal priorities in submission order."),
+    not_before: Optional[str] = typer.Option(None, "--not-before", metavar="TIME",
+                                             help="Not before: ISO 8601 (UTC unless it has an offset), +30m / +2h, "
+                                             "or Unix seconds."),
+    idempotency_key: Optional[str] = typer.Option(None, "--idempotency-key", metavar="KEY",
+                                                  help="A second submit with the same key returns the first task."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
+) -> None:
+    """Queue a task for the workers (`overnight worker`). The definition is imported once here to
+    check it (exit 2 if it is not a task); workers import it from the same place in their own
+    checkout: a file relative to the project root, or MODULE:ATTR.
+
+    Example: overnight submit tasks/report.py --param topic=storage --priority 5"""
+    from overnight import api
+
+    try:
+        row, created = api.submit(entry, store=store, task_id=task_id, params=_params(params, param), queue=queue,
+                                  priority=priority, not_before=not_before, idempotency_key=idempotency_key)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        render.print_json({**row.to_dict(), "created": created})
+        return
+    what = "queued" if created else f"already submitted ({row.status})"
+    render.out.print(f"{render.esc(row.task_id)} {what}: queue {render.esc(row.queue)}, priority {row.priority}, "
+                     f"code {render.esc(row.entry)}")
+
+
+def worker(
+    store: Optional[str] = StoreOpt,
+    queue: list[str] = typer.Option(["default"], "--queue", help="Queue to claim from; repeatable."),
+    concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, help="Tasks run at once (one child process each)."),
+    max_tasks: Optional[int] = typer.Option(None, "--max-tasks", min=1, help="Exit 0 after claiming N tasks and "
+                                            "finishing them."),
+    idle_exit: Optional[float] = typer.Option(None, "--idle-exit", metavar="SECONDS",
+                                              help="Exit 0 after this long with nothing to run."),
+    worker_id: Optional[str] = typer.Option(None, "--worker-id", metavar="ID", help="Name in `overnight workers` "
+                                            "(default HOST-PID)."),
+    lease: float = typer.Option(30.0, "--lease", metavar="SECONDS", help="Lease of a claimed task; renewed every "
+                                "third of it. Another worker takes a task over when its lease expires."),
+    max_deaths: int = typer.Option(3, "--max-deaths", min=1, help="Park a task `failed` after N sessions died in "
+                                   "a row without a new checkpoint."),
+    backoff: float = typer.Option(2.0, "--backoff", metavar="SECONDS", help="First retry delay after a session "
+                                  "died; doubles per death."),
+) -> None:
+    """Run queued tasks, each in its own child process, and take over tasks whose holder died.
+
+    Ctrl-C / SIGTERM once: each task finishes its step in flight, commits, is queued again; the
+    worker exits 0. Twice: steps in flight are abandoned (nothing of them is committed). An
+    unreachable store is retried; the exit is non-zero only on a configuration error (exit 2)."""
+    from overnight.fleet.worker import Worker
+
+    try:
+        code = Worker(_store(store), queues=queue, concurrency=concurrency, max_tasks=max_tasks,
+                      idle_exit_s=idle_exit, worker_id=worker_id, lease_ms=int(lease * 1000),
+                      max_deaths=max_deaths, backoff_s=backoff).run()
+    except OvernightError as exc:
+        _fail(exc)
+    raise typer.Exit(code)
+
+
+def workers(store: Optional[str] = StoreOpt,
+            as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")) -> None:
+    """List workers: id, host, pid, state, tasks held, started, last heartbeat. A worker whose last
+    heartbeat is older than 90 s shows as `silent` (killed, or its machine gone: its tasks are
+    taken over once their leases expire); `stopped` ones exited cleanly."""
+    from overnight import api
+
+    try:
+        rows = api.workers(store=store)
+    except OvernightError as exc:
+        _fail(exc)
+    if as_json:
+        render.print_json([r.to_dict() for r in rows])
+        return
+    from overnight.store.leases import now_ms
+
+    now = now_ms()
+    render.table(None, ["worker", "host", "pid", "state", "held", "started", "heartbeat"],
+                 [(w.worker_id, w.host, w.pid,
+                   "silent" if w.state != "stopped" and now - w.heartbeat_ms > 90_000 else w.state,
+                   f"{w.held}/{w.concurrency}",
+                   f"{(now - w.started_ms) / 1000:.0f} s ago", f"{(now - w.heartbeat_ms) / 1000:.0f} s ago")
+                  for w in rows])
+
+
+def retry(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optional[str] = StoreOpt) -> None:
+    """Queue a failed (or cancelled) task again; its death count starts over."""
+    from overnight import api
+
+    try:
+        row = api.retry(task_id, store=store)
+    except OvernightError as exc:
+        _fail(exc)
+    render.out.print(f"{render.esc(task_id)}: {row.status}")
+
+
+def cancel(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optional[str] = StoreOpt) -> None:
+    """Cancel a task: a queued one at once; a running one stops at its next step boundary
+    (ctx.should_stop turns true) and is marked cancelled."""
+    from overnight import api
+
+    try:
+        row = api.cancel(task_id, store=store)
+    except OvernightError as exc:
+        _fail(exc)
+    render.out.print(f"{render.esc(task_id)}: " + ("cancel requested (stops at the next step boundary)"
+                                                  if row.status == "running" else row.status))
+
+
+def bench_fleet(
+    workers_n: int = typer.Option(4, "--workers", min=1, help="Worker processes per system."),
+    tasks: int = typer.Option(40, "--tasks", min=1, help="Tasks (DBOS: workflows) per system."),
+    steps: int = typer.Option(15, "--steps", min=1, help="Steps per task."),
+    concurrency: int = typer.Option(2, "--concurrency", min=1, help="Tasks run at once per worker."),
+    step_ms: float = typer.Option(0.0, "--step-ms", min=0, help="Time each step sleeps (ms)."),
+    lease: float = typer.Option(3.0, "--lease", help="Lease (s) of the overnight workers; bounds the takeover time."),
+    postgres: str = typer.Option("postgresql://postgres@127.0.0.1:5432/test", "--postgres",
+                                 help="PostgreSQL server (fresh schemas, dropped afterwards)."),
+    no_postgres: bool = typer.Option(False, "--no-postgres", help="SQLite only."),
+    no_sqlite: bool = typer.Option(False, "--no-sqlite", help="PostgreSQL only."),
+    no_dbos: bool = typer.Option(False, "--no-dbos", help="Leave DBOS out (it needs `pip install dbos`)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Directory for fleet.md, fleet.json and fleet.png."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
+) -> None:
+    """Workers under load: tasks/s, step commits/s, claim latency p50/p99, takeover time after
+    SIGKILL -- overnight on SQLite and PostgreSQL, next to DBOS's queue running the same workload
+    on the same PostgreSQL server in the same run."""
+    import os
+    from pathlib import Path
+
+    from overnight.bench.fleet import markdown, plot, run_fleet_bench, to_json
+
+    load = os.popen("uptime").read().strip()
+    try:
+        results = run_fleet_bench(postgres=None if no_postgres else postgres, sqlite=not no_sqlite,
+                                  workers=workers_n, concurrency=concurrency, tasks=tasks, steps=steps,
+                                  step_ms=step_ms, lease_s=lease, dbos=not no_dbos and not no_postgres)
+    except ImportError as exc:
+        from overnight.cli.app import _need_extra
+
+        _need_extra(exc, "bench")
+    except OvernightError as exc:
+        _fail(exc)
+    if out:
+        d = Path(out)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "fleet.md").write_text(markdown(results, load))
+        (d / "fleet.json").write_text(json.dumps(to_json(results, load), indent=2))
+        plot(results, d / "fleet.png")
+    if as_json:
+        render.print_json(to_json(results, load))
+        return
+    render.out.print(markdown(results, load), markup=False)
+
+
+def register(app: typer.Typer, bench_app: typer.Typer | None = None) -> None:
+    """Add the queue commands to ``app`` (and ``fleet`` to ``overnight bench``)."""
+    app.command()(submit)
+    app.command()(worker)
+    app.command()(workers)
+    app.command()(retry)
+    app.command()(cancel)
+    if bench_app is not None:
+        bench_app.command("fleet")(bench_fleet)

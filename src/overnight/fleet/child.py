@@ -1,0 +1,207 @@
+"""One claimed task, run in its own process: ``python -m overnight.fleet.child STORE TASK TOKEN TTL_MS WORKER_PID``.
+
+The worker starts this for every claim, so a task that crashes, leaks or is killed never takes
+the worker down. The child dies with its worker (``PR_SET_PDEATHSIG``: a worker that is killed
+takes its sessions with it, as a machine that goes away would), heartbeats the claim every third
+of the TTL (the runner heartbeats the task lease), and writes the task's next status itself,
+fenced by the claim token:
+
+* the run completes -> ``complete``; a step fails after its retries (or drift aborts) -> ``failed``;
+* ``overnight cancel`` -> the runner stops at the next step boundary -> ``cancelled``;
+* SIGTERM from the worker (graceful stop) -> the step in flight commits -> ``queued`` again;
+* the code cannot be imported -> ``failed (cannot import ...)``;
+* the claim or the task lease was taken over -> nothing (the taker owns the task now).
+
+Exit status 0 when the status was written (or the claim was lost); anything else -- a kill, a
+crash, a store that went away -- is a *death*, which the worker counts
+(:meth:`~overnight.store.queue_sql.SqlQueue.record_death`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import traceback
+
+EXIT_STORE_GONE = 75
+
+
+def _die_with_parent(worker_pid: int) -> None:
+    """SIGKILL this process when its parent (the worker, or the worker's fork server, which exits
+    with the worker) dies; exit now if the worker is already gone."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    try:
+        os.kill(worker_pid, 0)
+    except ProcessLookupError:
+        os._exit(EXIT_STORE_GONE)  # the worker died before we got here
+    if os.getppid() != parent:
+        os._exit(EXIT_STORE_GONE)
+
+
+def forked(argv: list[str]) -> None:
+    """Entry point in a process forked by the worker's fork server (modules already imported):
+    a session of its own (a Ctrl-C in the terminal reaches only the worker), then :func:`main`."""
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        code = main(argv)
+    except Exception:  # noqa: BLE001 - a crash is a death the worker counts; say why on stderr
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _load(entry: str, task_id: str, params: dict):
+    from overnight.orchestrate.loader import _is_path, _split, check_location, entry_path, load_task
+
+    check_location(entry, task_id=task_id)
+    target, attr = _split(entry)
+    where = entry
+    if _is_path(target):
+        path = entry_path(entry)
+        where = f"{path}:{attr}" if attr else str(path)
+    task = load_task(where)
+    task = dataclasses.replace(task, id=task_id, params=dict(params))
+    task.entry = entry
+    return task
+
+
+def _params_mismatch(store, task_id: str, params: dict) -> str | None:  # type: ignore[no-untyped-def]
+    """Why the queue row's params cannot be used, or None: a task that already has checkpoints
+    runs with the params its verified head's spec records (the queue row is not covered by any
+    digest; a row changed behind the task's back must not change what its steps see)."""
+    from overnight.codec.canonical import to_tree
+    from overnight.errors import NotFound, OvernightError
+    from overnight.verify.chain import load_head
+    from overnight.verify.integrity import signing_key_from_env
+
+    try:
+        if store.get_ref(task_id, "main") is None:
+            return None  # a new task: its first checkpoint records these params
+        loaded, _ = load_head(store, task_id, "main", key=signing_key_from_env(), deep=False)
+    except NotFound:
+        return None
+    except OvernightError as exc:
+        return f"cannot verify its head to check its params: {exc.message}"
+    spec = loaded.state_tree["task"]["spec"]
+    recorded = spec.get("params", {}) if isinstance(spec, dict) else {}
+    if recorded != (to_tree(params, "task params") if params else {}):
+        return ("the queue row's params differ from those its verified checkpoints record; not running it "
+                "with unverified params")
+    return None
+
+
+def main(argv: list[str]) -> int:
+    store_url, task_id, token, ttl_ms, worker_pid = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+    _die_with_parent(worker_pid)
+    from overnight.errors import (LeaseLost, OvernightError, StaleHead, StepFailed, StoreBusy, StoreError,
+                                  TaskBusy)
+    from overnight.orchestrate.runner import Runner
+    from overnight.store import open_store
+    from overnight.store.leases import now_ms
+    from overnight.store.queue import ClaimLost, queue_for
+
+    try:
+        qstore = open_store(store_url)
+        q = queue_for(qstore)
+        row = q.get(task_id)
+    except StoreError:
+        return EXIT_STORE_GONE
+    if row is None or row.claim_token != token or row.status != "running":
+        return 0  # taken over before we started
+    try:
+        q.heartbeat(task_id, token, ttl_ms, pid=os.getpid())
+    except ClaimLost:
+        return 0
+
+    def finish(status: str, reason: str | None = None) -> int:
+        try:
+            q.finish(task_id, token, status, reason)
+            return 0
+        except StoreError:
+            return EXIT_STORE_GONE
+
+    try:
+        task = _load(row.entry, task_id, row.params)
+    except Exception as exc:  # noqa: BLE001 - any failure to import is the task's, not the worker's
+        why = exc.message if isinstance(exc, OvernightError) else f"{type(exc).__name__}: {exc}"
+        return finish("failed", f"cannot import {row.entry}: {why}")
+
+    mismatch = _params_mismatch(qstore, task_id, row.params)
+    if mismatch is not None:
+        return finish("failed", mismatch)
+    runner = Runner(task, store_url, lease_ttl_ms=ttl_ms, handle_signals=True)
+    cancelled = threading.Event()
+    lost = threading.Event()
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(ttl_ms / 3000):
+            try:
+                if q.heartbeat(task_id, token, ttl_ms):
+                    cancelled.set()
+                    runner.stop_requested = True
+            except ClaimLost:
+                lost.set()
+                runner.stop_requested = True
+                return
+            except (StoreError, StoreBusy):
+                continue  # the store is away: the claim expires by itself if it stays away
+
+    hb = threading.Thread(target=beat, name="overnight-claim", daemon=True)
+    hb.start()
+    try:
+        result = runner.run()
+    except (LeaseLost, StaleHead, ClaimLost):
+        return 0  # another worker took the task over: it owns the status now
+    except TaskBusy:
+        stop.set()
+        try:
+            q.release(task_id, token, not_before_ms=now_ms() + ttl_ms)
+        except StoreError:
+            return EXIT_STORE_GONE
+        return 0
+    except StepFailed as exc:
+        stop.set()
+        return finish("failed", exc.message)
+    except StoreError:
+        return EXIT_STORE_GONE  # nothing half-done is committed; the worker retries later
+    except OvernightError as exc:
+        stop.set()
+        return finish("failed", f"{type(exc).__name__}: {exc.message}")
+    finally:
+        stop.set()
+    if lost.is_set():
+        return 0
+    if result.status == "complete":
+        return finish("complete")
+    if cancelled.is_set():
+        return finish("cancelled")
+    try:  # interrupted (graceful stop) or stopped: queued again
+        q.release(task_id, token)
+    except StoreError:
+        return EXIT_STORE_GONE
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        code = main(sys.argv[1:])
+    except Exception:  # noqa: BLE001 - a crash is a death the worker counts; say why on stderr
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,114 @@
+"""Submitting a task to the queue: ``overnight submit`` / :func:`overnight.api.submit`.
+
+The definition is imported once here, to check that it is a task (``ConfigError``, exit 2,
+otherwise). Its location is recorded so that every worker can import it: ``module:attr``, or a
+file relative to the project root -- never an absolute path (a checkout at another path, or on
+another machine, must work). A worker imports it only from the project root or a module
+(:func:`overnight.orchestrate.loader.check_location`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from overnight.codec.canonical import dumps
+from overnight.errors import ConfigError
+from overnight.orchestrate.loader import _is_path, _split, load_task
+from overnight.orchestrate.task import Task
+from overnight.store import open_store
+from overnight.store.queue import QueuedTask, queue_for
+
+
+def parse_time(value: str | float | int | datetime | None) -> int:
+    """``--not-before``: ISO 8601 (``2026-12-02T06:00``, UTC unless it has an offset), ``+30m``
+    / ``+2h`` / ``+45s`` from now, or Unix seconds. Returns Unix milliseconds (0 for None).
+
+    Raises: ConfigError for anything else."""
+    from overnight.orchestrate.task import parse_span
+    from overnight.store.leases import now_ms
+
+    if value is None:
+        return 0
+    if isinstance(value, datetime):
+        dt = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return int(dt.timestamp() * 1000)
+    if isinstance(value, (int, float)):
+        return int(value * 1000)
+    text = value.strip()
+    if text.startswith("+"):
+        try:
+            return now_ms() + int((parse_span(text[1:]) or 0) * 1000)
+        except Exception as exc:  # noqa: BLE001 - SpecError: re-raised as a usage error
+            raise ConfigError(f"cannot read --not-before {value!r}", hint="use +30m, +2h, ISO 8601 or Unix seconds") from exc
+    try:
+        return int(float(text) * 1000)
+    except ValueError:
+        pass
+    try:
+        return parse_time(datetime.fromisoformat(text))
+    except ValueError as exc:
+        raise ConfigError(f"cannot read --not-before {value!r}", hint="use +30m, +2h, ISO 8601 or Unix seconds") from exc
+
+
+def default_id(task: Task, params: dict[str, Any]) -> str:
+    """The definition's id, plus ``-`` and 8 hex digits of the params' canonical SHA-256 when
+    there are params (``report-3f2a9c1b``)."""
+    if not params:
+        return task.id
+    return f"{task.id}-{hashlib.sha256(dumps(params)).hexdigest()[:8]}"
+
+
+def code_location(entry: str, task: Task) -> str:
+    """Where workers import the definition from: ``module:attr`` as given, or the file relative to
+    the project root with the attribute that holds the task.
+
+    Raises: ConfigError for a file outside the project root (an absolute path would not exist on
+    another machine or in another checkout)."""
+    recorded = task.entry or entry
+    target, attr = _split(recorded)
+    if _is_path(target) and (target.startswith("/") or target.startswith("..")):
+        raise ConfigError(f"task file {entry} lies outside the project root; workers import code only from the "
+                          "project (the folder holding overnight.toml, else the current directory) or a module",
+                          hint="run submit from the project folder, move the file into it, or name a module: "
+                          "package.module:task")
+    return recorded if attr else f"{target}"
+
+
+def submit(entry: str, *, store: Any = None, task_id: str | None = None, params: dict[str, Any] | None = None,
+           queue: str = "default", priority: int = 0, not_before: str | float | datetime | None = None,
+           idempotency_key: str | None = None) -> tuple[QueuedTask, bool]:
+    """Queue the task defined at ``entry`` (``FILE.py[:TASK]`` or ``module:attr``).
+
+    Returns ``(row, created)``: ``created`` is False when the idempotency key (or the task id)
+    was already submitted -- the earlier row is returned and nothing is queued twice.
+
+    Raises:
+        ConfigError: ``entry`` is not a task, lies outside the project, params is not a JSON
+            object, or the store has no queue (SQLite and PostgreSQL have one).
+    """
+    params = dict(params or {})
+    try:
+        json.dumps(params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"params must be a JSON object: {exc}") from exc
+    task = load_task(entry)
+    location = code_location(entry, task)
+    row = QueuedTask(task_id=task_id or default_id(task, params), entry=location, params=params, queue=queue,
+                     priority=int(priority), not_before_ms=parse_time(not_before), idempotency_key=idempotency_key)
+    Task(id=row.task_id, goal=task.goal)  # the id must be a valid task id (SpecError otherwise)
+    s = store if hasattr(store, "commit") else open_store(store)
+    try:
+        q = queue_for(s)
+        if q is None:
+            raise ConfigError(f"store {s.url} has no queue; workers need an sqlite:// or postgresql:// store",
+                              hint="pass --store sqlite://PATH or --store postgresql://HOST/DB")
+        return q.submit(row)
+    finally:
+        if s is not store:
+            s.close()
+
+
+__all__ = ["default_id", "parse_time", "submit"]

@@ -1,0 +1,321 @@
+"""The worker: claim runnable tasks and run each in its own child process (``overnight worker``).
+
+Loop (every ``poll_s``): reap children that exited (a non-zero exit or a signal is a *death*:
+counted, the task queued again after a backoff or parked ``failed`` at ``max_deaths``); claim
+while fewer than ``concurrency`` children run (a claim that took over a stalled task counts the
+previous holder's death first); heartbeat the worker row every third of the lease; exit after
+``max_tasks`` claims or ``idle_exit_s`` without work.
+
+Signals are handled here and only here: the first SIGTERM/SIGINT stops claiming and passes SIGTERM
+to every child (each finishes its step in flight, commits, queues its task again and exits);
+the worker exits 0 once they are gone. A second one passes a second SIGTERM (the runner abandons
+the step in flight; nothing of it is committed). Children run in their own session, so a Ctrl-C
+in the terminal reaches only the worker.
+
+A store that is unreachable (PostgreSQL restarting, the network gone) is retried with a backoff
+(at most 10 s); the worker exits non-zero only on a configuration error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from overnight.errors import ConfigError, OvernightError
+from overnight.store import open_store
+from overnight.store.leases import DEFAULT_TTL_MS, now_ms
+from overnight.store.queue import QueuedTask, WorkerRow, queue_for
+
+EXIT_STORE_GONE = 75
+"""A session's exit status when the store became unreachable (:mod:`overnight.fleet.child`): the
+task is queued again, and the death is not counted against it."""
+
+LOG = logging.getLogger("overnight.worker")
+
+
+class _Forked:
+    """A session process from the fork server, with the ``Popen`` methods the worker uses."""
+
+    def __init__(self, ctx: Any, argv: list[str]) -> None:
+        from overnight.fleet.child import forked
+
+        self._p = ctx.Process(target=forked, args=(argv,), daemon=False)
+        self._p.start()
+        self.pid = self._p.pid
+
+    def poll(self) -> int | None:
+        return self._p.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self._p.kill()
+
+
+@dataclass
+class _Child:
+    task: QueuedTask
+    proc: subprocess.Popen
+    started: float
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did: ``claimed`` tasks, ``takeovers`` among them, child ``deaths`` seen,
+    ``parked`` tasks; ``claim_ms`` the latency of every successful claim."""
+
+    claimed: int = 0
+    takeovers: int = 0
+    deaths: int = 0
+    parked: int = 0
+    claim_ms: list[float] = field(default_factory=list)
+
+
+class Worker:
+    """One worker process. See the module docstring.
+
+    Args:
+        store_url: the store holding the queue (``sqlite://...`` or ``postgresql://...``).
+        queues: queue names to claim from (default ``["default"]``).
+        concurrency: children at most.
+        max_tasks: exit after this many claims (and their children) -- None: no limit.
+        idle_exit_s: exit after this long with nothing running and nothing to claim.
+        worker_id: a name for ``overnight workers`` (default ``HOST-PID``).
+        lease_ms: claim and task-lease TTL (heartbeat every third of it).
+        max_deaths: deaths in a row without a new checkpoint before a task is parked ``failed``.
+        backoff_s: first retry delay after a death (doubles per death, at most 10 min).
+        fork_server: start sessions from a fork server that has overnight imported (default);
+            False: a fresh ``python -m overnight.fleet.child`` per session.
+    """
+
+    def __init__(self, store_url: str, *, queues: list[str] | None = None, concurrency: int = 1,
+                 max_tasks: int | None = None, idle_exit_s: float | None = None, worker_id: str | None = None,
+                 lease_ms: int = DEFAULT_TTL_MS, max_deaths: int = 3, backoff_s: float = 2.0,
+                 poll_s: float = 0.2, python: str | None = None, fork_server: bool = True) -> None:
+        if concurrency < 1:
+            raise ConfigError(f"--concurrency must be at least 1, got {concurrency}")
+        if lease_ms < 300:
+            raise ConfigError(f"--lease must be at least 0.3 s, got {lease_ms} ms")
+        self.store_url = store_url
+        self.queues = list(queues or ["default"])
+        self.concurrency = concurrency
+        self.max_tasks = max_tasks
+        self.idle_exit_s = idle_exit_s
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.lease_ms = lease_ms
+        self.max_deaths = max_deaths
+        self.backoff_s = backoff_s
+        self.poll_s = poll_s
+        self.python = python or sys.executable
+        self.fork_server = fork_server
+        self._mp: Any = None
+        self._again = False
+        self.stats = WorkerStats()
+        self._children: dict[str, _Child] = {}
+        self._signals = 0
+        self._store: Any = None
+        self._queue: Any = None
+        self._started_ms = now_ms()
+
+    # -- store, with reconnects -------------------------------------------------------------------
+    def _q(self) -> Any:
+        if self._queue is None:
+            self._store = open_store(self.store_url)
+            q = queue_for(self._store)
+            if q is None:
+                self._store.close()
+                self._store = None
+                raise ConfigError(f"store {self.store_url} has no queue; workers need sqlite:// or postgresql://")
+            self._queue = q
+        return self._queue
+
+    def _drop_store(self) -> None:
+        if self._store is not None:
+            try:
+                self._store.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+        self._store = self._queue = None
+
+    # -- signals ---------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals += 1
+        for child in self._children.values():
+            try:
+                child.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    @property
+    def stopping(self) -> bool:
+        return self._signals > 0
+
+    # -- children ----------------------------------------------------------------------------------
+    def _spawn(self, task: QueuedTask) -> None:
+        argv = [self.store_url, task.task_id, str(task.claim_token), str(self.lease_ms), str(os.getpid())]
+        if self.fork_server:
+            proc: Any = _Forked(self._context(), argv)
+        else:
+            proc = subprocess.Popen([self.python, "-m", "overnight.fleet.child", *argv], start_new_session=True,
+                                    stdin=subprocess.DEVNULL)
+        self._children[task.task_id] = _Child(task, proc, time.monotonic())
+
+    def _context(self) -> Any:
+        """A ``forkserver`` multiprocessing context with overnight already imported: a session
+        starts in milliseconds instead of a Python start-up, from a clean process (not a fork of
+        this one, whose threads and connections a child must not inherit)."""
+        if self._mp is None:
+            import multiprocessing
+
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["overnight.fleet._forkserver_guard", "overnight.fleet.child",
+                                        "overnight.orchestrate.runner", "overnight.api", "overnight.store.sqlite",
+                                        "overnight.store.postgres", "overnight.fleet._warm"])
+            self._mp = ctx
+        return self._mp
+
+    def _reap(self) -> None:
+        for task_id, child in list(self._children.items()):
+            code = child.proc.poll()
+            if code is None:
+                continue
+            del self._children[task_id]
+            if code == 0:
+                continue
+            if code == EXIT_STORE_GONE:  # the store went away under the session: not the task's fault
+                self._store_retry(lambda q: q.release(child.task.task_id, child.task.claim_token,
+                                                      not_before_ms=now_ms() + int(self.backoff_s * 1000)))
+                continue
+            reason = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+            self._death(child.task, f"session {reason}")
+
+    def _store_retry(self, fn: Any) -> Any:
+        """``fn(queue)``, retried with a backoff while the store is unreachable (not after a second
+        signal: then the claim expires by itself)."""
+        delay = 0.5
+        while True:
+            try:
+                return fn(self._q())
+            except ConfigError:
+                raise
+            except OvernightError as exc:
+                if self._signals > 1:
+                    return None
+                LOG.warning("store unavailable (%s); retrying in %.1f s", exc, delay)
+                self._drop_store()
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    def _death(self, task: QueuedTask, reason: str) -> None:
+        self.stats.deaths += 1
+        delay = 0.5
+        while True:
+            try:
+                q = self._q()
+                q.expire_dead_lease(task.task_id)  # the child is gone: its task lease need not run out
+                head = q.store.get_ref(task.task_id, "main")
+                status = q.record_death(task, head, reason, base_s=self.backoff_s, max_deaths=self.max_deaths)
+                if status == "failed":
+                    self.stats.parked += 1
+                    LOG.warning("task %s parked failed after %s", task.task_id, reason)
+                return
+            except ConfigError:
+                raise
+            except OvernightError as exc:
+                if self._signals > 1:
+                    return  # abandoning: the claim expires by itself
+                LOG.warning("store unavailable recording a death (%s); retrying", exc)
+                self._drop_store()
+                time.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def _beat(self, state: str = "running") -> None:
+        self._q().worker_beat(WorkerRow(self.worker_id, socket.gethostname(), os.getpid(), self._started_ms,
+                                        now_ms(), self.queues, self.concurrency, len(self._children), state))
+
+    def _claim(self) -> QueuedTask | None:
+        t0 = time.perf_counter()
+        task = self._q().claim(self.worker_id, self.queues, self.lease_ms)
+        if task is None:
+            return None
+        self.stats.claim_ms.append((time.perf_counter() - t0) * 1000)
+        self.stats.claimed += 1
+        if task.taken_over:  # its previous holder died or stalled: that is a death of the task
+            self.stats.takeovers += 1
+            head = self._q().store.get_ref(task.task_id, "main")
+            if self._q().record_death(task, head, f"holder {task.worker_id or '?'} stopped heartbeating",
+                                      base_s=0.0, max_deaths=self.max_deaths) == "failed":
+                self.stats.parked += 1
+                return None
+            self._again = True  # queued again without delay (base 0): claim it (or another) at once
+            return None
+        return task
+
+    def run(self) -> int:
+        """Run until stopped, ``max_tasks`` or ``idle_exit_s``. Returns the exit status (0)."""
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        idle_since = time.monotonic()
+        next_beat = 0.0
+        delay = 0.5
+        try:
+            while True:
+                self._reap()
+                if self.stopping and not self._children:
+                    break
+                done = self.max_tasks is not None and self.stats.claimed - self.stats.takeovers >= self.max_tasks
+                if done and not self._children:
+                    break
+                try:
+                    if time.monotonic() >= next_beat:
+                        self._beat("stopping" if self.stopping else "running")
+                        next_beat = time.monotonic() + self.lease_ms / 3000
+                    claimed = None
+                    if not self.stopping and not done and len(self._children) < self.concurrency:
+                        claimed = self._claim()
+                        if claimed is not None:
+                            self._spawn(claimed)
+                    delay = 0.5
+                except ConfigError:
+                    raise
+                except OvernightError as exc:
+                    LOG.warning("store unavailable (%s); retrying in %.1f s", exc, delay)
+                    self._drop_store()
+                    time.sleep(delay)
+                    delay = min(delay * 2, 10.0)
+                    continue
+                if self._children or claimed is not None:
+                    idle_since = time.monotonic()
+                elif self.idle_exit_s is not None and time.monotonic() - idle_since >= self.idle_exit_s:
+                    break
+                if claimed is None and not self._again:
+                    time.sleep(self.poll_s)
+                self._again = False
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            for child in self._children.values():  # only on an error in the loop itself
+                child.proc.kill()
+            try:
+                self._beat("stopped")
+            except OvernightError:
+                pass
+            self._drop_store()
+            stats_path = os.environ.get("OVERNIGHT_WORKER_STATS")  # `overnight bench fleet` reads these
+            if stats_path:
+                import json
+
+                with open(stats_path, "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps({"worker_id": self.worker_id, **self.stats.__dict__}) + "\n")
+        return 0
+
+
+__all__ = ["Worker", "WorkerStats"]

@@ -1,0 +1,262 @@
+"""The queue's statements, shared by SQLite and PostgreSQL (:mod:`overnight.store.queue`).
+
+A subclass supplies the dialect: ``_tx()`` (one short write transaction yielding a cursor-like
+object with ``execute``), ``_read(sql, args)``, ``_sql(text)`` (placeholders ``?`` and the schema
+prefix ``{s}.``), ``LOCK`` (the claim's row-lock clause) and ``DDL``. Every statement after a
+claim is fenced by the claim token. No transaction is held while a task runs: a claim, a
+heartbeat, a status change are each one transaction of a few statements.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from overnight.errors import TaskNotFound
+from overnight.store.leases import now_ms
+from overnight.store.queue import (
+    COLUMNS,
+    WORKER_COLUMNS,
+    ClaimLost,
+    LeaseView,
+    QueuedTask,
+    WorkerRow,
+    backoff_ms,
+    row_to_task,
+    row_to_worker,
+)
+
+_COLS = ", ".join(COLUMNS)
+_QCOLS = ", ".join(f"q.{c}" for c in COLUMNS)
+
+
+class SqlQueue:
+    """Queue operations over a store's connection (see :mod:`overnight.store.queue`)."""
+
+    LOCK = ""
+    DDL: tuple[str, ...] = ()
+    _ready: set[str] = set()
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.absent = False
+        key = f"{type(self).__name__}:{store.url}"
+        if key in SqlQueue._ready or self._has_table():
+            return
+        if getattr(store, "read_only", False):
+            self.absent = True  # nothing was ever submitted here; a reader creates nothing
+            return
+        with self._tx() as cur:
+            for stmt in self.DDL:
+                cur.execute(self._sql(stmt))
+        SqlQueue._ready.add(key)
+
+    # dialect hooks -----------------------------------------------------------------------------
+    @contextmanager
+    def _tx(self) -> Iterator[Any]:  # pragma: no cover - overridden
+        raise NotImplementedError
+        yield
+
+    def _read(self, sql: str, args: tuple = ()) -> list[tuple]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _sql(self, text: str) -> str:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _has_table(self) -> bool:
+        raise NotImplementedError
+
+    def _lease_live(self) -> str:
+        """SQL: the task lease of ``q.task_id`` on ``main`` is held and not expired (one ``?``: now)."""
+        raise NotImplementedError
+
+    def lease(self, task_id: str) -> LeaseView | None:
+        raise NotImplementedError
+
+    def _next_seq(self, cur: Any) -> Any:
+        raise NotImplementedError
+
+    # submit ------------------------------------------------------------------------------------
+    def submit(self, task: QueuedTask) -> tuple[QueuedTask, bool]:
+        """Insert ``task`` as ``queued``; returns ``(row, created)``. An existing row with the same
+        idempotency key, or the same task id, is returned unchanged (``created`` False)."""
+        with self._tx() as cur:
+            if task.idempotency_key is not None:
+                cur.execute(self._sql(f"SELECT {_COLS} FROM {{s}}.queue WHERE idempotency_key=?"),
+                            (task.idempotency_key,))
+                found = cur.fetchone()
+                if found is not None:
+                    return row_to_task(found), False
+            cur.execute(self._sql(f"SELECT {_COLS} FROM {{s}}.queue WHERE task_id=?"), (task.task_id,))
+            found = cur.fetchone()
+            if found is not None:
+                return row_to_task(found), False
+            now = now_ms()
+            task.seq = self._next_seq(cur)
+            task.submitted_ms = now
+            task.status = "queued"
+            values = [getattr(task, c) for c in COLUMNS]
+            values[COLUMNS.index("params")] = json.dumps(task.params, sort_keys=True)
+            values[COLUMNS.index("cancel_requested")] = 0
+            cur.execute(self._sql(f"INSERT INTO {{s}}.queue ({_COLS}) VALUES ({', '.join('?' * len(COLUMNS))})"),
+                        tuple(values))
+        return task, True
+
+    # claim ---------------------------------------------------------------------------------------
+    def claim(self, worker_id: str, queues: list[str], ttl_ms: int) -> QueuedTask | None:
+        """Claim the first runnable task of ``queues`` (see the module docstring), or None."""
+        now = now_ms()
+        marks = ", ".join("?" * len(queues))
+        with self._tx() as cur:
+            cur.execute(self._sql(
+                f"SELECT {_QCOLS} FROM {{s}}.queue q WHERE q.queue IN ({marks}) AND "
+                "((q.status='queued' AND q.not_before_ms <= ?) OR (q.status='running' AND q.claim_expires_ms < ?)) "
+                f"AND NOT {self._lease_live()} ORDER BY q.priority DESC, q.seq LIMIT 1{self.LOCK}"),
+                (*queues, now, now, now))
+            found = cur.fetchone()
+            if found is None:
+                return None
+            task = row_to_task(found)
+            task.taken_over = task.status == "running"
+            task.status, task.claim_token, task.worker_id = "running", task.claim_token + 1, worker_id
+            task.host, task.pid, task.attempts = socket.gethostname(), None, task.attempts + 1
+            task.claimed_ms, task.heartbeat_ms, task.claim_expires_ms = now, now, now + ttl_ms
+            cur.execute(self._sql(
+                "UPDATE {s}.queue SET status='running', claim_token=?, worker_id=?, host=?, pid=NULL, attempts=?, "
+                "claimed_ms=?, heartbeat_ms=?, claim_expires_ms=? WHERE task_id=?"),
+                (task.claim_token, worker_id, task.host, task.attempts, now, now, now + ttl_ms, task.task_id))
+        return task
+
+    def heartbeat(self, task_id: str, token: int, ttl_ms: int, pid: int | None = None) -> bool:
+        """Extend a claim; returns whether a cancel was requested.
+
+        Raises:
+            ClaimLost: the claim token changed (another worker took the task over) or the task
+                is no longer running."""
+        now = now_ms()
+        with self._tx() as cur:
+            cur.execute(self._sql("UPDATE {s}.queue SET heartbeat_ms=?, claim_expires_ms=?, pid=COALESCE(?, pid) "
+                                  "WHERE task_id=? AND claim_token=? AND status='running'"),
+                        (now, now + ttl_ms, pid, task_id, token))
+            if cur.rowcount != 1:
+                raise ClaimLost(f"task {task_id!r}: this worker's claim (token {token}) was taken over", task_id=task_id,
+                                hint="its claim expired (a pause past the lease?); the other worker continues it")
+            cur.execute(self._sql("SELECT cancel_requested FROM {s}.queue WHERE task_id=?"), (task_id,))
+            return bool(cur.fetchone()[0])
+
+    def _fenced(self, task_id: str, token: int, sets: str, args: tuple) -> bool:
+        with self._tx() as cur:
+            cur.execute(self._sql(f"UPDATE {{s}}.queue SET {sets} WHERE task_id=? AND claim_token=? "
+                                  "AND status='running'"), (*args, task_id, token))
+            return cur.rowcount == 1
+
+    def finish(self, task_id: str, token: int, status: str, reason: str | None = None) -> bool:
+        """Set a claimed task ``complete`` / ``failed`` / ``cancelled``; False when the claim was lost."""
+        return self._fenced(task_id, token, "status=?, reason=?, claim_expires_ms=0, cancel_requested=0",
+                            (status, reason))
+
+    def release(self, task_id: str, token: int, not_before_ms: int = 0) -> bool:
+        """Put a claimed task back ``queued`` (a graceful stop; a task busy elsewhere)."""
+        return self._fenced(task_id, token, "status='queued', claim_expires_ms=0, not_before_ms=?", (not_before_ms,))
+
+    def record_death(self, task: QueuedTask, head: str | None, reason: str, *, base_s: float,
+                     max_deaths: int) -> str:
+        """Count a session that died (its child killed, its worker gone): ``deaths + 1``, or 1 when
+        the task made a new checkpoint since (``head`` differs from ``progress_head``); park it
+        ``failed`` at ``max_deaths``, else queue it again after :func:`backoff_ms`. Fenced by
+        ``task.claim_token``. Returns the new status (``""`` when the claim was lost)."""
+        deaths = 1 if head != task.progress_head else task.deaths + 1
+        if deaths >= max_deaths:
+            why = (f"died {deaths} times in a row without a new checkpoint (last: {reason}); a poison task "
+                   f"is parked -- `overnight retry {task.task_id}` queues it again")
+            ok = self._fenced(task.task_id, task.claim_token,
+                              "status='failed', reason=?, deaths=?, progress_head=?, claim_expires_ms=0",
+                              (why, deaths, head))
+            return "failed" if ok else ""
+        ok = self._fenced(task.task_id, task.claim_token,
+                          "status='queued', reason=?, deaths=?, progress_head=?, claim_expires_ms=0, not_before_ms=?",
+                          (reason, deaths, head, now_ms() + backoff_ms(deaths, base_s)))
+        return "queued" if ok else ""
+
+    def expire_dead_lease(self, task_id: str) -> bool:
+        """Expire the task lease of ``(task, main)`` when its holder is provably gone (a process on
+        this host that no longer runs: :meth:`~overnight.store.leases.Holder.is_gone`), so the
+        task can be claimed again at once instead of after the TTL. The token stays: the next
+        holder's is one higher. Returns whether it expired one."""
+        from overnight.store.leases import Holder
+
+        lease = self.lease(task_id)
+        if lease is None or lease.holder_id == "" or lease.expires_at_ms <= now_ms():
+            return False
+        holder = Holder.from_json(lease.holder)
+        if holder is None or not holder.is_gone():
+            return False
+        with self._tx() as cur:
+            cur.execute(self._sql(self._EXPIRE), self._lease_key(task_id) + (self._enc(lease.holder_id), lease.token))
+            return cur.rowcount == 1
+
+    _EXPIRE = "UPDATE {s}.leases SET expires_at_ms=0 WHERE task_id=? AND branch=? AND holder_id=? AND token=?"
+
+    def _enc(self, text: str) -> object:
+        return text
+
+    def _lease_key(self, task_id: str) -> tuple:
+        return (self._enc(task_id), self._enc("main"))
+
+    # people ------------------------------------------------------------------------------------
+    def get(self, task_id: str) -> QueuedTask | None:
+        if self.absent:
+            return None
+        rows = self._read(self._sql(f"SELECT {_COLS} FROM {{s}}.queue WHERE task_id=?"), (task_id,))
+        return row_to_task(rows[0]) if rows else None
+
+    def list(self) -> list[QueuedTask]:
+        if self.absent:
+            return []
+        return [row_to_task(r) for r in self._read(self._sql(f"SELECT {_COLS} FROM {{s}}.queue ORDER BY seq"))]
+
+    def retry(self, task_id: str) -> QueuedTask:
+        """Queue a ``failed`` or ``cancelled`` task again (deaths reset). Raises TaskNotFound."""
+        with self._tx() as cur:
+            cur.execute(self._sql("UPDATE {s}.queue SET status='queued', deaths=0, reason=NULL, not_before_ms=0, "
+                                  "cancel_requested=0 WHERE task_id=? AND status IN ('failed', 'cancelled')"),
+                        (task_id,))
+        return self._must(task_id)
+
+    def cancel(self, task_id: str) -> QueuedTask:
+        """Cancel a task: ``queued`` -> ``cancelled`` now; ``running`` -> its holder stops at the next
+        step boundary and marks it ``cancelled``. Raises TaskNotFound."""
+        with self._tx() as cur:
+            cur.execute(self._sql("UPDATE {s}.queue SET status='cancelled', reason=NULL WHERE task_id=? "
+                                  "AND status='queued'"), (task_id,))
+            cur.execute(self._sql("UPDATE {s}.queue SET cancel_requested=1 WHERE task_id=? AND status='running'"),
+                        (task_id,))
+        return self._must(task_id)
+
+    def _must(self, task_id: str) -> QueuedTask:
+        row = self.get(task_id)
+        if row is None:
+            raise TaskNotFound(f"no submitted task {task_id!r} in {self.store.url}", task_id=task_id,
+                               hint="`overnight ls` lists the tasks; `overnight submit` queues one")
+        return row
+
+    # workers -----------------------------------------------------------------------------------
+    def worker_beat(self, w: WorkerRow) -> None:
+        """Insert or update a worker's row (its heartbeat)."""
+        with self._tx() as cur:
+            cur.execute(self._sql("DELETE FROM {s}.workers WHERE worker_id=?"), (w.worker_id,))
+            cur.execute(self._sql(f"INSERT INTO {{s}}.workers ({', '.join(WORKER_COLUMNS)}) VALUES "
+                                  f"({', '.join('?' * len(WORKER_COLUMNS))})"),
+                        (w.worker_id, w.host, w.pid, w.started_ms, w.heartbeat_ms, json.dumps(w.queues),
+                         w.concurrency, w.held, w.state))
+
+    def workers(self) -> list[WorkerRow]:
+        if self.absent:
+            return []
+        return [row_to_worker(r) for r in self._read(self._sql(
+            f"SELECT {', '.join(WORKER_COLUMNS)} FROM {{s}}.workers ORDER BY worker_id"))]
+
+
+__all__ = ["SqlQueue"]

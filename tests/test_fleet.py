@@ -1,0 +1,288 @@
+"""Workers, end to end with real processes: submit, claim order, parking, cancel, graceful stop,
+paused holder and dropped connections (SQLite, and PostgreSQL with a schema per test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from _fleet import chain_check, cli, client_ports, descendants, project, queue_rows, side_log, start_worker, stop, wait_until, wasted
+
+
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    project(tmp_path)
+    return f"sqlite://{tmp_path / 'q.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_url(request, tmp_path: Path) -> str:
+    project(tmp_path)
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'q.db'}"
+    url, schema = request.getfixturevalue("pg_schema")
+    return f"{url}?schema={schema}"
+
+
+def _submit(tmp_path: Path, store: str, *args: str) -> dict:
+    res = cli(tmp_path, "submit", "tasks/chaos.py", "--store", store, "--json", *args)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_submit_ids_params_idempotency(tmp_path: Path, sqlite_url: str) -> None:
+    a = _submit(tmp_path, sqlite_url, "--param", "steps=2")
+    again = _submit(tmp_path, sqlite_url, "--params", '{"steps": 2}')
+    other = _submit(tmp_path, sqlite_url, "--param", "steps=3")
+    assert a["created"] and not again["created"] and again["task_id"] == a["task_id"]
+    assert a["task_id"].startswith("chaos-") and other["task_id"] != a["task_id"]
+    assert a["entry"] == "tasks/chaos.py:task"  # relative to the project root, never absolute
+    k1 = _submit(tmp_path, sqlite_url, "--id", "keyed", "--idempotency-key", "K")
+    k2 = _submit(tmp_path, sqlite_url, "--id", "keyed-2", "--idempotency-key", "K", "--param", "steps=9")
+    assert k1["created"] and not k2["created"] and k2["task_id"] == "keyed"
+    assert set(queue_rows(sqlite_url)) == {a["task_id"], other["task_id"], "keyed"}
+    (tmp_path / "tasks" / "nothing.py").write_text("x = 1\n")
+    bad = cli(tmp_path, "submit", "tasks/nothing.py", "--store", sqlite_url)
+    assert bad.returncode == 2 and "defines no overnight.Task" in bad.stderr
+
+
+def test_claim_order_priority_and_not_before(tmp_path: Path, any_url: str) -> None:
+    from overnight.store import open_store
+    from overnight.store.queue import queue_for
+
+    _submit(tmp_path, any_url, "--id", "low-1")
+    _submit(tmp_path, any_url, "--id", "later", "--priority", "9", "--not-before", "+1h")
+    _submit(tmp_path, any_url, "--id", "high", "--priority", "5")
+    _submit(tmp_path, any_url, "--id", "low-2")
+    _submit(tmp_path, any_url, "--id", "other-queue", "--priority", "9", "--queue", "q2")
+    s = open_store(any_url)
+    try:
+        q = queue_for(s)
+        order = [q.claim("w1", ["default"], 30_000) for _ in range(4)]
+        assert [t.task_id if t else None for t in order] == ["high", "low-1", "low-2", None]
+        assert [t.claim_token for t in order[:3]] == [1, 1, 1]
+        assert q.claim("w1", ["q2"], 30_000).task_id == "other-queue"
+    finally:
+        s.close()
+
+
+def test_worker_runs_queued_tasks_and_ls_shows_them(tmp_path: Path, sqlite_url: str) -> None:
+    ids = [_submit(tmp_path, sqlite_url, "--param", f"steps={n}", "--param", f"tag={'x' * n}")["task_id"]
+           for n in (2, 3, 4)]
+    ls = cli(tmp_path, "ls", "--store", sqlite_url, "--json")
+    assert {t["task_id"]: t["status"] for t in json.loads(ls.stdout)} == dict.fromkeys(ids, "queued")
+    w = start_worker(tmp_path, sqlite_url, "--concurrency", "2", "--idle-exit", "2", "--worker-id", "solo")
+    assert w.wait(timeout=120) == 0, (tmp_path / "w.err").read_text()
+    rows = queue_rows(sqlite_url)
+    assert {i: rows[i].status for i in ids} == dict.fromkeys(ids, "complete")
+    log = side_log(tmp_path)
+    assert len(log) == 2 + 3 + 4 and wasted(log) == 0
+    for tid, n in zip(ids, (2, 3, 4)):
+        got = chain_check(sqlite_url, tid)
+        assert got["state"] == {f"w{i}": i * i + n for i in range(n)}  # ctx.params reached the steps
+    ls = json.loads(cli(tmp_path, "ls", "--store", sqlite_url, "--json").stdout)
+    assert {t["status"] for t in ls} == {"complete"}
+    workers = json.loads(cli(tmp_path, "workers", "--store", sqlite_url, "--json").stdout)
+    assert [(x["worker_id"], x["state"]) for x in workers] == [("solo", "stopped")]
+
+
+def test_poison_unimportable_and_failing_tasks_are_parked(tmp_path: Path, sqlite_url: str) -> None:
+    poison = _submit(tmp_path, sqlite_url, "--id", "poison", "--param", "mode=poison")["task_id"]
+    failing = _submit(tmp_path, sqlite_url, "--id", "failing", "--param", "mode=fail")["task_id"]
+    (tmp_path / "tasks" / "gone.py").write_text((tmp_path / "tasks" / "chaos.py").read_text())
+    res = cli(tmp_path, "submit", "tasks/gone.py", "--store", sqlite_url, "--id", "unimportable")
+    assert res.returncode == 0, res.stderr
+    (tmp_path / "tasks" / "gone.py").unlink()
+    fine = _submit(tmp_path, sqlite_url, "--id", "fine")["task_id"]
+    w = start_worker(tmp_path, sqlite_url, "--idle-exit", "3", "--backoff", "0.1", "--max-deaths", "3")
+    assert w.wait(timeout=180) == 0, (tmp_path / "w.err").read_text()
+    rows = queue_rows(sqlite_url)
+    assert rows[poison].status == "failed" and "died 3 times in a row" in rows[poison].reason
+    assert rows[poison].attempts == 3
+    assert rows[failing].status == "failed" and "this step always fails" in rows[failing].reason
+    assert rows["unimportable"].status == "failed" and rows["unimportable"].reason.startswith("cannot import tasks/gone.py")
+    assert rows[fine].status == "complete"
+    ls = {t["task_id"]: t["status"] for t in json.loads(cli(tmp_path, "ls", "--store", sqlite_url, "--json").stdout)}
+    assert ls[poison].startswith("failed (died 3 times")
+    # retry re-queues a parked task (it dies again: parked again, attempts go on)
+    assert cli(tmp_path, "retry", poison, "--store", sqlite_url).returncode == 0
+    assert queue_rows(sqlite_url)[poison].status == "queued"
+
+
+def test_cancel_stops_at_a_step_boundary(tmp_path: Path, sqlite_url: str) -> None:
+    tid = _submit(tmp_path, sqlite_url, "--param", "steps=40", "--param", "sleep=0.3")["task_id"]
+    w = start_worker(tmp_path, sqlite_url, "--idle-exit", "2", "--lease", "3")
+    try:
+        wait_until(lambda: len(side_log(tmp_path)) >= 2, 60, "two steps")
+        assert cli(tmp_path, "cancel", tid, "--store", sqlite_url).returncode == 0
+        assert w.wait(timeout=60) == 0
+    finally:
+        stop(w)
+    row = queue_rows(sqlite_url)[tid]
+    assert row.status == "cancelled"
+    got = chain_check(sqlite_url, tid)
+    assert 2 <= len(got["done"]) < 41 and wasted(side_log(tmp_path)) == 0
+    ls = {t["task_id"]: t["status"] for t in json.loads(cli(tmp_path, "ls", "--store", sqlite_url, "--json").stdout)}
+    assert ls[tid] == "cancelled"
+
+
+def test_graceful_stop_commits_the_step_in_flight_and_requeues(tmp_path: Path, sqlite_url: str) -> None:
+    tid = _submit(tmp_path, sqlite_url, "--param", "steps=30", "--param", "sleep=0.4")["task_id"]
+    w = start_worker(tmp_path, sqlite_url, "--lease", "3")
+    wait_until(lambda: len(side_log(tmp_path)) >= 2, 60, "two steps")
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=30) == 0
+    ran = len(side_log(tmp_path))
+    assert queue_rows(sqlite_url)[tid].status == "queued"
+    assert len(chain_check(sqlite_url, tid)["done"]) == ran + 1  # plan + every step that ran: none lost
+    w2 = start_worker(tmp_path, sqlite_url, "--idle-exit", "2", name="w2")
+    assert w2.wait(timeout=120) == 0
+    assert queue_rows(sqlite_url)[tid].status == "complete"
+    log = side_log(tmp_path)
+    assert len(log) == 30 and wasted(log) == 0  # nothing ran twice after a graceful stop
+
+
+def test_paused_holder_is_taken_over_and_gets_lease_lost(tmp_path: Path, pg_schema) -> None:
+    url, schema = pg_schema
+    store = f"{url}?schema={schema}"
+    project(tmp_path)
+    tid = _submit(tmp_path, store, "--param", "steps=25", "--param", "sleep=0.3")["task_id"]
+    a = start_worker(tmp_path, store, "--lease", "1.5", "--worker-id", "A", name="a")
+    b = None
+    try:
+        wait_until(lambda: len(side_log(tmp_path)) >= 2, 60, "A runs steps")
+        child = queue_rows(store)[tid].pid
+        assert child in descendants(a.pid)
+        os.kill(child, signal.SIGSTOP)  # a pause past the lease: A's session stops heartbeating
+        paused_at = len(side_log(tmp_path))
+        b = start_worker(tmp_path, store, "--lease", "1.5", "--worker-id", "B", "--idle-exit", "3", name="b")
+        wait_until(lambda: queue_rows(store)[tid].worker_id == "B" and len(side_log(tmp_path)) >= paused_at + 3,
+                   60, "B takes over")
+        os.kill(child, signal.SIGCONT)  # the old holder wakes up: its next commit meets LeaseLost
+        assert b.wait(timeout=120) == 0, (tmp_path / "b.err").read_text()
+    finally:
+        stop(a, signal.SIGTERM)
+        if b is not None:
+            stop(b)
+    assert queue_rows(store)[tid].status == "complete"
+    got = chain_check(store, tid)  # linear history, no step committed twice
+    assert len(got["done"]) == 26
+    assert wasted(side_log(tmp_path)) <= 1  # at most the step in flight when A was paused
+
+
+def test_dropped_postgres_connections_mid_run(tmp_path: Path, pg_schema) -> None:
+    import psycopg
+
+    url, schema = pg_schema
+    store = f"{url}?schema={schema}"
+    project(tmp_path)
+    ids = [_submit(tmp_path, store, "--id", f"t{i}", "--param", "steps=12", "--param", "sleep=0.1")["task_id"]
+           for i in range(3)]
+    # default --max-deaths (3): a store outage must not count as deaths of the tasks
+    w = start_worker(tmp_path, store, "--concurrency", "3", "--lease", "2", "--backoff", "0.2", "--idle-exit", "4")
+    dropped = 0
+    try:
+        for _ in range(3):
+            wait_until(lambda: len(side_log(tmp_path)) >= 4, 60, "steps")
+            time.sleep(1.5)
+            ports = sorted(client_ports([w.pid, *descendants(w.pid)]))  # only this test's connections
+            with psycopg.connect(url, autocommit=True) as conn:
+                dropped += len(conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                    "AND client_port = ANY(%s)", (ports,)).fetchall())
+        assert w.wait(timeout=180) == 0, (tmp_path / "w.err").read_text()
+    finally:
+        stop(w)
+    assert dropped >= 3  # the worker's and its sessions' connections were cut
+    rows = queue_rows(store)
+    assert {i: rows[i].status for i in ids} == dict.fromkeys(ids, "complete")
+    for i in ids:
+        assert len(chain_check(store, i)["done"]) == 13
+
+
+SLOW_TASK = '''
+import time
+import overnight
+
+task = overnight.Task("slow", goal="slow steps", level="durable")
+
+@task.step
+def plan(ctx):
+    for i in range(50):
+        ctx.add_step("work", i=i)
+
+@task.step(planned=False)
+def work(ctx, i: int):
+    time.sleep(0.3)
+    return i
+'''
+
+
+def test_plain_run_shows_running_then_interrupted(tmp_path: Path) -> None:
+    """Without workers: a run holds the task lease, so `ls` tells a running task from a killed one."""
+    import subprocess
+
+    from _fleet import fleet_env
+    from _procs import CLI
+
+    project(tmp_path)
+    (tmp_path / "slow.py").write_text(SLOW_TASK)
+    store = f"sqlite://{tmp_path / 'q.db'}"
+    run = subprocess.Popen([*CLI, "run", "slow.py", "--store", store, "--quiet"], cwd=tmp_path,
+                           env=fleet_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def status() -> str:
+        res = cli(tmp_path, "ls", "--store", store, "--json")
+        return json.loads(res.stdout)[0]["status"] if res.returncode == 0 and res.stdout.strip() else ""
+
+    try:
+        got = wait_until(lambda: (lambda st: st if st.startswith("running") else "")(status()), 60, "running")
+        assert got.startswith("running (pid ") and "heartbeat" in got
+    finally:
+        stop(run)
+    assert status() == "interrupted"
+    res = cli(tmp_path, "status", "slow", "--store", store)
+    assert "interrupted" in res.stdout
+
+
+def test_second_signal_abandons_the_step_in_flight(tmp_path: Path, sqlite_url: str) -> None:
+    tid = _submit(tmp_path, sqlite_url, "--param", "steps=5", "--param", "sleep=8")["task_id"]
+    w = start_worker(tmp_path, sqlite_url, "--lease", "3")
+    try:
+        wait_until(lambda: len(side_log(tmp_path)) >= 1, 60, "the first step in flight")
+        t0 = time.monotonic()
+        w.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        w.send_signal(signal.SIGTERM)
+        assert w.wait(timeout=30) == 0
+        assert time.monotonic() - t0 < 7  # did not wait for the 8 s step
+    finally:
+        stop(w)
+    assert chain_check(sqlite_url, tid)["done"] == ["plan"]  # nothing of the abandoned step committed
+    assert queue_rows(sqlite_url)[tid].status == "queued"
+
+
+def test_queue_row_params_changed_behind_the_task_are_refused(tmp_path: Path, sqlite_url: str) -> None:
+    """The queue row is not covered by a digest: a resumed task runs with its verified params."""
+    import sqlite3
+
+    tid = _submit(tmp_path, sqlite_url, "--id", "p", "--param", "steps=30", "--param", "sleep=0.3")["task_id"]
+    w = start_worker(tmp_path, sqlite_url, "--lease", "3")
+    wait_until(lambda: len(side_log(tmp_path)) >= 1, 60, "a step")
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=30) == 0
+    db = sqlite3.connect(tmp_path / "q.db")
+    db.execute("UPDATE queue SET params=? WHERE task_id=?", (json.dumps({"steps": 30, "sleep": 0.3, "tag": "x"}), tid))
+    db.commit()
+    db.close()
+    w2 = start_worker(tmp_path, sqlite_url, "--idle-exit", "2", name="w2")
+    assert w2.wait(timeout=60) == 0
+    row = queue_rows(sqlite_url)[tid]
+    assert row.status == "failed" and "params differ" in row.reason
