@@ -77,7 +77,7 @@ def test_ls_show_cat_json(tmp_path):
     cli("demo", "--max-steps", "3", cwd=tmp_path, check=75)
     tasks = json.loads(cli("ls", "--json", cwd=tmp_path).stdout)
     assert [t["task_id"] for t in tasks] == ["api-report-email"]
-    assert tasks[0]["status"] == "in progress" and tasks[0]["done"] == 3
+    assert tasks[0]["status"] == "interrupted" and tasks[0]["done"] == 3
     show = json.loads(cli("show", "api-report-email", "--json", cwd=tmp_path).stdout)
     assert [c["seq"] for c in show["chain"]] == [0, 1, 2, 3]
     assert show["chain"][-1]["heads"] == ["main"]
