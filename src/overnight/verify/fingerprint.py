@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterable
 from overnight.codec import digest
 from overnight.codec.canonical import dumps
 from overnight.errors import ConfigError
+from overnight.verify.dists import cached_distributions
 from overnight.verify.keys import EnvKey, env_key
 
 COMPONENTS = ("code", "deps", "env", "inputs", "artifacts", "model")
@@ -80,6 +81,13 @@ def installed(names: list[str] | None = None) -> dict[str, str]:
             except md.PackageNotFoundError:
                 out[normalize(n)] = MISSING
         return out
+    return cached_distributions(_scan_installed)  # ~0.5 s to read; cached per sys.path and dist-info mtimes
+
+
+def _scan_installed() -> dict[str, str]:
+    """Every installed distribution's ``normalized name -> version`` (the first on ``sys.path`` wins)."""
+    import importlib.metadata as md
+
     found: dict[str, str] = {}
     for dist in md.distributions():
         name = dist.metadata["Name"] if dist.metadata else None
