@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from overnight.tokens import DEFAULT_ENCODING, ENCODINGS, Tokenizer, encoding_for_model, tokenizer_for
 
 loads = 0
-"""Vocabularies :class:`LazyTokenizer` has loaded in this process (for tests and benches)."""
+"""First uses of a :class:`LazyTokenizer` in this process (each loads, or reuses, the cached tokenizer)."""
 
 
 class LazyTokenizer:
