@@ -2,8 +2,9 @@
 chain length -- over a bare ``python -c 'import overnight'``, measured in the same run.
 
 For each chain length ``L`` (checkpoints on the branch), one task in one SQLite store holds a
-chain of ``L`` small checkpoints (each step changes one small field of ``ctx.state``); it is grown
-in place from one length to the next by ``overnight run`` / ``overnight resume --max-steps``. Then,
+chain of ``L`` small checkpoints (each step changes one small field of ``ctx.state`` and plans the
+next step, so the done list grows and the to-do list stays one entry long); it is grown in place
+from one length to the next by ``overnight run`` / ``overnight resume --max-steps``. Then,
 ``reps`` times, alternating the two so a drift of the machine's speed hits both alike:
 
 * **resume to first step**: ``python -m overnight resume TASK --store sqlite://...`` in a fresh
@@ -49,8 +50,7 @@ task = overnight.Task({task_id!r}, goal="a long chain of small checkpoints")
 
 @task.step
 def plan(ctx):
-    for i in range({capacity}):
-        ctx.add_step("work", position="end", i=i)
+    ctx.add_step("work", position="end", i=0)
 
 
 @task.step(planned=False)
@@ -58,11 +58,15 @@ def work(ctx, i):
     if os.environ.get({exit_env!r}):
         os._exit(0)  # the bench times the resume up to here
     ctx.state["n"] = i
+    if i + 1 < {capacity}:
+        ctx.add_step("work", position="end", i=i + 1)  # one step ahead: the to-do list stays short
     return {{"i": i}}
 '''
 
 PROBES = ("resume to first step", "bare import", "load + verify head")
 CPU_PROBES = ("resume to first step (cpu)", "bare import (cpu)")
+BASELINE = "baseline resume"
+"""The probe of ``baseline=``: the same resume run by another overnight's source."""
 """The same child processes' CPU time (user + system, from the kernel): steadier than wall time on
 a loaded machine."""
 
@@ -85,6 +89,14 @@ class ResumeProcessBench:
         pairs = zip(self.samples_ms["resume to first step" + tail][length], self.samples_ms["bare import" + tail][length])
         return statistics.median(r - i for r, i in pairs)
 
+    def baseline_ratio(self, length: int, cpu: bool = False) -> float | None:
+        """Median of (this resume / the baseline's), pair by pair; None without a baseline."""
+        tail = " (cpu)" if cpu else ""
+        if BASELINE + tail not in self.samples_ms:
+            return None
+        pairs = zip(self.samples_ms["resume to first step" + tail][length], self.samples_ms[BASELINE + tail][length])
+        return statistics.median(r / b for r, b in pairs)
+
     def markdown(self) -> str:
         lines = [f"`overnight resume` to its first step (whole process, SQLite), median of {self.reps} per "
                  "length; ms",
@@ -96,6 +108,12 @@ class ResumeProcessBench:
             r, i = self.median("resume to first step", n), self.median("bare import", n)
             lines.append(f"| {self.checkpoints[n]:,} | {r:.0f} | {i:.0f} | {self.over_import(n):.0f} | {r / i:.1f}x | "
                          f"{self.over_import(n, cpu=True):.0f} | {self.median('load + verify head', n):.1f} |")
+        if BASELINE in self.samples_ms:
+            lines += ["", "against the baseline's resume, pair by pair (this / baseline)", "",
+                      "| chain (checkpoints) | baseline resume, ms | this / baseline (wall) | this / baseline (CPU) |",
+                      "|---:|---:|---:|---:|"]
+            lines += [f"| {self.checkpoints[n]:,} | {self.median(BASELINE, n):.0f} | {self.baseline_ratio(n):.2f}x | "
+                      f"{self.baseline_ratio(n, cpu=True):.2f}x |" for n in self.lengths]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -103,7 +121,7 @@ class ResumeProcessBench:
                 "by_length": [{"length": n, "checkpoints": self.checkpoints[n],
                                **{p: {"median_ms": round(self.median(p, n), 3),
                                       "samples_ms": [round(x, 3) for x in self.samples_ms[p][n]]}
-                                  for p in (*PROBES, *CPU_PROBES)},
+                                  for p in self.samples_ms},
                                "over_import_ms": round(self.over_import(n), 3),
                                "over_import_cpu_ms": round(self.over_import(n, cpu=True), 3)} for n in self.lengths]}
 
@@ -154,7 +172,8 @@ def _timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float
 
 
 def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *, reps: int = 5,
-                             directory: Path, source: Path | None = None) -> ResumeProcessBench:
+                             directory: Path, source: Path | None = None,
+                             baseline: Path | None = None) -> ResumeProcessBench:
     """Build the chain and time the resumes; see the module docstring.
 
     Args:
@@ -163,6 +182,9 @@ def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *
         directory: an empty, existing directory for the store, the task file and the state folder.
         source: the ``src`` folder of the overnight the child processes run (default: this one's),
             to compare two versions on one machine at one time.
+        baseline: the ``src`` folder of another overnight (e.g. a checkout of the last release):
+            its resume is timed too, in turn with the others, as ``baseline resume`` (its
+            ratio to this one's in the table). It must read this version's store.
 
     Raises:
         ValueError: lengths not ascending or under 3, reps < 1.
@@ -182,6 +204,7 @@ def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *
     src = str(source or Path(__file__).resolve().parents[2])  # the overnight the child processes run
     env["PYTHONPATH"] = os.pathsep.join([src, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     timed_env = {**env, EXIT_ENV: "1"}
+    base_env = {**timed_env, "PYTHONPATH": os.pathsep.join([str(baseline), *env["PYTHONPATH"].split(os.pathsep)[1:]])}
     result = ResumeProcessBench(tuple(lengths), reps, {p: {} for p in (*PROBES, *CPU_PROBES)})
     store = open_store(f"sqlite://{directory / 'chain.db'}")
     try:
@@ -200,10 +223,17 @@ def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *
             bare = [sys.executable, "-c", "import overnight"]
             _timed(resume, directory, timed_env)  # warm-up (fills the distribution cache), not counted
             _timed(bare, directory, env)
-            rs, bs = [], []
+            rs, bs, old = [], [], []
+            if baseline is not None:
+                _timed(resume, directory, base_env)
             for _ in range(reps):
                 rs.append(_timed(resume, directory, timed_env))
                 bs.append(_timed(bare, directory, env))
+                if baseline is not None:
+                    old.append(_timed(resume, directory, base_env))
+            if baseline is not None:
+                result.samples_ms.setdefault(BASELINE, {})[n] = [w for w, _ in old]
+                result.samples_ms.setdefault(BASELINE + " (cpu)", {})[n] = [c for _, c in old]
             result.samples_ms["resume to first step"][n] = [w for w, _ in rs]
             result.samples_ms["bare import"][n] = [w for w, _ in bs]
             result.samples_ms["resume to first step (cpu)"][n] = [c for _, c in rs]

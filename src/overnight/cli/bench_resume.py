@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -29,6 +30,9 @@ def register(bench_app: typer.Typer) -> None:
         reps: int = typer.Option(5, "--reps", min=1, help="Timed resumes (and bare imports) per length."),
         out: Path = typer.Option(Path("bench-results"), "--out", help="Directory for resume_process.md, "
                                  "resume_process.json and resume_process.png (created if missing)."),
+        baseline: Optional[Path] = typer.Option(None, "--baseline-src", help="The src folder of another overnight "
+                                                "(e.g. a checkout of main): its resume is timed in turn too, as "
+                                                "the baseline of a ratio."),
         as_json: bool = typer.Option(False, "--json", help="Print the JSON instead of the table."),
     ) -> None:
         """Time `overnight resume` in a fresh process up to the start of its first step (SQLite store,
@@ -42,7 +46,8 @@ def register(bench_app: typer.Typer) -> None:
 
         try:
             with tempfile.TemporaryDirectory(prefix="overnight-bench-resume-") as tmp:
-                bench = run_resume_process_bench(_lengths(chain), reps=reps, directory=Path(tmp))
+                bench = run_resume_process_bench(_lengths(chain), reps=reps, directory=Path(tmp),
+                                                 baseline=baseline.resolve() if baseline else None)
             out.mkdir(parents=True, exist_ok=True)
             (out / "resume_process.md").write_text(bench.markdown() + "\n", encoding="utf-8")
             (out / "resume_process.json").write_text(json.dumps(bench.to_json(), indent=2) + "\n", encoding="utf-8")
