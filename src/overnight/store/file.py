@@ -298,17 +298,12 @@ class FileContainer:
 
     @_medium(writing=True)
     def create_many(self, items: dict[str, bytes]) -> set[str]:
-        # the files' and then the folders' fsyncs run side by side (a journalling file system
-        # commits concurrent fsyncs together): a commit waits for about two flushes, not one per object
-        if len(items) > 1:
+        if len(items) > 4:
             results = list(self._pool.map(lambda kv: self._create(*kv), items.items()))
         else:
             results = [self._create(k, v) for k, v in items.items()]
-        folders = list({folder for created, folder in results if created})
-        if len(folders) > 1:
-            list(self._pool.map(_fsync_dir, folders))
-        elif folders:
-            _fsync_dir(folders[0])
+        for folder in {folder for created, folder in results if created}:
+            _fsync_dir(folder)
         return {k for k, (created, _) in zip(items, results) if created}
 
     @contextmanager
