@@ -71,9 +71,9 @@ def normalize(name: str) -> str:
 def installed(names: list[str] | None = None) -> dict[str, str]:
     """``normalized name -> version`` of installed distributions, as import would see them (the
     first on ``sys.path`` wins). ``names``: only these (a missing one maps to ``"missing"``)."""
-    import importlib.metadata as md
-
     if names is not None:  # look up only these: reading every distribution's metadata costs ~0.5 s
+        import importlib.metadata as md
+
         out = {}
         for n in sorted(names):
             try:
