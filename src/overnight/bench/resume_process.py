@@ -141,6 +141,8 @@ class ResumeProcessBench:
         for probe, style in zip(PROBES, ("o-", "s--", "^-")):
             ax.plot(xs, [self.median(probe, n) for n in self.lengths], style, label=probe)
         ax.plot(xs, [max(self.over_import(n), 0.1) for n in self.lengths], "d:", label="resume over import")
+        for probe in CPU_PROBES:  # the same processes' CPU time: steadier than wall time under load
+            ax.plot(xs, [self.median(probe, n) for n in self.lengths], "x-.", alpha=0.7, label=probe)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("checkpoints on the branch")
