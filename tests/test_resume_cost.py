@@ -160,3 +160,24 @@ def test_head_entry_is_the_verified_specs_and_unknown_when_the_head_does_not_ver
         assert found == _spec_entry(load_head(store, "lazy-tok", "main", key=b"k1")[0])
         assert head_entry(store, "lazy-tok", "main", key=b"another key") is UNKNOWN  # signature fails
         assert head_entry(store, "lazy-tok", "no-such-branch", key=b"k1") is UNKNOWN
+
+
+# --- overnight bench resume ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bench_resume_cli_times_the_process_at_each_length_and_writes_its_files(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "COLUMNS": "200"}
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "overnight", "bench", "resume", "--chain", "3,4", "--reps", "1",
+                           "--out", str(out), "--json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [(b["length"], b["checkpoints"]) for b in data["by_length"]] == [(3, 3), (4, 4)]
+    for b in data["by_length"]:  # a resume does more than importing overnight, and stops before committing
+        assert b["resume to first step"]["median_ms"] > b["bare import"]["median_ms"] > 0
+    assert {p.name for p in out.iterdir()} == {"resume_process.md", "resume_process.json", "resume_process.png"}
+    bad = subprocess.run([sys.executable, "-m", "overnight", "bench", "resume", "--chain", "5,2"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "ascending" in bad.stderr
