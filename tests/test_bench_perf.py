@@ -99,7 +99,8 @@ def _bench_schemas(url: str) -> set[str]:
 
 def test_perf_report_measures_every_system_and_writes_its_files(tmp_path, postgres_url):
     before = _bench_schemas(postgres_url)
-    settings = PerfSettings(commits=5, state_kb=2, lengths=(3, 8), reps=1, verify_checkpoints=5, verify_mb=0.2)
+    settings = PerfSettings(commits=5, state_kb=2, lengths=(3, 8), reps=1, verify_checkpoints=5, verify_mb=0.2,
+                            process_lengths=(3, 5))
     report = run_perf(settings, postgres_url=postgres_url, directory=tmp_path / "disk")
     paths = write_report(report, tmp_path / "out")
 
@@ -115,6 +116,9 @@ def test_perf_report_measures_every_system_and_writes_its_files(tmp_path, postgr
     for s in resumed:  # each chain really had the requested number of checkpoints when timed
         assert [(b["length"], b["checkpoints"]) for b in s["by_length"]] == [(3, 3), (8, 8)], s["name"]
     assert data["verify"]["problems"] == 0 and data["verify"]["bytes_verified"] >= 0.2e6 * 4 / 5 - 5
+    process = data["resume_process"]["by_length"]  # the whole `overnight resume`, stopped at its first step
+    assert [(b["length"], b["checkpoints"]) for b in process] == [(3, 3), (5, 5)]
+    assert all(b["resume to first step"]["median_ms"] > b["bare import"]["median_ms"] > 0 for b in process)
 
     md = (tmp_path / "out" / "perf.md").read_text()
     for name in [*COMMIT_SYSTEMS, *(s["name"] for s in resumed)]:

@@ -44,6 +44,7 @@ from overnight.verify.gc import GcReport, RmReport
 from overnight.verify.chain import load_head
 from overnight.verify.drift import DriftReport
 from overnight.verify.fsck import VerifyReport, verify_store
+from overnight.verify.head_entry import UNKNOWN, head_entry
 from overnight.verify.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
 from overnight.verify.rollback import find_rollback
 
@@ -244,8 +245,11 @@ def resume(
         row = reader.get_task(task_id)
         verified = None
         if entry is None and row.entry:
-            loaded, _ = load_head(reader, task_id, branch, key=signing_key_from_env(), deep=False)
-            verified = _spec_entry(loaded)
+            # the head's record and state document suffice (the runner verifies the whole head next)
+            verified = head_entry(reader, task_id, branch, key=signing_key_from_env())
+            if verified is UNKNOWN:
+                loaded, _ = load_head(reader, task_id, branch, key=signing_key_from_env(), deep=False)
+                verified = _spec_entry(loaded)
         task = load_stored_task(task_id, recorded=row.entry, verified=verified, override=entry)
         if task is None:
             raise _no_code(row, "resume")

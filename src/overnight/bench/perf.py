@@ -8,12 +8,14 @@ Runs three benchmarks in one process, each against baselines measured in the sam
 2. resume latency against chain length (:mod:`overnight.bench.resume`) -- overnight's verified
    head load and its whole resume session on each store, against LangGraph's ``get_tuple``;
 3. ``verify --all`` throughput in MB/s (:mod:`overnight.bench.verify`) against ``hashlib.sha256``
-   in memory.
+   in memory;
+4. the whole ``overnight resume`` process to its first step against chain length
+   (:mod:`overnight.bench.resume_process`), over a bare ``python -c 'import overnight'``.
 
 :func:`write_report` puts into one directory ``perf.md`` (the Markdown tables), ``perf.json``
 (settings, machine, every raw sample) and two PNG plots drawn with matplotlib:
 ``commit_latency.png`` (median and p99 per system and medium) and ``resume_latency.png``
-(milliseconds against chain length, log-log).
+(milliseconds against chain length, log-log), and ``resume_process.png`` (the whole process, log-log).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from overnight.bench.commit import DEFAULT_POSTGRES, CommitBench, run_commit_ben
 from overnight.bench.commit import SYSTEMS as COMMIT_SYSTEMS
 from overnight.bench.resume import SYSTEMS as RESUME_SYSTEMS
 from overnight.bench.resume import ResumeBench, run_resume_bench
+from overnight.bench.resume_process import ResumeProcessBench, run_resume_process_bench
 from overnight.bench.verify import VerifyBench, run_verify_bench
 
 #: files :func:`write_report` writes into its directory
-FILES = ("perf.md", "perf.json", "commit_latency.png", "resume_latency.png")
+FILES = ("perf.md", "perf.json", "commit_latency.png", "resume_latency.png", "resume_process.png")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class PerfSettings:
         reps: timed resumes per system and length.
         verify_checkpoints, verify_mb: size of the store ``verify --all`` checks (checkpoints, MB
             of distinct artifact content).
+        process_lengths: chain lengths at which the whole ``overnight resume`` process is timed
+            (each >= 3, ascending; building the chain runs that many steps).
     """
 
     commits: int = 200
@@ -57,11 +62,13 @@ class PerfSettings:
     reps: int = 5
     verify_checkpoints: int = 300
     verify_mb: float = 30.0
+    process_lengths: tuple[int, ...] = (10, 100, 1000)
 
 
 #: the default run (a few minutes on a 2-core machine) and ``--quick`` (under a minute)
 DEFAULT = PerfSettings()
-QUICK = PerfSettings(commits=30, lengths=(10, 100), reps=3, verify_checkpoints=50, verify_mb=5.0)
+QUICK = PerfSettings(commits=30, lengths=(10, 100), reps=3, verify_checkpoints=50, verify_mb=5.0,
+                     process_lengths=(10, 30))
 
 
 @dataclass
@@ -74,6 +81,7 @@ class PerfReport:
     resume: ResumeBench
     verify: VerifyBench
     elapsed_s: float
+    resume_process: ResumeProcessBench | None = None
 
     def markdown(self) -> str:
         m = self.machine
@@ -84,12 +92,15 @@ class PerfReport:
             "## Commit latency\n\n" + self.commit.markdown(),
             "## Resume latency against chain length\n\n" + self.resume.markdown(),
             "## Verify throughput\n\n" + self.verify.markdown(),
-            "![commit latency](commit_latency.png)\n\n![resume latency](resume_latency.png)",
+            *(["## Resume, the whole process\n\n" + self.resume_process.markdown()] if self.resume_process else []),
+            "![commit latency](commit_latency.png)\n\n![resume latency](resume_latency.png)"
+            + ("\n\n![resume process](resume_process.png)" if self.resume_process else ""),
         ]) + "\n"
 
     def to_json(self) -> dict[str, Any]:
         return {"settings": asdict(self.settings), "machine": self.machine, "elapsed_s": round(self.elapsed_s, 3),
-                "commit": self.commit.to_json(), "resume": self.resume.to_json(), "verify": self.verify.to_json()}
+                "commit": self.commit.to_json(), "resume": self.resume.to_json(), "verify": self.verify.to_json(),
+                "resume_process": self.resume_process.to_json() if self.resume_process else None}
 
 
 def machine() -> dict[str, Any]:
@@ -126,7 +137,9 @@ def run_perf(settings: PerfSettings = DEFAULT, *, postgres_url: str | None = DEF
         resume = run_resume_bench(settings.lengths, reps=settings.reps, systems=served(RESUME_SYSTEMS),
                                   directory=Path(tmp), postgres_url=postgres_url or DEFAULT_POSTGRES)
     verify = run_verify_bench(settings.verify_checkpoints, settings.verify_mb, base)
-    return PerfReport(settings, info, commit, resume, verify, time.perf_counter() - t0)
+    with tempfile.TemporaryDirectory(prefix="overnight-bench-resume-process-", dir=base) as tmp:
+        process = run_resume_process_bench(settings.process_lengths, reps=settings.reps, directory=Path(tmp))
+    return PerfReport(settings, info, commit, resume, verify, time.perf_counter() - t0, process)
 
 
 _COLOURS = {"overnight": "#1f77b4", "LangGraph": "#ff7f0e", "floor": "#7f7f7f"}
@@ -183,5 +196,9 @@ def write_report(report: PerfReport, out: Path) -> list[Path]:
     fig.tight_layout()
     fig.savefig(paths[3], dpi=110)
     plt.close(fig)
+    if report.resume_process is not None:
+        report.resume_process.plot(paths[4])
+    else:
+        paths = paths[:4]
     return paths
 

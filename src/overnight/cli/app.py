@@ -26,6 +26,7 @@ import typer
 
 from overnight import api
 from overnight.cli import bench_agents, bench_kpi, bench_langgraph, bench_mcp, bench_perf, bench_storage, render
+from overnight.cli import bench_resume
 from overnight.errors import (
     ConcurrencyError,
     ConfigError,
@@ -813,6 +814,7 @@ bench_langgraph.register(bench_app)
 bench_agents.register(bench_app)
 bench_kpi.register(bench_app)
 bench_mcp.register(bench_app)
+bench_resume.register(bench_app)
 
 
 @bench_app.command("commit")

@@ -28,7 +28,9 @@ def register(bench_app: typer.Typer) -> None:
         """Commit latency of overnight (SQLite, file, PostgreSQL) against LangGraph's SqliteSaver and
         PostgresSaver and a write+fsync floor; resume latency against chain length (10 / 100 / 1000
         checkpoints) against LangGraph's get_tuple; verify --all throughput (MB/s) against sha256 in
-        memory. Writes perf.md, perf.json, commit_latency.png and resume_latency.png into --out."""
+        memory; the whole `overnight resume` process to its first step against chain length, over a
+        bare `import overnight`. Writes perf.md, perf.json, commit_latency.png, resume_latency.png
+        and resume_process.png into --out."""
         from overnight.bench.perf import DEFAULT, QUICK, run_perf, write_report
         from overnight.cli.app import _fail, _need_extra
         from overnight.errors import OvernightError

@@ -24,7 +24,8 @@ from typing import Any
 
 from overnight.errors import ModelCallFailed
 from overnight.models.base import Completion, Message, check_limits, check_messages
-from overnight.tokens import DEFAULT_ENCODING, count_messages, tokenizer_for
+from overnight.tokens import DEFAULT_ENCODING, count_messages
+from overnight.tokens_lazy import lazy_tokenizer_for
 
 SECTION_MARKER = "overnight-section-api"
 """Info string of the fenced JSON block that carries a module's extracted API in a section prompt."""
@@ -98,7 +99,7 @@ class ExtractiveModel:
 
     def __init__(self, latency_ms: float = 0.0) -> None:
         self.latency_ms = latency_ms
-        self._tok = tokenizer_for(DEFAULT_ENCODING)
+        self._tok = lazy_tokenizer_for(DEFAULT_ENCODING)  # loaded at the first call, not on resume
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int = 512,
                  temperature: float = 0.0) -> Completion:

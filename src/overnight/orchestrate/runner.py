@@ -51,6 +51,7 @@ from overnight.orchestrate.context import StepContext
 from overnight.orchestrate.session import Budget, ModelGateway, summarize
 from overnight.store.base import CallRecord
 from overnight.tokens import count_messages, tokenizer_for
+from overnight.tokens_lazy import lazy_tokenizer_for
 from overnight.orchestrate.task import Task, reconcile_plan, step_key
 from overnight.store import open_store
 from overnight.store.base import Lease, Store, TaskRow
@@ -925,10 +926,10 @@ def tokenizer_of(model: Model) -> Any:
     path = getattr(model, "model_path", None)
     if path is not None:
         return tokenizer_for(str(path))
-    name = model.name
+    name = model.name  # an OpenAI encoding loads at its first count: a resume without model calls never does
     if name == "extractive":
-        return tokenizer_for("o200k_base")
-    return tokenizer_for(name.split(":", 1)[1] if name.startswith("openai:") else name)
+        return lazy_tokenizer_for("o200k_base")
+    return lazy_tokenizer_for(name.split(":", 1)[1] if name.startswith("openai:") else name)
 
 
 def run(task: Task, store: Store | str | None = None, **kwargs: Any) -> RunResult:

@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterable
 from overnight.codec import digest
 from overnight.codec.canonical import dumps
 from overnight.errors import ConfigError
+from overnight.verify.dists import cached_distributions
 from overnight.verify.keys import EnvKey, env_key
 
 COMPONENTS = ("code", "deps", "env", "inputs", "artifacts", "model")
@@ -70,9 +71,9 @@ def normalize(name: str) -> str:
 def installed(names: list[str] | None = None) -> dict[str, str]:
     """``normalized name -> version`` of installed distributions, as import would see them (the
     first on ``sys.path`` wins). ``names``: only these (a missing one maps to ``"missing"``)."""
-    import importlib.metadata as md
-
     if names is not None:  # look up only these: reading every distribution's metadata costs ~0.5 s
+        import importlib.metadata as md
+
         out = {}
         for n in sorted(names):
             try:
@@ -80,6 +81,13 @@ def installed(names: list[str] | None = None) -> dict[str, str]:
             except md.PackageNotFoundError:
                 out[normalize(n)] = MISSING
         return out
+    return cached_distributions(_scan_installed)  # ~0.5 s to read; cached per sys.path and dist-info mtimes
+
+
+def _scan_installed() -> dict[str, str]:
+    """Every installed distribution's ``normalized name -> version`` (the first on ``sys.path`` wins)."""
+    import importlib.metadata as md
+
     found: dict[str, str] = {}
     for dist in md.distributions():
         name, version = _name_version(dist)
