@@ -109,7 +109,8 @@ def test_hot_copy_deleted_resume_heals_it_without_repair(media, tmp_path):
 @pytest.mark.parametrize("kind", ["bit_flip", "removed_blob", "truncation"])
 def test_hot_copy_corrupted_resume_from_replica_then_repair(media, tmp_path, kind):
     head = first_session(media)
-    injected = Faults(tmp_path / "hot" / "overnight.db").inject(kind, "ledger")
+    # copies too: the hot copy cannot heal itself (tests/test_ditto.py), so the replica must
+    injected = Faults(tmp_path / "hot" / "overnight.db", copies=True).inject(kind, "ledger")
     assert injected.kind == kind
     with open_store(media["local"]) as s:
         assert not verify_store(s, ["ledger"]).ok, "the injected damage must be visible on the hot copy"
