@@ -129,8 +129,12 @@ def test_replica_corrupted_is_repaired_from_hot_copy(media, tmp_path):
 
     server, schema = media["database"].split("?schema=")
     with psycopg.connect(server, autocommit=True) as conn:  # a replica loses an artifact (a botched restore, say)
-        conn.execute(f'DELETE FROM "{schema}".objects WHERE digest = '
-                     f'(SELECT digest FROM "{schema}".objects ORDER BY size DESC LIMIT 1)')
+        from overnight.verify.ditto import ditto_key
+
+        (big,) = conn.execute(f'SELECT digest FROM "{schema}".objects WHERE kind <> %s ORDER BY size DESC LIMIT 1',
+                              ("ditto",)).fetchone()
+        # and its ditto copy, if it has one: the replica cannot heal itself, the hot copy must
+        conn.execute(f'DELETE FROM "{schema}".objects WHERE digest = ANY(%s)', ([big, ditto_key(big)],))
     repaired = repair_cli(tmp_path)
     assert repaired["database"]["status"] == "repaired" and repaired["database"]["objects_copied"] >= 1
     assert repaired["local"]["status"] == "ok"
