@@ -382,8 +382,10 @@ def test_fallback_refuses_a_damaged_head_without_a_key(unsigned_store, tmp_path)
         parent = s.get_checkpoint(head).parent_id
         body = bytearray(s.get_checkpoint(head).body)
     body[len(body) // 2] ^= 0x04
+    from overnight.verify.ditto import ditto_key
     with sqlite3.connect(path) as db:
         db.execute("UPDATE checkpoints SET body=? WHERE checkpoint_id=?", (bytes(body), head))
+        db.execute("DELETE FROM objects WHERE digest=?", (ditto_key(head),))  # no copy to heal from
     with SQLiteStore(path) as s:
         loaded, fallback = load_head(s, "faulty", key=None)
         assert loaded.id == parent and fallback is not None
