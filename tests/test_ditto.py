@@ -16,7 +16,7 @@ from overnight.errors import NoValidCheckpoint
 from overnight.store import open_url
 from overnight.store.base import ObjectRecord
 from overnight.verify.chain import load_head
-from overnight.verify.ditto import KIND, ditto_key, parse
+from overnight.verify.ditto import KIND, _record_body, ditto_key, parse
 from overnight.verify.fsck import verify_store
 from overnight.verify.gc import collect, remove_task
 
@@ -75,7 +75,7 @@ def test_every_commit_writes_copies_of_what_its_lineage_depends_on(url):
         assert set(found) == set(keys)
         for k, obj in found.items():
             assert obj.kind == KIND and parse(obj) is not None
-        assert parse(found[ditto_key(head)]).data == store.get_checkpoint(head).body
+        assert _record_body(parse(found[ditto_key(head)])) == store.get_checkpoint(head).body
     finally:
         store.close()
 
@@ -235,3 +235,32 @@ def test_store_without_copies_still_loads(tmp_path):
                 st = loads(store.get_checkpoint(cid).body)["state"]["digest"]
                 store.delete_objects([st])
             load_head(store, "ditto", key=KEY)
+
+
+def test_every_shared_page_and_fingerprint_has_a_copy_across_sessions(tmp_path):
+    """Copies go where a lineage is fragile: every page or world fingerprint that two or more
+    checkpoints share has a copy -- also one shared across a session boundary (copied by the next
+    session's first commit) -- and every record and plain state document has one."""
+    url = f"sqlite://{tmp_path / 'd.db'}"
+    for steps in (2, 1, None):  # three sessions
+        overnight.run(build_task(), url, signing_key=KEY, handle_signals=False, max_steps=steps)
+    store = open_url(url)
+    try:
+        uses: dict[str, int] = {}
+        for row in store.list_checkpoints("ditto"):
+            record = loads(row.body)
+            assert not store.missing_objects([ditto_key(row.checkpoint_id)])
+            state = record["state"]["digest"]
+            assert not store.missing_objects([ditto_key(state)])
+            from overnight.store.blobs import BlobReader
+            doc = loads(BlobReader(store).get(state))
+            refs = [p["digest"] for k in ("todo", "done", "artifacts") for p in doc[k]["pages"]]
+            if record.get("fingerprint"):
+                refs.append(record["fingerprint"]["world"]["digest"])
+            for d in set(refs):
+                uses[d] = uses.get(d, 0) + 1
+        shared = [d for d, n in uses.items() if n >= 2]
+        assert shared
+        assert not store.missing_objects(ditto_key(d) for d in shared)
+    finally:
+        store.close()

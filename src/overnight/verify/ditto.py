@@ -70,8 +70,9 @@ def object_copy(obj: ObjectRecord) -> ObjectRecord:
 
 def record_copy(row: CheckpointRow) -> ObjectRecord:
     """The copy object of a checkpoint record (body and signature)."""
-    head = _MAGIC + f"checkpoint {row.checkpoint_id} none {len(row.body)} {row.signature or '-'}\n".encode("ascii")
-    data = head + row.body
+    codec, stored = compress.compress(row.body)
+    head = _MAGIC + f"checkpoint {row.checkpoint_id} {codec} {len(row.body)} {row.signature or '-'}\n".encode("ascii")
+    data = head + stored
     return ObjectRecord(ditto_key(row.checkpoint_id), KIND, len(data), "none", data)
 
 
@@ -111,7 +112,7 @@ def check(obj: ObjectRecord) -> str | None:
     if p is None:
         return "not a well-formed copy under its key"
     try:
-        payload = compress.decompress(p.codec, p.data, p.size) if p.kind != "checkpoint" else p.data
+        payload = compress.decompress(p.codec, p.data, p.size)
     except DecodeError as exc:
         return f"does not decode ({exc})"
     if p.kind != "tree" and digest.sha256(payload) != p.digest:
@@ -283,16 +284,17 @@ def get_checkpoint(store: Store, checkpoint_id: str, healed: list[Heal] | None, 
         p = _copy_of(store, checkpoint_id)
     except OvernightError:
         p = None
-    if p is None or p.kind != "checkpoint" or digest.sha256(p.data) != checkpoint_id:
+    body = _record_body(p)
+    if body is None:
         if row is None:
             raise CheckpointNotFound(f"checkpoint {short_id(checkpoint_id)} is not in the store",
                                      checkpoint_id=checkpoint_id)
         return row  # the load reports the damage
     if row is not None:
-        healed_row = CheckpointRow(**{**_fields(row), "body": p.data, "signature": p.signature})
+        healed_row = CheckpointRow(**{**_fields(row), "body": body, "signature": p.signature})
         reason = "body does not match its digest"
     else:
-        healed_row = _row_from_body(checkpoint_id, p.data, p.signature)
+        healed_row = _row_from_body(checkpoint_id, body, p.signature)
         reason = "missing"
     written = False
     if row is None and write:
@@ -303,6 +305,21 @@ def get_checkpoint(store: Store, checkpoint_id: str, healed: list[Heal] | None, 
             pass
     healed.append(Heal(checkpoint_id, "record", reason, written))
     return healed_row
+
+
+def body_digest_mismatch(body: bytes, checkpoint_id: str) -> bool:
+    return digest.sha256(body) != checkpoint_id
+
+
+def _record_body(p: Parsed | None) -> bytes | None:
+    """A record copy's body when it decodes and hashes to the checkpoint id it names, else None."""
+    if p is None or p.kind != "checkpoint":
+        return None
+    try:
+        body = compress.decompress(p.codec, p.data, p.size)
+    except DecodeError:
+        return None
+    return body if digest.sha256(body) == p.digest else None
 
 
 def _fields(row: CheckpointRow) -> dict[str, Any]:
@@ -323,24 +340,87 @@ def _row_from_body(cid: str, body: bytes, signature: str | None) -> CheckpointRo
                          stored_bytes=len(body))
 
 
-def protected(writer: BlobWriter, *, whole: Iterable[str], state: str, artifacts: Iterable[str]) -> list[ObjectRecord]:
-    """Copies of the protected objects among those ``writer`` staged for this commit.
+class CopyPolicy:
+    """Which copies each commit of one :class:`~overnight.verify.chain.ChainWriter` writes.
 
-    Args:
-        whole: page and fingerprint blob digests: copied with every object they are made of.
-        state: the state document's digest: its object and chunk index (its data chunks are user
-            data, kept once).
-        artifacts: artifact digests: their tree object and chunk index only.
+    * the checkpoint record (zstd-compressed) and the state document when it is one plain blob
+      (up to 16 KiB, the usual case): always, so a damaged head heals instead of costing a step
+      (a chunked state document's tree object and index are copied as below);
+    * the protected parts -- pages and the world fingerprint whole, the state document's and each
+      artifact's tree object and chunk index -- **when they become shared**: an object only the
+      newest checkpoint references costs one step when damaged (the fallback lands on its parent,
+      which does not need it), while an object every later checkpoint shares can end the lineage.
+      So a part is copied by the first commit that references it again: from memory when the
+      previous commit staged it, else (the first commit of a session) read from the store when no
+      copy is there yet.
+
+    The copies are thus the shared, slow-changing metadata (a full done page, an unchanged
+    fingerprint, the settled head of a chunk index), not the tail every step rewrites.
     """
-    want: set[str] = set()
-    for d in whole:
-        want.update(writer.parts.get(d, (d,)))
-    for d in (state, *artifacts):
-        parts = writer.parts.get(d, (d,))
-        want.add(parts[0])
-        if len(parts) > 1:  # a tree: (itself, *index parts, *chunks)
-            want.update(writer.parts.get(parts[1], (parts[1],)))
-    return [object_copy(writer.objects[d]) for d in sorted(want) if d in writer.objects]
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._pending: dict[str, ObjectRecord] = {}  # staged by the previous commit, not copied yet
+        self._has_copy: set[str] = set()
+        self._parts: dict[str, tuple[str, ...]] = {}  # protected root -> its protected parts
+
+    def _protected_parts(self, writer: BlobWriter, root: str, whole: bool) -> tuple[str, ...]:
+        parts = writer.parts.get(root)
+        if parts is None:
+            return self._parts.get(root, (root,))
+        if whole:
+            out = parts
+        elif len(parts) > 1:  # a tree: (itself, *index parts, *chunks)
+            out = (parts[0], *writer.parts.get(parts[1], (parts[1],)))
+        else:
+            out = parts[:1]
+        self._parts[root] = out
+        return out
+
+    def copies(self, writer: BlobWriter, row: CheckpointRow, *, state: str, whole: Iterable[str],
+               artifacts: Iterable[str]) -> list[ObjectRecord]:
+        """The copy objects the commit of ``row`` carries (``writer`` holds its staged objects).
+
+        Args:
+            state: the state document's digest.
+            whole: page and fingerprint digests (copied with every object they are made of).
+            artifacts: artifact digests (their tree object and chunk index).
+        """
+        out = [record_copy(row)]
+        refs: set[str] = set()
+        for d in whole:
+            refs.update(self._protected_parts(writer, d, True))
+        for d in (state, *artifacts):
+            refs.update(self._protected_parts(writer, d, False))
+        obj = writer.objects.get(state)
+        if obj is not None and obj.kind == "blob" and state not in self._has_copy:  # the state document: always
+            out.append(object_copy(writer.objects[state]))
+            self._has_copy.add(state)
+        fresh = {d for d in refs if d in writer.objects}
+        reused = refs - fresh - self._has_copy
+        for d in sorted(reused & self._pending.keys()):
+            out.append(object_copy(self._pending[d]))
+            self._has_copy.add(d)
+        unknown = sorted(reused - self._pending.keys())
+        if unknown:  # shared since an earlier session: copy what has no copy yet
+            missing = self.store.missing_objects(ditto_key(d) for d in unknown)
+            lacking = [d for d in unknown if ditto_key(d) in missing]
+            for obj in self.store.get_objects(lacking).values():
+                if _sound(obj):
+                    out.append(object_copy(obj))
+            self._has_copy.update(unknown)
+        self._pending = {d: writer.objects[d] for d in fresh if d not in self._has_copy}
+        return out
+
+
+def _sound(obj: ObjectRecord) -> bool:
+    """Does a stored ``blob`` hash to its digest (a ``tree`` is checked when a copy of it is used)?"""
+    if obj.kind == "tree":
+        return True
+    try:
+        return obj.kind == "blob" and digest.sha256(compress.decompress(obj.codec, obj.data, obj.size)) == obj.digest
+    except DecodeError:
+        return False
 
 
 def rewrite_record(store: Store, heal: Heal, *, is_head: bool) -> Heal:
@@ -353,11 +433,12 @@ def rewrite_record(store: Store, heal: Heal, *, is_head: bool) -> Heal:
         return heal
     try:
         p = _copy_of(store, heal.digest)
-        if p is None or p.kind != "checkpoint" or digest.sha256(p.data) != heal.digest:
+        body = _record_body(p)
+        if p is None or body is None or body_digest_mismatch(body, heal.digest):
             return heal
         row = store.get_checkpoint(heal.digest)
         journal = [j for j in store.journal(row.task_id) if j.checkpoint_id == heal.digest]
-        fixed = CheckpointRow(**{**_fields(row), "body": p.data, "signature": p.signature})
+        fixed = CheckpointRow(**{**_fields(row), "body": body, "signature": p.signature})
         store.delete_checkpoints([heal.digest], orphans=True)
         store.put_checkpoints([fixed], journal)
         ok = digest.sha256(store.get_checkpoint(heal.digest).body) == heal.digest
