@@ -6,7 +6,9 @@ parent's + 1), the state blob and document, and every artifact blob, streamed th
 chunk by chunk; for every branch ref, that it names a checkpoint that verifies and that was not
 moved back (:mod:`overnight.verify.rollback`). With
 ``all_objects`` every object in the store is checked too, referenced or not (dangling objects are
-counted as ``dangling_objects``, not errors). Each object is hashed once per run.
+counted as ``dangling_objects``, not errors; ditto copies of checked objects and records are
+checked and not counted). Each object is hashed once per run. A damaged or missing original whose
+ditto copy verifies is a problem ("healable") unless ``repair`` rewrote it (``healed``).
 """
 
 from __future__ import annotations

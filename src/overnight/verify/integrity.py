@@ -14,6 +14,11 @@ A checkpoint loads only if, in this order:
 
 Anything else raises an :class:`~overnight.errors.IntegrityError` naming the checkpoint and the
 failed check, and nothing is returned: a state that cannot be verified is never loaded.
+
+A record or object that is missing or fails its digest is first looked up in its ditto copy
+(:mod:`overnight.verify.ditto`): a copy that verifies against the same digest is used -- the bytes
+are then exactly the original's -- and listed in :attr:`LoadedCheckpoint.healed`; a copy that does
+not is refused and the check fails as above.
 """
 
 from __future__ import annotations
