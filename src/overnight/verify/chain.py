@@ -29,7 +29,7 @@ from overnight.errors import (
     short_id,
 )
 from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, Store, TaskRow
-from overnight.store.blobs import BlobReader, BlobWriter
+from overnight.store.blobs import BlobWriter
 from overnight.verify.ditto import CopyPolicy, HealingReader
 from overnight.verify.integrity import LoadedCheckpoint, encode_record, encode_state, load_checkpoint, parse_record
 from overnight.verify.keys import HighWater, Mark

@@ -19,7 +19,6 @@ from typing import Any, Callable
 
 from overnight.errors import CheckpointNotFound, IntegrityError, OvernightError, short_id
 from overnight.store.base import Store
-from overnight.store.blobs import BlobReader
 from overnight.verify.ditto import HealingReader, rewrite_record, with_copies
 from overnight.verify.integrity import BoundedPageCache, PageCache, load_checkpoint
 from overnight.verify.reachability import lineage

@@ -27,7 +27,6 @@ from typing import Any, Callable, Iterable
 from overnight.codec.canonical import loads
 from overnight.errors import DecodeError, FormatTooNew, IntegrityError, OvernightError, short_id
 from overnight.store.base import CheckpointRow, Store
-from overnight.store.blobs import BlobReader  # noqa: F401
 from overnight.verify.ditto import HealingReader
 from overnight.verify.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade
 
