@@ -280,6 +280,11 @@ def test_damaged_head_falls_back_on_its_medium_instead_of_rolling_back_to_a_lagg
     body = bytearray(body)
     body[len(body) // 2] ^= 4
     db.execute("UPDATE checkpoints SET body=? WHERE step='month-3'", (bytes(body),))
+    from overnight.codec.digest import sha256
+    from overnight.verify.ditto import ditto_key  # and its ditto copy: the medium cannot heal itself
+    (cid,) = db.execute("SELECT checkpoint_id FROM checkpoints WHERE step='month-3'").fetchone()
+    db.execute("DELETE FROM objects WHERE digest=?", (ditto_key(cid),))
+    assert sha256(bytes(body)) != cid
     db.commit()
     db.close()
     report, media = _repair_json(tmp_path)
