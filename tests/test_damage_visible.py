@@ -47,7 +47,7 @@ def test_a_damaged_head_is_marked_everywhere_and_verify_fails_until_it_is_gone(t
     db = tmp_path / "s.db"
     url = f"sqlite://{db}"
     overnight.run(_task(), url, max_steps=3)
-    inj = Faults(db, random.Random(3)).inject(kind, "dmg")
+    inj = Faults(db, random.Random(3), copies=True).inject(kind, "dmg")  # copies too: no self-heal
     bad = inj.bad_head[7:19]
 
     shown = json.loads(cli("show", "dmg", "--store", url, "--json", cwd=tmp_path).stdout)

@@ -54,7 +54,8 @@ def trial(base, tmp_path, kind: str, seed: int) -> tuple[bool, bool]:
     """One injected fault; returns (detected_by_verify, fell_back_to_expected)."""
     path = tmp_path / f"{kind}-{seed}.db"
     shutil.copy(base, path)
-    inj = Faults(path, random.Random(seed)).inject(kind, "faulty")
+    # the original and its ditto copy both damaged: nothing to heal from (tests/test_ditto.py heals)
+    inj = Faults(path, random.Random(seed), copies=True).inject(kind, "faulty")
     with SQLiteStore(path) as store:
         report = verify_store(store, ["faulty"], key=KEY)
         assert not report.ok, f"{kind}: {inj.detail} went undetected by verify"

@@ -319,7 +319,7 @@ def test_fault_kinds_are_detected_without_a_key(kind, unsigned_store, tmp_path):
     for seed in range(3):
         path = tmp_path / f"{kind}-{seed}.db"
         shutil.copy(unsigned_store, path)
-        inj = Faults(path, random.Random(seed)).inject(kind, "faulty")
+        inj = Faults(path, random.Random(seed), copies=True).inject(kind, "faulty")  # no self-heal
         with SQLiteStore(path) as s:
             if inj.expected is None:
                 with pytest.raises(NoValidCheckpoint):
@@ -382,8 +382,10 @@ def test_fallback_refuses_a_damaged_head_without_a_key(unsigned_store, tmp_path)
         parent = s.get_checkpoint(head).parent_id
         body = bytearray(s.get_checkpoint(head).body)
     body[len(body) // 2] ^= 0x04
+    from overnight.verify.ditto import ditto_key
     with sqlite3.connect(path) as db:
         db.execute("UPDATE checkpoints SET body=? WHERE checkpoint_id=?", (bytes(body), head))
+        db.execute("DELETE FROM objects WHERE digest=?", (ditto_key(head),))  # no copy to heal from
     with SQLiteStore(path) as s:
         loaded, fallback = load_head(s, "faulty", key=None)
         assert loaded.id == parent and fallback is not None

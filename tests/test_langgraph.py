@@ -216,7 +216,8 @@ def test_unchanged_channels_are_not_stored_again(tmp_path):
         saver.put(c1, _cp("2", {"big": big, "n": 2}, {"big": 1, "n": 2}), {}, {"n": 2})
         rows = saver.store.list_checkpoints("langgraph:u")
         assert saver.get_tuple(c1).checkpoint["channel_values"]["big"] == big
-    assert rows[1].stored_bytes < 5_000 < rows[0].stored_bytes
+    # (the second commit also carries ditto copies of the big value's chunk index, now shared: ~2 KB)
+    assert rows[1].stored_bytes < 8_000 < rows[0].stored_bytes
 
 
 def _cp(n: str, values, versions):

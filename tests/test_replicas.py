@@ -109,7 +109,8 @@ def test_hot_copy_deleted_resume_heals_it_without_repair(media, tmp_path):
 @pytest.mark.parametrize("kind", ["bit_flip", "removed_blob", "truncation"])
 def test_hot_copy_corrupted_resume_from_replica_then_repair(media, tmp_path, kind):
     head = first_session(media)
-    injected = Faults(tmp_path / "hot" / "overnight.db").inject(kind, "ledger")
+    # copies too: the hot copy cannot heal itself (tests/test_ditto.py), so the replica must
+    injected = Faults(tmp_path / "hot" / "overnight.db", copies=True).inject(kind, "ledger")
     assert injected.kind == kind
     with open_store(media["local"]) as s:
         assert not verify_store(s, ["ledger"]).ok, "the injected damage must be visible on the hot copy"
@@ -128,8 +129,12 @@ def test_replica_corrupted_is_repaired_from_hot_copy(media, tmp_path):
 
     server, schema = media["database"].split("?schema=")
     with psycopg.connect(server, autocommit=True) as conn:  # a replica loses an artifact (a botched restore, say)
-        conn.execute(f'DELETE FROM "{schema}".objects WHERE digest = '
-                     f'(SELECT digest FROM "{schema}".objects ORDER BY size DESC LIMIT 1)')
+        from overnight.verify.ditto import ditto_key
+
+        (big,) = conn.execute(f'SELECT digest FROM "{schema}".objects WHERE kind <> %s ORDER BY size DESC LIMIT 1',
+                              ("ditto",)).fetchone()
+        # and its ditto copy, if it has one: the replica cannot heal itself, the hot copy must
+        conn.execute(f'DELETE FROM "{schema}".objects WHERE digest = ANY(%s)', ([big, ditto_key(big)],))
     repaired = repair_cli(tmp_path)
     assert repaired["database"]["status"] == "repaired" and repaired["database"]["objects_copied"] >= 1
     assert repaired["local"]["status"] == "ok"
@@ -275,6 +280,11 @@ def test_damaged_head_falls_back_on_its_medium_instead_of_rolling_back_to_a_lagg
     body = bytearray(body)
     body[len(body) // 2] ^= 4
     db.execute("UPDATE checkpoints SET body=? WHERE step='month-3'", (bytes(body),))
+    from overnight.codec.digest import sha256
+    from overnight.verify.ditto import ditto_key  # and its ditto copy: the medium cannot heal itself
+    (cid,) = db.execute("SELECT checkpoint_id FROM checkpoints WHERE step='month-3'").fetchone()
+    db.execute("DELETE FROM objects WHERE digest=?", (ditto_key(cid),))
+    assert sha256(bytes(body)) != cid
     db.commit()
     db.close()
     report, media = _repair_json(tmp_path)

@@ -177,6 +177,10 @@ def test_corrupt_head_falls_back_to_newest_valid_checkpoint(url, tmp_path):
     body = bytearray(db.execute("SELECT body FROM checkpoints WHERE checkpoint_id=?", (head,)).fetchone()[0])
     body[len(body) // 2] ^= 0x01  # bit flip
     db.execute("UPDATE checkpoints SET body=? WHERE checkpoint_id=?", (bytes(body), head))
+    # and its ditto copy: with the copy intact the load heals instead (tests/test_ditto.py)
+    from overnight.verify.ditto import ditto_key
+    copy = db.execute("SELECT data FROM objects WHERE digest=?", (ditto_key(head),)).fetchone()[0]
+    db.execute("UPDATE objects SET data=? WHERE digest=?", (bytes(copy)[:-1] + b"!", ditto_key(head)))
     db.commit()
     db.close()
     calls.clear()

@@ -568,16 +568,17 @@ def cat(task_id: str, artifact: str, *, store: Store | str | None = None, at: st
 
 
 def verify(task_id: str | None = None, *, store: Store | str | None = None, all_objects: bool = False,
-           on_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+           on_progress: Callable[[int, int], None] | None = None, repair: bool = False) -> VerifyReport:
     """Full check of one task (or, with ``task_id=None``, every task); ``all_objects`` also checks
-    every stored object, referenced or not. See :mod:`overnight.verify.fsck`.
+    every stored object, referenced or not; ``repair`` rewrites damaged or missing originals from
+    their verified ditto copies (``healed``). See :mod:`overnight.verify.fsck`.
 
     Raises:
         TaskNotFound: ``task_id`` does not exist.
     """
-    with _opened(store, task_id=task_id, read_only=True) as s:
+    with _opened(store, task_id=task_id, read_only=not repair, write=repair) as s:
         return verify_store(s, [task_id] if task_id else None, key=signing_key_from_env(),
-                            all_objects=all_objects, on_progress=on_progress)
+                            all_objects=all_objects, on_progress=on_progress, repair=repair)
 
 
 def log(task_id: str, *, store: Store | str | None = None) -> list[LogEntry]:

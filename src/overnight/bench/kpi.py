@@ -141,6 +141,8 @@ class Session:
     bytes: list[tuple[int, int]] = field(default_factory=list)
     drift: list[dict[str, Any]] = field(default_factory=list)
     compactions: int = 0
+    healed: int = 0
+    """Objects and records its resume read from their ditto copies."""
     error: str | None = None
 
 
@@ -255,6 +257,7 @@ class _TrialRun:
                 s.last_checkpoint = e["checkpoint"]
             if k == "resume":
                 s.resumed, s.loaded, s.done_at_start = True, e.get("checkpoint"), e.get("done", 0)
+                s.healed = e.get("healed", 0)
             elif k == "step_start":
                 starts[e["step"]] = e["t_ms"]
                 s.committed_seen = max(s.committed_seen, e.get("done", 0))
@@ -311,7 +314,8 @@ class _TrialRun:
         if kind is not None and self.store is not None and self.store["kind"] == "sqlite":
             inj = Faults(self.store["path"], random.Random(f"{self.spec.seed}:{boundary}")).inject(kind, self.spec.id)
             self.trial.corruptions.append({"kind": kind, "bad_head": inj.bad_head, "expected": inj.expected,
-                                           "detected": None, "loaded_bad": None, "fell_back_to": None})
+                                           "detected": None, "loaded_bad": None, "fell_back_to": None,
+                                           "healed": None})
         return injected
 
     def _descends(self, head: str | None, ancestor: str) -> bool:
@@ -349,7 +353,9 @@ class _TrialRun:
             max_steps = None if last_day else max(1, cum[day] - (last_done if self.config != "naive" else 0))
             s = self.session(cause, max_steps, after_corruption=pending_corrupt is not None)
             if pending_corrupt is not None and (s.resumed or s.error or s.status != "killed"):
-                pending_corrupt["loaded_bad"] = s.loaded == pending_corrupt["bad_head"]
+                # a head healed from its verified ditto copy loads the original bytes, not damaged ones
+                pending_corrupt["healed"] = s.healed > 0
+                pending_corrupt["loaded_bad"] = s.loaded == pending_corrupt["bad_head"] and not s.healed
                 pending_corrupt["detected"] = not pending_corrupt["loaded_bad"]
                 pending_corrupt["fell_back_to"] = s.loaded
                 pending_corrupt = None
@@ -632,6 +638,7 @@ def summarize(trials: list[Trial]) -> dict[str, dict[str, Any]]:
             "corrupt_injected": len(corr),
             "corrupt_detected": sum(bool(c["detected"]) for c in corr),
             "corrupt_loaded": sum(bool(c["loaded_bad"]) for c in corr),
+            "corrupt_healed": sum(bool(c.get("healed")) for c in corr),
             "drift_injected": len(drifts),
             "drift_detected": sum(d["detected"] for d in drifts),
             "drift_missed": sum(not d["detected"] for d in drifts),

@@ -100,9 +100,9 @@ def markdown(run: KpiRun) -> str:
         "### Faults and invariants",
         "",
         "| configuration | completed | SIGKILLs | wasted / kill, mean (max) | committed steps lost | "
-        "corruptions detected / injected | corrupt states loaded | steps re-run after a corruption | "
-        "drift detected / missed / false alarms (of relevant) | compactions |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "corruptions detected / injected | healed from ditto copies | corrupt states loaded | "
+        "steps re-run after a corruption | drift detected / missed / false alarms (of relevant) | compactions |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in configs:
         s = S[c]
@@ -111,10 +111,11 @@ def markdown(run: KpiRun) -> str:
                  else f"{s['drift_detected']} / {s['drift_missed']} / {s['false_alarms']} (of {s['drift_injected']})")
         corr = "—" if c == "naive" else f"{s['corrupt_detected']} / {s['corrupt_injected']}"
         loaded = "—" if c == "naive" else str(s["corrupt_loaded"])
+        healed = "—" if c == "naive" else str(s.get("corrupt_healed", 0))
         lines.append(
             f"| {c} | {s['completed']}/{s['tasks']} ({_p(s['completion'])}) | {s['kills']} | "
             f"{_f(s['wasted_per_kill_mean'], '.2f')} ({_f(s['wasted_per_kill_max'], 'd') if s['wasted_per_kill_max'] is not None else '—'}) | "
-            f"{lost} | {corr} | {loaded} | {'—' if c == 'naive' else s['corruption_waste']} | {drift} | "
+            f"{lost} | {corr} | {healed} | {loaded} | {'—' if c == 'naive' else s['corruption_waste']} | {drift} | "
             f"{s['compactions']} |")
     lines += [
         "",
@@ -181,7 +182,9 @@ def notes(run: KpiRun) -> list[str]:
             "- **Snapshot distortion** (claimed 18–22 % for snapshot + resume) is not reproducible with verified "
             f"checkpoints: {S['session']['corrupt_injected']} stored heads were damaged with the fault injector "
             "(every kind in turn, HMAC-signed checkpoints) and "
-            f"{S['session']['corrupt_loaded']} were loaded; each resume fell back to the newest valid checkpoint. "
+            f"{S['session']['corrupt_loaded']} were loaded; {S['session'].get('corrupt_healed', 0)} were healed from "
+            "their verified ditto copies (the resume read the damaged record or object from its copy and continued "
+            "from the head), every other resume fell back to the newest valid checkpoint. "
             "The cost of a corruption is re-running the steps after the fallback point (counted in wasted steps).")
     if "durable" in S:
         d = S["durable"]

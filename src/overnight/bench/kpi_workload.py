@@ -282,6 +282,8 @@ def run_session(config: str, spec_json: dict[str, Any], inputs: str, exec_log: s
             extra: dict[str, Any] = {}
             if e.kind == "step_end":
                 extra = {"duration_ms": e.duration_ms, "bytes": _store_bytes(store)}  # type: ignore[arg-type]
+            if e.kind == "resume":  # objects/records read from ditto copies (one "healed ..." line each)
+                extra = {"healed": sum(x.startswith("healed ") for x in (e.detail or "").splitlines())}
             ev(e.kind, at=at, step=e.step, done=e.done, total=e.total, checkpoint=e.checkpoint_id, **extra)
 
     try:

@@ -463,8 +463,13 @@ def verify(
     ignore_dangling: bool = typer.Option(False, "--ignore-dangling",
                                          help="Exit 0 when only records no branch uses are damaged (they are "
                                          "still listed)."),
+    repair: bool = typer.Option(False, "--repair", help="Rewrite damaged or missing records and objects from "
+                                "their verified ditto copies (each heal is listed)."),
 ) -> None:
     """Check every checkpoint and blob of a task (or the whole store), like `git fsck`.
+
+    A damaged or missing record, state document, page, chunk index or fingerprint whose ditto copy
+    verifies is reported as healable; --repair rewrites it from the copy and lists it as healed.
 
     Records: digest, canonical form, format, schema, signature; chain links; state and artifact
     blobs, hashed chunk by chunk. Exit 0 when everything verifies, 3 on any problem -- a damaged
@@ -476,7 +481,8 @@ def verify(
         raise typer.Exit(EXIT_USAGE)
     try:
         with render.progress_bar("verifying", quiet=quiet or as_json) as update:
-            rep = api.verify(task_id if not all_tasks else None, store=store, all_objects=all_tasks, on_progress=update)
+            rep = api.verify(task_id if not all_tasks else None, store=store, all_objects=all_tasks, on_progress=update,
+                             repair=repair)
     except OvernightError as exc:
         _fail(exc)
     ok = rep.ok if ignore_dangling else not rep.problems
@@ -490,6 +496,8 @@ def verify(
         )
         for task, heads in rep.heads.items():
             render.out.print(f"  {render.esc(task)}: " + ", ".join(f"{b} {st}" for b, st in heads.items()))
+        for line in rep.healed:
+            render.out.print(f"[green]{render.esc(line)}[/]")
         failing = [p for p in rep.problems if not p.dangling]
         dangling = [p for p in rep.problems if p.dangling]
         if failing:
@@ -524,7 +532,8 @@ def log_(
     if as_json:
         render.print_json([{"checkpoint_id": e.row.checkpoint_id, "parents": e.parents, "branch": e.row.branch,
                             "seq": e.row.seq, "event": e.row.event, "step": e.row.step, "created_at": e.row.created_at,
-                            "heads": e.heads, "valid": e.valid, "problem": e.problem} for e in entries])
+                            "heads": e.heads, "valid": e.valid, "problem": e.problem, "healed": e.healed}
+                           for e in entries])
         return
     width = max((len(e.graph.split("\n")[-1]) for e in entries), default=1)
     ev = max((len(e.row.event) for e in entries), default=1)  # "compaction" is the longest today
@@ -534,7 +543,7 @@ def log_(
             render.out.print(j, markup=False)
         heads = f"  ({', '.join(e.heads)})" if e.heads else ""
         what = e.row.step or ""
-        bad = "" if e.valid else f"  INVALID: {e.problem}"
+        bad = ("" if e.valid else f"  INVALID: {e.problem}") + (f"  [{e.healed}]" if e.healed else "")
         render.out.print(f"{line.ljust(width)}  {e.row.checkpoint_id[7:19]}  seq {e.row.seq:<4} {e.row.event:<{ev}} "
                          f"{render.safe(what)}{heads}{bad}", markup=False)
 

@@ -153,8 +153,14 @@ class RunProgress:
             else:
                 self._say(f"[green]resuming[/] task [bold]{esc(e.task_id)}[/]{on} from checkpoint "
                           f"{(e.checkpoint_id or '')[7:19]} ({e.done}/{e.total} steps done)")
-            if e.detail and e.kind == "resume":  # a fallback is always reported, even with --quiet
-                err.print(f"[yellow]fallback:[/] {esc(e.detail)}")
+            if e.detail and e.kind == "resume":  # a fallback or self-heal is always reported, even with --quiet
+                lines = e.detail.split("\n")
+                fell_back = "\n".join(x for x in lines if not x.startswith("healed "))
+                if fell_back:
+                    err.print(f"[yellow]fallback:[/] {esc(fell_back)}")
+                for line in lines:
+                    if line.startswith("healed "):  # read from a verified ditto copy
+                        err.print(f"[yellow]self-heal:[/] {esc(line)}")
             if self.bar is None:
                 self.progress.__enter__()
             self.bar = self.progress.add_task("run", total=e.total, completed=e.done, step="", eta=None)

@@ -478,6 +478,9 @@ class Runner:
                 task_row: TaskRow | None = None) -> str:
         if self._lease_lost is not None:
             raise self._lease_lost
+        if getattr(self, "_heal_note", None):  # the first commit after a healing load says so (`overnight log`)
+            ev = {**ev, "detail": "; ".join(x for x in (ev.get("detail"), self._heal_note) if x)}
+            self._heal_note = None
         cid = self.chain.commit(self.state, ev, writer=writer, journal=journal, lease=self._lease,
                                 task_row=task_row, fingerprint=self._fingerprint(writer))
         self._export()
@@ -573,7 +576,10 @@ class Runner:
         self.state = loaded.state_tree
         self.chain.start_from(loaded, fallback)
         self.chain.session_n = loaded.record.session.n + 1
-        self._emit("resume", checkpoint_id=loaded.id, detail=fallback.describe() if fallback else None)
+        healed = "\n".join(h.describe() for h in loaded.healed)  # read from ditto copies: always said
+        self._heal_note = f"self-healed: {'; '.join(h.describe() for h in loaded.healed)}" if healed else None
+        self._emit("resume", checkpoint_id=loaded.id,
+                   detail="\n".join(x for x in (fallback.describe() if fallback else "", healed) if x) or None)
         self.salt = salt_of(self.state)
         if loaded.record.fingerprint is not None:
             self._accepted = list(loaded.record.fingerprint.accepted)

@@ -296,6 +296,8 @@ class LogEntry:
     valid: bool
     problem: str | None
     graph: str = ""
+    healed: str | None = None
+    """What the load before this checkpoint read from ditto copies (``self-healed: ...``), if anything."""
 
 
 def history(store: Store, task_id: str, *, key: bytes | None = None) -> list[LogEntry]:
@@ -310,13 +312,17 @@ def history(store: Store, task_id: str, *, key: bytes | None = None) -> list[Log
     for r in rows:
         parents = [r.parent_id] if r.parent_id else []
         problem = damaged.get(r.checkpoint_id)
+        healed = None
         try:
             rec = parse_record(r, key=key)
             if rec.event.kind == "merge" and rec.event.ref:
                 parents.append(rec.event.ref)
+            detail = rec.event.detail or ""
+            healed = detail[detail.index("self-healed:"):] if "self-healed:" in detail else None
         except OvernightError:
             pass  # in damaged already
-        entries[r.checkpoint_id] = LogEntry(r, parents, heads.get(r.checkpoint_id, []), problem is None, problem)
+        entries[r.checkpoint_id] = LogEntry(r, parents, heads.get(r.checkpoint_id, []), problem is None, problem,
+                                            healed=healed)
     order = _topo_newest_first(entries)
     _draw(order)
     return order

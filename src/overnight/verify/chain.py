@@ -29,7 +29,8 @@ from overnight.errors import (
     short_id,
 )
 from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, Store, TaskRow
-from overnight.store.blobs import BlobReader, BlobWriter
+from overnight.store.blobs import BlobWriter
+from overnight.verify.ditto import CopyPolicy, HealingReader
 from overnight.verify.integrity import LoadedCheckpoint, encode_record, encode_state, load_checkpoint, parse_record
 from overnight.verify.keys import HighWater, Mark
 from overnight.verify.pages import PageWriter, artifact_pages, done_pages, todo_pages
@@ -126,7 +127,7 @@ def load_head(
         # (a writer trusts those as reachable from its branch; a skipped record's are not)
         seen: set[str] = set()
         try:
-            loaded = load_checkpoint(store, cid, key=key, deep=deep, reader=BlobReader(store, seen))
+            loaded = load_checkpoint(store, cid, key=key, deep=deep, reader=HealingReader(store, seen))
         except FormatTooNew:
             # intact, but written by a newer overnight: falling back past it would let this run
             # commit over (and orphan) the newer work
@@ -261,6 +262,7 @@ class ChainWriter:
         self._todo = PageWriter()
         self._done = PageWriter()
         self._artifacts = PageWriter()
+        self._ditto = CopyPolicy(store)
 
     def start_from(self, loaded: LoadedCheckpoint, fallback: Fallback | None) -> None:
         """Continue after ``loaded`` (the branch ref names ``fallback.head_id`` after a fallback)."""
@@ -350,7 +352,10 @@ class ChainWriter:
         )
         rows = [JournalRow(task_id=self.task_id, checkpoint_id=cid, seq=row.seq, session=self.session_id, **j)
                 for j in journal]
-        objects = writer.commit_objects()
+        objects = [*writer.commit_objects(), *self._ditto.copies(  # ditto copies (overnight/verify/ditto.py)
+            writer, row, state=state_digest, artifacts=[a["digest"] for a in state["artifacts"].values()],
+            whole=[*(r["digest"] for k in ("todo", "done", "artifacts") for r in doc_refs[k]["pages"]),
+                   *([fingerprint["world"]["digest"]] if fingerprint is not None else [])])]
         if sum(len(o.data) for o in objects) > PREWRITE_BYTES:
             objects = self._prewrite(objects)
         _retry_busy(lambda: self.store.commit(Commit(row, self.ref_head, objects, rows, lease, task_row)))

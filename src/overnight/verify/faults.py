@@ -76,9 +76,27 @@ class Injected:
 class Faults:
     """Injects faults into the SQLite store at ``path`` (close other handles' transactions first)."""
 
-    def __init__(self, path: str | Path, rng: random.Random | None = None) -> None:
+    def __init__(self, path: str | Path, rng: random.Random | None = None, *, copies: bool = False) -> None:
+        """``copies``: damage the ditto copy (:mod:`overnight.verify.ditto`) of every record and object
+        damaged in place as well, so nothing can heal it (the fault then costs a fallback, as in a
+        store without copies). By default only the original is hit, as one bad sector or bit flip
+        would, and a resume heals it from its copy."""
         self.path = Path(path)
         self.rng = rng or random.Random()
+        self.copies = copies
+
+    def _damage_copy(self, db: sqlite3.Connection, d: str, kind: str) -> None:
+        """Damage the content of the ditto copy of ``d`` (no-op when it has none)."""
+        from overnight.verify.ditto import ditto_key
+
+        row = db.execute("SELECT data FROM objects WHERE digest=?", (ditto_key(d),)).fetchone()
+        if row is None:
+            return
+        head, _, inner = bytes(row[0]).partition(b"\n")
+        parts = head.decode("ascii").split(" ")  # ditto 1 KIND DIGEST CODEC SIZE SIGNATURE
+        bad = self._damage_object(inner, parts[4], int(parts[5]), kind) if inner else b"x"
+        db.execute("UPDATE objects SET data=?, size=? WHERE digest=?",
+                   (head + b"\n" + bad, len(head) + 1 + len(bad), ditto_key(d)))
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -260,6 +278,9 @@ class Faults:
                                           stored_id=digest.sha256(full))
                 bad.add(new_head)
                 detail = "record written only in part"
+            if self.copies:
+                for d in sorted(damaged) + ([head] if head in bad else []):
+                    self._damage_copy(db, d, kind if kind in ("bit_flip", "truncation") else "bit_flip")
             db.execute("COMMIT")
             expected = next((cid for cid, deps in lineage if cid not in bad and not deps & damaged), None)
             return Injected(kind, new_head, expected, damaged, detail)

@@ -6,7 +6,9 @@ parent's + 1), the state blob and document, and every artifact blob, streamed th
 chunk by chunk; for every branch ref, that it names a checkpoint that verifies and that was not
 moved back (:mod:`overnight.verify.rollback`). With
 ``all_objects`` every object in the store is checked too, referenced or not (dangling objects are
-counted as ``dangling_objects``, not errors). Each object is hashed once per run.
+counted as ``dangling_objects``, not errors; ditto copies of checked objects and records are
+checked and not counted). Each object is hashed once per run. A damaged or missing original whose
+ditto copy verifies is a problem ("healable") unless ``repair`` rewrote it (``healed``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Callable
 
 from overnight.errors import CheckpointNotFound, IntegrityError, OvernightError, short_id
 from overnight.store.base import Store
-from overnight.store.blobs import BlobReader
+from overnight.verify.ditto import HealingReader, rewrite_record, with_copies
 from overnight.verify.integrity import BoundedPageCache, PageCache, load_checkpoint
 from overnight.verify.reachability import lineage
 from overnight.verify.rollback import find_rollback
@@ -58,6 +60,9 @@ class VerifyReport:
     seconds: float = 0.0
     heads: dict[str, dict[str, str]] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
+    healed: list[str] = field(default_factory=list)
+    """Damaged or missing originals rewritten from their verified ditto copies (``repair=True``),
+    one line each (:mod:`overnight.verify.ditto`)."""
     signatures_unchecked: int = 0
     """Signed checkpoints checked without a key: digest and schema only, so an edit that also
     recomputed the digest would pass. Set ``OVERNIGHT_SIGNING_KEY`` to check them."""
@@ -84,10 +89,13 @@ def verify_store(
     key: bytes | None = None,
     all_objects: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
+    repair: bool = False,
 ) -> VerifyReport:
     """Check ``task_ids`` (default: every task) and, with ``all_objects``, every stored object.
 
-    ``on_progress(done, total)`` is called after each checkpoint (and object batch).
+    ``on_progress(done, total)`` is called after each checkpoint (and object batch). A damaged or
+    missing original whose ditto copy verifies is read from the copy; with ``repair`` it is
+    rewritten from it and listed in ``healed``, without it reported as a problem ("healable").
 
     Raises:
         TaskNotFound: a named task does not exist.
@@ -95,7 +103,7 @@ def verify_store(
     t0 = time.perf_counter()
     report = VerifyReport()
     verified: set[str] = set()
-    reader = BlobReader(store, verified)
+    reader = HealingReader(store, verified, write_back=repair)
     pages: PageCache = BoundedPageCache()
     artifact_pages_checked: set[str] = set()
     bad_objects: set[str] = set()
@@ -169,6 +177,7 @@ def verify_store(
             done += 1
             if on_progress:
                 on_progress(done, total)
+        _report_heals(store, reader, task.task_id, report, repair=repair, heads=set(refs.values()))
         live = lineage(rows, refs.values())
         for p in report.problems:
             if p.task_id == task.task_id and p.checkpoint_id is not None and p.checkpoint_id in by_id \
@@ -196,6 +205,7 @@ def verify_store(
             except IntegrityError as exc:
                 found = [exc.message]
             report.problems.extend(Problem(None, None, "medium", detail) for detail in found)
+        copies = with_copies(verified | {r.checkpoint_id for rs in rows_by_task.values() for r in rs})
         unreferenced = [d for d in store.iter_object_digests() if d not in verified and d not in bad_objects]
         report.dangling_objects = len(unreferenced)
         for i, d in enumerate(unreferenced):
@@ -203,6 +213,8 @@ def verify_store(
                 continue  # a chunk of an unreferenced tree checked just before
             try:
                 reader.verify(d, "store")
+                if d in copies:
+                    report.dangling_objects -= 1  # the ditto copy of a live object or record
             except OvernightError as exc:
                 bad_objects.add(d)
                 report.problems.append(Problem(None, None, "object", f"{type(exc).__name__}: {exc.message}", d))
@@ -212,3 +224,22 @@ def verify_store(
     report.objects_invalid = len(bad_objects)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _report_heals(store: Store, reader: HealingReader, task_id: str, report: VerifyReport, *, repair: bool,
+                  heads: set[str]) -> None:
+    """Turn the reader's heals of one task into report lines: rewritten (``repair``) -> ``healed``;
+    else a problem saying the copy can heal it. Records are rewritten here (objects by the reader)."""
+    for h in reader.healed:
+        if h.what == "record" and repair and not h.written:
+            h = rewrite_record(store, h, is_head=h.digest in heads)
+        if h.written:
+            report.healed.append(h.describe())
+        else:
+            why = ("`overnight verify --repair` rewrites it" if not repair else
+                   "a branch head's record is rewritten once the branch moves on" if h.what == "record" else
+                   "the store refused the write")
+            report.problems.append(Problem(task_id, h.digest if h.what == "record" else None, "ditto",
+                                           f"{h.what} {short_id(h.digest)} is damaged ({h.reason}); its ditto copy "
+                                           f"verifies and serves reads -- {why}", h.digest if h.what == "object" else None))
+    reader.healed.clear()

@@ -59,6 +59,7 @@ from overnight.errors import ConfigError
 from overnight.store.base import CheckpointRow, MinAge, Store
 from overnight.store.pack import manifest_of
 from overnight.store.tiered import TieredStore, tiered
+from overnight.verify.ditto import with_copies
 from overnight.verify.reachability import Reach, Unreadable, lineage
 
 DEFAULT_GRACE_S = 3600.0
@@ -209,8 +210,11 @@ def collect(
     total = len(remaining) + (len(doomed.get(task_id, [])) if task_id is not None else 0)
     reach = Reach(store)
     marked = reach.checkpoints(remaining, on_progress, total=total) | pack_roots(hot)
+    # ditto copies live and die with their originals (records and objects)
+    marked = with_copies(marked | {r.checkpoint_id for r in remaining})
     if task_id is not None:  # only what the doomed checkpoints needed is a candidate
         scope = reach.checkpoints(doomed.get(task_id, []), on_progress, start=len(remaining), total=total)
+        scope = with_copies(scope | {r.checkpoint_id for r in doomed.get(task_id, [])})
     stats = {s.digest: s for s in hot.iter_object_stats()}
     report.objects = len(stats)
     report.objects_referenced = len(marked & stats.keys())
@@ -235,7 +239,7 @@ def collect(
             tg.deleted = [r.checkpoint_id for r in rs if r.checkpoint_id not in left]
             tg.bytes = freed
         if survivors:
-            marked |= reach.checkpoints(survivors)
+            marked |= with_copies(reach.checkpoints(survivors) | {r.checkpoint_id for r in survivors})
             candidates = {d: s for d, s in candidates.items() if d not in marked}
         # asked by the store once it holds its lock (and again per batch): the time spent waiting
         # for the lock counts towards the age kept, so what a commit refreshed after T0 - grace stays
@@ -329,8 +333,9 @@ def remove_task(store: Store, task_id: str, *, apply: bool = True, grace_s: floa
     others = [r for t in hot.list_tasks() if t.task_id != task_id for r in hot.list_checkpoints(t.task_id)]
     total = len(rows) + len(others)
     reach = Reach(store)
-    mine = reach.checkpoints(rows, on_progress, total=total)
-    marked = reach.checkpoints(others, on_progress, start=len(rows), total=total) | pack_roots(hot)
+    mine = with_copies(reach.checkpoints(rows, on_progress, total=total) | {r.checkpoint_id for r in rows})
+    marked = with_copies(reach.checkpoints(others, on_progress, start=len(rows), total=total) | pack_roots(hot)
+                         | {r.checkpoint_id for r in others})
     stats = {s.digest: s for s in hot.iter_object_stats()}
     candidates = {d: stats[d] for d in mine if d in stats and d not in marked}
     rep.objects_unreferenced = len(candidates)

@@ -14,13 +14,18 @@ A checkpoint loads only if, in this order:
 
 Anything else raises an :class:`~overnight.errors.IntegrityError` naming the checkpoint and the
 failed check, and nothing is returned: a state that cannot be verified is never loaded.
+
+A record or object that is missing or fails its digest is first looked up in its ditto copy
+(:mod:`overnight.verify.ditto`): a copy that verifies against the same digest is used -- the bytes
+are then exactly the original's -- and listed in :attr:`LoadedCheckpoint.healed`; a copy that does
+not is refused and the check fails as above.
 """
 
 from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Iterable
 
@@ -41,6 +46,8 @@ from overnight.errors import (
 )
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.blobs import BlobReader
+from overnight.verify.ditto import Heal, HealingReader
+from overnight.verify.ditto import get_checkpoint as ditto_checkpoint
 from overnight.verify.fingerprint import WORLD_FORMAT
 from overnight.verify.keys import signing_key_from_env  # noqa: F401 (re-exported)
 from overnight.verify.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade
@@ -112,6 +119,8 @@ class LoadedCheckpoint:
     artifact_pages: list[Page]
     world: dict[str, Any] | None = None
     """The recorded world fingerprint (:class:`~overnight.verify.records.WorldDoc` tree), if any."""
+    healed: tuple[Heal, ...] = ()
+    """Objects and records read from their ditto copies (:mod:`overnight.verify.ditto`) by this load."""
 
     @property
     def id(self) -> str:
@@ -242,10 +251,11 @@ def load_checkpoint(
         CheckpointNotFound: no such checkpoint.
         IntegrityError: any check failed (subclass says which).
     """
-    row = store.get_checkpoint(checkpoint_id)
+    reader = reader or HealingReader(store)
+    healed: list[Heal] | None = reader.healed if isinstance(reader, HealingReader) else None
+    row = ditto_checkpoint(store, checkpoint_id, healed, write=getattr(reader, "write_back", False))  # a damaged/missing record: from its verified copy
     record = parse_record(row, key=key)
     ids = {"task_id": row.task_id, "checkpoint_id": row.checkpoint_id}
-    reader = reader or BlobReader(store)
     pages = pages if pages is not None else {}
     cp = f"checkpoint {short_id(row.checkpoint_id)}"
 
@@ -305,7 +315,8 @@ def load_checkpoint(
                                f"this one reads up to {WORLD_FORMAT}", hint="upgrade overnight to resume this task",
                                **ids)
     loaded = LoadedCheckpoint(row=row, record=record, doc=doc, doc_tree=tree, todo_pages=todo_pages,
-                              done_pages=done_pages, artifact_pages=artifact_pages, world=world)
+                              done_pages=done_pages, artifact_pages=artifact_pages, world=world,
+                              healed=tuple(healed or ()))
 
     if check_artifacts:
         arts = loaded.artifacts
@@ -317,6 +328,8 @@ def load_checkpoint(
     if deep:
         for name, art in loaded.artifacts.items():
             read(art.digest, art.size, f"{cp} artifact {name!r}")
+    if healed is not None and len(healed) != len(loaded.healed):  # artifact trees healed after the build
+        loaded = replace(loaded, healed=tuple(healed))
     return loaded
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 from overnight.codec.canonical import loads
 from overnight.errors import DecodeError, FormatTooNew, IntegrityError, OvernightError, short_id
 from overnight.store.base import CheckpointRow, Store
-from overnight.store.blobs import BlobReader
+from overnight.verify.ditto import HealingReader
 from overnight.verify.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade
 
 _BATCH = 256  # objects fetched per get_objects call
@@ -99,7 +99,7 @@ class Reach:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.reader = BlobReader(store)
+        self.reader = HealingReader(store, write_back=False)  # a damaged original is walked through its copy
         self.unreadable: list[Unreadable] = []
         self._closure: dict[str, frozenset[str]] = {}
         self._artifact_page: dict[str, list[str]] = {}
