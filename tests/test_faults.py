@@ -8,6 +8,7 @@ import random
 import shutil
 
 import pytest
+from _tasks import plan_task
 
 import overnight
 from overnight.errors import NoValidCheckpoint
@@ -20,26 +21,19 @@ KEY = b"fault-test-key"
 TRIALS_PER_KIND = 24  # x 9 kinds = 216 trials
 
 
+def write(ctx, i):
+    ctx.state["lines"].append(f"line {i} ✓ \u2028 {'é' * i}")
+    log = ctx.read_text("log.md") if ctx.has_artifact("log.md") else ""
+    rng = random.Random(i)
+    # a growing artifact past the 16 KiB chunking threshold: chunk trees and shared chunks
+    log += "".join(rng.choice("abcdefghij klmnop\n") for _ in range(4000))
+    ctx.write_text("log.md", log)
+    ctx.write_text(f"note-{i}.txt", f"note {i}")
+    return {"i": i, "size": len(log)}
+
+
 def build_task() -> overnight.Task:
-    task = overnight.Task("faulty", goal="write a long log", data={"lines": []})
-
-    @task.step
-    def plan(ctx):
-        for i in range(8):
-            ctx.add_step("write", i=i)
-
-    @task.step(planned=False)
-    def write(ctx, i):
-        ctx.state["lines"].append(f"line {i} ✓ \u2028 {'é' * i}")
-        log = ctx.read_text("log.md") if ctx.has_artifact("log.md") else ""
-        rng = random.Random(i)
-        # a growing artifact past the 16 KiB chunking threshold: chunk trees and shared chunks
-        log += "".join(rng.choice("abcdefghij klmnop\n") for _ in range(4000))
-        ctx.write_text("log.md", log)
-        ctx.write_text(f"note-{i}.txt", f"note {i}")
-        return {"i": i, "size": len(log)}
-
-    return task
+    return plan_task("faulty", 8, write, step="write", goal="write a long log", data={"lines": []})
 
 
 @pytest.fixture(scope="module")

@@ -111,6 +111,11 @@ class SchemaError(IntegrityError):
     """A checkpoint record is incomplete or malformed (a required field is missing or mistyped)."""
 
 
+class RecordInvalid(SchemaError):
+    """A record this process was about to write does not match the record format (validated on
+    write, like every record on read); nothing was written. A bug in the writer, not damage."""
+
+
 class FormatTooNew(IntegrityError):
     """A record was written by a newer overnight (a format version this code does not know)."""
 

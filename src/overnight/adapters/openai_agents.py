@@ -65,7 +65,7 @@ from overnight.store.blobs import BlobReader
 from overnight.tokens import Tokenizer, tokenizer_for
 from overnight.verify.chain import ChainWriter, utc_now
 from overnight.verify.integrity import BoundedPageCache, LoadedCheckpoint, load_checkpoint, signing_key_from_env
-from overnight.verify.records import FORMAT_VERSION, event
+from overnight.verify.records import artifact_ref, event, initial_state
 
 try:
     from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
@@ -329,18 +329,14 @@ class OvernightSession:
                             session_n=n + 1 if new_session else n)
         writer = chain.blob_writer()
         for name, raw in new.items():
-            items[name] = {"digest": writer.put(raw), "size": len(raw), "step": None, "text": True}
+            items[name] = artifact_ref(writer.put(raw), len(raw), text=True, step=None)
         task_row = None
         if loaded is None:
             spec = {"kind": KIND, "session_id": self.session_id,
                     "route": {"level": "durable", "media": [], "urls": [self._store.url],
                               "reasons": ["an OpenAI Agents SDK session (overnight.adapters.openai_agents)"]}}
             goal = f"OpenAI Agents SDK session {self.session_id!r}"
-            state: dict[str, Any] = {
-                "format": FORMAT_VERSION, "task": {"id": self.task_id, "goal": goal, "spec": spec},
-                "todo": [], "done": [], "artifacts": {},
-                "context": {"summary": None, "compactions": 0, "messages": [], "tokens": 0}, "recompute": None,
-            }
+            state: dict[str, Any] = initial_state(self.task_id, goal, spec)
             task_row = TaskRow(self.task_id, utc_now(), goal, None, dumps_sorted(spec))
         else:
             state = dict(loaded.state_tree)

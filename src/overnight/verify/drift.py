@@ -336,10 +336,12 @@ def world_reads_changed(reads: dict[str, Any], now_of: Callable[[str, str, Any],
 
 
 def reads_dirty(reads: dict[str, Any], dirty: dict[str, Any]) -> bool:
-    """Did a step read an output, a state key or an artifact that a recompute pass changed?"""
+    """Did a step read an output, a state key or an artifact that a recompute pass changed?
+    (``reads.state`` ``["*"]``: unknown -- a record upgraded from format 1 -- any change counts.)"""
     state = set(reads.get("state", []))
     return bool(set(reads.get("steps", [])) & set(dirty["dirty_steps"])
                 or state & set(dirty["dirty_state"]) or (state and "*" in dirty["dirty_state"])
+                or ("*" in state and bool(dirty["dirty_state"]))
                 or set(reads.get("artifacts", {})) & set(dirty["dirty_artifacts"]))
 
 
