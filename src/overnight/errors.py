@@ -295,6 +295,10 @@ class BranchNotFound(NotFound):
     """The task has no branch with this name."""
 
 
+class ObjectNotFound(NotFound):
+    """No object and no checkpoint with this digest in the store (``overnight cat-object``)."""
+
+
 # --- config / spec -----------------------------------------------------------------------------
 
 
