@@ -375,6 +375,8 @@ class ChainWriter:
         if sum(len(o.data) for o in objects) > PREWRITE_BYTES:
             objects = self._prewrite(objects)
         _retry_busy(lambda: self.store.commit(Commit(row, self.ref_head, objects, rows, lease, task_row)))
+        for pages in (self._todo, self._done, self._artifacts):
+            pages.accept()
         roots = [state_digest, *(r["digest"] for k in ("todo", "done", "artifacts") for r in doc_refs[k]["pages"]),
                  *(a["digest"] for a in state["artifacts"].values())]
         if fingerprint is not None:

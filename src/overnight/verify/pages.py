@@ -72,6 +72,7 @@ class PageWriter:
 
     def __init__(self) -> None:
         self._cache: dict[tuple, tuple[dict[str, Any], list[Any]]] = {}
+        self._pending: dict[tuple, tuple[dict[str, Any], list[Any]]] | None = None
 
     @staticmethod
     def _key(page: list | dict) -> tuple:
@@ -113,5 +114,11 @@ class PageWriter:
                 ref = {"digest": writer.put(raw), "size": len(raw)}
             fresh[key] = (ref, entries)
             out.append(ref)
-        self._cache = fresh
+        self._pending = fresh  # reused by the next commit only once this one is stored: :meth:`accept`
         return {"count": count, "pages": out}
+
+    def accept(self) -> None:
+        """The commit that staged the pages of the last :meth:`refs` is stored: the next one may
+        reuse them. (After a failed commit they are not reused: their blobs may not be stored.)"""
+        if self._pending is not None:
+            self._cache, self._pending = self._pending, None
