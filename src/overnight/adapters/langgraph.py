@@ -844,10 +844,10 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         records used go at the next ``overnight gc``.
 
         Raises:
-            ValueError: an unknown strategy.
+            ConfigError: an unknown strategy (a ``ValueError``).
         """
         if strategy not in ("keep_latest", "delete"):
-            raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
+            raise ConfigError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
         for thread_id in thread_ids:
             if strategy == "delete":
                 self.delete_thread(thread_id)

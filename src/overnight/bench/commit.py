@@ -297,7 +297,7 @@ def run_commit_bench(n: int = 300, state_kb: float = 10.0, directory: Path | Non
     """
     unknown = [s for s in systems if s not in SYSTEMS + NO_FSYNC_SYSTEMS]
     if unknown:
-        raise ValueError(f"unknown system {unknown[0]!r}; choose from {', '.join(SYSTEMS + NO_FSYNC_SYSTEMS)}")
+        raise ConfigError(f"unknown system {unknown[0]!r}; choose from {', '.join(SYSTEMS + NO_FSYNC_SYSTEMS)}")
     base = Path(directory) if directory is not None else Path.cwd()
     base.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="overnight-bench-", dir=base) as tmp, ExitStack() as stack:

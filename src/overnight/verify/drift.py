@@ -28,7 +28,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from overnight.errors import ConfigError
+from overnight.errors import ConfigError, SchemaError
 from overnight.verify.fingerprint import (
     COMPONENTS,
     MISSING,
@@ -173,7 +173,8 @@ class WorldNow:
             elif kind == "model":
                 self._cache[k] = model_label(self.model)
             else:
-                raise ValueError(kind)
+                raise SchemaError(f"a done step's reads name an unknown kind {kind!r} (key {key!r})",
+                                  hint="the record was not written by this overnight")
         return self._cache[k]
 
 

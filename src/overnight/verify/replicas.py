@@ -65,7 +65,7 @@ class ReplicatedStore:
 
     def __init__(self, media: list[Store], names: list[str] | None = None) -> None:
         if not media:
-            raise ValueError("a replicated store needs at least one medium")
+            raise ConfigError("a replicated store needs at least one medium")
         self.media = list(media)
         self.names = names or [m.url for m in media]
         self.url = "replicated:" + " + ".join(m.url for m in self.media)
