@@ -110,7 +110,7 @@ def _opened_store(store: Store | str | None, *, task_id: str | None = None, writ
         return
     if not store_exists(store):  # type: ignore[arg-type]
         url = str(store) if store is not None else default_store_url()
-        raise ConfigError(f"no store at {url} ({store_location(url)})",
+        raise ConfigError(f"no store at {url} ({store_location(url)})", task_id=task_id,
                           hint="run a task first (`overnight demo`), or pass --store / set OVERNIGHT_STORE")
     s = tiered(open_store(store, read_only=read_only))  # type: ignore[arg-type]
     try:

@@ -263,7 +263,7 @@ class OvernightSession:
         spec = loaded.doc.task.spec
         if spec.get("kind") != KIND or spec.get("session_id") != self.session_id:
             raise ConfigError(f"task {self.task_id!r} in {self._store.url} is not the Agents SDK session "
-                              f"{self.session_id!r}", task_id=self.task_id,
+                              f"{self.session_id!r}", task_id=self.task_id, checkpoint_id=checkpoint_id,
                               hint="use another session_id, or another store")
         return loaded
 

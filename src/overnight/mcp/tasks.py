@@ -420,10 +420,11 @@ class CodingTasks:
         list. ``inputs``: project files whose changes count as drift; ``env``: variable names
         recorded as keyed digests. Makes it the project's current task (:data:`POINTER`)."""
         if not isinstance(goal, str) or not goal.strip():
-            raise ConfigError("goal must be a non-empty string", hint="one sentence saying what the task is for")
+            raise ConfigError("goal must be a non-empty string", hint="one sentence saying what the task is for",
+                              task_id=task_id)
         plan = _clean(plan, "plan", task_id) or []
         if criticality not in CRITICALITY:
-            raise ConfigError(f"criticality must be one of {', '.join(CRITICALITY)}, not {criticality!r}")
+            raise ConfigError(f"criticality must be one of {', '.join(CRITICALITY)}, not {criticality!r}", task_id=task_id)
         span = None
         if expected_span is not None:
             span = parse_span(expected_span)

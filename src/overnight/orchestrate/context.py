@@ -265,7 +265,7 @@ class StepContext:
             raise SpecError(f"add_step: task {self.task_id!r} has no step function {fn!r}", task_id=self.task_id,
                             hint=f"register it with @task.step (known: {', '.join(sorted(self._runner.task.steps))})")
         if position not in ("next", "end"):
-            raise SpecError(f"add_step: position must be 'next' or 'end', got {position!r}")
+            raise SpecError(f"add_step: position must be 'next' or 'end', got {position!r}", task_id=self.task_id)
         step_name = name or default_step_name(fn, args)
         entry = todo_entry(step_name, fn, args, self.step)
         existing = self._runner.find_step(step_name) or next(

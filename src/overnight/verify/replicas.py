@@ -495,10 +495,11 @@ def _heal_checkpoint(src: Store, dst: Store, checkpoint_id: str, key: bytes | No
         except IntegrityError as exc:
             if not exc.object_digest:
                 raise IntegrityError(f"checkpoint {short_id(checkpoint_id)} still fails verification on this medium "
-                                     f"after being rewritten: {exc.message}") from exc
+                                     f"after being rewritten: {exc.message}", task_id=exc.task_id,
+                                     checkpoint_id=checkpoint_id) from exc
             st.objects_copied += _copy_objects(src, dst, [exc.object_digest])
     raise IntegrityError(f"checkpoint {short_id(checkpoint_id)} still does not verify after {max_rounds} repaired "
-                         "objects")
+                         "objects", checkpoint_id=checkpoint_id)
 
 
 def _repair_medium(src: Store, dst: Store, task_row: TaskRow, lineage: list[CheckpointRow], head: str, branch: str,
