@@ -297,3 +297,20 @@ def test_errors_docstring_lists_every_class_with_its_exit_code():
             got = _exit_code(cls.__new__(cls))  # the code depends on the class alone
             assert got == code, f"{name}: the CLI exits {got}, the docstring says {code}"
     assert listed["StoreFull"] == 6
+
+
+def test_the_library_raises_only_typed_errors():
+    """No raw ValueError/RuntimeError/TypeError/OSError/KeyError raise in ``src/overnight``: every
+    error a caller can meet is one of ``overnight.errors`` (which keep those as bases where
+    callers expect them: ``ConfigError`` is a ``ValueError``, ``EncodeError`` a ``TypeError``)."""
+    import ast
+
+    raw = []
+    for path in sorted((ROOT / "src" / "overnight").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if isinstance(exc, ast.Name) and exc.id in ("ValueError", "RuntimeError", "TypeError", "OSError",
+                                                            "KeyError", "Exception", "LookupError"):
+                    raw.append(f"{path.relative_to(ROOT)}:{node.lineno}: raise {exc.id}")
+    assert not raw, "\n".join(raw)
