@@ -65,7 +65,7 @@ from overnight.store.blobs import BlobReader
 from overnight.tokens import Tokenizer, tokenizer_for
 from overnight.verify.chain import ChainWriter, utc_now
 from overnight.verify.integrity import BoundedPageCache, LoadedCheckpoint, load_checkpoint, signing_key_from_env
-from overnight.verify.records import artifact_ref, event, initial_state
+from overnight.verify.records import artifact_ref, context_info, event, initial_state
 
 try:
     from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
@@ -479,8 +479,7 @@ class OvernightSession:
             ctx = loaded.state_tree["context"]
             return None, {
                 "items": dict(items[cut:]), "new": {items[cut - 1][0]: raw}, "data": {"next": self._next(loaded)},
-                "context": {"summary": summary["content"], "compactions": ctx["compactions"] + 1, "messages": [],
-                            "tokens": 0},
+                "context": context_info(summary["content"], ctx["compactions"] + 1),
                 "new_session": True,
                 "ev": event("compaction", ref=loaded.id,
                             detail=f"{cut} items ({sum(tokens[:cut])} tokens) -> a {self.count(summary)}-token summary; "

@@ -57,7 +57,7 @@ from overnight.store.base import TaskRow
 from overnight.store.blobs import BlobWriter
 from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
 from overnight.verify.integrity import encode_state, signing_key_from_env
-from overnight.verify.records import artifact_ref, done_entry, event, initial_state
+from overnight.verify.records import artifact_ref, context_info, done_entry, event, initial_state
 
 __all__ = ["KIND", "POINTER", "ArtifactIn", "CheckpointResult", "CodingTasks", "ControlPoint", "Resumed",
            "read_pointer", "render_control_point", "write_pointer"]
@@ -548,11 +548,9 @@ class CodingTasks:
             data = from_tree(old["data"], "state.data") if old["data"] is not None else {}
             if decisions:
                 data = {**data, "decisions": [*data.get("decisions", []), *decisions]}
-            ctx = dict(old["context"])
-            if notes is not None:
-                ctx["summary"] = notes.strip() or None
-            if compaction:
-                ctx["compactions"] = ctx["compactions"] + 1
+            old_ctx = old["context"]
+            ctx = context_info(old_ctx["summary"] if notes is None else notes.strip() or None,
+                               old_ctx["compactions"] + (1 if compaction else 0), old_ctx["messages"], old_ctx["tokens"])
             state = {**old, "todo": todo_list, "done": done_list, "artifacts": dict(sorted(arts.items())),
                      "data": to_tree(data, "state.data"), "context": ctx}
             fp, now_world = self._fingerprint(writer, spec)
