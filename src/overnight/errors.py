@@ -33,7 +33,7 @@ first group that matches, in this order: store, drift, concurrency, integrity, l
   :class:`ModelCallFailed`, :class:`ContextOverflow`
 * benchmarks, exit 1 -- :class:`BenchFailed`
 
-``tests/test_cli.py`` checks that this list names every class defined here.
+``tests/test_plumbing.py`` checks that this list names every class defined here.
 """
 
 from __future__ import annotations
