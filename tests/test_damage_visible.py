@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _tasks import plan_task
 
 import overnight
 from overnight.verify.faults import Faults
@@ -26,20 +27,13 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           env={**e, "COLUMNS": "200"}, timeout=120)
 
 
+def _work(ctx, i):
+    ctx.write_text(f"part-{i}.txt", f"part {i}\n" * 50)
+    ctx.state[f"k{i}"] = i
+
+
 def _task():
-    task = overnight.Task("dmg", goal="five steps", expected_span="3h", level="session")
-
-    @task.step
-    def plan(ctx):
-        for i in range(4):
-            ctx.add_step("work", i=i)
-
-    @task.step(planned=False)
-    def work(ctx, i):
-        ctx.write_text(f"part-{i}.txt", f"part {i}\n" * 50)
-        ctx.state[f"k{i}"] = i
-
-    return task
+    return plan_task("dmg", 4, _work, goal="five steps", expected_span="3h", level="session")
 
 
 @pytest.mark.parametrize("kind", ["removed_blob", "bit_flip"])

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _tasks import plan_task
 from test_store_conformance import BACKENDS
 
 import overnight
@@ -35,23 +36,16 @@ def big(label: str, i: int) -> bytes:
 
 
 def make_task(task_id: str = "g", n: int = 10) -> overnight.Task:
-    task = overnight.Task(task_id, goal="notes with drafts", data={"notes": []})
+    return plan_task(task_id, n, note, step="note", goal="notes with drafts", data={"notes": []})
 
-    @task.step
-    def plan(ctx):
-        for i in range(n):
-            ctx.add_step("note", i=i)
 
-    @task.step(planned=False)
-    def note(ctx, i):
-        label = LABEL[0]
-        ctx.state["notes"].append(f"{label}:{i}")
-        ctx.write_text("scratch.txt", f"draft {label} {i}")  # overwritten at once: never referenced
-        ctx.write_text("scratch.txt", f"final {label} {i}")
-        ctx.write_artifact(f"big-{i % 3}.bin", big(label, i))
-        return label
-
-    return task
+def note(ctx, i):
+    label = LABEL[0]
+    ctx.state["notes"].append(f"{label}:{i}")
+    ctx.write_text("scratch.txt", f"draft {label} {i}")  # overwritten at once: never referenced
+    ctx.write_text("scratch.txt", f"final {label} {i}")
+    ctx.write_artifact(f"big-{i % 3}.bin", big(label, i))
+    return label
 
 
 def run(store, task, branch: str = "main", label: str = "main", **kw):

@@ -37,6 +37,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _tasks import plan_task
 from test_faults import build_task
 from test_store_conformance import BACKENDS, _obj, _row, _task, store  # noqa: F401 - ``store``: every backend
 
@@ -251,20 +252,13 @@ def test_keyed_commit_is_fenced_by_the_ref_even_with_a_stale_lease_record(keyed_
 
 
 def _counting_task(task_id: str, runs: list[str]) -> overnight.Task:
-    task = overnight.Task(task_id, goal="three sections", level="session", deps=[])
-
-    @task.step
-    def plan(ctx):
-        for n in (1, 2, 3):
-            ctx.add_step("section", n=n)
-
-    @task.step(planned=False)
     def section(ctx, n):
         runs.append(f"section {n}")
         ctx.write_text(f"s{n}.md", f"section {n}")
         return n
 
-    return task
+    return plan_task(task_id, (1, 2, 3), section, step="section", arg="n", goal="three sections",
+                     level="session", deps=[])
 
 
 def test_a_done_step_is_never_run_again_even_if_todo_lists_it(tmp_path):

@@ -25,6 +25,7 @@ from overnight.errors import FormatTooNew, UnknownTypeError
 from overnight.store import BlobWriter, CheckpointRow, Commit, open_store
 from overnight.verify.chain import load_head, utc_now
 from overnight.verify.integrity import encode_record, encode_state, load_checkpoint
+from overnight.verify.records import FORMAT_VERSION
 
 # --- helpers -----------------------------------------------------------------------------------
 
@@ -487,7 +488,7 @@ def _make_task(task_id: str) -> overnight.Task:
     return task
 
 
-def _append_raw(url: str, task_id: str, *, record_format: int = 1, state_format: int | None = None) -> tuple[str, str]:
+def _append_raw(url: str, task_id: str, *, record_format: int = FORMAT_VERSION, state_format: int | None = None) -> tuple[str, str]:
     """Append a checkpoint built by hand (valid digest) on top of the head. Returns (old head, new id)."""
     store = open_store(url)
     try:
@@ -513,11 +514,15 @@ def _append_raw(url: str, task_id: str, *, record_format: int = 1, state_format:
         store.close()
 
 
+NEWER = FORMAT_VERSION + 1
+"""A record format from the future."""
+
+
 @pytest.mark.parametrize("where", ["record", "state"])
 def test_H10_newer_format_checkpoint_is_refused_on_load(tmp_path: Path, where: str) -> None:
     url = f"sqlite://{tmp_path / 'store.db'}"
     overnight.run(_make_task("h10"), url, max_steps=1, handle_signals=False)
-    kw = {"record_format": 2} if where == "record" else {"state_format": 2}
+    kw = {"record_format": NEWER} if where == "record" else {"state_format": NEWER}
     _, new_id = _append_raw(url, "h10", **kw)
 
     store = open_store(url)
@@ -526,7 +531,7 @@ def test_H10_newer_format_checkpoint_is_refused_on_load(tmp_path: Path, where: s
             load_checkpoint(store, new_id)
     finally:
         store.close()
-    assert "newer overnight (format 2)" in str(info.value)
+    assert f"newer overnight (format {NEWER})" in str(info.value)
     assert info.value.checkpoint_id == new_id
 
 
@@ -536,12 +541,12 @@ def test_H10_resume_refuses_a_head_written_by_a_newer_format(tmp_path: Path, whe
     url = f"sqlite://{tmp_path / 'store.db'}"
     task = _make_task("h10")
     overnight.run(task, url, max_steps=1, handle_signals=False)
-    kw = {"record_format": 2} if where == "record" else {"state_format": 2}
+    kw = {"record_format": NEWER} if where == "record" else {"state_format": NEWER}
     _, new_id = _append_raw(url, "h10", **kw)
 
     with pytest.raises(FormatTooNew) as info:
         overnight.run(task, url, handle_signals=False)
-    assert "newer overnight (format 2)" in str(info.value)
+    assert f"newer overnight (format {NEWER})" in str(info.value)
 
     store = open_store(url)
     try:

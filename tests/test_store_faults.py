@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _tasks import plan_task
 
 from overnight.errors import StoreReadOnly, StoreSchemaMismatch, StoreUnavailable
 from overnight.store import open_store
@@ -288,26 +289,21 @@ def test_a_failing_lease_release_does_not_hide_the_error_that_ended_the_run(tmp_
 # --- salvage of a damaged SQLite file -----------------------------------------------------------
 
 
-def _salvage_task(task_id: str):
+def _part(ctx, i):
     import hashlib
 
-    import overnight
+    data = hashlib.sha256(str(i).encode()).digest() * 100  # 3.2 KB, the same in every run
+    ctx.write_artifact(f"part-{i}.bin", data + os.urandom(1024))
+    ctx.state["parts"] = ctx.state["parts"] + [i]
 
-    task = overnight.Task(task_id, goal="many small steps", expected_span="3h", level="session")
 
-    @task.step
-    def plan(ctx):
-        for i in range(30):
-            ctx.add_step("part", i=i)
-        ctx.state["parts"] = []
+def _no_parts(ctx):
+    ctx.state["parts"] = []
 
-    @task.step(planned=False)
-    def part(ctx, i):
-        data = hashlib.sha256(str(i).encode()).digest() * 100  # 3.2 KB, the same in every run
-        ctx.write_artifact(f"part-{i}.bin", data + os.urandom(1024))
-        ctx.state["parts"] = ctx.state["parts"] + [i]
 
-    return task
+def _salvage_task(task_id: str):
+    return plan_task(task_id, 30, _part, step="part", setup=_no_parts,
+                     goal="many small steps", expected_span="3h", level="session")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "bit-flipped"])

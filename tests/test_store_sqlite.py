@@ -52,25 +52,20 @@ import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
+from _tasks import plan_task  # noqa: E402
+
 import overnight  # noqa: E402
 from overnight import api  # noqa: E402
 from overnight.errors import StoreCorrupt, StoreFull  # noqa: E402
 
 
+def _work(ctx, i):
+    ctx.write_artifact(f"part-{i}.bin", os.urandom(20_000))  # incompressible: pages fill up
+    return i
+
+
 def _task(n: int = 6) -> overnight.Task:
-    task = overnight.Task("damage", goal="g")
-
-    @task.step
-    def plan(ctx):
-        for i in range(n):
-            ctx.add_step("work", i=i)
-
-    @task.step(planned=False)
-    def work(ctx, i):
-        ctx.write_artifact(f"part-{i}.bin", os.urandom(20_000))  # incompressible: pages fill up
-        return i
-
-    return task
+    return plan_task("damage", n, _work, goal="g")
 
 
 def test_a_full_disk_is_store_full_and_loses_nothing_committed(tmp_path):

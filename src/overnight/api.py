@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from overnight.codec import digest
 from overnight.config import Config
 from overnight.config import load as load_config
 from overnight.errors import (
@@ -21,6 +22,8 @@ from overnight.errors import (
     BranchNotFound,
     CheckpointNotFound,
     ConfigError,
+    DigestMismatch,
+    ObjectNotFound,
     OvernightError,
     TaskNotFound,
     short_id,
@@ -120,7 +123,7 @@ def _opened_store(store: Store | str | None, *, task_id: str | None = None, writ
         return
     if not store_exists(store):  # type: ignore[arg-type]
         url = str(store) if store is not None else default_store_url()
-        raise ConfigError(f"no store at {url} ({store_location(url)})",
+        raise ConfigError(f"no store at {url} ({store_location(url)})", task_id=task_id,
                           hint="run a task first (`overnight demo`), or pass --store / set OVERNIGHT_STORE")
     s = tiered(open_store(store, read_only=read_only))  # type: ignore[arg-type]
     try:
@@ -400,6 +403,9 @@ class ChainEntry:
     problem: str | None = None
     archived: bool = False
     """In a cold store (``overnight archive``); read through, like the others."""
+    record: Any = None
+    """``show --raw``: the checkpoint record as stored (its body parsed as JSON; a body that does
+    not parse: its text), whether or not it verifies."""
 
 
 @dataclass
@@ -423,10 +429,24 @@ class TaskReport:
     """Set when the branch head fails verification: ``"fell back from X to Y: reason"``."""
     damaged: int = 0
     """Checkpoints that fail verification (each marked ``valid: false`` with its ``problem``)."""
+    state: Any = None
+    """``show --raw``: the state document of the branch's newest verified checkpoint, as stored
+    (``todo``, ``done`` and ``artifacts`` are page references: ``overnight cat-object`` prints a page)."""
 
 
-def show(task_id: str, *, store: Store | str | None = None, branch: str = "main") -> TaskReport:
+def _raw_json(data: bytes) -> Any:
+    """Stored canonical JSON bytes as a JSON value (strictly parsed; bytes that do not parse: text)."""
+    import json
+
+    try:
+        return json.loads(data)
+    except ValueError:
+        return data.decode("utf-8", "replace")
+
+
+def show(task_id: str, *, store: Store | str | None = None, branch: str = "main", raw: bool = False) -> TaskReport:
     """The chain of a task (all branches), with validity of each record and the head's state.
+    ``raw``: each entry also carries its record as stored, and the report the head's state document.
 
     Raises:
         TaskNotFound: no such task.
@@ -454,8 +474,8 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
             problem = damaged.get(row.checkpoint_id)
             chain.append(ChainEntry(row.seq, row.checkpoint_id, row.branch, session, row.event, row.step,
                                     row.created_at, row.stored_bytes, heads.get(row.checkpoint_id, []), problem is None,
-                                    problem, row.checkpoint_id not in hot))
-        status, done, total, todo, artifacts, fell_back = "invalid", 0, 0, [], {}, None
+                                    problem, row.checkpoint_id not in hot, _raw_json(row.body) if raw else None))
+        status, done, total, todo, artifacts, fell_back, state = "invalid", 0, 0, [], {}, None, None
         if branch in refs:
             try:
                 loaded, fallback = load_head(s, task_id, branch, key=key, deep=False)
@@ -465,10 +485,49 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
                 todo = [e.name for e in loaded.state.todo]
                 artifacts = {n: a.size for n, a in loaded.artifacts.items()}
                 status = "complete" if not st.todo.count else "in progress"
+                if raw:
+                    state = _raw_json(BlobReader(s).get(loaded.record.state.digest, "the head's state"))
             except OvernightError:
                 pass
         return TaskReport(task_id, t.goal, t.entry, t.created_at, refs, status, done, total, todo, artifacts, chain,
-                          sum(c.stored_bytes for c in chain), _usage(s, task_id), fell_back, len(damaged))
+                          sum(c.stored_bytes for c in chain), _usage(s, task_id), fell_back, len(damaged), state)
+
+
+_DIGEST = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
+
+
+def cat_object(object_digest: str, *, store: Store | str | None = None) -> bytes:
+    """The verified bytes behind a digest, like ``git cat-file -p``: what an object stands for (a
+    blob's content decompressed; a chunk tree's chunks concatenated), or a checkpoint's record body.
+    Every byte returned hashes to ``object_digest``.
+
+    Args:
+        object_digest: ``sha256:<64 hex>`` (or the 64 hex digits alone), e.g. a record's
+            ``state.digest``, a page of its state document, an artifact's digest, a checkpoint id.
+
+    Raises:
+        ConfigError: not a SHA-256 digest.
+        ObjectNotFound: the store has no object and no checkpoint with this digest.
+        IntegrityError: the stored bytes fail verification (``DigestMismatch``, ``MissingObject``
+            for a chunk of a tree, naming the object).
+    """
+    m = _DIGEST.fullmatch(object_digest.strip().lower())
+    if m is None:
+        raise ConfigError(f"{object_digest!r} is not a digest", hint="give sha256: and 64 hex digits, e.g. from "
+                          "`overnight show TASK --json --raw`")
+    d = f"sha256:{m.group(1)}"
+    with _opened(store, read_only=True) as s:
+        if not s.missing_objects([d]):
+            return BlobReader(s).get(d, f"object {short_id(d)}")
+        try:
+            row = s.get_checkpoint(d)
+        except CheckpointNotFound:
+            raise ObjectNotFound(f"no object or checkpoint {d} in the store",
+                                 hint="digests are in `overnight show TASK --json --raw`") from None
+        if digest.sha256(row.body) != d:
+            raise DigestMismatch(f"checkpoint {short_id(d)} body does not match its digest", task_id=row.task_id,
+                                 checkpoint_id=d, object_digest=d)
+        return row.body
 
 
 def _usage(s: Store, task_id: str) -> dict[str, Any]:

@@ -181,12 +181,12 @@ def _store_url(value: str | None) -> str | None:
     if not sep:
         if Path(value).suffix in (".db", ".sqlite", ".sqlite3"):
             return value
-        raise ValueError("must be a store URL (sqlite://PATH, file://DIR, postgresql://HOST/DB?schema=NAME, "
+        raise ConfigError("must be a store URL (sqlite://PATH, file://DIR, postgresql://HOST/DB?schema=NAME, "
                          "s3://BUCKET/PREFIX) or a path ending in .db")
     if scheme.lower() not in _SCHEMES:
-        raise ValueError(f"has scheme {scheme!r}; use one of {', '.join(s + '://' for s in _SCHEMES)}")
+        raise ConfigError(f"has scheme {scheme!r}; use one of {', '.join(s + '://' for s in _SCHEMES)}")
     if not rest:
-        raise ValueError("names no path, host or bucket after the scheme")
+        raise ConfigError("names no path, host or bucket after the scheme")
     return value
 
 
@@ -222,13 +222,13 @@ class Settings(BaseModel):
     def _media(cls, value: list[str]) -> list[str]:
         unknown = [m for m in value if m not in _MEDIA]
         if unknown:
-            raise ValueError(f"names unknown media {unknown}; use {', '.join(_MEDIA)}")
+            raise ConfigError(f"names unknown media {unknown}; use {', '.join(_MEDIA)}")
         return value
 
     @model_validator(mode="after")
     def _spans(self) -> "Settings":
         if self.router_durable_hours < self.router_session_hours:
-            raise ValueError(f"router.durable_hours ({self.router_durable_hours:g}) must not be below "
+            raise ConfigError(f"router.durable_hours ({self.router_durable_hours:g}) must not be below "
                              f"router.session_hours ({self.router_session_hours:g})")
         return self
 

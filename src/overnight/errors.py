@@ -4,21 +4,36 @@ All of them derive from :class:`OvernightError` and carry, where known, the ``ta
 ``checkpoint_id`` and a ``hint`` saying what to do next. ``str(err)`` renders all three, so a
 log line or a CLI message is actionable on its own.
 
-Groups (mirrors httpx's ``_exceptions.py``):
+Groups (mirrors httpx's ``_exceptions.py``), each with the ``overnight`` CLI's exit code (the
+first group that matches, in this order: store, drift, concurrency, integrity, lookup/config):
 
-* codec        -- :class:`EncodeError`, :class:`DecodeError`, :class:`UnknownTypeError`
-* integrity    -- :class:`IntegrityError` and subclasses (digest, missing object, schema, format,
-  damaged store, unavailable replica)
-* concurrency  -- :class:`TaskBusy`, :class:`StaleHead`, :class:`StoreBusy`, :class:`MergeConflict`,
-  :class:`ParentGone`, :class:`TaskChanged`
-* lookup       -- :class:`TaskNotFound`, :class:`CheckpointNotFound`, :class:`ArtifactNotFound`
-* store medium -- :class:`StoreError`: :class:`StoreFull`, :class:`StoreReadOnly`,
-  :class:`StoreUnavailable` (the disk or server said no; CLI exit 6)
-* config/spec  -- :class:`ConfigError`, :class:`SpecError`, :class:`OutputNotWritable`
-* drift        -- :class:`DriftAbort`
-* steps        -- :class:`StepFailed`, :class:`UnknownStep`
-* tokens       -- :class:`TokenizerError`, :class:`ApproximateTokenCount` (a warning)
-* models       -- :class:`ModelError`: :class:`ModelNotConfigured`, :class:`ModelCallFailed`
+* store medium, exit 6 -- :class:`StoreError`: :class:`StoreFull`, :class:`StoreReadOnly`,
+  :class:`StoreUnavailable` (the disk or server said no; a ``StepFailed`` whose cause is one of
+  these exits 6 too)
+* drift, exit 5 -- :class:`DriftError`: :class:`DriftAbort`
+* concurrency, exit 4 -- :class:`ConcurrencyError`: :class:`TaskBusy`, :class:`StaleHead`,
+  :class:`LeaseLost`, :class:`StoreBusy`, :class:`ParentGone`, :class:`TaskChanged`,
+  :class:`MergeConflict`
+* integrity, exit 3 -- :class:`IntegrityError`: :class:`DigestMismatch`, :class:`MissingObject`,
+  :class:`SchemaError` (and :class:`RecordInvalid`, refused on write), :class:`FormatTooNew`,
+  :class:`SignatureError`, :class:`EntryMismatch`, :class:`RollbackDetected`,
+  :class:`CodeLocationRefused`, :class:`StoreCorrupt`, :class:`ReplicaUnavailable`,
+  :class:`NoValidCheckpoint`, :class:`SessionCorrupt`, :class:`ThreadCorrupt`
+* lookup, exit 2 -- :class:`NotFound`: :class:`TaskNotFound`, :class:`CheckpointNotFound`,
+  :class:`ArtifactNotFound`, :class:`BranchNotFound`, :class:`ObjectNotFound`
+* config/spec, exit 2 -- :class:`ConfigError` (a ``ValueError``): :class:`SpecError`,
+  :class:`BranchExists`, :class:`StoreVersionError` (and :class:`StoreSchemaMismatch`),
+  :class:`OutputNotWritable`, :class:`ModelNotConfigured`
+* codec, exit 1 -- :class:`CodecError`: :class:`EncodeError` (a ``TypeError``),
+  :class:`DecodeError` (a ``ValueError``), :class:`UnknownTypeError`
+* steps, exit 1 -- :class:`StepError`: :class:`StepFailed`, :class:`UnknownStep`
+* tokens, exit 1 -- :class:`TokenizerError` (a ``ValueError``); :class:`ApproximateTokenCount`
+  is a warning, not an error
+* models, exit 1 -- :class:`ModelError`: :class:`ModelNotConfigured` (exit 2, a config error),
+  :class:`ModelCallFailed`, :class:`ContextOverflow`
+* benchmarks, exit 1 -- :class:`BenchFailed`
+
+``tests/test_plumbing.py`` checks that this list names every class defined here.
 """
 
 from __future__ import annotations
@@ -109,6 +124,11 @@ class MissingObject(IntegrityError):
 
 class SchemaError(IntegrityError):
     """A checkpoint record is incomplete or malformed (a required field is missing or mistyped)."""
+
+
+class RecordInvalid(SchemaError):
+    """A record this process was about to write does not match the record format (validated on
+    write, like every record on read); nothing was written. A bug in the writer, not damage."""
 
 
 class FormatTooNew(IntegrityError):
@@ -290,6 +310,10 @@ class BranchNotFound(NotFound):
     """The task has no branch with this name."""
 
 
+class ObjectNotFound(NotFound):
+    """No object and no checkpoint with this digest in the store (``overnight cat-object``)."""
+
+
 # --- config / spec -----------------------------------------------------------------------------
 
 
@@ -404,3 +428,11 @@ class ModelCallFailed(ModelError):
 
 class ContextOverflow(ModelError):
     """A single model call does not fit in the session's context window, even with no history."""
+
+
+# --- benchmarks -----------------------------------------------------------------------------------
+
+
+class BenchFailed(OvernightError):
+    """A benchmark's own check failed (a run did not commit, resume or load what it must), so
+    its numbers would mean nothing; nothing is reported."""

@@ -95,7 +95,7 @@ from overnight.verify.integrity import (
     parse_record,
     signing_key_from_env,
 )
-from overnight.verify.records import FORMAT_VERSION, event
+from overnight.verify.records import artifact_ref, event, initial_state
 
 __all__ = ["OvernightSaver"]
 
@@ -431,7 +431,7 @@ class OvernightSaver(BaseCheckpointSaver[int]):
 
     @staticmethod
     def _ref(writer: BlobWriter, data: bytes) -> dict[str, Any]:
-        return {"digest": writer.put(data), "size": len(data), "text": False, "step": None}
+        return artifact_ref(writer.put(data), len(data), text=False, step=None)
 
     # -- the write path -------------------------------------------------------------------------
 
@@ -844,10 +844,10 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         records used go at the next ``overnight gc``.
 
         Raises:
-            ValueError: an unknown strategy.
+            ConfigError: an unknown strategy (a ``ValueError``).
         """
         if strategy not in ("keep_latest", "delete"):
-            raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
+            raise ConfigError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
         for thread_id in thread_ids:
             if strategy == "delete":
                 self.delete_thread(thread_id)
@@ -987,13 +987,5 @@ class OvernightSaver(BaseCheckpointSaver[int]):
 
 def _state(task_id: str, thread_id: str, artifacts: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     """The overnight state tree of one LangGraph checkpoint record (no todo/done steps)."""
-    return {
-        "format": FORMAT_VERSION,
-        "task": {"id": task_id, "goal": "LangGraph thread " + thread_id.encode("utf-8", "backslashreplace").decode(), "spec": {"langgraph": {"thread_id": thread_id}}},
-        "todo": [],
-        "done": [],
-        "artifacts": artifacts,
-        "data": data,
-        "context": {"summary": None, "compactions": 0, "messages": [], "tokens": 0},
-        "recompute": None,
-    }
+    goal = "LangGraph thread " + thread_id.encode("utf-8", "backslashreplace").decode()
+    return initial_state(task_id, goal, {"langgraph": {"thread_id": thread_id}}, artifacts=artifacts, data=data)

@@ -65,7 +65,7 @@ from overnight.store.blobs import BlobReader
 from overnight.tokens import Tokenizer, tokenizer_for
 from overnight.verify.chain import ChainWriter, utc_now
 from overnight.verify.integrity import BoundedPageCache, LoadedCheckpoint, load_checkpoint, signing_key_from_env
-from overnight.verify.records import FORMAT_VERSION, event
+from overnight.verify.records import artifact_ref, context_info, event, initial_state
 
 try:
     from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
@@ -263,7 +263,7 @@ class OvernightSession:
         spec = loaded.doc.task.spec
         if spec.get("kind") != KIND or spec.get("session_id") != self.session_id:
             raise ConfigError(f"task {self.task_id!r} in {self._store.url} is not the Agents SDK session "
-                              f"{self.session_id!r}", task_id=self.task_id,
+                              f"{self.session_id!r}", task_id=self.task_id, checkpoint_id=checkpoint_id,
                               hint="use another session_id, or another store")
         return loaded
 
@@ -329,18 +329,14 @@ class OvernightSession:
                             session_n=n + 1 if new_session else n)
         writer = chain.blob_writer()
         for name, raw in new.items():
-            items[name] = {"digest": writer.put(raw), "size": len(raw), "step": None, "text": True}
+            items[name] = artifact_ref(writer.put(raw), len(raw), text=True, step=None)
         task_row = None
         if loaded is None:
             spec = {"kind": KIND, "session_id": self.session_id,
                     "route": {"level": "durable", "media": [], "urls": [self._store.url],
                               "reasons": ["an OpenAI Agents SDK session (overnight.adapters.openai_agents)"]}}
             goal = f"OpenAI Agents SDK session {self.session_id!r}"
-            state: dict[str, Any] = {
-                "format": FORMAT_VERSION, "task": {"id": self.task_id, "goal": goal, "spec": spec},
-                "todo": [], "done": [], "artifacts": {},
-                "context": {"summary": None, "compactions": 0, "messages": [], "tokens": 0}, "recompute": None,
-            }
+            state: dict[str, Any] = initial_state(self.task_id, goal, spec)
             task_row = TaskRow(self.task_id, utc_now(), goal, None, dumps_sorted(spec))
         else:
             state = dict(loaded.state_tree)
@@ -483,8 +479,7 @@ class OvernightSession:
             ctx = loaded.state_tree["context"]
             return None, {
                 "items": dict(items[cut:]), "new": {items[cut - 1][0]: raw}, "data": {"next": self._next(loaded)},
-                "context": {"summary": summary["content"], "compactions": ctx["compactions"] + 1, "messages": [],
-                            "tokens": 0},
+                "context": context_info(summary["content"], ctx["compactions"] + 1),
                 "new_session": True,
                 "ev": event("compaction", ref=loaded.id,
                             detail=f"{cut} items ({sum(tokens[:cut])} tokens) -> a {self.count(summary)}-token summary; "

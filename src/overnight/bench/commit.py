@@ -43,7 +43,7 @@ from overnight.codec.canonical import dumps, to_tree
 from overnight.errors import ConfigError
 from overnight.store import Store, open_store
 from overnight.verify.chain import ChainWriter
-from overnight.verify.records import FORMAT_VERSION, event
+from overnight.verify.records import event, initial_state
 
 #: the durable systems :func:`run_commit_bench` can measure, in table order
 SYSTEMS = ("overnight sqlite", "overnight file", "overnight postgres", "LangGraph SqliteSaver",
@@ -149,9 +149,7 @@ def _messages(state_bytes: int, rng: random.Random) -> list[dict[str, Any]]:
 def bench_state(data_tree: Any, task_id: str = "bench") -> dict[str, Any]:
     """A minimal overnight state document (:class:`~overnight.verify.records.TaskState` tree)
     holding ``data_tree`` as the user state."""
-    return {"format": FORMAT_VERSION, "task": {"id": task_id, "goal": "bench", "spec": {}}, "todo": [], "done": [],
-            "artifacts": {}, "data": data_tree,
-            "context": {"summary": None, "compactions": 0, "messages": [], "tokens": 0}, "recompute": None}
+    return initial_state(task_id, "bench", {}, data=data_tree)
 
 
 def drop_pg_schema(url: str, schema: str) -> None:
@@ -299,7 +297,7 @@ def run_commit_bench(n: int = 300, state_kb: float = 10.0, directory: Path | Non
     """
     unknown = [s for s in systems if s not in SYSTEMS + NO_FSYNC_SYSTEMS]
     if unknown:
-        raise ValueError(f"unknown system {unknown[0]!r}; choose from {', '.join(SYSTEMS + NO_FSYNC_SYSTEMS)}")
+        raise ConfigError(f"unknown system {unknown[0]!r}; choose from {', '.join(SYSTEMS + NO_FSYNC_SYSTEMS)}")
     base = Path(directory) if directory is not None else Path.cwd()
     base.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="overnight-bench-", dir=base) as tmp, ExitStack() as stack:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from overnight.errors import BenchFailed
+
 NOOP_SERVER = """
 from mcp.server.mcpserver import MCPServer
 server = MCPServer("noop")
@@ -137,7 +139,7 @@ async def _mcp_rows(repo: Path, store: str, calls: int) -> tuple[list[float], li
                                                             "done": [f"done {i}"] if i % 3 == 0 else None})
                 dt = (time.perf_counter() - t0) * 1000
                 if res.is_error or res.structured_content["unchanged"]:
-                    raise RuntimeError(f"task_checkpoint did not commit: {res.content[0].text}")
+                    raise BenchFailed(f"task_checkpoint did not commit: {res.content[0].text}")
                 if i >= 5:  # warm-up: the first calls load the tokenizer and page caches
                     ck.append(dt)
         async with stdio_client(noop, errlog=devnull) as (r, w), ClientSession(r, w) as s:
@@ -163,7 +165,7 @@ def _run(cmd: list[str], *, stdin: str | None, cwd: Path) -> tuple[float, float]
     dt = (time.perf_counter() - t0) * 1000
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0 or '"decision"' in out.stdout:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {out.stdout} {out.stderr}")
+        raise BenchFailed(f"{' '.join(cmd)} failed: {out.stdout} {out.stderr}")
     cpu = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000
     return dt, cpu
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from overnight.bench.commit import DEFAULT_POSTGRES, langgraph_saver, message_text, open_overnight
+from overnight.errors import BenchFailed, ConfigError
 from overnight.orchestrate.runner import RunEvent, Runner
 from overnight.orchestrate.task import Task
 from overnight.verify.chain import load_head
@@ -141,7 +142,7 @@ def _overnight(system: str, stack: ExitStack, tmpdir: Path, postgres_url: str, s
         loaded, fallback = load_head(store, TASK_ID, "main", key=None)
         ms = (time.perf_counter() - t0) * 1000
         if fallback is not None or loaded.record.seq != head_seq():
-            raise RuntimeError(f"{system}: load_head did not load the head")
+            raise BenchFailed(f"{system}: load_head did not load the head")
         return ms
 
     def session() -> float:
@@ -150,7 +151,7 @@ def _overnight(system: str, stack: ExitStack, tmpdir: Path, postgres_url: str, s
         result = Runner(task, store, handle_signals=False, max_steps=0, on_event=seen.append).run()
         ms = (time.perf_counter() - t0) * 1000
         if result.steps_run or not any(e.kind == "resume" for e in seen):
-            raise RuntimeError(f"{system}: the resume session did not resume ({result.status}, "
+            raise BenchFailed(f"{system}: the resume session did not resume ({result.status}, "
                                f"{result.steps_run} steps run)")
         return ms
 
@@ -185,7 +186,7 @@ def _langgraph(system: str, stack: ExitStack, tmpdir: Path, postgres_url: str, s
         got = saver.get_tuple(thread)
         ms = (time.perf_counter() - t0) * 1000
         if got is None or len(got.checkpoint["channel_values"]["done"]) != len(done):
-            raise RuntimeError(f"{system}: get_tuple did not return the latest checkpoint")
+            raise BenchFailed(f"{system}: get_tuple did not return the latest checkpoint")
         return ms
 
     return grow_to, [(f"{system}: get_tuple", resume)]
@@ -210,12 +211,12 @@ def run_resume_bench(lengths: tuple[int, ...] = (10, 100, 1000), *, reps: int = 
         RuntimeError: a system did not resume what it was given (a bench bug, not a timing).
     """
     if not lengths or list(lengths) != sorted(set(lengths)) or lengths[0] < 2:
-        raise ValueError(f"lengths must be ascending, distinct and at least 2, got {lengths}")
+        raise ConfigError(f"lengths must be ascending, distinct and at least 2, got {lengths}")
     if reps < 1:
-        raise ValueError(f"reps must be at least 1, got {reps}")
+        raise ConfigError(f"reps must be at least 1, got {reps}")
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
-        raise ValueError(f"unknown system {unknown[0]!r}; choose from {', '.join(SYSTEMS)}")
+        raise ConfigError(f"unknown system {unknown[0]!r}; choose from {', '.join(SYSTEMS)}")
     out: list[ResumeSeries] = []
     with ExitStack() as stack:
         for name in systems:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from overnight.bench.commit import DEFAULT_POSTGRES, langgraph_saver, message_text, open_overnight, percentile
+from overnight.errors import BenchFailed, ConfigError
 from overnight.orchestrate.runner import RunEvent, Runner
 from overnight.orchestrate.task import Task
 from overnight.store import location
@@ -191,10 +192,10 @@ def run_storage_bench(steps: int = 500, *, start_kb: float = 500.0, append_kb: f
         ConfigError: the ``postgres`` medium was asked for and the server is unreachable.
     """
     if steps < 2:
-        raise ValueError(f"steps must be at least 2, got {steps}")
+        raise ConfigError(f"steps must be at least 2, got {steps}")
     unknown = [m for m in media if m not in MEDIA]
     if unknown:
-        raise ValueError(f"unknown medium {unknown[0]!r}; choose from {', '.join(MEDIA)}")
+        raise ConfigError(f"unknown medium {unknown[0]!r}; choose from {', '.join(MEDIA)}")
     from langgraph.checkpoint.base import empty_checkpoint
 
     base = Path(directory) if directory is not None else Path.cwd()
@@ -243,7 +244,7 @@ def run_storage_bench(steps: int = 500, *, start_kb: float = 500.0, append_kb: f
                                    message_kb=message_kb, on_state=on_state)
                 result = Runner(task, store, handle_signals=False, on_event=on_event).run()
                 if result.status != "complete" or len(ours.commit_ms) != steps:
-                    raise RuntimeError(f"bench task ended {result.status} after {len(ours.commit_ms)} of {steps} steps")
+                    raise BenchFailed(f"bench task ended {result.status} after {len(ours.commit_ms)} of {steps} steps")
                 ours.stored_bytes = store.stored_bytes()
                 if lg_bytes is not None:
                     lg.stored_bytes = lg_bytes()

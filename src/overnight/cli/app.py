@@ -297,12 +297,18 @@ def show(
     store: Optional[str] = StoreOpt,
     branch: str = BranchOpt,
     as_json: bool = JsonOpt,
+    raw: bool = typer.Option(False, "--raw", help="With --json: include each checkpoint's record as stored "
+                             "(\"record\") and the head's state document (\"state\"); "
+                             "`overnight cat-object DIGEST` prints any object they name."),
 ) -> None:
     """Show a task's chain of checkpoints: seq, checkpoint id, session, step, time, size.
 
     Invalid records (failed verification) are marked and kept for inspection."""
+    if raw and not as_json:
+        render.err.print("[bold red]error:[/] --raw needs --json")
+        raise typer.Exit(EXIT_USAGE)
     try:
-        rep = api.show(task_id, store=store, branch=branch)
+        rep = api.show(task_id, store=store, branch=branch, raw=raw)
     except OvernightError as exc:
         _fail(exc)
     if as_json:
@@ -358,6 +364,29 @@ def cat(
         _fail(exc)
     for note in notes:
         render.err.print(f"[yellow]note:[/] {render.esc(note)}")
+    if output is not None:
+        output.write_bytes(data)
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+
+
+@app.command("cat-object")
+def cat_object(
+    object_digest: str = typer.Argument(..., metavar="DIGEST", help="sha256:<64 hex> (or the 64 hex digits)."),
+    store: Optional[str] = StoreOpt,
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+) -> None:
+    """Print the bytes behind a digest, verified (like `git cat-file -p`): an object's content
+    (decompressed; a chunked blob's chunks joined) or a checkpoint's record body.
+
+    The digests are in `overnight show TASK --json --raw`: a record's "state", the state
+    document's pages, artifacts, the world fingerprint. Exit 3 if the stored bytes do not hash to
+    DIGEST; exit 2 if the store has no such object or checkpoint (or DIGEST is not a digest)."""
+    try:
+        data = api.cat_object(object_digest, store=store)
+    except OvernightError as exc:
+        _fail(exc)
     if output is not None:
         output.write_bytes(data)
     else:

@@ -60,9 +60,9 @@ class Artifact(BaseModel):
     @model_validator(mode="after")
     def _one(self) -> "Artifact":
         if (self.text is None) == (self.path is None):
-            raise ValueError("give exactly one of text and path")
+            raise ConfigError("give exactly one of text and path")
         if self.text is not None and not self.name:
-            raise ValueError("a text artifact needs a name")
+            raise ConfigError("a text artifact needs a name")
         return self
 
 

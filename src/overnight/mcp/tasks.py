@@ -57,7 +57,7 @@ from overnight.store.base import TaskRow
 from overnight.store.blobs import BlobWriter
 from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
 from overnight.verify.integrity import encode_state, signing_key_from_env
-from overnight.verify.records import FORMAT_VERSION, event
+from overnight.verify.records import artifact_ref, context_info, done_entry, event, initial_state
 
 __all__ = ["KIND", "POINTER", "ArtifactIn", "CheckpointResult", "CodingTasks", "ControlPoint", "Resumed",
            "read_pointer", "render_control_point", "write_pointer"]
@@ -304,9 +304,9 @@ def _todo_entry(name: str) -> dict[str, Any]:
 
 
 def _done_entry(name: str, seq: int, session: int, now: str) -> dict[str, Any]:
-    return {"name": name, "fn": AGENT_FN, "key": step_key(AGENT_FN, "1", name, {}), "version": "1", "args": {}, "output": None, "reads": {}, "writes": [], "added_by": None, "produced": {},
-            "seq": seq, "session": session, "started_at": now, "duration_ms": 0.0, "tokens_in": 0, "tokens_out": 0,
-            "replayed_tokens": 0}
+    return done_entry(name=name, fn=AGENT_FN, key=step_key(AGENT_FN, "1", name, {}), version="1", args={}, output=None,
+                      reads={}, writes=[], added_by=None, produced={}, seq=seq, session=session, started_at=now,
+                      duration_ms=0.0)
 
 
 class CodingTasks:
@@ -420,10 +420,11 @@ class CodingTasks:
         list. ``inputs``: project files whose changes count as drift; ``env``: variable names
         recorded as keyed digests. Makes it the project's current task (:data:`POINTER`)."""
         if not isinstance(goal, str) or not goal.strip():
-            raise ConfigError("goal must be a non-empty string", hint="one sentence saying what the task is for")
+            raise ConfigError("goal must be a non-empty string", hint="one sentence saying what the task is for",
+                              task_id=task_id)
         plan = _clean(plan, "plan", task_id) or []
         if criticality not in CRITICALITY:
-            raise ConfigError(f"criticality must be one of {', '.join(CRITICALITY)}, not {criticality!r}")
+            raise ConfigError(f"criticality must be one of {', '.join(CRITICALITY)}, not {criticality!r}", task_id=task_id)
         span = None
         if expected_span is not None:
             span = parse_span(expected_span)
@@ -437,10 +438,8 @@ class CodingTasks:
                 "route": {"level": "durable", "media": [], "urls": [s.url],
                           "reasons": ["a coding-agent task (overnight mcp / hooks): a checkpoint per tool call or "
                                       "hook, each with the project's world fingerprint"]}}
-        state = {"format": FORMAT_VERSION, "task": {"id": task_id, "goal": goal.strip(), "spec": spec},
-                 "todo": [_todo_entry(n) for n in _unique(plan, set())], "done": [], "artifacts": {},
-                 "data": to_tree({"decisions": []}, "state.data"),
-                 "context": {"summary": None, "compactions": 0, "messages": [], "tokens": 0}, "recompute": None}
+        state = initial_state(task_id, goal.strip(), spec, todo=[_todo_entry(n) for n in _unique(plan, set())],
+                              data=to_tree({"decisions": []}, "state.data"))
         chain = ChainWriter(s, task_id, "main", key=self.key, session_id=self.session_id, session_n=1)
         writer = chain.blob_writer()
         fp, now_world = self._fingerprint(writer, spec)
@@ -526,12 +525,12 @@ class CodingTasks:
             added = []
             for a in artifacts or []:
                 name, data, text = self._artifact(a, root, task_id)
-                ref = {"digest": writer.put(data), "size": len(data), "text": text, "step": None}
+                ref = artifact_ref(writer.put(data), len(data), text=text, step=None)
                 if arts.get(name) != ref:
                     added.append(name)
                 arts[name] = ref
             for name, data in (blobs or {}).items():
-                ref = {"digest": writer.put(data), "size": len(data), "text": True, "step": None}
+                ref = artifact_ref(writer.put(data), len(data), text=True, step=None)
                 if arts.get(name) != ref:
                     added.append(name)
                 arts[name] = ref
@@ -549,11 +548,9 @@ class CodingTasks:
             data = from_tree(old["data"], "state.data") if old["data"] is not None else {}
             if decisions:
                 data = {**data, "decisions": [*data.get("decisions", []), *decisions]}
-            ctx = dict(old["context"])
-            if notes is not None:
-                ctx["summary"] = notes.strip() or None
-            if compaction:
-                ctx["compactions"] = ctx["compactions"] + 1
+            old_ctx = old["context"]
+            ctx = context_info(old_ctx["summary"] if notes is None else notes.strip() or None,
+                               old_ctx["compactions"] + (1 if compaction else 0), old_ctx["messages"], old_ctx["tokens"])
             state = {**old, "todo": todo_list, "done": done_list, "artifacts": dict(sorted(arts.items())),
                      "data": to_tree(data, "state.data"), "context": ctx}
             fp, now_world = self._fingerprint(writer, spec)

@@ -20,6 +20,7 @@ from overnight.store.base import Store
 from overnight.verify.drift import DEFAULT_POLICIES, DriftReport, WorldNow, affected_steps, detect, rebaseline
 from overnight.verify.fingerprint import COMPONENTS, WorldSpec, world
 from overnight.verify.integrity import LoadedCheckpoint, load_checkpoint
+from overnight.verify.records import recompute_info, todo_entry
 
 
 def world_spec(task: Task, salt: bytes, model: dict[str, Any] | None = None) -> WorldSpec:
@@ -173,14 +174,14 @@ def begin_recompute(store: Store, head: LoadedCheckpoint, state: dict[str, Any],
         if parent is not None:
             before = load_checkpoint(store, parent, key=key, deep=False).state_tree
             data, artifacts = before["data"], before["artifacts"]
-    again = [{"name": d["name"], "fn": d["fn"], "args": d["args"], "added_by": d["added_by"],
-              "previous": {**d["produced"], "reads": d["reads"], "version": d["version"], "seq": d["seq"],
-                           "checkpoint": commits.get(d["name"]), "direct": d["name"] in direct}}
+    again = [todo_entry(d["name"], d["fn"], d["args"], added_by=d["added_by"],
+                        previous={**d["produced"], "reads": d["reads"], "version": d["version"], "seq": d["seq"],
+                                  "checkpoint": commits.get(d["name"]), "direct": d["name"] in direct})
              for d in done[i0:]]
     names = {e["name"] for e in again}
     return {**state, "done": done[:i0], "todo": again + [e for e in state["todo"] if e["name"] not in names],
             "data": data, "artifacts": artifacts,
-            "recompute": {"dirty_steps": [], "dirty_state": [], "dirty_artifacts": []}}
+            "recompute": recompute_info()}
 
 
 def _newest_matching(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, Any], components: set[str],

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from overnight.codec.canonical import dumps_sorted, from_tree
 from overnight.codec.digest import sha256
-from overnight.errors import SpecError
+from overnight.errors import EncodeError, SpecError
 from overnight.orchestrate.task import default_step_name, todo_entry
 from overnight.verify.fingerprint import MISSING, digest_path, installed, keyed, listing_digest, normalize, source_digest
 
@@ -146,16 +146,18 @@ class StepContext:
         if not isinstance(name, str) or not name:
             raise SpecError(f"artifact name must be a non-empty str, got {name!r}", task_id=self.task_id)
         if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"write_artifact({name!r}) takes bytes, got {type(data).__name__}"
-                            + ("; use write_text for str" if isinstance(data, str) else ""))
+            raise EncodeError(f"write_artifact({name!r}) takes bytes, got {type(data).__name__}"
+                              + ("; use write_text for str" if isinstance(data, str) else ""), path=name,
+                              type_name=type(data).__name__, task_id=self.task_id)
         self._artifacts[name] = (bytes(data), False)
 
     def write_text(self, name: str, text: str) -> None:
         """Stage a text artifact, stored as UTF-8 (lone surrogates kept, so it reads back exactly)."""
         if not isinstance(text, str):
-            raise TypeError(f"write_text({name!r}) takes str, got {type(text).__name__} ({text!r:.60})"
-                            + ("; use write_artifact for bytes" if isinstance(text, (bytes, bytearray)) else
-                               "; convert it first, e.g. str(value) or json.dumps(value)"))
+            raise EncodeError(f"write_text({name!r}) takes str, got {type(text).__name__} ({text!r:.60})"
+                              + ("; use write_artifact for bytes" if isinstance(text, (bytes, bytearray)) else
+                                 "; convert it first, e.g. str(value) or json.dumps(value)"), path=name,
+                              type_name=type(text).__name__, task_id=self.task_id)
         self.write_artifact(name, text.encode("utf-8", "surrogatepass"))
         self._artifacts[name] = (self._artifacts[name][0], True)
 
@@ -264,7 +266,7 @@ class StepContext:
             raise SpecError(f"add_step: task {self.task_id!r} has no step function {fn!r}", task_id=self.task_id,
                             hint=f"register it with @task.step (known: {', '.join(sorted(self._runner.task.steps))})")
         if position not in ("next", "end"):
-            raise SpecError(f"add_step: position must be 'next' or 'end', got {position!r}")
+            raise SpecError(f"add_step: position must be 'next' or 'end', got {position!r}", task_id=self.task_id)
         step_name = name or default_step_name(fn, args)
         entry = todo_entry(step_name, fn, args, self.step)
         existing = self._runner.find_step(step_name) or next(

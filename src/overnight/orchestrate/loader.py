@@ -187,14 +187,14 @@ def load_task(entry: str, *, task_id: str | None = None) -> Task:
     if _is_path(target):
         path = Path(target).expanduser().resolve()
         if not path.is_file():
-            raise ConfigError(f"task file {target} does not exist")
+            raise ConfigError(f"task file {target} does not exist", task_id=task_id)
         module = _load_module(path)
         origin = str(path)
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
-            raise ConfigError(f"cannot import task module {target!r}: {exc}") from exc
+            raise ConfigError(f"cannot import task module {target!r}: {exc}", task_id=task_id) from exc
         origin = target
     tasks = {k: v for k, v in vars(module).items() if isinstance(v, Task)}
     if attr:
@@ -202,22 +202,23 @@ def load_task(entry: str, *, task_id: str | None = None) -> Task:
         if not hasattr(module, attr) and len(by_id) == 1:
             attr = by_id[0]  # FILE.py:TASK_ID works too
         if not hasattr(module, attr):
-            raise ConfigError(f"{origin} has no task named {attr!r} (as a variable or a task id)",
+            raise ConfigError(f"{origin} has no task named {attr!r} (as a variable or a task id)", task_id=task_id,
                               hint="tasks there: " + (", ".join(f"{k} (id {v.id})" for k, v in tasks.items()) or "none"))
         obj = getattr(module, attr)
     else:
         if not tasks:
-            raise ConfigError(f"{origin} defines no overnight.Task at module level",
+            raise ConfigError(f"{origin} defines no overnight.Task at module level", task_id=task_id,
                               hint="define task = overnight.Task(...) in the file (a factory: FILE.py:make_task)")
         if len(tasks) > 1:
-            raise ConfigError(f"{origin} defines {len(tasks)} tasks ({', '.join(tasks)}); name one as FILE.py:NAME")
+            raise ConfigError(f"{origin} defines {len(tasks)} tasks ({', '.join(tasks)}); name one as FILE.py:NAME",
+                              task_id=task_id)
         attr, obj = next(iter(tasks.items()))
     if not isinstance(obj, Task) and callable(obj):
         obj = obj(task_id=task_id) if task_id is not None else obj()
     if not isinstance(obj, Task):
-        raise ConfigError(f"{origin}:{attr} is not an overnight.Task")
+        raise ConfigError(f"{origin}:{attr} is not an overnight.Task", task_id=task_id)
     if task_id is not None and obj.id != task_id:
-        raise ConfigError(f"{origin}:{attr} defines task {obj.id!r}, not {task_id!r}")
+        raise ConfigError(f"{origin}:{attr} defines task {obj.id!r}, not {task_id!r}", task_id=task_id)
     obj.entry = obj.entry or recorded_entry(f"{origin}:{attr}")
     return obj
 

@@ -71,7 +71,14 @@ from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
 from overnight.verify.drift import WorldNow, changed_products, parse_policies, reads_dirty, world_reads_changed
 from overnight.verify.fingerprint import digest_path, model_identity, model_label, normalize, world
 from overnight.verify.integrity import LoadedCheckpoint, encode_state, load_checkpoint, signing_key_from_env
-from overnight.verify.records import FORMAT_VERSION, event
+from overnight.verify.records import (
+    artifact_ref,
+    context_info,
+    done_entry,
+    event,
+    initial_state,
+    recompute_info,
+)
 
 
 LOG = logging.getLogger("overnight.runner")
@@ -288,7 +295,7 @@ class Runner:
         ctx = self.state["context"]
         messages = [*ctx["messages"], *exchanges]
         tokens = ctx["tokens"] + sum(count_messages(ex, self.tokenizer) for ex in exchanges)
-        return {**ctx, "messages": messages, "tokens": tokens}
+        return context_info(ctx["summary"], ctx["compactions"], messages, tokens)
 
     def _compact(self) -> None:
         """Summarise this session's exchanges, commit that as a checkpoint, then start a new session."""
@@ -298,8 +305,7 @@ class Runner:
                    "window; each call carried only what fits); a summary replaces them")
         summary, gw = summarize(self, ctx["messages"], f"compaction:{self.head}")
         self._count(gw)
-        self.state = {**self.state, "context": {"summary": summary.text, "compactions": ctx["compactions"] + 1,
-                                                "messages": [], "tokens": 0}}
+        self.state = {**self.state, "context": context_info(summary.text, ctx["compactions"] + 1)}
         n = self.session_n
         self._commit(self.chain.blob_writer(), event(
             "compaction", detail=f"{ctx['tokens']} tokens of session {n} -> a {summary.tokens_out}-token summary; "
@@ -396,9 +402,9 @@ class Runner:
         dirty = self.state["recompute"]
         if not any(e.get("previous") for e in self.state["todo"]):
             return None
-        return {"dirty_steps": sorted(set(dirty["dirty_steps"]) | ({entry["name"]} if changed["output"] else set())),
-                "dirty_state": sorted(set(dirty["dirty_state"]) | changed["state"]),
-                "dirty_artifacts": sorted(set(dirty["dirty_artifacts"]) | changed["artifacts"])}
+        return recompute_info(sorted(set(dirty["dirty_steps"]) | ({entry["name"]} if changed["output"] else set())),
+                              sorted(set(dirty["dirty_state"]) | changed["state"]),
+                              sorted(set(dirty["dirty_artifacts"]) | changed["artifacts"]))
 
     def _count(self, gw: ModelGateway) -> None:
         for k, v in (("tokens_in", gw.tokens_in), ("tokens_out", gw.tokens_out), ("replayed_tokens", gw.replayed_tokens),
@@ -539,16 +545,8 @@ class Runner:
             spec = self.task.spec()
             spec["route"] = self.route.to_json() if self.route else {"level": self.level, "media": [],
                                                                       "urls": [self.store.url], "reasons": ["not routed"]}
-            self.state = {
-                "format": FORMAT_VERSION,
-                "task": {"id": self.task.id, "goal": self.task.goal, "spec": spec},
-                "todo": self.task.initial_todo(),
-                "done": [],
-                "artifacts": {},
-                "data": to_tree(dict(self.task.data), "state.data"),
-                "context": {"summary": None, "compactions": 0, "messages": [], "tokens": 0},
-                "recompute": None,
-            }
+            self.state = initial_state(self.task.id, self.task.goal, spec, todo=self.task.initial_todo(),
+                                       data=to_tree(dict(self.task.data), "state.data"))
             self.salt = salt_of(self.state)
             spec = canonical_dumps(self.state["task"]["spec"])
             task_row = TaskRow(self.task.id, utc_now(), self.task.goal, self.task.entry, spec)
@@ -824,7 +822,7 @@ class Runner:
             raise
         artifacts = dict(self.state["artifacts"])
         for name, (data, is_text) in ctx._artifacts.items():
-            artifacts[name] = {"digest": writer.put(data), "size": len(data), "text": is_text, "step": entry["name"]}
+            artifacts[name] = artifact_ref(writer.put(data), len(data), text=is_text, step=entry["name"])
         reads = {kind: ({**declared.get(kind, {}), **got} if isinstance(got, dict) else got)
                  for kind, got in ctx.reads.items()}
         reads["state"] = sorted(k for k in ctx._state_reads if isinstance(k, str))
@@ -834,19 +832,18 @@ class Runner:
                     "state": _state_changes(self.state["data"], data_tree),
                     "artifacts": {n: artifacts[n]["digest"] for n in sorted(ctx._artifacts)}}
         gw = ctx.model
-        done_entry = {
-            "name": entry["name"], "fn": entry["fn"], "key": key, "version": sdef.version, "args": entry["args"],
-            "output": output_tree, "reads": reads, "writes": sorted(ctx._artifacts), "added_by": entry["added_by"],
-            "produced": produced,
-            "seq": self.chain.seq + 1,
-            "session": self.session_n, "started_at": started_at, "duration_ms": round(duration_ms, 3),
-            "tokens_in": gw.tokens_in, "tokens_out": gw.tokens_out, "replayed_tokens": gw.replayed_tokens,
-        }
+        done = done_entry(
+            name=entry["name"], fn=entry["fn"], key=key, version=sdef.version, args=entry["args"],
+            output=output_tree, reads=reads, writes=sorted(ctx._artifacts), added_by=entry["added_by"],
+            produced=produced, seq=self.chain.seq + 1, session=self.session_n, started_at=started_at,
+            duration_ms=round(duration_ms, 3), tokens_in=gw.tokens_in, tokens_out=gw.tokens_out,
+            replayed_tokens=gw.replayed_tokens,
+        )
         todo = _replan(self.state["todo"][1:], entry["name"], ctx._added, ctx._planned) + ctx._added_end
         self.state = {
             **self.state,
             "todo": todo,
-            "done": self.state["done"] + [done_entry],
+            "done": self.state["done"] + [done],
             "artifacts": artifacts,
             "data": data_tree,
             "context": self._context_with(self._pending_context),

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from overnight.codec.canonical import dumps, encode, to_tree
 from overnight.errors import ConfigError, SpecError
+from overnight.verify import records
 
 CRITICALITY = ("normal", "important", "critical")
 _SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr|d|day|days|w|week|weeks)?\s*$")
@@ -278,9 +279,8 @@ class Task:
 
 
 def todo_entry(name: str, fn_name: str, args: dict[str, Any], added_by: str | None) -> dict[str, Any]:
-    """A todo entry as stored (:class:`~overnight.verify.records.TodoEntry` fields)."""
-    return {"name": name, "fn": fn_name, "args": to_tree(args, f"step {fn_name!r} args"), "added_by": added_by,
-            "previous": None}
+    """A todo entry as stored (:class:`~overnight.verify.records.TodoEntry`, validated)."""
+    return records.todo_entry(name, fn_name, to_tree(args, f"step {fn_name!r} args"), added_by=added_by)
 
 
 @dataclass

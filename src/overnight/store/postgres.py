@@ -120,10 +120,10 @@ def parse_url(url: str) -> tuple[str, str, dict[str, int]]:
         if key in ours:
             try:
                 options[key] = int(ours[key])
-                if options[key] < 1:
-                    raise ValueError
             except ValueError:
-                raise ConfigError(f"store URL {url!r}: {key} must be a positive integer") from None
+                options[key] = 0
+            if options[key] < 1:
+                raise ConfigError(f"store URL {url!r}: {key} must be a positive integer")
     conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(rest), ""))
     return conninfo, schema, options
 

@@ -30,7 +30,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from overnight.errors import StoreSchemaMismatch, StoreVersionError
+from overnight.errors import ConfigError, StoreSchemaMismatch, StoreVersionError
 
 
 @dataclass(frozen=True)
@@ -152,9 +152,10 @@ _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
 def quote_schema(schema: str) -> str:
-    """``"schema"``; raises ValueError unless it is a plain identifier of at most 63 characters."""
+    """``"schema"``; raises :class:`~overnight.errors.ConfigError` (a ``ValueError``) unless it is
+    a plain identifier of at most 63 characters."""
     if not _SCHEMA_NAME.match(schema):
-        raise ValueError(f"schema name {schema!r} must be letters, digits and _ (at most 63, not starting with a digit)")
+        raise ConfigError(f"schema name {schema!r} must be letters, digits and _ (at most 63, not starting with a digit)")
     return f'"{schema}"'
 
 
@@ -162,14 +163,14 @@ def check_migrations(migrations: tuple[Migration, ...]) -> int:
     """Validate the list (versions 1..n in order, no ``CONCURRENTLY``); returns n.
 
     Raises:
-        ValueError: the list is malformed.
+        ConfigError: the list is malformed.
     """
     for i, m in enumerate(migrations, start=1):
         if m.version != i:
-            raise ValueError(f"migration #{i} has version {m.version}; versions must be 1, 2, 3, ...")
+            raise ConfigError(f"migration #{i} has version {m.version}; versions must be 1, 2, 3, ...")
         for statement in m.statements:
             if re.search(r"\bCONCURRENTLY\b", statement, re.IGNORECASE):
-                raise ValueError(f"migration {m.version} uses CONCURRENTLY, which cannot run inside the "
+                raise ConfigError(f"migration {m.version} uses CONCURRENTLY, which cannot run inside the "
                                  "migration transaction")
     return len(migrations)
 

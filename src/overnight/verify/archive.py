@@ -316,7 +316,8 @@ def ensure_hot(store: Store, task_id: str, checkpoint_id: str) -> bool:
         return False
     _, _, row = hit
     if row.task_id != task_id:
-        raise ConfigError(f"checkpoint {short_id(checkpoint_id)} belongs to task {row.task_id!r}", task_id=task_id)
+        raise ConfigError(f"checkpoint {short_id(checkpoint_id)} belongs to task {row.task_id!r}", task_id=task_id,
+                          checkpoint_id=checkpoint_id)
     needs = sorted(Reach(store).checkpoint(row))
     for i in range(0, len(needs), 500):
         found = store.get_objects(needs[i : i + 500])

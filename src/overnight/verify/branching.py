@@ -190,7 +190,7 @@ def merge(store: Store, task_id: str, source: str, *, into: str = "main", prefer
         TaskBusy: a run holds ``into``.
     """
     if prefer not in (None, "ours", "theirs"):
-        raise ConfigError(f"prefer must be 'ours' or 'theirs', got {prefer!r}")
+        raise ConfigError(f"prefer must be 'ours' or 'theirs', got {prefer!r}", task_id=task_id)
     with _Leased(store, task_id, into) as lease:
         ref = store.get_ref(task_id, into)  # the compare-and-swap below expects exactly this
         ours, _ = load_head(store, task_id, into, key=key, deep=True)

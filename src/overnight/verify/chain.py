@@ -34,7 +34,15 @@ from overnight.verify.ditto import CopyPolicy, HealingReader
 from overnight.verify.integrity import LoadedCheckpoint, encode_record, encode_state, load_checkpoint, parse_record
 from overnight.verify.keys import HighWater, Mark
 from overnight.verify.pages import PageWriter, artifact_pages, done_pages, todo_pages
-from overnight.verify.records import FORMAT_VERSION
+from overnight.verify.records import (
+    ARTIFACT_PAGE,
+    DONE_PAGE_SCHEMA,
+    FORMAT_VERSION,
+    TODO_PAGE,
+    CheckpointRecord,
+    StateDoc,
+    validated,
+)
 from overnight.verify.rollback import store_identity
 
 
@@ -269,12 +277,16 @@ class ChainWriter:
         self.head = loaded.id
         self.ref_head = fallback.head_id if fallback else loaded.id
         self.seq = loaded.record.seq
+        # a page upgraded from an older format is not reused: the next commit writes it anew
         for p in loaded.todo_pages:
-            self._todo.seed(p.tree, p.ref)
+            if not p.migrated:
+                self._todo.seed(p.tree, p.ref)
         for p in loaded.done_pages:
-            self._done.seed(p.tree, p.ref)
+            if not p.migrated:
+                self._done.seed(p.tree, p.ref)
         for p in loaded.artifact_pages:
-            self._artifacts.seed(p.tree, p.ref)
+            if not p.migrated:
+                self._artifacts.seed(p.tree, p.ref)
 
     def _prewrite(self, objects: list[Any]) -> list[Any]:
         """Store a large commit's objects ahead of it, in batches of about :data:`PREWRITE_BYTES`;
@@ -318,17 +330,25 @@ class ChainWriter:
 
         Returns the new checkpoint id. Durable when it returns.
 
+        The record, the state document and every page encoded anew are validated against
+        :mod:`overnight.verify.records` before anything is written.
+
         Raises:
+            RecordInvalid: ``state``, ``event`` or ``fingerprint`` does not match the record format.
             StaleHead: the branch moved since this writer last read or wrote it.
             LeaseLost: ``lease`` was taken over.
         """
         writer = writer or self.blob_writer()
+        ids = {"task_id": self.task_id, "checkpoint_id": self.head}
         doc_refs = {
-            "todo": self._todo.refs(todo_pages(state["todo"]), writer),
-            "done": self._done.refs(done_pages(state["done"]), writer),
-            "artifacts": self._artifacts.refs(artifact_pages(state["artifacts"]), writer),
+            "todo": self._todo.refs(todo_pages(state["todo"]), writer, TODO_PAGE, "todo page", **ids),
+            "done": self._done.refs(done_pages(state["done"]), writer, DONE_PAGE_SCHEMA, "done page", **ids),
+            "artifacts": self._artifacts.refs(artifact_pages(state["artifacts"]), writer, ARTIFACT_PAGE,
+                                              "artifact page", **ids),
         }
-        state_bytes = encode_state({**state, **doc_refs})
+        doc = {**state, **doc_refs}
+        validated(StateDoc, doc, "state document", **ids)
+        state_bytes = encode_state(doc)
         state_digest = writer.put(state_bytes)
         created_at = utc_now()
         record = {
@@ -343,6 +363,7 @@ class ChainWriter:
             "state": {"digest": state_digest, "size": len(state_bytes)},
             "fingerprint": fingerprint,
         }
+        validated(CheckpointRecord, record, "checkpoint record", **ids)
         body = encode_record(record)
         cid = digest.sha256(body)
         row = CheckpointRow(
@@ -359,6 +380,8 @@ class ChainWriter:
         if sum(len(o.data) for o in objects) > PREWRITE_BYTES:
             objects = self._prewrite(objects)
         _retry_busy(lambda: self.store.commit(Commit(row, self.ref_head, objects, rows, lease, task_row)))
+        for pages in (self._todo, self._done, self._artifacts):
+            pages.accept()
         roots = [state_digest, *(r["digest"] for k in ("todo", "done", "artifacts") for r in doc_refs[k]["pages"]),
                  *(a["digest"] for a in state["artifacts"].values())]
         if fingerprint is not None:

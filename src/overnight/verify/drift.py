@@ -28,7 +28,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from overnight.errors import ConfigError
+from overnight.errors import ConfigError, SchemaError
 from overnight.verify.fingerprint import (
     COMPONENTS,
     MISSING,
@@ -173,7 +173,8 @@ class WorldNow:
             elif kind == "model":
                 self._cache[k] = model_label(self.model)
             else:
-                raise ValueError(kind)
+                raise SchemaError(f"a done step's reads name an unknown kind {kind!r} (key {key!r})",
+                                  hint="the record was not written by this overnight")
         return self._cache[k]
 
 
@@ -336,10 +337,12 @@ def world_reads_changed(reads: dict[str, Any], now_of: Callable[[str, str, Any],
 
 
 def reads_dirty(reads: dict[str, Any], dirty: dict[str, Any]) -> bool:
-    """Did a step read an output, a state key or an artifact that a recompute pass changed?"""
+    """Did a step read an output, a state key or an artifact that a recompute pass changed?
+    (``reads.state`` ``["*"]``: unknown -- a record upgraded from format 1 -- any change counts.)"""
     state = set(reads.get("state", []))
     return bool(set(reads.get("steps", [])) & set(dirty["dirty_steps"])
                 or state & set(dirty["dirty_state"]) or (state and "*" in dirty["dirty_state"])
+                or ("*" in state and bool(dirty["dirty_state"]))
                 or set(reads.get("artifacts", {})) & set(dirty["dirty_artifacts"]))
 
 

@@ -35,6 +35,7 @@ from typing import Any
 from overnight.codec import digest
 from overnight.codec.canonical import dumps, dumps_sorted, loads
 from overnight.codec.compress import compress, decompress
+from overnight.errors import ConfigError
 from overnight.store.blobs import BlobReader
 from overnight.store.sqlite import SQLiteStore
 
@@ -177,14 +178,14 @@ class Faults:
                     return bad
             except Exception:  # noqa: BLE001 - does not decode: damaged
                 return bad
-        raise RuntimeError("could not damage the object's content")
+        raise ConfigError("could not damage the object's content in 100 tries", hint="try another seed or kind")
 
     # -- inject ---------------------------------------------------------------------------------
 
     def inject(self, kind: str, task_id: str, branch: str = "main") -> Injected:
         """Damage the head of ``task_id``/``branch`` in the way ``kind`` names."""
         if kind not in KINDS:
-            raise ValueError(f"unknown fault kind {kind!r}; one of {KINDS}")
+            raise ConfigError(f"unknown fault kind {kind!r}; one of {KINDS}", task_id=task_id)
         store = SQLiteStore(self.path)
         db = self._db()
         try:

@@ -182,7 +182,7 @@ def collect(
     """
     for name, value in (("keep_last", keep_last), ("older_than", older_than_s), ("grace", grace_s)):
         if value is not None and value < 0:
-            raise ConfigError(f"gc: {name} must not be negative (got {value})")
+            raise ConfigError(f"gc: {name} must not be negative (got {value})", task_id=task_id)
     t0 = time.monotonic()
     # through the archive catalog always: a lineage may run through archived checkpoints
     store = tiered(store, own=False)

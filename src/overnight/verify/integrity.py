@@ -50,9 +50,13 @@ from overnight.verify.ditto import Heal, HealingReader
 from overnight.verify.ditto import get_checkpoint as ditto_checkpoint
 from overnight.verify.fingerprint import WORLD_FORMAT
 from overnight.verify.keys import signing_key_from_env  # noqa: F401 (re-exported)
-from overnight.verify.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade
+from overnight.verify.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade, upgrade_entries
 from overnight.verify.records import (
+    ARTIFACT_PAGE,
     DONE_PAGE,
+    DONE_PAGE_SCHEMA,
+    TODO_PAGE,
+    WORLD,
     ArtifactRef,
     BlobRef,
     CheckpointRecord,
@@ -61,6 +65,7 @@ from overnight.verify.records import (
     TaskState,
     TodoEntry,
     WorldDoc,
+    validation_summary,
 )
 
 
@@ -72,6 +77,9 @@ class Page:
     ref: dict[str, Any]
     tree: Any
     entries: Any
+    migrated: bool = False
+    """The entries were upgraded from an older format (``tree`` is not what ``ref``'s bytes hold):
+    a writer must encode the page again rather than reuse ``ref``."""
 
 
 PageCache = dict[str, Page]
@@ -99,10 +107,10 @@ class BoundedPageCache(OrderedDict[str, Page]):
         while len(self) > self.limit:
             self.popitem(last=False)
 
-_DONE_PAGE = TypeAdapter(list[DoneEntry])
-_TODO_PAGE = TypeAdapter(list[TodoEntry])
-_WORLD = TypeAdapter(WorldDoc)
-_ARTIFACT_PAGE = TypeAdapter(dict[str, ArtifactRef])
+_DONE_PAGE = DONE_PAGE_SCHEMA
+_TODO_PAGE = TODO_PAGE
+_WORLD = WORLD
+_ARTIFACT_PAGE = ARTIFACT_PAGE
 
 
 @dataclass(frozen=True)
@@ -159,17 +167,12 @@ def encode_state(doc_tree: dict[str, Any]) -> bytes:
     return dumps(doc_tree)
 
 
-def _validation_summary(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
-        parts.append(f"{loc}: {err['msg'].lower()}")
-    more = len(exc.errors()) - 5
-    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+_validation_summary = validation_summary
 
 
-def _parse(data: bytes, what: str, encoder: Any, migrations: dict, ids: dict[str, Any]) -> Any:
+def _parse(data: bytes, what: str, encoder: Any, migrations: dict, ids: dict[str, Any]) -> tuple[Any, int]:
     """Parse strictly, refuse a newer format, require the canonical encoding, migrate older ones.
+    Returns ``(upgraded tree, format as stored)``.
 
     Other bytes for the same tree (reordered or duplicated members, whitespace, other escapes)
     mean the record was not written by overnight: it is refused even if its digest matches.
@@ -185,7 +188,7 @@ def _parse(data: bytes, what: str, encoder: Any, migrations: dict, ids: dict[str
         canonical = False
     if not canonical:
         raise SchemaError(f"{what} is not in canonical form (members reordered, duplicated or re-spaced)", **ids)
-    return upgraded
+    return upgraded, tree["format"]
 
 
 def parse_record(row: CheckpointRow, *, key: bytes | None) -> CheckpointRecord:
@@ -194,7 +197,7 @@ def parse_record(row: CheckpointRow, *, key: bytes | None) -> CheckpointRecord:
     if digest.sha256(row.body) != row.checkpoint_id:
         raise DigestMismatch(f"checkpoint {short_id(row.checkpoint_id)} body does not match its digest", **ids)
     what = f"checkpoint {short_id(row.checkpoint_id)}"
-    tree = _parse(row.body, what, dumps_sorted, RECORD_MIGRATIONS, ids)
+    tree, _ = _parse(row.body, what, dumps_sorted, RECORD_MIGRATIONS, ids)
     try:
         record = CheckpointRecord.model_validate(tree)
     except ValidationError as exc:
@@ -270,7 +273,7 @@ def load_checkpoint(
         return raw
 
     where = f"{cp} state"
-    tree = _parse(read(record.state.digest, record.state.size, where), where, dumps, STATE_MIGRATIONS, ids)
+    tree, stored_format = _parse(read(record.state.digest, record.state.size, where), where, dumps, STATE_MIGRATIONS, ids)
     try:
         doc = StateDoc.model_validate(tree)
     except ValidationError as exc:
@@ -278,26 +281,29 @@ def load_checkpoint(
     if doc.task.id != record.task_id:
         raise SchemaError(f"{where} belongs to task {doc.task.id!r}, not {record.task_id!r}", **ids)
 
-    def page(ref: BlobRef, what: str, adapter: TypeAdapter) -> Page:
-        cached = pages.get(ref.digest)
+    def page(ref: BlobRef, what: str, adapter: TypeAdapter, collection: str | None = None) -> Page:
+        # a page read for an older state document is cached apart: its entries were upgraded
+        cache_key = ref.digest if stored_format == doc.format or collection is None else f"{ref.digest}@{stored_format}"
+        cached = pages.get(cache_key)
         if cached is not None:
             return cached
         raw = read(ref.digest, ref.size, what)
         try:
-            tree = loads(raw)
-            if dumps(tree) != raw:
+            stored = loads(raw)
+            if dumps(stored) != raw:
                 raise SchemaError(f"{what} is not in canonical form", **ids)
+            tree = upgrade_entries(stored, collection, stored_format) if collection else stored
             entries = adapter.validate_python(tree)
         except (DecodeError, ValidationError) as exc:
             detail = _validation_summary(exc) if isinstance(exc, ValidationError) else exc.message
             raise SchemaError(f"{what} is incomplete or malformed: {detail}", **ids) from exc
-        found = pages[ref.digest] = Page(ref.model_dump(), tree, entries)
+        found = pages[cache_key] = Page(ref.model_dump(), tree, entries, migrated=tree is not stored)
         return found
 
-    todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE) for i, r in enumerate(doc.todo.pages)]
+    todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE, "todo") for i, r in enumerate(doc.todo.pages)]
     if sum(len(p.tree) for p in todo_pages) != doc.todo.count or any(not p.tree for p in todo_pages):
         raise SchemaError(f"{where} todo pages do not hold the {doc.todo.count} entries the state says", **ids)
-    done_pages = [page(r, f"{cp} done page {i}", _DONE_PAGE) for i, r in enumerate(doc.done.pages)]
+    done_pages = [page(r, f"{cp} done page {i}", _DONE_PAGE, "done") for i, r in enumerate(doc.done.pages)]
     sizes = [len(p.tree) for p in done_pages]
     if sum(sizes) != doc.done.count or any(n != DONE_PAGE for n in sizes[:-1]) or (sizes and not 0 < sizes[-1] <= DONE_PAGE):
         raise SchemaError(f"{where} done pages hold {sizes} entries; the state says {doc.done.count} "

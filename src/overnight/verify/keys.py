@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from overnight.errors import ConfigError
+
 ENV_KEY_BYTES = 32
 """Bytes of a generated per-user environment key (256 bits)."""
 
@@ -97,8 +99,9 @@ def env_key(*, create: bool) -> EnvKey | None:
         if not create:
             return None
     except ValueError:
-        raise OSError(f"environment key file {path} does not hold a hex key; delete it to make a new one "
-                      "(digests recorded with the old key then read `cannot compare`)") from None
+        raise ConfigError(f"environment key file {path} does not hold a hex key",
+                          hint="delete it to make a new one (digests recorded with the old key then read "
+                          "`cannot compare`)") from None
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

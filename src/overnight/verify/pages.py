@@ -14,9 +14,12 @@ import functools
 import hashlib
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
+from overnight.errors import RecordInvalid
 from overnight.store.blobs import BlobWriter
 from overnight.verify.integrity import encode_state
-from overnight.verify.records import DONE_PAGE, PAGE_FANOUT
+from overnight.verify.records import DONE_PAGE, FORMAT_VERSION, PAGE_FANOUT, validation_summary
 
 
 def done_pages(done: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -69,6 +72,7 @@ class PageWriter:
 
     def __init__(self) -> None:
         self._cache: dict[tuple, tuple[dict[str, Any], list[Any]]] = {}
+        self._pending: dict[tuple, tuple[dict[str, Any], list[Any]]] | None = None
 
     @staticmethod
     def _key(page: list | dict) -> tuple:
@@ -82,8 +86,15 @@ class PageWriter:
         """Remember a loaded page's reference (its entries are the objects the state will hold)."""
         self._cache[self._key(page)] = (ref, self._entries(page))
 
-    def refs(self, pages: list[list | dict], writer: BlobWriter) -> dict[str, Any]:
-        """``{"count", "pages"}`` for ``pages``, staging new page blobs in ``writer``."""
+    def refs(self, pages: list[list | dict], writer: BlobWriter, schema: TypeAdapter | None = None,
+             what: str = "page", **ids: Any) -> dict[str, Any]:
+        """``{"count", "pages"}`` for ``pages``, staging new page blobs in ``writer``. Each page
+        encoded anew is first validated against ``schema`` (a page reused was validated when it
+        was written or loaded).
+
+        Raises:
+            RecordInvalid: a new page does not match ``schema`` (``ids``: task, checkpoint).
+        """
         out, count, fresh = [], 0, {}
         for page in pages:
             key, entries = self._key(page), self._entries(page)
@@ -92,9 +103,22 @@ class PageWriter:
             if cached is not None and len(cached[1]) == len(entries) and all(a is b for a, b in zip(cached[1], entries)):
                 ref = cached[0]
             else:
+                if schema is not None:
+                    try:
+                        schema.validate_python(page)
+                    except ValidationError as exc:
+                        raise RecordInvalid(f"{what} does not match record format {FORMAT_VERSION}: "
+                                            f"{validation_summary(exc)}; nothing was written",
+                                            hint="this is a bug in the code that built the record", **ids) from exc
                 raw = encode_state(page)
                 ref = {"digest": writer.put(raw), "size": len(raw)}
             fresh[key] = (ref, entries)
             out.append(ref)
-        self._cache = fresh
+        self._pending = fresh  # reused by the next commit only once this one is stored: :meth:`accept`
         return {"count": count, "pages": out}
+
+    def accept(self) -> None:
+        """The commit that staged the pages of the last :meth:`refs` is stored: the next one may
+        reuse them. (After a failed commit they are not reused: their blobs may not be stored.)"""
+        if self._pending is not None:
+            self._cache, self._pending = self._pending, None

@@ -1,8 +1,17 @@
-"""The checkpoint record and the task state document, as pydantic schemas (format version 1).
+"""The checkpoint record and the task state document, as pydantic schemas (record format 2).
 
 Every field is required: a record missing ``todo``, ``done``, an artifact reference or anything
 else is invalid -- never "resumed with defaults". Unknown fields are refused too. The prose spec,
-with the invariants and the change log, is ``docs/FORMAT.md``.
+with the invariants and the change log, is ``docs/FORMAT.md``; ``tests/test_format_spec.py``
+checks its record tables against these models, so the two cannot drift apart.
+
+Records are validated on write as well as on read: writers build entries and documents with the
+builders below (:func:`todo_entry`, :func:`done_entry`, :func:`artifact_ref`, :func:`event`,
+:func:`context_info`, :func:`recompute_info`, :func:`initial_state`), each of which validates
+through its model and returns the JSON tree that is stored, and
+:meth:`overnight.verify.chain.ChainWriter.commit` validates the record, the state document and
+every page it encodes before anything is written. Records of format 1 are upgraded on load by
+:mod:`overnight.verify.migrate`.
 
 Values that come from user code (step arguments, outputs, user data) appear here as *JSON trees*
 of :mod:`overnight.codec.canonical` (``Any``); they are decoded to Python objects only when a
@@ -13,10 +22,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
-FORMAT_VERSION = 1
-"""Format of checkpoint records and state documents written by this code."""
+from overnight.errors import RecordInvalid
+
+FORMAT_VERSION = 2
+"""Format of checkpoint records and state documents written by this code (format 1 is read and
+upgraded, :mod:`overnight.verify.migrate`)."""
 
 DONE_PAGE = 64
 """Done entries per page blob. Pages are immutable once full, so a checkpoint stores one new
@@ -74,8 +86,12 @@ class Event(_Strict):
 
 def event(kind: str, *, step: str | None = None, key: str | None = None, ref: str | None = None,
           detail: str | None = None) -> dict[str, Any]:
-    """An :class:`Event` as stored (every member present)."""
-    return {"kind": kind, "step": step, "key": key, "ref": ref, "detail": detail}
+    """An :class:`Event` as stored (every member present), validated.
+
+    Raises:
+        RecordInvalid: ``kind`` is not an event kind, or a member is mistyped.
+    """
+    return _tree(Event, {"kind": kind, "step": step, "key": key, "ref": ref, "detail": detail})
 
 
 class Fingerprint(_Strict):
@@ -272,3 +288,92 @@ class TaskState(_Strict):
     data: Any
     context: ContextInfo
     recompute: Recompute | None
+
+
+TODO_PAGE = TypeAdapter(list[TodoEntry])
+"""Schema of a todo page blob."""
+DONE_PAGE_SCHEMA = TypeAdapter(list[DoneEntry])
+"""Schema of a done page blob."""
+ARTIFACT_PAGE = TypeAdapter(dict[str, ArtifactRef])
+"""Schema of an artifact page blob."""
+WORLD = TypeAdapter(WorldDoc)
+"""Schema of a world fingerprint blob."""
+
+
+# --- builders: every record a writer stores is built (and validated) here -------------------------
+
+
+def validation_summary(exc: ValidationError) -> str:
+    """The first five problems of a pydantic validation error, ``loc: message; ...``."""
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg'].lower()}")
+    more = len(exc.errors()) - 5
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def validated(model: type[BaseModel], tree: Any, what: str, *, task_id: str | None = None,
+              checkpoint_id: str | None = None) -> BaseModel:
+    """``model.model_validate(tree)``, raising :class:`~overnight.errors.RecordInvalid` (naming
+    ``what``, the task and the checkpoint written on) instead of pydantic's error."""
+    try:
+        return model.model_validate(tree)
+    except ValidationError as exc:
+        raise RecordInvalid(f"{what} does not match record format {FORMAT_VERSION}: {validation_summary(exc)}; "
+                            "nothing was written", task_id=task_id, checkpoint_id=checkpoint_id,
+                            hint="this is a bug in the code that built the record") from exc
+
+
+def _tree(model: type[BaseModel], tree: dict[str, Any]) -> dict[str, Any]:
+    """Validate ``tree`` as ``model`` and return it as stored: a plain dict of the validated
+    members (values kept as given -- JSON trees are not copied)."""
+    validated(model, tree, model.__name__)
+    return tree
+
+
+def todo_entry(name: str, fn: str, args: Any, *, added_by: str | None = None,
+               previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A :class:`TodoEntry` tree (``args`` a canonical-JSON tree)."""
+    return _tree(TodoEntry, {"name": name, "fn": fn, "args": args, "added_by": added_by, "previous": previous})
+
+
+def done_entry(*, name: str, fn: str, key: str, version: str, args: Any, output: Any, reads: dict[str, Any],
+               writes: list[str], added_by: str | None, produced: dict[str, Any], seq: int, session: int,
+               started_at: str, duration_ms: float, tokens_in: int = 0, tokens_out: int = 0,
+               replayed_tokens: int = 0) -> dict[str, Any]:
+    """A :class:`DoneEntry` tree."""
+    return _tree(DoneEntry, {
+        "name": name, "fn": fn, "key": key, "version": version, "args": args, "output": output, "reads": reads,
+        "writes": writes, "added_by": added_by, "produced": produced, "seq": seq, "session": session,
+        "started_at": started_at, "duration_ms": duration_ms, "tokens_in": tokens_in, "tokens_out": tokens_out,
+        "replayed_tokens": replayed_tokens})
+
+
+def artifact_ref(digest: str, size: int, *, text: bool, step: str | None) -> dict[str, Any]:
+    """An :class:`ArtifactRef` tree."""
+    return _tree(ArtifactRef, {"digest": digest, "size": size, "text": text, "step": step})
+
+
+def context_info(summary: str | None = None, compactions: int = 0, messages: list | None = None,
+                 tokens: int = 0) -> dict[str, Any]:
+    """A :class:`ContextInfo` tree (the empty context by default)."""
+    return _tree(ContextInfo, {"summary": summary, "compactions": compactions,
+                               "messages": [] if messages is None else messages, "tokens": tokens})
+
+
+def recompute_info(dirty_steps: list[str] = (), dirty_state: list[str] = (),  # type: ignore[assignment]
+                   dirty_artifacts: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    """A :class:`Recompute` tree."""
+    return _tree(Recompute, {"dirty_steps": list(dirty_steps), "dirty_state": list(dirty_state),
+                             "dirty_artifacts": list(dirty_artifacts)})
+
+
+def initial_state(task_id: str, goal: str, spec: dict[str, Any], *, todo: list[dict[str, Any]] = (),  # type: ignore[assignment]
+                  data: Any = None, artifacts: dict[str, dict[str, Any]] | None = None,
+                  context: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A task's first state (:class:`TaskState` tree): nothing done, the empty context, no
+    recompute pass. The entries are validated again, with the rest, when committed."""
+    return {"format": FORMAT_VERSION, "task": _tree(TaskInfo, {"id": task_id, "goal": goal, "spec": spec}),
+            "todo": list(todo), "done": [], "artifacts": dict(artifacts or {}), "data": data,
+            "context": context if context is not None else context_info(), "recompute": None}

@@ -66,7 +66,7 @@ class ReplicatedStore:
 
     def __init__(self, media: list[Store], names: list[str] | None = None) -> None:
         if not media:
-            raise ValueError("a replicated store needs at least one medium")
+            raise ConfigError("a replicated store needs at least one medium")
         self.media = list(media)
         self.names = names or [m.url for m in media]
         self.url = "replicated:" + " + ".join(m.url for m in self.media)
@@ -496,10 +496,11 @@ def _heal_checkpoint(src: Store, dst: Store, checkpoint_id: str, key: bytes | No
         except IntegrityError as exc:
             if not exc.object_digest:
                 raise IntegrityError(f"checkpoint {short_id(checkpoint_id)} still fails verification on this medium "
-                                     f"after being rewritten: {exc.message}") from exc
+                                     f"after being rewritten: {exc.message}", task_id=exc.task_id,
+                                     checkpoint_id=checkpoint_id) from exc
             st.objects_copied += _copy_objects(src, dst, [exc.object_digest])
     raise IntegrityError(f"checkpoint {short_id(checkpoint_id)} still does not verify after {max_rounds} repaired "
-                         "objects")
+                         "objects", checkpoint_id=checkpoint_id)
 
 
 def _repair_medium(src: Store, dst: Store, task_row: TaskRow, lineage: list[CheckpointRow], head: str, branch: str,
