@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+from overnight.errors import ConfigError
 from overnight.tokens import DEFAULT_ENCODING, ENCODINGS, Tokenizer, encoding_for_model, tokenizer_for
 
 loads = 0
@@ -42,7 +43,7 @@ class LazyTokenizer:
 
     def __init__(self, encoding: str = DEFAULT_ENCODING) -> None:
         if encoding not in ENCODINGS:
-            raise ValueError(f"not an OpenAI encoding: {encoding!r}")
+            raise ConfigError(f"not an OpenAI encoding: {encoding!r}")
         self.name = encoding
         self._tok: Tokenizer | None = None
         self._lock = threading.Lock()

@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from overnight.errors import BenchFailed
+
 TASK_FILE = '''
 import os, time
 import overnight
@@ -125,7 +127,7 @@ def run_overnight(store: str, *, workers: int, concurrency: int, tasks: int, ste
             if sum(r.status == "complete" for r in rows) >= tasks:
                 break
             if all(p.poll() is not None for p in procs):
-                raise RuntimeError(f"workers exited with {sum(r.status == 'complete' for r in rows)}/{tasks} done")
+                raise BenchFailed(f"workers exited with {sum(r.status == 'complete' for r in rows)}/{tasks} done")
             time.sleep(0.05)
         end_ms = time.time() * 1000
         with_startup = time.perf_counter() - t0
@@ -163,7 +165,7 @@ def takeover_probe(store: str, *, project: Path, lease_s: float) -> float:
     deadline = time.monotonic() + 120
     while len(lines()) < 3:
         if time.monotonic() > deadline:
-            raise RuntimeError("the takeover task did not start")
+            raise BenchFailed("the takeover task did not start")
         time.sleep(0.05)
     second = _workers(project, store, 1, 1, lease_s, extra, "--worker-id", "bench-taker")[0]
     time.sleep(1.0)  # the second worker is up and polling
@@ -177,7 +179,7 @@ def takeover_probe(store: str, *, project: Path, lease_s: float) -> float:
             if new:
                 return round(float(new[0][3]) - killed, 2)
             if time.time() - killed > lease_s * 3 + 60:
-                raise RuntimeError("no takeover")
+                raise BenchFailed("no takeover")
             time.sleep(0.02)
     finally:
         second.send_signal(signal.SIGKILL)
@@ -207,7 +209,7 @@ def run_dbos(pg_url: str, *, workers: int, concurrency: int, tasks: int, steps: 
             deadline = time.monotonic() + 180
             while count("true") == 0:
                 if procs[0].poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("DBOS did not start")
+                    raise BenchFailed("DBOS did not start")
                 time.sleep(0.05)
             procs += [subprocess.Popen([*cmd, "worker", *args, str(i), "0"], env=_env({}),
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -215,7 +217,7 @@ def run_dbos(pg_url: str, *, workers: int, concurrency: int, tasks: int, steps: 
             first = conn.execute(f'SELECT min(created_at) FROM "{schema}".workflow_status').fetchone()[0]
             while count("status = 'SUCCESS' AND queue_name = 'bench'") < tasks:
                 if time.monotonic() > deadline + 600:
-                    raise RuntimeError("DBOS did not finish")
+                    raise BenchFailed("DBOS did not finish")
                 time.sleep(0.05)
             last = conn.execute(f'SELECT max(updated_at) FROM "{schema}".workflow_status').fetchone()[0]
             seconds = (last - first) / 1000

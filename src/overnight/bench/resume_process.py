@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from overnight.errors import BenchFailed, ConfigError
+
 TASK_ID = "bench-resume-process"
 TASK_FILE = "bench_resume_task.py"
 EXIT_ENV = "OVERNIGHT_BENCH_EXIT_AT_STEP"
@@ -169,7 +171,7 @@ def _timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float
     ms = (time.perf_counter() - t0) * 1000
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:4])} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+        raise BenchFailed(f"{' '.join(cmd[:4])} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
     return ms, ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)) * 1000
 
 
@@ -193,9 +195,9 @@ def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *
         RuntimeError: a resume did not stop at its first step, or the chain did not grow.
     """
     if not lengths or list(lengths) != sorted(set(lengths)) or lengths[0] < 3:
-        raise ValueError(f"lengths must be ascending, distinct and at least 3, got {lengths}")
+        raise ConfigError(f"lengths must be ascending, distinct and at least 3, got {lengths}")
     if reps < 1:
-        raise ValueError(f"reps must be at least 1, got {reps}")
+        raise ConfigError(f"reps must be at least 1, got {reps}")
     from overnight.store import open_store
     from overnight.verify.chain import load_head
 
@@ -217,7 +219,7 @@ def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *
             proc = (_cli(directory, env, "run", TASK_FILE, "--max-steps", str(missing - 1)) if have == 0 else
                     _cli(directory, env, "resume", TASK_ID, "--max-steps", str(missing)))
             if proc.returncode not in (0, 75):
-                raise RuntimeError(f"growing the chain to {n} failed (exit {proc.returncode}): {proc.stderr[-500:]}")
+                raise BenchFailed(f"growing the chain to {n} failed (exit {proc.returncode}): {proc.stderr[-500:]}")
             head = store.get_checkpoint(store.get_ref(TASK_ID, "main"))
             have = result.checkpoints[n] = head.seq + 1
             resume = [sys.executable, "-m", "overnight", "resume", TASK_ID, "--store",
@@ -248,7 +250,7 @@ def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *
                 loads.append((time.perf_counter() - t0) * 1000)
             result.samples_ms["load + verify head"][n] = loads
             if store.get_checkpoint(store.get_ref(TASK_ID, "main")).seq + 1 != have:
-                raise RuntimeError("a timed resume committed a step: it did not stop at its first step")
+                raise BenchFailed("a timed resume committed a step: it did not stop at its first step")
     finally:
         store.close()
     return result

@@ -48,7 +48,7 @@ def head_entry(store: Store, task_id: str, branch: str, *, key: bytes | None) ->
         raw = BlobReader(store).get(record.state.digest, what)
         if len(raw) != record.state.size:
             return UNKNOWN
-        tree = _parse(raw, what, dumps, STATE_MIGRATIONS, ids)
+        tree, _ = _parse(raw, what, dumps, STATE_MIGRATIONS, ids)
         doc = StateDoc.model_validate(tree)
         if doc.task.id != record.task_id:
             return UNKNOWN

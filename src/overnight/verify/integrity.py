@@ -60,11 +60,8 @@ from overnight.verify.records import (
     ArtifactRef,
     BlobRef,
     CheckpointRecord,
-    DoneEntry,
     StateDoc,
     TaskState,
-    TodoEntry,
-    WorldDoc,
     validation_summary,
 )
 
