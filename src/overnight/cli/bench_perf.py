@@ -30,7 +30,7 @@ def register(bench_app: typer.Typer) -> None:
         checkpoints) against LangGraph's get_tuple; verify --all throughput (MB/s) against sha256 in
         memory. Writes perf.md, perf.json, commit_latency.png and resume_latency.png into --out."""
         from overnight.bench.perf import DEFAULT, QUICK, run_perf, write_report
-        from overnight.cli.app import _fail, _need_extra
+        from overnight.cli.common import fail as _fail, need_extra as _need_extra
         from overnight.errors import OvernightError
 
         try:
