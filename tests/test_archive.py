@@ -26,10 +26,10 @@ from overnight.codec import digest
 from overnight.errors import ConfigError, IntegrityError, TaskBusy
 from overnight.store import open_store
 from overnight.store.leases import Holder
-from overnight.store.pack import manifest_of
-from overnight.verify.chain import load_head
-from overnight.verify.gc import collect
-from overnight.verify.integrity import load_checkpoint
+from overnight.store.compose.pack import manifest_of
+from overnight.chain.read import load_head
+from overnight.ops.gc import collect
+from overnight.chain.integrity import load_checkpoint
 
 
 def _file(request, tmp_path):

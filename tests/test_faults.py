@@ -12,8 +12,8 @@ import pytest
 import overnight
 from overnight.errors import NoValidCheckpoint
 from overnight.store.sqlite import SQLiteStore
-from overnight.verify.chain import load_head
-from overnight.verify.faults import KINDS, NEEDS_KEY, Faults
+from overnight.chain.read import load_head
+from overnight.testing.faults import KINDS, NEEDS_KEY, Faults
 from overnight.verify.fsck import verify_store
 
 KEY = b"fault-test-key"

@@ -74,7 +74,7 @@ def test_a_planned_step_inserted_in_the_code_runs_in_its_place(tmp_path):
     assert "plan changed: + x before c; - y" in run.stderr
     assert events(ev, "step_start") == status["will_run"]  # the prediction is what ran
     from overnight.store import open_store
-    from overnight.verify.chain import load_head
+    from overnight.chain.read import load_head
 
     with open_store(f"sqlite://{tmp_path}/.overnight/overnight.db") as s:
         head, _ = load_head(s, "planned", "main", key=None)
@@ -131,9 +131,10 @@ def test_a_checkpoint_without_the_model_component_is_not_recorded_not_drift(tmp_
     """World format 1 (before `model` was recorded) loads, and compares as `not recorded`: a
     warning, never drift -- even under --on-drift all=abort."""
     from overnight.store import open_store
-    from overnight.verify.chain import ChainWriter, load_head
-    from overnight.verify.integrity import encode_state
-    from overnight.verify.records import event
+    from overnight.chain.write import ChainWriter
+    from overnight.chain.read import load_head
+    from overnight.chain.integrity import encode_state
+    from overnight.chain.records import event
 
     (tmp_path / "m.py").write_text(MODEL_TASK)
     cli("run", "m.py", "-q", cwd=tmp_path)

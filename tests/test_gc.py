@@ -24,7 +24,7 @@ from overnight.codec.canonical import dumps_sorted, loads
 from overnight.errors import ConfigError, TaskBusy, TaskNotFound
 from overnight.store import open_store
 from overnight.store.base import CheckpointRow, Commit, ObjectRecord
-from overnight.verify.chain import load_head
+from overnight.chain.read import load_head
 
 LABEL = ["main"]
 

@@ -53,14 +53,15 @@ from overnight.errors import (
     StepFailed,
 )
 from overnight.models.extractive import ExtractiveModel
-from overnight.orchestrate.task import todo_entry
+from overnight.run.task import todo_entry
 from overnight.store import open_store
 from overnight.store import layout
 from overnight.store.base import Commit
 from overnight.store.sqlite import _SCHEMA, SQLiteStore
-from overnight.verify.chain import ChainWriter, load_head
-from overnight.verify.faults import KINDS, NEEDS_KEY, Faults
-from overnight.verify.records import event
+from overnight.chain.write import ChainWriter
+from overnight.chain.read import load_head
+from overnight.testing.faults import KINDS, NEEDS_KEY, Faults
+from overnight.chain.records import event
 
 
 def _append(into, loaded, state: dict, ev: dict, *, key: bytes | None) -> str:
@@ -413,7 +414,7 @@ def test_signed_langgraph_thread_refuses_a_forged_head(tmp_path, forger_key):
 
     from overnight.adapters.langgraph import OvernightSaver
     from overnight.errors import ThreadCorrupt
-    from overnight.verify.integrity import load_checkpoint
+    from overnight.chain.integrity import load_checkpoint
 
     url = f"sqlite://{tmp_path / 'lg.db'}"
     cfg = {"configurable": {"thread_id": "t1"}}

@@ -17,7 +17,7 @@ import pytest
 
 from overnight.mcp.tasks import CodingTasks
 from overnight.store.sqlite import SQLiteStore
-from overnight.verify.chain import load_head
+from overnight.chain.read import load_head
 
 from _procs import CLI, env
 

@@ -14,7 +14,7 @@ import pytest
 import overnight
 from conftest import drop_schema
 from overnight.store import open_store
-from overnight.verify.faults import Faults
+from overnight.testing.faults import Faults
 from overnight.verify.fsck import verify_store
 
 STEPS = 6
@@ -227,7 +227,7 @@ def overnight_cli(cwd, *args, env: dict | None = None) -> subprocess.CompletedPr
 
 def _steps_on(url: str, branch: str = "main") -> list[str]:
     """Step names of the first-parent lineage of ``branch`` on one medium, oldest first."""
-    from overnight.verify.reachability import first_parent_chain
+    from overnight.chain.reachability import first_parent_chain
 
     with open_store(url) as s:
         rows = {r.checkpoint_id: r for r in s.list_checkpoints("ledger")}

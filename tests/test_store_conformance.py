@@ -44,7 +44,7 @@ def memory_store(request, tmp_path):
 
 
 def tiered_store(request, tmp_path):
-    from overnight.store.tiered import TieredStore
+    from overnight.store.compose.tiered import TieredStore
 
     return TieredStore(open_store(f"sqlite://{tmp_path / 'hot.db'}"))  # the wrapper every command uses
 

@@ -167,7 +167,7 @@ def test_drift_preview_lists_steps_and_tokens_after_an_input_edit(browser, tmp_p
 
 def _done(site: Path):
     from overnight.store import open_store
-    from overnight.verify.chain import load_head
+    from overnight.chain.read import load_head
 
     with open_store(store_url(site)) as s:
         loaded, _ = load_head(s, "report", "main")

@@ -26,26 +26,26 @@ _EXPORTS = {
     "register_codec": "overnight.codec.registry",
     "register_type": "overnight.codec.registry",
     "OvernightError": "overnight.errors",
-    "StepContext": "overnight.orchestrate.context",
-    "RunEvent": "overnight.orchestrate.runner",
-    "RunResult": "overnight.orchestrate.runner",
-    "Runner": "overnight.orchestrate.runner",
-    "run": "overnight.orchestrate.runner",
-    "Task": "overnight.orchestrate.task",
+    "StepContext": "overnight.run.context",
+    "RunEvent": "overnight.run.runner",
+    "RunResult": "overnight.run.runner",
+    "Runner": "overnight.run.runner",
+    "run": "overnight.run.runner",
+    "Task": "overnight.run.task",
     "open_store": "overnight.store",
 }
 
 if TYPE_CHECKING:
     from overnight.codec.registry import register_codec, register_type
     from overnight.errors import OvernightError
-    from overnight.orchestrate.context import StepContext
-    from overnight.orchestrate.runner import RunEvent, RunResult, Runner, run
-    from overnight.orchestrate.task import Task
+    from overnight.run.context import StepContext
+    from overnight.run.runner import RunEvent, RunResult, Runner, run
+    from overnight.run.task import Task
     from overnight.store import open_store
 
 
-_SUBPACKAGES = ("adapters", "api", "bench", "cli", "codec", "config", "demo", "errors", "hooks", "mcp", "models",
-                "orchestrate", "store", "tokens", "verify")
+_SUBPACKAGES = ("adapters", "api", "bench", "chain", "cli", "codec", "config", "demo", "errors", "hooks", "keys", "mcp",
+                "models", "ops", "run", "store", "testing", "tokens", "units", "verify")
 """Reachable as attributes (``overnight.store``) without an import, as when the exports were eager."""
 
 

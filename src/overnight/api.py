@@ -25,26 +25,26 @@ from overnight.errors import (
     TaskNotFound,
     short_id,
 )
-from overnight.orchestrate.loader import load_stored_task, load_task
-from overnight.orchestrate.router import Route, locate, recorded_route
-from overnight.orchestrate.runner import RunEvent, RunResult, Runner
-from overnight.orchestrate.task import Task
+from overnight.run.loader import load_stored_task, load_task
+from overnight.run.router import Route, locate, recorded_route
+from overnight.run.runner import RunEvent, RunResult, Runner
+from overnight.run.task import Task
 from overnight.store import Store, default_store_url, open_store
 from overnight.store import exists as store_exists
 from overnight.store import location as store_location
 from overnight.store.blobs import BlobReader
-from overnight.store.tiered import TieredStore, tiered
-from overnight.verify import branching
-from overnight.verify import archive as archiving
-from overnight.verify import gc as collecting
-from overnight.verify.archive import ArchiveReport, RestoreReport, ensure_hot
-from overnight.verify.branching import LogEntry, MergeResult
-from overnight.verify.gc import GcReport, RmReport
-from overnight.verify.chain import load_head
+from overnight.store.compose.tiered import TieredStore, tiered
+from overnight.chain import branches as branching
+from overnight.ops import archive as archiving
+from overnight.ops import gc as collecting
+from overnight.ops.archive import ArchiveReport, RestoreReport, ensure_hot
+from overnight.chain.branches import LogEntry, MergeResult
+from overnight.ops.gc import GcReport, RmReport
+from overnight.chain.read import load_head
 from overnight.verify.drift import DriftReport
 from overnight.verify.fsck import VerifyReport, verify_store
-from overnight.verify.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
-from overnight.verify.rollback import find_rollback
+from overnight.chain.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
+from overnight.chain.rollback import find_rollback
 
 
 @contextmanager
@@ -117,8 +117,9 @@ def _opened_store(store: Store | str | None, *, task_id: str | None = None, writ
 
 
 def _medium_for(located: Store, task_id: str, *, write: bool) -> Store:
-    """The store to use for ``task_id`` found by :func:`~overnight.orchestrate.router.locate`."""
-    from overnight.verify.replicas import ReplicatedStore, repair_task
+    """The store to use for ``task_id`` found by :func:`~overnight.run.router.locate`."""
+    from overnight.store.compose.replicated import ReplicatedStore
+    from overnight.ops.repair import repair_task
 
     if not isinstance(located, ReplicatedStore):
         return located
@@ -158,7 +159,7 @@ def parse_duration(value: str | float | int | None, what: str = "duration") -> f
     return seconds
 
 
-# --- loading task code: overnight.orchestrate.loader (re-exported: api.load_task) -------------------
+# --- loading task code: overnight.run.loader (re-exported: api.load_task) -------------------
 
 
 # --- run / resume ------------------------------------------------------------------------------
@@ -200,7 +201,7 @@ def resume(
 ) -> RunResult:
     """Resume a stored task from the latest head of ``branch``, loading its code from the entry
     recorded when it was created (or ``entry`` to override) -- only from inside the project
-    (:mod:`overnight.orchestrate.loader`).
+    (:mod:`overnight.run.loader`).
 
     Raises:
         TaskNotFound: no such task. ConfigError: no code location recorded and none given.
@@ -623,7 +624,7 @@ class StatusReport:
     is then the checkpoint a resume would continue from)."""
     rollback: str | None = None
     """Set when the branch ref was moved back behind a newer record or this machine's high-water
-    mark (:mod:`overnight.verify.rollback`): what it names and what it is older than."""
+    mark (:mod:`overnight.chain.rollback`): what it names and what it is older than."""
 
 
 def _no_code(row: Any, action: str) -> ConfigError:
@@ -685,13 +686,13 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
 def _predict(rep: StatusReport, s: Store, loaded: Any, task: Task, on_drift: str | dict[str, str] | None,
              model: Any) -> None:
     """Fill ``rep`` with the drift against the world now and what a resume would do about it --
-    the same functions the runner calls (:func:`~overnight.orchestrate.consistency.decide`, read
-    only, and :func:`~overnight.orchestrate.task.reconcile_plan`), so the prediction is the run."""
+    the same functions the runner calls (:func:`~overnight.run.drift.decide`, read
+    only, and :func:`~overnight.run.task.reconcile_plan`), so the prediction is the run."""
     from overnight.errors import DriftAbort
-    from overnight.orchestrate.consistency import decide, policies_for, report_for, salt_of, world, world_spec
+    from overnight.run.drift import decide, policies_for, report_for, salt_of, world, world_spec
     from overnight.models import model_from_spec
-    from overnight.orchestrate.runner import identity_of, tokenizer_of
-    from overnight.orchestrate.task import reconcile_plan
+    from overnight.run.runner import identity_of, tokenizer_of
+    from overnight.run.task import reconcile_plan
     from overnight.verify.drift import affected_steps, parse_policies
 
     state = loaded.state_tree
@@ -769,7 +770,7 @@ def route(entry: str | Task, *, now: Any = None) -> Route:
     Raises:
         SpecError: no expected span, or the spec is under the completeness threshold.
     """
-    from overnight.orchestrate.router import route as route_task
+    from overnight.run.router import route as route_task
 
     task = load_task(entry) if isinstance(entry, str) else entry
     return route_task(task, load_config(), now=now)
@@ -782,7 +783,7 @@ def config() -> Config:
 
 def repair(task_id: str | None = None, *, store: Store | str | None = None) -> list[Any]:
     """Bring every medium of a replicated task (or of every task, ``task_id=None``) up to the newest
-    verifiable head; returns one :class:`~overnight.verify.replicas.RepairReport` per task.
+    verifiable head; returns one :class:`~overnight.ops.repair.RepairReport` per task.
 
     With ``store=None`` a task is looked up on every configured medium (local, database, cloud), so
     a task whose local copy was lost with its disk is found on a replica and the local copy made
@@ -793,7 +794,8 @@ def repair(task_id: str | None = None, *, store: Store | str | None = None) -> l
         TaskNotFound: no configured medium (or ``store``) knows the task.
     """
     from overnight.codec.canonical import loads
-    from overnight.verify.replicas import ReplicatedStore, repair_task
+    from overnight.store.compose.replicated import ReplicatedStore
+    from overnight.ops.repair import repair_task
 
     key = signing_key_from_env()
 
@@ -838,7 +840,7 @@ def repair(task_id: str | None = None, *, store: Store | str | None = None) -> l
 @dataclass
 class SalvageReport:
     """``overnight repair --salvage``: what was read from a damaged SQLite file into a new one, and
-    how the new one verifies. ``rows``/``errors`` per table (see :mod:`overnight.store.salvage`);
+    how the new one verifies. ``rows``/``errors`` per table (see :mod:`overnight.ops.salvage`);
     ``refs_restored`` lists ``task/branch -> checkpoint`` refs rebuilt because the ref rows were
     lost (the newest checkpoint of the branch whose record verifies); ``verify`` is the full check
     of the result."""
@@ -861,7 +863,7 @@ def salvage(path: str | Path, *, into: str | Path | None = None) -> SalvageRepor
         ConfigError: the file is missing, or the target exists.
         StoreCorrupt: not even the table list of the file is readable.
     """
-    from overnight.store.salvage import copy_rows
+    from overnight.ops.salvage import copy_rows
     from overnight.store.sqlite import SQLiteStore
 
     source = Path(str(path).removeprefix("sqlite://"))
@@ -929,7 +931,7 @@ def gc(*, store: Store | str | None = None, apply: bool = False, keep_last: int 
         older_than: only dangling checkpoints older than this go (``"30d"``; seconds as a number).
         task_id: only this task's dangling checkpoints, and the objects only they needed.
         grace: objects stored or refreshed more recently than this stay (default 1 h): the
-            safety margin for commits running at the same time (``overnight/verify/gc.py``).
+            safety margin for commits running at the same time (``overnight/ops/gc.py``).
 
     Raises:
         TaskNotFound, ConfigError; FormatTooNew when a checkpoint is from a newer overnight.

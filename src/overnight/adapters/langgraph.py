@@ -85,17 +85,17 @@ from overnight.errors import (
 from overnight.store import open_store
 from overnight.store.base import CheckpointRow, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
-from overnight.verify.chain import ChainWriter, utc_now
+from overnight.chain.write import ChainWriter, utc_now
 from overnight.verify.drift import DriftReport, detect
 from overnight.verify.fingerprint import WorldSpec, world
-from overnight.verify.integrity import (
+from overnight.chain.integrity import (
     LoadedCheckpoint,
     encode_state,
     load_checkpoint,
     parse_record,
     signing_key_from_env,
 )
-from overnight.verify.records import FORMAT_VERSION, event
+from overnight.chain.records import FORMAT_VERSION, event
 
 __all__ = ["OvernightSaver"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Optional
 
 import typer
 
@@ -33,16 +33,7 @@ from overnight.cli.common import (  # noqa: F401 (EXIT_* re-exported)
     fail as _fail,
     need_extra as _need_extra,
 )
-from overnight.errors import (
-    ConcurrencyError,
-    ConfigError,
-    DriftError,
-    IntegrityError,
-    NotFound,
-    OvernightError,
-    StepError,
-    StoreError,
-)
+from overnight.errors import ConfigError, OvernightError
 
 def _usage_name(self: typer.core.TyperArgument) -> str:
     """An argument in a usage line as click and git write it -- ``TASK_ID``, ``[TASK_ID]`` -- not
@@ -132,7 +123,7 @@ def _report_run(result: api.RunResult, *, quiet: bool) -> None:
                              f"({u.get('replayed_tokens', 0)} tokens) replayed from the journal; "
                              f"{result.compactions} compaction(s)")
     if result.resumable:  # also with --quiet: where to go on is not progress chatter
-        from overnight.orchestrate.runner import resume_command
+        from overnight.run.runner import resume_command
 
         render.err.print("resume with: " + render.esc(resume_command(result.task_id, result.branch, result.store_url,
                                                                      result.resume_file)))

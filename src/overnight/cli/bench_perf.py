@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from overnight.bench.commit import DEFAULT_POSTGRES
+from overnight.cli.common import DEFAULT_POSTGRES
 from overnight.cli import render
 
 

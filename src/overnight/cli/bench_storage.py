@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from overnight.bench.commit import DEFAULT_POSTGRES
+from overnight.cli.common import DEFAULT_POSTGRES
 from overnight.cli import render
 
 

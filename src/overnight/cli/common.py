@@ -33,6 +33,11 @@ EXIT_CODES_HELP = (
 )
 
 
+DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+"""The database the ``bench`` commands use unless ``--postgres`` names another (the test server, as
+in the test suite; ``overnight.bench`` has its own copy: the CLI loads the benchmarks only when one runs)."""
+
+
 def exit_code(exc: OvernightError) -> int:
     if isinstance(exc, StoreError):
         return EXIT_STORE

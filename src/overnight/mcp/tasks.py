@@ -3,7 +3,7 @@
 A coding agent (Claude Code, Codex, opencode) does not run overnight's runner: it calls tools
 (:mod:`overnight.mcp.server`) and its hooks run commands (:mod:`overnight.hooks`). Each call that
 changes the task commits one ordinary checkpoint through the same write path as every other
-writer (:class:`~overnight.verify.chain.ChainWriter`, as the LangGraph and Agents SDK adapters do),
+writer (:class:`~overnight.chain.write.ChainWriter`, as the LangGraph and Agents SDK adapters do),
 so ``overnight show/log/verify/fork/gc`` work on it unchanged. How the control point maps onto the
 checkpoint format (``docs/FORMAT.md``):
 
@@ -50,14 +50,15 @@ from overnight.errors import (
     short_id,
 )
 from overnight.mcp.world import CodingDrift, drift, project_root, world
-from overnight.orchestrate.task import CRITICALITY, parse_span, step_key, todo_entry
+from overnight.run.task import CRITICALITY, parse_span, step_key, todo_entry
 from overnight.store import Store, default_store_url, open_store
 from overnight.store import exists as store_exists
 from overnight.store.base import TaskRow
 from overnight.store.blobs import BlobWriter
-from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
-from overnight.verify.integrity import encode_state, signing_key_from_env
-from overnight.verify.records import FORMAT_VERSION, event
+from overnight.chain.write import ChainWriter, utc_now
+from overnight.chain.read import Fallback, load_head
+from overnight.chain.integrity import encode_state, signing_key_from_env
+from overnight.chain.records import FORMAT_VERSION, event
 
 __all__ = ["KIND", "POINTER", "ArtifactIn", "CheckpointResult", "CodingTasks", "ControlPoint", "Resumed",
            "read_pointer", "render_control_point", "write_pointer"]

@@ -1,7 +1,7 @@
 """The world of a coding task, and what changed in it, in words an agent can act on.
 
 A coding agent's task depends on the repository it edits, not on installed Python packages. Its
-world fingerprint is the ordinary :class:`~overnight.verify.records.WorldDoc` (so ``overnight
+world fingerprint is the ordinary :class:`~overnight.chain.records.WorldDoc` (so ``overnight
 verify`` and ``status`` read it like any other), filled from the project:
 
 =========== =====================================================================================
@@ -156,7 +156,7 @@ def lock_files(root: Path) -> dict[str, str]:
 
 
 def world(root: Path, *, inputs: list[str] = (), env: list[str] = (), salt: bytes = b"") -> dict[str, Any]:  # type: ignore[assignment]
-    """The world fingerprint of a coding task now: a :class:`~overnight.verify.records.WorldDoc` tree
+    """The world fingerprint of a coding task now: a :class:`~overnight.chain.records.WorldDoc` tree
     (module docstring). ``inputs`` are project-relative paths, ``env`` variable names."""
     return {
         "format": 1,

@@ -36,7 +36,7 @@ keeps:
    (a commit naming another task's checkpoint fails, :func:`check_parent`), so the
    children of a checkpoint are found among its own task's checkpoints.
 
-``overnight gc`` builds its safety rule on these (``overnight/verify/gc.py``).
+``overnight gc`` builds its safety rule on these (``overnight/ops/gc.py``).
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ class Commit:
     damaged and is replaced (self-healing; the content behind a digest never changes). Either
     way its stored time is refreshed to the commit's time, so a concurrent ``gc`` keeps it.
     A writer must carry in ``objects`` every object the checkpoint references except those
-    reachable from checkpoints already committed on its own branch (see ``overnight/verify/gc.py``).
+    reachable from checkpoints already committed on its own branch (see ``overnight/ops/gc.py``).
     """
 
     checkpoint: CheckpointRow

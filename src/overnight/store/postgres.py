@@ -49,7 +49,7 @@ from overnight.errors import (
     TaskBusy,
     TaskNotFound,
 )
-from overnight.store import location as mask_password
+from overnight.config import mask_password
 from overnight.store import postgres_schema
 from overnight.store.blobs import is_damaged
 from overnight.store.base import (

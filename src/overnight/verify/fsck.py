@@ -4,7 +4,7 @@ For every checkpoint of the tasks checked: the record (digest, canonical form, f
 index columns, signature), the chain (its parent exists, belongs to the task, ``seq`` is the
 parent's + 1), the state blob and document, and every artifact blob, streamed through SHA-256
 chunk by chunk; for every branch ref, that it names a checkpoint that verifies and that was not
-moved back (:mod:`overnight.verify.rollback`). With
+moved back (:mod:`overnight.chain.rollback`). With
 ``all_objects`` every object in the store is checked too, referenced or not (dangling objects are
 counted as ``dangling_objects``, not errors). Each object is hashed once per run.
 """
@@ -18,9 +18,9 @@ from typing import Any, Callable
 from overnight.errors import CheckpointNotFound, IntegrityError, OvernightError, short_id
 from overnight.store.base import Store
 from overnight.store.blobs import BlobReader
-from overnight.verify.integrity import BoundedPageCache, PageCache, load_checkpoint
-from overnight.verify.reachability import lineage
-from overnight.verify.rollback import find_rollback
+from overnight.chain.integrity import BoundedPageCache, PageCache, load_checkpoint
+from overnight.chain.reachability import lineage
+from overnight.chain.rollback import find_rollback
 
 
 @dataclass

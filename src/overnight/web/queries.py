@@ -25,12 +25,12 @@ from overnight import api
 from overnight.codec.canonical import loads
 from overnight.config import load as load_config
 from overnight.errors import OvernightError, short_id
-from overnight.orchestrate.router import recorded_route
+from overnight.run.router import recorded_route
 from overnight.store.base import CheckpointRow, Lease, Store
 from overnight.store.blobs import BlobReader
 from overnight.store.leases import can_take_over, describe_holder, now_ms
-from overnight.verify.chain import load_head
-from overnight.verify.integrity import load_checkpoint, parse_record, signing_key_from_env
+from overnight.chain.read import load_head
+from overnight.chain.integrity import load_checkpoint, parse_record, signing_key_from_env
 
 STATUSES = ("queued", "running", "stalled", "interrupted", "failed", "complete")
 """Task statuses the dashboard shows, in the order of its filter."""

@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 FORMAT_VERSION = 1
 """Format of checkpoint records and state documents written by this code."""
 
+WORLD_FORMAT = 2
+"""World fingerprint format: 1 without ``model``, 2 with it (docs/FORMAT.md, Changes)."""
+
 DONE_PAGE = 64
 """Done entries per page blob. Pages are immutable once full, so a checkpoint stores one new
 (last) page, not the whole history: commit cost and verification stay flat as a task grows."""

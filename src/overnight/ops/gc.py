@@ -3,12 +3,12 @@
 ``gc`` removes
 
 * **dangling checkpoints** -- those on the lineage of no live branch head of their task
-  (:func:`~overnight.verify.reachability.lineage`): records a fallback skipped, the history of a
+  (:func:`~overnight.chain.reachability.lineage`): records a fallback skipped, the history of a
   deleted branch. ``keep_last`` keeps the N newest of each task, ``older_than`` keeps those
   younger than that (both by the checkpoint's ``created_at``); a kept one keeps its dangling
   ancestors too, so no chain is cut;
 * **unreferenced objects** -- those no remaining checkpoint of any task needs
-  (:class:`~overnight.verify.reachability.Reach`), nor any archive run recorded in the store (a
+  (:class:`~overnight.chain.reachability.Reach`), nor any archive run recorded in the store (a
   cold store's packs).
 
 It never removes a branch head, anything on a live branch's lineage, or anything a remaining
@@ -56,9 +56,9 @@ from typing import Callable
 
 from overnight.errors import ConfigError
 from overnight.store.base import CheckpointRow, Store
-from overnight.store.pack import manifest_of
-from overnight.store.tiered import TieredStore, tiered
-from overnight.verify.reachability import Reach, Unreadable, lineage
+from overnight.store.compose.pack import manifest_of
+from overnight.store.compose.tiered import TieredStore, tiered
+from overnight.chain.reachability import Reach, Unreadable, lineage
 
 DEFAULT_GRACE_S = 3600.0
 """Objects younger than this (seconds) are never collected: the longest a commit may take."""
@@ -98,7 +98,7 @@ class GcReport:
         objects_young, young_bytes: unreferenced but stored less than ``grace`` ago: kept.
         objects_deleted, object_bytes: unreferenced and older: deleted (or would be), and bytes.
         unreadable: parts of remaining checkpoints that could not be read (see
-            :mod:`overnight.verify.reachability`).
+            :mod:`overnight.chain.reachability`).
         seconds: wall time.
     """
 

@@ -2,7 +2,7 @@
 archive catalog names (spec: ``docs/FORMAT.md``, "Tiered storage").
 
 ``overnight archive`` moves a task's older history into a cold store -- any store URL: ``s3://``,
-``file://``, even ``sqlite://`` -- as one pack per run (:mod:`overnight.store.pack`), and records
+``file://``, even ``sqlite://`` -- as one pack per run (:mod:`overnight.store.compose.pack`), and records
 each run in the hot store's archive catalog (:meth:`~overnight.store.base.Store.put_archive`).
 :class:`TieredStore` wraps the hot store and makes that history readable again without any
 caller knowing where it lives:
@@ -18,7 +18,7 @@ caller knowing where it lives:
 
 Reads go through: reading archived data writes nothing to hot. A *write* that builds on an
 archived checkpoint (``fork --at``, ``rollback --to``, a resume that falls back that far) first
-brings that checkpoint back (:func:`overnight.verify.archive.ensure_hot`), so every checkpoint in
+brings that checkpoint back (:func:`overnight.ops.archive.ensure_hot`), so every checkpoint in
 hot keeps loading from hot alone. ``overnight restore`` brings a task's whole archive back.
 
 The catalog is re-read when a lookup misses and the copy in memory is older than
@@ -46,7 +46,7 @@ from overnight.store.base import (
     Store,
     TaskRow,
 )
-from overnight.store.pack import Manifest, PackEntry, manifest_of, read_entry
+from overnight.store.compose.pack import Manifest, PackEntry, manifest_of, read_entry
 
 CATALOG_TTL_S = 1.0
 """Seconds a catalog read is reused before a miss re-reads it."""

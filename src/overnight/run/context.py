@@ -10,17 +10,33 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 from overnight.codec.canonical import dumps_sorted, from_tree
 from overnight.codec.digest import sha256
 from overnight.errors import SpecError
-from overnight.orchestrate.task import default_step_name, todo_entry
+from overnight.run.task import default_step_name, todo_entry
 from overnight.verify.fingerprint import MISSING, digest_path, installed, keyed, listing_digest, normalize, source_digest
 
 if TYPE_CHECKING:
-    from overnight.orchestrate.runner import Runner
-    from overnight.orchestrate.session import ModelGateway
+    from overnight.run.session import ModelGateway
+    from overnight.run.task import Task
+
+
+class StepHost(Protocol):
+    """What a step's context needs of the session running it (the runner provides it): the task,
+    the checkpointed state (read only: a step's changes are staged in the context), the session
+    number, the environment salt, whether a stop was requested, and reads of committed data."""
+
+    task: "Task"
+    state: dict[str, Any]
+    session_n: int
+    salt: bytes
+    stop_requested: bool
+
+    def read_artifact(self, name: str) -> bytes: ...
+
+    def find_step(self, name: str) -> dict[str, Any] | None: ...
 
 
 class Outputs(Mapping[str, Any]):
@@ -114,10 +130,10 @@ class StepContext:
         attempt: 1 on the first try of this step in this run, 2+ on retries.
         log: a logger (``overnight.task.<task_id>``) that prefixes the step name.
         model: the task's model behind the session's context budget and the call journal:
-            ``ctx.model.complete(messages, max_tokens=...)`` (see :mod:`overnight.orchestrate.session`).
+            ``ctx.model.complete(messages, max_tokens=...)`` (see :mod:`overnight.run.session`).
     """
 
-    def __init__(self, runner: "Runner", entry: dict[str, Any], args: dict[str, Any], attempt: int,
+    def __init__(self, runner: StepHost, entry: dict[str, Any], args: dict[str, Any], attempt: int,
                  model: "ModelGateway") -> None:
         self._runner = runner
         self.task_id: str = runner.task.id

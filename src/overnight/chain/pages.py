@@ -3,8 +3,8 @@
 A state document holds page references, not the collections themselves, so it stays small
 however long the task runs, and a commit re-encodes and stores only the pages that changed
 (usually one): commit cost and verification stay flat, and total storage grows with what
-changed. Page boundaries (:data:`~overnight.verify.records.DONE_PAGE`,
-:data:`~overnight.verify.records.PAGE_FANOUT`) depend only on the entries, so equal
+changed. Page boundaries (:data:`~overnight.chain.records.DONE_PAGE`,
+:data:`~overnight.chain.records.PAGE_FANOUT`) depend only on the entries, so equal
 collections always give equal pages (and digests).
 """
 
@@ -15,8 +15,8 @@ import hashlib
 from typing import Any
 
 from overnight.store.blobs import BlobWriter
-from overnight.verify.integrity import encode_state
-from overnight.verify.records import DONE_PAGE, PAGE_FANOUT
+from overnight.chain.integrity import encode_state
+from overnight.chain.records import DONE_PAGE, PAGE_FANOUT
 
 
 def done_pages(done: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from overnight.codec import digest
 from overnight.codec.canonical import dumps_sorted, loads
@@ -37,7 +37,29 @@ from overnight.store.base import CallRecord
 from overnight.tokens import Tokenizer, count_messages
 
 if TYPE_CHECKING:
-    from overnight.orchestrate.runner import Runner
+    from overnight.models.base import Model
+    from overnight.run.task import Task
+    from overnight.store.base import Store
+
+
+class GatewayHost(Protocol):
+    """What the model gateway and the compaction summary need of the session running them (the
+    runner provides it): the model, the window's budget, the checkpointed state (read only), the
+    call journal, and this session's context."""
+
+    task: "Task"
+    store: "Store"
+    model: "Model"
+    tokenizer: Tokenizer
+    model_identity: dict[str, Any]
+    budget: "Budget"
+    state: dict[str, Any]
+
+    def recorded_call(self, key: str, seq: int, request: str) -> CallRecord | None: ...
+
+    def context_messages(self) -> list[list[dict[str, str]]]: ...
+
+    def context_add(self, messages: list[dict[str, str]], reply: str) -> None: ...
 
 DEFAULT_MAX_CONTEXT_TOKENS = 8_000
 DEFAULT_THRESHOLD = 0.8
@@ -99,7 +121,7 @@ class ModelGateway:
         name: the model's spec.
     """
 
-    def __init__(self, runner: "Runner", step_name: str, step_key: str, *, with_summary: bool = True) -> None:
+    def __init__(self, runner: GatewayHost, step_name: str, step_key: str, *, with_summary: bool = True) -> None:
         self._runner = runner
         self._with_summary = with_summary
         self._step, self._key = step_name, step_key
@@ -183,7 +205,7 @@ class ModelGateway:
         return completion
 
 
-def summarize(runner: "Runner", exchanges: list[list[dict[str, str]]], key: str) -> tuple[Completion, ModelGateway]:
+def summarize(runner: GatewayHost, exchanges: list[list[dict[str, str]]], key: str) -> tuple[Completion, ModelGateway]:
     """The compaction summary of this session's exchanges (journaled under ``key``, so a
     compaction killed after the model answered does not pay for the summary again), and the
     gateway that made the call (its usage)."""
@@ -260,6 +282,6 @@ def newest_tokens(tokenizer: Tokenizer, text: str, limit: int) -> str:
 
 
 def utc_now() -> str:
-    from overnight.verify.chain import utc_now as now
+    from overnight.chain.write import utc_now as now
 
     return now()

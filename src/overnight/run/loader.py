@@ -26,10 +26,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import overnight
 from overnight.config import find_file
 from overnight.errors import CodeLocationRefused, ConfigError, EntryMismatch, OvernightError
-from overnight.orchestrate.task import Task
+from overnight.run.task import Task
 
 
 def project_root() -> Path:
@@ -125,7 +124,7 @@ def check_location(entry: str, *, task_id: str | None = None, root: Path | None 
     base = root or project_root()
     target, _ = _split(entry)
     where = entry_path(entry, base) if _is_path(target) else _module_origin(target)
-    own = Path(overnight.__file__).resolve().parent
+    own = Path(__file__).resolve().parent.parent  # the overnight package (run/loader.py is in it)
     if where is not None and (_inside(where, base) or _inside(where, own)):
         return
     resolved = f" (resolves to {where})" if where is not None else " (not found without importing it)"

@@ -11,7 +11,7 @@ Loading it would silently run every later step again (side effects included). Tw
 2. **The high-water mark** (with a signing key): every ref move is a signed record (commits,
    ``fork``, ``rollback``, ``merge`` and an automatic fallback each write one, carrying task,
    branch, its own id and ``seq``), and each machine keeps the newest one it has seen per store,
-   task and branch outside the store (:class:`~overnight.verify.keys.HighWater`). A head with a
+   task and branch outside the store (:class:`~overnight.keys.HighWater`). A head with a
    lower ``seq`` than the mark is a rollback, also when the newer records were deleted -- unless
    the head's own signed history says why: an automatic fallback that skipped the marked
    checkpoint (its ``rollback`` event names what it skipped).
@@ -28,8 +28,8 @@ from typing import Any
 
 from overnight.errors import IntegrityError, RollbackDetected, short_id
 from overnight.store.base import Store
-from overnight.verify.integrity import LoadedCheckpoint, parse_record
-from overnight.verify.keys import HighWater, Mark
+from overnight.chain.integrity import LoadedCheckpoint, parse_record
+from overnight.keys import HighWater, Mark
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from overnight.codec.canonical import loads
 from overnight.errors import DecodeError, FormatTooNew, IntegrityError, OvernightError, short_id
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.blobs import BlobReader
-from overnight.verify.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade
+from overnight.chain.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade
 
 _BATCH = 256  # objects fetched per get_objects call
 
@@ -90,7 +90,7 @@ class Reach:
     shared by many checkpoints are read once).
 
     Args:
-        store: where the objects are (a :class:`~overnight.store.tiered.TieredStore` reads
+        store: where the objects are (a :class:`~overnight.store.compose.tiered.TieredStore` reads
             archived ones from their cold store).
 
     Attributes:

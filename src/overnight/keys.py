@@ -11,7 +11,7 @@ cannot see or change.
   store, task and branch (``$OVERNIGHT_STATE_DIR/high-water.json``, else
   ``$XDG_STATE_HOME/overnight/``, else ``~/.local/state/overnight/``), so a branch ref moved back to
   an older -- validly signed -- checkpoint is caught even when the newer records were deleted from
-  the store (:mod:`overnight.verify.rollback`).
+  the store (:mod:`overnight.chain.rollback`).
 
 None of this is ever written into a store. A machine without the environment key of the machine
 that recorded a digest cannot compare it: drift reports the value as ``cannot compare``

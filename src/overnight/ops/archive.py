@@ -1,5 +1,5 @@
 """Tiered storage operations: ``overnight archive`` and ``overnight restore`` (spec:
-``docs/FORMAT.md``, "Tiered storage"; the read side is :mod:`overnight.store.tiered`).
+``docs/FORMAT.md``, "Tiered storage"; the read side is :mod:`overnight.store.compose.tiered`).
 
 **archive** moves a task's older history to a cold store. For each branch it keeps the head and
 the newest checkpoints of its first-parent chain (``keep_last=N``) or those younger than
@@ -8,14 +8,14 @@ left to ``gc``. Then, holding the leases of every branch of the task (no run of 
 meanwhile):
 
 1. pack every object the archived checkpoints need that no earlier archive of the task in the
-   same cold store holds already, into one pack (:mod:`overnight.store.pack`), and write it to
+   same cold store holds already, into one pack (:mod:`overnight.store.compose.pack`), and write it to
    the cold store with the run's manifest (an archive row there too);
 2. read the pack back from the cold store and check every entry is byte-for-byte the hot copy;
 3. record the run in the hot store's catalog -- from now on a
-   :class:`~overnight.store.tiered.TieredStore` finds the archived data in the cold store;
+   :class:`~overnight.store.compose.tiered.TieredStore` finds the archived data in the cold store;
 4. check the task did not change (no branch moved or appeared), then delete the archived
    checkpoints from hot, and the objects no remaining hot checkpoint of any task needs, under
-   the same grace-period rule as ``gc`` (:mod:`overnight.verify.gc`).
+   the same grace-period rule as ``gc`` (:mod:`overnight.ops.gc`).
 
 Nothing a kept checkpoint needs to load leaves the hot store, so resuming never reads cold data.
 
@@ -36,11 +36,11 @@ from overnight.errors import ConfigError, DigestMismatch, TaskChanged, short_id
 from overnight.store.base import ArchiveRow, CheckpointRow, Lease, ObjectRecord, Store
 from overnight.store.blobs import BlobReader
 from overnight.store.leases import Holder
-from overnight.store.pack import Manifest, archive_row, build_pack, manifest_of, read_entry
-from overnight.store.tiered import TieredStore, absolute_url, tiered
-from overnight.verify.chain import utc_now
-from overnight.verify.gc import DEFAULT_GRACE_S, _delete_objects, pack_roots
-from overnight.verify.reachability import Reach, Unreadable, first_parent_chain, lineage
+from overnight.store.compose.pack import Manifest, archive_row, build_pack, manifest_of, read_entry
+from overnight.store.compose.tiered import TieredStore, absolute_url, tiered
+from overnight.chain.write import utc_now
+from overnight.ops.gc import DEFAULT_GRACE_S, _delete_objects, pack_roots
+from overnight.chain.reachability import Reach, Unreadable, first_parent_chain, lineage
 
 
 LEASE_TTL_MS = 10 * 60_000
@@ -303,7 +303,7 @@ def restore(store: TieredStore, task_id: str, *, cold: str | None = None,
 def ensure_hot(store: Store, task_id: str, checkpoint_id: str) -> bool:
     """Bring one archived checkpoint back into hot (its record and every object it needs) so a
     new checkpoint can build on it; True if it had to. A no-op for a checkpoint in hot, or for a
-    store that is not a :class:`~overnight.store.tiered.TieredStore`."""
+    store that is not a :class:`~overnight.store.compose.tiered.TieredStore`."""
     if not isinstance(store, TieredStore):
         return False
     try:

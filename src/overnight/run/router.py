@@ -35,7 +35,7 @@ from typing import Any
 
 from overnight.config import Config
 from overnight.errors import SpecError
-from overnight.orchestrate.task import Task
+from overnight.run.task import Task
 
 LEVELS = ("ephemeral", "session", "durable")
 
@@ -155,10 +155,10 @@ def route(task: Task, config: Config, *, now: datetime | None = None) -> Route:
 
 def open_routed(route: Route, task_id: str, *, read_only: bool = False) -> Any:
     """The store a route asks for: in-process for ``ephemeral``, one medium, or a
-    :class:`~overnight.verify.replicas.ReplicatedStore` over several (the first is primary).
+    :class:`~overnight.store.compose.replicated.ReplicatedStore` over several (the first is primary).
 
     A medium of several whose store is damaged (:class:`~overnight.errors.StoreCorrupt` on opening)
-    is opened as a :class:`~overnight.store.damaged.DamagedMedium`: the others still carry the task,
+    is opened as a :class:`~overnight.store.compose.damaged.DamagedMedium`: the others still carry the task,
     and a repair sets it aside and rebuilds it.
 
     Raises:
@@ -166,9 +166,9 @@ def open_routed(route: Route, task_id: str, *, read_only: bool = False) -> Any:
     """
     from overnight.errors import StoreCorrupt, StoreUnavailable
     from overnight.store import open_store
-    from overnight.store.damaged import DamagedMedium
+    from overnight.store.compose.damaged import DamagedMedium
     from overnight.store.memory import MemoryStore
-    from overnight.verify.replicas import ReplicatedStore
+    from overnight.store.compose.replicated import ReplicatedStore
 
     if route.level == "ephemeral" or not route.urls:
         return MemoryStore(f"ephemeral-{task_id}")
@@ -206,7 +206,7 @@ def locate(task_id: str, config: Config, *, read_only: bool = False) -> tuple[An
 
     A damaged local store (:class:`~overnight.errors.StoreCorrupt`) does not end the search: a
     replicated task is found on a replica (its damaged medium then opens as a
-    :class:`~overnight.store.damaged.DamagedMedium`, for a repair to set aside and rebuild).
+    :class:`~overnight.store.compose.damaged.DamagedMedium`, for a repair to set aside and rebuild).
 
     Raises:
         StoreCorrupt: the local store is damaged and no other medium knows the task.

@@ -25,10 +25,11 @@ from overnight.codec.canonical import dumps, from_tree
 from overnight.errors import BranchExists, ConfigError, MergeConflict, OvernightError, short_id
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
-from overnight.verify.chain import ChainWriter, load_head
-from overnight.verify.integrity import LoadedCheckpoint, load_checkpoint, parse_record, record_problems
-from overnight.verify.reachability import lineage
-from overnight.verify.records import event
+from overnight.chain.write import ChainWriter
+from overnight.chain.read import load_head
+from overnight.chain.integrity import LoadedCheckpoint, load_checkpoint, parse_record, record_problems
+from overnight.chain.reachability import lineage
+from overnight.chain.records import event
 
 
 def _writer(store: Store, base: LoadedCheckpoint, branch: str, key: bytes | None, ref_head: str | None) -> ChainWriter:

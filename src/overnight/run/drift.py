@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from overnight.errors import DriftAbort
-from overnight.orchestrate.loader import entry_path
-from overnight.orchestrate.task import Task
+from overnight.run.loader import entry_path
+from overnight.run.task import Task
 from overnight.store.base import Store
 from overnight.verify.drift import DEFAULT_POLICIES, DriftReport, WorldNow, affected_steps, detect, rebaseline
 from overnight.verify.fingerprint import COMPONENTS, WorldSpec, world
-from overnight.verify.integrity import LoadedCheckpoint, load_checkpoint
+from overnight.chain.integrity import LoadedCheckpoint, load_checkpoint
 
 
 def world_spec(task: Task, salt: bytes, model: dict[str, Any] | None = None) -> WorldSpec:
@@ -160,7 +160,7 @@ def _commits(store: Store, head: LoadedCheckpoint) -> dict[str, str]:
 
 def begin_recompute(store: Store, head: LoadedCheckpoint, state: dict[str, Any], direct: set[str], *,
                     key: bytes | None) -> dict[str, Any]:
-    """Start a recompute pass (:class:`~overnight.verify.records.Recompute`): rewind the user
+    """Start a recompute pass (:class:`~overnight.chain.records.Recompute`): rewind the user
     state and the artifacts to just before the earliest step in ``direct``, and put that step and
     every later one back in the todo list, in order, each with its ``previous`` run."""
     done = state["done"]

@@ -274,7 +274,7 @@ class Task:
 
 
 def todo_entry(name: str, fn_name: str, args: dict[str, Any], added_by: str | None) -> dict[str, Any]:
-    """A todo entry as stored (:class:`~overnight.verify.records.TodoEntry` fields)."""
+    """A todo entry as stored (:class:`~overnight.chain.records.TodoEntry` fields)."""
     return {"name": name, "fn": fn_name, "args": to_tree(args, f"step {fn_name!r} args"), "added_by": added_by,
             "previous": None}
 
@@ -314,7 +314,7 @@ def reconcile_plan(todo: list[dict[str, Any]], done: list[dict[str, Any]], task:
       and fails when reached (:class:`~overnight.errors.UnknownStep`): restoring the function
       lets it run.
 
-    ``todo``/``done`` are state trees (:class:`~overnight.verify.records.TodoEntry` dicts); neither
+    ``todo``/``done`` are state trees (:class:`~overnight.chain.records.TodoEntry` dicts); neither
     is mutated. Used by the runner on resume and by ``overnight status --drift``, so the
     prediction is the plan the resume runs.
     """

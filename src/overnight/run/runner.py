@@ -47,30 +47,32 @@ from overnight.errors import (
     UnknownStep,
 )
 from overnight.models import Model, model_from_spec
-from overnight.orchestrate.context import StepContext
-from overnight.orchestrate.session import Budget, ModelGateway, summarize
+from overnight.run.context import StepContext
+from overnight.run.session import Budget, ModelGateway, summarize
 from overnight.store.base import CallRecord
 from overnight.tokens import count_messages, tokenizer_for
-from overnight.orchestrate.task import Task, reconcile_plan, step_key
+from overnight.run.task import Task, reconcile_plan, step_key
 from overnight.store import open_store
 from overnight.store.base import Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
 from overnight.config import load as load_config
-from overnight.orchestrate.loader import same_location
-from overnight.orchestrate.consistency import Decision, decide, policies_for, salt_of, world_spec, write_export
-from overnight.orchestrate.router import Route, locate, open_routed
-from overnight.orchestrate.router import route as route_task
-from overnight.store.tiered import TieredStore, tiered
-from overnight.verify.archive import ensure_hot
-from overnight.verify.replicas import ReplicatedStore, repair_task, set_aside_damaged
-from overnight.verify.branching import check_branch_name
-from overnight.verify import rollback
-from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
+from overnight.run.loader import same_location
+from overnight.run.drift import Decision, decide, policies_for, salt_of, world_spec, write_export
+from overnight.run.router import Route, locate, open_routed
+from overnight.run.router import route as route_task
+from overnight.store.compose.tiered import TieredStore, tiered
+from overnight.ops.archive import ensure_hot
+from overnight.store.compose.replicated import ReplicatedStore
+from overnight.ops.repair import repair_task, set_aside_damaged
+from overnight.chain.branches import check_branch_name
+from overnight.chain import rollback
+from overnight.chain.write import ChainWriter, utc_now
+from overnight.chain.read import Fallback, load_head
 from overnight.verify.drift import WorldNow, changed_products, parse_policies, reads_dirty, world_reads_changed
 from overnight.verify.fingerprint import digest_path, model_identity, model_label, normalize, world
-from overnight.verify.integrity import LoadedCheckpoint, encode_state, load_checkpoint, signing_key_from_env
-from overnight.verify.records import FORMAT_VERSION, event
+from overnight.chain.integrity import LoadedCheckpoint, encode_state, load_checkpoint, signing_key_from_env
+from overnight.chain.records import FORMAT_VERSION, event
 
 
 LOG = logging.getLogger("overnight.runner")
@@ -169,15 +171,15 @@ class Runner:
         model: the model steps call through ``ctx.model`` (a :class:`~overnight.models.Model` or a
             spec: ``extractive``, ``local``, ``openai:NAME``); default the task's ``model``.
         max_context_tokens, compaction_threshold: the session's context budget (default the
-            task's: 8,000 tokens, compaction at 80 %); see :mod:`overnight.orchestrate.session`.
+            task's: 8,000 tokens, compaction at 80 %); see :mod:`overnight.run.session`.
         code_moved: the task's code now lives somewhere else than where it was created (an
             existing task is otherwise refused when other code claims its id).
         allow_rollback: continue from a branch ref that is older than a newer verified record of
             the branch or this machine's high-water mark (otherwise ``RollbackDetected``;
-            :mod:`overnight.verify.rollback`), and lower the mark to it.
+            :mod:`overnight.chain.rollback`), and lower the mark to it.
 
     Store and level: with ``store=None`` and an ``expected_span`` on the task, the router picks
-    the level and the media (:mod:`overnight.orchestrate.router`, recorded on the task); with
+    the level and the media (:mod:`overnight.run.router`, recorded on the task); with
     ``store=None`` and no span, the default store at the ``durable`` level; with an explicit
     store, that store at the task's ``level`` (default ``durable``).
     """
@@ -592,7 +594,7 @@ class Runner:
         return False, fallback
 
     def _reconcile_plan(self) -> None:
-        """Bring the stored plan up to date with the task code (:func:`~overnight.orchestrate.task.
+        """Bring the stored plan up to date with the task code (:func:`~overnight.run.task.
         reconcile_plan`): a planned step added to the code runs where the code puts it; a planned
         step whose function is gone leaves the plan. Committed as a ``drift`` checkpoint and
         reported as ``plan changed: + x before c; - y``."""

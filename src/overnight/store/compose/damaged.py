@@ -6,7 +6,7 @@ A replicated task keeps a copy on several media. When one medium's store cannot 
 it is never deleted. :meth:`DamagedMedium.set_aside` renames it (with its ``-wal``/``-shm``
 companions) to ``<name>.damaged-<UTC timestamp>`` next to where it was, so ``sqlite3 ... .recover``
 can still be tried on it, and opens a fresh, empty store at the original place, which
-:func:`~overnight.verify.replicas.repair_task` then fills from a healthy replica.
+:func:`~overnight.ops.repair.repair_task` then fills from a healthy replica.
 
 Only a file store (``sqlite://``) can be set aside; other media (a database schema, a bucket) are
 never moved by overnight.

@@ -2,7 +2,7 @@
 
 Each entry maps a format version ``N`` to a function that turns a format-``N`` tree into a new
 format-``N+1`` tree (without mutating its input); :func:`upgrade` applies them in order up to
-:data:`~overnight.verify.records.FORMAT_VERSION`. Migrations run on the *parsed, verified* tree
+:data:`~overnight.chain.records.FORMAT_VERSION`. Migrations run on the *parsed, verified* tree
 (the digest and signature cover the bytes as written, in their own format) and never write back:
 stored records are immutable. A version above the current one is refused, never guessed at.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from overnight.errors import FormatTooNew, SchemaError
-from overnight.verify.records import FORMAT_VERSION
+from overnight.chain.records import FORMAT_VERSION
 
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
 

@@ -4,13 +4,13 @@ A checkpoint loads only if, in this order:
 
 1. its body hashes to its id (``sha256(body) == checkpoint_id``);
 2. it parses strictly, is byte-for-byte in canonical form, and its ``format`` is one this code
-   knows (older formats are migrated, :mod:`overnight.verify.migrate`; a newer one raises
+   knows (older formats are migrated, :mod:`overnight.chain.migrate`; a newer one raises
    :class:`~overnight.errors.FormatTooNew`, never a misread);
-3. it validates against :class:`~overnight.verify.records.CheckpointRecord` with every field
+3. it validates against :class:`~overnight.chain.records.CheckpointRecord` with every field
    present, and the store's index columns agree with the body;
 4. with a signing key configured, its HMAC-SHA256 signature matches;
 5. its state blob, and (``deep=True``) every artifact blob, is present and hashes to its digest,
-   and the state document validates against :class:`~overnight.verify.records.TaskState`.
+   and the state document validates against :class:`~overnight.chain.records.TaskState`.
 
 Anything else raises an :class:`~overnight.errors.IntegrityError` naming the checkpoint and the
 failed check, and nothing is returned: a state that cannot be verified is never loaded.
@@ -41,10 +41,10 @@ from overnight.errors import (
 )
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.blobs import BlobReader
-from overnight.verify.fingerprint import WORLD_FORMAT
-from overnight.verify.keys import signing_key_from_env  # noqa: F401 (re-exported)
-from overnight.verify.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade
-from overnight.verify.records import (
+from overnight.chain.records import WORLD_FORMAT
+from overnight.keys import signing_key_from_env  # noqa: F401 (re-exported)
+from overnight.chain.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade
+from overnight.chain.records import (
     DONE_PAGE,
     ArtifactRef,
     BlobRef,
@@ -111,7 +111,7 @@ class LoadedCheckpoint:
     done_pages: list[Page]
     artifact_pages: list[Page]
     world: dict[str, Any] | None = None
-    """The recorded world fingerprint (:class:`~overnight.verify.records.WorldDoc` tree), if any."""
+    """The recorded world fingerprint (:class:`~overnight.chain.records.WorldDoc` tree), if any."""
 
     @property
     def id(self) -> str:
