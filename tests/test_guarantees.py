@@ -53,7 +53,7 @@ from overnight.errors import (
     StepFailed,
 )
 from overnight.models.extractive import ExtractiveModel
-from overnight.run.task import todo_entry
+from overnight.runtime.task import todo_entry
 from overnight.store import open_store
 from overnight.store import layout
 from overnight.store.base import Commit

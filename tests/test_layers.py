@@ -37,7 +37,7 @@ LAYERS: list[set[str]] = [
     {"chain"},  # the object model: records, pages, read (load + fallback), write, branches
     {"verify"},  # checks only: fsck, fingerprint, drift detection
     {"ops"},  # the only code that deletes or moves data: gc, archive, repair, salvage
-    {"run"},  # session loop, step, context, gateway, drift decision, router decision, task, loader
+    {"runtime"},  # session loop, step, context, gateway, drift decision, router decision, task, loader
     {"fleet"},  # workers (may not exist yet)
     {"api"},
     {"adapters", "cli", "hooks", "mcp", "web", "__main__", ""},  # interfaces; "" is overnight/__init__
@@ -216,9 +216,9 @@ def test_no_package_cycle(graph):
 def test_the_check_sees_lazy_and_type_checking_imports():
     """The visitor counts an import inside a function and under TYPE_CHECKING (so a cycle hidden
     in either is still found) -- checked on a made-up module, so the test can fail."""
-    code = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from overnight.run.runner import Runner\n"
+    code = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from overnight.runtime.runner import Runner\n"
             "def f():\n    from overnight.store import open_store\n")
-    v = _Imports("overnight.chain.x", False, {"overnight.run.runner", "overnight.store"})
+    v = _Imports("overnight.chain.x", False, {"overnight.runtime.runner", "overnight.store"})
     v.visit(ast.parse(code))
-    assert [(t, lazy) for t, lazy, _ in v.found] == [("overnight.run.runner", False), ("overnight.store", True)]
+    assert [(t, lazy) for t, lazy, _ in v.found] == [("overnight.runtime.runner", False), ("overnight.store", True)]
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]

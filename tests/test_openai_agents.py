@@ -27,7 +27,7 @@ from _procs import env, wait_for  # noqa: E402
 from overnight.adapters.openai_agents import OvernightSession, session_task_id  # noqa: E402
 from overnight.api import log, rollback  # noqa: E402
 from overnight.errors import ConfigError, EncodeError, SessionCorrupt  # noqa: E402
-from overnight.run.session import summary_tokens  # noqa: E402
+from overnight.runtime.session import summary_tokens  # noqa: E402
 from overnight.store import open_store  # noqa: E402
 
 set_tracing_disabled(True)

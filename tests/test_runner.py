@@ -233,7 +233,7 @@ def test_signed_checkpoints_detect_edits_without_the_key(url, tmp_path, monkeypa
 def test_default_step_names_are_the_same_in_every_process():
     """A set's repr order follows the process's hash seed: a resumed run must still find the step
     it added (same name), so names never depend on it."""
-    code = ("from overnight.run.task import default_step_name; import datetime, decimal;"
+    code = ("from overnight.runtime.task import default_step_name; import datetime, decimal;"
             "print(default_step_name('fetch', {'tags': {'alpha','beta','gamma','delta','eps','zeta','eta','theta'},"
             " 'when': datetime.date(2026, 11, 30), 'n': 3, 'pair': ('a', 1.5), 'opts': {'k': [1, None]},"
             " 'amount': decimal.Decimal('1.10')}))")

@@ -26,26 +26,26 @@ _EXPORTS = {
     "register_codec": "overnight.codec.registry",
     "register_type": "overnight.codec.registry",
     "OvernightError": "overnight.errors",
-    "StepContext": "overnight.run.context",
-    "RunEvent": "overnight.run.runner",
-    "RunResult": "overnight.run.runner",
-    "Runner": "overnight.run.runner",
-    "run": "overnight.run.runner",
-    "Task": "overnight.run.task",
+    "StepContext": "overnight.runtime.context",
+    "RunEvent": "overnight.runtime.runner",
+    "RunResult": "overnight.runtime.runner",
+    "Runner": "overnight.runtime.runner",
+    "run": "overnight.runtime.runner",
+    "Task": "overnight.runtime.task",
     "open_store": "overnight.store",
 }
 
 if TYPE_CHECKING:
     from overnight.codec.registry import register_codec, register_type
     from overnight.errors import OvernightError
-    from overnight.run.context import StepContext
-    from overnight.run.runner import RunEvent, RunResult, Runner, run
-    from overnight.run.task import Task
+    from overnight.runtime.context import StepContext
+    from overnight.runtime.runner import RunEvent, RunResult, Runner, run
+    from overnight.runtime.task import Task
     from overnight.store import open_store
 
 
 _SUBPACKAGES = ("adapters", "api", "bench", "chain", "cli", "codec", "config", "demo", "errors", "hooks", "keys", "mcp",
-                "models", "ops", "run", "store", "testing", "tokens", "units", "verify")
+                "models", "ops", "runtime", "store", "testing", "tokens", "units", "verify")
 """Reachable as attributes (``overnight.store``) without an import, as when the exports were eager."""
 
 

@@ -25,15 +25,16 @@ from overnight.errors import (
     TaskNotFound,
     short_id,
 )
-from overnight.run.loader import load_stored_task, load_task
-from overnight.run.router import Route, locate, recorded_route
-from overnight.run.runner import RunEvent, RunResult, Runner
-from overnight.run.task import Task
+from overnight.runtime.loader import load_stored_task, load_task
+from overnight.store.media import Route
+from overnight.runtime.runner import RunEvent, RunResult, Runner
+from overnight.runtime.task import Task
 from overnight.store import Store, default_store_url, open_store
 from overnight.store import exists as store_exists
 from overnight.store import location as store_location
 from overnight.store.blobs import BlobReader
-from overnight.store.compose.tiered import TieredStore, tiered
+from overnight.store.compose.tiered import TieredStore
+from overnight.store.media import locate, medium_for, opened, recorded_route
 from overnight.chain import branches as branching
 from overnight.ops import archive as archiving
 from overnight.ops import gc as collecting
@@ -50,13 +51,21 @@ from overnight.chain.rollback import find_rollback
 @contextmanager
 def _opened(store: Store | str | None, *, task_id: str | None = None, write: bool = False,
             read_only: bool = False) -> Iterator[TieredStore]:
-    """:func:`_opened_store`; a ``TaskNotFound`` raised inside gains "did you mean" in its hint."""
-    with _opened_store(store, task_id=task_id, write=write, read_only=read_only) as s:
+    """:func:`overnight.store.media.opened` (writing to a replicated task heals its media first);
+    a ``TaskNotFound`` raised inside gains "did you mean" in its hint."""
+    with opened(store, task_id=task_id, write=write, read_only=read_only, heal=_heal) as s:
         try:
             yield s
         except TaskNotFound as exc:
             _suggest(exc, s)
             raise
+
+
+def _heal(replicated: Any, task_id: str) -> None:
+    """Bring every medium of a replicated task to its newest verified head (``overnight repair``)."""
+    from overnight.ops.repair import repair_task
+
+    repair_task(replicated.media, list(replicated.names), task_id, key=signing_key_from_env())
 
 
 def _suggest(exc: TaskNotFound, s: Store) -> None:
@@ -73,66 +82,6 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
     close = difflib.get_close_matches(exc.task_id, ids, n=3, cutoff=0.6)
     if close and "did you mean" not in (exc.hint or ""):
         exc.hint = f"did you mean {' or '.join(close)}?" + (f" {exc.hint}" if exc.hint else "")
-
-
-@contextmanager
-def _opened_store(store: Store | str | None, *, task_id: str | None = None, write: bool = False,
-                  read_only: bool = False) -> Iterator[TieredStore]:
-    """The store, wrapped so archived history reads through to its cold store. A store that does
-    not exist yet is a ConfigError, never created (only running a task creates one).
-
-    With ``store=None`` and a ``task_id``, the task is looked up where the router may have put it:
-    the default store, else the configured database and cloud media, as ``overnight resume`` does.
-    A replicated task is read from the first medium that holds it; to ``write``, every medium is
-    first brought up to the newest verifiable head (``overnight repair``) and written together.
-    ``read_only`` (reading commands) opens a store URL without writing to it, so they work on a
-    read-only file, folder or file system."""
-    if store is None and task_id is not None:
-        found = locate(task_id, load_config(), read_only=read_only)
-        if found is not None:
-            s = tiered(_medium_for(found[0], task_id, write=write), own=False)
-            try:
-                yield s
-            finally:
-                s.close()  # the cold stores it opened
-                found[0].close()
-            return
-    if store is not None and hasattr(store, "commit"):
-        s = tiered(store, own=False)  # type: ignore[arg-type]
-        try:
-            yield s
-        finally:
-            if s is not store:
-                s.close()  # only the cold stores it opened
-        return
-    if not store_exists(store):  # type: ignore[arg-type]
-        url = str(store) if store is not None else default_store_url()
-        raise ConfigError(f"no store at {url} ({store_location(url)})",
-                          hint="run a task first (`overnight demo`), or pass --store / set OVERNIGHT_STORE")
-    s = tiered(open_store(store, read_only=read_only))  # type: ignore[arg-type]
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-def _medium_for(located: Store, task_id: str, *, write: bool) -> Store:
-    """The store to use for ``task_id`` found by :func:`~overnight.run.router.locate`."""
-    from overnight.store.compose.replicated import ReplicatedStore
-    from overnight.ops.repair import repair_task
-
-    if not isinstance(located, ReplicatedStore):
-        return located
-    if write:
-        repair_task(located.media, list(located.names), task_id, key=signing_key_from_env())
-        return located
-    for medium in located.media:
-        try:
-            if medium.list_refs(task_id):
-                return medium
-        except OvernightError:
-            continue  # an unavailable medium: read another
-    return located
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|hr|d|day|days|w|week|weeks)?\s*$")
@@ -159,7 +108,7 @@ def parse_duration(value: str | float | int | None, what: str = "duration") -> f
     return seconds
 
 
-# --- loading task code: overnight.run.loader (re-exported: api.load_task) -------------------
+# --- loading task code: overnight.runtime.loader (re-exported: api.load_task) -------------------
 
 
 # --- run / resume ------------------------------------------------------------------------------
@@ -201,7 +150,7 @@ def resume(
 ) -> RunResult:
     """Resume a stored task from the latest head of ``branch``, loading its code from the entry
     recorded when it was created (or ``entry`` to override) -- only from inside the project
-    (:mod:`overnight.run.loader`).
+    (:mod:`overnight.runtime.loader`).
 
     Raises:
         TaskNotFound: no such task. ConfigError: no code location recorded and none given.
@@ -215,7 +164,7 @@ def resume(
             exc = TaskNotFound(f"no task {task_id!r} in the default store or the configured media", task_id=task_id,
                                hint="`overnight ls` lists the tasks; pass --store URL for another store")
             if store_exists(default_store_url()):
-                with _opened_store(None) as s:
+                with opened(None) as s:
                     _suggest(exc, s)
             raise exc
         store = found[0]
@@ -228,7 +177,7 @@ def resume(
     with _opened(store) as s:
         # a replicated task is read from a medium that holds it (the runner repairs the others,
         # and sets aside a damaged one, before its session starts)
-        medium = _medium_for(s.hot, task_id, write=False)
+        medium = medium_for(s.hot, task_id, write=False)
         reader = s if medium is s.hot else medium
         row = reader.get_task(task_id)
         verified = None
@@ -686,13 +635,13 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
 def _predict(rep: StatusReport, s: Store, loaded: Any, task: Task, on_drift: str | dict[str, str] | None,
              model: Any) -> None:
     """Fill ``rep`` with the drift against the world now and what a resume would do about it --
-    the same functions the runner calls (:func:`~overnight.run.drift.decide`, read
-    only, and :func:`~overnight.run.task.reconcile_plan`), so the prediction is the run."""
+    the same functions the runner calls (:func:`~overnight.runtime.drift.decide`, read
+    only, and :func:`~overnight.runtime.task.reconcile_plan`), so the prediction is the run."""
     from overnight.errors import DriftAbort
-    from overnight.run.drift import decide, policies_for, report_for, salt_of, world, world_spec
+    from overnight.runtime.drift import decide, policies_for, report_for, salt_of, world, world_spec
     from overnight.models import model_from_spec
-    from overnight.run.runner import identity_of, tokenizer_of
-    from overnight.run.task import reconcile_plan
+    from overnight.runtime.runner import identity_of, tokenizer_of
+    from overnight.runtime.task import reconcile_plan
     from overnight.verify.drift import affected_steps, parse_policies
 
     state = loaded.state_tree
@@ -770,7 +719,7 @@ def route(entry: str | Task, *, now: Any = None) -> Route:
     Raises:
         SpecError: no expected span, or the spec is under the completeness threshold.
     """
-    from overnight.run.router import route as route_task
+    from overnight.runtime.router import route as route_task
 
     task = load_task(entry) if isinstance(entry, str) else entry
     return route_task(task, load_config(), now=now)

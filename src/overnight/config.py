@@ -193,7 +193,7 @@ def _store_url(value: str | None) -> str | None:
 class Settings(BaseModel):
     """The checked form of every setting (keys as in ``overnight.toml``). Each constraint is the
     range in which the setting means something: a span threshold is a positive number of hours and
-    the durable threshold is above the session one (:mod:`overnight.run.router`), a
+    the durable threshold is above the session one (:mod:`overnight.runtime.router`), a
     completeness is a share in [0, 1], a lease lives at least 1 s (it is renewed every third of
     its TTL), a store URL has a scheme :func:`overnight.store.open_store` knows."""
 

@@ -29,7 +29,7 @@ How a session is stored (the checkpoint format itself is ``docs/FORMAT.md``):
 
 Context budget (optional, ``max_context_tokens=N``): when the items reach ``compaction_threshold``
 x N tokens after an ``add_items``, the oldest items are summarised by overnight's compaction
-(:func:`overnight.run.session.summary_request`, the task's model, the call journal) and
+(:func:`overnight.runtime.session.summary_request`, the task's model, the call journal) and
 replaced by one summary item, in a ``compaction`` checkpoint; the newest items stay verbatim.
 Nothing is cleared first: the checkpoint before the compaction still holds every item
 (``overnight log TASK``, :meth:`OvernightSession.get_items_at`).
@@ -58,7 +58,7 @@ from overnight.errors import (
     short_id,
 )
 from overnight.models import Model, model_from_spec
-from overnight.run.session import Budget, request_digest, summary_request, summary_tokens
+from overnight.runtime.session import Budget, request_digest, summary_request, summary_tokens
 from overnight.store import Store, open_store
 from overnight.store.base import CallRecord, TaskRow
 from overnight.store.blobs import BlobReader
@@ -144,7 +144,7 @@ class OvernightSession:
         session_id: the session's id.
         task_id: the overnight task holding it (:func:`session_task_id`).
         session_settings: the SDK settings (None when not given).
-        budget: the context budget (:class:`~overnight.run.session.Budget`: ``max_tokens``,
+        budget: the context budget (:class:`~overnight.runtime.session.Budget`: ``max_tokens``,
             ``threshold``, ``compact_at`` in tokens), None without one.
 
     Raises:

@@ -2,7 +2,7 @@
 
 A seeded workload (:func:`make_workload`) of long tasks (:mod:`overnight.bench.kpi_workload`)
 runs through each configuration -- ``naive`` (no persistence), ``session``, ``durable`` and the
-``router`` (:func:`overnight.run.router.route` picks each task's level) -- under the same
+``router`` (:func:`overnight.runtime.router.route` picks each task's level) -- under the same
 fault schedule. Every session is a worker process forked from this one; the faults are real:
 
 * **SIGKILL** of the worker at the start of a chosen step execution plus a random delay (so it
@@ -101,9 +101,9 @@ def make_workload(n: int, seed: int) -> list[TaskSpec]:
 
 
 def routed_level(spec: TaskSpec) -> str:
-    """The level :func:`overnight.run.router.route` picks for ``spec`` (started at its hour)."""
+    """The level :func:`overnight.runtime.router.route` picks for ``spec`` (started at its hour)."""
     from overnight.config import load
-    from overnight.run.router import route
+    from overnight.runtime.router import route
 
     task = build_task(spec, Path("."), Path("."), None)
     now = datetime(2026, 3, 2, spec.start_hour, 0).astimezone()
@@ -413,7 +413,7 @@ def _drop_store(store: dict[str, Any]) -> None:
 def warm_up() -> None:
     """Load what every worker needs (the o200k_base vocabulary, the model) once, here, so that the
     forked workers share it: resume latency then measures overnight, not interpreter start-up."""
-    import overnight.run.runner  # noqa: F401 - imported once, here, not in every worker
+    import overnight.runtime.runner  # noqa: F401 - imported once, here, not in every worker
     from overnight.models.extractive import ExtractiveModel
     from overnight.tokens import tokenizer_for
 

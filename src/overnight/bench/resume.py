@@ -8,7 +8,7 @@ Then, ``reps`` times each probe:
 * **overnight** (``overnight sqlite`` / ``file`` / ``postgres``, store already open), two probes:
   ``load + verify head`` -- :func:`~overnight.chain.read.load_head`: read the head and verify it
   (record digest, schema, every page and state blob re-hashed), the counterpart of LangGraph's
-  read; and ``resume session`` -- one :class:`~overnight.run.runner.Runner` session with
+  read; and ``resume session`` -- one :class:`~overnight.runtime.runner.Runner` session with
   ``max_steps=0``: take the lease, load and verify the head, compare its fingerprint with the world
   (the ``durable`` level's consistency check: code, installed packages, environment), release the
   lease. That is everything a resumed run does before its first step; it commits nothing.
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from overnight.bench.commit import DEFAULT_POSTGRES, langgraph_saver, message_text, open_overnight
-from overnight.run.runner import RunEvent, Runner
-from overnight.run.task import Task
+from overnight.runtime.runner import RunEvent, Runner
+from overnight.runtime.task import Task
 from overnight.chain.read import load_head
 
 #: every system :func:`run_resume_bench` can measure, in table order

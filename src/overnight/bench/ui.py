@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from overnight import api
-from overnight.run.runner import Runner
-from overnight.run.task import Task
+from overnight.runtime.runner import Runner
+from overnight.runtime.task import Task
 from overnight.store.sqlite import SQLiteStore
 
 

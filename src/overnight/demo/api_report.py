@@ -29,8 +29,8 @@ from typing import Any, Callable
 
 from overnight.errors import ConfigError
 from overnight.models.extractive import ExtractiveWriter, code, prose, section_messages  # noqa: F401 (re-exported)
-from overnight.run.context import StepContext
-from overnight.run.task import Task
+from overnight.runtime.context import StepContext
+from overnight.runtime.task import Task
 
 DEFAULT_PACKAGE = "email"
 

@@ -50,7 +50,7 @@ from overnight.errors import (
     short_id,
 )
 from overnight.mcp.world import CodingDrift, drift, project_root, world
-from overnight.run.task import CRITICALITY, parse_span, step_key, todo_entry
+from overnight.runtime.task import CRITICALITY, parse_span, step_key, todo_entry
 from overnight.store import Store, default_store_url, open_store
 from overnight.store import exists as store_exists
 from overnight.store.base import TaskRow

@@ -47,20 +47,20 @@ from overnight.errors import (
     UnknownStep,
 )
 from overnight.models import Model, model_from_spec
-from overnight.run.context import StepContext
-from overnight.run.session import Budget, ModelGateway, summarize
+from overnight.runtime.context import StepContext
+from overnight.runtime.session import Budget, ModelGateway, summarize
 from overnight.store.base import CallRecord
 from overnight.tokens import count_messages, tokenizer_for
-from overnight.run.task import Task, reconcile_plan, step_key
+from overnight.runtime.task import Task, reconcile_plan, step_key
 from overnight.store import open_store
 from overnight.store.base import Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
 from overnight.config import load as load_config
-from overnight.run.loader import same_location
-from overnight.run.drift import Decision, decide, policies_for, salt_of, world_spec, write_export
-from overnight.run.router import Route, locate, open_routed
-from overnight.run.router import route as route_task
+from overnight.runtime.loader import same_location
+from overnight.runtime.drift import Decision, decide, policies_for, salt_of, world_spec, write_export
+from overnight.store.media import Route, locate, open_routed
+from overnight.runtime.router import route as route_task
 from overnight.store.compose.tiered import TieredStore, tiered
 from overnight.ops.archive import ensure_hot
 from overnight.store.compose.replicated import ReplicatedStore
@@ -171,7 +171,7 @@ class Runner:
         model: the model steps call through ``ctx.model`` (a :class:`~overnight.models.Model` or a
             spec: ``extractive``, ``local``, ``openai:NAME``); default the task's ``model``.
         max_context_tokens, compaction_threshold: the session's context budget (default the
-            task's: 8,000 tokens, compaction at 80 %); see :mod:`overnight.run.session`.
+            task's: 8,000 tokens, compaction at 80 %); see :mod:`overnight.runtime.session`.
         code_moved: the task's code now lives somewhere else than where it was created (an
             existing task is otherwise refused when other code claims its id).
         allow_rollback: continue from a branch ref that is older than a newer verified record of
@@ -179,7 +179,7 @@ class Runner:
             :mod:`overnight.chain.rollback`), and lower the mark to it.
 
     Store and level: with ``store=None`` and an ``expected_span`` on the task, the router picks
-    the level and the media (:mod:`overnight.run.router`, recorded on the task); with
+    the level and the media (:mod:`overnight.runtime.router`, recorded on the task); with
     ``store=None`` and no span, the default store at the ``durable`` level; with an explicit
     store, that store at the task's ``level`` (default ``durable``).
     """
@@ -594,7 +594,7 @@ class Runner:
         return False, fallback
 
     def _reconcile_plan(self) -> None:
-        """Bring the stored plan up to date with the task code (:func:`~overnight.run.task.
+        """Bring the stored plan up to date with the task code (:func:`~overnight.runtime.task.
         reconcile_plan`): a planned step added to the code runs where the code puts it; a planned
         step whose function is gone leaves the plan. Committed as a ``drift`` checkpoint and
         reported as ``plan changed: + x before c; - y``."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from overnight.config import find_file
 from overnight.errors import CodeLocationRefused, ConfigError, EntryMismatch, OvernightError
-from overnight.run.task import Task
+from overnight.runtime.task import Task
 
 
 def project_root() -> Path:

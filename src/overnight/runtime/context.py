@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 from overnight.codec.canonical import dumps_sorted, from_tree
 from overnight.codec.digest import sha256
 from overnight.errors import SpecError
-from overnight.run.task import default_step_name, todo_entry
+from overnight.runtime.task import default_step_name, todo_entry
 from overnight.verify.fingerprint import MISSING, digest_path, installed, keyed, listing_digest, normalize, source_digest
 
 if TYPE_CHECKING:
-    from overnight.run.session import ModelGateway
-    from overnight.run.task import Task
+    from overnight.runtime.session import ModelGateway
+    from overnight.runtime.task import Task
 
 
 class StepHost(Protocol):
@@ -130,7 +130,7 @@ class StepContext:
         attempt: 1 on the first try of this step in this run, 2+ on retries.
         log: a logger (``overnight.task.<task_id>``) that prefixes the step name.
         model: the task's model behind the session's context budget and the call journal:
-            ``ctx.model.complete(messages, max_tokens=...)`` (see :mod:`overnight.run.session`).
+            ``ctx.model.complete(messages, max_tokens=...)`` (see :mod:`overnight.runtime.session`).
     """
 
     def __init__(self, runner: StepHost, entry: dict[str, Any], args: dict[str, Any], attempt: int,

@@ -38,7 +38,7 @@ from overnight.tokens import Tokenizer, count_messages
 
 if TYPE_CHECKING:
     from overnight.models.base import Model
-    from overnight.run.task import Task
+    from overnight.runtime.task import Task
     from overnight.store.base import Store
 
 

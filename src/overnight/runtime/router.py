@@ -29,41 +29,14 @@ acceptance criteria (``Task(done_when=...)``) -- unless the task states its comp
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from datetime import datetime, time, timedelta
-from typing import Any
 
 from overnight.config import Config
 from overnight.errors import SpecError
-from overnight.run.task import Task
+from overnight.runtime.task import Task
+from overnight.store.media import Route
 
 LEVELS = ("ephemeral", "session", "durable")
-
-
-@dataclass
-class Route:
-    """A routing decision.
-
-    Attributes:
-        level: ``ephemeral`` / ``session`` / ``durable``.
-        media: medium names (``local``, ``database``, ``cloud``), the first one primary.
-        urls: their store URLs (empty for ``ephemeral``).
-        reasons: why, one line each (recorded on the task).
-        completeness: spec completeness in [0, 1].
-        crosses_night: whether the expected span crosses a local midnight.
-    """
-
-    level: str
-    media: list[str]
-    urls: list[str]
-    reasons: list[str]
-    completeness: float
-    crosses_night: bool
-    overridden: bool = False
-    missing: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def completeness(task: Task) -> tuple[float, list[str]]:
@@ -151,98 +124,3 @@ def route(task: Task, config: Config, *, now: datetime | None = None) -> Route:
         if decision.level == "ephemeral":
             decision.urls = []
     return decision
-
-
-def open_routed(route: Route, task_id: str, *, read_only: bool = False) -> Any:
-    """The store a route asks for: in-process for ``ephemeral``, one medium, or a
-    :class:`~overnight.store.compose.replicated.ReplicatedStore` over several (the first is primary).
-
-    A medium of several whose store is damaged (:class:`~overnight.errors.StoreCorrupt` on opening)
-    is opened as a :class:`~overnight.store.compose.damaged.DamagedMedium`: the others still carry the task,
-    and a repair sets it aside and rebuilds it.
-
-    Raises:
-        StoreCorrupt: the single medium of a one-medium route is damaged.
-    """
-    from overnight.errors import StoreCorrupt, StoreUnavailable
-    from overnight.store import open_store
-    from overnight.store.compose.damaged import DamagedMedium
-    from overnight.store.memory import MemoryStore
-    from overnight.store.compose.replicated import ReplicatedStore
-
-    if route.level == "ephemeral" or not route.urls:
-        return MemoryStore(f"ephemeral-{task_id}")
-    if len(route.urls) == 1:
-        return open_store(route.urls[0], read_only=read_only)
-    stores: list[Any] = []
-    for url in route.urls:
-        try:
-            try:
-                stores.append(open_store(url, read_only=read_only))
-            except StoreUnavailable:
-                if not read_only:
-                    raise
-                stores.append(open_store(url))  # a medium whose file is gone: opened (empty) as before, the others hold the task
-        except StoreCorrupt as exc:
-            stores.append(DamagedMedium(url, exc))
-    return ReplicatedStore(stores, list(route.media))
-
-
-def recorded_route(spec: dict[str, Any]) -> Route | None:
-    """The route recorded in a task spec at creation, if any."""
-    data = spec.get("route")
-    if not isinstance(data, dict) or "level" not in data:
-        return None
-    return Route(level=data["level"], media=list(data.get("media", [])), urls=list(data.get("urls", [])),
-                 reasons=list(data.get("reasons", [])), completeness=float(data.get("completeness", 0.0)),
-                 crosses_night=bool(data.get("crosses_night", False)), overridden=bool(data.get("overridden", False)))
-
-
-def locate(task_id: str, config: Config, *, read_only: bool = False) -> tuple[Any, Route | None] | None:
-    """Find an existing task: in the default store, else in the configured database or cloud
-    medium. Returns ``(store, recorded route)`` -- the store opened on every medium the task was
-    routed to (``read_only`` for reading commands: see :func:`~overnight.store.open_store`) -- or
-    None when no medium knows the task.
-
-    A damaged local store (:class:`~overnight.errors.StoreCorrupt`) does not end the search: a
-    replicated task is found on a replica (its damaged medium then opens as a
-    :class:`~overnight.store.compose.damaged.DamagedMedium`, for a repair to set aside and rebuild).
-
-    Raises:
-        StoreCorrupt: the local store is damaged and no other medium knows the task.
-        ConfigError: the local store cannot be opened for another reason (not an overnight store).
-    """
-    from overnight.codec.canonical import loads
-    from overnight.errors import NotFound, OvernightError, StoreCorrupt
-    from overnight.store import exists, open_store
-
-    damaged: StoreCorrupt | None = None
-    for name in ("local", "database", "cloud"):
-        url = config.medium(name)
-        if url is None or not exists(url):
-            continue
-        store = None
-        try:
-            store = open_store(url, read_only=read_only)
-            spec = loads(store.get_task(task_id).spec)
-        except NotFound:
-            store.close()  # type: ignore[union-attr]
-            continue
-        except StoreCorrupt as exc:
-            if store is not None:
-                store.close()
-            if name == "local":
-                damaged = exc
-            continue
-        except OvernightError:
-            if name == "local" or store is not None:  # a replica that cannot be opened is skipped
-                raise
-            continue
-        rec = recorded_route(spec) if isinstance(spec, dict) else None
-        if rec is not None and rec.level != "ephemeral" and len(rec.urls) > 1:
-            store.close()
-            return open_routed(rec, task_id, read_only=read_only), rec
-        return store, rec
-    if damaged is not None:
-        raise damaged
-    return None
