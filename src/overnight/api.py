@@ -181,15 +181,20 @@ def resume(
         reader = s if medium is s.hot else medium
         row = reader.get_task(task_id)
         verified = None
+        head = None
         if entry is None and row.entry:
-            loaded, _ = load_head(reader, task_id, branch, key=signing_key_from_env(), deep=False)
+            # loaded and verified (deep) once: the runner starts from it when the branch ref still
+            # names it once its lease is taken (a replicated task's runner repairs first: it loads)
+            known: set[str] = set()
+            loaded, fallback = load_head(reader, task_id, branch, key=signing_key_from_env(), verified=known)
             verified = _spec_entry(loaded)
+            head = (loaded, fallback, known) if reader is s else None
         task = load_stored_task(task_id, recorded=row.entry, verified=verified, override=entry)
         if task is None:
             raise _no_code(row, "resume")
         return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift,
                       model=model, max_context_tokens=max_context_tokens, code_moved=entry is not None,
-                      allow_rollback=allow_rollback).run()
+                      allow_rollback=allow_rollback, head=head).run()
 
 
 def _spec_entry(loaded: Any) -> str | None:
@@ -382,6 +387,7 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
                                     row.created_at, row.stored_bytes, heads.get(row.checkpoint_id, []), problem is None,
                                     problem, row.checkpoint_id not in hot))
         status, done, total, todo, artifacts, fell_back = "invalid", 0, 0, [], {}, None
+        main_head: Any = None
         if branch in refs:
             try:
                 loaded, fallback = load_head(s, task_id, branch, key=key, deep=False)
@@ -391,15 +397,18 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
                 todo = [e.name for e in loaded.state.todo]
                 artifacts = {n: a.size for n, a in loaded.artifacts.items()}
                 status = "complete" if not st.todo.count else "in progress"
+                main_head = loaded if branch == "main" else None
             except OvernightError:
                 pass
         return TaskReport(task_id, t.goal, t.entry, t.created_at, refs, status, done, total, todo, artifacts, chain,
-                          sum(c.stored_bytes for c in chain), _usage(s, task_id), fell_back, len(damaged))
+                          sum(c.stored_bytes for c in chain), _usage(s, task_id, main_head), fell_back, len(damaged))
 
 
-def _usage(s: Store, task_id: str) -> dict[str, Any]:
+def _usage(s: Store, task_id: str, main_head: Any = None) -> dict[str, Any]:
     """Model usage of a task from its call journal (every call actually made) and its done steps
-    (calls replayed from the journal after an interruption instead of being made again)."""
+    (calls replayed from the journal after an interruption instead of being made again) on
+    ``main`` -- ``main_head``, the verified head of ``main`` when the caller loaded it already
+    (``show`` does: the head is loaded and verified once), else loaded here."""
     cfg = load_config()
     by_model: dict[str, dict[str, Any]] = {}
     for c in s.calls(task_id):
@@ -418,7 +427,7 @@ def _usage(s: Store, task_id: str) -> dict[str, Any]:
         cost += m["cost_usd"]
     replayed = 0
     try:
-        loaded, _ = load_head(s, task_id, "main", key=signing_key_from_env(), deep=False)
+        loaded = main_head or load_head(s, task_id, "main", key=signing_key_from_env(), deep=False)[0]
         replayed = sum(d.replayed_tokens for d in loaded.state.done)
     except OvernightError:
         pass

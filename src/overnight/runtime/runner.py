@@ -177,6 +177,10 @@ class Runner:
         allow_rollback: continue from a branch ref that is older than a newer verified record of
             the branch or this machine's high-water mark (otherwise ``RollbackDetected``;
             :mod:`overnight.chain.rollback`), and lower the mark to it.
+        head: ``(loaded, fallback, verified digests)`` of this branch, as
+            :func:`~overnight.chain.read.load_head` returned them (deep, with this key) to a caller
+            that needed the head first (``resume`` reads the code location from it); used when the
+            branch ref still names it once the lease is taken, so the head is verified once.
 
     Store and level: with ``store=None`` and an ``expected_span`` on the task, the router picks
     the level and the media (:mod:`overnight.runtime.router`, recorded on the task); with
@@ -202,7 +206,9 @@ class Runner:
         compaction_threshold: float | None = None,
         code_moved: bool = False,
         allow_rollback: bool = False,
+        head: tuple[LoadedCheckpoint, Fallback | None, set[str]] | None = None,
     ) -> None:
+        self._preloaded = head
         self.task = task
         self.code_moved = code_moved
         self.allow_rollback = allow_rollback
@@ -562,7 +568,7 @@ class Runner:
                 task_id=self.task.id,
                 hint="give this task another id, or, if the code moved, resume it with "
                 f"`overnight resume {self.task.id} --file {self.task.entry}`")
-        loaded, fallback = load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known)
+        loaded, fallback = self._head_loaded()
         accepted = rollback.check(self.store, loaded, key=self.key, allow=self.allow_rollback,
                                   skipped={s.checkpoint_id for s in fallback.skipped} if fallback else set())
         if accepted is not None:
@@ -592,6 +598,17 @@ class Runner:
             self._export()
         self._reconcile_plan()
         return False, fallback
+
+    def _head_loaded(self) -> tuple[LoadedCheckpoint, Fallback | None]:
+        """The branch head, verified: the one the caller loaded (``head=``) if the ref still names
+        what it loaded, else loaded now (:func:`~overnight.chain.read.load_head`)."""
+        pre, self._preloaded = self._preloaded, None
+        if pre is not None:
+            loaded, fallback, known = pre
+            if self.store.get_ref(self.task.id, self.branch) == (fallback.head_id if fallback else loaded.id):
+                self.chain.known |= known
+                return loaded, fallback
+        return load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known)
 
     def _reconcile_plan(self) -> None:
         """Bring the stored plan up to date with the task code (:func:`~overnight.runtime.task.
