@@ -256,19 +256,18 @@ class Commit:
     task: TaskRow | None = None
 
 
+# The store protocol, by concern. A backend implements them all (:class:`Store`); code that needs
+# one concern names that one (gc's object sweep an ObjectStore, the chain a ChainStore, ...).
+# All methods are synchronous and safe to call from several threads. Errors: lookups raise
+# :class:`~overnight.errors.NotFound` subclasses; a lock held by another process for longer than
+# the backend's wait raises :class:`~overnight.errors.StoreBusy`; a store whose schema is newer
+# than this code raises :class:`~overnight.errors.StoreVersionError` on open.
+
+
 @runtime_checkable
-class Store(Protocol):
-    """Storage backend. All methods are synchronous and safe to call from several threads.
+class ObjectStore(Protocol):
+    """Content-addressed objects: write once, read by digest, delete only by ``gc``."""
 
-    Errors: lookups raise :class:`~overnight.errors.NotFound` subclasses; a lock held by another
-    process for longer than the backend's wait raises :class:`~overnight.errors.StoreBusy`; a
-    store whose schema is newer than this code raises
-    :class:`~overnight.errors.StoreVersionError` on open.
-    """
-
-    url: str
-
-    # objects ---------------------------------------------------------------------------------
     def missing_objects(self, digests: Iterable[str]) -> set[str]:
         """The subset of ``digests`` not stored."""
         ...
@@ -300,7 +299,12 @@ class Store(Protocol):
         """
         ...
 
-    # checkpoints and refs --------------------------------------------------------------------
+
+
+@runtime_checkable
+class ChainStore(Protocol):
+    """Checkpoint records, branch refs (the only mutable thing), tasks and their step journal."""
+
     def commit(self, commit: Commit) -> int:
         """Insert objects, the checkpoint and journal rows, and CAS the branch ref, atomically.
 
@@ -360,7 +364,7 @@ class Store(Protocol):
         remaining checkpoint references. Deleting a task that does not exist does nothing."""
         ...
 
-    # tasks and journal -----------------------------------------------------------------------
+    # tasks and journal
     def get_task(self, task_id: str) -> TaskRow:
         """Raises :class:`~overnight.errors.TaskNotFound`."""
         ...
@@ -373,7 +377,12 @@ class Store(Protocol):
         """Committed step rows of the task, by ``seq``."""
         ...
 
-    # call journal ----------------------------------------------------------------------------
+
+
+@runtime_checkable
+class CallJournal(Protocol):
+    """Side table: model calls, so a resumed step replays a call instead of paying for it again."""
+
     def record_call(self, call: CallRecord) -> None:
         """Record a model call; durable when it returns. A call already recorded under the same
         ``(task_id, step_key, seq, request_digest)`` is kept (first write wins)."""
@@ -383,7 +392,12 @@ class Store(Protocol):
         """Recorded calls of a task (of one step, with ``step_key``), oldest first."""
         ...
 
-    # archives (tiered storage) ------------------------------------------------------------------
+
+
+@runtime_checkable
+class ArchiveCatalog(Protocol):
+    """Side table: archive runs (tiered storage) -- which cold store holds which pack of a task."""
+
     def put_archive(self, row: ArchiveRow) -> None:
         """Record an archive run (an ``archive_id`` already recorded for the task is left as is)."""
         ...
@@ -396,7 +410,12 @@ class Store(Protocol):
         """Forget an archive run (after ``restore``); the cold store is not touched."""
         ...
 
-    # leases ----------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """Leases: one live holder per ``(task, branch)``, fencing the commits of a lost holder."""
+
     def acquire_lease(self, task_id: str, branch: str, holder_id: str, holder: str, ttl_ms: int) -> Lease:
         """Take the lease, or raise :class:`~overnight.errors.TaskBusy` naming the live holder.
 
@@ -412,7 +431,14 @@ class Store(Protocol):
         """Give the lease up (no error if it was already taken over)."""
         ...
 
-    # housekeeping ----------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Store(ObjectStore, ChainStore, LeaseStore, CallJournal, ArchiveCatalog, Protocol):
+    """A storage backend: every concern above, plus its URL and housekeeping."""
+
+    url: str
+
     def stored_bytes(self) -> int:
         """Bytes the store occupies on its medium (database file(s), objects and records)."""
         ...

@@ -11,23 +11,22 @@ later). Reads come from the primary. Making the media agree again is
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 from overnight.errors import ConcurrencyError, OvernightError, ReplicaUnavailable, StoreBusy, short_id
+from overnight.store.compose.delegate import forwarding
 from overnight.store.base import (
     ArchiveRow,
     CallRecord,
     CheckpointRow,
     Commit,
     JournalRow,
-    Lease,
     ObjectRecord,
-    ObjectStat,
     Store,
-    TaskRow,
 )
 
 
+@forwarding("primary")
 class ReplicatedStore:
     """A :class:`~overnight.store.base.Store` writing to every medium, reading from the first.
 
@@ -48,43 +47,7 @@ class ReplicatedStore:
         """The first medium (a damaged one set aside by a repair is replaced in :attr:`media`)."""
         return self.media[0]
 
-    # reads: the primary
-    def missing_objects(self, digests: Iterable[str]) -> set[str]:
-        return self.primary.missing_objects(digests)
-
-    def get_objects(self, digests: Iterable[str]) -> dict[str, ObjectRecord]:
-        return self.primary.get_objects(digests)
-
-    def iter_object_digests(self) -> Iterator[str]:
-        return self.primary.iter_object_digests()
-
-    def iter_object_stats(self) -> Iterator[ObjectStat]:
-        return self.primary.iter_object_stats()
-
-    def list_archives(self, task_id: str | None = None) -> list[ArchiveRow]:
-        return self.primary.list_archives(task_id)
-
-    def get_checkpoint(self, checkpoint_id: str) -> CheckpointRow:
-        return self.primary.get_checkpoint(checkpoint_id)
-
-    def list_checkpoints(self, task_id: str) -> list[CheckpointRow]:
-        return self.primary.list_checkpoints(task_id)
-
-    def get_ref(self, task_id: str, branch: str) -> str | None:
-        return self.primary.get_ref(task_id, branch)
-
-    def list_refs(self, task_id: str) -> dict[str, str]:
-        return self.primary.list_refs(task_id)
-
-    def get_task(self, task_id: str) -> TaskRow:
-        return self.primary.get_task(task_id)
-
-    def list_tasks(self) -> list[TaskRow]:
-        return self.primary.list_tasks()
-
-    def journal(self, task_id: str) -> list[JournalRow]:
-        return self.primary.journal(task_id)
-
+    # reads (not written here): the primary, forwarded by @forwarding
     # writes: every medium, the primary first. A replica that cannot take a write the primary
     # already has stops the caller with ReplicaUnavailable (or the ConcurrencyError of a replica
     # that is behind or diverged): a write returns only when every medium has it.
@@ -163,19 +126,7 @@ class ReplicatedStore:
         for m in self.media:
             m.delete_archive(task_id, archive_id)
 
-    def calls(self, task_id: str, step_key: str | None = None) -> list[CallRecord]:
-        return self.primary.calls(task_id, step_key)
-
-    # leases: the primary coordinates
-    def acquire_lease(self, task_id: str, branch: str, holder_id: str, holder: str, ttl_ms: int) -> Lease:
-        return self.primary.acquire_lease(task_id, branch, holder_id, holder, ttl_ms)
-
-    def renew_lease(self, lease: Lease, ttl_ms: int) -> Lease:
-        return self.primary.renew_lease(lease, ttl_ms)
-
-    def release_lease(self, lease: Lease) -> None:
-        self.primary.release_lease(lease)
-
+    # leases (forwarded): the primary coordinates
     def stored_bytes(self) -> int:
         return sum(m.stored_bytes() for m in self.media)
 

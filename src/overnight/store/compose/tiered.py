@@ -31,22 +31,12 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 from overnight.errors import CheckpointNotFound, ConfigError, OvernightError
-from overnight.store.base import (
-    ArchiveRow,
-    CallRecord,
-    CheckpointRow,
-    Commit,
-    JournalRow,
-    Lease,
-    ObjectRecord,
-    ObjectStat,
-    Store,
-    TaskRow,
-)
+from overnight.store.base import ArchiveRow, CheckpointRow, JournalRow, ObjectRecord, Store
 from overnight.store.compose.pack import Manifest, PackEntry, manifest_of, read_entry
+from overnight.store.compose.delegate import forwarding
 
 CATALOG_TTL_S = 1.0
 """Seconds a catalog read is reused before a miss re-reads it."""
@@ -78,8 +68,10 @@ def open_existing(url: str) -> Store:
     return open_store(url)
 
 
+@forwarding("hot")
 class TieredStore:
-    """A hot store plus the cold stores its archive catalog names (see the module docstring).
+    """A hot store plus the cold stores its archive catalog names (see the module docstring). What
+    it does not define here (writes, refs, tasks, leases, the call journal) goes to the hot store.
 
     Args:
         hot: the store everything is written to.
@@ -243,22 +235,7 @@ class TieredStore:
             found.update(self._from_packs(rest))
         return found
 
-    def put_objects(self, objects: Iterable[ObjectRecord]) -> None:
-        self.hot.put_objects(objects)
-
-    def iter_object_digests(self) -> Iterator[str]:
-        return self.hot.iter_object_digests()
-
-    def iter_object_stats(self) -> Iterator[ObjectStat]:
-        return self.hot.iter_object_stats()
-
-    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
-        return self.hot.delete_objects(digests, min_age_ms=min_age_ms)
-
     # -- checkpoints and refs -----------------------------------------------------------------
-
-    def commit(self, commit: Commit) -> int:
-        return self.hot.commit(commit)
 
     def get_checkpoint(self, checkpoint_id: str) -> CheckpointRow:
         try:
@@ -275,31 +252,7 @@ class TieredStore:
             rows.setdefault(r.checkpoint_id, r)
         return sorted(rows.values(), key=lambda r: (r.seq, r.created_at, r.checkpoint_id))
 
-    def get_ref(self, task_id: str, branch: str) -> str | None:
-        return self.hot.get_ref(task_id, branch)
-
-    def list_refs(self, task_id: str) -> dict[str, str]:
-        return self.hot.list_refs(task_id)
-
-    def set_ref(self, task_id: str, branch: str, new: str | None, expected: str | None) -> None:
-        self.hot.set_ref(task_id, branch, new, expected)
-
-    def put_checkpoints(self, rows: Iterable[CheckpointRow], journal: Iterable[JournalRow] = ()) -> None:
-        self.hot.put_checkpoints(rows, journal)
-
-    def delete_checkpoints(self, checkpoint_ids: Iterable[str], *, orphans: bool = False) -> int:
-        return self.hot.delete_checkpoints(checkpoint_ids, orphans=orphans)
-
-    def delete_task(self, task_id: str) -> None:
-        self.hot.delete_task(task_id)
-
     # -- tasks and journal --------------------------------------------------------------------
-
-    def get_task(self, task_id: str) -> TaskRow:
-        return self.hot.get_task(task_id)
-
-    def list_tasks(self) -> list[TaskRow]:
-        return self.hot.list_tasks()
 
     def journal(self, task_id: str) -> list[JournalRow]:
         rows = self.hot.journal(task_id)
@@ -315,37 +268,15 @@ class TieredStore:
                     rows.append(j)
         return sorted(rows, key=lambda j: j.seq)
 
-    # -- call journal -------------------------------------------------------------------------
-
-    def record_call(self, call: CallRecord) -> None:
-        self.hot.record_call(call)
-
-    def calls(self, task_id: str, step_key: str | None = None) -> list[CallRecord]:
-        return self.hot.calls(task_id, step_key)
-
     # -- archives -----------------------------------------------------------------------------
 
     def put_archive(self, row: ArchiveRow) -> None:
         self.hot.put_archive(row)
         self._catalog_at = float("-inf")
 
-    def list_archives(self, task_id: str | None = None) -> list[ArchiveRow]:
-        return self.hot.list_archives(task_id)
-
     def delete_archive(self, task_id: str, archive_id: str) -> None:
         self.hot.delete_archive(task_id, archive_id)
         self._catalog_at = float("-inf")
-
-    # -- leases -------------------------------------------------------------------------------
-
-    def acquire_lease(self, task_id: str, branch: str, holder_id: str, holder: str, ttl_ms: int) -> Lease:
-        return self.hot.acquire_lease(task_id, branch, holder_id, holder, ttl_ms)
-
-    def renew_lease(self, lease: Lease, ttl_ms: int) -> Lease:
-        return self.hot.renew_lease(lease, ttl_ms)
-
-    def release_lease(self, lease: Lease) -> None:
-        self.hot.release_lease(lease)
 
     # -- housekeeping -------------------------------------------------------------------------
 
