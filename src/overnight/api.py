@@ -183,10 +183,12 @@ def resume(
         verified = None
         head = None
         if entry is None and row.entry:
-            # loaded and verified (deep) once: the runner starts from it when the branch ref still
-            # names it once its lease is taken (a replicated task's runner repairs first: it loads)
+            # loaded and verified once: the runner starts from it when the branch ref still names it
+            # once its lease is taken, and hashes its artifacts there (the deep check, the slow part,
+            # runs under the lease and the stop signals); a replicated task's runner repairs first
             known: set[str] = set()
-            loaded, fallback = load_head(reader, task_id, branch, key=signing_key_from_env(), verified=known)
+            loaded, fallback = load_head(reader, task_id, branch, key=signing_key_from_env(), deep=False,
+                                         verified=known)
             verified = _spec_entry(loaded)
             head = (loaded, fallback, known) if reader is s else None
         task = load_stored_task(task_id, recorded=row.entry, verified=verified, override=entry)

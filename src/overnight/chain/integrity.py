@@ -315,9 +315,28 @@ def load_checkpoint(
             raise MissingObject(f"{cp} artifacts are missing from the store: {names}",
                                 object_digest=sorted(missing)[0], **ids)
     if deep:
-        for name, art in loaded.artifacts.items():
-            read(art.digest, art.size, f"{cp} artifact {name!r}")
+        verify_artifacts(loaded, reader)
     return loaded
+
+
+def verify_artifacts(loaded: LoadedCheckpoint, reader: BlobReader) -> None:
+    """The deep check of a checkpoint loaded with ``deep=False``: read and hash every artifact blob
+    (the other checks passed when it loaded), so a caller that loaded it shallow can finish the
+    verification later without loading it again.
+
+    Raises:
+        IntegrityError: an artifact blob is missing, damaged or not the size its reference says.
+    """
+    cp = f"checkpoint {short_id(loaded.id)}"
+    for name, art in loaded.artifacts.items():
+        try:
+            raw = reader.get(art.digest, f"{cp} artifact {name!r}")
+        except IntegrityError as exc:
+            exc.task_id, exc.checkpoint_id = loaded.row.task_id, loaded.id
+            raise
+        if len(raw) != art.size:
+            raise DigestMismatch(f"{cp} artifact {name!r} is {len(raw)} bytes, the reference says {art.size}",
+                                 object_digest=art.digest, task_id=loaded.row.task_id, checkpoint_id=loaded.id)
 
 
 

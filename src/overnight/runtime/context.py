@@ -8,6 +8,7 @@ step that raises, or is killed, leaves no trace -- the next attempt starts from 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
@@ -116,6 +117,25 @@ class StateDict(dict):  # type: ignore[type-arg]
         return dict(dict.items(self))
 
 
+@dataclass(frozen=True)
+class Staged:
+    """What a step staged through its context, handed to the commit when the step returns.
+
+    Attributes:
+        artifacts: ``name -> (bytes, is_text)`` written by the step (later writes replace earlier).
+        state_reads: user-state keys the step read.
+        added_next: steps added with ``position="next"`` (todo entries), in order.
+        added_end: steps added with ``position="end"``.
+        planned: every step name ``add_step`` was called with (new or already there), in order.
+    """
+
+    artifacts: dict[str, tuple[bytes, bool]]
+    state_reads: frozenset[str]
+    added_next: list[dict[str, Any]]
+    added_end: list[dict[str, Any]]
+    planned: list[str]
+
+
 class StepContext:
     """Passed as the first argument of every step function.
 
@@ -153,6 +173,11 @@ class StepContext:
         self._added: list[dict[str, Any]] = []
         self._added_end: list[dict[str, Any]] = []
         self._planned: list[str] = []  # every name add_step was called with, new or already there, in order
+
+    def staged(self) -> Staged:
+        """What this step staged (artifacts, state keys read, added steps): the commit's input."""
+        return Staged(dict(self._artifacts), frozenset(k for k in self._state_reads if isinstance(k, str)),
+                      list(self._added), list(self._added_end), list(self._planned))
 
     # -- artifacts ----------------------------------------------------------------------------
 

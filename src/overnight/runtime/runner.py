@@ -20,9 +20,6 @@ import logging
 import os
 import shlex
 import signal
-import sys
-import threading
-import warnings
 import time
 import traceback
 import uuid
@@ -39,9 +36,9 @@ from overnight.errors import (
     EncodeError,
     LeaseLost,
     OutputNotWritable,
+    IntegrityError,
     OvernightError,
     StepFailed,
-    StoreBusy,
     StoreError,
     TaskNotFound,
     UnknownStep,
@@ -55,8 +52,9 @@ from overnight.runtime.task import Task, reconcile_plan, step_key
 from overnight.store import open_store
 from overnight.store.base import Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
-from overnight.store.leases import DEFAULT_TTL_MS, Holder
+from overnight.store.leases import DEFAULT_TTL_MS
 from overnight.config import load as load_config
+from overnight.runtime.lease import Abandon, LeaseKeeper, StopSignals
 from overnight.runtime.loader import same_location
 from overnight.runtime.drift import Decision, decide, policies_for, salt_of, world_spec, write_export
 from overnight.store.media import Route, locate, open_routed
@@ -71,7 +69,7 @@ from overnight.chain.write import ChainWriter, utc_now
 from overnight.chain.read import Fallback, load_head
 from overnight.verify.drift import WorldNow, changed_products, parse_policies, reads_dirty, world_reads_changed
 from overnight.verify.fingerprint import digest_path, model_identity, model_label, normalize, world
-from overnight.chain.integrity import LoadedCheckpoint, encode_state, load_checkpoint, signing_key_from_env
+from overnight.chain.integrity import LoadedCheckpoint, verify_artifacts, encode_state, load_checkpoint, signing_key_from_env
 from overnight.chain.records import FORMAT_VERSION, event
 
 
@@ -79,10 +77,6 @@ LOG = logging.getLogger("overnight.runner")
 """Warnings for Python API users (the CLI shows the same through run events): an ``ephemeral``
 task, whose checkpoints a crash loses."""
 _WARNED_EPHEMERAL: set[str] = set()
-
-
-class _Abandon(BaseException):
-    """Raised inside a step by a second SIGINT/SIGTERM: drop the step in flight."""
 
 
 @dataclass(frozen=True)
@@ -178,9 +172,11 @@ class Runner:
             the branch or this machine's high-water mark (otherwise ``RollbackDetected``;
             :mod:`overnight.chain.rollback`), and lower the mark to it.
         head: ``(loaded, fallback, verified digests)`` of this branch, as
-            :func:`~overnight.chain.read.load_head` returned them (deep, with this key) to a caller
-            that needed the head first (``resume`` reads the code location from it); used when the
-            branch ref still names it once the lease is taken, so the head is verified once.
+            :func:`~overnight.chain.read.load_head` returned them (``deep=False``, with this key) to
+            a caller that needed the head first (``resume`` reads the code location from it); used
+            when the branch ref still names it once the lease is taken -- only its artifacts are
+            then hashed (:func:`~overnight.chain.integrity.verify_artifacts`) -- so the head is
+            verified once.
 
     Store and level: with ``store=None`` and an ``expected_span`` on the task, the router picks
     the level and the media (:mod:`overnight.runtime.router`, recorded on the task); with
@@ -244,10 +240,8 @@ class Runner:
         self.on_event = on_event or (lambda e: None)
         self.handle_signals = handle_signals
         self.stop_requested = False
-        self._signals = 0
         self._in_step = False
-        self._lease: Lease | None = None
-        self._lease_lost: LeaseLost | None = None
+        self._keeper: LeaseKeeper | None = None
         self._reader = BlobReader(self.store)
         self.state: dict[str, Any] = {}
         self.chain = ChainWriter(self.store, task.id, branch, key=self.key, session_id=uuid.uuid4().hex, session_n=0)
@@ -431,41 +425,19 @@ class Runner:
 
     # -- signals --------------------------------------------------------------------------------
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self._signals += 1
+    def _on_stop(self, name: str, count: int) -> None:
+        """A stop signal (:class:`~overnight.runtime.lease.StopSignals`): the first lets the step in
+        flight finish and commit; a second abandons a running step function."""
         self.stop_requested = True
-        if self._signals == 1:
-            self._emit("stop_requested", detail=f"{signal.Signals(signum).name}: finishing the step in flight, "
+        if count == 1:
+            self._emit("stop_requested", detail=f"{name}: finishing the step in flight, "
                        "then checkpointing (signal again to abandon it)")
         elif self._in_step:  # only a running step function is abandoned; loading and commits finish
-            self._emit("stop_requested", detail=f"{signal.Signals(signum).name} again: abandoning the step in "
+            self._emit("stop_requested", detail=f"{name} again: abandoning the step in "
                        "flight (nothing of it is committed; it runs again on resume)")
-            raise _Abandon()
 
-    def _install_signals(self) -> dict[int, Any]:
-        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
-            return {}
-        old = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, self._on_signal)
-        return old
-
-    # -- lease ----------------------------------------------------------------------------------
-
-    def _heartbeat(self, stop: threading.Event) -> None:
-        interval = self.lease_ttl_ms / 3000
-        while not stop.wait(interval):
-            lease = self._lease
-            if lease is None:
-                return
-            try:
-                self._lease = self.store.renew_lease(lease, self.lease_ttl_ms)
-            except LeaseLost as exc:
-                self._lease_lost = exc
-                self.stop_requested = True
-                return
-            except (StoreBusy, OvernightError):
-                continue
+    def _on_lease_lost(self, exc: LeaseLost) -> None:
+        self.stop_requested = True
 
     # -- commit ---------------------------------------------------------------------------------
 
@@ -481,9 +453,8 @@ class Runner:
 
     def _commit(self, writer: BlobWriter, ev: dict[str, Any], journal: list[dict[str, Any]],
                 task_row: TaskRow | None = None) -> str:
-        if self._lease_lost is not None:
-            raise self._lease_lost
-        cid = self.chain.commit(self.state, ev, writer=writer, journal=journal, lease=self._lease,
+        lease = self._keeper.check() if self._keeper is not None else None
+        cid = self.chain.commit(self.state, ev, writer=writer, journal=journal, lease=lease,
                                 task_row=task_row, fingerprint=self._fingerprint(writer))
         self._export()
         return cid
@@ -606,8 +577,14 @@ class Runner:
         if pre is not None:
             loaded, fallback, known = pre
             if self.store.get_ref(self.task.id, self.branch) == (fallback.head_id if fallback else loaded.id):
-                self.chain.known |= known
-                return loaded, fallback
+                seen: set[str] = set()
+                try:
+                    verify_artifacts(loaded, BlobReader(self.store, seen))  # the deep check, once
+                except IntegrityError:
+                    pass  # a damaged artifact: load the branch again, falling back past it
+                else:
+                    self.chain.known |= known | seen
+                    return loaded, fallback
         return load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known)
 
     def _reconcile_plan(self) -> None:
@@ -689,50 +666,30 @@ class Runner:
             UnknownStep: the todo list names a step the task does not define.
             LeaseLost / StaleHead: another writer took over; this run stopped writing.
         """
-        holder = Holder.current()
-        stop_hb = threading.Event()
-        hb: threading.Thread | None = None
-        old_handlers = self._install_signals()
+        signals = StopSignals(self._on_stop, lambda: self._in_step)
+        if self.handle_signals:
+            signals.install()
+        first: BaseException | None = None
         try:
             self._set_aside_damaged()  # the lease is taken on the primary: it must be readable
-            self._lease = self.store.acquire_lease(self.task.id, self.branch, holder.id, holder.to_json(),
-                                                   self.lease_ttl_ms)
-            hb = threading.Thread(target=self._heartbeat, args=(stop_hb,), name="overnight-lease", daemon=True)
-            hb.start()
+            self._keeper = LeaseKeeper(self.store, self.task.id, self.branch, self.lease_ttl_ms, self._on_lease_lost)
+            self._keeper.acquire()
             return self._session()
         except StoreError as exc:  # the disk or server said no: name the task it happened to
             if exc.task_id is None:
                 exc.task_id = self.task.id
+            first = exc
+            raise
+        except BaseException as exc:
+            first = exc
             raise
         finally:
-            stop_hb.set()
-            if hb is not None:
-                hb.join(timeout=5)
-            lease, self._lease = self._lease, None
-            if lease is not None:
-                self._release(lease, sys.exc_info()[1])
+            if self._keeper is not None:
+                self._keeper.release(first)
+                self._keeper = None
             if self._own_wrapper:
                 self.store.close()  # the hot store too when this run opened it
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler)
-
-    def _release(self, lease: Lease, first: BaseException | None) -> None:
-        """Release the lease without hiding anything: a release that fails never replaces the error
-        that ended the run (``first``, which gains a note naming the second), and after a run that
-        ended well it is a warning -- the lease expires by itself after its TTL.
-        """
-        try:
-            self.store.release_lease(lease)
-        except Exception as exc:  # noqa: BLE001 - reported, never raised over the run's outcome
-            why = exc.message if isinstance(exc, OvernightError) else str(exc)
-            detail = (f"releasing the lease on task {self.task.id!r} (branch {self.branch!r}) also failed "
-                      f"({type(exc).__name__}: {why}); it expires by itself within {self.lease_ttl_ms} ms")
-            if first is not None:
-                first.add_note(detail)
-                if isinstance(first, OvernightError) and first.hint is not None:
-                    first.hint += f"\n  also: {detail}"
-            else:
-                warnings.warn(detail, RuntimeWarning, stacklevel=2)
+            signals.restore()
 
     def _session(self) -> RunResult:
         created, fallback = self._start()
@@ -753,7 +710,7 @@ class Runner:
                     steps_run += 1
                 else:
                     steps_reused += 1
-        except _Abandon:
+        except Abandon:
             status = "interrupted"
         done, total = self._progress()
         if status == "complete" and self.stop_requested and self.state["todo"]:
@@ -805,7 +762,7 @@ class Runner:
                 finally:
                     self._in_step = False
                 break
-            except (_Abandon, KeyboardInterrupt, SystemExit):
+            except (Abandon, KeyboardInterrupt, SystemExit):
                 raise
             except Exception as exc:
                 if attempt > sdef.retries:
@@ -828,27 +785,28 @@ class Runner:
             exc.task_id, exc.checkpoint_id = self.task.id, self.head
             exc.hint = f"{exc.hint}; nothing of step {entry['name']!r} was committed"
             raise
+        staged = ctx.staged()
         artifacts = dict(self.state["artifacts"])
-        for name, (data, is_text) in ctx._artifacts.items():
+        for name, (data, is_text) in staged.artifacts.items():
             artifacts[name] = {"digest": writer.put(data), "size": len(data), "text": is_text, "step": entry["name"]}
         reads = {kind: ({**declared.get(kind, {}), **got} if isinstance(got, dict) else got)
                  for kind, got in ctx.reads.items()}
-        reads["state"] = sorted(k for k in ctx._state_reads if isinstance(k, str))
+        reads["state"] = sorted(staged.state_reads)
         if ctx.model.calls_made or ctx.model.calls_replayed:  # drift component "model" reaches this step
             reads["model"] = {"model": model_label(self.model_identity)}
         produced = {"output": digest.sha256(canonical_dumps(output_tree)),
                     "state": _state_changes(self.state["data"], data_tree),
-                    "artifacts": {n: artifacts[n]["digest"] for n in sorted(ctx._artifacts)}}
+                    "artifacts": {n: artifacts[n]["digest"] for n in sorted(staged.artifacts)}}
         gw = ctx.model
         done_entry = {
             "name": entry["name"], "fn": entry["fn"], "key": key, "version": sdef.version, "args": entry["args"],
-            "output": output_tree, "reads": reads, "writes": sorted(ctx._artifacts), "added_by": entry["added_by"],
+            "output": output_tree, "reads": reads, "writes": sorted(staged.artifacts), "added_by": entry["added_by"],
             "produced": produced,
             "seq": self.chain.seq + 1,
             "session": self.session_n, "started_at": started_at, "duration_ms": round(duration_ms, 3),
             "tokens_in": gw.tokens_in, "tokens_out": gw.tokens_out, "replayed_tokens": gw.replayed_tokens,
         }
-        todo = _replan(self.state["todo"][1:], entry["name"], ctx._added, ctx._planned) + ctx._added_end
+        todo = _replan(self.state["todo"][1:], entry["name"], staged.added_next, staged.planned) + staged.added_end
         self.state = {
             **self.state,
             "todo": todo,

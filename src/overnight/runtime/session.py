@@ -135,6 +135,10 @@ class ModelGateway:
     def tokenizer(self) -> Tokenizer:
         return self._runner.tokenizer
 
+    def control_frame(self) -> list[dict[str, str]]:
+        """The system message every prompt of this gateway starts with (the control point)."""
+        return self._base()
+
     def _base(self) -> list[dict[str, str]]:
         return [{"role": "system", "content": control_point(self._runner.state, self._step,
                                                             with_summary=self._with_summary)}]
@@ -214,7 +218,7 @@ def summarize(runner: GatewayHost, exchanges: list[list[dict[str, str]]], key: s
     if previous:
         transcript = f"(summary of earlier sessions)\n{previous}\n\n{transcript}"
     gateway = ModelGateway(runner, "(compaction)", key, with_summary=False)  # the summary is in the transcript
-    messages, reply = summary_request(runner.tokenizer, runner.budget.max_tokens, transcript, gateway._base(),
+    messages, reply = summary_request(runner.tokenizer, runner.budget.max_tokens, transcript, gateway.control_frame(),
                                       task_id=runner.task.id)
     last: Exception | None = None
     for attempt in range(3):
