@@ -1,3 +1,4 @@
+# Over 600 lines: the whole public operation set, one function per CLI command with the same names and options, so the CLI, the dashboard and the MCP tools share one surface (split by command group once the parallel work on it lands).
 """The Python API the CLI mirrors: ``overnight X`` calls ``overnight.api.X`` with the same options.
 
 Every function takes ``store`` as a :class:`~overnight.store.base.Store`, a URL, or None for the

@@ -60,7 +60,7 @@ from overnight.errors import (
 from overnight.models import Model, model_from_spec
 from overnight.runtime.session import Budget, request_digest, summary_request, summary_tokens
 from overnight.store import Store, open_store
-from overnight.store.base import CallRecord, TaskRow
+from overnight.store.base import Closing, CallRecord, TaskRow
 from overnight.store.blobs import BlobReader
 from overnight.tokens import Tokenizer, tokenizer_for
 from overnight.chain.write import ChainWriter, utc_now
@@ -121,7 +121,7 @@ def _tool_output(item: Any) -> bool:
     return isinstance(item, dict) and str(item.get("type", "")).endswith("_call_output")
 
 
-class OvernightSession:
+class OvernightSession(Closing):
     """An Agents SDK ``Session`` backed by an overnight store (see the module docstring).
 
     Args:
@@ -242,12 +242,6 @@ class OvernightSession:
         """Close the store if this object opened it. Idempotent."""
         if self._own_store:
             self._store.close()
-
-    def __enter__(self) -> "OvernightSession":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- reading ------------------------------------------------------------------------------------
 

@@ -1,3 +1,4 @@
+# Over 600 lines: one benchmark (a leaf: nothing in the library imports it); workload and report are in kpi_workload.py and kpi_report.py.
 """``overnight bench kpi``: the reference KPIs measured with real faults, per configuration.
 
 A seeded workload (:func:`make_workload`) of long tasks (:mod:`overnight.bench.kpi_workload`)

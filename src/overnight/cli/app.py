@@ -1,3 +1,4 @@
+# Over 600 lines: one typer app, one thin command function per `overnight` command in --help order; shared helpers live in cli/common.py and cli/render.py (split by command group once the parallel CLI work lands).
 """``overnight`` command line: a thin shell over :mod:`overnight.api` (same names, same options).
 
 Exit codes (also in ``overnight --help`` and the README):

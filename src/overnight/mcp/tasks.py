@@ -1,3 +1,4 @@
+# Over 600 lines: the MCP tool set for coding-agent tasks, one function per tool (split by tool group once the parallel MCP work lands).
 """Coding-agent tasks as ordinary overnight checkpoints: the engine behind ``overnight mcp`` and the hooks.
 
 A coding agent (Claude Code, Codex, opencode) does not run overnight's runner: it calls tools

@@ -15,9 +15,10 @@ it on demand and reports what it found. Stored names: ``docs/FORMAT.md``, "Repli
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from overnight.errors import (
+    TaskNotFound,
     CheckpointNotFound,
     ConfigError,
     IntegrityError,
@@ -29,6 +30,7 @@ from overnight.errors import (
 )
 from overnight.store.base import CheckpointRow, Commit, Store, TaskRow
 from overnight.store.compose.damaged import DamagedMedium
+from overnight.store.compose.replicated import ReplicatedStore
 from overnight.chain.branches import check_branch_name
 from overnight.chain.read import Fallback, load_head
 from overnight.chain.integrity import LoadedCheckpoint, load_checkpoint
@@ -356,3 +358,31 @@ def _repair_medium(src: Store, dst: Store, task_row: TaskRow, lineage: list[Chec
             st.status = "repaired"
     except OvernightError as exc:
         st.status, st.detail = "failed", exc.message
+
+
+def _replicated(store: Any) -> ReplicatedStore | None:
+    """The replicated store under ``store`` (a tiered wrapper's hot store), if it is one."""
+    inner = getattr(store, "hot", store)
+    return inner if isinstance(inner, ReplicatedStore) else None
+
+
+def set_aside_damaged_media(store: Any, task_id: str) -> list[str]:
+    """Before a session of a replicated task: move the files of every damaged medium aside (never
+    deleted) and open a fresh store there (:func:`set_aside_damaged`); nothing for one medium."""
+    replicated = _replicated(store)
+    if replicated is None:
+        return []
+    return set_aside_damaged(replicated.media, replicated.names, task_id)
+
+
+def repair_before_resume(store: Any, task_id: str, *, key: bytes | None) -> RepairReport | None:
+    """Before a replicated task resumes: bring every medium up to the newest verifiable head, so a
+    primary that lost its copy (or holds a damaged one) resumes from a replica instead of starting
+    over. None for one medium, or a task no medium has yet."""
+    replicated = _replicated(store)
+    if replicated is None:
+        return None
+    try:
+        return repair_task(replicated.media, replicated.names, task_id, key=key)
+    except TaskNotFound:
+        return None  # a new task: no medium has it yet

@@ -1,3 +1,4 @@
+# Over 600 lines: the session loop and its commit path; step staging, recompute, lease and signals are already in runtime/step.py, recompute.py, lease.py.
 """The runner: load the head (or create the task), run the todo list, checkpoint after every step.
 
 One :meth:`Runner.run` is one *session*:
@@ -40,7 +41,6 @@ from overnight.errors import (
     OvernightError,
     StepFailed,
     StoreError,
-    TaskNotFound,
     UnknownStep,
 )
 from overnight.models import Model, model_from_spec
@@ -54,6 +54,8 @@ from overnight.store.base import Lease, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS
 from overnight.config import load as load_config
+from overnight.runtime import recompute
+from overnight.runtime.step import StepRun, encode_results, state_after
 from overnight.runtime.lease import Abandon, LeaseKeeper, StopSignals
 from overnight.runtime.loader import same_location
 from overnight.runtime.drift import Decision, decide, policies_for, salt_of, world_spec, write_export
@@ -61,13 +63,12 @@ from overnight.store.media import Route, locate, open_routed
 from overnight.runtime.router import route as route_task
 from overnight.store.compose.tiered import TieredStore, tiered
 from overnight.ops.archive import ensure_hot
-from overnight.store.compose.replicated import ReplicatedStore
-from overnight.ops.repair import repair_task, set_aside_damaged
+from overnight.ops.repair import repair_before_resume, set_aside_damaged_media
 from overnight.chain.branches import check_branch_name
 from overnight.chain import rollback
 from overnight.chain.write import ChainWriter, utc_now
 from overnight.chain.read import Fallback, load_head
-from overnight.verify.drift import WorldNow, changed_products, parse_policies, reads_dirty, world_reads_changed
+from overnight.verify.drift import WorldNow, parse_policies
 from overnight.verify.fingerprint import digest_path, model_identity, model_label, normalize, world
 from overnight.chain.integrity import LoadedCheckpoint, verify_artifacts, encode_state, load_checkpoint, signing_key_from_env
 from overnight.chain.records import FORMAT_VERSION, event
@@ -308,13 +309,6 @@ class Runner:
         self.compactions += 1
         self._emit("compaction", checkpoint_id=self.head, detail=f"session {n + 1}")
 
-    @staticmethod
-    def _encode_results(name: str, output: Any, ctx: StepContext) -> tuple[Any, Any]:
-        output_tree = to_tree(output, f"step[{name!r}].output")
-        # ctx.state may have been replaced by the step: encode whatever it is now, as a plain dict
-        state = dict(dict.items(ctx.state)) if isinstance(ctx.state, dict) else ctx.state
-        return output_tree, to_tree(state, "state.data")
-
     def _level_note(self) -> str | None:
         if self.route is None:
             return None
@@ -344,60 +338,21 @@ class Runner:
         except TypeError:
             return None
 
-    # -- recompute passes -------------------------------------------------------------------------
+    # -- recompute passes (runtime/recompute.py) -------------------------------------------------
 
     def _can_replay(self, entry: dict[str, Any], sdef: Any) -> bool:
         """In a recompute pass: may this step's last run stand (replayed, not run)?"""
-        prev = entry["previous"]
-        dirty = self.state.get("recompute")
-        return bool(dirty is not None and not prev.get("direct") and prev.get("checkpoint")
-                    and prev.get("version") == sdef.version and not reads_dirty(prev["reads"], dirty)
-                    and not world_reads_changed(prev["reads"], WorldNow(self.salt, dict(self.task.sources),
-                                                                        self.model_identity).get))
+        return recompute.can_replay(self.state, entry, sdef.version,
+                                    WorldNow(self.salt, dict(self.task.sources), self.model_identity).get)
 
     def _replay(self, entry: dict[str, Any], key: str, writer: BlobWriter) -> bool:
-        """Apply a step's recorded effect from the checkpoint that committed it: its done entry,
-        the state keys and the artifacts it wrote. Nothing runs, no model is called."""
+        """Apply a step's recorded effect (:func:`~overnight.runtime.recompute.replayed`) and commit it."""
         old = load_checkpoint(self.store, entry["previous"]["checkpoint"], key=self.key, deep=False,
                               reader=self._reader)
-        tree = old.state_tree
-        done = next(d for d in reversed(tree["done"]) if d["name"] == entry["name"])
-        data = self.state["data"]
-        writes = done["produced"]["state"]
-        if "*" in writes:
-            data = tree["data"]
-        elif writes:
-            data = dict(data)
-            for k in writes:
-                if k in tree["data"]:
-                    data[k] = tree["data"][k]
-                else:
-                    data.pop(k, None)
-        artifacts = dict(self.state["artifacts"])
-        for name in done["writes"]:
-            if name in tree["artifacts"]:
-                artifacts[name] = tree["artifacts"][name]
-        self.state = {**self.state, "todo": self.state["todo"][1:],
-                      "done": self.state["done"] + [{**done, "seq": self.chain.seq + 1}],
-                      "data": data, "artifacts": artifacts}
-        if not any(e.get("previous") for e in self.state["todo"]):
-            self.state = {**self.state, "recompute": None}
+        self.state = recompute.replayed(self.state, entry, old.state_tree, self.chain.seq + 1)
         self._commit(writer, event("step", step=entry["name"], key=key, detail="replayed: nothing it read changed"), [])
         self._emit("replay", step=entry["name"], checkpoint_id=self.head)
         return False
-
-    def _dirtied(self, entry: dict[str, Any], produced: dict[str, Any]) -> dict[str, Any] | None:
-        """The recompute pass after a step ran in it: what it produced differently is dirty (all
-        of it, for a step that had not run before); the pass ends with its last re-checked step."""
-        prev = entry.get("previous")
-        changed = changed_products(prev, produced) if prev else {
-            "output": {"*"}, "state": set(produced["state"]), "artifacts": set(produced["artifacts"])}
-        dirty = self.state["recompute"]
-        if not any(e.get("previous") for e in self.state["todo"]):
-            return None
-        return {"dirty_steps": sorted(set(dirty["dirty_steps"]) | ({entry["name"]} if changed["output"] else set())),
-                "dirty_state": sorted(set(dirty["dirty_state"]) | changed["state"]),
-                "dirty_artifacts": sorted(set(dirty["dirty_artifacts"]) | changed["artifacts"])}
 
     def _count(self, gw: ModelGateway) -> None:
         for k, v in (("tokens_in", gw.tokens_in), ("tokens_out", gw.tokens_out), ("replayed_tokens", gw.replayed_tokens),
@@ -628,25 +583,15 @@ class Runner:
         self._export()
 
     def _set_aside_damaged(self) -> None:
-        """A replicated task whose primary (or another medium) is damaged: move its files aside
-        (never deleted) and open a fresh store there; :meth:`_repair_media` then rebuilds it and
-        reports it ``damaged``."""
-        replicated = getattr(self.store, "hot", self.store)
-        if isinstance(replicated, ReplicatedStore):
-            set_aside_damaged(replicated.media, replicated.names, self.task.id)
+        """A replicated task whose primary (or another medium) is damaged: its files moved aside
+        (:func:`~overnight.ops.repair.set_aside_damaged_media`), rebuilt by :meth:`_repair_media`."""
+        set_aside_damaged_media(self.store, self.task.id)
 
     def _repair_media(self) -> None:
-        """A replicated task: bring every medium up to the newest verifiable head before reading
-        one, so a primary that lost its copy (or holds a damaged one) resumes from a replica
-        instead of starting the task over."""
-        replicated = getattr(self.store, "hot", self.store)
-        if not isinstance(replicated, ReplicatedStore):
-            return
-        try:
-            repair = repair_task(replicated.media, replicated.names, self.task.id, key=self.key)
-        except TaskNotFound:
-            return  # a new task: no medium has it yet
-        if repair.repaired or any(m.status != "ok" for m in repair.media):
+        """A replicated task: every medium brought up to the newest verifiable head before one is
+        read (:func:`~overnight.ops.repair.repair_before_resume`)."""
+        repair = repair_before_resume(self.store, self.task.id, key=self.key)
+        if repair is not None and (repair.repaired or any(m.status != "ok" for m in repair.media)):
             self._emit("repair", detail=repair.describe())
 
     def _task_exists(self) -> bool:
@@ -780,44 +725,24 @@ class Runner:
 
         # stage everything the step did; encoding errors surface here, before anything is written
         try:
-            output_tree, data_tree = self._encode_results(entry["name"], output, ctx)
+            output_tree, data_tree = encode_results(entry["name"], output, ctx.state)
         except EncodeError as exc:
             exc.task_id, exc.checkpoint_id = self.task.id, self.head
             exc.hint = f"{exc.hint}; nothing of step {entry['name']!r} was committed"
             raise
-        staged = ctx.staged()
-        artifacts = dict(self.state["artifacts"])
-        for name, (data, is_text) in staged.artifacts.items():
-            artifacts[name] = {"digest": writer.put(data), "size": len(data), "text": is_text, "step": entry["name"]}
+        gw = ctx.model
         reads = {kind: ({**declared.get(kind, {}), **got} if isinstance(got, dict) else got)
                  for kind, got in ctx.reads.items()}
-        reads["state"] = sorted(staged.state_reads)
-        if ctx.model.calls_made or ctx.model.calls_replayed:  # drift component "model" reaches this step
+        if gw.calls_made or gw.calls_replayed:  # drift component "model" reaches this step
             reads["model"] = {"model": model_label(self.model_identity)}
-        produced = {"output": digest.sha256(canonical_dumps(output_tree)),
-                    "state": _state_changes(self.state["data"], data_tree),
-                    "artifacts": {n: artifacts[n]["digest"] for n in sorted(staged.artifacts)}}
-        gw = ctx.model
-        done_entry = {
-            "name": entry["name"], "fn": entry["fn"], "key": key, "version": sdef.version, "args": entry["args"],
-            "output": output_tree, "reads": reads, "writes": sorted(staged.artifacts), "added_by": entry["added_by"],
-            "produced": produced,
-            "seq": self.chain.seq + 1,
-            "session": self.session_n, "started_at": started_at, "duration_ms": round(duration_ms, 3),
-            "tokens_in": gw.tokens_in, "tokens_out": gw.tokens_out, "replayed_tokens": gw.replayed_tokens,
-        }
-        todo = _replan(self.state["todo"][1:], entry["name"], staged.added_next, staged.planned) + staged.added_end
-        self.state = {
-            **self.state,
-            "todo": todo,
-            "done": self.state["done"] + [done_entry],
-            "artifacts": artifacts,
-            "data": data_tree,
-            "context": self._context_with(self._pending_context),
-        }
+        ran = StepRun(entry=entry, key=key, version=sdef.version, output=output_tree, data=data_tree,
+                      staged=ctx.staged(), reads=reads, started_at=started_at, duration_ms=duration_ms,
+                      tokens_in=gw.tokens_in, tokens_out=gw.tokens_out, replayed_tokens=gw.replayed_tokens)
+        state, produced = state_after(self.state, ran, writer, seq=self.chain.seq + 1, session=self.session_n)
+        self.state = {**state, "context": self._context_with(self._pending_context)}
         self._pending_context = []
         if self.state.get("recompute") is not None:  # a recompute pass: what this run changed is dirty
-            self.state = {**self.state, "recompute": self._dirtied(entry, produced)}
+            self.state = {**self.state, "recompute": recompute.dirtied(self.state, entry, produced)}
         journal = [{"step_key": key, "step_name": entry["name"], "started_at": started_at,
                     "duration_ms": duration_ms, "tokens_in": gw.tokens_in, "tokens_out": gw.tokens_out}]
         self._commit(writer, event("step", step=entry["name"], key=key), journal)
@@ -826,24 +751,6 @@ class Runner:
         if self.state["context"]["tokens"] >= self.budget.compact_at:
             self._compact()
         return True
-
-
-def _replan(rest: list[dict[str, Any]], step: str, added: list[dict[str, Any]], planned: list[str]) -> list[dict[str, Any]]:
-    """The todo list after ``step`` ran and added the sub-steps ``added`` (``planned``: every name it
-    added, new or already there, in order); ``rest`` is the todo list after ``step``.
-
-    New sub-steps go right after ``step``. In a recompute pass, the sub-steps ``step`` added last
-    time are in ``rest`` again (with their ``previous`` run): they and the new ones are laid out in
-    the order ``step`` adds them now, where the first of them stood, and one it no longer adds is
-    dropped from the plan -- a planning step that runs again re-plans."""
-    mine = [e for e in rest if e.get("previous") and e.get("added_by") == step]
-    if not mine:
-        return added + rest
-    ours = {e["name"]: e for e in [*mine, *added]}
-    first = next(i for i, e in enumerate(rest) if e is mine[0])  # everything before it is another's
-    others = [e for e in rest if not (e.get("previous") and e.get("added_by") == step)]
-    layout = [ours[n] for n in dict.fromkeys(planned) if n in ours]
-    return others[:first] + layout + others[first:]
 
 
 def _default_url() -> str | None:
@@ -865,20 +772,6 @@ def resume_command(task_id: str, branch: str, store_url: str, file: str | None =
     if file:
         cmd += f" --file {shlex.quote(file)}"
     return cmd
-
-
-def _state_changes(before: Any, after: Any) -> dict[str, str]:
-    """``key -> digest`` of each top-level user-state key a step added or changed (a removed key
-    maps to ``"removed"``)."""
-    if not isinstance(before, dict) or not isinstance(after, dict) or "$t" in before or "$t" in after:
-        return {"*": digest.sha256(canonical_dumps(after))} if before != after else {}
-    out = {}
-    for k in set(before) | set(after):
-        if k not in after:
-            out[k] = "removed"
-        elif before.get(k) != after[k] or k not in before:
-            out[k] = digest.sha256(canonical_dumps(after[k]))
-    return dict(sorted(out.items()))
 
 
 def identity_of(model: Model, tokenizer: Any) -> dict[str, Any]:

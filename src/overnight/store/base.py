@@ -42,7 +42,7 @@ keeps:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Protocol, runtime_checkable
+from typing import Iterable, Iterator, Protocol, TypeVar, runtime_checkable
 
 from overnight.errors import ParentGone, SchemaError, short_id
 
@@ -254,6 +254,23 @@ class Commit:
     journal: list[JournalRow] = field(default_factory=list)
     lease: Lease | None = None
     task: TaskRow | None = None
+
+
+_C = TypeVar("_C", bound="Closing")
+
+
+class Closing:
+    """``with x:`` closes ``x`` on the way out: the context-manager half of every store, store
+    wrapper and adapter (each defines ``close``)."""
+
+    def close(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # The store protocol, by concern. A backend implements them all (:class:`Store`); code that needs

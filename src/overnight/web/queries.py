@@ -1,3 +1,4 @@
+# Over 600 lines: one query function per dashboard page over the api layer (split by page once the parallel dashboard work lands).
 """The dashboard's query layer: one function per page, each returning plain JSON-ready data.
 
 Every HTML page of ``overnight ui`` is its template applied to what one of these returns, and

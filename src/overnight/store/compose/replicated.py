@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 from overnight.errors import ConcurrencyError, OvernightError, ReplicaUnavailable, StoreBusy, short_id
 from overnight.store.compose.delegate import forwarding
 from overnight.store.base import (
+    Closing,
     ArchiveRow,
     CallRecord,
     CheckpointRow,
@@ -27,7 +28,7 @@ from overnight.store.base import (
 
 
 @forwarding("primary")
-class ReplicatedStore:
+class ReplicatedStore(Closing):
     """A :class:`~overnight.store.base.Store` writing to every medium, reading from the first.
 
     Args:
@@ -133,12 +134,6 @@ class ReplicatedStore:
     def close(self) -> None:
         for m in self.media:
             m.close()
-
-    def __enter__(self) -> "ReplicatedStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"ReplicatedStore({self.names})"

@@ -31,10 +31,10 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Iterable
+from typing import Iterable
 
 from overnight.errors import CheckpointNotFound, ConfigError, OvernightError
-from overnight.store.base import ArchiveRow, CheckpointRow, JournalRow, ObjectRecord, Store
+from overnight.store.base import Closing, ArchiveRow, CheckpointRow, JournalRow, ObjectRecord, Store
 from overnight.store.compose.pack import Manifest, PackEntry, manifest_of, read_entry
 from overnight.store.compose.delegate import forwarding
 
@@ -69,7 +69,7 @@ def open_existing(url: str) -> Store:
 
 
 @forwarding("hot")
-class TieredStore:
+class TieredStore(Closing):
     """A hot store plus the cold stores its archive catalog names (see the module docstring). What
     it does not define here (writes, refs, tasks, leases, the call journal) goes to the hot store.
 
@@ -291,12 +291,6 @@ class TieredStore:
         self._packs.clear()
         if self._own_hot:
             self.hot.close()
-
-    def __enter__(self) -> "TieredStore":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"TieredStore({self.hot!r})"
