@@ -2,7 +2,12 @@
 
 Verified, content-addressed checkpoints after every step; crash-safe resume that repeats at most
 the step in flight; fallback to the newest checkpoint that verifies. The public API is what this
-module exports; nothing else is promised.
+module exports; nothing else is promised. The README also documents :mod:`overnight.api` (the
+operations behind the CLI), :func:`overnight.store.open_store`, the adapters
+(:mod:`overnight.adapters.langgraph`, :mod:`overnight.adapters.openai_agents`),
+:func:`overnight.models.model_from_spec` and :mod:`overnight.tokens`. Every other module --
+``chain``, ``ops``, ``runtime``, ``verify``, ``store`` internals, ``testing``, ``bench``, ``demo``,
+``cli`` -- is internal: importable, documented for readers of the code, not a promised interface.
 
     import overnight
 
