@@ -283,6 +283,46 @@ def test_gc_in_a_loop_beside_a_running_task(backend, request, tmp_path):
         store.close()
 
 
+def test_gc_sweep_that_waits_for_the_lock_keeps_what_was_committed_meanwhile(tmp_path):
+    """A task commits after gc's mark (so gc did not see its checkpoint), then another connection
+    holds SQLite's write lock for longer than the grace period, so gc's sweep waits. The age gc
+    keeps is measured once it holds the lock: the new task's objects (refreshed after T0 - grace)
+    survive. Measured before the wait, the cutoff moved past them and they were deleted."""
+    import sqlite3
+    import threading
+
+    url = f"sqlite://{tmp_path / 's.db'}"
+    store = open_store(url)
+    run(store, make_task("old", n=2))
+    grace = 0.5
+    locked = threading.Event()
+
+    def hold_lock() -> None:
+        db = sqlite3.connect(str(tmp_path / "s.db"), isolation_level=None)
+        db.execute("BEGIN IMMEDIATE")
+        locked.set()
+        time.sleep(grace * 4)
+        db.execute("COMMIT")
+        db.close()
+
+    def during_mark(done: int, total: int) -> None:
+        if done == total and not locked.is_set():
+            other = open_store(url)
+            try:
+                run(other, make_task("new", n=2), label="new")  # committed after gc listed checkpoints
+            finally:
+                other.close()
+            threading.Thread(target=hold_lock, daemon=True).start()
+            locked.wait(10)
+
+    api.gc(store=store, apply=True, grace=grace, on_progress=during_mark)
+    assert locked.is_set()
+    check = api.verify(store=store, all_objects=True)
+    assert check.ok, check.problems
+    assert api.cat("new", "big-1.bin", store=store) == big("new", 1)
+    store.close()
+
+
 SLOW_TASK = '''
 import time
 import overnight

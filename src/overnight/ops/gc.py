@@ -26,7 +26,8 @@ store guarantees (``overnight/store/base.py``, "Deletion"):
    need (plus the packs named by archive rows).
 2. **Sweep.** It deletes an object only if it is not in ``M`` *and* its stored time is more than
    ``grace`` before ``T0``; the store checks the age and deletes in one step
-   (``delete_objects(min_age_ms=grace + time since T0)``).
+   (``delete_objects(min_age_ms=grace + time since T0)``, the time since ``T0`` read once the
+   store holds its lock: a sweep that waited for the lock keeps correspondingly more).
 3. **Writers.** A commit writes, or refreshes the stored time of, every object its checkpoint
    references -- except objects reachable from checkpoints already committed on its own branch
    (its ``known`` set; ``overnight/store/blobs.py``).
@@ -55,7 +56,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 from overnight.errors import ConfigError
-from overnight.store.base import CheckpointRow, Store
+from overnight.store.base import CheckpointRow, MinAge, Store
 from overnight.store.compose.pack import manifest_of
 from overnight.store.compose.tiered import TieredStore, tiered
 from overnight.chain.reachability import Reach, Unreadable, lineage
@@ -236,7 +237,11 @@ def collect(
         if survivors:
             marked |= reach.checkpoints(survivors)
             candidates = {d: s for d, s in candidates.items() if d not in marked}
-        min_age_ms = int(grace_s * 1000 + (time.monotonic() - t0) * 1000)
+        # asked by the store once it holds its lock (and again per batch): the time spent waiting
+        # for the lock counts towards the age kept, so what a commit refreshed after T0 - grace stays
+        def min_age_ms() -> int:
+            return int(grace_s * 1000 + (time.monotonic() - t0) * 1000) + 1
+
         gone = _delete_objects(hot, candidates, min_age_ms)
         report.objects_deleted = len(gone)
         report.object_bytes = sum(gone.values())
@@ -255,7 +260,7 @@ def collect(
     return report
 
 
-def _delete_objects(hot: Store, candidates: dict, min_age_ms: int) -> dict[str, int]:
+def _delete_objects(hot: Store, candidates: dict, min_age_ms: MinAge) -> dict[str, int]:
     """Delete candidates one batch at a time; returns ``{digest: bytes}`` of those deleted.
 
     The store keeps any candidate refreshed within ``min_age_ms``; what it deleted is found by

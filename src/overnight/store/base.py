@@ -42,7 +42,7 @@ keeps:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Protocol, TypeVar, runtime_checkable
+from typing import Callable, Iterable, Iterator, Protocol, TypeVar, Union, runtime_checkable
 
 from overnight.errors import ParentGone, SchemaError, short_id
 
@@ -256,6 +256,16 @@ class Commit:
     task: TaskRow | None = None
 
 
+MinAge = Union[int, Callable[[], int]]
+"""A minimum age in ms for :meth:`Store.delete_objects`: a number, or a callable that returns it
+when the store asks (the age a caller keeps grows while it waits for the store's lock)."""
+
+
+def age_limit(min_age_ms: MinAge | None) -> int | None:
+    """``min_age_ms`` as a number of ms, calling it if it is a callable; None stays None."""
+    return min_age_ms() if callable(min_age_ms) else min_age_ms
+
+
 _C = TypeVar("_C", bound="Closing")
 
 
@@ -305,13 +315,16 @@ class ObjectStore(Protocol):
         """Every stored object with its size and age (for ``gc``), in no particular order."""
         ...
 
-    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
+    def delete_objects(self, digests: Iterable[str], *, min_age_ms: MinAge | None = None) -> int:
         """Delete objects; returns the bytes freed (their :attr:`ObjectStat.stored_bytes`).
 
         Digests that are not stored are ignored. With ``min_age_ms``, an object whose stored time
         is less than ``min_age_ms`` milliseconds ago (by the store's clock) is kept; the age is
         checked and the object deleted as one step, so a commit that refreshes the object at the
         same moment either comes first (and the object stays) or finds it gone and writes it anew.
+        ``min_age_ms`` may be a callable returning the figure: the store calls it as late as it
+        can -- once it holds its write lock, or just before each object's age test -- so that a
+        wait for the lock does not shorten the age kept (:func:`age_limit`; ``overnight gc``).
         Callers make sure no remaining checkpoint references what they delete (``overnight gc``).
         """
         ...

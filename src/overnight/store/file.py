@@ -45,6 +45,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
+from overnight.store.base import MinAge, age_limit
 from overnight.errors import ConfigError, StoreBusy
 from overnight.store.keyed import KeyedStore
 from overnight.store.refusal import os_refusal, refusals
@@ -229,7 +230,7 @@ class FileContainer:
         return gone
 
     @_medium(writing=True)
-    def delete(self, keys: Iterable[str], *, min_age_ms: int | None = None) -> dict[str, int]:
+    def delete(self, keys: Iterable[str], *, min_age_ms: MinAge | None = None) -> dict[str, int]:
         freed: dict[str, int] = {}
         folders: set[Path] = set()
         for key in dict.fromkeys(keys):
@@ -246,7 +247,7 @@ class FileContainer:
                 freed[key] = st.st_size
                 folders.add(path.parent)
                 continue
-            if (time.time() - st.st_mtime) * 1000 < min_age_ms:
+            if (time.time() - st.st_mtime) * 1000 < age_limit(min_age_ms):
                 continue
             tomb = path.parent / f"{_TMP}gc-{uuid.uuid4().hex}"
             try:
@@ -254,7 +255,7 @@ class FileContainer:
             except FileNotFoundError:
                 continue
             st = os.stat(tomb)
-            if (time.time() - st.st_mtime) * 1000 < min_age_ms:  # refreshed just before the rename
+            if (time.time() - st.st_mtime) * 1000 < age_limit(min_age_ms):  # refreshed just before the rename
                 try:
                     os.link(tomb, path)
                 except FileExistsError:

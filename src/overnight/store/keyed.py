@@ -63,6 +63,7 @@ from overnight.store import layout
 from overnight.store.blobs import is_damaged
 from overnight.store.base import (
     Closing,
+    MinAge,
     ArchiveRow,
     CallRecord,
     CheckpointRow,
@@ -121,10 +122,10 @@ class Container(Protocol):
         """Set the keys' modification time to now; returns the keys that do not exist."""
         ...
 
-    def delete(self, keys: Iterable[str], *, min_age_ms: int | None = None) -> dict[str, int]:
+    def delete(self, keys: Iterable[str], *, min_age_ms: MinAge | None = None) -> dict[str, int]:
         """Delete keys; returns ``{key: bytes}`` of those deleted. With ``min_age_ms``, a key
         written or refreshed less than that many ms ago is kept (checked as close to the delete as
-        the medium allows)."""
+        the medium allows; a callable is asked again for each key, :func:`~overnight.store.base.age_limit`)."""
         ...
 
     def size(self) -> int:
@@ -309,7 +310,7 @@ class KeyedStore(Closing):
             if d is not None:
                 yield ObjectStat(d, size, age)
 
-    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
+    def delete_objects(self, digests: Iterable[str], *, min_age_ms: MinAge | None = None) -> int:
         keys = [layout.object_key(d) for d in dict.fromkeys(digests)]
         return sum(self._c.delete(keys, min_age_ms=min_age_ms).values())
 

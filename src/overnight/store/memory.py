@@ -15,6 +15,8 @@ from overnight.codec.digest import sha256
 from overnight.errors import CheckpointNotFound, LeaseLost, StaleHead, TaskBusy, TaskNotFound
 from overnight.store.base import (
     Closing,
+    MinAge,
+    age_limit,
     ArchiveRow,
     CallRecord,
     CheckpointRow,
@@ -93,10 +95,11 @@ class MemoryStore(Closing):
                      for d, o in self._objects.items()]
         yield from stats
 
-    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
+    def delete_objects(self, digests: Iterable[str], *, min_age_ms: MinAge | None = None) -> int:
         freed = 0
         with self._lock:
             now = time.monotonic()
+            min_age_ms = age_limit(min_age_ms)
             for d in dict.fromkeys(digests):
                 if d not in self._objects:
                     continue

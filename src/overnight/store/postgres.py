@@ -55,6 +55,8 @@ from overnight.store import postgres_schema
 from overnight.store.blobs import is_damaged
 from overnight.store.base import (
     Closing,
+    MinAge,
+    age_limit,
     ArchiveRow,
     CallRecord,
     CheckpointRow,
@@ -341,7 +343,7 @@ class PostgresStore(Closing):
         for digest, size, age in rows:
             yield ObjectStat(digest, int(size), int(age))
 
-    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
+    def delete_objects(self, digests: Iterable[str], *, min_age_ms: MinAge | None = None) -> int:
         wanted = [d for d in dict.fromkeys(digests) if _text_safe(d)]
         freed = 0
         wanted.sort()
@@ -355,7 +357,7 @@ class PostgresStore(Closing):
                     # the age test is in the WHERE clause: re-checked on a row a commit refreshed meanwhile
                     cur.execute(self._sql(f"DELETE FROM {{s}}.objects WHERE digest = ANY(%s) AND "
                                           f"stored_at_ms <= {_NOW_MS} - %s RETURNING octet_length(data)"),
-                                (part, int(min_age_ms)))
+                                (part, int(age_limit(min_age_ms))))
                 freed += sum(int(r[0]) for r in cur.fetchall())
         return freed
 

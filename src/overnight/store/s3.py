@@ -61,6 +61,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
+from overnight.store.base import MinAge, age_limit
 from overnight.errors import ConfigError
 from overnight.store.refusal import unreachable
 from overnight.store.keyed import KeyedStore
@@ -286,19 +287,19 @@ class S3Container:
         keys = list(dict.fromkeys(keys))
         return {k for k, ok in zip(keys, self._map(self._refresh, keys)) if not ok}
 
-    def _delete_one(self, key: str, min_age_ms: int | None) -> int | None:
+    def _delete_one(self, key: str, min_age_ms: MinAge | None) -> int | None:
         try:
             head = self._call(self.client.head_object, Key=self._key(key))
         except botocore.exceptions.ClientError as exc:
             if _status(exc) == 404:
                 return None
             raise
-        if min_age_ms is not None and _age_ms(_server_now(head), head["LastModified"]) < min_age_ms:
+        if min_age_ms is not None and _age_ms(_server_now(head), head["LastModified"]) < age_limit(min_age_ms):
             return None
         self._call(self.client.delete_object, Key=self._key(key))
         return int(head["ContentLength"])
 
-    def delete(self, keys: Iterable[str], *, min_age_ms: int | None = None) -> dict[str, int]:
+    def delete(self, keys: Iterable[str], *, min_age_ms: MinAge | None = None) -> dict[str, int]:
         keys = list(dict.fromkeys(keys))
         sizes = self._map(lambda k: self._delete_one(k, min_age_ms), keys)
         return {k: n for k, n in zip(keys, sizes) if n is not None}

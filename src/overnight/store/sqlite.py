@@ -53,6 +53,8 @@ from overnight.errors import (
 )
 from overnight.store.base import (
     Closing,
+    MinAge,
+    age_limit,
     ArchiveRow,
     CallRecord,
     CheckpointRow,
@@ -560,7 +562,7 @@ class SQLiteStore(Closing):
         for d, size, stored_at in self._read("SELECT digest, length(data), stored_at_ms FROM objects"):
             yield ObjectStat(d, size, max(0, now - stored_at))
 
-    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
+    def delete_objects(self, digests: Iterable[str], *, min_age_ms: MinAge | None = None) -> int:
         wanted = list(dict.fromkeys(digests))
         freed = 0
         for i in range(0, len(wanted), _BATCH):
@@ -571,7 +573,7 @@ class SQLiteStore(Closing):
                     rows = db.execute(f"DELETE FROM objects WHERE digest IN ({marks}) RETURNING length(data)",
                                       tuple(part)).fetchall()
                 else:
-                    cutoff = now_ms() - min_age_ms
+                    cutoff = now_ms() - age_limit(min_age_ms)  # asked now that the lock is held
                     rows = db.execute(f"DELETE FROM objects WHERE digest IN ({marks}) AND stored_at_ms <= ? "
                                       "RETURNING length(data)", (*part, cutoff)).fetchall()
             freed += sum(r[0] for r in rows)

@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 from overnight.errors import ConcurrencyError, OvernightError, ReplicaUnavailable, StoreBusy, short_id
 from overnight.store.compose.delegate import forwarding
 from overnight.store.base import (
+    MinAge,
     Closing,
     ArchiveRow,
     CallRecord,
@@ -105,7 +106,7 @@ class ReplicatedStore(Closing):
 
     # deletions (gc, rm, archive) apply to every medium; the primary's count is returned, since
     # gc decided on what the primary holds
-    def delete_objects(self, digests: Iterable[str], *, min_age_ms: int | None = None) -> int:
+    def delete_objects(self, digests: Iterable[str], *, min_age_ms: MinAge | None = None) -> int:
         digests = list(digests)
         freed = self.primary.delete_objects(digests, min_age_ms=min_age_ms)
         for m in self.media[1:]:
