@@ -647,10 +647,10 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
 def _predict(rep: StatusReport, s: Store, loaded: Any, task: Task, on_drift: str | dict[str, str] | None,
              model: Any) -> None:
     """Fill ``rep`` with the drift against the world now and what a resume would do about it --
-    the same functions the runner calls (:func:`~overnight.runtime.drift.decide`, read
+    the same functions the runner calls (:func:`~overnight.runtime.drift_decision.decide`, read
     only, and :func:`~overnight.runtime.task.reconcile_plan`), so the prediction is the run."""
     from overnight.errors import DriftAbort
-    from overnight.runtime.drift import decide, policies_for, report_for, salt_of, world, world_spec
+    from overnight.runtime.drift_decision import decide, policies_for, report_for, salt_of, world, world_spec
     from overnight.models import model_from_spec
     from overnight.runtime.runner import identity_of, tokenizer_of
     from overnight.runtime.task import reconcile_plan

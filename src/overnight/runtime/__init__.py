@@ -5,6 +5,6 @@
 * :mod:`~overnight.runtime.runner` -- the session loop (lease, signals, commit after every step);
 * :mod:`~overnight.runtime.context` -- what a step receives; :mod:`~overnight.runtime.session` -- the
   model gateway and the context window;
-* :mod:`~overnight.runtime.drift` -- the drift decision at resume (detection is
+* :mod:`~overnight.runtime.drift_decision` -- the drift decision at resume (detection is
   :mod:`overnight.verify.drift`); :mod:`~overnight.runtime.router` -- the router decision (level, media).
 """

@@ -1,7 +1,7 @@
 """Recompute passes: which steps of a pass may stand, what a replayed step's effect is, what is dirty.
 
 After drift, the steps that read what changed run again (a *recompute pass*,
-``state["recompute"]``, set by :mod:`overnight.runtime.drift`); a later step of the pass whose
+``state["recompute"]``, set by :mod:`overnight.runtime.drift_decision`); a later step of the pass whose
 recorded reads are all clean is *replayed* -- its recorded effect applied from the checkpoint that
 committed it, nothing run, no model called -- and what a re-run step produced differently becomes
 dirty for the steps after it. Pure functions over the state tree; the runner commits the results.

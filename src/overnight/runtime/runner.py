@@ -58,7 +58,7 @@ from overnight.runtime import recompute
 from overnight.runtime.step import StepRun, encode_results, state_after
 from overnight.runtime.lease import Abandon, LeaseKeeper, StopSignals
 from overnight.runtime.loader import same_location
-from overnight.runtime.drift import Decision, decide, policies_for, salt_of, world_spec, write_export
+from overnight.runtime.drift_decision import Decision, decide, policies_for, salt_of, world_spec, write_export
 from overnight.store.media import Route, locate, open_routed
 from overnight.runtime.router import route as route_task
 from overnight.store.compose.tiered import TieredStore, tiered
