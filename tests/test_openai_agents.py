@@ -116,7 +116,7 @@ def test_reopen_from_another_process(tmp_path):
 def test_order_kept_when_timestamps_collide(tmp_path, monkeypatch):
     # every checkpoint and item gets the same timestamp; order must still be insertion order,
     # and identical items (stored once, by digest) keep their own positions
-    import overnight.chain.read as chain
+    import overnight.chain.write as chain
 
     monkeypatch.setattr(chain, "utc_now", lambda: "2026-01-01T00:00:00.000000+00:00")
     stamp = "2026-01-01T00:00:00Z"
