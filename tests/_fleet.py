@@ -83,7 +83,7 @@ def side_log(tmp_path: Path) -> list[tuple[str, int, int]]:
 
 def queue_rows(store_url: str) -> dict[str, Any]:
     from overnight.store import open_store
-    from overnight.store.queue import queue_for
+    from overnight.store.queue_open import queue_for
 
     s = open_store(store_url)
     try:
@@ -96,7 +96,7 @@ def chain_check(store_url: str, task_id: str) -> dict[str, Any]:
     """The task's main chain from head to root: linear (each parent the previous), no step key
     committed twice; returns ``{"done": [step names], "state": user state, "outputs": {...}}``."""
     from overnight.store import open_store
-    from overnight.verify.chain import load_head
+    from overnight.chain.read import load_head
 
     s = open_store(store_url)
     try:

@@ -26,10 +26,10 @@ from overnight.codec import digest
 from overnight.errors import ConfigError, IntegrityError, TaskBusy
 from overnight.store import open_store
 from overnight.store.leases import Holder
-from overnight.store.pack import manifest_of
-from overnight.verify.chain import load_head
-from overnight.verify.gc import collect
-from overnight.verify.integrity import load_checkpoint
+from overnight.store.compose.pack import manifest_of
+from overnight.chain.read import load_head
+from overnight.ops.gc import collect
+from overnight.chain.integrity import load_checkpoint
 
 
 def _file(request, tmp_path):
@@ -310,7 +310,7 @@ def test_a_resume_that_falls_back_into_archived_history_brings_it_back(tmp_path)
     parent = store.get_checkpoint(head).parent_id
     assert parent in rep.archived
     state = json.loads(store.get_checkpoint(head).body)["state"]["digest"]
-    from overnight.verify.ditto import ditto_key
+    from overnight.chain.ditto import ditto_key
     assert store.delete_objects([state, ditto_key(state)]) > 0  # the head no longer verifies (nor heals)
     result = run(store, task)
     assert result.fallback is not None and result.fallback.used_id == parent

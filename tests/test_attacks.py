@@ -34,9 +34,9 @@ from conftest import S3_BUCKET
 from overnight.codec import decode
 from overnight.errors import DecodeError, NoValidCheckpoint
 from overnight.store import open_store
-from overnight.verify.chain import load_head
+from overnight.chain.read import load_head
 from overnight.bench.attacks import EVIL, JOB, SECRET_JOB
-from overnight.verify.faults import forge_record
+from overnight.testing.faults import forge_record
 
 KEY = "victim-signing-key"
 STORES = ["sqlite", "file", "postgres", "s3"]

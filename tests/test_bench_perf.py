@@ -20,7 +20,7 @@ from overnight.bench.perf import FILES, PerfSettings, run_perf, write_report  # 
 from overnight.bench.resume import SYSTEMS as RESUME_SYSTEMS  # noqa: E402
 from overnight.bench.storage import TASK_ID, run_storage_bench  # noqa: E402
 from overnight.store import open_store  # noqa: E402
-from overnight.verify.chain import load_head  # noqa: E402
+from overnight.chain.read import load_head  # noqa: E402
 from overnight.verify.fsck import verify_store  # noqa: E402
 
 

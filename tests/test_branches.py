@@ -15,7 +15,7 @@ import overnight
 from overnight import api
 from overnight.errors import BranchExists, ConfigError, MergeConflict
 from overnight.store import open_store
-from overnight.verify.chain import load_head
+from overnight.chain.read import load_head
 
 TASK_FILE = '''
 import overnight

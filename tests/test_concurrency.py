@@ -14,7 +14,7 @@ import pytest
 
 from overnight.store.leases import now_ms
 from overnight.store.sqlite import SQLiteStore
-from overnight.verify.chain import load_head
+from overnight.chain.read import load_head
 
 from _procs import assert_linear_history, cli, read_events, spawn, wait_for
 

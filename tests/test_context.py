@@ -16,9 +16,9 @@ import pytest
 import overnight
 from overnight.errors import ModelCallFailed
 from overnight.models import ExtractiveModel
-from overnight.orchestrate.session import SUMMARY_SYSTEM
+from overnight.runtime.session import SUMMARY_SYSTEM
 from overnight.store import open_store
-from overnight.verify.chain import load_head
+from overnight.chain.read import load_head
 from _procs import free_port, wait_for
 
 HAVE_LLAMA = __import__("importlib.util").util.find_spec("llama_cpp") is not None
@@ -99,7 +99,7 @@ def test_H07_failed_compaction_leaves_the_previous_head_and_is_retried(tmp_path)
 KILL_TASK = '''
 import time, overnight
 from overnight.models import ExtractiveModel
-from overnight.orchestrate.session import SUMMARY_SYSTEM
+from overnight.runtime.session import SUMMARY_SYSTEM
 
 class SlowSummaries(ExtractiveModel):
     def complete(self, messages, **kw):

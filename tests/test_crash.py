@@ -25,8 +25,8 @@ import pytest
 
 from overnight.errors import TaskNotFound
 from overnight.store.sqlite import SQLiteStore
-from overnight.verify.chain import load_head
-from overnight.verify.integrity import load_checkpoint
+from overnight.chain.read import load_head
+from overnight.chain.integrity import load_checkpoint
 
 from _procs import assert_linear_history, cli, env, read_events, wait_for
 

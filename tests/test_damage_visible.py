@@ -2,7 +2,7 @@
 mark the damaged checkpoints and the head that fell back, and ``verify`` exits 3 while any damaged
 record is in the store -- used by a branch or not (``--ignore-dangling`` accepts the latter).
 
-Real SQLite files damaged with :mod:`overnight.verify.faults`; real CLI processes.
+Real SQLite files damaged with :mod:`overnight.testing.faults`; real CLI processes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from _tasks import plan_task
 
 import overnight
-from overnight.verify.faults import Faults
+from overnight.testing.faults import Faults
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

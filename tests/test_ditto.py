@@ -1,4 +1,4 @@
-"""Ditto copies (``overnight/verify/ditto.py``): a damaged or missing record or object is healed
+"""Ditto copies (``overnight/chain/ditto.py``): a damaged or missing record or object is healed
 from its verified copy on load and by ``verify --repair``, and says so; both damaged falls back as
 before; a forged copy never loads; gc keeps copies with their originals and drops them with them.
 On sqlite, file, postgres (own schema) and memory stores."""
@@ -15,10 +15,10 @@ from overnight.codec.canonical import loads
 from overnight.errors import NoValidCheckpoint
 from overnight.store import open_url
 from overnight.store.base import ObjectRecord
-from overnight.verify.chain import load_head
-from overnight.verify.ditto import KIND, _record_body, ditto_key, parse
+from overnight.chain.read import load_head
+from overnight.chain.ditto import KIND, _record_body, ditto_key, parse
 from overnight.verify.fsck import verify_store
-from overnight.verify.gc import collect, remove_task
+from overnight.ops.gc import collect, remove_task
 
 KEY = b"ditto-test-key"
 BACKENDS = ["sqlite", "file", "postgres", "memory"]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from overnight.store import open_store
-from overnight.verify.chain import load_head
+from overnight.chain.read import load_head
 
 TASK = '''
 import os, overnight

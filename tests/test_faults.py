@@ -16,8 +16,8 @@ from _tasks import plan_task
 import overnight
 from overnight.errors import NoValidCheckpoint
 from overnight.store.sqlite import SQLiteStore
-from overnight.verify.chain import load_head
-from overnight.verify.faults import KINDS, NEEDS_KEY, Faults, Injected
+from overnight.chain.read import load_head
+from overnight.testing.faults import KINDS, NEEDS_KEY, Faults, Injected
 from overnight.verify.fsck import verify_store
 
 KEY = b"fault-test-key"

@@ -55,7 +55,7 @@ def test_submit_ids_params_idempotency(tmp_path: Path, sqlite_url: str) -> None:
 
 def test_claim_order_priority_and_not_before(tmp_path: Path, any_url: str) -> None:
     from overnight.store import open_store
-    from overnight.store.queue import queue_for
+    from overnight.store.queue_open import queue_for
 
     _submit(tmp_path, any_url, "--id", "low-1")
     _submit(tmp_path, any_url, "--id", "later", "--priority", "9", "--not-before", "+1h")

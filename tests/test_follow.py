@@ -74,7 +74,7 @@ def test_a_planned_step_inserted_in_the_code_runs_in_its_place(tmp_path):
     assert "plan changed: + x before c; - y" in run.stderr
     assert events(ev, "step_start") == status["will_run"]  # the prediction is what ran
     from overnight.store import open_store
-    from overnight.verify.chain import load_head
+    from overnight.chain.read import load_head
 
     with open_store(f"sqlite://{tmp_path}/.overnight/overnight.db") as s:
         head, _ = load_head(s, "planned", "main", key=None)
@@ -131,9 +131,10 @@ def test_a_checkpoint_without_the_model_component_is_not_recorded_not_drift(tmp_
     """World format 1 (before `model` was recorded) loads, and compares as `not recorded`: a
     warning, never drift -- even under --on-drift all=abort."""
     from overnight.store import open_store
-    from overnight.verify.chain import ChainWriter, load_head
-    from overnight.verify.integrity import encode_state
-    from overnight.verify.records import event
+    from overnight.chain.write import ChainWriter
+    from overnight.chain.read import load_head
+    from overnight.chain.integrity import encode_state
+    from overnight.chain.records import event
 
     (tmp_path / "m.py").write_text(MODEL_TASK)
     cli("run", "m.py", "-q", cwd=tmp_path)
@@ -414,7 +415,7 @@ def test_python_file_and_overnight_run_file_are_the_same_task(tmp_path):
     resume ID`` continues it -- and ``python FILE.py`` continues one ``overnight run FILE.py`` began."""
     from overnight import api
     from overnight.store import open_store
-    from overnight.verify.chain import load_head
+    from overnight.chain.read import load_head
 
     (tmp_path / "paint.py").write_text(MAIN_TASK)
     started = subprocess.run([sys.executable, "paint.py", "1"], cwd=tmp_path, env=_procs.env(), capture_output=True,
@@ -473,7 +474,7 @@ def test_a_full_store_during_a_model_call_is_the_typed_error_only(tmp_path):
             overnight.run(task, store, model=Verbose())
         assert err.value.__cause__ is None and err.value.__suppress_context__
         assert err.value.task_id == "full-call" and "rolled back" in err.value.message
-        from overnight.verify.chain import load_head
+        from overnight.chain.read import load_head
 
         head, fallback = load_head(store, "full-call", "main", key=None)
         assert fallback is None and [d.name for d in head.state.done] == ["first"]

@@ -1,5 +1,5 @@
 """docs/FORMAT.md is the code: its record tables name exactly the members of the pydantic models
-in ``overnight/verify/records.py``, with the same optional ones, so the spec cannot drift apart
+in ``overnight/chain/records.py``, with the same optional ones, so the spec cannot drift apart
 from what is written and read."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from overnight.verify import records
+from overnight.chain import records
 
 FORMAT_MD = Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md"
 

@@ -54,14 +54,15 @@ from overnight.errors import (
     StepFailed,
 )
 from overnight.models.extractive import ExtractiveModel
-from overnight.orchestrate.task import todo_entry
+from overnight.runtime.task import todo_entry
 from overnight.store import open_store
 from overnight.store import layout
 from overnight.store.base import Commit
 from overnight.store.sqlite import _SCHEMA, SQLiteStore
-from overnight.verify.chain import ChainWriter, load_head
-from overnight.verify.faults import KINDS, NEEDS_KEY, Faults
-from overnight.verify.records import event
+from overnight.chain.write import ChainWriter
+from overnight.chain.read import load_head
+from overnight.testing.faults import KINDS, NEEDS_KEY, Faults
+from overnight.chain.records import event
 
 
 def _append(into, loaded, state: dict, ev: dict, *, key: bytes | None) -> str:
@@ -376,7 +377,7 @@ def test_fallback_refuses_a_damaged_head_without_a_key(unsigned_store, tmp_path)
         parent = s.get_checkpoint(head).parent_id
         body = bytearray(s.get_checkpoint(head).body)
     body[len(body) // 2] ^= 0x04
-    from overnight.verify.ditto import ditto_key
+    from overnight.chain.ditto import ditto_key
     with sqlite3.connect(path) as db:
         db.execute("UPDATE checkpoints SET body=? WHERE checkpoint_id=?", (bytes(body), head))
         db.execute("DELETE FROM objects WHERE digest=?", (ditto_key(head),))  # no copy to heal from
@@ -409,7 +410,7 @@ def test_signed_langgraph_thread_refuses_a_forged_head(tmp_path, forger_key):
 
     from overnight.adapters.langgraph import OvernightSaver
     from overnight.errors import ThreadCorrupt
-    from overnight.verify.integrity import load_checkpoint
+    from overnight.chain.integrity import load_checkpoint
 
     url = f"sqlite://{tmp_path / 'lg.db'}"
     cfg = {"configurable": {"thread_id": "t1"}}

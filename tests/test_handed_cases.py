@@ -23,9 +23,10 @@ from overnight import api
 from overnight.codec import from_tree, to_tree
 from overnight.errors import FormatTooNew, UnknownTypeError
 from overnight.store import BlobWriter, CheckpointRow, Commit, open_store
-from overnight.verify.chain import load_head, utc_now
-from overnight.verify.integrity import encode_record, encode_state, load_checkpoint
-from overnight.verify.records import FORMAT_VERSION
+from overnight.chain.read import load_head
+from overnight.chain.write import utc_now
+from overnight.chain.integrity import encode_record, encode_state, load_checkpoint
+from overnight.chain.records import FORMAT_VERSION
 
 # --- helpers -----------------------------------------------------------------------------------
 
@@ -380,7 +381,7 @@ import json, sys
 from overnight.codec import from_tree
 from overnight.errors import UnknownTypeError
 from overnight.store import open_store
-from overnight.verify.chain import load_head
+from overnight.chain.read import load_head
 
 store = open_store(sys.argv[1])
 loaded, _ = load_head(store, "h04")
@@ -459,7 +460,7 @@ def test_H04_nested_enum_in_pydantic_model_resumes_or_fails_loudly(tmp_path: Pat
         import h04_models
         from overnight.codec import from_tree
         from overnight.store import open_store
-        from overnight.verify.chain import load_head
+        from overnight.chain.read import load_head
         loaded, _ = load_head(open_store(sys.argv[1]), "h04")
         data = from_tree(loaded.state_tree["data"], "state.data")
         r = data["report"]

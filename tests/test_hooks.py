@@ -17,7 +17,7 @@ import pytest
 
 from overnight.mcp.tasks import CodingTasks
 from overnight.store.sqlite import SQLiteStore
-from overnight.verify.chain import load_head
+from overnight.chain.read import load_head
 
 from _procs import CLI, env
 
@@ -301,7 +301,7 @@ def test_the_hook_fast_path_imports_no_cli_framework(project) -> None:
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
-    assert "overnight.hooks" in imported and "overnight.verify.records" in imported  # it did the work
-    for heavy in ("typer", "rich", "click", "overnight.orchestrate.runner", "overnight.tokens"):
+    assert "overnight.hooks" in imported and "overnight.chain.records" in imported  # it did the work
+    for heavy in ("typer", "rich", "click", "overnight.runtime.runner", "overnight.tokens"):
         assert heavy not in imported, heavy
     assert head(repo, tid).record.event.step == "stop"

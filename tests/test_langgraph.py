@@ -420,7 +420,7 @@ def test_a_damaged_record_or_blob_raises_naming_the_thread(tmp_path):
     """A record body edited in place, and a channel blob removed from the store: each read raises
     ThreadCorrupt naming the thread, the checkpoint (and the missing object), with a hint."""
     from overnight.errors import ThreadCorrupt
-    from overnight.verify.integrity import load_checkpoint
+    from overnight.chain.integrity import load_checkpoint
 
     url = f"sqlite://{tmp_path / 'lg.db'}"
     _chat(url, "t1", "ab")

@@ -21,7 +21,7 @@ from mcp import ClientSession, StdioServerParameters  # the [mcp] extra, part of
 from mcp.client.stdio import stdio_client
 
 from overnight.store.sqlite import SQLiteStore
-from overnight.verify.chain import load_head
+from overnight.chain.read import load_head
 
 from _procs import CLI, env
 

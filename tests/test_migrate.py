@@ -1,5 +1,5 @@
 """Record format 1 -> 2: stores written by earlier releases, and records written from the format-1
-spec, open and load through ``overnight/verify/migrate.py``; a task continues from them and
+spec, open and load through ``overnight/chain/migrate.py``; a task continues from them and
 writes format 2; a format from the future is refused; nothing malformed is written."""
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from overnight.errors import FormatTooNew, RecordInvalid
 from overnight.store import open_store
 from overnight.store.base import CheckpointRow, Commit, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
-from overnight.verify.chain import ChainWriter, load_head, utc_now
-from overnight.verify.integrity import load_checkpoint
-from overnight.verify.pages import artifact_pages, done_pages, todo_pages
-from overnight.verify.records import FORMAT_VERSION, event, initial_state, todo_entry
+from overnight.chain.write import ChainWriter, utc_now
+from overnight.chain.read import load_head
+from overnight.chain.integrity import load_checkpoint
+from overnight.chain.pages import artifact_pages, done_pages, todo_pages
+from overnight.chain.records import FORMAT_VERSION, event, initial_state, todo_entry
 
 RUNS: list[int] = []
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from overnight.demo.api_report import ExtractiveWriter, extract_module, find_package
+from overnight.models.extractive import ExtractiveWriter
+from overnight.demo.api_report import extract_module, find_package
 from overnight.errors import ModelCallFailed, ModelError, ModelNotConfigured, OvernightError
 from overnight.models import Completion, ExtractiveModel, Model, model_from_spec, section_messages
 from overnight.tokens import count_messages, tokenizer_for

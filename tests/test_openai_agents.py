@@ -27,7 +27,7 @@ from _procs import env, wait_for  # noqa: E402
 from overnight.adapters.openai_agents import OvernightSession, session_task_id  # noqa: E402
 from overnight.api import log, rollback  # noqa: E402
 from overnight.errors import ConfigError, EncodeError, SessionCorrupt  # noqa: E402
-from overnight.orchestrate.session import summary_tokens  # noqa: E402
+from overnight.runtime.session import summary_tokens  # noqa: E402
 from overnight.store import open_store  # noqa: E402
 
 set_tracing_disabled(True)
@@ -116,7 +116,7 @@ def test_reopen_from_another_process(tmp_path):
 def test_order_kept_when_timestamps_collide(tmp_path, monkeypatch):
     # every checkpoint and item gets the same timestamp; order must still be insertion order,
     # and identical items (stored once, by digest) keep their own positions
-    import overnight.verify.chain as chain
+    import overnight.chain.write as chain
 
     monkeypatch.setattr(chain, "utc_now", lambda: "2026-01-01T00:00:00.000000+00:00")
     stamp = "2026-01-01T00:00:00Z"
@@ -243,7 +243,7 @@ def test_corrupted_item_is_a_typed_error_naming_the_session(tmp_path):
     with OvernightSession("fragile", store=f"sqlite://{db}") as s:
         run(s.add_items([msg("user", "keep me"), msg("user", "damage me"), msg("user", "last")]))
     store = open_store(f"sqlite://{db}")
-    from overnight.verify.integrity import load_checkpoint
+    from overnight.chain.integrity import load_checkpoint
 
     head = load_checkpoint(store, store.get_ref(s.task_id, "main"))
     target = head.artifacts["items/000000000002"].digest
@@ -273,7 +273,7 @@ def test_corrupted_head_checkpoint_is_a_typed_error(tmp_path):
         parent = conn.execute("SELECT parent_id FROM checkpoints WHERE checkpoint_id=?", (head,)).fetchone()[0]
         body = conn.execute("SELECT body FROM checkpoints WHERE checkpoint_id=?", (head,)).fetchone()[0]
         conn.execute("UPDATE checkpoints SET body=? WHERE checkpoint_id=?", (bytes(body).replace(b'"seq":1', b'"seq":7'), head))
-        from overnight.verify.ditto import ditto_key  # and its ditto copy: nothing to heal from
+        from overnight.chain.ditto import ditto_key  # and its ditto copy: nothing to heal from
         conn.execute("DELETE FROM objects WHERE digest=?", (ditto_key(head),))
     conn.close()
     with OvernightSession("fragile", store=f"sqlite://{db}") as fresh:

@@ -54,7 +54,7 @@ def test_errors_docstring_lists_every_class_with_its_exit_code():
     import inspect
 
     from overnight import errors
-    from overnight.cli.app import _exit_code
+    from overnight.cli.common import exit_code as _exit_code
 
     doc = errors.__doc__
     classes = {n for n, c in vars(errors).items() if inspect.isclass(c) and c.__module__ == errors.__name__}

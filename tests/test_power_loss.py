@@ -32,7 +32,7 @@ from _procs import env, read_events, wait_for
 from conftest import _unavailable
 
 from overnight.store import open_store
-from overnight.verify.chain import load_head
+from overnight.chain.read import load_head
 from overnight.verify.fsck import verify_store
 
 HERE = Path(__file__).parent / "power_loss"

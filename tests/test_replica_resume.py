@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import overnight
 from overnight.store import open_store
-from overnight.verify.replicas import ReplicatedStore
+from overnight.store.compose.replicated import ReplicatedStore
 
 
 def _task(runs: list[str]) -> overnight.Task:
@@ -38,8 +38,8 @@ def test_primary_lost_resume_continues_from_the_replica(tmp_path):
 
 
 def test_lost_primary_gets_every_branch_back_a_fork_too(tmp_path):
-    from overnight.verify.branching import fork
-    from overnight.verify.replicas import repair_task
+    from overnight.chain.branches import fork
+    from overnight.ops.repair import repair_task
 
     runs: list[str] = []
     (tmp_path / "primary").mkdir()

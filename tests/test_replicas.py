@@ -14,7 +14,7 @@ import pytest
 import overnight
 from conftest import drop_schema
 from overnight.store import open_store
-from overnight.verify.faults import Faults
+from overnight.testing.faults import Faults
 from overnight.verify.fsck import verify_store
 
 STEPS = 6
@@ -129,7 +129,7 @@ def test_replica_corrupted_is_repaired_from_hot_copy(media, tmp_path):
 
     server, schema = media["database"].split("?schema=")
     with psycopg.connect(server, autocommit=True) as conn:  # a replica loses an artifact (a botched restore, say)
-        from overnight.verify.ditto import ditto_key
+        from overnight.chain.ditto import ditto_key
 
         (big,) = conn.execute(f'SELECT digest FROM "{schema}".objects WHERE kind <> %s ORDER BY size DESC LIMIT 1',
                               ("ditto",)).fetchone()
@@ -232,7 +232,7 @@ def overnight_cli(cwd, *args, env: dict | None = None) -> subprocess.CompletedPr
 
 def _steps_on(url: str, branch: str = "main") -> list[str]:
     """Step names of the first-parent lineage of ``branch`` on one medium, oldest first."""
-    from overnight.verify.reachability import first_parent_chain
+    from overnight.chain.reachability import first_parent_chain
 
     with open_store(url) as s:
         rows = {r.checkpoint_id: r for r in s.list_checkpoints("ledger")}
@@ -281,7 +281,7 @@ def test_damaged_head_falls_back_on_its_medium_instead_of_rolling_back_to_a_lagg
     body[len(body) // 2] ^= 4
     db.execute("UPDATE checkpoints SET body=? WHERE step='month-3'", (bytes(body),))
     from overnight.codec.digest import sha256
-    from overnight.verify.ditto import ditto_key  # and its ditto copy: the medium cannot heal itself
+    from overnight.chain.ditto import ditto_key  # and its ditto copy: the medium cannot heal itself
     (cid,) = db.execute("SELECT checkpoint_id FROM checkpoints WHERE step='month-3'").fetchone()
     db.execute("DELETE FROM objects WHERE digest=?", (ditto_key(cid),))
     assert sha256(bytes(body)) != cid

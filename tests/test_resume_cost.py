@@ -140,28 +140,6 @@ def test_resume_of_a_model_free_step_never_loads_the_vocabulary(tmp_path):
     assert got["status"] == "complete" and got["encoders"] == 1 and got["lazy_loads"] >= 1  # one vocabulary, shared
 
 
-# --- the code location is read from the head's record and state, not the whole head ----------
-
-
-def test_head_entry_is_the_verified_specs_and_unknown_when_the_head_does_not_verify(tmp_path):
-    from overnight.api import _spec_entry
-    from overnight.store import open_store
-    from overnight.verify.chain import load_head
-    from overnight.verify.head_entry import UNKNOWN, head_entry
-
-    (tmp_path / "lazytok.py").write_text(TASK)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OVERNIGHT_SIGNING_KEY": "k1"}
-    made = subprocess.run([sys.executable, "-m", "overnight", "run", "lazytok.py", "--store", f"sqlite://{tmp_path / 's.db'}",
-                           "--max-steps", "2", "-q"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert made.returncode == 75, made.stderr
-    with open_store(f"sqlite://{tmp_path / 's.db'}") as store:
-        found = head_entry(store, "lazy-tok", "main", key=b"k1")
-        assert isinstance(found, str) and "lazytok.py" in found
-        assert found == _spec_entry(load_head(store, "lazy-tok", "main", key=b"k1")[0])
-        assert head_entry(store, "lazy-tok", "main", key=b"another key") is UNKNOWN  # signature fails
-        assert head_entry(store, "lazy-tok", "no-such-branch", key=b"k1") is UNKNOWN
-
-
 # --- overnight bench resume ---------------------------------------------------------------------
 
 

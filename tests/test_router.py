@@ -11,7 +11,7 @@ import pytest
 import overnight
 from overnight.config import load
 from overnight.errors import SpecError
-from overnight.orchestrate.router import crosses_night, route
+from overnight.runtime.router import crosses_night, route
 
 
 def task(span, **kw) -> overnight.Task:

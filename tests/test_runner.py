@@ -13,7 +13,7 @@ import overnight
 from overnight import api
 from overnight.errors import EncodeError, StepFailed, UnknownStep
 from overnight.store import open_store
-from overnight.verify.chain import load_head
+from overnight.chain.read import load_head
 
 
 def make_task(calls: list[str], *, fail_on: str | None = None, fails: int = 1, retries: int = 0) -> overnight.Task:
@@ -178,7 +178,7 @@ def test_corrupt_head_falls_back_to_newest_valid_checkpoint(url, tmp_path):
     body[len(body) // 2] ^= 0x01  # bit flip
     db.execute("UPDATE checkpoints SET body=? WHERE checkpoint_id=?", (bytes(body), head))
     # and its ditto copy: with the copy intact the load heals instead (tests/test_ditto.py)
-    from overnight.verify.ditto import ditto_key
+    from overnight.chain.ditto import ditto_key
     copy = db.execute("SELECT data FROM objects WHERE digest=?", (ditto_key(head),)).fetchone()[0]
     db.execute("UPDATE objects SET data=? WHERE digest=?", (bytes(copy)[:-1] + b"!", ditto_key(head)))
     db.commit()
@@ -237,7 +237,7 @@ def test_signed_checkpoints_detect_edits_without_the_key(url, tmp_path, monkeypa
 def test_default_step_names_are_the_same_in_every_process():
     """A set's repr order follows the process's hash seed: a resumed run must still find the step
     it added (same name), so names never depend on it."""
-    code = ("from overnight.orchestrate.task import default_step_name; import datetime, decimal;"
+    code = ("from overnight.runtime.task import default_step_name; import datetime, decimal;"
             "print(default_step_name('fetch', {'tags': {'alpha','beta','gamma','delta','eps','zeta','eta','theta'},"
             " 'when': datetime.date(2026, 11, 30), 'n': 3, 'pair': ('a', 1.5), 'opts': {'k': [1, None]},"
             " 'amount': decimal.Decimal('1.10')}))")

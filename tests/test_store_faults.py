@@ -341,7 +341,7 @@ def test_salvage_recovers_what_verifies_and_the_task_completes_from_it(tmp_path,
     result = overnight.run(_salvage_task("salv"), f"sqlite://{out}")
     assert result.status == "complete" and result.done == 31
     with SQLiteStore(out, read_only=True) as s:
-        from overnight.verify.chain import load_head
+        from overnight.chain.read import load_head
 
         loaded, _ = load_head(s, "salv", "main")
         assert set(loaded.artifacts) == {f"part-{i}.bin" for i in range(30)}

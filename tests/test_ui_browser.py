@@ -174,7 +174,7 @@ def test_drift_preview_lists_steps_and_tokens_after_an_input_edit(browser, tmp_p
 
 def _done(site: Path):
     from overnight.store import open_store
-    from overnight.verify.chain import load_head
+    from overnight.chain.read import load_head
 
     with open_store(store_url(site)) as s:
         loaded, _ = load_head(s, "report", "main")
@@ -206,7 +206,7 @@ def test_a_damaged_record_gets_its_badge(browser, tmp_path):
         (body,) = db.execute("SELECT body FROM checkpoints WHERE checkpoint_id=?", (head,)).fetchone()
         db.execute("UPDATE checkpoints SET body=? WHERE checkpoint_id=?",
                    (bytes(body).replace(b'"seq":', b'"seq":1', 1), head))
-        from overnight.verify.ditto import ditto_key  # and its ditto copy: nothing to heal from
+        from overnight.chain.ditto import ditto_key  # and its ditto copy: nothing to heal from
         db.execute("DELETE FROM objects WHERE digest=?", (ditto_key(head),))
     with UiServer(site) as srv:
         browser.get(srv.base + "/task?id=report")

@@ -2,7 +2,12 @@
 
 Verified, content-addressed checkpoints after every step; crash-safe resume that repeats at most
 the step in flight; fallback to the newest checkpoint that verifies. The public API is what this
-module exports; nothing else is promised.
+module exports; nothing else is promised. The README also documents :mod:`overnight.api` (the
+operations behind the CLI), :func:`overnight.store.open_store`, the adapters
+(:mod:`overnight.adapters.langgraph`, :mod:`overnight.adapters.openai_agents`),
+:func:`overnight.models.model_from_spec` and :mod:`overnight.tokens`. Every other module --
+``chain``, ``ops``, ``runtime``, ``verify``, ``store`` internals, ``testing``, ``bench``, ``demo``,
+``cli`` -- is internal: importable, documented for readers of the code, not a promised interface.
 
     import overnight
 
@@ -26,26 +31,26 @@ _EXPORTS = {
     "register_codec": "overnight.codec.registry",
     "register_type": "overnight.codec.registry",
     "OvernightError": "overnight.errors",
-    "StepContext": "overnight.orchestrate.context",
-    "RunEvent": "overnight.orchestrate.runner",
-    "RunResult": "overnight.orchestrate.runner",
-    "Runner": "overnight.orchestrate.runner",
-    "run": "overnight.orchestrate.runner",
-    "Task": "overnight.orchestrate.task",
+    "StepContext": "overnight.runtime.context",
+    "RunEvent": "overnight.runtime.runner",
+    "RunResult": "overnight.runtime.runner",
+    "Runner": "overnight.runtime.runner",
+    "run": "overnight.runtime.runner",
+    "Task": "overnight.runtime.task",
     "open_store": "overnight.store",
 }
 
 if TYPE_CHECKING:
     from overnight.codec.registry import register_codec, register_type
     from overnight.errors import OvernightError
-    from overnight.orchestrate.context import StepContext
-    from overnight.orchestrate.runner import RunEvent, RunResult, Runner, run
-    from overnight.orchestrate.task import Task
+    from overnight.runtime.context import StepContext
+    from overnight.runtime.runner import RunEvent, RunResult, Runner, run
+    from overnight.runtime.task import Task
     from overnight.store import open_store
 
 
-_SUBPACKAGES = ("adapters", "api", "bench", "cli", "codec", "config", "demo", "errors", "hooks", "mcp", "models",
-                "orchestrate", "store", "tokens", "verify")
+_SUBPACKAGES = ("adapters", "api", "bench", "chain", "cli", "codec", "config", "demo", "errors", "hooks", "keys", "mcp",
+                "models", "ops", "runtime", "store", "testing", "tokens", "units", "verify")
 """Reachable as attributes (``overnight.store``) without an import, as when the exports were eager."""
 
 

@@ -1,3 +1,4 @@
+# Over 600 lines: the whole public operation set, one function per CLI command with the same names and options, so the CLI, the dashboard and the MCP tools share one surface (split by command group once the parallel work on it lands).
 """The Python API the CLI mirrors: ``overnight X`` calls ``overnight.api.X`` with the same options.
 
 Every function takes ``store`` as a :class:`~overnight.store.base.Store`, a URL, or None for the
@@ -6,6 +7,8 @@ dataclasses that the CLI renders as tables or ``--json``.
 """
 
 from __future__ import annotations
+
+from overnight.store.media import locate, medium_for, opened, recorded_route
 
 import re
 import warnings
@@ -28,35 +31,36 @@ from overnight.errors import (
     TaskNotFound,
     short_id,
 )
-from overnight.orchestrate.loader import load_stored_task, load_task
-from overnight.orchestrate.router import Route, locate, recorded_route
-from overnight.orchestrate.runner import RunEvent, RunResult, Runner
-from overnight.orchestrate.task import Task
+from overnight.runtime.loader import load_stored_task, load_task
+from overnight.store.media import Route
+from overnight.runtime.runner import RunEvent, RunResult, Runner
+from overnight.runtime.task import Task
 from overnight.store import Store, default_store_url, open_store
 from overnight.store import exists as store_exists
 from overnight.store import location as store_location
 from overnight.store.blobs import BlobReader
-from overnight.store.queue import describe, queue_for, task_status
-from overnight.store.tiered import TieredStore, tiered
-from overnight.verify import branching
-from overnight.verify import archive as archiving
-from overnight.verify import gc as collecting
-from overnight.verify.archive import ArchiveReport, RestoreReport, ensure_hot
-from overnight.verify.branching import LogEntry, MergeResult
-from overnight.verify.gc import GcReport, RmReport
-from overnight.verify.chain import load_head
+from overnight.store.queue import describe
+from overnight.store.queue_open import queue_for, task_status
+from overnight.store.compose.tiered import TieredStore
+from overnight.chain import branches as branching
+from overnight.ops import archive as archiving
+from overnight.ops import gc as collecting
+from overnight.ops.archive import ArchiveReport, RestoreReport, ensure_hot
+from overnight.chain.branches import LogEntry, MergeResult
+from overnight.ops.gc import GcReport, RmReport
+from overnight.chain.read import load_head
 from overnight.verify.drift import DriftReport
 from overnight.verify.fsck import VerifyReport, verify_store
-from overnight.verify.head_entry import UNKNOWN, head_entry
-from overnight.verify.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
-from overnight.verify.rollback import find_rollback
+from overnight.chain.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
+from overnight.chain.rollback import find_rollback
 
 
 @contextmanager
 def _opened(store: Store | str | None, *, task_id: str | None = None, write: bool = False,
             read_only: bool = False) -> Iterator[TieredStore]:
-    """:func:`_opened_store`; a ``TaskNotFound`` raised inside gains "did you mean" in its hint."""
-    with _opened_store(store, task_id=task_id, write=write, read_only=read_only) as s:
+    """:func:`overnight.store.media.opened` (writing to a replicated task heals its media first);
+    a ``TaskNotFound`` raised inside gains "did you mean" in its hint."""
+    with opened(store, task_id=task_id, write=write, read_only=read_only, heal=_heal) as s:
         try:
             yield s
         except TaskNotFound as exc:
@@ -77,6 +81,13 @@ def suggest(exc: TaskNotFound, s: Store) -> None:
     _suggest(exc, s)
 
 
+def _heal(replicated: Any, task_id: str) -> None:
+    """Bring every medium of a replicated task to its newest verified head (``overnight repair``)."""
+    from overnight.ops.repair import repair_task
+
+    repair_task(replicated.media, list(replicated.names), task_id, key=signing_key_from_env())
+
+
 def _suggest(exc: TaskNotFound, s: Store) -> None:
     """Add the stored task ids closest to the one not found (``difflib``, as git suggests a
     mistyped command) in front of ``exc.hint``."""
@@ -89,65 +100,6 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
     close = _close(exc.task_id, ids)
     if close and "did you mean" not in (exc.hint or ""):
         exc.hint = f"did you mean {' or '.join(close)}?" + (f" {exc.hint}" if exc.hint else "")
-
-
-@contextmanager
-def _opened_store(store: Store | str | None, *, task_id: str | None = None, write: bool = False,
-                  read_only: bool = False) -> Iterator[TieredStore]:
-    """The store, wrapped so archived history reads through to its cold store. A store that does
-    not exist yet is a ConfigError, never created (only running a task creates one).
-
-    With ``store=None`` and a ``task_id``, the task is looked up where the router may have put it:
-    the default store, else the configured database and cloud media, as ``overnight resume`` does.
-    A replicated task is read from the first medium that holds it; to ``write``, every medium is
-    first brought up to the newest verifiable head (``overnight repair``) and written together.
-    ``read_only`` (reading commands) opens a store URL without writing to it, so they work on a
-    read-only file, folder or file system."""
-    if store is None and task_id is not None:
-        found = locate(task_id, load_config(), read_only=read_only)
-        if found is not None:
-            s = tiered(_medium_for(found[0], task_id, write=write), own=False)
-            try:
-                yield s
-            finally:
-                s.close()  # the cold stores it opened
-                found[0].close()
-            return
-    if store is not None and hasattr(store, "commit"):
-        s = tiered(store, own=False)  # type: ignore[arg-type]
-        try:
-            yield s
-        finally:
-            if s is not store:
-                s.close()  # only the cold stores it opened
-        return
-    if not store_exists(store):  # type: ignore[arg-type]
-        url = str(store) if store is not None else default_store_url()
-        raise ConfigError(f"no store at {url} ({store_location(url)})", task_id=task_id,
-                          hint="run a task first (`overnight demo`), or pass --store / set OVERNIGHT_STORE")
-    s = tiered(open_store(store, read_only=read_only))  # type: ignore[arg-type]
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-def _medium_for(located: Store, task_id: str, *, write: bool) -> Store:
-    """The store to use for ``task_id`` found by :func:`~overnight.orchestrate.router.locate`."""
-    from overnight.verify.replicas import ReplicatedStore, repair_task
-
-    if not isinstance(located, ReplicatedStore):
-        return located
-    if write:
-        repair_task(located.media, list(located.names), task_id, key=signing_key_from_env())
-        return located
-    for medium in located.media:
-        try:
-            if medium.list_refs(task_id):
-                return medium
-        except OvernightError:
-            continue  # an unavailable medium: read another
-    return located
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|hr|d|day|days|w|week|weeks)?\s*$")
@@ -174,7 +126,7 @@ def parse_duration(value: str | float | int | None, what: str = "duration") -> f
     return seconds
 
 
-# --- loading task code: overnight.orchestrate.loader (re-exported: api.load_task) -------------------
+# --- loading task code: overnight.runtime.loader (re-exported: api.load_task) -------------------
 
 
 # --- run / resume ------------------------------------------------------------------------------
@@ -216,7 +168,7 @@ def resume(
 ) -> RunResult:
     """Resume a stored task from the latest head of ``branch``, loading its code from the entry
     recorded when it was created (or ``entry`` to override) -- only from inside the project
-    (:mod:`overnight.orchestrate.loader`).
+    (:mod:`overnight.runtime.loader`).
 
     Raises:
         TaskNotFound: no such task. ConfigError: no code location recorded and none given.
@@ -230,7 +182,7 @@ def resume(
             exc = TaskNotFound(f"no task {task_id!r} in the default store or the configured media", task_id=task_id,
                                hint="`overnight ls` lists the tasks; pass --store URL for another store")
             if store_exists(default_store_url()):
-                with _opened_store(None) as s:
+                with opened(None) as s:
                     _suggest(exc, s)
             raise exc
         store = found[0]
@@ -243,22 +195,26 @@ def resume(
     with _opened(store) as s:
         # a replicated task is read from a medium that holds it (the runner repairs the others,
         # and sets aside a damaged one, before its session starts)
-        medium = _medium_for(s.hot, task_id, write=False)
+        medium = medium_for(s.hot, task_id, write=False)
         reader = s if medium is s.hot else medium
         row = reader.get_task(task_id)
         verified = None
+        head = None
         if entry is None and row.entry:
-            # the head's record and state document suffice (the runner verifies the whole head next)
-            verified = head_entry(reader, task_id, branch, key=signing_key_from_env())
-            if verified is UNKNOWN:
-                loaded, _ = load_head(reader, task_id, branch, key=signing_key_from_env(), deep=False)
-                verified = _spec_entry(loaded)
+            # loaded and verified once: the runner starts from it when the branch ref still names it
+            # once its lease is taken, and hashes its artifacts there (the deep check, the slow part,
+            # runs under the lease and the stop signals); a replicated task's runner repairs first
+            known: set[str] = set()
+            loaded, fallback = load_head(reader, task_id, branch, key=signing_key_from_env(), deep=False,
+                                         verified=known)
+            verified = _spec_entry(loaded)
+            head = (loaded, fallback, known) if reader is s else None
         task = load_stored_task(task_id, recorded=row.entry, verified=verified, override=entry)
         if task is None:
             raise _no_code(row, "resume")
         return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift,
                       model=model, max_context_tokens=max_context_tokens, code_moved=entry is not None,
-                      allow_rollback=allow_rollback).run()
+                      allow_rollback=allow_rollback, head=head).run()
 
 
 def _spec_entry(loaded: Any) -> str | None:
@@ -476,6 +432,7 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
                                     row.created_at, row.stored_bytes, heads.get(row.checkpoint_id, []), problem is None,
                                     problem, row.checkpoint_id not in hot, _raw_json(row.body) if raw else None))
         status, done, total, todo, artifacts, fell_back, state = "invalid", 0, 0, [], {}, None, None
+        main_head: Any = None
         if branch in refs:
             try:
                 loaded, fallback = load_head(s, task_id, branch, key=key, deep=False)
@@ -487,10 +444,12 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
                 status = "complete" if not st.todo.count else "in progress"
                 if raw:
                     state = _raw_json(BlobReader(s).get(loaded.record.state.digest, "the head's state"))
+                main_head = loaded if branch == "main" else None
             except OvernightError:
                 pass
         return TaskReport(task_id, t.goal, t.entry, t.created_at, refs, status, done, total, todo, artifacts, chain,
-                          sum(c.stored_bytes for c in chain), _usage(s, task_id), fell_back, len(damaged), state)
+                          sum(c.stored_bytes for c in chain), _usage(s, task_id, main_head), fell_back, len(damaged),
+                          state)
 
 
 _DIGEST = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
@@ -530,9 +489,11 @@ def cat_object(object_digest: str, *, store: Store | str | None = None) -> bytes
         return row.body
 
 
-def _usage(s: Store, task_id: str) -> dict[str, Any]:
+def _usage(s: Store, task_id: str, main_head: Any = None) -> dict[str, Any]:
     """Model usage of a task from its call journal (every call actually made) and its done steps
-    (calls replayed from the journal after an interruption instead of being made again)."""
+    (calls replayed from the journal after an interruption instead of being made again) on
+    ``main`` -- ``main_head``, the verified head of ``main`` when the caller loaded it already
+    (``show`` does: the head is loaded and verified once), else loaded here."""
     cfg = load_config()
     by_model: dict[str, dict[str, Any]] = {}
     for c in s.calls(task_id):
@@ -551,7 +512,7 @@ def _usage(s: Store, task_id: str) -> dict[str, Any]:
         cost += m["cost_usd"]
     replayed = 0
     try:
-        loaded, _ = load_head(s, task_id, "main", key=signing_key_from_env(), deep=False)
+        loaded = main_head or load_head(s, task_id, "main", key=signing_key_from_env(), deep=False)[0]
         replayed = sum(d.replayed_tokens for d in loaded.state.done)
     except OvernightError:
         pass
@@ -711,7 +672,7 @@ class StatusReport:
     """With ``--drift`` on a coding-agent task: the drift in words (``"main moved 3 commits ..."``)."""
     rollback: str | None = None
     """Set when the branch ref was moved back behind a newer record or this machine's high-water
-    mark (:mod:`overnight.verify.rollback`): what it names and what it is older than."""
+    mark (:mod:`overnight.chain.rollback`): what it names and what it is older than."""
 
 
 def _no_code(row: Any, action: str) -> ConfigError:
@@ -767,27 +728,27 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
             task = load_stored_task(task_id, recorded=s.get_task(task_id).entry, verified=_spec_entry(loaded),
                                     override=entry, checkpoint_id=loaded.id)
             if task is None:
-                if _coding_drift(rep, s, loaded):
+                if _coding_drift(rep, loaded):
                     return rep
                 raise _no_code(s.get_task(task_id), "check drift of")
             _predict(rep, s, loaded, task, on_drift, model)
         return rep
 
 
-def _coding_drift(rep: StatusReport, s: Store, loaded: Any) -> bool:
+def _coding_drift(rep: StatusReport, loaded: Any) -> bool:
     """For a coding-agent task (``overnight mcp`` / hooks; no Python code to load): fill ``rep``
     with the drift of its world fingerprint (git, files, lock files, env, inputs --
-    :mod:`overnight.mcp.world`) and return True; False for any other task."""
-    spec = loaded.state_tree["task"]["spec"]
-    from overnight.mcp.tasks import KIND
-
-    if not isinstance(spec, dict) or spec.get("kind") != KIND:
-        return False
-    from overnight.mcp.tasks import CodingTasks
+    :mod:`overnight.verify.coding_world`) and return True; False for any other task."""
+    from overnight.verify import coding_world
     from overnight.verify.drift import DriftItem
 
-    tasks = CodingTasks(s, project=spec.get("project") or ".", exact_root=True)
-    found = tasks.status(rep.task_id, branch=rep.branch).drift
+    spec = loaded.state_tree["task"]["spec"]
+    if not isinstance(spec, dict) or spec.get("kind") != coding_world.KIND:
+        return False
+    root, salt = Path(spec.get("project") or "."), bytes.fromhex(spec.get("salt", ""))
+    now = coding_world.world(root, inputs=list(spec.get("inputs", [])), env=list(spec.get("env", [])), salt=salt)
+    found = coding_world.drift(root, loaded.world, now, checkpoint_id=loaded.id,
+                               todo=[t.name for t in loaded.state.todo], salt=salt)
     rep.drift = DriftReport(found.checkpoint_id, [DriftItem(i["component"], i["key"], i["old"], i["new"])
                                                   for i in found.items])
     rep.drift_words = found.lines
@@ -799,13 +760,13 @@ def _coding_drift(rep: StatusReport, s: Store, loaded: Any) -> bool:
 def _predict(rep: StatusReport, s: Store, loaded: Any, task: Task, on_drift: str | dict[str, str] | None,
              model: Any) -> None:
     """Fill ``rep`` with the drift against the world now and what a resume would do about it --
-    the same functions the runner calls (:func:`~overnight.orchestrate.consistency.decide`, read
-    only, and :func:`~overnight.orchestrate.task.reconcile_plan`), so the prediction is the run."""
+    the same functions the runner calls (:func:`~overnight.runtime.drift_decision.decide`, read
+    only, and :func:`~overnight.runtime.task.reconcile_plan`), so the prediction is the run."""
     from overnight.errors import DriftAbort
-    from overnight.orchestrate.consistency import decide, policies_for, report_for, salt_of, world, world_spec
+    from overnight.runtime.drift_decision import decide, policies_for, report_for, salt_of, world, world_spec
     from overnight.models import model_from_spec
-    from overnight.orchestrate.runner import identity_of, tokenizer_of
-    from overnight.orchestrate.task import reconcile_plan
+    from overnight.runtime.runner import identity_of, tokenizer_of
+    from overnight.runtime.task import reconcile_plan
     from overnight.verify.drift import affected_steps, parse_policies
 
     state = loaded.state_tree
@@ -883,7 +844,7 @@ def route(entry: str | Task, *, now: Any = None) -> Route:
     Raises:
         SpecError: no expected span, or the spec is under the completeness threshold.
     """
-    from overnight.orchestrate.router import route as route_task
+    from overnight.runtime.router import route as route_task
 
     task = load_task(entry) if isinstance(entry, str) else entry
     return route_task(task, load_config(), now=now)
@@ -896,7 +857,7 @@ def config() -> Config:
 
 def repair(task_id: str | None = None, *, store: Store | str | None = None) -> list[Any]:
     """Bring every medium of a replicated task (or of every task, ``task_id=None``) up to the newest
-    verifiable head; returns one :class:`~overnight.verify.replicas.RepairReport` per task.
+    verifiable head; returns one :class:`~overnight.ops.repair.RepairReport` per task.
 
     With ``store=None`` a task is looked up on every configured medium (local, database, cloud), so
     a task whose local copy was lost with its disk is found on a replica and the local copy made
@@ -907,7 +868,8 @@ def repair(task_id: str | None = None, *, store: Store | str | None = None) -> l
         TaskNotFound: no configured medium (or ``store``) knows the task.
     """
     from overnight.codec.canonical import loads
-    from overnight.verify.replicas import ReplicatedStore, repair_task
+    from overnight.store.compose.replicated import ReplicatedStore
+    from overnight.ops.repair import repair_task
 
     key = signing_key_from_env()
 
@@ -952,7 +914,7 @@ def repair(task_id: str | None = None, *, store: Store | str | None = None) -> l
 @dataclass
 class SalvageReport:
     """``overnight repair --salvage``: what was read from a damaged SQLite file into a new one, and
-    how the new one verifies. ``rows``/``errors`` per table (see :mod:`overnight.store.salvage`);
+    how the new one verifies. ``rows``/``errors`` per table (see :mod:`overnight.ops.salvage`);
     ``refs_restored`` lists ``task/branch -> checkpoint`` refs rebuilt because the ref rows were
     lost (the newest checkpoint of the branch whose record verifies); ``verify`` is the full check
     of the result."""
@@ -975,7 +937,7 @@ def salvage(path: str | Path, *, into: str | Path | None = None) -> SalvageRepor
         ConfigError: the file is missing, or the target exists.
         StoreCorrupt: not even the table list of the file is readable.
     """
-    from overnight.store.salvage import copy_rows
+    from overnight.ops.salvage import copy_rows
     from overnight.store.sqlite import SQLiteStore
 
     source = Path(str(path).removeprefix("sqlite://"))
@@ -1043,7 +1005,7 @@ def gc(*, store: Store | str | None = None, apply: bool = False, keep_last: int 
         older_than: only dangling checkpoints older than this go (``"30d"``; seconds as a number).
         task_id: only this task's dangling checkpoints, and the objects only they needed.
         grace: objects stored or refreshed more recently than this stay (default 1 h): the
-            safety margin for commits running at the same time (``overnight/verify/gc.py``).
+            safety margin for commits running at the same time (``overnight/ops/gc.py``).
 
     Raises:
         TaskNotFound, ConfigError; FormatTooNew when a checkpoint is from a newer overnight.

@@ -109,9 +109,9 @@ class Config:
             else:
                 text = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
             rows.append((key, text, self.sources[key]))
-        from overnight.verify.keys import env_key_path, signing_key_from_env, state_dir
+        from overnight.keys import env_key_path, signing_key_from_env, state_dir
 
-        # kept outside every store (overnight.verify.keys): where, never the key itself
+        # kept outside every store (overnight.keys): where, never the key itself
         path = env_key_path()
         if signing_key_from_env() is not None:
             rows.append(("env_key", "the signing key", "OVERNIGHT_SIGNING_KEY"))
@@ -193,7 +193,7 @@ def _store_url(value: str | None) -> str | None:
 class Settings(BaseModel):
     """The checked form of every setting (keys as in ``overnight.toml``). Each constraint is the
     range in which the setting means something: a span threshold is a positive number of hours and
-    the durable threshold is above the session one (:mod:`overnight.orchestrate.router`), a
+    the durable threshold is above the session one (:mod:`overnight.runtime.router`), a
     completeness is a share in [0, 1], a lease lives at least 1 s (it is renewed every third of
     its TTL), a store URL has a scheme :func:`overnight.store.open_store` knows."""
 

@@ -1,3 +1,4 @@
+# Over 600 lines: the tokenizers of every supported model family behind one interface, with their offline fallbacks.
 """Token counting: exact for OpenAI encodings and Hugging Face tokenizers, estimated otherwise.
 
 The context budget (DESIGN.md, "Context budget") measures a session in tokens, so the counts

@@ -1,3 +1,4 @@
+# Over 600 lines: one LangGraph BaseCheckpointSaver implementation: the sync and async halves of one protocol, which LangGraph's conformance suite checks together.
 """``OvernightSaver``: overnight as a LangGraph checkpointer (``BaseCheckpointSaver``).
 
 Change one line -- ``checkpointer=OvernightSaver.from_url("sqlite:///agent.db")`` -- and a
@@ -83,19 +84,19 @@ from overnight.errors import (
     short_id,
 )
 from overnight.store import open_store
-from overnight.store.base import CheckpointRow, Store, TaskRow
+from overnight.store.base import Closing, CheckpointRow, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
-from overnight.verify.chain import ChainWriter, utc_now
+from overnight.chain.write import ChainWriter, utc_now
 from overnight.verify.drift import DriftReport, detect
 from overnight.verify.fingerprint import WorldSpec, world
-from overnight.verify.integrity import (
+from overnight.chain.integrity import (
     LoadedCheckpoint,
     encode_state,
     load_checkpoint,
     parse_record,
     signing_key_from_env,
 )
-from overnight.verify.records import artifact_ref, event, initial_state
+from overnight.chain.records import artifact_ref, event, initial_state
 
 __all__ = ["OvernightSaver"]
 
@@ -213,7 +214,7 @@ class _Merged:
     reader: BlobReader
 
 
-class OvernightSaver(BaseCheckpointSaver[int]):
+class OvernightSaver(BaseCheckpointSaver[int], Closing):
     """A LangGraph checkpointer storing into any overnight store.
 
     Args:
@@ -261,12 +262,6 @@ class OvernightSaver(BaseCheckpointSaver[int]):
         """Close the store if this saver opened it. Idempotent."""
         if self._owns_store:
             self.store.close()
-
-    def __enter__(self) -> "OvernightSaver":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- mapping --------------------------------------------------------------------------------
 

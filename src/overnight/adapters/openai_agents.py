@@ -29,7 +29,7 @@ How a session is stored (the checkpoint format itself is ``docs/FORMAT.md``):
 
 Context budget (optional, ``max_context_tokens=N``): when the items reach ``compaction_threshold``
 x N tokens after an ``add_items``, the oldest items are summarised by overnight's compaction
-(:func:`overnight.orchestrate.session.summary_request`, the task's model, the call journal) and
+(:func:`overnight.runtime.session.summary_request`, the task's model, the call journal) and
 replaced by one summary item, in a ``compaction`` checkpoint; the newest items stay verbatim.
 Nothing is cleared first: the checkpoint before the compaction still holds every item
 (``overnight log TASK``, :meth:`OvernightSession.get_items_at`).
@@ -58,14 +58,19 @@ from overnight.errors import (
     short_id,
 )
 from overnight.models import Model, model_from_spec
-from overnight.orchestrate.session import Budget, request_digest, summary_request, summary_tokens
+from overnight.runtime.session import Budget, request_digest, summary_request, summary_tokens
 from overnight.store import Store, open_store
-from overnight.store.base import CallRecord, TaskRow
+from overnight.store.base import Closing, CallRecord, TaskRow
 from overnight.store.blobs import BlobReader
 from overnight.tokens import Tokenizer, tokenizer_for
-from overnight.verify.chain import ChainWriter, utc_now
-from overnight.verify.integrity import BoundedPageCache, LoadedCheckpoint, load_checkpoint, signing_key_from_env
-from overnight.verify.records import artifact_ref, context_info, event, initial_state
+from overnight.chain.write import ChainWriter, utc_now
+from overnight.chain.integrity import (
+    BoundedPageCache,
+    LoadedCheckpoint,
+    load_checkpoint,
+    signing_key_from_env,
+)
+from overnight.chain.records import artifact_ref, context_info, event, initial_state
 
 try:
     from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
@@ -116,7 +121,7 @@ def _tool_output(item: Any) -> bool:
     return isinstance(item, dict) and str(item.get("type", "")).endswith("_call_output")
 
 
-class OvernightSession:
+class OvernightSession(Closing):
     """An Agents SDK ``Session`` backed by an overnight store (see the module docstring).
 
     Args:
@@ -139,7 +144,7 @@ class OvernightSession:
         session_id: the session's id.
         task_id: the overnight task holding it (:func:`session_task_id`).
         session_settings: the SDK settings (None when not given).
-        budget: the context budget (:class:`~overnight.orchestrate.session.Budget`: ``max_tokens``,
+        budget: the context budget (:class:`~overnight.runtime.session.Budget`: ``max_tokens``,
             ``threshold``, ``compact_at`` in tokens), None without one.
 
     Raises:
@@ -237,12 +242,6 @@ class OvernightSession:
         """Close the store if this object opened it. Idempotent."""
         if self._own_store:
             self._store.close()
-
-    def __enter__(self) -> "OvernightSession":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- reading ------------------------------------------------------------------------------------
 

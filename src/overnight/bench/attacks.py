@@ -40,8 +40,8 @@ from overnight.bench.kpi import _start_s3
 from overnight.codec import decode
 from overnight.errors import CodeLocationRefused, DecodeError, NoValidCheckpoint, OvernightError, RollbackDetected
 from overnight.store import open_store
-from overnight.verify.chain import load_head
-from overnight.verify.faults import forge_record
+from overnight.chain.read import load_head
+from overnight.testing.faults import forge_record
 
 KEY = "victim-signing-key"
 POSTGRES = os.environ.get("OVERNIGHT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")

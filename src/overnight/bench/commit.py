@@ -42,8 +42,8 @@ from typing import Any, Callable
 from overnight.codec.canonical import dumps, to_tree
 from overnight.errors import ConfigError
 from overnight.store import Store, open_store
-from overnight.verify.chain import ChainWriter
-from overnight.verify.records import event, initial_state
+from overnight.chain.write import ChainWriter
+from overnight.chain.records import event, initial_state
 
 #: the durable systems :func:`run_commit_bench` can measure, in table order
 SYSTEMS = ("overnight sqlite", "overnight file", "overnight postgres", "LangGraph SqliteSaver",
@@ -58,7 +58,7 @@ CPU_SYSTEMS = LOCAL_SYSTEMS + NO_FSYNC_SYSTEMS
 #: systems whose median is a column of ratios, with the column heading
 BASELINES = {"LangGraph SqliteSaver": "vs SqliteSaver", "LangGraph PostgresSaver": "vs PostgresSaver",
              "floor": "vs floor"}
-#: the test server (trust auth), as in the test suite
+#: the test server (trust auth), as in the test suite (the CLI's default, ``overnight.cli.common``)
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 
 
@@ -147,7 +147,7 @@ def _messages(state_bytes: int, rng: random.Random) -> list[dict[str, Any]]:
 
 
 def bench_state(data_tree: Any, task_id: str = "bench") -> dict[str, Any]:
-    """A minimal overnight state document (:class:`~overnight.verify.records.TaskState` tree)
+    """A minimal overnight state document (:class:`~overnight.chain.records.TaskState` tree)
     holding ``data_tree`` as the user state."""
     return initial_state(task_id, "bench", {}, data=data_tree)
 

@@ -104,7 +104,7 @@ def run_overnight(store: str, *, workers: int, concurrency: int, tasks: int, ste
     """The overnight side: submit, run to completion, then the takeover probe."""
     from overnight import api
     from overnight.store import open_store
-    from overnight.store.queue import queue_for
+    from overnight.store.queue_open import queue_for
 
     (project / "bench_task.py").write_text(TASK_FILE)
     (project / "overnight.toml").write_text("")

@@ -1,8 +1,9 @@
+# Over 600 lines: one benchmark (a leaf: nothing in the library imports it); workload and report are in kpi_workload.py and kpi_report.py.
 """``overnight bench kpi``: the reference KPIs measured with real faults, per configuration.
 
 A seeded workload (:func:`make_workload`) of long tasks (:mod:`overnight.bench.kpi_workload`)
 runs through each configuration -- ``naive`` (no persistence), ``session``, ``durable`` and the
-``router`` (:func:`overnight.orchestrate.router.route` picks each task's level) -- under the same
+``router`` (:func:`overnight.runtime.router.route` picks each task's level) -- under the same
 fault schedule. Every session is a worker process forked from this one; the faults are real:
 
 * **SIGKILL** of the worker at the start of a chosen step execution plus a random delay (so it
@@ -10,7 +11,7 @@ fault schedule. Every session is a worker process forked from this one; the faul
 * **context-budget exhaustion**: each section adds ~500 tokens to an 8,000-token window (the
   naive agent overflows; overnight compacts into a new session);
 * **stored-record corruption** of the head between sessions, by
-  :class:`overnight.verify.faults.Faults` (every kind in turn; checkpoints are HMAC-signed);
+  :class:`overnight.testing.faults.Faults` (every kind in turn; checkpoints are HMAC-signed);
 * **drift between days**: a real edit of an input file a done step read, or of the environment
   variable the ``setup`` step read;
 * **medium loss** (:func:`run_media`): the local store directory deleted, the Postgres schema
@@ -39,7 +40,7 @@ from typing import Any, Callable
 from overnight.bench.commit import percentile
 from overnight.bench.kpi_workload import FORMAT_ENV, Kill, TaskSpec, build_task, chunk_text, run_session, \
     write_inputs
-from overnight.verify.faults import KINDS, Faults
+from overnight.testing.faults import KINDS, Faults
 
 CONFIGS = ("naive", "session", "durable", "router")
 """Configurations every task runs through, in table order."""
@@ -101,9 +102,9 @@ def make_workload(n: int, seed: int) -> list[TaskSpec]:
 
 
 def routed_level(spec: TaskSpec) -> str:
-    """The level :func:`overnight.orchestrate.router.route` picks for ``spec`` (started at its hour)."""
+    """The level :func:`overnight.runtime.router.route` picks for ``spec`` (started at its hour)."""
     from overnight.config import load
-    from overnight.orchestrate.router import route
+    from overnight.runtime.router import route
 
     task = build_task(spec, Path("."), Path("."), None)
     now = datetime(2026, 3, 2, spec.start_hour, 0).astimezone()
@@ -419,7 +420,7 @@ def _drop_store(store: dict[str, Any]) -> None:
 def warm_up() -> None:
     """Load what every worker needs (the o200k_base vocabulary, the model) once, here, so that the
     forked workers share it: resume latency then measures overnight, not interpreter start-up."""
-    import overnight.orchestrate.runner  # noqa: F401 - imported once, here, not in every worker
+    import overnight.runtime.runner  # noqa: F401 - imported once, here, not in every worker
     from overnight.models.extractive import ExtractiveModel
     from overnight.tokens import tokenizer_for
 

@@ -18,7 +18,7 @@ step read), from which the driver counts wasted steps.
 Configurations: ``naive`` (no persistence: a plain agent loop holding the whole conversation in
 one 8,000-token window; it restarts from scratch after any interruption, and a full window ends
 the session), and the overnight levels ``ephemeral`` (in-process store), ``session`` and
-``durable`` through :class:`overnight.orchestrate.runner.Runner`.
+``durable`` through :class:`overnight.runtime.runner.Runner`.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class TaskSpec:
         kills: SIGKILLs, by plan step index.
         drift: per day boundary (``len(days) - 1`` of them): ``None``, ``("input", K)`` (chunk K's
             file is edited) or ``("env", 0)`` (:data:`FORMAT_ENV` changes).
-        corrupt: per day boundary: ``None`` or a :data:`overnight.verify.faults.KINDS` kind,
+        corrupt: per day boundary: ``None`` or a :data:`overnight.testing.faults.KINDS` kind,
             injected into the stored head.
         seed: seed of the task's input text.
     """
@@ -158,8 +158,8 @@ def render_report(fmt: str, sections: list[dict[str, Any]]) -> str:
 
 
 def build_task(spec: TaskSpec, inputs: Path, exec_log: Path, level: str | None) -> Any:
-    """The overnight :class:`~overnight.orchestrate.task.Task` of ``spec`` at ``level``."""
-    from overnight.orchestrate.task import Task
+    """The overnight :class:`~overnight.runtime.task.Task` of ``spec`` at ``level``."""
+    from overnight.runtime.task import Task
 
     task = Task(spec.id, goal="Summarise every input chunk into one report", expected_span=f"{spec.span_h}h",
                 criticality="normal", deps=[], level=level, max_context_tokens=CONTEXT_TOKENS,
@@ -232,7 +232,7 @@ def _store_bytes(store: dict[str, Any]) -> int | None:
 def _open(store: dict[str, Any]) -> Any:
     from overnight.store import open_store
     from overnight.store.memory import MemoryStore
-    from overnight.verify.replicas import ReplicatedStore
+    from overnight.store.compose.replicated import ReplicatedStore
 
     if store["kind"] == "memory":
         return MemoryStore(store["name"])
@@ -265,7 +265,7 @@ def run_session(config: str, spec_json: dict[str, Any], inputs: str, exec_log: s
         _naive_session(spec, Path(inputs), Path(exec_log), ev, max_steps)
         return
     from overnight.errors import OvernightError
-    from overnight.orchestrate.runner import Runner
+    from overnight.runtime.runner import Runner
 
     task = build_task(spec, Path(inputs), Path(exec_log), config)
     storage = _open(store)  # type: ignore[arg-type]

@@ -6,9 +6,9 @@ and added one entry to the done list. The chain is grown in place from one lengt
 Then, ``reps`` times each probe:
 
 * **overnight** (``overnight sqlite`` / ``file`` / ``postgres``, store already open), two probes:
-  ``load + verify head`` -- :func:`~overnight.verify.chain.load_head`: read the head and verify it
+  ``load + verify head`` -- :func:`~overnight.chain.read.load_head`: read the head and verify it
   (record digest, schema, every page and state blob re-hashed), the counterpart of LangGraph's
-  read; and ``resume session`` -- one :class:`~overnight.orchestrate.runner.Runner` session with
+  read; and ``resume session`` -- one :class:`~overnight.runtime.runner.Runner` session with
   ``max_steps=0``: take the lease, load and verify the head, compare its fingerprint with the world
   (the ``durable`` level's consistency check: code, installed packages, environment), release the
   lease. That is everything a resumed run does before its first step; it commits nothing.
@@ -30,9 +30,9 @@ from typing import Any, Callable
 
 from overnight.bench.commit import DEFAULT_POSTGRES, langgraph_saver, message_text, open_overnight
 from overnight.errors import BenchFailed, ConfigError
-from overnight.orchestrate.runner import RunEvent, Runner
-from overnight.orchestrate.task import Task
-from overnight.verify.chain import load_head
+from overnight.runtime.runner import RunEvent, Runner
+from overnight.runtime.task import Task
+from overnight.chain.read import load_head
 
 #: every system :func:`run_resume_bench` can measure, in table order
 SYSTEMS = ("overnight sqlite", "overnight file", "overnight postgres", "LangGraph SqliteSaver",

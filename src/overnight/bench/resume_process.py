@@ -14,7 +14,7 @@ from one length to the next by ``overnight run`` / ``overnight resume --max-step
   nothing after it (no commit: the chain keeps its length);
 * **bare import**: ``python -c 'import overnight'`` in a fresh process (the floor);
 
-and, in this process, **load + verify head** (:func:`~overnight.verify.chain.load_head` on the open
+and, in this process, **load + verify head** (:func:`~overnight.chain.read.load_head` on the open
 store) -- the part of the resume that grows with the chain.
 
 Times are wall-clock medians in milliseconds; ``over import`` is resume minus import (the cost the
@@ -199,7 +199,7 @@ def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *
     if reps < 1:
         raise ConfigError(f"reps must be at least 1, got {reps}")
     from overnight.store import open_store
-    from overnight.verify.chain import load_head
+    from overnight.chain.read import load_head
 
     directory = Path(directory).resolve()
     (directory / TASK_FILE).write_text(_TASK.format(task_id=TASK_ID, capacity=lengths[-1] + 10, exit_env=EXIT_ENV))

@@ -1,7 +1,7 @@
 """``overnight bench storage``: stored bytes of a growing task, overnight vs LangGraph ``SqliteSaver``.
 
 The workload (issue 6's acceptance test): one task of ``steps`` steps run by overnight's real
-:class:`~overnight.orchestrate.runner.Runner`. A first step writes a ``start_kb`` KB text artifact
+:class:`~overnight.runtime.runner.Runner`. A first step writes a ``start_kb`` KB text artifact
 (``draft.md``); every later step appends ``append_kb`` KB to it and two messages of
 ``message_kb / 2`` KB each to ``ctx.state["messages"]``. After ``steps`` steps the artifact is about
 ``start_kb + steps * append_kb`` KB and the message list ``steps * message_kb`` KB. The text is
@@ -40,8 +40,8 @@ from typing import Any, Callable
 
 from overnight.bench.commit import DEFAULT_POSTGRES, langgraph_saver, message_text, open_overnight, percentile
 from overnight.errors import BenchFailed, ConfigError
-from overnight.orchestrate.runner import RunEvent, Runner
-from overnight.orchestrate.task import Task
+from overnight.runtime.runner import RunEvent, Runner
+from overnight.runtime.task import Task
 from overnight.store import location
 
 #: systems this bench can measure besides LangGraph's SqliteSaver (always measured)

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from overnight import api
-from overnight.orchestrate.runner import Runner
-from overnight.orchestrate.task import Task
+from overnight.runtime.runner import Runner
+from overnight.runtime.task import Task
 from overnight.store.sqlite import SQLiteStore
 
 

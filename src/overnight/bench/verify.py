@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overnight.bench.commit import message_text
-from overnight.orchestrate.runner import Runner
-from overnight.orchestrate.task import Task
+from overnight.runtime.runner import Runner
+from overnight.runtime.task import Task
 from overnight.store.sqlite import SQLiteStore
 from overnight.verify.fsck import verify_store
 

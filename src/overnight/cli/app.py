@@ -1,3 +1,4 @@
+# Over 600 lines: one typer app, one thin command function per `overnight` command in --help order; shared helpers live in cli/common.py and cli/render.py (split by command group once the parallel CLI work lands).
 """``overnight`` command line: a thin shell over :mod:`overnight.api` (same names, same options).
 
 Exit codes (also in ``overnight --help`` and the README):
@@ -20,33 +21,21 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Optional
 
 import typer
 
 from overnight import api
 from overnight.cli import bench_agents, bench_kpi, bench_langgraph, bench_mcp, bench_perf, bench_storage, render
 from overnight.cli import bench_resume
-from overnight.errors import (
-    ConcurrencyError,
-    ConfigError,
-    DriftError,
-    IntegrityError,
-    NotFound,
-    OvernightError,
-    StepError,
-    StoreError,
+from overnight.cli.common import (  # noqa: F401 (EXIT_* re-exported)
+    EXIT_BUSY, EXIT_CODES_HELP, EXIT_DRIFT, EXIT_FAILED, EXIT_INTEGRITY, EXIT_OK, EXIT_RESUMABLE, EXIT_STORE,
+    EXIT_USAGE,
+    exit_code as _exit_code,
+    fail as _fail,
+    need_extra as _need_extra,
 )
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTEGRITY, EXIT_BUSY, EXIT_DRIFT, EXIT_RESUMABLE = 0, 1, 2, 3, 4, 5, 75
-EXIT_STORE = 6
-
-EXIT_CODES_HELP = (
-    "Exit codes: 0 complete | 1 step failed | 2 usage / not found | 3 integrity (nothing verifies, a ref "
-    "moved back, code outside the project) | 4 busy (task held by another process) | 5 drift abort | "
-    "6 store refused (disk full, read-only, unreachable) | 75 resumable (interrupted or --max-steps; "
-    "run `overnight resume TASK_ID`)."
-)
+from overnight.errors import ConfigError, OvernightError
 
 def _usage_name(self: typer.core.TyperArgument) -> str:
     """An argument in a usage line as click and git write it -- ``TASK_ID``, ``[TASK_ID]`` -- not
@@ -105,47 +94,10 @@ StatusDriftOpt = typer.Option(None, "--on-drift", metavar="COMPONENT=POLICY,..."
                               "(components: code, deps, env, inputs, artifacts, model, all).")
 
 
-def _exit_code(exc: OvernightError) -> int:
-    if isinstance(exc, StoreError):
-        return EXIT_STORE
-    if isinstance(exc, StepError) and isinstance(exc.__cause__, StoreError):
-        return EXIT_STORE
-    if isinstance(exc, DriftError):
-        return EXIT_DRIFT
-    if isinstance(exc, ConcurrencyError):
-        return EXIT_BUSY
-    if isinstance(exc, IntegrityError):
-        return EXIT_INTEGRITY
-    if isinstance(exc, (NotFound, ConfigError)):
-        return EXIT_USAGE
-    if isinstance(exc, StepError):
-        return EXIT_FAILED
-    return EXIT_FAILED
-
-
 def _clip(value: object, width: int = 48) -> str:
     """A value for a table cell: long ones (digests, paths) cut in the middle, marked with an ellipsis."""
     text = str(value)
     return text if len(text) <= width else text[: width // 2 - 1] + "…" + text[-(width // 2):]
-
-
-def _fail(exc: OvernightError) -> None:
-    render.err.print(f"[bold red]error:[/] {render.esc(exc)}")
-    cause = exc.__cause__
-    if isinstance(exc, StepError) and cause is not None:
-        import traceback
-
-        # a typed error already says what went wrong: show where in the step, not the library's chain
-        typed = isinstance(cause, OvernightError)
-        render.err.print("".join(traceback.format_exception(cause, chain=not typed)).rstrip(), markup=False)
-    raise typer.Exit(_exit_code(exc))
-
-
-def _need_extra(exc: ImportError, extras: str) -> NoReturn:
-    """Exit 2 saying which extra a command needs (``extras``: ``bench``, ``langgraph,bench``, ...)."""
-    render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the extra: "
-                     + render.esc(f"pip install 'overnight[{extras}]' (from a clone: pip install '.[{extras}]')"))
-    raise typer.Exit(EXIT_USAGE)
 
 
 def _model(spec: Optional[str], base_url: Optional[str]):
@@ -174,7 +126,7 @@ def _report_run(result: api.RunResult, *, quiet: bool) -> None:
                              f"({u.get('replayed_tokens', 0)} tokens) replayed from the journal; "
                              f"{result.compactions} compaction(s)")
     if result.resumable:  # also with --quiet: where to go on is not progress chatter
-        from overnight.orchestrate.runner import resume_command
+        from overnight.runtime.runner import resume_command
 
         render.err.print("resume with: " + render.esc(resume_command(result.task_id, result.branch, result.store_url,
                                                                      result.resume_file)))

@@ -21,7 +21,7 @@ def register(bench_app: typer.Typer) -> None:
                                                  "a temporary directory under the current one)."),
     ) -> None:
         """OvernightSession vs the Agents SDK's SQLiteSession: latency per operation, bytes on disk."""
-        from overnight.cli.app import _need_extra
+        from overnight.cli.common import need_extra as _need_extra
 
         try:
             from overnight.bench.agents_session import run_session_bench

@@ -11,8 +11,7 @@ from pathlib import Path
 import typer
 
 from overnight.cli import render
-
-DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+from overnight.cli.common import DEFAULT_POSTGRES
 
 
 def register(bench_app: typer.Typer) -> None:

@@ -21,7 +21,7 @@ def register(bench_app: typer.Typer) -> None:
     ) -> None:
         """Stored bytes and per-turn put latency of a message-accumulating LangGraph graph:
         OvernightSaver vs SqliteSaver, same turns, same run."""
-        from overnight.cli.app import _need_extra
+        from overnight.cli.common import need_extra as _need_extra
 
         try:
             from overnight.bench.langgraph import run_langgraph_bench

@@ -23,7 +23,7 @@ def register(bench_app: typer.Typer) -> None:
     ) -> None:
         """task_checkpoint median/p99 through a real stdio MCP client session against a no-op tool call of the
         same SDK, and hook run wall time (interpreter start included) against `python -c pass`, same run."""
-        from overnight.cli.app import _need_extra
+        from overnight.cli.common import need_extra as _need_extra
 
         try:
             from overnight.bench.mcp import run_mcp_bench

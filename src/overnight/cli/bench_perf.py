@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from overnight.bench.commit import DEFAULT_POSTGRES
+from overnight.cli.common import DEFAULT_POSTGRES
 from overnight.cli import render
 
 
@@ -32,7 +32,7 @@ def register(bench_app: typer.Typer) -> None:
         bare `import overnight`. Writes perf.md, perf.json, commit_latency.png, resume_latency.png
         and resume_process.png into --out."""
         from overnight.bench.perf import DEFAULT, QUICK, run_perf, write_report
-        from overnight.cli.app import _fail, _need_extra
+        from overnight.cli.common import fail as _fail, need_extra as _need_extra
         from overnight.errors import OvernightError
 
         try:

@@ -41,7 +41,7 @@ def register(bench_app: typer.Typer) -> None:
         a Markdown table, the raw samples and a log-log plot into --out. Building 5,000 checkpoints
         takes minutes."""
         from overnight.bench.resume_process import run_resume_process_bench
-        from overnight.cli.app import _fail, _need_extra
+        from overnight.cli.common import fail as _fail, need_extra as _need_extra
         from overnight.errors import OvernightError
 
         try:

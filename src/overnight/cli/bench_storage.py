@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from overnight.bench.commit import DEFAULT_POSTGRES
+from overnight.cli.common import DEFAULT_POSTGRES
 from overnight.cli import render
 
 
@@ -35,7 +35,7 @@ def register(bench_app: typer.Typer) -> None:
         a WAL checkpoint) against LangGraph's SqliteSaver storing the same state each step, in the same
         run; commit time per step."""
         from overnight.bench.storage import run_storage_bench
-        from overnight.cli.app import EXIT_USAGE, _fail, _need_extra
+        from overnight.cli.common import EXIT_USAGE, fail as _fail, need_extra as _need_extra
         from overnight.errors import OvernightError
 
         try:

@@ -25,7 +25,7 @@ def _store(url: Optional[str]) -> str:
 
 
 def _fail(exc: OvernightError) -> None:
-    from overnight.cli.app import _fail as fail
+    from overnight.cli.common import fail as fail
 
     fail(exc)
 
@@ -200,7 +200,7 @@ def bench_fleet(
                                   workers=workers_n, concurrency=concurrency, tasks=tasks, steps=steps,
                                   step_ms=step_ms, lease_s=lease, dbos=not no_dbos and not no_postgres)
     except ImportError as exc:
-        from overnight.cli.app import _need_extra
+        from overnight.cli.common import need_extra as _need_extra
 
         _need_extra(exc, "bench")
     except OvernightError as exc:

@@ -17,7 +17,8 @@ from rich.table import Table
 from rich.markup import escape
 from rich.text import Text
 
-from overnight.orchestrate.runner import RunEvent
+from overnight.runtime.runner import RunEvent
+from overnight.units import human_bytes  # noqa: F401 (re-exported)
 
 def _width(stream: Any) -> int | None:
     # a pipe or file gets wide tables (no wrapping mid-id); a terminal gets its own width
@@ -71,14 +72,6 @@ def safe(value: Any) -> str:
 def esc(value: Any) -> str:
     """:func:`safe` text escaped for rich markup (``[i=4]`` in a step name is text, not a style)."""
     return escape(safe(value))
-
-
-def human_bytes(n: int | float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 class _EtaColumn(ProgressColumn):

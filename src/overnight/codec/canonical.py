@@ -1,3 +1,4 @@
+# Over 600 lines: one format: the canonical JSON encoder, its strict decoder and the tree conversion they share (split would separate code that must change together).
 """Canonical JSON: the one encoding of every value overnight stores (spec: ``docs/FORMAT.md``).
 
 Two layers:

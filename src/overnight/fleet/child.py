@@ -64,7 +64,7 @@ def forked(argv: list[str]) -> None:
 
 
 def _load(entry: str, task_id: str, params: dict):
-    from overnight.orchestrate.loader import _is_path, _split, check_location, entry_path, load_task
+    from overnight.runtime.loader import _is_path, _split, check_location, entry_path, load_task
 
     check_location(entry, task_id=task_id)
     target, attr = _split(entry)
@@ -84,8 +84,8 @@ def _params_mismatch(store, task_id: str, params: dict) -> str | None:  # type: 
     digest; a row changed behind the task's back must not change what its steps see)."""
     from overnight.codec.canonical import to_tree
     from overnight.errors import NotFound, OvernightError
-    from overnight.verify.chain import load_head
-    from overnight.verify.integrity import signing_key_from_env
+    from overnight.chain.read import load_head
+    from overnight.chain.integrity import signing_key_from_env
 
     try:
         if store.get_ref(task_id, "main") is None:
@@ -108,10 +108,11 @@ def main(argv: list[str]) -> int:
     _die_with_parent(worker_pid)
     from overnight.errors import (LeaseLost, OvernightError, StaleHead, StepFailed, StoreBusy, StoreError,
                                   TaskBusy)
-    from overnight.orchestrate.runner import Runner
+    from overnight.runtime.runner import Runner
     from overnight.store import open_store
     from overnight.store.leases import now_ms
-    from overnight.store.queue import ClaimLost, queue_for
+    from overnight.store.queue import ClaimLost
+    from overnight.store.queue_open import queue_for
 
     try:
         qstore = open_store(store_url)

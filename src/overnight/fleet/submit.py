@@ -4,7 +4,7 @@ The definition is imported once here, to check that it is a task (``ConfigError`
 otherwise). Its location is recorded so that every worker can import it: ``module:attr``, or a
 file relative to the project root -- never an absolute path (a checkout at another path, or on
 another machine, must work). A worker imports it only from the project root or a module
-(:func:`overnight.orchestrate.loader.check_location`).
+(:func:`overnight.runtime.loader.check_location`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from typing import Any
 
 from overnight.codec.canonical import dumps
 from overnight.errors import ConfigError
-from overnight.orchestrate.loader import _is_path, _split, load_task
-from overnight.orchestrate.task import Task
+from overnight.runtime.loader import _is_path, _split, load_task
+from overnight.runtime.task import Task
 from overnight.store import open_store
-from overnight.store.queue import QueuedTask, queue_for
+from overnight.store.queue import QueuedTask
+from overnight.store.queue_open import queue_for
 
 
 def parse_time(value: str | float | int | datetime | None) -> int:
@@ -27,7 +28,7 @@ def parse_time(value: str | float | int | datetime | None) -> int:
     / ``+2h`` / ``+45s`` from now, or Unix seconds. Returns Unix milliseconds (0 for None).
 
     Raises: ConfigError for anything else."""
-    from overnight.orchestrate.task import parse_span
+    from overnight.runtime.task import parse_span
     from overnight.store.leases import now_ms
 
     if value is None:

@@ -31,7 +31,8 @@ from typing import Any
 from overnight.errors import ConfigError, OvernightError
 from overnight.store import open_store
 from overnight.store.leases import DEFAULT_TTL_MS, now_ms
-from overnight.store.queue import QueuedTask, WorkerRow, queue_for
+from overnight.store.queue import QueuedTask, WorkerRow
+from overnight.store.queue_open import queue_for
 
 EXIT_STORE_GONE = 75
 """A session's exit status when the store became unreachable (:mod:`overnight.fleet.child`): the
@@ -177,7 +178,7 @@ class Worker:
 
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(["overnight.fleet._forkserver_guard", "overnight.fleet.child",
-                                        "overnight.orchestrate.runner", "overnight.api", "overnight.store.sqlite",
+                                        "overnight.runtime.runner", "overnight.api", "overnight.store.sqlite",
                                         "overnight.store.postgres", "overnight.fleet._warm"])
             self._mp = ctx
         return self._mp

@@ -85,7 +85,7 @@ def settings_path(scope: str, cwd: str | os.PathLike | None = None) -> Path:
     ``~/.claude/settings.json`` (``user``)."""
     if scope == "user":
         return Path.home() / ".claude" / "settings.json"
-    from overnight.mcp.world import project_root
+    from overnight.verify.coding_world import project_root
 
     return project_root(cwd or Path.cwd()) / ".claude" / "settings.json"
 

@@ -1,9 +1,10 @@
+# Over 600 lines: the MCP tool set for coding-agent tasks, one function per tool (split by tool group once the parallel MCP work lands).
 """Coding-agent tasks as ordinary overnight checkpoints: the engine behind ``overnight mcp`` and the hooks.
 
 A coding agent (Claude Code, Codex, opencode) does not run overnight's runner: it calls tools
 (:mod:`overnight.mcp.server`) and its hooks run commands (:mod:`overnight.hooks`). Each call that
 changes the task commits one ordinary checkpoint through the same write path as every other
-writer (:class:`~overnight.verify.chain.ChainWriter`, as the LangGraph and Agents SDK adapters do),
+writer (:class:`~overnight.chain.write.ChainWriter`, as the LangGraph and Agents SDK adapters do),
 so ``overnight show/log/verify/fork/gc`` work on it unchanged. How the control point maps onto the
 checkpoint format (``docs/FORMAT.md``):
 
@@ -20,7 +21,7 @@ notes (last summary)   ``state.context.summary``; ``context.compactions`` counts
 artifacts              ``state.artifacts``: text by name, project files as ``files/<path>``,
                        transcripts as ``transcripts/<session>.jsonl`` -- content-addressed blobs
                        (an appended transcript stores only its new chunks)
-the world              ``fingerprint.world`` (:mod:`overnight.mcp.world`): git, lock files, env, inputs
+the world              ``fingerprint.world`` (:mod:`overnight.verify.coding_world`): git, lock files, env, inputs
 why                    ``event``: ``init`` (task_start), ``step`` (task_checkpoint, a stop hook),
                        ``compaction`` (a pre-compact hook: the session count moves on)
 =====================  ==========================================================================
@@ -49,21 +50,20 @@ from overnight.errors import (
     TaskNotFound,
     short_id,
 )
-from overnight.mcp.world import CodingDrift, drift, project_root, world
-from overnight.orchestrate.task import CRITICALITY, parse_span, step_key, todo_entry
+from overnight.verify.coding_world import KIND, CodingDrift, drift, project_root, world
+from overnight.runtime.task import CRITICALITY, parse_span, step_key, todo_entry
 from overnight.store import Store, default_store_url, open_store
 from overnight.store import exists as store_exists
 from overnight.store.base import TaskRow
 from overnight.store.blobs import BlobWriter
-from overnight.verify.chain import ChainWriter, Fallback, load_head, utc_now
-from overnight.verify.integrity import encode_state, signing_key_from_env
-from overnight.verify.records import artifact_ref, context_info, done_entry, event, initial_state
+from overnight.chain.write import ChainWriter, utc_now
+from overnight.chain.read import Fallback, load_head
+from overnight.chain.integrity import encode_state, signing_key_from_env
+from overnight.chain.records import artifact_ref, context_info, done_entry, event, initial_state
 
 __all__ = ["KIND", "POINTER", "ArtifactIn", "CheckpointResult", "CodingTasks", "ControlPoint", "Resumed",
            "read_pointer", "render_control_point", "write_pointer"]
 
-KIND = "coding-agent-task"
-"""``spec["kind"]`` of a task written by the MCP server or the hooks."""
 
 AGENT_FN = "agent"
 """``fn`` of the todo and done entries of a coding-agent task (no step function runs them)."""

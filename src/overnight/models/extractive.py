@@ -6,7 +6,7 @@ understand the prompt; it recognises two kinds of request:
 
 * a **section prompt** built by :func:`section_messages` (the API-report demo's "write the
   section for this module" request, which carries the extracted API as a JSON block): the reply
-  is :class:`overnight.demo.api_report.ExtractiveWriter`'s section, byte for byte;
+  is :class:`ExtractiveWriter`'s section, byte for byte;
 * **anything else**: an extractive digest of the last user message -- the first sentence of each
   paragraph, in order -- e.g. for a compaction summary.
 
@@ -115,8 +115,6 @@ class ExtractiveModel:
         last_user = next((m["content"] for m in reversed(msgs) if m["role"] == "user"), msgs[-1]["content"])
         api = _section_api(last_user)
         if api is not None:
-            from overnight.demo.api_report import ExtractiveWriter  # the demo's writer, unchanged
-
             text = ExtractiveWriter().write_section(api)
         else:
             text = _digest(last_user)
@@ -144,3 +142,99 @@ class ExtractiveModel:
 
     def __repr__(self) -> str:
         return f"ExtractiveModel(latency_ms={self.latency_ms})"
+
+
+# --- the extractive writer (the demo's sections come from here) ---------------------------
+
+
+def code(text: str) -> str:
+    """``text`` as one Markdown code span, whatever backticks it holds (a fence one longer than
+    its longest run of backticks, padded when it starts or ends with one)."""
+    run = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * (run + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or run else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|])")
+
+
+def prose(doc: str) -> str:
+    """A docstring as Markdown text that shows what pydoc shows: characters Markdown would take as
+    markup (backticks of stdlib-style `` `quote' `` pairs, ``*args``, ``_private``, ``<tags>``) are
+    escaped; lines indented 4 or more (examples, already code in Markdown) are left as they are, and
+    a line that would read as a heading or a quote is escaped at its start."""
+    out = []
+    for line in doc.splitlines():
+        if line.startswith("    ") or not line.strip():
+            out.append(line)
+            continue
+        line = _MD_SPECIAL.sub(r"\\\1", line)
+        if re.match(r"\s*(#|>|[-+=]{3,}\s*$)", line):
+            line = "\\" + line
+        out.append(line)
+    return "\n".join(out)
+
+
+class ExtractiveWriter:
+    """Deterministic offline section writer (extractive: not an LLM).
+
+    It lays out every public signature with its docstring, and opens each class with its
+    docstring's first paragraph as a summary; the same input always gives the same bytes, so a
+    resumed run's report is byte-identical to an uninterrupted one.
+
+    Args:
+        latency_ms: sleep this long per section, to stand in for a model call's latency.
+    """
+
+    name = "extractive"
+
+    def __init__(self, latency_ms: float = 0.0) -> None:
+        self.latency_ms = latency_ms
+
+    @staticmethod
+    def _para(doc: str) -> str:
+        return doc.split("\n\n", 1)[0].strip() if doc else ""
+
+    def write_section(self, api: dict[str, Any]) -> str:
+        """Markdown section for one module's extracted API (``extract_module`` shape): every
+        public name pydoc lists -- classes with their own and inherited members, functions, data,
+        and a package's submodules -- with signatures as code and docstrings as escaped text."""
+        if self.latency_ms:
+            time.sleep(self.latency_ms / 1000)
+        lines = [f"## `{api['module']}`", ""]
+        if api["doc"]:
+            lines += [prose(api["doc"]), ""]
+        data = api.get("data", [])
+        lines += [f"*{len(api['classes'])} classes, {len(api['functions'])} functions"
+                  + (f", {len(data)} data" if data else "") + ".*", ""]
+        if api.get("submodules"):
+            lines += ["Package contents: " + ", ".join(code(m) for m in api["submodules"]), ""]
+        for cls in api["classes"]:
+            bases = f"({', '.join(cls['bases'])})" if cls["bases"] else ""
+            lines += [f"### class {code(cls['name'] + bases)}", ""]
+            if cls["doc"]:
+                summary = self._para(cls["doc"])
+                lines += [f"> {prose(summary).replace(chr(10), ' ')}", ""]
+                rest = cls["doc"][len(summary):].strip()
+                if rest:
+                    lines += [prose(rest), ""]
+            for m in cls["methods"]:
+                lines += [f"#### {code(cls['name'] + '.' + m['signature'])}", ""]
+                lines += [prose(m["doc"]) if m["doc"] else "*(no docstring)*", ""]
+            if cls.get("attributes"):
+                lines += ["Attributes: " + ", ".join(code(a) for a in cls["attributes"]), ""]
+            for inh in cls.get("inherited", []):
+                names = [*inh["methods"], *inh["attributes"]]
+                lines += [f"Inherited from {code(inh['from'])}: " + ", ".join(code(n) for n in names), ""]
+        if api["functions"]:
+            lines += ["### Functions", ""]
+            for f in api["functions"]:
+                lines += [f"#### {code(f['signature'])}", ""]
+                if f["doc"]:
+                    lines += [prose(f["doc"]), ""]
+        if data:
+            lines += ["### Data", ""]
+            lines += [f"- {code(d['name'])}" + (f" = {code(d['value'])}" if d["value"] else "") for d in data]
+            lines += [""]
+        return "\n".join(lines).rstrip() + "\n"

@@ -1,5 +1,5 @@
 """Layer 2: the ``Store`` protocol, its backends, blobs (chunk trees) on top of any of them, and
-the tiered store (hot + cold, :mod:`overnight.store.tiered`)."""
+the tiered store (hot + cold, :mod:`overnight.store.compose.tiered`)."""
 
 from __future__ import annotations
 

@@ -36,13 +36,13 @@ keeps:
    (a commit naming another task's checkpoint fails, :func:`check_parent`), so the
    children of a checkpoint are found among its own task's checkpoints.
 
-``overnight gc`` builds its safety rule on these (``overnight/verify/gc.py``).
+``overnight gc`` builds its safety rule on these (``overnight/ops/gc.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Protocol, Union, runtime_checkable
+from typing import Callable, Iterable, Iterator, Protocol, TypeVar, Union, runtime_checkable
 
 from overnight.errors import ParentGone, SchemaError, short_id
 
@@ -245,7 +245,7 @@ class Commit:
     damaged and is replaced (self-healing; the content behind a digest never changes). Either
     way its stored time is refreshed to the commit's time, so a concurrent ``gc`` keeps it.
     A writer must carry in ``objects`` every object the checkpoint references except those
-    reachable from checkpoints already committed on its own branch (see ``overnight/verify/gc.py``).
+    reachable from checkpoints already committed on its own branch (see ``overnight/ops/gc.py``).
     """
 
     checkpoint: CheckpointRow
@@ -266,19 +266,35 @@ def age_limit(min_age_ms: MinAge | None) -> int | None:
     return min_age_ms() if callable(min_age_ms) else min_age_ms
 
 
+_C = TypeVar("_C", bound="Closing")
+
+
+class Closing:
+    """``with x:`` closes ``x`` on the way out: the context-manager half of every store, store
+    wrapper and adapter (each defines ``close``)."""
+
+    def close(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# The store protocol, by concern. A backend implements them all (:class:`Store`); code that needs
+# one concern names that one (gc's object sweep an ObjectStore, the chain a ChainStore, ...).
+# All methods are synchronous and safe to call from several threads. Errors: lookups raise
+# :class:`~overnight.errors.NotFound` subclasses; a lock held by another process for longer than
+# the backend's wait raises :class:`~overnight.errors.StoreBusy`; a store whose schema is newer
+# than this code raises :class:`~overnight.errors.StoreVersionError` on open.
+
+
 @runtime_checkable
-class Store(Protocol):
-    """Storage backend. All methods are synchronous and safe to call from several threads.
+class ObjectStore(Protocol):
+    """Content-addressed objects: write once, read by digest, delete only by ``gc``."""
 
-    Errors: lookups raise :class:`~overnight.errors.NotFound` subclasses; a lock held by another
-    process for longer than the backend's wait raises :class:`~overnight.errors.StoreBusy`; a
-    store whose schema is newer than this code raises
-    :class:`~overnight.errors.StoreVersionError` on open.
-    """
-
-    url: str
-
-    # objects ---------------------------------------------------------------------------------
     def missing_objects(self, digests: Iterable[str]) -> set[str]:
         """The subset of ``digests`` not stored."""
         ...
@@ -313,7 +329,12 @@ class Store(Protocol):
         """
         ...
 
-    # checkpoints and refs --------------------------------------------------------------------
+
+
+@runtime_checkable
+class ChainStore(Protocol):
+    """Checkpoint records, branch refs (the only mutable thing), tasks and their step journal."""
+
     def commit(self, commit: Commit) -> int:
         """Insert objects, the checkpoint and journal rows, and CAS the branch ref, atomically.
 
@@ -373,7 +394,7 @@ class Store(Protocol):
         remaining checkpoint references. Deleting a task that does not exist does nothing."""
         ...
 
-    # tasks and journal -----------------------------------------------------------------------
+    # tasks and journal
     def get_task(self, task_id: str) -> TaskRow:
         """Raises :class:`~overnight.errors.TaskNotFound`."""
         ...
@@ -386,7 +407,12 @@ class Store(Protocol):
         """Committed step rows of the task, by ``seq``."""
         ...
 
-    # call journal ----------------------------------------------------------------------------
+
+
+@runtime_checkable
+class CallJournal(Protocol):
+    """Side table: model calls, so a resumed step replays a call instead of paying for it again."""
+
     def record_call(self, call: CallRecord) -> None:
         """Record a model call; durable when it returns. A call already recorded under the same
         ``(task_id, step_key, seq, request_digest)`` is kept (first write wins)."""
@@ -396,7 +422,12 @@ class Store(Protocol):
         """Recorded calls of a task (of one step, with ``step_key``), oldest first."""
         ...
 
-    # archives (tiered storage) ------------------------------------------------------------------
+
+
+@runtime_checkable
+class ArchiveCatalog(Protocol):
+    """Side table: archive runs (tiered storage) -- which cold store holds which pack of a task."""
+
     def put_archive(self, row: ArchiveRow) -> None:
         """Record an archive run (an ``archive_id`` already recorded for the task is left as is)."""
         ...
@@ -409,7 +440,12 @@ class Store(Protocol):
         """Forget an archive run (after ``restore``); the cold store is not touched."""
         ...
 
-    # leases ----------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """Leases: one live holder per ``(task, branch)``, fencing the commits of a lost holder."""
+
     def acquire_lease(self, task_id: str, branch: str, holder_id: str, holder: str, ttl_ms: int) -> Lease:
         """Take the lease, or raise :class:`~overnight.errors.TaskBusy` naming the live holder.
 
@@ -425,7 +461,14 @@ class Store(Protocol):
         """Give the lease up (no error if it was already taken over)."""
         ...
 
-    # housekeeping ----------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Store(ObjectStore, ChainStore, LeaseStore, CallJournal, ArchiveCatalog, Protocol):
+    """A storage backend: every concern above, plus its URL and housekeeping."""
+
+    url: str
+
     def stored_bytes(self) -> int:
         """Bytes the store occupies on its medium (database file(s), objects and records)."""
         ...

@@ -21,7 +21,7 @@ no checkpoint references at that moment. So ``known`` holds only objects reachab
 on the writer's own branch, and an intact object found in the store by hashing it is not trusted
 beyond this commit: it goes in :attr:`BlobWriter.reused`, which the commit carries like a new
 object, so the store refreshes its stored time and a concurrent ``gc`` keeps it
-(``overnight/verify/gc.py``).
+(``overnight/ops/gc.py``).
 """
 
 from __future__ import annotations

@@ -62,6 +62,7 @@ from overnight.errors import (
 from overnight.store import layout
 from overnight.store.blobs import is_damaged
 from overnight.store.base import (
+    Closing,
     MinAge,
     ArchiveRow,
     CallRecord,
@@ -135,7 +136,7 @@ class Container(Protocol):
         ...
 
 
-class KeyedStore:
+class KeyedStore(Closing):
     """:class:`~overnight.store.base.Store` on a :class:`Container` (layout: :mod:`overnight.store.layout`).
 
     Args:
@@ -586,12 +587,6 @@ class KeyedStore:
 
     def close(self) -> None:
         self._c.close()
-
-    def __enter__(self) -> "KeyedStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"

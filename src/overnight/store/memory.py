@@ -14,6 +14,7 @@ from typing import Iterable, Iterator
 from overnight.codec.digest import sha256
 from overnight.errors import CheckpointNotFound, LeaseLost, StaleHead, TaskBusy, TaskNotFound
 from overnight.store.base import (
+    Closing,
     MinAge,
     age_limit,
     ArchiveRow,
@@ -43,7 +44,7 @@ def named(name: str) -> "MemoryStore":
         return _named[name]
 
 
-class MemoryStore:
+class MemoryStore(Closing):
     """:class:`~overnight.store.base.Store` in this process's memory. ``url`` is ``memory://NAME``."""
 
     def __init__(self, name: str = "") -> None:
@@ -275,12 +276,6 @@ class MemoryStore:
 
     def close(self) -> None:
         pass
-
-    def __enter__(self) -> "MemoryStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"MemoryStore({self.url!r})"

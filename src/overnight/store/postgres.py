@@ -1,3 +1,4 @@
+# Over 600 lines: one backend: every method of the store protocol over one PostgreSQL schema (migrations are in postgres_schema.py).
 """PostgreSQL backend: ``postgresql://[USER@]HOST[:PORT]/DB[?schema=NAME]`` (psycopg 3 + a pool).
 
 The coordinator for many workers on many machines (DESIGN.md, "Scale-out"). Tables live in one
@@ -49,10 +50,11 @@ from overnight.errors import (
     TaskBusy,
     TaskNotFound,
 )
-from overnight.store import location as mask_password
+from overnight.config import mask_password
 from overnight.store import postgres_schema
 from overnight.store.blobs import is_damaged
 from overnight.store.base import (
+    Closing,
     MinAge,
     age_limit,
     ArchiveRow,
@@ -143,7 +145,7 @@ def schema_exists(url: str, *, connect_timeout_s: float = 3.0) -> bool | None:
         return None
 
 
-class PostgresStore:
+class PostgresStore(Closing):
     """:class:`~overnight.store.base.Store` in a PostgreSQL schema (see the module docstring).
 
     Args:
@@ -646,12 +648,6 @@ class PostgresStore:
             if not self._closed:
                 self._closed = True
                 self._pool.close()
-
-    def __enter__(self) -> "PostgresStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.url!r})"

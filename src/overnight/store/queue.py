@@ -204,36 +204,5 @@ def describe(row: QueuedTask | None, lease: LeaseView | None, *, complete: bool,
     return "interrupted"
 
 
-def queue_for(store: Any) -> Any | None:
-    """The queue of a store (its hot store when tiered): a :class:`~overnight.store.queue_sqlite.SQLiteQueue`
-    or :class:`~overnight.store.queue_postgres.PostgresQueue`, or None for a store kind without one."""
-    base = getattr(store, "hot", store)
-    base = getattr(base, "primary", base)
-    from overnight.store.sqlite import SQLiteStore
-
-    if isinstance(base, SQLiteStore):
-        from overnight.store.queue_sqlite import SQLiteQueue
-
-        return SQLiteQueue(base)
-    try:
-        from overnight.store.postgres import PostgresStore
-    except ImportError:
-        return None
-    if isinstance(base, PostgresStore):
-        from overnight.store.queue_postgres import PostgresQueue
-
-        return PostgresQueue(base)
-    return None
-
-
-def task_status(store: Any, task_id: str, *, complete: bool) -> str | None:
-    """:func:`describe` for a task of ``store``, or None when the store has no queue (then the
-    caller's own status stands)."""
-    q = queue_for(store)
-    if q is None:
-        return None
-    return describe(q.get(task_id), q.lease(task_id), complete=complete)
-
-
 __all__ = ["COLUMNS", "ClaimLost", "LeaseView", "QueuedTask", "STATUSES", "WorkerRow", "backoff_ms", "describe",
-           "queue_for", "row_to_task", "row_to_worker", "task_status"]
+           "row_to_task", "row_to_worker"]

@@ -1,3 +1,4 @@
+# Over 600 lines: one backend: every method of the store protocol over one SQLite schema (the shared parts are in store/base.py, blobs.py, leases.py).
 """SQLite backend: the embedded default (``sqlite://.overnight/overnight.db``).
 
 Objects and checkpoints live in rowid tables: their rows (compressed chunks of a few KB) are
@@ -51,6 +52,7 @@ from overnight.errors import (
     TaskNotFound,
 )
 from overnight.store.base import (
+    Closing,
     MinAge,
     age_limit,
     ArchiveRow,
@@ -225,7 +227,7 @@ def _is_locked(exc: sqlite3.OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
-class SQLiteStore:
+class SQLiteStore(Closing):
     """:class:`~overnight.store.base.Store` on one SQLite file.
 
     Args:
@@ -859,12 +861,6 @@ class SQLiteStore:
             if self._db is not None:
                 self._db.close()
                 self._db = None  # type: ignore[assignment]
-
-    def __enter__(self) -> "SQLiteStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"

@@ -7,7 +7,7 @@ level records that map in its world fingerprint. What it depends on is cheap to 
 the names and modification times of its ``*.dist-info`` / ``*.egg-info`` entries (an install, an
 upgrade, a reinstall or an uninstall adds, renames, re-creates or removes one). So the map is kept
 in ``<state dir>/distributions.json`` (the per-user state folder of
-:func:`~overnight.verify.keys.state_dir`: ``$OVERNIGHT_STATE_DIR``, else
+:func:`~overnight.keys.state_dir`: ``$OVERNIGHT_STATE_DIR``, else
 ``$XDG_STATE_HOME/overnight``, else ``~/.local/state/overnight``) under the digest of all that
 (:func:`path_key`) and re-read from the distributions only when the digest differs.
 
@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from overnight.verify.keys import state_dir
+from overnight.keys import state_dir
 
 CACHE_FILE = "distributions.json"
 """Name of the cache file in the per-user state folder."""

@@ -25,7 +25,7 @@ steps that read what drifted (see :mod:`overnight.verify.drift`).
 Keyed digests of declared environment variables: ``env-hmac:<key id>:<hex>``, HMAC-SHA256 over
 ``name NUL value`` with a per-task key derived from the task's random salt (in its spec) *and* a
 key that is not in the store -- the signing key when set, else a per-user key file
-(:mod:`overnight.verify.keys`). Someone who has the store, but not that key, cannot confirm a
+(:mod:`overnight.keys`). Someone who has the store, but not that key, cannot confirm a
 guessed value (a dictionary attack on ``hunter2`` fails). The price: a machine without the key
 cannot compare the digest either, and reports the variable as ``cannot compare`` (never as
 changed); the drift policy decides. Digests written before this scheme (``hmac-sha256:<hex>``,
@@ -33,6 +33,8 @@ keyed by the salt alone) are still compared the old way.
 """
 
 from __future__ import annotations
+
+from overnight.chain.records import WORLD_FORMAT
 
 import hashlib
 import hmac
@@ -48,11 +50,9 @@ from overnight.codec import digest
 from overnight.codec.canonical import dumps
 from overnight.errors import ConfigError
 from overnight.verify.dists import cached_distributions
-from overnight.verify.keys import EnvKey, env_key
+from overnight.keys import EnvKey, env_key
 
 COMPONENTS = ("code", "deps", "env", "inputs", "artifacts", "model")
-WORLD_FORMAT = 2
-"""World fingerprint format: 1 without ``model``, 2 with it (docs/FORMAT.md, Changes)."""
 NOT_RECORDED = "not recorded"
 LOCK_FILES = ("uv.lock", "poetry.lock", "pylock.toml", "Pipfile.lock")
 LOCK_GLOBS = ("requirements*.txt",)

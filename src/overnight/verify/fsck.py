@@ -4,7 +4,7 @@ For every checkpoint of the tasks checked: the record (digest, canonical form, f
 index columns, signature), the chain (its parent exists, belongs to the task, ``seq`` is the
 parent's + 1), the state blob and document, and every artifact blob, streamed through SHA-256
 chunk by chunk; for every branch ref, that it names a checkpoint that verifies and that was not
-moved back (:mod:`overnight.verify.rollback`). With
+moved back (:mod:`overnight.chain.rollback`). With
 ``all_objects`` every object in the store is checked too, referenced or not (dangling objects are
 counted as ``dangling_objects``, not errors; ditto copies of checked objects and records are
 checked and not counted). Each object is hashed once per run. A damaged or missing original whose
@@ -19,10 +19,10 @@ from typing import Any, Callable
 
 from overnight.errors import CheckpointNotFound, IntegrityError, OvernightError, short_id
 from overnight.store.base import Store
-from overnight.verify.ditto import HealingReader, rewrite_record, with_copies
-from overnight.verify.integrity import BoundedPageCache, PageCache, load_checkpoint
-from overnight.verify.reachability import lineage
-from overnight.verify.rollback import find_rollback
+from overnight.chain.ditto import HealingReader, rewrite_record, with_copies
+from overnight.chain.integrity import BoundedPageCache, PageCache, load_checkpoint
+from overnight.chain.reachability import lineage
+from overnight.chain.rollback import find_rollback
 
 
 @dataclass
@@ -62,7 +62,7 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     healed: list[str] = field(default_factory=list)
     """Damaged or missing originals rewritten from their verified ditto copies (``repair=True``),
-    one line each (:mod:`overnight.verify.ditto`)."""
+    one line each (:mod:`overnight.chain.ditto`)."""
     signatures_unchecked: int = 0
     """Signed checkpoints checked without a key: digest and schema only, so an edit that also
     recomputed the digest would pass. Set ``OVERNIGHT_SIGNING_KEY`` to check them."""

@@ -34,7 +34,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from overnight import api
-from overnight.cli.render import human_bytes
+from overnight.units import human_bytes
 from overnight.errors import ConcurrencyError, ConfigError, NotFound, OvernightError, TaskNotFound, short_id
 from overnight.store.base import Store
 from overnight.web import queries

@@ -1,3 +1,4 @@
+# Over 600 lines: one query function per dashboard page over the api layer (split by page once the parallel dashboard work lands).
 """The dashboard's query layer: one function per page, each returning plain JSON-ready data.
 
 Every HTML page of ``overnight ui`` is its template applied to what one of these returns, and
@@ -25,12 +26,12 @@ from overnight import api
 from overnight.codec.canonical import loads
 from overnight.config import load as load_config
 from overnight.errors import OvernightError, short_id
-from overnight.orchestrate.router import recorded_route
+from overnight.store.media import recorded_route
 from overnight.store.base import CheckpointRow, Lease, Store
 from overnight.store.blobs import BlobReader
 from overnight.store.leases import can_take_over, describe_holder, now_ms
-from overnight.verify.chain import load_head
-from overnight.verify.integrity import load_checkpoint, parse_record, signing_key_from_env
+from overnight.chain.read import load_head
+from overnight.chain.integrity import load_checkpoint, parse_record, signing_key_from_env
 
 STATUSES = ("queued", "running", "stalled", "interrupted", "failed", "cancelled", "complete")
 """Task statuses the dashboard shows, in the order of its filter."""

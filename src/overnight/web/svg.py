@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from overnight.cli.render import human_bytes as _human
+from overnight.units import human_bytes as _human
 
 PALETTE = ("#2563eb", "#d97706", "#059669", "#db2777", "#7c3aed", "#0891b2", "#65a30d", "#dc2626")
 """Lane colours, by lane index modulo their number (the timeline's branch dots use the same)."""

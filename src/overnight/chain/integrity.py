@@ -1,0 +1,416 @@
+"""Integrity: build checkpoint records, and load them back only when they verify.
+
+A checkpoint loads only if, in this order:
+
+1. its body hashes to its id (``sha256(body) == checkpoint_id``);
+2. it parses strictly, is byte-for-byte in canonical form, and its ``format`` is one this code
+   knows (older formats are migrated, :mod:`overnight.chain.migrate`; a newer one raises
+   :class:`~overnight.errors.FormatTooNew`, never a misread);
+3. it validates against :class:`~overnight.chain.records.CheckpointRecord` with every field
+   present, and the store's index columns agree with the body;
+4. with a signing key configured, its HMAC-SHA256 signature matches;
+5. its state blob, and (``deep=True``) every artifact blob, is present and hashes to its digest,
+   and the state document validates against :class:`~overnight.chain.records.TaskState`.
+
+Anything else raises an :class:`~overnight.errors.IntegrityError` naming the checkpoint and the
+failed check, and nothing is returned: a state that cannot be verified is never loaded.
+
+A record or object that is missing or fails its digest is first looked up in its ditto copy
+(:mod:`overnight.chain.ditto`): a copy that verifies against the same digest is used -- the bytes
+are then exactly the original's -- and listed in :attr:`LoadedCheckpoint.healed`; a copy that does
+not is refused and the check fails as above.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any, Iterable
+
+from pydantic import TypeAdapter, ValidationError
+
+from overnight.codec import digest
+from overnight.codec.canonical import dumps, dumps_sorted, loads
+from overnight.errors import (
+    DecodeError,
+    DigestMismatch,
+    FormatTooNew,
+    IntegrityError,
+    MissingObject,
+    OvernightError,
+    SchemaError,
+    SignatureError,
+    short_id,
+)
+from overnight.store.base import CheckpointRow, Store
+from overnight.store.blobs import BlobReader
+from overnight.chain.ditto import Heal, HealingReader
+from overnight.chain.ditto import get_checkpoint as ditto_checkpoint
+from overnight.chain.records import WORLD_FORMAT
+from overnight.keys import signing_key_from_env  # noqa: F401 (re-exported)
+from overnight.chain.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade, upgrade_entries
+from overnight.chain.records import (
+    ARTIFACT_PAGE,
+    DONE_PAGE,
+    DONE_PAGE_SCHEMA,
+    TODO_PAGE,
+    WORLD,
+    ArtifactRef,
+    BlobRef,
+    CheckpointRecord,
+    StateDoc,
+    TaskState,
+    validation_summary,
+)
+
+
+@dataclass(frozen=True)
+class Page:
+    """One verified page blob: its reference, its entries as stored (a list or an object), and
+    the same entries as validated models."""
+
+    ref: dict[str, Any]
+    tree: Any
+    entries: Any
+    migrated: bool = False
+    """The entries were upgraded from an older format (``tree`` is not what ``ref``'s bytes hold):
+    a writer must encode the page again rather than reuse ``ref``."""
+
+
+PageCache = dict[str, Page]
+"""Verified pages by digest, shared across loads (a page is parsed and checked once)."""
+
+
+class BoundedPageCache(OrderedDict[str, Page]):
+    """A :data:`PageCache` keeping the ``limit`` most recently used pages (``verify --all`` over a
+    long history: consecutive checkpoints share most pages, old ones are not needed again).
+    At the default 4,096 pages of at most ~64 KB of entries each, memory stays bounded."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        return default
+
+    def __setitem__(self, key: str, value: Page) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+_DONE_PAGE = DONE_PAGE_SCHEMA
+_TODO_PAGE = TODO_PAGE
+_WORLD = WORLD
+_ARTIFACT_PAGE = ARTIFACT_PAGE
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A checkpoint that passed verification: the stored row, the parsed record, the state
+    document and its pages. ``state``/``state_tree`` assemble the full state on first use."""
+
+    row: CheckpointRow
+    record: CheckpointRecord
+    doc: StateDoc
+    doc_tree: dict[str, Any]
+    todo_pages: list[Page]
+    done_pages: list[Page]
+    artifact_pages: list[Page]
+    world: dict[str, Any] | None = None
+    """The recorded world fingerprint (:class:`~overnight.chain.records.WorldDoc` tree), if any."""
+    healed: tuple[Heal, ...] = ()
+    """Objects and records read from their ditto copies (:mod:`overnight.chain.ditto`) by this load."""
+
+    @property
+    def id(self) -> str:
+        return self.row.checkpoint_id
+
+    @cached_property
+    def artifacts(self) -> dict[str, ArtifactRef]:
+        """Artifact references by name (validated models)."""
+        return {name: ref for p in self.artifact_pages for name, ref in p.entries.items()}
+
+    @cached_property
+    def state_tree(self) -> dict[str, Any]:
+        """The state as a tree with ``done`` as one list and ``artifacts`` as one mapping (the
+        entries are the pages' own objects, so unchanged pages are recognised when committing)."""
+        return {**self.doc_tree, "todo": [e for p in self.todo_pages for e in p.tree],
+                "done": [e for p in self.done_pages for e in p.tree],
+                "artifacts": {n: a for p in self.artifact_pages for n, a in p.tree.items()}}
+
+    @cached_property
+    def state(self) -> TaskState:
+        d = self.doc
+        return TaskState.model_construct(format=d.format, task=d.task,
+                                         todo=[e for p in self.todo_pages for e in p.entries],
+                                         done=[e for p in self.done_pages for e in p.entries],
+                                         artifacts=self.artifacts, data=d.data, context=d.context,
+                                         recompute=d.recompute)
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """Canonical bytes of a checkpoint record (sorted keys)."""
+    return dumps_sorted(record)
+
+
+def encode_state(doc_tree: dict[str, Any]) -> bytes:
+    """Canonical bytes of a state document or done page (member order as built; user values keep theirs)."""
+    return dumps(doc_tree)
+
+
+_validation_summary = validation_summary
+
+
+def _parse(data: bytes, what: str, encoder: Any, migrations: dict, ids: dict[str, Any]) -> tuple[Any, int]:
+    """Parse strictly, refuse a newer format, require the canonical encoding, migrate older ones.
+    Returns ``(upgraded tree, format as stored)``.
+
+    Other bytes for the same tree (reordered or duplicated members, whitespace, other escapes)
+    mean the record was not written by overnight: it is refused even if its digest matches.
+    """
+    try:
+        tree = loads(data)
+    except DecodeError as exc:
+        raise SchemaError(f"{what} is not canonical JSON: {exc.message}", **ids) from exc
+    upgraded = upgrade(tree, what, migrations, **ids)  # FormatTooNew before anything else
+    try:
+        canonical = encoder(tree) == data
+    except (TypeError, ValueError):
+        canonical = False
+    if not canonical:
+        raise SchemaError(f"{what} is not in canonical form (members reordered, duplicated or re-spaced)", **ids)
+    return upgraded, tree["format"]
+
+
+def parse_record(row: CheckpointRow, *, key: bytes | None) -> CheckpointRecord:
+    """Checks 1-4 on a stored checkpoint row. Raises an :class:`IntegrityError` subclass."""
+    ids = {"task_id": row.task_id, "checkpoint_id": row.checkpoint_id}
+    if digest.sha256(row.body) != row.checkpoint_id:
+        raise DigestMismatch(f"checkpoint {short_id(row.checkpoint_id)} body does not match its digest", **ids)
+    what = f"checkpoint {short_id(row.checkpoint_id)}"
+    tree, _ = _parse(row.body, what, dumps_sorted, RECORD_MIGRATIONS, ids)
+    try:
+        record = CheckpointRecord.model_validate(tree)
+    except ValidationError as exc:
+        raise SchemaError(
+            f"checkpoint {short_id(row.checkpoint_id)} is incomplete or malformed: {_validation_summary(exc)}", **ids
+        ) from exc
+    mismatched = [
+        name
+        for name, stored, body in (
+            ("task_id", row.task_id, record.task_id),
+            ("parent_id", row.parent_id, record.parent_id),
+            ("branch", row.branch, record.branch),
+            ("seq", row.seq, record.seq),
+        )
+        if stored != body
+    ]
+    if mismatched:
+        raise SchemaError(f"checkpoint {short_id(row.checkpoint_id)} index columns disagree with its body: {mismatched}", **ids)
+    if key is not None:
+        if not row.signature:
+            raise SignatureError(
+                f"checkpoint {short_id(row.checkpoint_id)} is not signed but a signing key is configured",
+                hint="it was written without OVERNIGHT_SIGNING_KEY, or its signature was stripped",
+                **ids,
+            )
+        if not digest.verify_signature(key, row.body, row.signature):
+            raise SignatureError(
+                f"checkpoint {short_id(row.checkpoint_id)} signature does not match (edited without the key, "
+                "or a different key)",
+                **ids,
+            )
+    return record
+
+
+def load_checkpoint(
+    store: Store,
+    checkpoint_id: str,
+    *,
+    key: bytes | None = None,
+    deep: bool = True,
+    reader: BlobReader | None = None,
+    pages: PageCache | None = None,
+    check_artifacts: bool = True,
+) -> LoadedCheckpoint:
+    """Load and fully verify one checkpoint (all five checks).
+
+    Args:
+        deep: also read and hash every artifact blob (True on resume; ``show`` may skip it).
+        pages: cache of verified pages to reuse and fill (fsck checks each page once).
+        check_artifacts: check that every artifact blob is present (callers that verify every
+            artifact blob themselves, like fsck, turn it off).
+
+    Raises:
+        CheckpointNotFound: no such checkpoint.
+        IntegrityError: any check failed (subclass says which).
+    """
+    reader = reader or HealingReader(store)
+    healed: list[Heal] | None = reader.healed if isinstance(reader, HealingReader) else None
+    row = ditto_checkpoint(store, checkpoint_id, healed, write=getattr(reader, "write_back", False))  # a damaged/missing record: from its verified copy
+    record = parse_record(row, key=key)
+    ids = {"task_id": row.task_id, "checkpoint_id": row.checkpoint_id}
+    pages = pages if pages is not None else {}
+    cp = f"checkpoint {short_id(row.checkpoint_id)}"
+
+    def read(ref_digest: str, size: int, what: str) -> bytes:
+        try:
+            raw = reader.get(ref_digest, what)
+        except IntegrityError as exc:
+            exc.task_id, exc.checkpoint_id = row.task_id, row.checkpoint_id
+            raise
+        if len(raw) != size:
+            raise DigestMismatch(f"{what} is {len(raw)} bytes, the reference says {size}", object_digest=ref_digest, **ids)
+        return raw
+
+    where = f"{cp} state"
+    tree, stored_format = _parse(read(record.state.digest, record.state.size, where), where, dumps, STATE_MIGRATIONS, ids)
+    try:
+        doc = StateDoc.model_validate(tree)
+    except ValidationError as exc:
+        raise SchemaError(f"{where} is incomplete or malformed: {_validation_summary(exc)}", **ids) from exc
+    if doc.task.id != record.task_id:
+        raise SchemaError(f"{where} belongs to task {doc.task.id!r}, not {record.task_id!r}", **ids)
+
+    def page(ref: BlobRef, what: str, adapter: TypeAdapter, collection: str | None = None) -> Page:
+        # a page read for an older state document is cached apart: its entries were upgraded
+        cache_key = ref.digest if stored_format == doc.format or collection is None else f"{ref.digest}@{stored_format}"
+        cached = pages.get(cache_key)
+        if cached is not None:
+            return cached
+        raw = read(ref.digest, ref.size, what)
+        try:
+            stored = loads(raw)
+            if dumps(stored) != raw:
+                raise SchemaError(f"{what} is not in canonical form", **ids)
+            tree = upgrade_entries(stored, collection, stored_format) if collection else stored
+            entries = adapter.validate_python(tree)
+        except (DecodeError, ValidationError) as exc:
+            detail = _validation_summary(exc) if isinstance(exc, ValidationError) else exc.message
+            raise SchemaError(f"{what} is incomplete or malformed: {detail}", **ids) from exc
+        found = pages[cache_key] = Page(ref.model_dump(), tree, entries, migrated=tree is not stored)
+        return found
+
+    todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE, "todo") for i, r in enumerate(doc.todo.pages)]
+    if sum(len(p.tree) for p in todo_pages) != doc.todo.count or any(not p.tree for p in todo_pages):
+        raise SchemaError(f"{where} todo pages do not hold the {doc.todo.count} entries the state says", **ids)
+    done_pages = [page(r, f"{cp} done page {i}", _DONE_PAGE, "done") for i, r in enumerate(doc.done.pages)]
+    sizes = [len(p.tree) for p in done_pages]
+    if sum(sizes) != doc.done.count or any(n != DONE_PAGE for n in sizes[:-1]) or (sizes and not 0 < sizes[-1] <= DONE_PAGE):
+        raise SchemaError(f"{where} done pages hold {sizes} entries; the state says {doc.done.count} "
+                          f"in pages of {DONE_PAGE}", **ids)
+    artifact_pages = [page(r, f"{cp} artifact page {i}", _ARTIFACT_PAGE) for i, r in enumerate(doc.artifacts.pages)]
+    names = [n for p in artifact_pages for n in p.tree]
+    if len(names) != doc.artifacts.count or any(a >= b for a, b in zip(names, names[1:])) or any(
+            not p.tree for p in artifact_pages):
+        raise SchemaError(f"{where} artifact pages are not {doc.artifacts.count} names in sorted order", **ids)
+    world = None
+    if record.fingerprint is not None:
+        world = page(record.fingerprint.world, f"{cp} fingerprint", _WORLD).tree
+        if world["format"] > WORLD_FORMAT:
+            raise FormatTooNew(f"{cp} fingerprint was written by a newer overnight (world format {world['format']}); "
+                               f"this one reads up to {WORLD_FORMAT}", hint="upgrade overnight to resume this task",
+                               **ids)
+    loaded = LoadedCheckpoint(row=row, record=record, doc=doc, doc_tree=tree, todo_pages=todo_pages,
+                              done_pages=done_pages, artifact_pages=artifact_pages, world=world,
+                              healed=tuple(healed or ()))
+
+    if check_artifacts:
+        arts = loaded.artifacts
+        missing = store.missing_objects(a.digest for a in arts.values())
+        if missing:
+            names = sorted(n for n, a in arts.items() if a.digest in missing)
+            raise MissingObject(f"{cp} artifacts are missing from the store: {names}",
+                                object_digest=sorted(missing)[0], **ids)
+    if deep:
+        verify_artifacts(loaded, reader)
+    if healed is not None and len(healed) != len(loaded.healed):  # artifact trees healed after the build
+        loaded = replace(loaded, healed=tuple(healed))
+    return loaded
+
+
+def verify_artifacts(loaded: LoadedCheckpoint, reader: BlobReader) -> None:
+    """The deep check of a checkpoint loaded with ``deep=False``: read and hash every artifact blob
+    (the other checks passed when it loaded), so a caller that loaded it shallow can finish the
+    verification later without loading it again.
+
+    Raises:
+        IntegrityError: an artifact blob is missing, damaged or not the size its reference says.
+    """
+    cp = f"checkpoint {short_id(loaded.id)}"
+    for name, art in loaded.artifacts.items():
+        try:
+            raw = reader.get(art.digest, f"{cp} artifact {name!r}")
+        except IntegrityError as exc:
+            exc.task_id, exc.checkpoint_id = loaded.row.task_id, loaded.id
+            raise
+        if len(raw) != art.size:
+            raise DigestMismatch(f"{cp} artifact {name!r} is {len(raw)} bytes, the reference says {art.size}",
+                                 object_digest=art.digest, task_id=loaded.row.task_id, checkpoint_id=loaded.id)
+
+
+
+
+def record_problems(store: Store, rows: Iterable[CheckpointRow], *, key: bytes | None) -> dict[str, str]:
+    """``checkpoint_id -> "ErrorKind: message"`` for every row of ``rows`` that does not verify:
+    its record (digest, schema, signature), and the objects a load reads first -- the state
+    document, its todo/done/artifact pages and the world fingerprint -- present and hashing to
+    their digests, and every artifact object present (artifact bytes are hashed by ``verify``). What ``show``, ``log`` and ``ls`` mark as
+    damaged. Each object is read and hashed once however many rows share it, and nothing is
+    decoded beyond the state document's page references (a load would validate every page).
+    """
+    reader = BlobReader(store)
+    bad: dict[str, str] = {}
+    problems: dict[str, str] = {}
+    artifacts_of: dict[str, list[str]] = {}  # artifact page -> the artifact digests it names
+    present: set[str] = set()
+
+    def read(digests: list[str], what: str) -> dict[str, bytes]:
+        for d in digests:
+            if d in bad:
+                raise DigestMismatch(bad[d], object_digest=d)
+        todo = [d for d in digests if d not in reader.verified]
+        try:
+            return reader.get_many(todo, what)
+        except IntegrityError:
+            for d in todo:  # which one: each on its own
+                try:
+                    reader.get(d, what)
+                except IntegrityError as exc:
+                    bad[d] = exc.message
+                    raise
+            raise
+
+    for row in rows:
+        try:
+            record = parse_record(row, key=key)
+            what = f"checkpoint {short_id(row.checkpoint_id)}"
+            state = read([record.state.digest], f"{what} state").get(record.state.digest)
+            doc = json.loads(state if state is not None else reader.get(record.state.digest, f"{what} state"))
+            refs = [ref.get("digest") for part in ("todo", "done", "artifacts")
+                    for ref in (doc.get(part) or {}).get("pages", []) if isinstance(ref, dict)]
+            art_pages = [str(ref.get("digest")) for ref in (doc.get("artifacts") or {}).get("pages", [])
+                         if isinstance(ref, dict)]
+            world = (json.loads(row.body).get("fingerprint") or {}).get("world")
+            if isinstance(world, dict):
+                refs.append(world.get("digest"))
+            fetched = read([str(d) for d in dict.fromkeys(refs)], f"{what} page")
+            for d in art_pages:  # every artifact blob present (its bytes are hashed by `verify`)
+                if d not in artifacts_of:
+                    raw = fetched.get(d) or reader.get(d, f"{what} artifact page")
+                    artifacts_of[d] = [str(a.get("digest")) for a in json.loads(raw).values() if isinstance(a, dict)]
+            wanted = {a for d in art_pages for a in artifacts_of[d]} - present
+            gone = store.missing_objects(wanted) if wanted else set()
+            present.update(wanted - gone)
+            if gone:
+                raise MissingObject(f"{what}: artifact object {sorted(gone)[0]} is missing", object_digest=sorted(gone)[0])
+        except (IntegrityError, ValueError, AttributeError, TypeError) as exc:
+            kind = type(exc).__name__ if isinstance(exc, OvernightError) else "SchemaError"
+            problems[row.checkpoint_id] = f"{kind}: {getattr(exc, 'message', exc)}"
+    return problems

@@ -1,0 +1,168 @@
+"""No silent rollback: is a branch ref older than what the store or this machine has seen?
+
+A ref is the only mutable thing in a store, and someone who can write the store can point it at
+any older checkpoint -- one that verifies, signature and all, because it once was the head.
+Loading it would silently run every later step again (side effects included). Two checks catch it:
+
+1. **The chain** (with or without a signing key): a record of the same branch that passes every
+   record check (with a key: its signature too), has a higher ``seq``, and descends from the
+   checkpoint about to be loaded -- so the branch once stood further on. Records a fallback
+   skipped do not count (they failed verification; the fallback reports them).
+2. **The high-water mark** (with a signing key): every ref move is a signed record (commits,
+   ``fork``, ``rollback``, ``merge`` and an automatic fallback each write one, carrying task,
+   branch, its own id and ``seq``), and each machine keeps the newest one it has seen per store,
+   task and branch outside the store (:class:`~overnight.keys.HighWater`). A head with a
+   lower ``seq`` than the mark is a rollback, also when the newer records were deleted -- unless
+   the head's own signed history says why: an automatic fallback that skipped the marked
+   checkpoint (its ``rollback`` event names what it skipped).
+
+Either raises :class:`~overnight.errors.RollbackDetected` naming both checkpoints; ``resume
+--allow-rollback`` accepts it (and lowers the mark), ``overnight rollback`` is a deliberate
+rollback (a new signed record with a higher ``seq``, so it never trips either check).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from overnight.errors import IntegrityError, RollbackDetected, short_id
+from overnight.store.base import Store
+from overnight.chain.integrity import LoadedCheckpoint, parse_record
+from overnight.keys import HighWater, Mark
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """A ref found behind what was seen: ``head`` (what it names, or the checkpoint a fallback
+    landed on), ``newer`` (a checkpoint of the branch further on), their ``seq``s, and ``source``:
+    ``"chain"`` (a newer verified record is in the store) or ``"high-water"`` (this machine saw it)."""
+
+    task_id: str
+    branch: str
+    head: str
+    head_seq: int
+    newer: str
+    newer_seq: int
+    source: str
+
+    def describe(self) -> str:
+        where = ("a newer verified record of the branch descends from it" if self.source == "chain"
+                 else "this machine has seen the branch at a newer signed head (high-water mark)")
+        return (f"branch {self.branch!r} of task {self.task_id!r} names checkpoint {short_id(self.head)} (seq "
+                f"{self.head_seq}), older than {short_id(self.newer)} (seq {self.newer_seq}): {where}")
+
+    def error(self) -> RollbackDetected:
+        return RollbackDetected(
+            f"rollback detected: {self.describe()}; someone moved the ref back, and loading it would run every "
+            "later step again", task_id=self.task_id, checkpoint_id=self.head, head=self.head, newer=self.newer,
+            hint=f"if you moved it back on purpose: overnight resume {self.task_id} --allow-rollback (or `overnight "
+            f"rollback {self.task_id} --to {short_id(self.head)}`, which records it); else restore the ref to "
+            f"{short_id(self.newer)}")
+
+
+def store_identity(store: Store) -> str:
+    """The key of ``store`` in the high-water file: its URL (for ``sqlite://``/``file://`` an
+    absolute path), without a password."""
+    url = getattr(getattr(store, "hot", store), "url", "") or ""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest.split("/", 1)[0]:
+        auth, _, host = rest.partition("@")
+        url = f"{scheme}://{auth.split(':', 1)[0]}@{host}"
+    return url
+
+
+def _incarnation(loaded: LoadedCheckpoint) -> str:
+    spec = loaded.doc_tree.get("task", {}).get("spec", {})
+    return str(spec.get("salt", "")) if isinstance(spec, dict) else ""
+
+
+def find_rollback(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, skipped: set[str] = frozenset(),
+                  high_water: HighWater | None = None) -> Rollback | None:
+    """The rollback of ``loaded``'s branch, or None (see the module docstring).
+
+    Args:
+        loaded: the checkpoint about to be used (the verified head, or where a fallback landed).
+        skipped: checkpoints a fallback skipped (they failed verification: not evidence).
+        high_water: the high-water file to consult (with ``key`` only; None: the default one).
+    """
+    task_id, branch, seq = loaded.record.task_id, loaded.record.branch, loaded.record.seq
+    ref_branch = loaded.row.branch
+    rows = store.list_checkpoints(task_id)
+    # 1. the chain: verified records of the branch, newer than ``loaded``, descending from it
+    newer: dict[str, Any] = {}
+    for row in rows:
+        if row.branch != ref_branch or row.seq <= seq or row.checkpoint_id in skipped:
+            continue
+        try:
+            record = parse_record(row, key=key)
+        except IntegrityError:
+            continue  # damaged or forged: reported by fallback / verify, never evidence
+        newer[row.checkpoint_id] = record
+    best: tuple[int, str] | None = None
+    for cid, record in newer.items():
+        if best is not None and record.seq <= best[0]:
+            continue
+        walk, hops = record, 0
+        while walk is not None and hops <= len(newer):
+            if walk.parent_id == loaded.id:
+                best = (record.seq, cid)
+                break
+            walk, hops = newer.get(walk.parent_id or ""), hops + 1
+    if best is not None:
+        return Rollback(task_id, branch, loaded.id, seq, best[1], best[0], "chain")
+    if key is None:
+        return None
+    # 2. the high-water mark of this machine
+    mark = (high_water or HighWater()).get(store_identity(store), task_id, ref_branch)
+    if mark is None or mark.incarnation != _incarnation(loaded) or mark.seq <= seq or mark.checkpoint_id in skipped:
+        return None
+    if _explained(rows, loaded, mark, key):
+        return None
+    return Rollback(task_id, branch, loaded.id, seq, mark.checkpoint_id, mark.seq, "high-water")
+
+
+def _explained(rows: list[Any], loaded: LoadedCheckpoint, mark: Mark, key: bytes) -> bool:
+    """Does the signed history of ``loaded`` record an automatic fallback that skipped the
+    marked checkpoint (a writer that found it damaged and went back on purpose)?"""
+    by_id = {r.checkpoint_id: r for r in rows}
+    cid: str | None = loaded.id
+    for _ in range(len(by_id) + 1):
+        row = by_id.get(cid or "")
+        if row is None:
+            return False
+        try:
+            record = parse_record(row, key=key)
+        except IntegrityError:
+            return False
+        ev = record.event
+        if ev.kind == "rollback" and (ev.detail or "").startswith(("automatic fallback", "accepted rollback")) and mark.checkpoint_id in (
+                ev.detail or ""):
+            return True
+        cid = record.parent_id
+    return False
+
+
+def see(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, force: bool = False,
+        high_water: HighWater | None = None) -> None:
+    """Raise this machine's high-water mark of ``loaded``'s branch to it (with a signing key
+    only; ``force``: also lower it -- this machine wrote ``loaded``, or the user accepted a
+    rollback)."""
+    if key is None:
+        return
+    (high_water or HighWater()).raise_to(store_identity(store), loaded.record.task_id, loaded.row.branch,
+                                         Mark(loaded.id, loaded.record.seq, _incarnation(loaded)), force=force)
+
+
+def check(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, skipped: set[str] = frozenset(),
+          allow: bool = False) -> Rollback | None:
+    """:func:`find_rollback`, then raise the mark. Raises ``RollbackDetected`` unless ``allow``
+    (then the rollback found, if any, is returned and the mark lowered to ``loaded``)."""
+    found = find_rollback(store, loaded, key=key, skipped=skipped)
+    if found is not None and not allow:
+        raise found.error()
+    see(store, loaded, key=key, force=found is not None)
+    return found
+
+
+__all__ = ["Rollback", "check", "find_rollback", "see", "store_identity"]

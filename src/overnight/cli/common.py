@@ -1,0 +1,75 @@
+"""What every ``overnight`` command shares: exit codes, printing a typed error, a missing extra.
+
+Internal to :mod:`overnight.cli`; :mod:`overnight.cli.app` and the ``bench`` command modules
+import it (neither imports the other's private helpers).
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import typer
+
+from overnight.cli import render
+from overnight.errors import (
+    ConcurrencyError,
+    ConfigError,
+    DriftError,
+    IntegrityError,
+    NotFound,
+    OvernightError,
+    StepError,
+    StoreError,
+)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTEGRITY, EXIT_BUSY, EXIT_DRIFT, EXIT_RESUMABLE = 0, 1, 2, 3, 4, 5, 75
+EXIT_STORE = 6
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 complete | 1 step failed | 2 usage / not found | 3 integrity (nothing verifies, a ref "
+    "moved back, code outside the project) | 4 busy (task held by another process) | 5 drift abort | "
+    "6 store refused (disk full, read-only, unreachable) | 75 resumable (interrupted or --max-steps; "
+    "run `overnight resume TASK_ID`)."
+)
+
+
+DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+"""The database the ``bench`` commands use unless ``--postgres`` names another (the test server, as
+in the test suite; ``overnight.bench`` has its own copy: the CLI loads the benchmarks only when one runs)."""
+
+
+def exit_code(exc: OvernightError) -> int:
+    if isinstance(exc, StoreError):
+        return EXIT_STORE
+    if isinstance(exc, StepError) and isinstance(exc.__cause__, StoreError):
+        return EXIT_STORE
+    if isinstance(exc, DriftError):
+        return EXIT_DRIFT
+    if isinstance(exc, ConcurrencyError):
+        return EXIT_BUSY
+    if isinstance(exc, IntegrityError):
+        return EXIT_INTEGRITY
+    if isinstance(exc, (NotFound, ConfigError)):
+        return EXIT_USAGE
+    if isinstance(exc, StepError):
+        return EXIT_FAILED
+    return EXIT_FAILED
+
+
+def fail(exc: OvernightError) -> None:
+    render.err.print(f"[bold red]error:[/] {render.esc(exc)}")
+    cause = exc.__cause__
+    if isinstance(exc, StepError) and cause is not None:
+        import traceback
+
+        # a typed error already says what went wrong: show where in the step, not the library's chain
+        typed = isinstance(cause, OvernightError)
+        render.err.print("".join(traceback.format_exception(cause, chain=not typed)).rstrip(), markup=False)
+    raise typer.Exit(exit_code(exc))
+
+
+def need_extra(exc: ImportError, extras: str) -> NoReturn:
+    """Exit 2 saying which extra a command needs (``extras``: ``bench``, ``langgraph,bench``, ...)."""
+    render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the extra: "
+                     + render.esc(f"pip install 'overnight[{extras}]' (from a clone: pip install '.[{extras}]')"))
+    raise typer.Exit(EXIT_USAGE)

@@ -1,0 +1,189 @@
+"""What this machine and user keep *outside* every store: the keys and marks a store's writer
+cannot see or change.
+
+* The **signing key** (``$OVERNIGHT_SIGNING_KEY``): HMAC-SHA256 over every checkpoint record.
+* The **environment key**: what declared environment values are digested with (``env=`` /
+  ``ctx.env``), so that a reader of the store cannot guess a value back by trying a dictionary.
+  It is the signing key when one is set, else a random 32-byte key in a per-user file created on
+  first use with mode 0600 (:func:`env_key_path`: ``$OVERNIGHT_ENV_KEY_FILE``, else
+  ``$XDG_CONFIG_HOME/overnight/env.key``, else ``~/.config/overnight/env.key``).
+* The **high-water file** (:class:`HighWater`): the newest signed head this machine has seen per
+  store, task and branch (``$OVERNIGHT_STATE_DIR/high-water.json``, else
+  ``$XDG_STATE_HOME/overnight/``, else ``~/.local/state/overnight/``), so a branch ref moved back to
+  an older -- validly signed -- checkpoint is caught even when the newer records were deleted from
+  the store (:mod:`overnight.chain.rollback`).
+
+None of this is ever written into a store. A machine without the environment key of the machine
+that recorded a digest cannot compare it: drift reports the value as ``cannot compare``
+(:mod:`overnight.verify.fingerprint`), never as changed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from overnight.errors import ConfigError
+
+ENV_KEY_BYTES = 32
+"""Bytes of a generated per-user environment key (256 bits)."""
+
+
+def signing_key_from_env() -> bytes | None:
+    """``$OVERNIGHT_SIGNING_KEY`` as bytes (UTF-8), or None when unset or empty."""
+    key = os.environ.get("OVERNIGHT_SIGNING_KEY")
+    return key.encode("utf-8") if key else None
+
+
+def _home_dir(env: str, xdg: str, fallback: str) -> Path:
+    if os.environ.get(env):
+        return Path(os.environ[env]).expanduser()
+    base = os.environ.get(xdg)
+    return (Path(base).expanduser() if base else Path.home() / fallback) / "overnight"
+
+
+def env_key_path() -> Path:
+    """Where the per-user environment key lives (it may not exist yet)."""
+    if os.environ.get("OVERNIGHT_ENV_KEY_FILE"):
+        return Path(os.environ["OVERNIGHT_ENV_KEY_FILE"]).expanduser()
+    return _home_dir("", "XDG_CONFIG_HOME", ".config") / "env.key"
+
+
+def state_dir() -> Path:
+    """The per-user state folder holding the high-water file."""
+    return _home_dir("OVERNIGHT_STATE_DIR", "XDG_STATE_HOME", ".local/state")
+
+
+@dataclass(frozen=True)
+class EnvKey:
+    """A key for environment digests: its bytes and a short public id (the first 16 hex digits
+    of HMAC-SHA256(key, "overnight.env-key-id"): names the key in a digest without revealing it)."""
+
+    key: bytes
+    key_id: str
+    source: str  # "signing key" | the key file's path
+
+
+def _env_key(key: bytes, source: str) -> EnvKey:
+    kid = hmac.new(key, b"overnight.env-key-id", hashlib.sha256).hexdigest()[:16]
+    return EnvKey(key, kid, source)
+
+
+def env_key(*, create: bool) -> EnvKey | None:
+    """The environment key: the signing key when set, else the per-user key file's, created
+    (``create=True``, 32 random bytes, mode 0600, its folder 0700) when missing. Returns None when
+    there is none and ``create`` is False.
+
+    Raises:
+        OSError: the key file cannot be read or created (its path is in the message).
+    """
+    signing = signing_key_from_env()
+    if signing is not None:
+        return _env_key(signing, "signing key")
+    path = env_key_path()
+    cached = _loaded.get(str(path))
+    if cached is not None:
+        return cached
+    try:
+        found = _loaded[str(path)] = _env_key(bytes.fromhex(path.read_text("ascii").strip()), str(path))
+        return found
+    except FileNotFoundError:
+        if not create:
+            return None
+    except ValueError:
+        raise ConfigError(f"environment key file {path} does not hold a hex key",
+                          hint="delete it to make a new one (digests recorded with the old key then read "
+                          "`cannot compare`)") from None
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(ENV_KEY_BYTES) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)  # first writer wins: two processes creating it at once agree on one key
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    found = _loaded[str(path)] = _env_key(bytes.fromhex(path.read_text("ascii").strip()), str(path))
+    return found
+
+
+_loaded: dict[str, EnvKey] = {}
+"""Environment keys read from their files in this process, by path (read once per process)."""
+
+
+# --- high-water marks -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mark:
+    """The newest signed head seen of one branch: its checkpoint id, ``seq``, and the task's
+    incarnation (the random salt in its signed spec: a task deleted and created again under the
+    same id is another incarnation, whose marks start afresh)."""
+
+    checkpoint_id: str
+    seq: int
+    incarnation: str
+
+
+class HighWater:
+    """The per-machine high-water file: ``{store: {task: {branch: {"checkpoint_id", "seq"}}}}``
+    (JSON), updated under an exclusive ``flock`` by read-modify-write and an atomic rename. It is
+    a mark, not a log: losing it (a new machine, a deleted file) weakens rollback detection to
+    what the store's own records show, and nothing else."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or state_dir() / "high-water.json"
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text("utf-8"))
+            return data if isinstance(data, dict) else {}
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    @contextmanager
+    def _locked(self) -> Iterator[dict[str, Any]]:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = self._read()
+            yield data
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, sort_keys=True, ensure_ascii=True), "utf-8")
+            os.replace(tmp, self.path)
+
+    def get(self, store: str, task_id: str, branch: str) -> Mark | None:
+        """The mark of ``store``/``task_id``/``branch``, or None."""
+        m = self._read().get(store, {}).get(task_id, {}).get(branch)
+        if isinstance(m, dict) and isinstance(m.get("checkpoint_id"), str) and isinstance(m.get("seq"), int):
+            return Mark(m["checkpoint_id"], m["seq"], str(m.get("incarnation", "")))
+        return None
+
+    def raise_to(self, store: str, task_id: str, branch: str, mark: Mark, *, force: bool = False) -> None:
+        """Record ``mark`` unless a mark with a higher ``seq`` is there (``force``: always -- this
+        machine wrote ``mark`` itself, or the user accepted a rollback)."""
+        try:
+            with self._locked() as data:
+                branches = data.setdefault(store, {}).setdefault(task_id, {})
+                old = branches.get(branch)
+                if (force or not isinstance(old, dict) or not isinstance(old.get("seq"), int)
+                        or old.get("incarnation") != mark.incarnation or old["seq"] <= mark.seq):
+                    branches[branch] = {"checkpoint_id": mark.checkpoint_id, "seq": mark.seq,
+                                        "incarnation": mark.incarnation}
+        except OSError:
+            pass  # a read-only home: detection falls back to what the store's records show
+
+
+__all__ = ["EnvKey", "HighWater", "Mark", "env_key", "env_key_path", "signing_key_from_env", "state_dir"]

@@ -1,0 +1,352 @@
+"""Garbage collection (``overnight gc``) and task deletion (``overnight rm``).
+
+``gc`` removes
+
+* **dangling checkpoints** -- those on the lineage of no live branch head of their task
+  (:func:`~overnight.chain.reachability.lineage`): records a fallback skipped, the history of a
+  deleted branch. ``keep_last`` keeps the N newest of each task, ``older_than`` keeps those
+  younger than that (both by the checkpoint's ``created_at``); a kept one keeps its dangling
+  ancestors too, so no chain is cut;
+* **unreferenced objects** -- those no remaining checkpoint of any task needs
+  (:class:`~overnight.chain.reachability.Reach`), nor any archive run recorded in the store (a
+  cold store's packs).
+
+It never removes a branch head, anything on a live branch's lineage, or anything a remaining
+checkpoint needs to load. By default it only reports (``apply=False``).
+
+The safety rule against writers running at the same time
+---------------------------------------------------------
+
+Objects have no owner, and a commit can reference an object no checkpoint references yet
+(content-addressed deduplication), so "unreferenced" is only true of the moment gc looked. The
+rule -- *mark, then sweep what is unreferenced and older than a grace period* -- with what every
+store guarantees (``overnight/store/base.py``, "Deletion"):
+
+1. **Mark.** At time ``T0`` gc lists every checkpoint and computes the set ``M`` of objects they
+   need (plus the packs named by archive rows).
+2. **Sweep.** It deletes an object only if it is not in ``M`` *and* its stored time is more than
+   ``grace`` before ``T0``; the store checks the age and deletes in one step
+   (``delete_objects(min_age_ms=grace + time since T0)``, the time since ``T0`` read once the
+   store holds its lock: a sweep that waited for the lock keeps correspondingly more).
+3. **Writers.** A commit writes, or refreshes the stored time of, every object its checkpoint
+   references -- except objects reachable from checkpoints already committed on its own branch
+   (its ``known`` set; ``overnight/store/blobs.py``).
+
+Why nothing a checkpoint needs is lost: take a checkpoint ``C`` that gc did not see in step 1
+(committed after ``T0``, or in flight). Each object ``C`` references is either (a) reachable from
+a checkpoint on ``C``'s branch committed before ``T0`` -- that checkpoint is on a live lineage,
+so gc saw it and marked the object; or (b) written or refreshed by ``C``'s commit (or by an
+earlier commit gc did not see, by the same argument), at a time after ``T0 - grace`` as long as a
+commit takes less than ``grace`` from writing its objects to moving its ref -- so gc keeps it.
+Dangling checkpoints: a ``fork`` from one that gc is deleting either commits first (the store
+then refuses to delete a parent of a surviving checkpoint, and gc marks what the survivor needs
+before sweeping) or fails with :class:`~overnight.errors.ParentGone`. Checkpoint deletion needs no
+grace period: a checkpoint is dangling because no ref leads to it, and nothing moves a ref to an
+old checkpoint.
+
+``grace`` (default 1 hour) must exceed the longest commit plus the clock difference between the
+machines involved; ``grace=0`` is for a store no one is writing to.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Callable
+
+from overnight.errors import ConfigError
+from overnight.store.base import CheckpointRow, MinAge, Store
+from overnight.store.compose.pack import manifest_of
+from overnight.store.compose.tiered import TieredStore, tiered
+from overnight.chain.ditto import with_copies
+from overnight.chain.reachability import Reach, Unreadable, lineage
+
+DEFAULT_GRACE_S = 3600.0
+"""Objects younger than this (seconds) are never collected: the longest a commit may take."""
+
+
+@dataclass
+class TaskGc:
+    """What gc found (and did) in one task.
+
+    Attributes:
+        checkpoints: checkpoints of the task in the store before gc.
+        dangling: dangling checkpoint ids, newest first.
+        kept: dangling ones kept by ``keep_last`` / ``older_than`` (or by the store, as the
+            parent of a checkpoint committed meanwhile).
+        deleted: dangling ones deleted (dry run: that would be deleted).
+        bytes: bytes of the deleted records' bodies.
+    """
+
+    task_id: str
+    checkpoints: int = 0
+    dangling: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    bytes: int = 0
+
+
+@dataclass
+class GcReport:
+    """Result of :func:`collect`.
+
+    Attributes:
+        applied: False for a dry run (``deleted`` counts say what would go).
+        grace_s: the grace period used (seconds).
+        checkpoints_deleted, checkpoint_bytes: dangling checkpoints deleted, and their body bytes.
+        objects: objects in the store; ``objects_referenced`` of them needed by what remains.
+        objects_unreferenced: the others (in the tasks considered, with ``task_id``).
+        objects_young, young_bytes: unreferenced but stored less than ``grace`` ago: kept.
+        objects_deleted, object_bytes: unreferenced and older: deleted (or would be), and bytes.
+        unreadable: parts of remaining checkpoints that could not be read (see
+            :mod:`overnight.chain.reachability`).
+        seconds: wall time.
+    """
+
+    applied: bool
+    grace_s: float
+    tasks: list[TaskGc] = field(default_factory=list)
+    checkpoints_deleted: int = 0
+    checkpoint_bytes: int = 0
+    objects: int = 0
+    objects_referenced: int = 0
+    objects_unreferenced: int = 0
+    objects_young: int = 0
+    young_bytes: int = 0
+    objects_deleted: int = 0
+    object_bytes: int = 0
+    unreadable: list[Unreadable] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _archived_rows(store: TieredStore, task_id: str) -> list[CheckpointRow]:
+    return store.archived_rows(task_id)
+
+
+def pack_roots(store: Store) -> set[str]:
+    """Digests of the packs named by the store's archive rows (roots in a cold store)."""
+    out = set()
+    for row in store.list_archives():
+        try:
+            m = manifest_of(row)
+        except Exception:  # noqa: BLE001 - a damaged row cannot name a pack; verify reports it
+            continue
+        if m.pack is not None:
+            out.add(m.pack["digest"])
+    return out
+
+
+def _dangling(store: TieredStore, task_id: str, hot_rows: list[CheckpointRow]) -> list[CheckpointRow]:
+    """Hot checkpoints on no live branch's lineage, newest first."""
+    live = lineage([*hot_rows, *_archived_rows(store, task_id)], store.list_refs(task_id).values())
+    rows = [r for r in hot_rows if r.checkpoint_id not in live]
+    return sorted(rows, key=lambda r: (r.created_at, r.seq), reverse=True)
+
+
+def _chosen(dangling: list[CheckpointRow], keep_last: int | None, older_than_s: float | None) -> list[CheckpointRow]:
+    """The dangling checkpoints to delete (``dangling`` is newest first). A kept one keeps its
+    dangling ancestors too: a chain is never cut (``verify`` would find a missing parent)."""
+    keep = {r.checkpoint_id for r in dangling[:keep_last]} if keep_last else set()
+    if older_than_s is not None:
+        cutoff = (datetime.now(timezone.utc) - timedelta(seconds=older_than_s)).isoformat(timespec="microseconds")
+        keep |= {r.checkpoint_id for r in dangling if r.created_at >= cutoff}
+    keep = lineage(dangling, keep)
+    return [r for r in dangling if r.checkpoint_id not in keep]
+
+
+def collect(
+    store: Store,
+    *,
+    apply: bool = False,
+    keep_last: int | None = None,
+    older_than_s: float | None = None,
+    task_id: str | None = None,
+    grace_s: float = DEFAULT_GRACE_S,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> GcReport:
+    """``overnight gc``: find (and with ``apply`` delete) dangling checkpoints and unreferenced
+    objects. See the module docstring for what is kept and why it is safe.
+
+    Args:
+        keep_last: keep this many of each task's newest dangling checkpoints.
+        older_than_s: only dangling checkpoints created more than this many seconds ago go.
+        task_id: only this task's dangling checkpoints, and only objects they alone needed.
+        grace_s: objects stored or refreshed less than this many seconds before gc started stay.
+        on_progress: ``(done, total)`` over the checkpoints read.
+
+    Raises:
+        TaskNotFound: ``task_id`` does not exist.
+        FormatTooNew: a checkpoint was written by a newer overnight (nothing is deleted).
+        ConfigError: a negative ``keep_last``, ``older_than_s`` or ``grace_s``.
+    """
+    for name, value in (("keep_last", keep_last), ("older_than", older_than_s), ("grace", grace_s)):
+        if value is not None and value < 0:
+            raise ConfigError(f"gc: {name} must not be negative (got {value})", task_id=task_id)
+    t0 = time.monotonic()
+    # through the archive catalog always: a lineage may run through archived checkpoints
+    store = tiered(store, own=False)
+    hot = store.hot
+    report = GcReport(applied=apply, grace_s=grace_s)
+    # 1. mark: list everything first (T0), then read what the remaining checkpoints need
+    if task_id is not None:
+        hot.get_task(task_id)
+    tasks = [t.task_id for t in hot.list_tasks()]
+    rows = {t: hot.list_checkpoints(t) for t in tasks}
+    doomed: dict[str, list[CheckpointRow]] = {}
+    for t in tasks:
+        tg = TaskGc(t, checkpoints=len(rows[t]))
+        dangling = _dangling(store, t, rows[t])
+        tg.dangling = [r.checkpoint_id for r in dangling]
+        if task_id is None or t == task_id:
+            doomed[t] = _chosen(dangling, keep_last, older_than_s)
+            chosen = {r.checkpoint_id for r in doomed[t]}
+            tg.kept = [c for c in tg.dangling if c not in chosen]
+            tg.deleted = [r.checkpoint_id for r in doomed[t]]
+            tg.bytes = sum(len(r.body) for r in doomed[t])
+            report.tasks.append(tg)
+    doomed_ids = {r.checkpoint_id for rs in doomed.values() for r in rs}
+    remaining = [r for t in tasks for r in rows[t] if r.checkpoint_id not in doomed_ids]
+    total = len(remaining) + (len(doomed.get(task_id, [])) if task_id is not None else 0)
+    reach = Reach(store)
+    marked = reach.checkpoints(remaining, on_progress, total=total) | pack_roots(hot)
+    # ditto copies live and die with their originals (records and objects)
+    marked = with_copies(marked | {r.checkpoint_id for r in remaining})
+    if task_id is not None:  # only what the doomed checkpoints needed is a candidate
+        scope = reach.checkpoints(doomed.get(task_id, []), on_progress, start=len(remaining), total=total)
+        scope = with_copies(scope | {r.checkpoint_id for r in doomed.get(task_id, [])})
+    stats = {s.digest: s for s in hot.iter_object_stats()}
+    report.objects = len(stats)
+    report.objects_referenced = len(marked & stats.keys())
+    candidates = {d: s for d, s in stats.items() if d not in marked and (task_id is None or d in scope)}
+    report.objects_unreferenced = len(candidates)
+
+    def young(age_ms: int) -> bool:
+        return age_ms < grace_s * 1000 + (time.monotonic() - t0) * 1000
+
+    # 2. sweep
+    if apply:
+        survivors: list[CheckpointRow] = []
+        for t, rs in doomed.items():
+            if not rs:
+                continue
+            freed = hot.delete_checkpoints([r.checkpoint_id for r in rs])
+            left = {r.checkpoint_id for r in hot.list_checkpoints(t)}
+            kept = [r for r in rs if r.checkpoint_id in left]  # a parent of a checkpoint committed meanwhile
+            survivors += kept
+            tg = next(x for x in report.tasks if x.task_id == t)
+            tg.kept += [r.checkpoint_id for r in kept]
+            tg.deleted = [r.checkpoint_id for r in rs if r.checkpoint_id not in left]
+            tg.bytes = freed
+        if survivors:
+            marked |= with_copies(reach.checkpoints(survivors) | {r.checkpoint_id for r in survivors})
+            candidates = {d: s for d, s in candidates.items() if d not in marked}
+        # asked by the store once it holds its lock (and again per batch): the time spent waiting
+        # for the lock counts towards the age kept, so what a commit refreshed after T0 - grace stays
+        def min_age_ms() -> int:
+            return int(grace_s * 1000 + (time.monotonic() - t0) * 1000) + 1
+
+        gone = _delete_objects(hot, candidates, min_age_ms)
+        report.objects_deleted = len(gone)
+        report.object_bytes = sum(gone.values())
+        report.objects_young = len(candidates) - len(gone)
+        report.young_bytes = sum(s.stored_bytes for d, s in candidates.items() if d not in gone)
+    else:
+        old = {d: s for d, s in candidates.items() if not young(s.age_ms)}
+        report.objects_deleted = len(old)
+        report.object_bytes = sum(s.stored_bytes for s in old.values())
+        report.objects_young = len(candidates) - len(old)
+        report.young_bytes = sum(s.stored_bytes for d, s in candidates.items() if d not in old)
+    report.checkpoints_deleted = sum(len(tg.deleted) for tg in report.tasks)
+    report.checkpoint_bytes = sum(tg.bytes for tg in report.tasks)
+    report.unreadable = reach.unreadable
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def _delete_objects(hot: Store, candidates: dict, min_age_ms: MinAge) -> dict[str, int]:
+    """Delete candidates one batch at a time; returns ``{digest: bytes}`` of those deleted.
+
+    The store keeps any candidate refreshed within ``min_age_ms``; what it deleted is found by
+    asking which candidates are still there.
+    """
+    gone: dict[str, int] = {}
+    digests = sorted(candidates)
+    for i in range(0, len(digests), 500):
+        part = digests[i : i + 500]
+        hot.delete_objects(part, min_age_ms=min_age_ms)
+        missing = hot.missing_objects(part)
+        gone.update({d: candidates[d].stored_bytes for d in missing})
+    return gone
+
+
+# -- rm --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RmReport:
+    """Result of :func:`remove_task`.
+
+    Attributes:
+        applied: False for a dry run.
+        checkpoints, checkpoint_bytes: the task's checkpoints and their body bytes.
+        branches: its branches.
+        archives: its archive runs (their catalog rows go; the cold store is not touched).
+        objects_unreferenced: objects only this task needed.
+        objects_deleted, object_bytes: of those, deleted (older than ``grace``), and their bytes.
+        objects_young: of those, kept because stored less than ``grace`` ago (``gc`` takes them later).
+    """
+
+    task_id: str
+    applied: bool
+    grace_s: float
+    checkpoints: int = 0
+    checkpoint_bytes: int = 0
+    branches: list[str] = field(default_factory=list)
+    archives: int = 0
+    objects_unreferenced: int = 0
+    objects_deleted: int = 0
+    object_bytes: int = 0
+    objects_young: int = 0
+    unreadable: list[Unreadable] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def remove_task(store: Store, task_id: str, *, apply: bool = True, grace_s: float = DEFAULT_GRACE_S,
+                on_progress: Callable[[int, int], None] | None = None) -> RmReport:
+    """Delete a task (``store.delete_task``), then the objects no other task needs.
+
+    The caller holds the task's leases (``overnight rm`` refuses while a live process holds one).
+    Objects stored less than ``grace_s`` seconds ago stay (another task may be committing them).
+
+    Raises:
+        TaskNotFound: no such task.
+    """
+    t0 = time.monotonic()
+    store = tiered(store, own=False)
+    hot = store.hot
+    hot.get_task(task_id)
+    rows = hot.list_checkpoints(task_id)
+    rep = RmReport(task_id, applied=apply, grace_s=grace_s, checkpoints=len(rows),
+                   checkpoint_bytes=sum(len(r.body) for r in rows), branches=sorted(hot.list_refs(task_id)),
+                   archives=len(hot.list_archives(task_id)))
+    others = [r for t in hot.list_tasks() if t.task_id != task_id for r in hot.list_checkpoints(t.task_id)]
+    total = len(rows) + len(others)
+    reach = Reach(store)
+    mine = with_copies(reach.checkpoints(rows, on_progress, total=total) | {r.checkpoint_id for r in rows})
+    marked = with_copies(reach.checkpoints(others, on_progress, start=len(rows), total=total) | pack_roots(hot)
+                         | {r.checkpoint_id for r in others})
+    stats = {s.digest: s for s in hot.iter_object_stats()}
+    candidates = {d: stats[d] for d in mine if d in stats and d not in marked}
+    rep.objects_unreferenced = len(candidates)
+    if apply:
+        hot.delete_task(task_id)
+        gone = _delete_objects(hot, candidates, int(grace_s * 1000 + (time.monotonic() - t0) * 1000))
+    else:
+        limit = grace_s * 1000 + (time.monotonic() - t0) * 1000
+        gone = {d: s.stored_bytes for d, s in candidates.items() if s.age_ms >= limit}
+    rep.objects_deleted, rep.object_bytes = len(gone), sum(gone.values())
+    rep.objects_young = len(candidates) - len(gone)
+    rep.unreadable = reach.unreadable
+    rep.seconds = time.monotonic() - t0
+    return rep

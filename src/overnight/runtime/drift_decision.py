@@ -1,0 +1,226 @@
+"""Resume consistency: compare the checkpoint with the world now and apply the drift policies.
+
+Called by the runner after the head is loaded and verified, before any step runs (and by
+``overnight status --drift``, which only reports). See :mod:`overnight.verify.drift` for what
+counts as drift and what each policy does.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from overnight.errors import DriftAbort
+from overnight.runtime.loader import entry_path
+from overnight.runtime.task import Task
+from overnight.store.base import Store
+from overnight.verify.drift import DEFAULT_POLICIES, DriftReport, WorldNow, affected_steps, detect, rebaseline
+from overnight.verify.fingerprint import COMPONENTS, WorldSpec, world
+from overnight.chain.integrity import LoadedCheckpoint, load_checkpoint
+from overnight.chain.records import recompute_info, todo_entry
+
+
+def world_spec(task: Task, salt: bytes, model: dict[str, Any] | None = None) -> WorldSpec:
+    """What ``task`` declares about its world, for :func:`~overnight.verify.fingerprint.world`;
+    ``model``: the :func:`~overnight.verify.fingerprint.model_identity` of the model its steps
+    call in this run."""
+    path = entry_path(task.entry)
+    root = path.parent if path is not None else Path.cwd()
+    return WorldSpec(
+        version=task.version,
+        steps={n: (s.version, s.source_digest) for n, s in task.steps.items()},
+        deps=task.deps, env=list(task.env), inputs=[str(p) for p in task.inputs], sources=dict(task.sources),
+        exports=dict(task.exports), root=root, salt=salt, model=model,
+    )
+
+
+def salt_of(state: dict[str, Any]) -> bytes:
+    """The task's salt for keyed environment digests, from its stored spec."""
+    return bytes.fromhex(state["task"]["spec"].get("salt", ""))
+
+
+def policies_for(task: Task, override: dict[str, str] | None) -> dict[str, str]:
+    """Defaults, then the task's ``on_drift``, then the run's override."""
+    return {**DEFAULT_POLICIES, **task.on_drift, **(override or {})}
+
+
+def report_for(loaded: LoadedCheckpoint, state: dict[str, Any], task: Task, now: dict[str, Any],
+               salt: bytes) -> DriftReport:
+    """Drift between ``loaded`` (with ``state``) and the world ``now``."""
+    artifacts = state["artifacts"]
+    exports = {n: (artifacts[n]["digest"], p) for n, p in task.exports.items() if n in artifacts}
+    return detect(
+        checkpoint_id=loaded.id, recorded=loaded.world, now=now, done=state["done"],
+        step_versions={n: (s.version, s.source_digest) for n, s in task.steps.items()},
+        exports=exports, salt=salt, sources=dict(task.sources),
+    )
+
+
+@dataclass
+class Decision:
+    """What the policies decided for one resume.
+
+    Attributes:
+        report: the drift against the checkpoint finally continued from.
+        found: the drift found against the head (differs from ``report`` after a rollback).
+        state: the state to continue from.
+        rollback_to: the older checkpoint rolled back to (policy ``rollback``), if any.
+        recomputed: steps that read what drifted: they run again; the steps after the first of
+            them are re-checked in order, and run again or are replayed.
+        accepted: drift items accepted (recorded on every later checkpoint).
+    """
+
+    report: DriftReport
+    state: dict[str, Any]
+    found: DriftReport | None = None
+    rollback_to: LoadedCheckpoint | None = None
+    recomputed: list[str] = field(default_factory=list)
+    accepted: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.rollback_to or self.recomputed or self.accepted)
+
+    def describe(self) -> str:
+        parts = []
+        if self.rollback_to is not None:
+            parts.append(f"rolled back to checkpoint {self.rollback_to.id[7:19]} (seq {self.rollback_to.record.seq}), "
+                         "the newest made in a world like this one")
+        if self.recomputed:
+            parts.append(f"recompute {len(self.recomputed)} step(s) that read what changed: "
+                         f"{', '.join(self.recomputed[:8])}" + (" ..." if len(self.recomputed) > 8 else "")
+                         + " (then the steps that read their output)")
+        if self.accepted:
+            parts.append(f"accepted {len(self.accepted)} drift(s)")
+        return "; ".join(parts) or "nothing to do"
+
+
+def decide(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, Any], policies: dict[str, str],
+           *, key: bytes | None) -> Decision:
+    """Apply ``policies`` to the drift between ``loaded`` and the world ``now``.
+
+    Raises:
+        DriftAbort: a component with policy ``abort`` drifted, or ``rollback`` found no checkpoint
+            matching the world now.
+    """
+    state = loaded.state_tree
+    salt = salt_of(state)
+    report = report_for(loaded, state, task, now, salt)
+    drifted = set(report.components())
+    abort = sorted(c for c in drifted if policies[c] == "abort")
+    if abort:
+        raise DriftAbort(f"task {task.id!r} drifted in {', '.join(abort)} (policy abort):\n{report.describe()}",
+                         task_id=task.id, checkpoint_id=loaded.id, report=report,
+                         hint=("undo the edit of the exported file, or " if abort == ["artifacts"] else
+                               "restore the environment (`overnight env export`), or ")
+                         + "resume with --on-drift COMPONENT=recompute|accept|rollback")
+    decision = Decision(report, state)
+    decision.found = report
+    rollback = {c for c in drifted if policies[c] == "rollback"}
+    if rollback:
+        target = _newest_matching(store, loaded, task, now, rollback, key=key)
+        if target is None:
+            raise DriftAbort(f"task {task.id!r} drifted in {', '.join(sorted(rollback))} and no earlier checkpoint "
+                             f"matches the world now (policy rollback):\n{report.describe()}",
+                             task_id=task.id, checkpoint_id=loaded.id, report=report,
+                             hint="resume with --on-drift COMPONENT=recompute, or restore the environment")
+        decision.rollback_to = target
+        state = target.state_tree
+        report = report_for(target, state, task, now, salt)
+        decision.report = report
+        drifted = set(report.components())
+    recompute = {c for c in drifted if policies[c] == "recompute"}
+    if recompute:
+        decision.recomputed = affected_steps(report, state["done"], recompute, closure=False)
+        if decision.recomputed:
+            state = begin_recompute(store, decision.rollback_to or loaded, state, set(decision.recomputed), key=key)
+    accept = {c for c in drifted if policies[c] == "accept"}
+    if accept:
+        decision.accepted = [{"component": i.component, "key": i.key, "old": i.old, "new": i.new}
+                             for i in report.items if i.component in accept and not i.warning]
+        state = rebaseline(state, report, accept, WorldNow(salt, dict(task.sources), now.get("model")).get)
+    decision.state = state
+    return decision
+
+
+def _commits(store: Store, head: LoadedCheckpoint) -> dict[str, str]:
+    """``step name -> checkpoint id`` of the newest commit of each step on ``head``'s lineage."""
+    rows = {r.checkpoint_id: r for r in store.list_checkpoints(head.record.task_id)}
+    out: dict[str, str] = {}
+    cid: str | None = head.id
+    while cid is not None and cid in rows:
+        row = rows[cid]
+        if row.event == "step" and row.step and row.step not in out:
+            out[row.step] = cid
+        cid = row.parent_id
+    return out
+
+
+def begin_recompute(store: Store, head: LoadedCheckpoint, state: dict[str, Any], direct: set[str], *,
+                    key: bytes | None) -> dict[str, Any]:
+    """Start a recompute pass (:class:`~overnight.chain.records.Recompute`): rewind the user
+    state and the artifacts to just before the earliest step in ``direct``, and put that step and
+    every later one back in the todo list, in order, each with its ``previous`` run."""
+    done = state["done"]
+    i0 = next(i for i, d in enumerate(done) if d["name"] in direct)
+    commits = _commits(store, head)
+    data, artifacts = state["data"], state["artifacts"]
+    first = commits.get(done[i0]["name"])
+    if first is not None:
+        parent = store.get_checkpoint(first).parent_id
+        if parent is not None:
+            before = load_checkpoint(store, parent, key=key, deep=False).state_tree
+            data, artifacts = before["data"], before["artifacts"]
+    again = [todo_entry(d["name"], d["fn"], d["args"], added_by=d["added_by"],
+                        previous={**d["produced"], "reads": d["reads"], "version": d["version"], "seq": d["seq"],
+                                  "checkpoint": commits.get(d["name"]), "direct": d["name"] in direct})
+             for d in done[i0:]]
+    names = {e["name"] for e in again}
+    return {**state, "done": done[:i0], "todo": again + [e for e in state["todo"] if e["name"] not in names],
+            "data": data, "artifacts": artifacts,
+            "recompute": recompute_info()}
+
+
+def _newest_matching(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, Any], components: set[str],
+                     *, key: bytes | None) -> LoadedCheckpoint | None:
+    """The newest ancestor whose fingerprint matches the world now in ``components`` -- a
+    checkpoint a session made while working, not one a drift recompute wrote (that one matches only
+    because it took the drifted steps off its done list)."""
+    cid = loaded.record.parent_id
+    while cid is not None:
+        candidate = load_checkpoint(store, cid, key=key, deep=False)
+        if candidate.record.event.kind not in ("drift", "rollback"):
+            report = report_for(candidate, candidate.state_tree, task, now, salt_of(candidate.state_tree))
+            if not set(report.components()) & components:
+                return load_checkpoint(store, cid, key=key, deep=True)
+        cid = candidate.record.parent_id
+    return None
+
+
+def write_export(path: str | os.PathLike, data: bytes) -> None:
+    """Write an exported artifact atomically (temp file in the same directory, fsync, rename)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # like any file the user writes (mkstemp makes it 0600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+__all__ = ["COMPONENTS", "Decision", "decide", "policies_for", "report_for", "salt_of", "world", "world_spec",
+           "write_export"]

@@ -1,0 +1,301 @@
+"""Tiered storage: a :class:`~overnight.store.base.Store` over a hot store and the cold stores its
+archive catalog names (spec: ``docs/FORMAT.md``, "Tiered storage").
+
+``overnight archive`` moves a task's older history into a cold store -- any store URL: ``s3://``,
+``file://``, even ``sqlite://`` -- as one pack per run (:mod:`overnight.store.compose.pack`), and records
+each run in the hot store's archive catalog (:meth:`~overnight.store.base.Store.put_archive`).
+:class:`TieredStore` wraps the hot store and makes that history readable again without any
+caller knowing where it lives:
+
+* ``list_checkpoints`` and ``journal`` list archived checkpoints with the hot ones (from the
+  manifests in the catalog: no cold read), ``get_checkpoint`` finds them;
+* ``get_objects`` / ``missing_objects`` serve an object missing from hot out of the pack that
+  holds it (the pack is fetched whole from its cold store once, verified against its digest, and
+  kept in memory for the next reads); what comes back is checked by its reader like any object.
+  A pack that is missing or damaged raises :class:`~overnight.errors.MissingObject` /
+  :class:`~overnight.errors.DigestMismatch` naming it;
+* every write, every deletion and everything else goes to the hot store, unchanged.
+
+Reads go through: reading archived data writes nothing to hot. A *write* that builds on an
+archived checkpoint (``fork --at``, ``rollback --to``, a resume that falls back that far) first
+brings that checkpoint back (:func:`overnight.ops.archive.ensure_hot`), so every checkpoint in
+hot keeps loading from hot alone. ``overnight restore`` brings a task's whole archive back.
+
+The catalog is re-read when a lookup misses and the copy in memory is older than
+:data:`CATALOG_TTL_S`, so an archive run by another process is seen within that time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from typing import Iterable
+
+from overnight.errors import CheckpointNotFound, ConfigError, OvernightError
+from overnight.store.base import Closing, ArchiveRow, CheckpointRow, JournalRow, ObjectRecord, Store
+from overnight.store.compose.pack import Manifest, PackEntry, manifest_of, read_entry
+from overnight.store.compose.delegate import forwarding
+
+CATALOG_TTL_S = 1.0
+"""Seconds a catalog read is reused before a miss re-reads it."""
+
+PACKS_IN_MEMORY = 2
+"""Packs kept in memory after a read-through (each is read whole)."""
+
+
+def absolute_url(url: str) -> str:
+    """``url`` with a relative ``file://`` / ``sqlite://`` path (or bare ``.db`` path) made absolute,
+    so a catalog row names the same store from any working directory."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return f"sqlite://{os.path.abspath(url)}" if url.endswith((".db", ".sqlite", ".sqlite3")) else url
+    if scheme.lower() in ("file", "sqlite") and rest and not rest.startswith("/"):
+        return f"{scheme}://{os.path.abspath(rest)}"
+    return url
+
+
+def open_existing(url: str) -> Store:
+    """Open a cold store, refusing to create a ``file://`` / ``sqlite://`` one that is missing."""
+    from overnight.store import open_store
+
+    scheme, sep, rest = url.partition("://")
+    path = rest if sep and scheme.lower() in ("file", "sqlite") else (url if not sep else None)
+    if path is not None and not os.path.exists(path):
+        raise ConfigError(f"cold store {url} does not exist", hint="mount or move it back, or pass "
+                          "`overnight restore --cold URL` with where it is now")
+    return open_store(url)
+
+
+@forwarding("hot")
+class TieredStore(Closing):
+    """A hot store plus the cold stores its archive catalog names (see the module docstring). What
+    it does not define here (writes, refs, tasks, leases, the call journal) goes to the hot store.
+
+    Args:
+        hot: the store everything is written to.
+        own_hot: close ``hot`` with this store.
+
+    Attributes:
+        hot: the hot store.
+        url: the hot store's URL.
+    """
+
+    def __init__(self, hot: Store, *, own_hot: bool = True) -> None:
+        self.hot = hot
+        self.url = hot.url
+        self._own_hot = own_hot
+        self._lock = threading.RLock()
+        self._override: Store | None = None
+        self._colds: dict[str, Store] = {}
+        self._catalog_at = float("-inf")
+        self._rows: dict[str, ArchiveRow] = {}
+        self._manifests: dict[str, Manifest] = {}
+        self._by_cp: dict[str, tuple[str, CheckpointRow]] = {}
+        self._by_obj: dict[str, tuple[str, PackEntry]] = {}
+        self._packs: OrderedDict[str, bytes] = OrderedDict()
+        self.catalog_errors: list[str] = []
+
+    # -- catalog ------------------------------------------------------------------------------
+
+    def _catalog(self, *, refresh: bool = False) -> None:
+        with self._lock:
+            if not refresh and time.monotonic() - self._catalog_at < CATALOG_TTL_S:
+                return
+            rows = {r.archive_id: r for r in self.hot.list_archives()}
+            by_cp: dict[str, tuple[str, CheckpointRow]] = {}
+            by_obj: dict[str, tuple[str, PackEntry]] = {}
+            errors = []
+            for aid, row in rows.items():
+                m = self._manifests.get(aid)
+                if m is None:
+                    try:
+                        m = self._manifests[aid] = manifest_of(row)
+                    except OvernightError as exc:
+                        errors.append(f"archive {aid} of task {row.task_id!r}: {exc.message}")
+                        continue
+                for cp in m.checkpoints:
+                    by_cp.setdefault(cp.checkpoint_id, (aid, cp))
+                for e in m.objects:
+                    by_obj.setdefault(e.digest, (aid, e))
+            self._rows, self._by_cp, self._by_obj, self.catalog_errors = rows, by_cp, by_obj, errors
+            self._catalog_at = time.monotonic()
+
+    def _fresh_catalog(self) -> None:
+        """Re-read the catalog after a miss, unless it was read within :data:`CATALOG_TTL_S`."""
+        self._catalog()
+
+    def archives(self, task_id: str) -> list[tuple[ArchiveRow, Manifest]]:
+        """The task's archive runs in the hot catalog, oldest first, with their manifests."""
+        self._catalog(refresh=True)
+        with self._lock:
+            return [(r, self._manifests[a]) for a, r in self._rows.items()
+                    if r.task_id == task_id and a in self._manifests]
+
+    def archived_rows(self, task_id: str) -> list[CheckpointRow]:
+        """Checkpoint records of the task that the catalog lists (some may be in hot too)."""
+        self._catalog(refresh=True)
+        with self._lock:
+            return [row for _, row in self._by_cp.values() if row.task_id == task_id]
+
+    def archived(self, checkpoint_id: str) -> tuple[ArchiveRow, Manifest, CheckpointRow] | None:
+        """Where the catalog has ``checkpoint_id``: ``(row, manifest, record)``, or None."""
+        self._fresh_catalog()
+        with self._lock:
+            hit = self._by_cp.get(checkpoint_id)
+            if hit is None:
+                return None
+            return self._rows[hit[0]], self._manifests[hit[0]], hit[1]
+
+    def journal_of(self, checkpoint_id: str) -> list[JournalRow]:
+        """The archived journal rows of ``checkpoint_id``."""
+        hit = self.archived(checkpoint_id)
+        return [] if hit is None else [j for j in hit[1].journal if j.checkpoint_id == checkpoint_id]
+
+    # -- cold stores and packs ----------------------------------------------------------------
+
+    def use_cold(self, cold: Store | str) -> Store:
+        """Read every pack from ``cold`` instead of the location the catalog recorded (a cold store
+        that moved; ``overnight restore --cold URL``); returns that store."""
+        self._override = cold if not isinstance(cold, str) else self._remember(cold, open_existing(cold))
+        return self._override
+
+    def _remember(self, location: str, store: Store) -> Store:
+        self._colds[location] = store
+        return store
+
+    def cold(self, location: str, *, create: bool = False) -> Store:
+        """The cold store at ``location`` (opened once; the override of :meth:`use_cold` wins).
+
+        Raises:
+            ConfigError: a ``file://`` or ``sqlite://`` cold store that does not exist, unless
+                ``create`` (``archive`` creates it; a reader must not: a cold store that moved or
+                is not mounted is an error, not an empty store).
+        """
+        if self._override is not None:
+            return self._override
+        with self._lock:
+            store = self._colds.get(location)
+            if store is None:
+                from overnight.store import open_store
+
+                store = self._remember(location, open_store(location) if create else open_existing(location))
+            return store
+
+    def pack(self, row: ArchiveRow, manifest: Manifest) -> bytes:
+        """The pack of an archive run, read whole from its cold store and verified.
+
+        Raises:
+            MissingObject / DigestMismatch: the pack is missing from the cold store or damaged.
+            ConfigError: the cold store cannot be opened.
+        """
+        from overnight.store.blobs import BlobReader
+
+        assert manifest.pack is not None
+        key = manifest.pack["digest"]
+        with self._lock:
+            data = self._packs.get(key)
+            if data is not None:
+                self._packs.move_to_end(key)
+                return data
+        data = BlobReader(self.cold(row.location)).get(key, f"pack of archive {row.archive_id} (task {row.task_id!r})")
+        with self._lock:
+            self._packs[key] = data
+            while len(self._packs) > PACKS_IN_MEMORY:
+                self._packs.popitem(last=False)
+        return data
+
+    def _from_packs(self, digests: list[str]) -> dict[str, ObjectRecord]:
+        self._fresh_catalog()
+        out: dict[str, ObjectRecord] = {}
+        with self._lock:
+            hits = {d: self._by_obj[d] for d in digests if d in self._by_obj}
+        for d, (aid, entry) in hits.items():
+            row, m = self._rows[aid], self._manifests[aid]
+            # a missing or damaged pack raises (naming it): its objects are damaged, not absent
+            out[d] = read_entry(self.pack(row, m), entry)
+        return out
+
+    # -- objects ------------------------------------------------------------------------------
+
+    def missing_objects(self, digests: Iterable[str]) -> set[str]:
+        missing = self.hot.missing_objects(digests)
+        if missing:
+            self._fresh_catalog()
+            with self._lock:
+                missing = {d for d in missing if d not in self._by_obj}
+        return missing
+
+    def get_objects(self, digests: Iterable[str]) -> dict[str, ObjectRecord]:
+        wanted = list(dict.fromkeys(digests))
+        found = self.hot.get_objects(wanted)
+        rest = [d for d in wanted if d not in found]
+        if rest:
+            found.update(self._from_packs(rest))
+        return found
+
+    # -- checkpoints and refs -----------------------------------------------------------------
+
+    def get_checkpoint(self, checkpoint_id: str) -> CheckpointRow:
+        try:
+            return self.hot.get_checkpoint(checkpoint_id)
+        except CheckpointNotFound:
+            hit = self.archived(checkpoint_id)
+            if hit is None:
+                raise
+            return hit[2]
+
+    def list_checkpoints(self, task_id: str) -> list[CheckpointRow]:
+        rows = {r.checkpoint_id: r for r in self.hot.list_checkpoints(task_id)}
+        for r in self.archived_rows(task_id):
+            rows.setdefault(r.checkpoint_id, r)
+        return sorted(rows.values(), key=lambda r: (r.seq, r.created_at, r.checkpoint_id))
+
+    # -- tasks and journal --------------------------------------------------------------------
+
+    def journal(self, task_id: str) -> list[JournalRow]:
+        rows = self.hot.journal(task_id)
+        have = {(j.checkpoint_id, j.step_key) for j in rows}
+        self._catalog(refresh=True)
+        with self._lock:
+            manifests = [self._manifests[a] for a, r in self._rows.items()
+                         if r.task_id == task_id and a in self._manifests]
+        for m in manifests:
+            for j in m.journal:
+                if (j.checkpoint_id, j.step_key) not in have:
+                    have.add((j.checkpoint_id, j.step_key))
+                    rows.append(j)
+        return sorted(rows, key=lambda j: j.seq)
+
+    # -- archives -----------------------------------------------------------------------------
+
+    def put_archive(self, row: ArchiveRow) -> None:
+        self.hot.put_archive(row)
+        self._catalog_at = float("-inf")
+
+    def delete_archive(self, task_id: str, archive_id: str) -> None:
+        self.hot.delete_archive(task_id, archive_id)
+        self._catalog_at = float("-inf")
+
+    # -- housekeeping -------------------------------------------------------------------------
+
+    def stored_bytes(self) -> int:
+        """Bytes of the hot store (cold stores are not counted)."""
+        return self.hot.stored_bytes()
+
+    def close(self) -> None:
+        for store in list(self._colds.values()):
+            store.close()
+        self._colds.clear()
+        self._packs.clear()
+        if self._own_hot:
+            self.hot.close()
+
+    def __repr__(self) -> str:
+        return f"TieredStore({self.hot!r})"
+
+
+def tiered(store: Store, *, own: bool = True) -> TieredStore:
+    """``store`` wrapped in a :class:`TieredStore` (returned as is if it already is one)."""
+    return store if isinstance(store, TieredStore) else TieredStore(store, own_hot=own)

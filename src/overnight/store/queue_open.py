@@ -1,0 +1,43 @@
+"""The queue of a store: which implementation serves it (SQLite or PostgreSQL), and a task's
+status read through it. Kept apart from :mod:`overnight.store.queue` (the queue's rows and
+statuses) so the implementations import that module and this one imports them, without a cycle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from overnight.store.queue import describe
+
+
+def queue_for(store: Any) -> Any | None:
+    """The queue of a store (its hot store when tiered): a :class:`~overnight.store.queue_sqlite.SQLiteQueue`
+    or :class:`~overnight.store.queue_postgres.PostgresQueue`, or None for a store kind without one."""
+    base = getattr(store, "hot", store)
+    base = getattr(base, "primary", base)
+    from overnight.store.sqlite import SQLiteStore
+
+    if isinstance(base, SQLiteStore):
+        from overnight.store.queue_sqlite import SQLiteQueue
+
+        return SQLiteQueue(base)
+    try:
+        from overnight.store.postgres import PostgresStore
+    except ImportError:
+        return None
+    if isinstance(base, PostgresStore):
+        from overnight.store.queue_postgres import PostgresQueue
+
+        return PostgresQueue(base)
+    return None
+
+
+def task_status(store: Any, task_id: str, *, complete: bool) -> str | None:
+    """:func:`describe` for a task of ``store``, or None when the store has no queue (then the
+    caller's own status stands)."""
+    q = queue_for(store)
+    if q is None:
+        return None
+    return describe(q.get(task_id), q.lease(task_id), complete=complete)
+
+
+__all__ = ["queue_for", "task_status"]

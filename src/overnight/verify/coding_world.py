@@ -1,0 +1,319 @@
+"""The world of a coding task, and what changed in it, in words an agent can act on.
+
+A coding agent's task depends on the repository it edits, not on installed Python packages. Its
+world fingerprint is the ordinary :class:`~overnight.chain.records.WorldDoc` (so ``overnight
+verify`` and ``status`` read it like any other), filled from the project:
+
+=========== =====================================================================================
+component   what is recorded
+=========== =====================================================================================
+code        ``git``: HEAD commit, current branch, the heads of ``main``/``master``/``trunk``, and the
+            SHA-256 of every tracked file with uncommitted changes (``git status``; untracked files
+            are not read). ``None`` outside a git work tree.
+deps        lock files in the project root (:data:`LOCK_FILES`: Python's, npm/yarn/pnpm/bun,
+            Cargo, Go, Bundler, Composer, Nix ...) by SHA-256; no installed packages (a coding
+            agent's project is not the Python that runs overnight)
+env         Python/platform of the server, and declared environment variables as keyed digests
+            (:func:`overnight.verify.fingerprint.keyed`: never their values)
+inputs      declared input files or directories, project-relative, by digest
+=========== =====================================================================================
+
+:func:`drift` compares a recorded world with the world now: the generic comparison
+(:func:`overnight.verify.drift.detect`) for lock files, env and inputs, plus git -- how many commits
+a branch moved, which files those commits and the working tree changed -- and which todo items
+mention a changed file. Everything here runs ``git`` as a subprocess (never the network) and
+hashes local files only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from overnight.verify.fingerprint import LOCK_FILES as PY_LOCK_FILES
+from overnight.verify.fingerprint import LOCK_GLOBS, MISSING, digest_path, keyed, runtime
+
+LOCK_FILES = (*PY_LOCK_FILES, "package-lock.json", "npm-shrinkwrap.json", "yarn.lock", "pnpm-lock.yaml",
+              "bun.lockb", "bun.lock", "deno.lock", "Cargo.lock", "go.sum", "Gemfile.lock", "composer.lock",
+              "flake.lock", "mix.lock", "Package.resolved", "packages.lock.json", "gradle.lockfile")
+"""Lock files recorded (in the project root, not recursively), besides ``requirements*.txt``."""
+
+TRUNKS = ("main", "master", "trunk")
+"""Branches whose heads are recorded even when the agent works on another one ("main moved 3 commits")."""
+
+GIT_TIMEOUT_S = 10.0
+
+
+KIND = "coding-agent-task"
+"""``spec["kind"]`` of a task written by the MCP server or the hooks (:mod:`overnight.mcp.tasks`)."""
+
+
+def _git(root: Path, *args: str) -> str | None:
+    """``git -C root ARGS`` stdout, or None when git is missing, fails or ``root`` is no work tree."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=GIT_TIMEOUT_S,
+                             env={**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"})
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.decode("utf-8", "surrogateescape")
+
+
+def project_root(start: str | os.PathLike) -> Path:
+    """The git work tree's top level containing ``start``, else ``start`` itself (absolute, resolved)."""
+    top = _git(Path(start), "rev-parse", "--show-toplevel")
+    return Path(top.strip()).resolve() if top and top.strip() else Path(start).resolve()
+
+
+def git_state(root: Path) -> dict[str, Any] | None:
+    """``{"head", "branch", "trunks": {name: sha}, "dirty": {path: digest}}`` of the work tree at
+    ``root`` (``head`` None before the first commit, ``branch`` None when detached), or None when
+    ``root`` is not in a git work tree. Two ``git`` processes; dirty files hashed from disk (a
+    deleted one is ``"missing"``)."""
+    status = _git(root, "status", "--porcelain=v2", "--branch", "-z", "--untracked-files=no")
+    if status is None:
+        return None
+    head = branch = None
+    dirty: dict[str, str] = {}
+    fields = status.split("\0")
+    i = 0
+    while i < len(fields):
+        f = fields[i]
+        i += 1
+        if f.startswith("# branch.oid "):
+            oid = f[len("# branch.oid "):]
+            head = None if oid == "(initial)" else oid
+        elif f.startswith("# branch.head "):
+            name = f[len("# branch.head "):]
+            branch = None if name == "(detached)" else name
+        elif f[:2] in ("1 ", "u "):
+            path = f.split(" ", 8 if f[0] == "1" else 10)[-1]
+            dirty[path] = digest_path(root / path)
+        elif f[:2] == "2 ":
+            path = f.split(" ", 9)[-1]
+            dirty[path] = digest_path(root / path)
+            i += 1  # the rename's original path
+    return {"head": head, "branch": branch, "trunks": _trunks(root), "dirty": dict(sorted(dirty.items()))}
+
+
+def _common_dir(root: Path) -> Path | None:
+    """The repository's common git directory (where ``refs/`` and ``packed-refs`` live), found
+    without running git: ``.git`` itself, or for a linked work tree the ``gitdir:`` it names and
+    that one's ``commondir``."""
+    dot = root / ".git"
+    try:
+        if dot.is_file():
+            text = dot.read_text("utf-8").strip()
+            if not text.startswith("gitdir:"):
+                return None
+            gitdir = (root / text[len("gitdir:"):].strip()).resolve()
+        else:
+            gitdir = dot
+        common = gitdir / "commondir"
+        return (gitdir / common.read_text("utf-8").strip()).resolve() if common.is_file() else gitdir
+    except OSError:
+        return None
+
+
+def _trunks(root: Path) -> dict[str, str]:
+    """``name -> sha`` of the :data:`TRUNKS` branches that exist. Read from the loose ref files and
+    ``packed-refs`` (one ``git`` process less per checkpoint); through ``git for-each-ref`` when the
+    layout is not the files backend (reftable) or cannot be read."""
+    common = _common_dir(root)
+    if common is not None and not (common / "reftable").exists():
+        found: dict[str, str] = {}
+        try:
+            for t in TRUNKS:
+                loose = common / "refs" / "heads" / t
+                if loose.is_file():
+                    found[t] = loose.read_text("ascii").strip()
+            packed = common / "packed-refs"
+            if packed.is_file() and len(found) < len(TRUNKS):
+                for line in packed.read_text("utf-8", "replace").splitlines():
+                    sha, _, ref = line.partition(" ")
+                    if ref.startswith("refs/heads/") and ref[11:] in TRUNKS:
+                        found.setdefault(ref[11:], sha)
+            if all(re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?", v) for v in found.values()):
+                return dict(sorted(found.items()))
+        except OSError:
+            pass
+    trunks: dict[str, str] = {}
+    refs = _git(root, "for-each-ref", "--format=%(refname:short) %(objectname)", *(f"refs/heads/{t}" for t in TRUNKS))
+    for line in (refs or "").splitlines():
+        name, _, sha = line.partition(" ")
+        if name and sha:
+            trunks[name] = sha
+    return trunks
+
+
+def lock_files(root: Path) -> dict[str, str]:
+    """``name -> digest`` of the lock files in ``root``."""
+    found = {n: digest_path(root / n) for n in LOCK_FILES if (root / n).is_file()}
+    for pattern in LOCK_GLOBS:
+        found.update({p.name: digest_path(p) for p in sorted(root.glob(pattern)) if p.is_file()})
+    return dict(sorted(found.items()))
+
+
+def world(root: Path, *, inputs: list[str] = (), env: list[str] = (), salt: bytes = b"") -> dict[str, Any]:  # type: ignore[assignment]
+    """The world fingerprint of a coding task now: a :class:`~overnight.chain.records.WorldDoc` tree
+    (module docstring). ``inputs`` are project-relative paths, ``env`` variable names."""
+    return {
+        "format": 1,
+        "code": {"task": "1", "steps": {}, "git": git_state(root)},
+        "deps": {"packages": {}, "locks": lock_files(root)},
+        "env": {**runtime(), "vars": {n: keyed(salt, n, os.environ.get(n)) for n in sorted(env)}},
+        "inputs": {p: digest_path(root / p) for p in sorted(inputs)},
+    }
+
+
+@dataclass
+class CodingDrift:
+    """What changed since a checkpoint, for a coding agent.
+
+    Attributes:
+        lines: the report in words, most important first ("main moved 3 commits (...)", "uv.lock
+            changed", "todo items 2 and 5 mention files that changed: ...").
+        items: one ``{"component", "key", "old", "new"}`` per change (as ``overnight status --drift``).
+        changed_files: project-relative paths that changed (commits, working tree, lock files,
+            declared inputs), sorted.
+        todo: ``{"index" (1-based), "item", "files"}`` for each todo item that mentions one of them.
+    """
+
+    checkpoint_id: str | None
+    lines: list[str] = field(default_factory=list)
+    items: list[dict[str, Any]] = field(default_factory=list)
+    changed_files: list[str] = field(default_factory=list)
+    todo: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def drifted(self) -> bool:
+        return bool(self.items)
+
+    def describe(self) -> str:
+        return "\n".join(self.lines) if self.lines else "no drift: the project is as the checkpoint recorded it"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"checkpoint_id": self.checkpoint_id, "drifted": self.drifted, "lines": self.lines,
+                "items": self.items, "changed_files": self.changed_files, "todo": self.todo}
+
+
+def _short(sha: str | None) -> str:
+    return sha[:7] if sha else "none"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _some(names: list[str], limit: int = 6) -> str:
+    return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _commits(root: Path, old: str, new: str) -> tuple[str, list[str]]:
+    """How ``old`` relates to ``new`` in words, and the files that differ between them."""
+    if _git(root, "cat-file", "-e", f"{old}^{{commit}}") is None:
+        return f"{_short(old)} -> {_short(new)} (the old commit is no longer in the repository)", []
+    files = [f for f in (_git(root, "diff", "--name-only", "-z", old, new) or "").split("\0") if f]
+    if _git(root, "merge-base", "--is-ancestor", old, new) is not None:
+        n = int((_git(root, "rev-list", "--count", f"{old}..{new}") or "0").strip() or 0)
+        return f"moved {_plural(n, 'commit')} ({_short(old)} -> {_short(new)})", files
+    if _git(root, "merge-base", "--is-ancestor", new, old) is not None:
+        n = int((_git(root, "rev-list", "--count", f"{new}..{old}") or "0").strip() or 0)
+        return f"moved back {_plural(n, 'commit')} ({_short(old)} -> {_short(new)}: a reset)", files
+    return (f"moved to {_short(new)}, which does not contain {_short(old)} (a rebase, a reset or another "
+            f"branch)"), files
+
+
+def _mentions(text: str, path: str) -> bool:
+    """Does a todo item's text name ``path`` (the path itself, or its file name when that has an
+    extension and 4+ characters)?"""
+    if path in text:
+        return True
+    name = path.rsplit("/", 1)[-1]
+    return "." in name and len(name) >= 4 and re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", text) is not None
+
+
+def drift(root: Path, recorded: dict[str, Any] | None, now: dict[str, Any], *, checkpoint_id: str | None,
+          todo: list[str], salt: bytes = b"") -> CodingDrift:
+    """Compare the world recorded with a checkpoint (None: none was recorded) with ``now``
+    (:func:`world`); ``todo`` is the checkpoint's todo list, in order."""
+    from overnight.verify.drift import detect
+
+    out = CodingDrift(checkpoint_id)
+    if recorded is None:
+        out.lines.append("this checkpoint recorded no world fingerprint: drift cannot be checked")
+        return out
+    changed: set[str] = set()
+    rg, ng = recorded["code"].get("git"), now["code"].get("git")
+    if rg is not None and ng is None:
+        out.lines.append("the project is no longer a git work tree")
+        out.items.append({"component": "code", "key": "git", "old": rg.get("head"), "new": None})
+    elif rg is not None and ng is not None:
+        if rg["branch"] != ng["branch"]:
+            out.lines.append(f"branch changed: {rg['branch'] or '(detached)'} -> {ng['branch'] or '(detached)'}")
+            out.items.append({"component": "code", "key": "git branch", "old": rg["branch"], "new": ng["branch"]})
+        if rg["head"] != ng["head"] and ng["head"] and rg["head"]:
+            how, files = _commits(root, rg["head"], ng["head"])
+            on = f" ({ng['branch']})" if ng["branch"] else ""
+            out.lines.append(f"HEAD{on} {how}"
+                             + (f", changing {_plural(len(files), 'file')}: {_some(files)}" if files else ""))
+            out.items.append({"component": "code", "key": "git HEAD", "old": rg["head"], "new": ng["head"]})
+            changed.update(files)
+        for name, old in sorted(rg.get("trunks", {}).items()):
+            new = ng.get("trunks", {}).get(name)
+            if new != old and name != ng["branch"]:
+                how = _commits(root, old, new)[0] if new else "was deleted"
+                out.lines.append(f"{name} {how}")
+                out.items.append({"component": "code", "key": f"git {name}", "old": old, "new": new})
+        dirty = [p for p in sorted(set(rg["dirty"]) | set(ng["dirty"]))
+                 if rg["dirty"].get(p) != ng["dirty"].get(p) and not (p in changed and p not in ng["dirty"])]
+        if dirty:
+            out.lines.append(f"working tree: {_plural(len(dirty), 'file')} changed since the checkpoint "
+                             f"(uncommitted edits made, changed or dropped): {_some(dirty)}")
+            for p in dirty:
+                out.items.append({"component": "code", "key": f"file {p}", "old": rg["dirty"].get(p, "committed"),
+                                  "new": ng["dirty"].get(p, "committed")})
+            changed.update(dirty)
+    report = detect(checkpoint_id=checkpoint_id, recorded=recorded, now=now, done=[], step_versions={}, exports={},
+                    salt=salt, sources={})
+    locks, inputs, env = [], [], []
+    for it in report.items:
+        if it.warning:
+            continue
+        out.items.append({"component": it.component, "key": it.key, "old": it.old, "new": it.new})
+        if it.key.startswith("lock file "):
+            name = it.key[len("lock file "):]
+            state = "appeared" if it.old == MISSING else "was removed" if it.new == MISSING else "changed"
+            locks.append(f"{name} {state}")
+            changed.add(name)
+        elif it.component == "inputs":
+            state = "was removed" if it.new == MISSING else "changed"
+            inputs.append(f"{it.key} {state}")
+            changed.add(it.key)
+        elif it.component == "env":
+            env.append(f"{it.key} {it.old} -> {it.new}" if it.key in ("python", "implementation", "platform")
+                       else f"{it.key} changed" if "unset" not in (it.old, it.new)
+                       else f"{it.key} {'was unset' if it.new == 'unset' else 'was set'}")
+    if locks:
+        out.lines.append("; ".join(locks) + " (dependencies may differ: reinstall before running tests)")
+    if inputs:
+        out.lines.append("declared inputs: " + "; ".join(inputs))
+    if env:
+        out.lines.append("environment: " + "; ".join(env))
+    out.changed_files = sorted(changed)
+    for i, text in enumerate(todo, 1):
+        files = [f for f in out.changed_files if _mentions(text, f)]
+        if files:
+            out.todo.append({"index": i, "item": text, "files": files})
+    if out.todo:
+        idx = [str(t["index"]) for t in out.todo]
+        which = idx[0] if len(idx) == 1 else ", ".join(idx[:-1]) + " and " + idx[-1]
+        files = sorted({f for t in out.todo for f in t["files"]})
+        out.lines.append(f"todo item{'s' if len(idx) > 1 else ''} {which} mention{'' if len(idx) > 1 else 's'} "
+                         f"files that changed: {_some(files)} -- re-read them before continuing")
+    return out
