@@ -91,6 +91,9 @@ def test_worker_runs_queued_tasks_and_ls_shows_them(tmp_path: Path, sqlite_url: 
     assert {t["status"] for t in ls} == {"complete"}
     workers = json.loads(cli(tmp_path, "workers", "--store", sqlite_url, "--json").stdout)
     assert [(x["worker_id"], x["state"]) for x in workers] == [("solo", "stopped")]
+    # rm takes the queue row too: no worker claims (and re-creates) the deleted task
+    assert cli(tmp_path, "rm", ids[0], "--yes", "--store", sqlite_url).returncode == 0
+    assert ids[0] not in queue_rows(sqlite_url) and set(ids[1:]) <= set(queue_rows(sqlite_url))
 
 
 def test_poison_unimportable_and_failing_tasks_are_parked(tmp_path: Path, sqlite_url: str) -> None:

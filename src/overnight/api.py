@@ -1045,8 +1045,8 @@ def _all_leases(s: Store, task_id: str, force: bool) -> Iterator[None]:
 def rm(task_id: str, *, store: Store | str | None = None, dry_run: bool = False, force: bool = False,
        grace: str | float = collecting.DEFAULT_GRACE_S,
        on_progress: Callable[[int, int], None] | None = None) -> RmReport:
-    """Delete a task -- its record, branches, leases, checkpoints, journal and archive catalog rows
-    -- and then the objects no other task needs (those stored less than ``grace`` ago stay for
+    """Delete a task -- its record, branches, leases, checkpoints, journal, archive catalog rows and
+    queue row (a submitted task) -- and then the objects no other task needs (those stored less than ``grace`` ago stay for
     ``gc``). A cold store it was archived to is not touched.
 
     Raises:
@@ -1059,7 +1059,11 @@ def rm(task_id: str, *, store: Store | str | None = None, dry_run: bool = False,
         if dry_run:
             return collecting.remove_task(s, task_id, apply=False, grace_s=grace_s, on_progress=on_progress)
         with _all_leases(s, task_id, force):
-            return collecting.remove_task(s, task_id, apply=True, grace_s=grace_s, on_progress=on_progress)
+            report = collecting.remove_task(s, task_id, apply=True, grace_s=grace_s, on_progress=on_progress)
+            q = queue_for(s)
+            if q is not None:  # a submitted task: no worker may claim (and so re-create) it again
+                q.delete(task_id)
+            return report
 
 
 def archive(task_id: str, *, cold: str, store: Store | str | None = None, keep_last: int | None = None,

@@ -235,6 +235,15 @@ class SqlQueue:
                         (task_id,))
         return self._must(task_id)
 
+    def delete(self, task_id: str) -> bool:
+        """Remove the task's queue row (``overnight rm``, which holds the task's leases): no worker
+        claims it again. True when there was one."""
+        if self.absent:
+            return False
+        with self._tx() as cur:
+            cur.execute(self._sql("DELETE FROM {s}.queue WHERE task_id=?"), (task_id,))
+            return cur.rowcount > 0
+
     def _must(self, task_id: str) -> QueuedTask:
         row = self.get(task_id)
         if row is None:
