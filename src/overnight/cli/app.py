@@ -652,7 +652,7 @@ def rm(
     as_json: bool = JsonOpt,
     quiet: bool = PlainQuietOpt,
 ) -> None:
-    """Delete a task: its checkpoints, branches, leases, journal and archive catalog, then the
+    """Delete a task: its checkpoints, branches, leases, journal, archive catalog and queue row, then the
     objects no other task needs. Asks first (--yes to skip); refuses while a run holds the task
     (--force to override). A cold store it was archived to is not touched."""
     try:
