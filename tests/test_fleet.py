@@ -96,6 +96,23 @@ def test_worker_runs_queued_tasks_and_ls_shows_them(tmp_path: Path, sqlite_url: 
     assert ids[0] not in queue_rows(sqlite_url) and set(ids[1:]) <= set(queue_rows(sqlite_url))
 
 
+def test_submitted_tasks_resume_and_check_drift_under_their_own_ids(tmp_path: Path, sqlite_url: str) -> None:
+    """A task submitted under another id than its definition's (``--id``, or the default id with
+    the params' digest) is resumable and checkable by that id: the spec records the definition and
+    the params, so ``resume`` and ``status --drift`` load the definition and give it the id."""
+    named = _submit(tmp_path, sqlite_url, "--id", "c1", "--param", "steps=2")["task_id"]
+    digest_id = _submit(tmp_path, sqlite_url, "--param", "steps=3")["task_id"]
+    assert named == "c1" and digest_id.startswith("chaos-")
+    w = start_worker(tmp_path, sqlite_url, "--idle-exit", "2")
+    assert w.wait(timeout=120) == 0, (tmp_path / "w.err").read_text()
+    for tid, n in ((named, 2), (digest_id, 3)):
+        st = cli(tmp_path, "status", tid, "--drift", "--store", sqlite_url)
+        assert st.returncode == 0, st.stderr
+        res = cli(tmp_path, "resume", tid, "--store", sqlite_url)
+        assert res.returncode == 0, res.stderr
+        assert chain_check(sqlite_url, tid)["state"] == {f"w{i}": i * i for i in range(n)}
+
+
 def test_poison_unimportable_and_failing_tasks_are_parked(tmp_path: Path, sqlite_url: str) -> None:
     poison = _submit(tmp_path, sqlite_url, "--id", "poison", "--param", "mode=poison")["task_id"]
     failing = _submit(tmp_path, sqlite_url, "--id", "failing", "--param", "mode=fail")["task_id"]

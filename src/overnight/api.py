@@ -198,7 +198,7 @@ def resume(
         medium = medium_for(s.hot, task_id, write=False)
         reader = s if medium is s.hot else medium
         row = reader.get_task(task_id)
-        verified = None
+        verified = spec = None
         head = None
         if entry is None and row.entry:
             # loaded and verified once: the runner starts from it when the branch ref still names it
@@ -208,8 +208,10 @@ def resume(
             loaded, fallback = load_head(reader, task_id, branch, key=signing_key_from_env(), deep=False,
                                          verified=known)
             verified = _spec_entry(loaded)
+            spec = _spec_of(loaded)
             head = (loaded, fallback, known) if reader is s else None
-        task = load_stored_task(task_id, recorded=row.entry, verified=verified, override=entry)
+        task = load_stored_task(task_id, recorded=row.entry, verified=verified, override=entry,
+                                spec=spec)
         if task is None:
             raise _no_code(row, "resume")
         return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift,
@@ -217,10 +219,15 @@ def resume(
                       allow_rollback=allow_rollback, head=head).run()
 
 
-def _spec_entry(loaded: Any) -> str | None:
-    """The code location in a verified checkpoint's spec (covered by its digest and signature)."""
+def _spec_of(loaded: Any) -> dict[str, Any] | None:
+    """A verified checkpoint's task spec (covered by its digest and signature), if it is a dict."""
     spec = loaded.state_tree["task"]["spec"]
-    found = spec.get("entry") if isinstance(spec, dict) else None
+    return spec if isinstance(spec, dict) else None
+
+
+def _spec_entry(loaded: Any) -> str | None:
+    """The code location in a verified checkpoint's spec."""
+    found = (_spec_of(loaded) or {}).get("entry")
     return found if isinstance(found, str) else None
 
 
@@ -726,7 +733,7 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
             rep.status = task_status(s, task_id, complete=not st.todo) or rep.status
         if drift:
             task = load_stored_task(task_id, recorded=s.get_task(task_id).entry, verified=_spec_entry(loaded),
-                                    override=entry, checkpoint_id=loaded.id)
+                                    override=entry, checkpoint_id=loaded.id, spec=_spec_of(loaded))
             if task is None:
                 if _coding_drift(rep, loaded):
                     return rep

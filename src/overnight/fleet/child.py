@@ -73,7 +73,8 @@ def _load(entry: str, task_id: str, params: dict):
         path = entry_path(entry)
         where = f"{path}:{attr}" if attr else str(path)
     task = load_task(where)
-    task = dataclasses.replace(task, id=task_id, params=dict(params))
+    task = dataclasses.replace(task, id=task_id, params=dict(params),
+                               definition=task.id if task.id != task_id else None)
     task.entry = entry
     return task
 

@@ -18,6 +18,7 @@ then needs ``--file`` to resume).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
@@ -26,6 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from overnight.codec.canonical import from_tree
 from overnight.codec.registry import file_module_name
 from overnight.config import find_file
 from overnight.errors import CodeLocationRefused, ConfigError, EntryMismatch, OvernightError
@@ -238,7 +240,7 @@ def main_entry(task: Task) -> str | None:
 
 
 def load_stored_task(task_id: str, *, recorded: str | None, verified: str | None, override: str | None = None,
-                     checkpoint_id: str | None = None) -> Task | None:
+                     checkpoint_id: str | None = None, spec: dict[str, Any] | None = None) -> Task | None:
     """Load the code of a stored task: ``override`` (the user's ``--file``) as given; else the
     location the store records, after checking it (None when none is recorded).
 
@@ -246,6 +248,9 @@ def load_stored_task(task_id: str, *, recorded: str | None, verified: str | None
         recorded: the store's task row entry (not covered by any digest).
         verified: the entry in the verified head's spec (None: a task created before the spec
             recorded it; the row's is then checked for location only).
+        spec: the verified head's spec. A submitted task (``overnight submit``: the spec records
+            ``params`` or ``definition``) loads its definition and takes ``task_id`` and those
+            params, as the worker ran it.
 
     Raises:
         EntryMismatch: the row names another location than the verified checkpoint.
@@ -268,7 +273,16 @@ def load_stored_task(task_id: str, *, recorded: str | None, verified: str | None
     if _is_path(target):
         path = entry_path(where)
         where = f"{path}:{attr}" if attr else str(path)
-    task = load_task(where, task_id=task_id)
+    submitted = isinstance(spec, dict) and ("params" in spec or "definition" in spec)
+    task = load_task(where, task_id=None if submitted else task_id)
+    if submitted:
+        definition = spec.get("definition")  # type: ignore[union-attr]
+        if isinstance(definition, str) and task.id != definition:
+            raise ConfigError(f"{where} defines task {task.id!r}, not {definition!r} (task {task_id!r} was submitted "
+                              f"from {definition!r})", task_id=task_id, checkpoint_id=checkpoint_id)
+        params = from_tree(spec.get("params", {}), "task params")  # type: ignore[union-attr]
+        task = dataclasses.replace(task, id=task_id, params=dict(params),
+                                   definition=task.id if task.id != task_id else None)
     task.entry = recorded_entry(where)
     return task
 

@@ -184,6 +184,10 @@ class Task:
     params: dict[str, Any] = field(default_factory=dict)
     """Parameters of this submission (``overnight submit --params``), read by steps as
     ``ctx.params``; recorded in the spec, so part of every checkpoint's digest."""
+    definition: str | None = None
+    """The id of the task definition this task was submitted from, when it runs under another id
+    (``overnight submit --id``, or the default id with a digest of the params); recorded in the
+    spec, so ``resume`` and ``status --drift`` load that definition and give it this id."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", self.id):
@@ -268,6 +272,7 @@ class Task:
             "salt": secrets.token_hex(16),
             "entry": self.entry,
             **({"params": to_tree(self.params, "task params")} if self.params else {}),
+            **({"definition": self.definition} if self.definition else {}),
         }
 
     def initial_todo(self) -> list[dict[str, Any]]:
