@@ -137,18 +137,22 @@ def test_poison_unimportable_and_failing_tasks_are_parked(tmp_path: Path, sqlite
 
 
 def test_cancel_stops_at_a_step_boundary(tmp_path: Path, sqlite_url: str) -> None:
-    tid = _submit(tmp_path, sqlite_url, "--param", "steps=40", "--param", "sleep=0.3")["task_id"]
-    w = start_worker(tmp_path, sqlite_url, "--idle-exit", "2", "--lease", "3")
+    # the default lease (30 s: a heartbeat every 10 s) -- the session asks after every step, so the
+    # cancel lands at the next step boundary, not at the next heartbeat
+    tid = _submit(tmp_path, sqlite_url, "--param", "steps=40", "--param", "sleep=0.4")["task_id"]
+    w = start_worker(tmp_path, sqlite_url, "--idle-exit", "2")
     try:
         wait_until(lambda: len(side_log(tmp_path)) >= 2, 60, "two steps")
         assert cli(tmp_path, "cancel", tid, "--store", sqlite_url).returncode == 0
+        ran_at_cancel = len(side_log(tmp_path))
         assert w.wait(timeout=60) == 0
     finally:
         stop(w)
     row = queue_rows(sqlite_url)[tid]
     assert row.status == "cancelled"
     got = chain_check(sqlite_url, tid)
-    assert 2 <= len(got["done"]) < 41 and wasted(side_log(tmp_path)) == 0
+    assert len(side_log(tmp_path)) <= ran_at_cancel + 1  # the step in flight, then the boundary
+    assert len(got["done"]) == len(side_log(tmp_path)) + 1 and wasted(side_log(tmp_path)) == 0
     ls = {t["task_id"]: t["status"] for t in json.loads(cli(tmp_path, "ls", "--store", sqlite_url, "--json").stdout)}
     assert ls[tid] == "cancelled"
 

@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import traceback
+from typing import Any
 
 EXIT_STORE_GONE = 75
 
@@ -144,8 +145,18 @@ def main(argv: list[str]) -> int:
     mismatch = _params_mismatch(qstore, task_id, row.params)
     if mismatch is not None:
         return finish("failed", mismatch)
-    runner = Runner(task, store_url, lease_ttl_ms=ttl_ms, handle_signals=True)
     cancelled = threading.Event()
+
+    def at_step_end(ev: Any) -> None:  # `overnight cancel` takes effect at the next step boundary
+        if ev.kind == "step_end" and not cancelled.is_set():
+            try:
+                if q.cancel_requested(task_id, token):
+                    cancelled.set()
+                    runner.stop_requested = True
+            except (StoreError, StoreBusy):
+                pass  # the heartbeat asks again
+
+    runner = Runner(task, store_url, lease_ttl_ms=ttl_ms, handle_signals=True, on_event=at_step_end)
     lost = threading.Event()
     stop = threading.Event()
 

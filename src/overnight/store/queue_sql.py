@@ -146,6 +146,13 @@ class SqlQueue:
             cur.execute(self._sql("SELECT cancel_requested FROM {s}.queue WHERE task_id=?"), (task_id,))
             return bool(cur.fetchone()[0])
 
+    def cancel_requested(self, task_id: str, token: int) -> bool:
+        """Whether ``overnight cancel`` asked this claim's session to stop (one read; the session
+        asks after each step, so it stops at the next step boundary)."""
+        rows = self._read(self._sql("SELECT cancel_requested FROM {s}.queue WHERE task_id=? AND claim_token=?"),
+                          (task_id, token))
+        return bool(rows and rows[0][0])
+
     def _fenced(self, task_id: str, token: int, sets: str, args: tuple) -> bool:
         with self._tx() as cur:
             cur.execute(self._sql(f"UPDATE {{s}}.queue SET {sets} WHERE task_id=? AND claim_token=? "
