@@ -78,6 +78,10 @@ def test_worker_runs_queued_tasks_and_ls_shows_them(tmp_path: Path, sqlite_url: 
            for n in (2, 3, 4)]
     ls = cli(tmp_path, "ls", "--store", sqlite_url, "--json")
     assert {t["task_id"]: t["status"] for t in json.loads(ls.stdout)} == dict.fromkeys(ids, "queued")
+    st = cli(tmp_path, "status", ids[0], "--store", sqlite_url)  # submitted, not started: its queue state
+    assert st.returncode == 0 and "queued, no checkpoint yet" in st.stdout, st.stderr
+    shown = cli(tmp_path, "show", ids[0], "--store", sqlite_url)
+    assert shown.returncode == 2 and "submitted but has no checkpoint yet" in shown.stderr
     w = start_worker(tmp_path, sqlite_url, "--concurrency", "2", "--idle-exit", "2", "--worker-id", "solo")
     assert w.wait(timeout=120) == 0, (tmp_path / "w.err").read_text()
     rows = queue_rows(sqlite_url)

@@ -93,6 +93,11 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
     mistyped command) in front of ``exc.hint``."""
     if not exc.task_id:
         return
+    queued = _queued_only(s, exc.task_id)
+    if queued is not None:  # submitted, not started: no task row, no checkpoint yet
+        exc.hint = (f"it is submitted but has no checkpoint yet: {queued}; `overnight status {exc.task_id}` "
+                    "shows its queue state, `overnight worker` runs it")
+        return
     try:
         ids = [t.task_id for t in s.list_tasks()]
     except OvernightError:
@@ -100,6 +105,16 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
     close = _close(exc.task_id, ids)
     if close and "did you mean" not in (exc.hint or ""):
         exc.hint = f"did you mean {' or '.join(close)}?" + (f" {exc.hint}" if exc.hint else "")
+
+
+def _queued_only(s: Store, task_id: str) -> str | None:
+    """The queue status of a task that was submitted but has no checkpoint yet, else None."""
+    try:
+        q = queue_for(s)
+        row = q.get(task_id) if q is not None else None
+    except OvernightError:
+        return None
+    return describe(row, None, complete=False) if row is not None else None
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|hr|d|day|days|w|week|weeks)?\s*$")
@@ -649,7 +664,8 @@ def merge(task_id: str, source: str, *, into: str = "main", prefer: str | None =
 
 @dataclass
 class StatusReport:
-    """``overnight status``: where the task stands, and (with ``drift=True``) what drifted."""
+    """``overnight status``: where the task stands, and (with ``drift=True``) what drifted. A task
+    submitted but not started yet has no head: ``head`` is ``""`` and ``seq`` -1."""
 
     task_id: str
     branch: str
@@ -717,7 +733,14 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
     """
 
     with _opened(store, task_id=task_id, read_only=True) as s:
-        s.get_task(task_id)
+        try:
+            s.get_task(task_id)
+        except TaskNotFound:
+            queued = _queued_only(s, task_id)
+            if queued is None:
+                raise
+            return StatusReport(task_id, branch, "", -1, queued, 0, 0, [], [],
+                                drift_plan="not started: no checkpoint to compare with yet" if drift else None)
         key = signing_key_from_env()
         loaded, fallback = load_head(s, task_id, branch, key=key, deep=False)
         st = loaded.state

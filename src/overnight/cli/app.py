@@ -375,7 +375,12 @@ def status(
         return
     if rep.fell_back:
         render.out.print(f"[yellow]head {render.esc(rep.fell_back)}[/]")
-    render.out.print(f"[bold]{render.esc(rep.task_id)}[/] ({render.esc(rep.branch)}): {rep.status}, "
+    shown_status = render.esc(render.safe(rep.status).replace("\n", " "))  # a queue row's reason is stored data
+    if rep.seq < 0:  # submitted, not started
+        render.out.print(f"[bold]{render.esc(rep.task_id)}[/]: {shown_status}, no checkpoint yet "
+                         "(a worker has not started it)")
+        return
+    render.out.print(f"[bold]{render.esc(rep.task_id)}[/] ({render.esc(rep.branch)}): {shown_status}, "
                      f"{rep.done}/{rep.total} steps, head {rep.head[7:19]} (seq {rep.seq})")
     if rep.rollback:
         render.out.print(f"[red]rollback detected[/]: {render.esc(rep.rollback)} (`overnight resume` refuses it "
