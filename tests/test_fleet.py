@@ -314,3 +314,39 @@ def test_queue_row_params_changed_behind_the_task_are_refused(tmp_path: Path, sq
     assert w2.wait(timeout=60) == 0
     row = queue_rows(sqlite_url)[tid]
     assert row.status == "failed" and "params differ" in row.reason
+
+
+def test_a_forged_queue_row_cannot_make_a_worker_call_or_import_other_code(tmp_path: Path, sqlite_url: str) -> None:
+    """Whoever can write the store edits queue rows: a worker never imports or calls what a row
+    names unless it is a task (or a task factory) in the project, and a task that has checkpoints
+    runs only the code its verified head records -- the row naming another project file is refused
+    before that file is imported."""
+    import sqlite3
+
+    canary = tmp_path / "canary"
+    (tmp_path / "tasks" / "other.py").write_text(f"open({str(canary)!r}, 'w').write('imported')\n"
+                                                  + (tmp_path / "tasks" / "chaos.py").read_text())
+    (tmp_path / "tasks" / "helper.py").write_text(f"def main():\n    open({str(canary)!r}, 'w').write('called')\n")
+    forged = {
+        "own-web": "overnight.web.server:serve",      # overnight's own functions: never called
+        "own-main": "overnight.__main__:task",        # overnight's CLI entry: never imported
+        "helper": "tasks/helper.py:main",             # a project function that is not a task factory
+    }
+    done = _submit(tmp_path, sqlite_url, "--id", "has-history")["task_id"]  # claimed first: runs and completes
+    for tid in forged:
+        _submit(tmp_path, sqlite_url, "--id", tid)
+    w = start_worker(tmp_path, sqlite_url, "--idle-exit", "2", "--max-tasks", "1")
+    assert w.wait(timeout=120) == 0
+    path = sqlite_url.removeprefix("sqlite://")
+    with sqlite3.connect(path) as db:
+        for tid, entry in forged.items():
+            db.execute("UPDATE queue SET entry=? WHERE task_id=?", (entry, tid))
+        db.execute("UPDATE queue SET entry='tasks/other.py:task', status='queued' WHERE task_id=?", (done,))
+    w = start_worker(tmp_path, sqlite_url, "--idle-exit", "2", "--backoff", "0.1", name="w2")
+    assert w.wait(timeout=120) == 0, (tmp_path / "w2.err").read_text()
+    rows = queue_rows(sqlite_url)
+    for tid in [*forged, done]:
+        assert rows[tid].status == "failed" and rows[tid].reason.startswith("cannot import"), (tid, rows[tid])
+    assert "verified checkpoints say" in rows[done].reason  # EntryMismatch, before importing other.py
+    assert not canary.exists()
+    assert not (tmp_path / ".claude").exists()

@@ -20,7 +20,6 @@ crash, a store that went away -- is a *death*, which the worker counts
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import os
 import signal
 import sys
@@ -64,45 +63,47 @@ def forked(argv: list[str]) -> None:
     os._exit(code)
 
 
-def _load(entry: str, task_id: str, params: dict):
-    from overnight.runtime.loader import _is_path, _split, check_location, entry_path, load_task
-
-    check_location(entry, task_id=task_id)
-    target, attr = _split(entry)
-    where = entry
-    if _is_path(target):
-        path = entry_path(entry)
-        where = f"{path}:{attr}" if attr else str(path)
-    task = load_task(where)
-    task = dataclasses.replace(task, id=task_id, params=dict(params),
-                               definition=task.id if task.id != task_id else None)
-    task.entry = entry
-    return task
-
-
-def _params_mismatch(store, task_id: str, params: dict) -> str | None:  # type: ignore[no-untyped-def]
-    """Why the queue row's params cannot be used, or None: a task that already has checkpoints
-    runs with the params its verified head's spec records (the queue row is not covered by any
-    digest; a row changed behind the task's back must not change what its steps see)."""
-    from overnight.codec.canonical import to_tree
-    from overnight.errors import NotFound, OvernightError
-    from overnight.chain.read import load_head
+def _verified_spec(store, task_id: str) -> tuple[dict | None, str | None]:  # type: ignore[no-untyped-def]
+    """``(spec of the verified head, None)`` for a task that has checkpoints, ``(None, None)`` for a
+    new one, ``(None, why)`` when its head cannot be verified."""
     from overnight.chain.integrity import signing_key_from_env
+    from overnight.chain.read import load_head
+    from overnight.errors import NotFound, OvernightError
 
     try:
         if store.get_ref(task_id, "main") is None:
-            return None  # a new task: its first checkpoint records these params
+            return None, None  # a new task: its first checkpoint records the row's entry and params
         loaded, _ = load_head(store, task_id, "main", key=signing_key_from_env(), deep=False)
     except NotFound:
-        return None
+        return None, None
     except OvernightError as exc:
-        return f"cannot verify its head to check its params: {exc.message}"
+        return None, f"cannot verify its head to check its code location and params: {exc.message}"
     spec = loaded.state_tree["task"]["spec"]
-    recorded = spec.get("params", {}) if isinstance(spec, dict) else {}
-    if recorded != (to_tree(params, "task params") if params else {}):
-        return ("the queue row's params differ from those its verified checkpoints record; not running it "
-                "with unverified params")
-    return None
+    return (spec if isinstance(spec, dict) else {}), None
+
+
+def _load(entry: str, task_id: str, params: dict, spec: dict | None):  # type: ignore[no-untyped-def]
+    """The task a claim runs. A task with checkpoints runs the code and params its verified head's
+    spec records: the queue row (covered by no digest) must name the same location
+    (``EntryMismatch`` otherwise, before anything is imported) and the same params; a new task
+    runs the row's entry, which must lie in the project (``CodeLocationRefused``) and name a
+    task or a task factory."""
+    from overnight.codec.canonical import to_tree
+    from overnight.errors import ConfigError
+    from overnight.runtime.loader import load_stored_task
+
+    if spec is None:
+        task = load_stored_task(task_id, recorded=entry, verified=None, spec={"params": to_tree(params, "task params")})
+    else:
+        recorded = spec.get("params", {})
+        if recorded != (to_tree(params, "task params") if params else {}):
+            raise ConfigError("the queue row's params differ from those its verified checkpoints record; not "
+                              "running it with unverified params", task_id=task_id)
+        verified = spec.get("entry") if isinstance(spec.get("entry"), str) else None
+        task = load_stored_task(task_id, recorded=entry, verified=verified, spec=spec)
+    if task is None:
+        raise ConfigError("no code location recorded", task_id=task_id)
+    return task
 
 
 def main(argv: list[str]) -> int:
@@ -136,15 +137,14 @@ def main(argv: list[str]) -> int:
         except StoreError:
             return EXIT_STORE_GONE
 
+    spec, unverifiable = _verified_spec(qstore, task_id)
+    if unverifiable is not None:
+        return finish("failed", unverifiable)
     try:
-        task = _load(row.entry, task_id, row.params)
+        task = _load(row.entry, task_id, row.params, spec)
     except Exception as exc:  # noqa: BLE001 - any failure to import is the task's, not the worker's
         why = exc.message if isinstance(exc, OvernightError) else f"{type(exc).__name__}: {exc}"
         return finish("failed", f"cannot import {row.entry}: {why}")
-
-    mismatch = _params_mismatch(qstore, task_id, row.params)
-    if mismatch is not None:
-        return finish("failed", mismatch)
     cancelled = threading.Event()
 
     def at_step_end(ev: Any) -> None:  # `overnight cancel` takes effect at the next step boundary

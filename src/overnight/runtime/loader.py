@@ -119,7 +119,7 @@ def _inside(path: Path, folder: Path) -> bool:
 
 def check_location(entry: str, *, task_id: str | None = None, root: Path | None = None) -> None:
     """Refuse a code location read from stored data unless it lies inside the project root or
-    overnight's own package.
+    overnight's demo (``overnight demo``'s task; no other module of the package).
 
     Raises:
         CodeLocationRefused: naming the location, where it resolved, and how to pass ``--file``.
@@ -127,8 +127,10 @@ def check_location(entry: str, *, task_id: str | None = None, root: Path | None 
     base = root or project_root()
     target, _ = _split(entry)
     where = entry_path(entry, base) if _is_path(target) else _module_origin(target)
-    own = Path(__file__).resolve().parent.parent  # the overnight package (run/loader.py is in it)
-    if where is not None and (_inside(where, base) or _inside(where, own)):
+    # of overnight's own package only the demo defines a task: no other module of it is imported
+    # (nor any of its functions called) because a store names it
+    demo = Path(__file__).resolve().parent.parent / "demo"
+    if where is not None and (_inside(where, base) or _inside(where, demo)):
         return
     resolved = f" (resolves to {where})" if where is not None else " (not found without importing it)"
     raise CodeLocationRefused(
@@ -172,7 +174,7 @@ def _load_module(path: Path) -> Any:
     return module
 
 
-def load_task(entry: str, *, task_id: str | None = None) -> Task:
+def load_task(entry: str, *, task_id: str | None = None, stored: bool = False) -> Task:
     """Load a task definition the *user named*: ``FILE.py[:NAME]`` (a relative path is relative to
     the current directory) or ``package.module[:NAME]``. For a location read from a store use
     :func:`load_stored_task`.
@@ -180,6 +182,9 @@ def load_task(entry: str, *, task_id: str | None = None) -> Task:
     ``NAME`` may be a :class:`~overnight.Task` or a factory ``f(task_id=...) -> Task``. Without
     ``NAME`` the module must define exactly one ``Task``. The task's ``entry`` is set to where it
     was found, relative to the project root when inside it (:func:`recorded_entry`).
+    ``stored``: the location came from stored data (a task row, a queue row): a callable is then
+    called only if it takes a ``task_id`` argument, as a factory does -- a store cannot make
+    overnight call any other function it names.
 
     Raises:
         ConfigError: file or module missing, or no (or more than one) task in it.
@@ -215,6 +220,9 @@ def load_task(entry: str, *, task_id: str | None = None) -> Task:
                               task_id=task_id)
         attr, obj = next(iter(tasks.items()))
     if not isinstance(obj, Task) and callable(obj):
+        if stored and not _takes_task_id(obj):
+            raise ConfigError(f"{origin}:{attr} is not an overnight.Task nor a factory f(task_id=...); a location "
+                              "read from the store is not called otherwise", task_id=task_id)
         obj = obj(task_id=task_id) if task_id is not None else obj()
     if not isinstance(obj, Task):
         raise ConfigError(f"{origin}:{attr} is not an overnight.Task", task_id=task_id)
@@ -222,6 +230,17 @@ def load_task(entry: str, *, task_id: str | None = None) -> Task:
         raise ConfigError(f"{origin}:{attr} defines task {obj.id!r}, not {task_id!r}", task_id=task_id)
     obj.entry = obj.entry or recorded_entry(f"{origin}:{attr}")
     return obj
+
+
+def _takes_task_id(fn: Any) -> bool:
+    """Whether ``fn`` accepts a ``task_id`` keyword (a task factory's signature)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "task_id" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def main_entry(task: Task) -> str | None:
@@ -274,7 +293,8 @@ def load_stored_task(task_id: str, *, recorded: str | None, verified: str | None
         path = entry_path(where)
         where = f"{path}:{attr}" if attr else str(path)
     submitted = isinstance(spec, dict) and ("params" in spec or "definition" in spec)
-    task = load_task(where, task_id=None if submitted else task_id)
+    task = load_task(where, task_id=task_id, stored=True) if not submitted else load_task(where, stored=True,
+                                                                                           task_id=None)
     if submitted:
         definition = spec.get("definition")  # type: ignore[union-attr]
         if isinstance(definition, str) and task.id != definition:
