@@ -350,3 +350,22 @@ def test_a_forged_queue_row_cannot_make_a_worker_call_or_import_other_code(tmp_p
     assert "verified checkpoints say" in rows[done].reason  # EntryMismatch, before importing other.py
     assert not canary.exists()
     assert not (tmp_path / ".claude").exists()
+
+
+def test_a_stop_while_a_session_starts_is_not_a_death_and_is_prompt(tmp_path: Path, sqlite_url: str) -> None:
+    """SIGTERM reaching a worker while its session imports slow code (before the runner runs):
+    the worker still exits promptly, the task is queued again, and no death is counted -- so
+    repeated deploys never park a healthy task as a poison one."""
+    (tmp_path / "tasks" / "slowimp.py").write_text("import time\ntime.sleep(4)\n"
+                                                    + (tmp_path / "tasks" / "chaos.py").read_text())
+    res = cli(tmp_path, "submit", "tasks/slowimp.py", "--store", sqlite_url, "--id", "slow", "--param", "steps=30")
+    assert res.returncode == 0, res.stderr
+    w = start_worker(tmp_path, sqlite_url)
+    wait_until(lambda: queue_rows(sqlite_url)["slow"].status == "running", 60, "the claim")
+    w.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    assert w.wait(timeout=60) == 0, (tmp_path / "w.err").read_text()
+    assert time.monotonic() - t0 < 15  # not the whole task (30 steps)
+    row = queue_rows(sqlite_url)["slow"]
+    assert row.status == "queued" and row.deaths == 0, row
+    assert len(side_log(tmp_path)) <= 1

@@ -28,6 +28,9 @@ import traceback
 from typing import Any
 
 EXIT_STORE_GONE = 75
+EXIT_STOPPED = 76
+"""A session's exit status when the worker stopped it before its runner started (a SIGTERM while
+it imported the code): the task is queued again, and the death is not counted against it."""
 
 
 def _die_with_parent(worker_pid: int) -> None:
@@ -47,12 +50,22 @@ def _die_with_parent(worker_pid: int) -> None:
         os._exit(EXIT_STORE_GONE)
 
 
+def _stop_before_start() -> None:
+    """Until the runner installs its own handlers (a graceful first signal, an abandoning second),
+    SIGTERM/SIGINT end the session with :data:`EXIT_STOPPED`: nothing of it is committed yet, and
+    a stop is not a death of the task."""
+    def stopped(signum: int, frame: Any) -> None:
+        os._exit(EXIT_STOPPED)
+
+    signal.signal(signal.SIGTERM, stopped)
+    signal.signal(signal.SIGINT, stopped)
+
+
 def forked(argv: list[str]) -> None:
     """Entry point in a process forked by the worker's fork server (modules already imported):
     a session of its own (a Ctrl-C in the terminal reaches only the worker), then :func:`main`."""
     os.setsid()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _stop_before_start()
     try:
         code = main(argv)
     except Exception:  # noqa: BLE001 - a crash is a death the worker counts; say why on stderr
@@ -130,7 +143,32 @@ def main(argv: list[str]) -> int:
     except ClaimLost:
         return 0
 
+    cancelled, lost, stop = threading.Event(), threading.Event(), threading.Event()
+    box: dict[str, Any] = {}  # the runner, once built: the heartbeat asks it to stop
+
+    def ask_stop() -> None:
+        runner = box.get("runner")
+        if runner is not None:
+            runner.stop_requested = True
+
+    def beat() -> None:  # from before the code is imported: a slow import keeps the claim alive
+        while not stop.wait(ttl_ms / 3000):
+            try:
+                if q.heartbeat(task_id, token, ttl_ms):
+                    cancelled.set()
+                    ask_stop()
+            except ClaimLost:
+                lost.set()
+                ask_stop()
+                return
+            except (StoreError, StoreBusy):
+                continue  # the store is away: the claim expires by itself if it stays away
+
+    hb = threading.Thread(target=beat, name="overnight-claim", daemon=True)
+    hb.start()
+
     def finish(status: str, reason: str | None = None) -> int:
+        stop.set()
         try:
             q.finish(task_id, token, status, reason)
             return 0
@@ -145,36 +183,20 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001 - any failure to import is the task's, not the worker's
         why = exc.message if isinstance(exc, OvernightError) else f"{type(exc).__name__}: {exc}"
         return finish("failed", f"cannot import {row.entry}: {why}")
-    cancelled = threading.Event()
 
     def at_step_end(ev: Any) -> None:  # `overnight cancel` takes effect at the next step boundary
         if ev.kind == "step_end" and not cancelled.is_set():
             try:
                 if q.cancel_requested(task_id, token):
                     cancelled.set()
-                    runner.stop_requested = True
+                    ask_stop()
             except (StoreError, StoreBusy):
                 pass  # the heartbeat asks again
 
-    runner = Runner(task, store_url, lease_ttl_ms=ttl_ms, handle_signals=True, on_event=at_step_end)
-    lost = threading.Event()
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(ttl_ms / 3000):
-            try:
-                if q.heartbeat(task_id, token, ttl_ms):
-                    cancelled.set()
-                    runner.stop_requested = True
-            except ClaimLost:
-                lost.set()
-                runner.stop_requested = True
-                return
-            except (StoreError, StoreBusy):
-                continue  # the store is away: the claim expires by itself if it stays away
-
-    hb = threading.Thread(target=beat, name="overnight-claim", daemon=True)
-    hb.start()
+    runner = box["runner"] = Runner(task, store_url, lease_ttl_ms=ttl_ms, handle_signals=True,
+                                    on_event=at_step_end)
+    if cancelled.is_set() or lost.is_set():
+        runner.stop_requested = True
     try:
         result = runner.run()
     except (LeaseLost, StaleHead, ClaimLost):
@@ -210,6 +232,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _stop_before_start()
     try:
         code = main(sys.argv[1:])
     except Exception:  # noqa: BLE001 - a crash is a death the worker counts; say why on stderr

@@ -38,6 +38,10 @@ EXIT_STORE_GONE = 75
 """A session's exit status when the store became unreachable (:mod:`overnight.fleet.child`): the
 task is queued again, and the death is not counted against it."""
 
+EXIT_STOPPED = 76
+"""A session's exit status when the worker's stop reached it before its runner started: the task
+is queued again at once, and the death is not counted against it."""
+
 LOG = logging.getLogger("overnight.worker")
 
 
@@ -150,10 +154,16 @@ class Worker:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signals += 1
         for child in self._children.values():
+            self._forward(child, 1)
+
+    def _forward(self, child: _Child, times: int | None = None) -> None:
+        """Send a session the worker's stop: SIGTERM ``times`` times (default: as many as the worker
+        got, at most 2 -- the first lets the step in flight commit, the second abandons it)."""
+        for _ in range(min(self._signals, 2) if times is None else times):
             try:
                 child.proc.send_signal(signal.SIGTERM)
             except ProcessLookupError:
-                pass
+                return
 
     @property
     def stopping(self) -> bool:
@@ -194,6 +204,10 @@ class Worker:
             if code == EXIT_STORE_GONE:  # the store went away under the session: not the task's fault
                 self._store_retry(lambda q: q.release(child.task.task_id, child.task.claim_token,
                                                       not_before_ms=now_ms() + int(self.backoff_s * 1000)))
+                continue
+            if code == EXIT_STOPPED or (code == -signal.SIGTERM and self.stopping):
+                # the worker's own stop reached it while it started: nothing committed, not a death
+                self._store_retry(lambda q: q.release(child.task.task_id, child.task.claim_token))
                 continue
             reason = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
             self._death(child.task, f"session {reason}")
@@ -282,8 +296,12 @@ class Worker:
                     claimed = None
                     if not self.stopping and not done and len(self._children) < self.concurrency:
                         claimed = self._claim()
-                        if claimed is not None:
+                        if claimed is not None and self.stopping:  # the signal came during the claim
+                            self._q().release(claimed.task_id, claimed.claim_token)
+                        elif claimed is not None:
                             self._spawn(claimed)
+                            if self.stopping:  # ... or while the session started: pass it on
+                                self._forward(self._children[claimed.task_id])
                     delay = 0.5
                 except ConfigError:
                     raise
