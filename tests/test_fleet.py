@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from _fleet import chain_check, cli, client_ports, descendants, project, queue_rows, side_log, start_worker, stop, wait_until, wasted
+from _fleet import (chain_check, cli, client_ports, descendants, fleet_env, project, queue_rows, side_log, start_worker, stop,
+                    wait_until, wasted)
+from _procs import CLI
 
 
 
@@ -369,3 +372,25 @@ def test_a_stop_while_a_session_starts_is_not_a_death_and_is_prompt(tmp_path: Pa
     row = queue_rows(sqlite_url)["slow"]
     assert row.status == "queued" and row.deaths == 0, row
     assert len(side_log(tmp_path)) <= 1
+
+
+def test_concurrent_submits_with_one_idempotency_key_queue_one_task(tmp_path: Path, any_url: str) -> None:
+    """Six processes submit with the same idempotency key at once: every one exits 0 with the same
+    task, and exactly one row is queued (PostgreSQL's unique index decides a race the look-up lost)."""
+    procs = [subprocess.Popen([*CLI, "submit", "tasks/chaos.py", "--store", any_url, "--json", "--id", f"t{i}",
+                               "--idempotency-key", "order-42"], cwd=tmp_path, env=fleet_env(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(6)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
+    assert len({json.loads(o)["task_id"] for o, _ in outs}) == 1
+    assert len(queue_rows(any_url)) == 1
+
+
+def test_submit_refuses_values_no_store_holds(tmp_path: Path, sqlite_url: str) -> None:
+    """Usage errors (exit 2) naming the field, never a database error or a traceback."""
+    for args, words in ((["--priority", str(10**20)], "--priority"), (["--not-before", "1e300"], "--not-before"),
+                        (["--not-before", "inf"], "--not-before"), (["--queue", ""], "queue name"),
+                        (["--idempotency-key", "a\tb"], "idempotency key"),
+                        (["--idempotency-key", "k" * 300], "idempotency key")):
+        res = cli(tmp_path, "submit", "tasks/chaos.py", "--store", sqlite_url, *args)
+        assert res.returncode == 2 and words in res.stderr and "Traceback" not in res.stderr, (args, res.stderr)

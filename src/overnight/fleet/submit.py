@@ -10,6 +10,7 @@ another machine, must work). A worker imports it only from the project root or a
 from __future__ import annotations
 
 import hashlib
+import re
 import json
 from datetime import datetime, timezone
 from typing import Any
@@ -37,7 +38,10 @@ def parse_time(value: str | float | int | datetime | None) -> int:
         dt = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
         return int(dt.timestamp() * 1000)
     if isinstance(value, (int, float)):
-        return int(value * 1000)
+        try:
+            return int(value * 1000)
+        except (OverflowError, ValueError) as exc:
+            raise ConfigError(f"--not-before {value!r} is not a time between 1970 and 9999") from exc
     text = value.strip()
     if text.startswith("+"):
         try:
@@ -48,6 +52,8 @@ def parse_time(value: str | float | int | datetime | None) -> int:
         return int(float(text) * 1000)
     except ValueError:
         pass
+    except OverflowError as exc:
+        raise ConfigError(f"--not-before {value!r} is not a time between 1970 and 9999") from exc
     try:
         return parse_time(datetime.fromisoformat(text))
     except ValueError as exc:
@@ -78,6 +84,29 @@ def code_location(entry: str, task: Task) -> str:
     return recorded if attr else f"{target}"
 
 
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_YEAR_10000_MS = 253_402_300_800_000
+_PRIORITY = (-2**31, 2**31 - 1)
+"""Priorities fit a 32-bit integer column on every store."""
+
+
+def _check_fields(queue: str, priority: int, idempotency_key: str | None) -> None:
+    """Refuse, as usage errors, values no store column holds: a queue name that is not 1-100 of
+    ``[A-Za-z0-9._-]``, a priority outside 32 bits, an idempotency key that is empty, over 200
+    characters or holds a control character (NUL included).
+
+    Raises: ConfigError naming the field."""
+    if not isinstance(queue, str) or not _QUEUE_NAME.fullmatch(queue):
+        raise ConfigError(f"queue name {queue!r} is not 1-100 letters, digits, '.', '_' or '-'",
+                          hint="e.g. --queue default or --queue gpu")
+    if not isinstance(priority, int) or not _PRIORITY[0] <= priority <= _PRIORITY[1]:
+        raise ConfigError(f"--priority {priority!r} is not an integer in [{_PRIORITY[0]}, {_PRIORITY[1]}]")
+    if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > 200
+                                        or any(not c.isprintable() for c in idempotency_key)):
+        raise ConfigError("an idempotency key is 1-200 printable characters",
+                          hint="e.g. a request id or a digest of what the submission is for")
+
+
 def submit(entry: str, *, store: Any = None, task_id: str | None = None, params: dict[str, Any] | None = None,
            queue: str = "default", priority: int = 0, not_before: str | float | datetime | None = None,
            idempotency_key: str | None = None) -> tuple[QueuedTask, bool]:
@@ -92,13 +121,17 @@ def submit(entry: str, *, store: Any = None, task_id: str | None = None, params:
     """
     params = dict(params or {})
     try:
-        json.dumps(params)
+        json.dumps(params, sort_keys=True)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"params must be a JSON object: {exc}") from exc
+        raise ConfigError(f"params must be a JSON object with string keys: {exc}") from exc
+    _check_fields(queue, priority, idempotency_key)
     task = load_task(entry)
     location = code_location(entry, task)
+    not_before_ms = parse_time(not_before)
+    if not 0 <= not_before_ms < _YEAR_10000_MS:
+        raise ConfigError(f"--not-before {not_before!r} is not a time between 1970 and 9999")
     row = QueuedTask(task_id=task_id or default_id(task, params), entry=location, params=params, queue=queue,
-                     priority=int(priority), not_before_ms=parse_time(not_before), idempotency_key=idempotency_key)
+                     priority=int(priority), not_before_ms=not_before_ms, idempotency_key=idempotency_key)
     Task(id=row.task_id, goal=task.goal)  # the id must be a valid task id (SpecError otherwise)
     s = store if hasattr(store, "commit") else open_store(store)
     try:

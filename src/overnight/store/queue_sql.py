@@ -81,7 +81,17 @@ class SqlQueue:
     # submit ------------------------------------------------------------------------------------
     def submit(self, task: QueuedTask) -> tuple[QueuedTask, bool]:
         """Insert ``task`` as ``queued``; returns ``(row, created)``. An existing row with the same
-        idempotency key, or the same task id, is returned unchanged (``created`` False)."""
+        idempotency key, or the same task id, is returned unchanged (``created`` False) -- also when
+        another process inserts it between this one's look and its insert (PostgreSQL: the unique
+        index refuses the second insert; the submit then reads the winner's row)."""
+        try:
+            return self._submit_once(task)
+        except Exception as exc:  # noqa: BLE001 - the dialect's unique-violation error, by name
+            if type(exc).__name__ not in ("UniqueViolation", "IntegrityError"):
+                raise
+            return self._submit_once(task)  # the concurrent submit committed: its row is found now
+
+    def _submit_once(self, task: QueuedTask) -> tuple[QueuedTask, bool]:
         with self._tx() as cur:
             if task.idempotency_key is not None:
                 cur.execute(self._sql(f"SELECT {_COLS} FROM {{s}}.queue WHERE idempotency_key=?"),
