@@ -394,3 +394,18 @@ def test_submit_refuses_values_no_store_holds(tmp_path: Path, sqlite_url: str) -
                         (["--idempotency-key", "k" * 300], "idempotency key")):
         res = cli(tmp_path, "submit", "tasks/chaos.py", "--store", sqlite_url, *args)
         assert res.returncode == 2 and words in res.stderr and "Traceback" not in res.stderr, (args, res.stderr)
+
+
+def test_the_readme_worker_example_runs(tmp_path: Path, sqlite_url: str) -> None:
+    """README "Running many tasks: workers": examples/report.py submitted with params, run by a
+    worker, writes its report."""
+    import shutil
+
+    (tmp_path / "examples").mkdir()
+    shutil.copy(Path(__file__).resolve().parents[1] / "examples" / "report.py", tmp_path / "examples" / "report.py")
+    tid = json.loads(cli(tmp_path, "submit", "examples/report.py", "--param", "topic=storage", "--param", "sections=2",
+                         "--param", "seconds=0", "--store", sqlite_url, "--json").stdout)["task_id"]
+    w = start_worker(tmp_path, sqlite_url, "--idle-exit", "2")
+    assert w.wait(timeout=120) == 0, (tmp_path / "w.err").read_text()
+    report = cli(tmp_path, "cat", tid, "report.md", "--store", sqlite_url)
+    assert report.returncode == 0 and report.stdout.startswith("# storage") and "part 2" in report.stdout

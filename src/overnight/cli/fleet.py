@@ -73,7 +73,7 @@ def submit(
     check it (exit 2 if it is not a task); workers import it from the same place in their own
     checkout: a file relative to the project root, or MODULE:ATTR.
 
-    Example: overnight submit tasks/report.py --param topic=storage --priority 5"""
+    Example: overnight submit examples/report.py --param topic=storage --priority 5"""
     from overnight import api
 
     try:

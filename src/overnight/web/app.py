@@ -186,8 +186,8 @@ class Dashboard:
         data = queries.task_page(self.store, self.cache, self._arg(request, "id"), page=self._int(request, "page"),
                                  branch=request.query_params.get("branch") or None)
         data["commands"] = {"resume": self.cli("resume", data["task_id"]),
-                            "cancel": "press Ctrl-C in the terminal running it, or kill -INT PID of the process "
-                                      "named in `" + self.cli("status", data["task_id"]) + "`",
+                            "cancel": "`" + self.cli("cancel", data["task_id"]) + "` (a worker's task: at its next "
+                                      "step boundary), or Ctrl-C in the terminal running it",
                             "log": self.cli("log", data["task_id"]), "verify": self.cli("verify", data["task_id"])}
         if not request.url.path.endswith(".json"):
             data["graph_svg"] = branch_graph(data["graph"])
