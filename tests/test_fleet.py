@@ -409,3 +409,18 @@ def test_the_readme_worker_example_runs(tmp_path: Path, sqlite_url: str) -> None
     assert w.wait(timeout=120) == 0, (tmp_path / "w.err").read_text()
     report = cli(tmp_path, "cat", tid, "report.md", "--store", sqlite_url)
     assert report.returncode == 0 and report.stdout.startswith("# storage") and "part 2" in report.stdout
+
+
+def test_a_killed_workers_task_shows_stalled_at_once_on_its_host(tmp_path: Path, sqlite_url: str) -> None:
+    """kill -9 of a worker (its sessions die with it): on the same host ``ls`` says the task is
+    stalled right away -- not "running, heartbeat 29 s ago" until the 30 s claim expires."""
+    tid = _submit(tmp_path, sqlite_url, "--param", "steps=20", "--param", "sleep=0.5")["task_id"]
+    w = start_worker(tmp_path, sqlite_url)
+    wait_until(lambda: len(side_log(tmp_path)) >= 1, 60, "a step")
+    w.kill()
+    w.wait(timeout=30)
+    def status() -> str:
+        return {t["task_id"]: t["status"] for t in json.loads(cli(tmp_path, "ls", "--store", sqlite_url,
+                                                                   "--json").stdout)}[tid]
+    got = wait_until(lambda: status().startswith("stalled") and status(), 10, "stalled")
+    assert "died" in got and "takes it over" in got, got

@@ -6,7 +6,7 @@ Registered on the main app by :func:`register` (one line in :mod:`overnight.cli.
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -124,25 +124,31 @@ def worker(
 
 def workers(store: Optional[str] = StoreOpt,
             as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")) -> None:
-    """List workers: id, host, pid, state, tasks held, started, last heartbeat. A worker whose last
-    heartbeat is older than 90 s shows as `silent` (killed, or its machine gone: its tasks are
-    taken over once their leases expire); `stopped` ones exited cleanly."""
+    """List workers: id, host, pid, state, tasks held (as of its last heartbeat), started, last
+    heartbeat. A worker whose last heartbeat is older than 90 s shows as `silent` (killed, or its
+    machine gone: its tasks are taken over once their leases expire); `stopped` ones exited
+    cleanly. --json has the same `state` (and the one the worker last wrote, `recorded_state`)."""
     from overnight import api
 
     try:
         rows = api.workers(store=store)
     except OvernightError as exc:
         _fail(exc)
-    if as_json:
-        render.print_json([r.to_dict() for r in rows])
-        return
     from overnight.store.leases import now_ms
 
     now = now_ms()
+
+    def state(w: Any) -> str:
+        return "silent" if w.state != "stopped" and now - w.heartbeat_ms > 90_000 else w.state
+
+    if as_json:
+        render.print_json([{**r.to_dict(), "state": state(r), "recorded_state": r.state} for r in rows])
+        return
+    if not rows:
+        render.err.print("no worker has registered in this store yet (`overnight worker` starts one)")
+        return
     render.table(None, ["worker", "host", "pid", "state", "held", "started", "heartbeat"],
-                 [(w.worker_id, w.host, w.pid,
-                   "silent" if w.state != "stopped" and now - w.heartbeat_ms > 90_000 else w.state,
-                   f"{w.held}/{w.concurrency}",
+                 [(w.worker_id, w.host, w.pid, state(w), f"{w.held}/{w.concurrency}",
                    f"{(now - w.started_ms) / 1000:.0f} s ago", f"{(now - w.heartbeat_ms) / 1000:.0f} s ago")
                   for w in rows])
 

@@ -192,9 +192,14 @@ def describe(row: QueuedTask | None, lease: LeaseView | None, *, complete: bool,
             lease.expires_at_ms - ttl_ms
         return f"running ({name}, heartbeat {_ago(now - beat)} ago)"
     if row is not None and row.status == "queued":
-        return f"queued (retry in {_ago(row.not_before_ms - now)})" if row.not_before_ms > now + 1000 else "queued"
+        if row.not_before_ms <= now + 1000:
+            return "queued"
+        return f"queued ({'retry' if row.attempts else 'starts'} in {_ago(row.not_before_ms - now)})"
     if row is not None and row.status == "running":
         expires = row.claim_expires_ms or 0
+        if gone and expires > now:  # its session's process is gone (seen on this host): no wait for the heartbeat
+            return (f"stalled (its session on {row.host} died; another worker takes it over when the claim "
+                    f"expires in {_ago(expires - now)})")
         if expires > now:
             return f"running (worker {row.worker_id} on {row.host}, heartbeat {_ago(now - (row.heartbeat_ms or now))} ago)"
         return f"stalled (lease expired {_ago(now - expires)} ago; another worker will take it over)"
