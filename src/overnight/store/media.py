@@ -184,8 +184,10 @@ def opened(store: Store | str | None, *, task_id: str | None = None, write: bool
         return
     if not exists(store):  # type: ignore[arg-type]
         url = str(store) if store is not None else default_store_url()
-        raise ConfigError(f"no store at {url} ({location(url)})", task_id=task_id,
-                          hint="run a task first (`overnight demo`), or pass --store / set OVERNIGHT_STORE")
+        where = location(url)
+        raise ConfigError(f"no store at {url}" + (f" ({where})" if where != url else "") + " yet", task_id=task_id,
+                          hint="a store is created by the first run or submit (`overnight demo`, `overnight run "
+                          "FILE.py`, `overnight submit FILE.py`), or pass --store / set OVERNIGHT_STORE")
     s = tiered(open_store(store, read_only=read_only))  # type: ignore[arg-type]
     try:
         yield s
