@@ -92,7 +92,7 @@ BACKENDS = {"sqlite": sqlite_store, "file": file_store, "postgres": postgres_sto
 
 # (backend, test) -> why that part of the contract does not apply to the backend, by design:
 # skipped with the reason. A replicated store is assembled from its media's URLs by the router
-# (``overnight.store.media.open_routed``), so its URL does not reopen it; S3 without conditional
+# (``overnight.store.task_location.open_routed``), so its URL does not reopen it; S3 without conditional
 # writes serializes ref and lease moves within one process only (``overnight.store.s3``).
 NOT_APPLICABLE: dict[tuple[str, str], str] = {
     ("replicated", "test_reopened_store_sees_everything"): "reopened from its media's URLs, not its own",

@@ -8,7 +8,7 @@ dataclasses that the CLI renders as tables or ``--json``.
 
 from __future__ import annotations
 
-from overnight.store.media import locate, medium_for, opened, recorded_route
+from overnight.store.task_location import locate, medium_for, opened, recorded_route
 
 import re
 import warnings
@@ -31,8 +31,8 @@ from overnight.errors import (
     TaskNotFound,
     short_id,
 )
-from overnight.runtime.loader import load_stored_task, load_task
-from overnight.store.media import Route
+from overnight.runtime.task_code import load_stored_task, load_task
+from overnight.store.task_location import Route
 from overnight.runtime.runner import RunEvent, RunResult, Runner
 from overnight.runtime.task import Task
 from overnight.store import Store, default_store_url, open_store
@@ -58,7 +58,7 @@ from overnight.chain.rollback import find_rollback
 @contextmanager
 def _opened(store: Store | str | None, *, task_id: str | None = None, write: bool = False,
             read_only: bool = False) -> Iterator[TieredStore]:
-    """:func:`overnight.store.media.opened` (writing to a replicated task heals its media first);
+    """:func:`overnight.store.task_location.opened` (writing to a replicated task heals its media first);
     a ``TaskNotFound`` raised inside gains "did you mean" in its hint."""
     with opened(store, task_id=task_id, write=write, read_only=read_only, heal=_heal) as s:
         try:
@@ -141,7 +141,7 @@ def parse_duration(value: str | float | int | None, what: str = "duration") -> f
     return seconds
 
 
-# --- loading task code: overnight.runtime.loader (re-exported: api.load_task) -------------------
+# --- loading task code: overnight.runtime.task_code (re-exported: api.load_task) -------------------
 
 
 # --- run / resume ------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ def resume(
 ) -> RunResult:
     """Resume a stored task from the latest head of ``branch``, loading its code from the entry
     recorded when it was created (or ``entry`` to override) -- only from inside the project
-    (:mod:`overnight.runtime.loader`).
+    (:mod:`overnight.runtime.task_code`).
 
     Raises:
         TaskNotFound: no such task. ConfigError: no code location recorded and none given.

@@ -65,6 +65,12 @@ def forked(argv: list[str]) -> None:
     """Entry point in a process forked by the worker's fork server (modules already imported):
     a session of its own (a Ctrl-C in the terminal reaches only the worker), then :func:`main`."""
     os.setsid()
+    _run_and_exit(argv)
+
+
+def _run_and_exit(argv: list[str]) -> None:
+    """:func:`main`, then exit the process with its status (1 and the traceback on stderr for a
+    crash: a death the worker counts)."""
     _stop_before_start()
     try:
         code = main(argv)
@@ -103,7 +109,7 @@ def _load(entry: str, task_id: str, params: dict, spec: dict | None):  # type: i
     task or a task factory."""
     from overnight.codec.canonical import to_tree
     from overnight.errors import ConfigError
-    from overnight.runtime.loader import load_stored_task
+    from overnight.runtime.task_code import load_stored_task
 
     if spec is None:
         task = load_stored_task(task_id, recorded=entry, verified=None, spec={"params": to_tree(params, "task params")})
@@ -232,12 +238,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    _stop_before_start()
-    try:
-        code = main(sys.argv[1:])
-    except Exception:  # noqa: BLE001 - a crash is a death the worker counts; say why on stderr
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    _run_and_exit(sys.argv[1:])

@@ -4,7 +4,7 @@ The definition is imported once here, to check that it is a task (``ConfigError`
 otherwise). Its location is recorded so that every worker can import it: ``module:attr``, or a
 file relative to the project root -- never an absolute path (a checkout at another path, or on
 another machine, must work). A worker imports it only from the project root or a module
-(:func:`overnight.runtime.loader.check_location`).
+(:func:`overnight.runtime.task_code.check_location`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from overnight.codec.canonical import dumps
 from overnight.errors import ConfigError
-from overnight.runtime.loader import _is_path, _split, load_task
+from overnight.runtime.task_code import _is_path, _split, load_task
 from overnight.runtime.task import Task
 from overnight.store import open_store
 from overnight.store.queue import QueuedTask

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from overnight.errors import DriftAbort
-from overnight.runtime.loader import entry_path
+from overnight.runtime.task_code import entry_path
 from overnight.runtime.task import Task
 from overnight.store.base import Store
 from overnight.verify.drift import DEFAULT_POLICIES, DriftReport, WorldNow, affected_steps, detect, rebaseline

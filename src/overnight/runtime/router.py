@@ -34,7 +34,7 @@ from datetime import datetime, time, timedelta
 from overnight.config import Config
 from overnight.errors import SpecError
 from overnight.runtime.task import Task
-from overnight.store.media import Route
+from overnight.store.task_location import Route
 
 LEVELS = ("ephemeral", "session", "durable")
 

@@ -59,9 +59,9 @@ from overnight.store.base import Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS
 from overnight.config import load as load_config
-from overnight.runtime.loader import main_entry, same_location
+from overnight.runtime.task_code import main_entry, same_location
 from overnight.runtime.drift_decision import Decision, decide, policies_for, salt_of, world_spec, write_export
-from overnight.store.media import Route, locate, open_routed
+from overnight.store.task_location import Route, locate, open_routed
 from overnight.runtime.router import route as route_task
 from overnight.store.compose.tiered import TieredStore, tiered
 from overnight.ops.archive import ensure_hot

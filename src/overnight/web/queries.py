@@ -26,7 +26,7 @@ from overnight import api
 from overnight.codec.canonical import loads
 from overnight.config import load as load_config
 from overnight.errors import OvernightError, short_id
-from overnight.store.media import recorded_route
+from overnight.store.task_location import recorded_route
 from overnight.store.base import CheckpointRow, Lease, Store
 from overnight.store.blobs import BlobReader
 from overnight.store.leases import can_take_over, describe_holder, now_ms

@@ -1,4 +1,4 @@
-"""Where a task lives (:mod:`overnight.store.media`), and ``resume`` / ``show`` verifying the head once."""
+"""Where a task lives (:mod:`overnight.store.task_location`), and ``resume`` / ``show`` verifying the head once."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import overnight
 from overnight import api
 from overnight.chain import integrity
 from overnight.errors import TaskNotFound
-from overnight.store import media
+from overnight.store import task_location as media
 
 JOB = (
     "import overnight\n"
