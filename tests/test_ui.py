@@ -17,6 +17,7 @@ pytest.importorskip("starlette")
 from _ui import UiServer, make_site, run_cli, store_url  # noqa: E402
 
 from overnight import api  # noqa: E402
+from overnight.store import open_store  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -256,3 +257,29 @@ def test_rollback_asks_first_and_the_tasks_page_counts_damage(tmp_path):
         for e in httpx.get(srv.base + "/task.json", params={"id": "report"}).json()["timeline"]:
             cp = httpx.get(srv.base + "/checkpoint", params={"task": "report", "id": e["checkpoint_id"]}).text
             assert cp.count(">Artifacts<") == 1 and not re.search(r"todo: *</p>", cp), e["event"]
+
+
+def test_resume_and_cancel_from_the_ui_go_through_the_workers_queue(tmp_path):
+    """The task page's resume queues the stored task for the workers (its verified head's code
+    location and params; the dashboard imports nothing) and cancel cancels its queue row; a worker
+    then finishes it. The equivalent commands are shown."""
+    site = make_site(tmp_path / "s", parts=3, run=False)
+    stopped = run_cli(site, "run", "ui_task.py", "--max-steps", "2", env_extra={"UI_PARTS": "3", "UI_STEP_S": "0"})
+    assert stopped.returncode == 75, stopped.stderr
+    with UiServer(site) as srv:
+        page = httpx.get(srv.base + "/task", params={"id": "report"}).text
+        assert "overnight resume report --submit" in page and "overnight cancel report" in page
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+
+        def act(kind: str) -> str:
+            r = httpx.post(srv.base + f"/actions/{kind}", data={"csrf": csrf, "task": "report"})
+            assert r.status_code == 303, r.text
+            with open_store(store_url(site)) as s:
+                return api.task_state("report", store=s, complete=False)
+
+        assert act("resume").startswith("queued")
+        assert act("cancel") == "cancelled"
+        assert act("resume").startswith("queued")  # a cancelled row is queued again
+    worker = run_cli(site, "worker", "--idle-exit", "2", env_extra={"UI_PARTS": "3", "UI_STEP_S": "0"})
+    assert worker.returncode == 0, worker.stderr
+    assert [t.status for t in api.ls(store=store_url(site))] == ["complete"]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from overnight.codec import digest
+from overnight.codec.canonical import from_tree
 from overnight.config import Config
 from overnight.config import load as load_config
 from overnight.errors import (
@@ -1177,6 +1178,35 @@ def _queue_call(store: Store | str | None, fn: Callable[[Any], Any]) -> Any:
         if q is None:
             raise ConfigError(f"store {s.url} has no queue; workers need an sqlite:// or postgresql:// store")
         return fn(q)
+
+
+def enqueue(task_id: str, *, store: Store | str | None = None, branch: str = "main") -> tuple[Any, bool]:
+    """Queue a stored task for the workers instead of resuming it here (``overnight resume
+    --submit``, the dashboard's resume). The code location and params are those its verified head
+    records -- nothing is imported here; the worker that claims it checks them again. Returns
+    ``(QueuedTask, queued_now)`` (False: it was queued or running already).
+
+    Raises:
+        TaskNotFound / BranchNotFound; IntegrityError when nothing verifies; ConfigError when the
+        head records no code location (a coding-agent or adapter task) or the store has no queue.
+    """
+    from overnight.store.queue import QueuedTask
+
+    if branch != "main":
+        raise ConfigError("workers run a task's main branch", task_id=task_id,
+                          hint=f"overnight resume {task_id} --branch {branch} runs another branch here")
+    with _opened(store, task_id=task_id, write=True) as s:
+        s.get_task(task_id)
+        loaded, _ = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
+        spec = _spec_of(loaded) or {}
+        entry = _spec_entry(loaded)
+        if entry is None:
+            raise _no_code(s.get_task(task_id), "queue")
+        q = queue_for(s)
+        if q is None:
+            raise ConfigError(f"store {s.url} has no queue; workers need an sqlite:// or postgresql:// store")
+        params = from_tree(spec["params"], "task params") if "params" in spec else {}
+        return q.requeue(QueuedTask(task_id=task_id, entry=entry, params=dict(params)))
 
 
 def workers(*, store: Store | str | None = None) -> list[Any]:

@@ -186,9 +186,12 @@ def resume(
     max_context_tokens: Optional[int] = ContextOpt,
     allow_rollback: bool = typer.Option(False, "--allow-rollback", help="Continue from a branch ref that was moved "
                                         "back behind a newer checkpoint of the branch (refused otherwise, exit 3)."),
+    submit: bool = typer.Option(False, "--submit", help="Queue it for the workers (`overnight worker`) instead of "
+                                "running it here: the code location and params its verified head records."),
 ) -> None:
     """Resume a stored task from the latest head of its branch (never an older checkpoint,
-    unless the head fails verification: then the newest valid one, with a report).
+    unless the head fails verification: then the newest valid one, with a report). With --submit,
+    queue it for the workers instead (a failed, cancelled or finished queue row is queued again).
 
     A ref moved back behind a newer verified checkpoint of the branch -- or, with a signing key,
     behind the newest signed head this machine has seen -- is refused (RollbackDetected, exit 3)
@@ -197,6 +200,14 @@ def resume(
 
     Before any step runs, the head is compared with the world now (code, deps, env, inputs,
     exported artifacts); drift is handled by policy (--on-drift)."""
+    if submit:
+        try:
+            row, now = api.enqueue(task_id, store=store, branch=branch)
+        except OvernightError as exc:
+            _fail(exc)
+        render.out.print(f"{render.esc(task_id)}: {'queued' if now else render.esc(row.status) + ' already'} "
+                         f"(code {render.esc(row.entry)}); `overnight worker` runs it")
+        return
     try:
         result = _run_with_progress(
             lambda p: api.resume(task_id, store=store, branch=branch, entry=file, max_steps=max_steps, on_event=p,

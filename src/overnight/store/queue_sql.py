@@ -242,6 +242,21 @@ class SqlQueue:
                         (task_id,))
         return self._must(task_id)
 
+    def requeue(self, task: QueuedTask) -> tuple[QueuedTask, bool]:
+        """Queue a stored task for the workers (``overnight resume --submit``, the dashboard's
+        resume): a new row from ``task``, or -- when a row exists -- ``failed``, ``cancelled`` and
+        ``complete`` ones queued again with ``task``'s entry and params (deaths reset); a ``queued``
+        or ``running`` row stays as it is. Returns ``(row, queued_now)``."""
+        row, created = self.submit(task)
+        if created or row.status in ("queued", "running"):
+            return row, created
+        with self._tx() as cur:
+            cur.execute(self._sql("UPDATE {s}.queue SET status='queued', deaths=0, reason=NULL, not_before_ms=0, "
+                                  "cancel_requested=0, entry=?, params=? WHERE task_id=? AND status IN "
+                                  "('failed', 'cancelled', 'complete')"),
+                        (task.entry, json.dumps(task.params, sort_keys=True), task.task_id))
+        return self._must(task.task_id), True
+
     def cancel(self, task_id: str) -> QueuedTask:
         """Cancel a task: ``queued`` -> ``cancelled`` now; ``running`` -> its holder stops at the next
         step boundary and marks it ``cancelled``. Raises TaskNotFound."""

@@ -186,6 +186,7 @@ class Dashboard:
         data = queries.task_page(self.store, self.cache, self._arg(request, "id"), page=self._int(request, "page"),
                                  branch=request.query_params.get("branch") or None)
         data["commands"] = {"resume": self.cli("resume", data["task_id"]),
+                            "submit": self.cli("resume", data["task_id"], "--submit"),
                             "cancel": "`" + self.cli("cancel", data["task_id"]) + "` (a worker's task: at its next "
                                       "step boundary), or Ctrl-C in the terminal running it",
                             "log": self.cli("log", data["task_id"]), "verify": self.cli("verify", data["task_id"])}
@@ -266,6 +267,14 @@ class Dashboard:
             if kind == "rollback":
                 await _threaded(lambda _: api.rollback(task_id, f.get("to", ""), branch=f.get("branch") or "main",
                                                        store=self.store), request)
+                self.cache.clear()
+                return RedirectResponse(f"/task?id={quote(task_id, safe='')}", 303)
+            if kind == "resume":  # queued for the workers; nothing of the task is imported here
+                await _threaded(lambda _: api.enqueue(task_id, store=self.store), request)
+                self.cache.clear()
+                return RedirectResponse(f"/task?id={quote(task_id, safe='')}", 303)
+            if kind == "cancel":  # a task the workers run (its queue row); one run in a terminal: Ctrl-C there
+                await _threaded(lambda _: api.cancel(task_id, store=self.store), request)
                 self.cache.clear()
                 return RedirectResponse(f"/task?id={quote(task_id, safe='')}", 303)
             if kind == "verify":
