@@ -177,7 +177,10 @@ def test_power_cut_keeps_every_acknowledged_commit(medium, worker, tmp_path):
             wait_for(lambda: sum(e["kind"] == "step_end" for e in read_events(events)) >= want
                      or any(e["kind"] == "end" for e in read_events(events)), timeout=120, what=f"{want} steps")
             time.sleep(rng.uniform(0, 0.03))  # in a step or inside its commit
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # the run reached its end first (a loaded machine): its exit 0 is checked below
         code = worker.answer()["exit"]
         assert code in ((0, -signal.SIGKILL) if n < CUTS else (0,)), f"the run failed (exit {code})"
         acked += [e["checkpoint_id"] for e in read_events(events)
