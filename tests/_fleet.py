@@ -8,11 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from _procs import CLI, env
+from _procs import CLI, env, wait_for
 
 TASK_FILE = '''
 import os, signal, time
@@ -122,14 +121,8 @@ def chain_check(store_url: str, task_id: str) -> dict[str, Any]:
 
 
 def wait_until(pred, timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+    """:func:`_procs.wait_for`, polling every ``interval`` s (5 per second by default)."""
+    return wait_for(pred, timeout, interval=interval, what=what)
 
 
 def children_of(pid: int) -> list[int]:

@@ -33,6 +33,7 @@ from selenium.common.exceptions import (  # noqa: E402
     StaleElementReferenceException,
 )
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from overnight import api  # noqa: E402
 
@@ -124,7 +125,7 @@ def test_timeline_counts_checkpoints_and_a_diff_opens(browser, site, tmp_path):
         shot(browser, tmp_path, "tasks")
         shot(browser, tmp_path, "tasks-narrow", width=420)
         browser.find_element(By.CSS_SELECTOR, "a.task-link").click()
-        rows = browser.find_elements(By.CSS_SELECTOR, "tr.cp-row")
+        rows = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "tr.cp-row"), 10, 0.1, "the task page")
         assert len(rows) == len(api.show("report", store=store_url(site)).chain)
         assert browser.find_element(By.ID, "checkpoint-count").text == str(len(rows))
         assert len(browser.find_elements(By.CSS_SELECTOR, "tr.cp-row .integrity.ok")) == len(rows)
@@ -141,7 +142,7 @@ def test_timeline_counts_checkpoints_and_a_diff_opens(browser, site, tmp_path):
         # the newest step checkpoint: its diff adds a part to report.md
         newest_step = next(r for r in rows if "ev-step" in r.find_element(By.CSS_SELECTOR, ".ev").get_attribute("class"))
         newest_step.find_element(By.CSS_SELECTOR, "a.cp-link").click()
-        assert "Diff against parent" in browser.page_source
+        wait_for(lambda: "Diff against parent" in browser.page_source, 10, 0.1, "the checkpoint page")
         diff = "\n".join(e.text for e in browser.find_elements(By.CSS_SELECTOR, "pre.udiff"))
         assert "+++ report.md" in diff and "+## Part 5" in diff and "+# Part 5" in diff
         assert browser.find_elements(By.CSS_SELECTOR, "table.state-diff tr.changed")
@@ -310,4 +311,6 @@ def test_pages_render_and_verify_now_runs(browser, site, tmp_path):
         browser.get(srv.base + "/task?id=report")
         browser.find_element(By.CSS_SELECTOR, "details.actions summary").click()
         browser.find_element(By.ID, "verify-now").click()
-        assert browser.find_element(By.CSS_SELECTOR, ".badge.ok").text == "ok"
+        # the task page has ok badges too: wait for the verify page before reading one
+        WebDriverWait(browser, 30).until(lambda b: b.title.startswith("verify"))
+        assert browser.find_element(By.CSS_SELECTOR, "h1 + p .badge.ok").text == "ok"
