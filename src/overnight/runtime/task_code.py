@@ -293,8 +293,7 @@ def load_stored_task(task_id: str, *, recorded: str | None, verified: str | None
         path = entry_path(where)
         where = f"{path}:{attr}" if attr else str(path)
     submitted = isinstance(spec, dict) and ("params" in spec or "definition" in spec)
-    task = load_task(where, task_id=task_id, stored=True) if not submitted else load_task(where, stored=True,
-                                                                                           task_id=None)
+    task = load_task(where, task_id=None if submitted else task_id, stored=True)
     if submitted:
         definition = spec.get("definition")  # type: ignore[union-attr]
         if isinstance(definition, str) and task.id != definition:
