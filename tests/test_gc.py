@@ -94,20 +94,8 @@ def scenario(store) -> dict:
     return {"task": task, "dangling": dangling, "garbage": {o.digest for o in garbage}}
 
 
-# (backend, test) -> a known defect that backend shows here: a strict xfail that flags its own fix.
-KNOWN_GAPS = {
-    ("replicated", "test_gc_removes_exactly_the_dangling_and_unreferenced_and_every_branch_resumes"):
-        "a head damaged on every medium (its state blob missing) is repaired back to the newest verifiable "
-        "head before the session, which the rollback check then refuses (RollbackDetected) instead of "
-        "falling back past it as on one medium",
-}
-
-
 @pytest.fixture(params=sorted(BACKENDS))
 def store(request, tmp_path):
-    gap = KNOWN_GAPS.get((request.param, request.node.originalname))
-    if gap:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=gap))
     s = BACKENDS[request.param](request, tmp_path)
     yield s
     s.close()

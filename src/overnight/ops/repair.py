@@ -32,7 +32,7 @@ from overnight.store.base import CheckpointRow, Commit, Store, TaskRow
 from overnight.store.compose.damaged import DamagedMedium
 from overnight.store.compose.replicated import ReplicatedStore
 from overnight.chain.branches import check_branch_name
-from overnight.chain.read import Fallback, load_head
+from overnight.chain.read import Fallback, Skipped, load_head
 from overnight.chain.integrity import LoadedCheckpoint, load_checkpoint
 from overnight.chain.reachability import first_parent_chain, lineage
 
@@ -69,7 +69,7 @@ class RepairReport:
     """Per medium, for one task: the source of each branch and what was copied where.
 
     ``skipped``: branch -> the newer checkpoints passed over because they verify on no medium
-    (``checkpoint_id``, ``seq``, ``step``, ``medium``, ``error``); the branch continues from the
+    (``checkpoint_id``, ``seq``, ``step``, ``medium``, ``error``, ``reason``); the branch continues from the
     newest one that does, and those steps run again.
     """
 
@@ -87,6 +87,25 @@ class RepairReport:
         """Some medium held work the chosen head does not contain (now kept on a branch)."""
         return any(m.kept for m in self.media)
 
+    def fallback(self, branch: str, used_id: str) -> Fallback | None:
+        """The repair's moving ``branch`` back to ``used_id`` as a resume's
+        :class:`~overnight.chain.read.Fallback` (the checkpoints that verify on no medium,
+        newest first, each once), or None when nothing on ``branch`` was skipped. A session that
+        resumes after the repair passes these to the rollback check -- they failed verification,
+        so they are no evidence of a rollback -- and records the automatic fallback, as on one
+        medium."""
+        seen: dict[str, Skipped] = {}
+        for s in self.skipped.get(branch, []):
+            cid = str(s["checkpoint_id"])
+            if cid not in seen:
+                seq = s["seq"]
+                seen[cid] = Skipped(cid, seq if isinstance(seq, int) else None, str(s["step"]) if s["step"] else None,
+                                    str(s["error"]), str(s["reason"]))
+        if not seen:
+            return None
+        skipped = sorted(seen.values(), key=lambda k: -1 if k.seq is None else k.seq, reverse=True)
+        return Fallback(head_id=skipped[0].checkpoint_id, used_id=used_id, skipped=skipped)
+
     def describe(self) -> str:
         parts = []
         for m in self.media:
@@ -100,7 +119,7 @@ class RepairReport:
                 parts.append(f"{m.name}: {m.status}" + (f" ({m.detail})" if m.detail else ""))
         for branch, skipped in self.skipped.items():
             parts.append(f"{branch}: skipped " + ", ".join(
-                f"{short_id(str(s['checkpoint_id']))} (step {s['step']}, on {s['medium']}: {s['error']})"
+                f"{short_id(str(s['checkpoint_id']))} (step {s['step']}, on {s['medium']}: {s['error']}: {s['reason']})"
                 for s in skipped) + " -- verifies on no medium")
         return "; ".join(parts) or "all media agree"
 
@@ -248,7 +267,7 @@ def _repair_branch(live: list[tuple[str, Store]], task_id: str, branch: str, key
     contained = lineage(src_rows, [best.id])
     lineage_rows = list(reversed(first_parent_chain({r.checkpoint_id: r for r in src_rows}, best.id)))
     task_row = src.get_task(task_id)
-    skipped = [dict(checkpoint_id=s.checkpoint_id, seq=s.seq, step=s.step, medium=name, error=f"{s.error}: {s.reason}")
+    skipped = [dict(checkpoint_id=s.checkpoint_id, seq=s.seq, step=s.step, medium=name, error=s.error, reason=s.reason)
                for name, (_, fb) in heads.items() if fb is not None for s in fb.skipped
                if s.seq is None or s.seq > best.record.seq]
     if skipped:

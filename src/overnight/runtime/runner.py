@@ -19,7 +19,7 @@ from __future__ import annotations
 from overnight.runtime import recompute
 from overnight.runtime.step import StepRun, encode_results, state_after
 from overnight.runtime.lease import Abandon, LeaseKeeper, StopSignals
-from overnight.ops.repair import repair_before_resume, set_aside_damaged_media
+from overnight.ops.repair import RepairReport, repair_before_resume, set_aside_damaged_media
 from overnight.chain.integrity import verify_artifacts
 
 import inspect
@@ -258,6 +258,7 @@ class Runner:
         self._world: dict[str, Any] | None = None
         self._world_ref: dict[str, Any] | None = None
         self._accepted: list[dict[str, Any]] = []
+        self._repair: RepairReport | None = None  # what repair_before_resume did (a replicated task)
         self._exported: dict[str, str] = {}
         self._pending_context: list[list[dict[str, str]]] = []
         self._calls: dict[str, list[CallRecord]] = {}
@@ -496,6 +497,8 @@ class Runner:
                 hint="give this task another id, or, if the code moved, resume it with "
                 f"`overnight resume {self.task.id} --file {self.task.entry}`")
         loaded, fallback = self._head_loaded()
+        repaired_back = self._repair.fallback(self.branch, loaded.id) if self._repair and fallback is None else None
+        fallback = fallback or repaired_back  # the repair moved the ref back past what verifies on no medium
         accepted = rollback.check(self.store, loaded, key=self.key, allow=self.allow_rollback,
                                   skipped={s.checkpoint_id for s in fallback.skipped} if fallback else set())
         if accepted is not None:
@@ -503,7 +506,7 @@ class Runner:
         if fallback is not None:
             ensure_hot(self.store, self.task.id, loaded.id)  # fell back into archived history: bring it back
         self.state = loaded.state_tree
-        self.chain.start_from(loaded, fallback)
+        self.chain.start_from(loaded, None if repaired_back else fallback)
         self.chain.session_n = loaded.record.session.n + 1
         healed = "\n".join(h.describe() for h in loaded.healed)  # read from ditto copies: always said
         self._heal_note = f"self-healed: {'; '.join(h.describe() for h in loaded.healed)}" if healed else None
@@ -594,7 +597,7 @@ class Runner:
     def _repair_media(self) -> None:
         """A replicated task: every medium brought up to the newest verifiable head before one is
         read (:func:`~overnight.ops.repair.repair_before_resume`)."""
-        repair = repair_before_resume(self.store, self.task.id, key=self.key)
+        self._repair = repair = repair_before_resume(self.store, self.task.id, key=self.key)
         if repair is not None and (repair.repaired or any(m.status != "ok" for m in repair.media)):
             self._emit("repair", detail=repair.describe())
 
