@@ -156,6 +156,8 @@ def _attribute(store: Store, task_id: str, after_seq: int) -> dict[str, int]:
         for kind in ("todo", "done", "artifacts"):
             for ref in doc[kind]["pages"]:
                 blob(f"{kind.rstrip('s')} pages" if kind != "artifacts" else "artifact pages", ref["digest"], count)
+        for ref in doc.get("values", {}).values():
+            blob("user state", ref["digest"], count)
         if rec["fingerprint"]:
             blob("fingerprint", rec["fingerprint"]["world"]["digest"], count)
     return roles

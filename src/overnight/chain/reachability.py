@@ -155,7 +155,8 @@ class Reach:
     # -- checkpoints ------------------------------------------------------------------------------
 
     def roots(self, row: CheckpointRow) -> list[str]:
-        """The blobs a checkpoint references directly (state document, pages, artifacts, world).
+        """The blobs a checkpoint references directly (state document, its stored values, pages,
+        artifacts, world).
 
         Raises:
             FormatTooNew: the record or its state document was written by a newer overnight.
@@ -202,6 +203,10 @@ class Reach:
             if member == "artifacts":
                 for p in pages:
                     out.extend(self._artifacts_of(p, cp, where))
+        try:
+            out.extend(ref["digest"] for ref in doc["values"].values())
+        except (KeyError, TypeError, AttributeError):
+            self._note(where, "state has malformed values")
         return out
 
     def _artifacts_of(self, page: str, cp: str, where: tuple[str, str]) -> list[str]:

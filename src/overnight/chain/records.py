@@ -1,4 +1,4 @@
-"""The checkpoint record and the task state document, as pydantic schemas (record format 2).
+"""The checkpoint record and the task state document, as pydantic schemas (record format 3).
 
 Every field is required: a record missing ``todo``, ``done``, an artifact reference or anything
 else is invalid -- never "resumed with defaults". Unknown fields are refused too. The prose spec,
@@ -26,9 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapte
 
 from overnight.errors import RecordInvalid
 
-FORMAT_VERSION = 2
-"""Format of checkpoint records and state documents written by this code (format 1 is read and
-upgraded, :mod:`overnight.chain.migrate`)."""
+FORMAT_VERSION = 3
+"""Format of checkpoint records and state documents written by this code (formats 1 and 2 are read
+and upgraded, :mod:`overnight.chain.migrate`)."""
+
+VALUE_INLINE_MAX = 2 * 1024
+"""Bytes: a top-level value of the user state (``ctx.state[key]``) whose canonical JSON is longer
+than this is stored as its own blob and named in the state document's ``values`` (format 3), so an
+unchanged large value costs one reference per checkpoint, not a re-stored part of the document."""
 
 WORLD_FORMAT = 2
 """World fingerprint format: 1 without ``model``, 2 with it (docs/FORMAT.md, Changes)."""
@@ -268,7 +273,12 @@ class Recompute(_Strict):
 
 class StateDoc(_Strict):
     """The state document a checkpoint's ``state`` blob holds (``todo``, ``done`` and
-    ``artifacts`` as page references, so its size does not grow with the plan or the history)."""
+    ``artifacts`` as page references, so its size does not grow with the plan or the history).
+
+    ``values``: top-level members of ``data`` stored as their own blobs (each the canonical JSON
+    of the value; those longer than :data:`VALUE_INLINE_MAX` bytes): ``key -> blob``. Such a key
+    keeps its place in ``data`` with the placeholder ``null``, which the blob's value replaces on
+    load. Empty unless ``data`` is a JSON object."""
 
     format: int
     task: TaskInfo
@@ -278,6 +288,7 @@ class StateDoc(_Strict):
     data: Any
     context: ContextInfo
     recompute: Recompute | None
+    values: dict[str, BlobRef]
 
 
 class TaskState(_Strict):

@@ -26,6 +26,7 @@ from overnight.chain.records import (
     DONE_PAGE_SCHEMA,
     FORMAT_VERSION,
     TODO_PAGE,
+    VALUE_INLINE_MAX,
     CheckpointRecord,
     StateDoc,
     validated,
@@ -58,6 +59,26 @@ def _retry_busy(write: Any) -> Any:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+def split_values(data: Any, writer: BlobWriter) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """``(data, values)`` for a state document: each top-level value of ``data`` (a JSON object
+    tree) whose canonical JSON is longer than :data:`VALUE_INLINE_MAX` bytes is staged in
+    ``writer`` as its own blob, named in ``values`` (``key -> {"digest", "size"}``) and left in
+    ``data`` as ``null``. An unchanged value is the same blob: it costs a reference, not bytes."""
+    if not isinstance(data, dict) or "$t" in data:  # not a JSON object (a tagged value): kept whole
+        return data, {}
+    inline: dict[str, Any] = {}
+    values: dict[str, dict[str, Any]] = {}
+    for k, v in data.items():
+        if isinstance(v, (dict, list, str)):
+            raw = encode_state(v)
+            if len(raw) > VALUE_INLINE_MAX:
+                values[k] = {"digest": writer.put(raw), "size": len(raw)}
+                inline[k] = None
+                continue
+        inline[k] = v
+    return (inline if values else data), values
 
 
 def utc_now() -> str:
@@ -174,7 +195,8 @@ class ChainWriter:
             "artifacts": self._artifacts.refs(artifact_pages(state["artifacts"]), writer, ARTIFACT_PAGE,
                                               "artifact page", **ids),
         }
-        doc = {**state, **doc_refs}
+        data, values = split_values(state["data"], writer)
+        doc = {**state, **doc_refs, "data": data, "values": values}
         validated(StateDoc, doc, "state document", **ids)
         state_bytes = encode_state(doc)
         state_digest = writer.put(state_bytes)
@@ -202,7 +224,8 @@ class ChainWriter:
         rows = [JournalRow(task_id=self.task_id, checkpoint_id=cid, seq=row.seq, session=self.session_id, **j)
                 for j in journal]
         objects = [*writer.commit_objects(), *self._ditto.copies(  # ditto copies (overnight/chain/ditto.py)
-            writer, row, state=state_digest, artifacts=[a["digest"] for a in state["artifacts"].values()],
+            writer, row, state=state_digest, artifacts=[*(a["digest"] for a in state["artifacts"].values()),
+                                                        *(v["digest"] for v in values.values())],
             whole=[*(r["digest"] for k in ("todo", "done", "artifacts") for r in doc_refs[k]["pages"]),
                    *([fingerprint["world"]["digest"]] if fingerprint is not None else [])])]
         if sum(len(o.data) for o in objects) > PREWRITE_BYTES:
@@ -211,7 +234,7 @@ class ChainWriter:
         for pages in (self._todo, self._done, self._artifacts):
             pages.accept()
         roots = [state_digest, *(r["digest"] for k in ("todo", "done", "artifacts") for r in doc_refs[k]["pages"]),
-                 *(a["digest"] for a in state["artifacts"].values())]
+                 *(a["digest"] for a in state["artifacts"].values()), *(v["digest"] for v in values.values())]
         if fingerprint is not None:
             roots.append(fingerprint["world"]["digest"])
         self.known.update(writer.closure(roots))

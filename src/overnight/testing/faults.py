@@ -111,7 +111,8 @@ class Faults:
         reader = BlobReader(store)
         out = set(reader.reachable(record["state"]["digest"]))
         doc = loads(reader.get(record["state"]["digest"]))
-        refs = [*doc["todo"]["pages"], *doc["done"]["pages"], *doc["artifacts"]["pages"]]
+        refs = [*doc["todo"]["pages"], *doc["done"]["pages"], *doc["artifacts"]["pages"],
+                *doc.get("values", {}).values()]
         if record.get("fingerprint"):
             refs.append(record["fingerprint"]["world"])
         for page in doc["artifacts"]["pages"]:
