@@ -101,3 +101,22 @@ def test_a_damaged_value_blob_is_healed_from_its_copy(tmp_path):
         assert fallback is None and loaded.state.data["big"] == BIG
         assert d in {h.digest for h in loaded.healed}
         assert BlobReader(s).get(d) == dumps(BIG)  # rewritten from the copy
+
+
+def test_the_state_document_keeps_its_size_as_the_history_grows(tmp_path):
+    """With three pages or more, the inner page references live in a ``middle`` blob: the state
+    document holds two page references per collection however long the done list grows, and a
+    document naming a page list with other than two inline pages is refused."""
+    _run(tmp_path, steps=200)  # 201 done entries: 4 done pages
+    with SQLiteStore(tmp_path / "s.db") as s:
+        head, _ = load_head(s, "values")
+        assert [len(p.tree) for p in head.done_pages] == [64, 64, 64, 9]
+        rows = sorted(s.list_checkpoints("values"), key=lambda r: r.seq)
+        sizes = {r.seq: loads(r.body)["state"]["size"] for r in rows}
+        assert sizes[200] - sizes[140] <= 4  # only counts changed (digits), no page reference was added
+        doc = loads(BlobReader(s).get(head.record.state.digest))
+        assert len(doc["done"]["pages"]) == 2 and doc["done"]["middle"] is not None
+        forged = _forge(s, lambda d: {**d, "done": {**d["done"], "pages": [d["done"]["pages"][0], *d["done"]["pages"]]}})
+        loaded, fallback = load_head(s, "values")
+        assert loaded.id == head.id and [x.checkpoint_id for x in fallback.skipped] == [forged]
+        assert "not 2" in fallback.skipped[0].reason

@@ -16,6 +16,7 @@ in which a checkpoint first referenced it (object ``data`` bytes as stored, comp
 * ``state doc`` -- the state document blob, or its ``tree`` object when chunked;
 * ``state chunks`` / ``chunk index`` -- the chunks and chunk index of a chunked state document;
 * ``user state`` -- objects holding ``ctx.state`` values stored outside the state document;
+* ``page lists`` -- the blobs listing a collection's inner page references (``middle``);
 * ``todo pages``, ``done pages``, ``artifact pages`` -- page blobs (with their chunks if chunked);
 * ``artifacts``, ``fingerprint`` -- artifact blobs, the world fingerprint;
 * ``ditto`` -- ditto copies (:mod:`overnight.chain.ditto`);
@@ -46,8 +47,8 @@ from overnight.store.base import Store
 from overnight.store.blobs import BlobReader
 
 #: roles of the breakdown, in table order (see the module docstring)
-ROLES = ("record", "state doc", "state chunks", "chunk index", "user state", "todo pages", "done pages",
-         "artifact pages", "artifacts", "fingerprint", "ditto", "journal", "sqlite overhead")
+ROLES = ("record", "state doc", "state chunks", "chunk index", "user state", "page lists", "todo pages",
+         "done pages", "artifact pages", "artifacts", "fingerprint", "ditto", "journal", "sqlite overhead")
 
 
 @dataclass
@@ -154,8 +155,15 @@ def _attribute(store: Store, task_id: str, after_seq: int) -> dict[str, int]:
         blob("state doc", rec["state"]["digest"], count, "state chunks")
         doc = loads(reader.get(rec["state"]["digest"]))
         for kind in ("todo", "done", "artifacts"):
-            for ref in doc[kind]["pages"]:
+            refs = doc[kind]["pages"]
+            if doc[kind].get("middle"):
+                blob("page lists", doc[kind]["middle"]["digest"], count)
+                refs = [*refs[:1], *loads(reader.get(doc[kind]["middle"]["digest"])), *refs[1:]]
+            for ref in refs:
                 blob(f"{kind.rstrip('s')} pages" if kind != "artifacts" else "artifact pages", ref["digest"], count)
+                if kind == "artifacts":
+                    for art in loads(reader.get(ref["digest"])).values():
+                        blob("artifacts", art["digest"], count)
         for ref in doc.get("values", {}).values():
             blob("user state", ref["digest"], count)
         if rec["fingerprint"]:

@@ -24,8 +24,10 @@ present, so both a strict format-1 record and one written by overnight 0.1 load:
   (unknown products count as changed).
 
 **2 -> 3**: the state document gains ``values`` (top-level user-state values stored as their own
-blobs), empty for a format-2 document, whose ``data`` holds every value; the record and the pages
-are unchanged but for the record's ``format``.
+blobs), empty for a format-2 document, whose ``data`` holds every value, and each page collection
+gains ``middle`` (the references of its inner pages, in their own blob), null for a format-2
+document, whose ``pages`` lists every page; the record and the pages are unchanged but for the
+record's ``format``.
 """
 
 from __future__ import annotations
@@ -79,7 +81,11 @@ def _record_2_to_3(tree: dict[str, Any]) -> dict[str, Any]:
 
 
 def _state_2_to_3(tree: dict[str, Any]) -> dict[str, Any]:
-    return {**tree, "format": 3, "values": {}}
+    out = {**tree, "format": 3, "values": {}}
+    for member in ("todo", "done", "artifacts"):
+        if isinstance(tree.get(member), dict):
+            out[member] = {**tree[member], "middle": None}
+    return out
 
 
 RECORD_MIGRATIONS: dict[int, Migration] = {1: _record_1_to_2, 2: _record_2_to_3}

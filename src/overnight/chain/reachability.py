@@ -155,8 +155,8 @@ class Reach:
     # -- checkpoints ------------------------------------------------------------------------------
 
     def roots(self, row: CheckpointRow) -> list[str]:
-        """The blobs a checkpoint references directly (state document, its stored values, pages,
-        artifacts, world).
+        """The blobs a checkpoint references directly (state document, its stored values, page
+        lists, pages, artifacts, world).
 
         Raises:
             FormatTooNew: the record or its state document was written by a newer overnight.
@@ -196,6 +196,10 @@ class Reach:
         for member in ("todo", "done", "artifacts"):
             try:
                 pages = [p["digest"] for p in doc[member]["pages"]]
+                if doc[member]["middle"] is not None:  # the inner pages' references, in their own blob
+                    out.append(doc[member]["middle"]["digest"])
+                    inner = self._read(doc[member]["middle"]["digest"], f"{cp} {member} page list", where)
+                    pages[1:1] = [p["digest"] for p in inner or []]
             except (KeyError, TypeError):
                 self._note(where, f"state has no {member} pages")
                 continue

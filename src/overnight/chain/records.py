@@ -229,16 +229,24 @@ class DoneEntry(_Strict):
 
 
 class Pages(_Strict):
-    """A collection stored as page blobs: ``count`` entries in ``pages``.
+    """A collection stored as page blobs: ``count`` entries in the pages ``pages[:1] + <the refs
+    listed by middle> + pages[1:]`` (just ``pages`` when ``middle`` is None).
 
     ``done``: each page a canonical JSON list of :class:`DoneEntry`, :data:`DONE_PAGE` per page,
     all full but the last. ``todo``: each page a canonical JSON list of :class:`TodoEntry`, split
     as :data:`PAGE_FANOUT` says. ``artifacts``: each page a canonical JSON object ``name ->``
     :class:`ArtifactRef`, names sorted across pages, split as :data:`PAGE_FANOUT` says.
+
+    ``middle`` (format 3): with three pages or more, ``pages`` holds only the first and the last
+    page and ``middle`` is a blob holding the canonical JSON list of the other pages' references
+    (``[{"digest", "size"}, ...]``, in order, at least one). A collection that changes at its ends
+    -- the done list grows at the end, the todo list is consumed from the front -- then leaves the
+    ``middle`` blob unchanged and the state document keeps a fixed size however many pages there are.
     """
 
     count: int = Field(ge=0)
     pages: list[BlobRef]
+    middle: BlobRef | None
 
 
 class ContextInfo(_Strict):
@@ -304,6 +312,8 @@ class TaskState(_Strict):
     recompute: Recompute | None
 
 
+PAGE_LIST = TypeAdapter(list[BlobRef])
+"""Schema of a :attr:`Pages.middle` blob (page references)."""
 TODO_PAGE = TypeAdapter(list[TodoEntry])
 """Schema of a todo page blob."""
 DONE_PAGE_SCHEMA = TypeAdapter(list[DoneEntry])
