@@ -52,6 +52,20 @@ def test_storage_bench_reports_the_measured_database_and_beats_sqlitesaver(tmp_p
     assert len(ours.commit_ms) == len(lg.commit_ms) == steps
 
 
+def test_step_bytes_bench_accounts_for_the_growth_and_never_restores_the_unchanged_value(tmp_path):
+    from overnight.bench.step_bytes import ROLES, run_step_bytes_bench
+
+    result = run_step_bytes_bench(12, large_kb=64, directory=tmp_path)
+    trivial, large = result.series
+    assert [s.name for s in result.series] == ["trivial", "large unchanged"]
+    for s in result.series:
+        assert s.grown > 0 and set(s.roles) <= set(ROLES)
+        assert s.roles["record"] > 0 and s.roles["state doc"] > 0
+    # the 64 KB value was stored by the setup step; no later step stores any of it again
+    assert large.roles.get("user state", 0) == 0 and large.roles.get("state chunks", 0) == 0
+    assert "| large unchanged |" in result.markdown() and list(tmp_path.iterdir()) == []
+
+
 def test_storage_bench_measures_file_and_postgres_stores_too(tmp_path, postgres_url):
     result = run_storage_bench(4, start_kb=16, media=("file", "postgres"), postgres_url=postgres_url,
                                directory=tmp_path)

@@ -1,6 +1,6 @@
-"""Record format 1 -> 2: stores written by earlier releases, and records written from the format-1
-spec, open and load through ``overnight/chain/migrate.py``; a task continues from them and
-writes format 2; a format from the future is refused; nothing malformed is written."""
+"""Record formats 1 and 2 -> 3: stores written by earlier releases, and records written from the
+format-1 spec, open and load through ``overnight/chain/migrate.py``; a task continues from them and
+writes format 3; a format from the future is refused; nothing malformed is written."""
 
 from __future__ import annotations
 
@@ -45,10 +45,11 @@ def _strict_v1_entry(kind: str, e: dict) -> dict:
     return out
 
 
-def write_v1(url: str, tree: dict, *, strict: bool) -> str:
-    """Commit ``tree`` (a state as this version holds it) as a new task's one format-1 checkpoint:
-    ``strict`` as the format-1 spec said, else as overnight 0.1 wrote it (format 1 with the extra
-    members). Built by hand: digests valid, canonical bytes."""
+def write_v1(url: str, tree: dict, *, strict: bool, fmt: int = 1) -> str:
+    """Commit ``tree`` (a state as this version holds it) as a new task's one format-``fmt``
+    checkpoint (1 or 2): for format 1 ``strict`` as the format-1 spec said, else as overnight 0.1
+    wrote it (format 1 with the extra members); format 2 holds the whole user state in ``data``.
+    Built by hand: digests valid, canonical bytes."""
     with open_store(url) as store:
         writer = BlobWriter(store)
         for blob in tree["_blobs"]:  # the artifacts' bytes
@@ -64,7 +65,7 @@ def write_v1(url: str, tree: dict, *, strict: bool) -> str:
             return {"count": len(entries), "pages": refs}
 
         ctx = tree["context"]
-        doc = {"format": 1, "task": tree["task"], "todo": pages("todo", todo_pages, tree["todo"]),
+        doc = {"format": fmt, "task": tree["task"], "todo": pages("todo", todo_pages, tree["todo"]),
                "done": pages("done", done_pages, tree["done"]),
                "artifacts": pages("artifacts", artifact_pages, tree["artifacts"]), "data": tree["data"],
                "context": {"summary": ctx["summary"], "compactions": ctx["compactions"]} if strict else ctx}
@@ -72,7 +73,7 @@ def write_v1(url: str, tree: dict, *, strict: bool) -> str:
             doc["recompute"] = tree["recompute"]
         state = dumps(doc)
         created = utc_now()
-        record = {"format": 1, "task_id": tree["task"]["id"], "parent_id": None, "branch": "main", "seq": 0,
+        record = {"format": fmt, "task_id": tree["task"]["id"], "parent_id": None, "branch": "main", "seq": 0,
                   "session": {"id": "v1", "n": 1}, "created_at": created,
                   "event": {"kind": "init", "step": None, "key": None, "ref": None, "detail": None},
                   "state": {"digest": writer.put(state), "size": len(state)}, "fingerprint": None}
@@ -96,14 +97,14 @@ def half_done(tmp_path):
 
 
 @pytest.mark.parametrize("strict", [False, True], ids=["written-by-0.1", "strict-spec"])
-def test_a_format_1_store_loads_and_the_task_continues_in_format_2(tmp_path, half_done, strict):
+def test_a_format_1_store_loads_and_the_task_continues_in_format_3(tmp_path, half_done, strict):
     url = f"sqlite://{tmp_path / 'v1.db'}"
     v1 = write_v1(url, half_done, strict=strict)
     with open_store(url) as s:
         loaded, fallback = load_head(s, "old")
         assert fallback is None and loaded.id == v1
         st = loaded.state
-        assert st.format == FORMAT_VERSION == 2
+        assert st.format == FORMAT_VERSION == 3
         assert [d.name for d in st.done] == ["plan", "work[i=0]", "work[i=1]"]
         assert [t.name for t in st.todo] == ["work[i=2]", "work[i=3]", "work[i=4]"]
         assert st.context.messages == [] and st.context.tokens == 0 and st.recompute is None
@@ -126,15 +127,37 @@ def test_a_format_1_store_loads_and_the_task_continues_in_format_2(tmp_path, hal
         head, fallback = load_head(s, "old")
         assert fallback is None and head.state.data == {"sum": 10}
         reader = BlobReader(s)
-        for cid in (head.id, head.record.parent_id):  # every new record and page is format 2, complete
+        for cid in (head.id, head.record.parent_id):  # every new record and page is format 3, complete
             c = load_checkpoint(s, cid)
-            assert json.loads(c.row.body)["format"] == 2
-            assert loads(reader.get(c.record.state.digest))["format"] == 2
+            assert json.loads(c.row.body)["format"] == 3
+            assert loads(reader.get(c.record.state.digest))["format"] == 3
             for p in c.done_pages:
                 assert not p.migrated
                 assert all("produced" in e and "state" in e["reads"] for e in loads(reader.get(p.ref["digest"])))
         first = load_checkpoint(s, v1)  # the format-1 record itself is untouched
         assert json.loads(first.row.body)["format"] == 1
+
+
+def test_a_format_2_store_loads_and_its_large_values_move_to_their_own_blobs(tmp_path, half_done):
+    """A format-2 document holds a large value inline in ``data``; it loads (``values`` empty, the
+    pages reused as they are) and the next commit stores the value as its own blob, in its place."""
+    notes = "a note that is long enough to be stored apart " * 100
+    url = f"sqlite://{tmp_path / 'v2.db'}"
+    v2 = write_v1(url, {**half_done, "data": {**half_done["data"], "notes": notes}}, strict=False, fmt=2)
+    with open_store(url) as s:
+        loaded, fallback = load_head(s, "old")
+        assert fallback is None and loaded.id == v2 and loaded.doc.values == {}
+        assert loaded.state.data == {"sum": 1, "notes": notes} and not any(p.migrated for p in loaded.done_pages)
+    RUNS.clear()
+    result = overnight.run(_task(), url, handle_signals=False)
+    assert result.status == "complete" and RUNS == [2, 3, 4]
+    with open_store(url) as s:
+        head, _ = load_head(s, "old")
+        assert list(head.state.data.items()) == [("sum", 10), ("notes", notes)]  # order kept
+        doc = loads(BlobReader(s).get(head.record.state.digest))
+        assert doc["format"] == 3 and doc["data"] == {"sum": 10, "notes": None}
+        assert loads(BlobReader(s).get(doc["values"]["notes"]["digest"])) == notes
+        assert json.loads(load_checkpoint(s, v2).row.body)["format"] == 2  # untouched
 
 
 def test_a_format_from_the_future_is_refused(tmp_path, half_done):

@@ -398,7 +398,7 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
         warts: dict[str, Any] = {}
         for r in entry.leaves:
             lc = loaded[r.cid]
-            _merge_writes(writes, warts, lc.doc.data["langgraph"]["writes"], lc.state_tree["artifacts"])
+            _merge_writes(writes, warts, lc.data["langgraph"]["writes"], lc.state_tree["artifacts"])
         main = loaded[entry.cid] if entry.cid is not None else None
         tree = main.state_tree if main is not None else None
         if tree is not None and len(entry.leaves) > 1:
@@ -869,7 +869,7 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
                 index = self._index(task_id)
                 stored = index.checkpoints()
                 keep = [e for e in stored if e.cid is not None and from_tree(
-                    self._load(task_id, e.cid).doc.data["langgraph"]["metadata"]).get("run_id") not in runs]
+                    self._load(task_id, e.cid).data["langgraph"]["metadata"]).get("run_id") not in runs]
                 if len(keep) == len(stored):
                     continue
                 if keep:

@@ -364,7 +364,7 @@ class OvernightSession(Closing):
 
     @staticmethod
     def _next(loaded: LoadedCheckpoint | None) -> int:
-        return int(from_tree(loaded.doc.data, "state.data")["next"]) if loaded is not None else 1
+        return int(from_tree(loaded.data, "state.data")["next"]) if loaded is not None else 1
 
     def _add_items(self, items: list[Any]) -> None:
         if not items:

@@ -383,8 +383,8 @@ class CopyPolicy:
 
         Args:
             state: the state document's digest.
-            whole: page and fingerprint digests (copied with every object they are made of).
-            artifacts: artifact digests (their tree object and chunk index).
+            whole: page, page list and fingerprint digests (copied with every object they are made of).
+            artifacts: artifact and stored user-state value digests (their tree object and chunk index).
         """
         out = [record_copy(row)]
         refs: set[str] = set()

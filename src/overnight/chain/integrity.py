@@ -59,7 +59,9 @@ from overnight.chain.records import (
     WORLD,
     ArtifactRef,
     BlobRef,
+    PAGE_LIST,
     CheckpointRecord,
+    Pages,
     StateDoc,
     TaskState,
     validation_summary,
@@ -126,6 +128,9 @@ class LoadedCheckpoint:
     """The recorded world fingerprint (:class:`~overnight.chain.records.WorldDoc` tree), if any."""
     healed: tuple[Heal, ...] = ()
     """Objects and records read from their ditto copies (:mod:`overnight.chain.ditto`) by this load."""
+    data: Any = None
+    """The user state (``ctx.state``) as a tree, with the values the document stores as their own
+    blobs (``values``, format 3) read back in place."""
 
     @property
     def id(self) -> str:
@@ -140,7 +145,8 @@ class LoadedCheckpoint:
     def state_tree(self) -> dict[str, Any]:
         """The state as a tree with ``done`` as one list and ``artifacts`` as one mapping (the
         entries are the pages' own objects, so unchanged pages are recognised when committing)."""
-        return {**self.doc_tree, "todo": [e for p in self.todo_pages for e in p.tree],
+        return {**{k: v for k, v in self.doc_tree.items() if k != "values"}, "data": self.data,
+                "todo": [e for p in self.todo_pages for e in p.tree],
                 "done": [e for p in self.done_pages for e in p.tree],
                 "artifacts": {n: a for p in self.artifact_pages for n, a in p.tree.items()}}
 
@@ -150,7 +156,7 @@ class LoadedCheckpoint:
         return TaskState.model_construct(format=d.format, task=d.task,
                                          todo=[e for p in self.todo_pages for e in p.entries],
                                          done=[e for p in self.done_pages for e in p.entries],
-                                         artifacts=self.artifacts, data=d.data, context=d.context,
+                                         artifacts=self.artifacts, data=self.data, context=d.context,
                                          recompute=d.recompute)
 
 
@@ -277,6 +283,20 @@ def load_checkpoint(
         raise SchemaError(f"{where} is incomplete or malformed: {_validation_summary(exc)}", **ids) from exc
     if doc.task.id != record.task_id:
         raise SchemaError(f"{where} belongs to task {doc.task.id!r}, not {record.task_id!r}", **ids)
+    data = tree["data"]
+    if doc.values:  # top-level values stored as their own blobs: read back into their places
+        if not isinstance(data, dict) or "$t" in data or any(data.get(k, 0) is not None for k in doc.values):
+            raise SchemaError(f"{where} names values {sorted(doc.values)} that its data does not hold as null", **ids)
+        data = dict(data)
+        for k, ref in doc.values.items():
+            what = f"{where} value {k!r}"
+            raw = read(ref.digest, ref.size, what)
+            try:
+                data[k] = loads(raw)
+            except DecodeError as exc:
+                raise SchemaError(f"{what} is not canonical JSON: {exc.message}", **ids) from exc
+            if dumps(data[k]) != raw:
+                raise SchemaError(f"{what} is not in canonical form", **ids)
 
     def page(ref: BlobRef, what: str, adapter: TypeAdapter, collection: str | None = None) -> Page:
         # a page read for an older state document is cached apart: its entries were upgraded
@@ -297,15 +317,28 @@ def load_checkpoint(
         found = pages[cache_key] = Page(ref.model_dump(), tree, entries, migrated=tree is not stored)
         return found
 
-    todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE, "todo") for i, r in enumerate(doc.todo.pages)]
+    def refs(member: str, pages: Pages) -> list[BlobRef]:
+        """Every page reference of a collection: the inline ones and those of its ``middle`` blob."""
+        if pages.middle is None:
+            return pages.pages
+        if len(pages.pages) != 2:
+            raise SchemaError(f"{where} {member} has a middle page list but {len(pages.pages)} inline pages, not 2",
+                              **ids)
+        middle = page(pages.middle, f"{cp} {member} page list", PAGE_LIST).entries
+        if not middle:
+            raise SchemaError(f"{where} {member} page list is empty", **ids)
+        return [pages.pages[0], *middle, pages.pages[1]]
+
+    todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE, "todo") for i, r in enumerate(refs("todo", doc.todo))]
     if sum(len(p.tree) for p in todo_pages) != doc.todo.count or any(not p.tree for p in todo_pages):
         raise SchemaError(f"{where} todo pages do not hold the {doc.todo.count} entries the state says", **ids)
-    done_pages = [page(r, f"{cp} done page {i}", _DONE_PAGE, "done") for i, r in enumerate(doc.done.pages)]
+    done_pages = [page(r, f"{cp} done page {i}", _DONE_PAGE, "done") for i, r in enumerate(refs("done", doc.done))]
     sizes = [len(p.tree) for p in done_pages]
     if sum(sizes) != doc.done.count or any(n != DONE_PAGE for n in sizes[:-1]) or (sizes and not 0 < sizes[-1] <= DONE_PAGE):
         raise SchemaError(f"{where} done pages hold {sizes} entries; the state says {doc.done.count} "
                           f"in pages of {DONE_PAGE}", **ids)
-    artifact_pages = [page(r, f"{cp} artifact page {i}", _ARTIFACT_PAGE) for i, r in enumerate(doc.artifacts.pages)]
+    artifact_pages = [page(r, f"{cp} artifact page {i}", _ARTIFACT_PAGE)
+                      for i, r in enumerate(refs("artifacts", doc.artifacts))]
     names = [n for p in artifact_pages for n in p.tree]
     if len(names) != doc.artifacts.count or any(a >= b for a, b in zip(names, names[1:])) or any(
             not p.tree for p in artifact_pages):
@@ -319,7 +352,7 @@ def load_checkpoint(
                                **ids)
     loaded = LoadedCheckpoint(row=row, record=record, doc=doc, doc_tree=tree, todo_pages=todo_pages,
                               done_pages=done_pages, artifact_pages=artifact_pages, world=world,
-                              healed=tuple(healed or ()))
+                              healed=tuple(healed or ()), data=data)
 
     if check_artifacts:
         arts = loaded.artifacts
@@ -360,7 +393,7 @@ def verify_artifacts(loaded: LoadedCheckpoint, reader: BlobReader) -> None:
 def record_problems(store: Store, rows: Iterable[CheckpointRow], *, key: bytes | None) -> dict[str, str]:
     """``checkpoint_id -> "ErrorKind: message"`` for every row of ``rows`` that does not verify:
     its record (digest, schema, signature), and the objects a load reads first -- the state
-    document, its todo/done/artifact pages and the world fingerprint -- present and hashing to
+    document, its page lists, todo/done/artifact pages, stored values and the world fingerprint -- present and hashing to
     their digests, and every artifact object present (artifact bytes are hashed by ``verify``). What ``show``, ``log`` and ``ls`` mark as
     damaged. Each object is read and hashed once however many rows share it, and nothing is
     decoded beyond the state document's page references (a load would validate every page).
@@ -393,10 +426,15 @@ def record_problems(store: Store, rows: Iterable[CheckpointRow], *, key: bytes |
             what = f"checkpoint {short_id(row.checkpoint_id)}"
             state = read([record.state.digest], f"{what} state").get(record.state.digest)
             doc = json.loads(state if state is not None else reader.get(record.state.digest, f"{what} state"))
-            refs = [ref.get("digest") for part in ("todo", "done", "artifacts")
-                    for ref in (doc.get(part) or {}).get("pages", []) if isinstance(ref, dict)]
-            art_pages = [str(ref.get("digest")) for ref in (doc.get("artifacts") or {}).get("pages", [])
-                         if isinstance(ref, dict)]
+            lists = {part: doc.get(part) or {} for part in ("todo", "done", "artifacts")}
+            middles = [str(m.get("digest")) for m in (p.get("middle") for p in lists.values()) if isinstance(m, dict)]
+            middle = read(middles, f"{what} page list")
+            page_refs = {part: [*p.get("pages", [])[:1], *(json.loads(middle.get(m["digest"]) or reader.get(
+                m["digest"], f"{what} page list")) if isinstance(m := p.get("middle"), dict) else []),
+                *p.get("pages", [])[1:]] for part, p in lists.items()}
+            refs = [ref.get("digest") for part in page_refs.values() for ref in part if isinstance(ref, dict)]
+            refs += [ref.get("digest") for ref in (doc.get("values") or {}).values() if isinstance(ref, dict)]
+            art_pages = [str(ref.get("digest")) for ref in page_refs["artifacts"] if isinstance(ref, dict)]
             world = (json.loads(row.body).get("fingerprint") or {}).get("world")
             if isinstance(world, dict):
                 refs.append(world.get("digest"))

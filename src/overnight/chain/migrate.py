@@ -22,6 +22,12 @@ present, so both a strict format-1 record and one written by overnight 0.1 load:
   change of the user state counts as read), ``produced`` ``{"output": sha256 of the output's
   canonical bytes, "state": {"*": "unknown"}, "artifacts": {name: "unknown" for each write}}``
   (unknown products count as changed).
+
+**2 -> 3**: the state document gains ``values`` (top-level user-state values stored as their own
+blobs), empty for a format-2 document, whose ``data`` holds every value, and each page collection
+gains ``middle`` (the references of its inner pages, in their own blob), null for a format-2
+document, whose ``pages`` lists every page; the record and the pages are unchanged but for the
+record's ``format``.
 """
 
 from __future__ import annotations
@@ -70,10 +76,22 @@ def _done_1_to_2(entry: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-RECORD_MIGRATIONS: dict[int, Migration] = {1: _record_1_to_2}
+def _record_2_to_3(tree: dict[str, Any]) -> dict[str, Any]:
+    return {**tree, "format": 3}
+
+
+def _state_2_to_3(tree: dict[str, Any]) -> dict[str, Any]:
+    out = {**tree, "format": 3, "values": {}}
+    for member in ("todo", "done", "artifacts"):
+        if isinstance(tree.get(member), dict):
+            out[member] = {**tree[member], "middle": None}
+    return out
+
+
+RECORD_MIGRATIONS: dict[int, Migration] = {1: _record_1_to_2, 2: _record_2_to_3}
 """Checkpoint record migrations, ``N -> N+1``."""
 
-STATE_MIGRATIONS: dict[int, Migration] = {1: _state_1_to_2}
+STATE_MIGRATIONS: dict[int, Migration] = {1: _state_1_to_2, 2: _state_2_to_3}
 """State document migrations, ``N -> N+1``."""
 
 ENTRY_MIGRATIONS: dict[int, dict[str, EntryMigration]] = {1: {"todo": _todo_1_to_2, "done": _done_1_to_2}}

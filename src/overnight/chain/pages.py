@@ -62,6 +62,19 @@ def artifact_pages(artifacts: dict[str, dict[str, Any]]) -> list[dict[str, dict[
     return pages
 
 
+def page_list(refs: dict[str, Any], writer: BlobWriter) -> dict[str, Any]:
+    """The state document's member for a collection whose pages are ``refs["pages"]`` (all of
+    them, in order): ``{"count", "pages", "middle"}`` -- with three pages or more only the first
+    and last stay inline and the others' references go in a ``middle`` blob staged in ``writer``
+    (:class:`~overnight.chain.records.Pages`)."""
+    pages = refs["pages"]
+    if len(pages) < 3:
+        return {"count": refs["count"], "pages": pages, "middle": None}
+    raw = encode_state(pages[1:-1])
+    return {"count": refs["count"], "pages": [pages[0], pages[-1]],
+            "middle": {"digest": writer.put(raw), "size": len(raw)}}
+
+
 class PageWriter:
     """Turns pages into blob references, re-encoding only pages whose entries changed.
 

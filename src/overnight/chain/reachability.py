@@ -155,7 +155,8 @@ class Reach:
     # -- checkpoints ------------------------------------------------------------------------------
 
     def roots(self, row: CheckpointRow) -> list[str]:
-        """The blobs a checkpoint references directly (state document, pages, artifacts, world).
+        """The blobs a checkpoint references directly (state document, its stored values, page
+        lists, pages, artifacts, world).
 
         Raises:
             FormatTooNew: the record or its state document was written by a newer overnight.
@@ -195,6 +196,10 @@ class Reach:
         for member in ("todo", "done", "artifacts"):
             try:
                 pages = [p["digest"] for p in doc[member]["pages"]]
+                if doc[member]["middle"] is not None:  # the inner pages' references, in their own blob
+                    out.append(doc[member]["middle"]["digest"])
+                    inner = self._read(doc[member]["middle"]["digest"], f"{cp} {member} page list", where)
+                    pages[1:1] = [p["digest"] for p in inner or []]
             except (KeyError, TypeError):
                 self._note(where, f"state has no {member} pages")
                 continue
@@ -202,6 +207,10 @@ class Reach:
             if member == "artifacts":
                 for p in pages:
                     out.extend(self._artifacts_of(p, cp, where))
+        try:
+            out.extend(ref["digest"] for ref in doc["values"].values())
+        except (KeyError, TypeError, AttributeError):
+            self._note(where, "state has malformed values")
         return out
 
     def _artifacts_of(self, page: str, cp: str, where: tuple[str, str]) -> list[str]:

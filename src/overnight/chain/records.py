@@ -1,4 +1,4 @@
-"""The checkpoint record and the task state document, as pydantic schemas (record format 2).
+"""The checkpoint record and the task state document, as pydantic schemas (record format 3).
 
 Every field is required: a record missing ``todo``, ``done``, an artifact reference or anything
 else is invalid -- never "resumed with defaults". Unknown fields are refused too. The prose spec,
@@ -26,9 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapte
 
 from overnight.errors import RecordInvalid
 
-FORMAT_VERSION = 2
-"""Format of checkpoint records and state documents written by this code (format 1 is read and
-upgraded, :mod:`overnight.chain.migrate`)."""
+FORMAT_VERSION = 3
+"""Format of checkpoint records and state documents written by this code (formats 1 and 2 are read
+and upgraded, :mod:`overnight.chain.migrate`)."""
+
+VALUE_INLINE_MAX = 2 * 1024
+"""Bytes: a top-level value of the user state (``ctx.state[key]``) whose canonical JSON is longer
+than this is stored as its own blob and named in the state document's ``values`` (format 3), so an
+unchanged large value costs one reference per checkpoint, not a re-stored part of the document."""
 
 WORLD_FORMAT = 2
 """World fingerprint format: 1 without ``model``, 2 with it (docs/FORMAT.md, Changes)."""
@@ -224,16 +229,24 @@ class DoneEntry(_Strict):
 
 
 class Pages(_Strict):
-    """A collection stored as page blobs: ``count`` entries in ``pages``.
+    """A collection stored as page blobs: ``count`` entries in the pages ``pages[:1] + <the refs
+    listed by middle> + pages[1:]`` (just ``pages`` when ``middle`` is None).
 
     ``done``: each page a canonical JSON list of :class:`DoneEntry`, :data:`DONE_PAGE` per page,
     all full but the last. ``todo``: each page a canonical JSON list of :class:`TodoEntry`, split
     as :data:`PAGE_FANOUT` says. ``artifacts``: each page a canonical JSON object ``name ->``
     :class:`ArtifactRef`, names sorted across pages, split as :data:`PAGE_FANOUT` says.
+
+    ``middle`` (format 3): with three pages or more, ``pages`` holds only the first and the last
+    page and ``middle`` is a blob holding the canonical JSON list of the other pages' references
+    (``[{"digest", "size"}, ...]``, in order, at least one). A collection that changes at its ends
+    -- the done list grows at the end, the todo list is consumed from the front -- then leaves the
+    ``middle`` blob unchanged and the state document keeps a fixed size however many pages there are.
     """
 
     count: int = Field(ge=0)
     pages: list[BlobRef]
+    middle: BlobRef | None
 
 
 class ContextInfo(_Strict):
@@ -268,7 +281,12 @@ class Recompute(_Strict):
 
 class StateDoc(_Strict):
     """The state document a checkpoint's ``state`` blob holds (``todo``, ``done`` and
-    ``artifacts`` as page references, so its size does not grow with the plan or the history)."""
+    ``artifacts`` as page references, so its size does not grow with the plan or the history).
+
+    ``values``: top-level members of ``data`` stored as their own blobs (each the canonical JSON
+    of the value; those longer than :data:`VALUE_INLINE_MAX` bytes): ``key -> blob``. Such a key
+    keeps its place in ``data`` with the placeholder ``null``, which the blob's value replaces on
+    load. Empty unless ``data`` is a JSON object."""
 
     format: int
     task: TaskInfo
@@ -278,6 +296,7 @@ class StateDoc(_Strict):
     data: Any
     context: ContextInfo
     recompute: Recompute | None
+    values: dict[str, BlobRef]
 
 
 class TaskState(_Strict):
@@ -293,6 +312,8 @@ class TaskState(_Strict):
     recompute: Recompute | None
 
 
+PAGE_LIST = TypeAdapter(list[BlobRef])
+"""Schema of a :attr:`Pages.middle` blob (page references)."""
 TODO_PAGE = TypeAdapter(list[TodoEntry])
 """Schema of a todo page blob."""
 DONE_PAGE_SCHEMA = TypeAdapter(list[DoneEntry])

@@ -19,13 +19,14 @@ from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, Store
 from overnight.store.blobs import BlobWriter
 from overnight.chain.integrity import LoadedCheckpoint, encode_record, encode_state
 from overnight.keys import HighWater, Mark
-from overnight.chain.pages import PageWriter, artifact_pages, done_pages, todo_pages
+from overnight.chain.pages import PageWriter, artifact_pages, done_pages, page_list, todo_pages
 from overnight.chain.ditto import CopyPolicy
 from overnight.chain.records import (
     ARTIFACT_PAGE,
     DONE_PAGE_SCHEMA,
     FORMAT_VERSION,
     TODO_PAGE,
+    VALUE_INLINE_MAX,
     CheckpointRecord,
     StateDoc,
     validated,
@@ -58,6 +59,26 @@ def _retry_busy(write: Any) -> Any:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+def split_values(data: Any, writer: BlobWriter) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """``(data, values)`` for a state document: each top-level value of ``data`` (a JSON object
+    tree) whose canonical JSON is longer than :data:`VALUE_INLINE_MAX` bytes is staged in
+    ``writer`` as its own blob, named in ``values`` (``key -> {"digest", "size"}``) and left in
+    ``data`` as ``null``. An unchanged value is the same blob: it costs a reference, not bytes."""
+    if not isinstance(data, dict) or "$t" in data:  # not a JSON object (a tagged value): kept whole
+        return data, {}
+    inline: dict[str, Any] = {}
+    values: dict[str, dict[str, Any]] = {}
+    for k, v in data.items():
+        if isinstance(v, (dict, list, str)):
+            raw = encode_state(v)
+            if len(raw) > VALUE_INLINE_MAX:
+                values[k] = {"digest": writer.put(raw), "size": len(raw)}
+                inline[k] = None
+                continue
+        inline[k] = v
+    return (inline if values else data), values
 
 
 def utc_now() -> str:
@@ -168,13 +189,18 @@ class ChainWriter:
         """
         writer = writer or self.blob_writer()
         ids = {"task_id": self.task_id, "checkpoint_id": self.head}
-        doc_refs = {
+        all_refs = {
             "todo": self._todo.refs(todo_pages(state["todo"]), writer, TODO_PAGE, "todo page", **ids),
             "done": self._done.refs(done_pages(state["done"]), writer, DONE_PAGE_SCHEMA, "done page", **ids),
             "artifacts": self._artifacts.refs(artifact_pages(state["artifacts"]), writer, ARTIFACT_PAGE,
                                               "artifact page", **ids),
         }
-        doc = {**state, **doc_refs}
+        doc_refs = {k: page_list(v, writer) for k, v in all_refs.items()}
+        # every page and page list: ditto-copied whole once shared, and reachable from this branch
+        page_blobs = [*(r["digest"] for v in all_refs.values() for r in v["pages"]),
+                      *(v["middle"]["digest"] for v in doc_refs.values() if v["middle"] is not None)]
+        data, values = split_values(state["data"], writer)
+        doc = {**state, **doc_refs, "data": data, "values": values}
         validated(StateDoc, doc, "state document", **ids)
         state_bytes = encode_state(doc)
         state_digest = writer.put(state_bytes)
@@ -202,16 +228,16 @@ class ChainWriter:
         rows = [JournalRow(task_id=self.task_id, checkpoint_id=cid, seq=row.seq, session=self.session_id, **j)
                 for j in journal]
         objects = [*writer.commit_objects(), *self._ditto.copies(  # ditto copies (overnight/chain/ditto.py)
-            writer, row, state=state_digest, artifacts=[a["digest"] for a in state["artifacts"].values()],
-            whole=[*(r["digest"] for k in ("todo", "done", "artifacts") for r in doc_refs[k]["pages"]),
-                   *([fingerprint["world"]["digest"]] if fingerprint is not None else [])])]
+            writer, row, state=state_digest, artifacts=[*(a["digest"] for a in state["artifacts"].values()),
+                                                        *(v["digest"] for v in values.values())],
+            whole=[*page_blobs, *([fingerprint["world"]["digest"]] if fingerprint is not None else [])])]
         if sum(len(o.data) for o in objects) > PREWRITE_BYTES:
             objects = self._prewrite(objects)
         _retry_busy(lambda: self.store.commit(Commit(row, self.ref_head, objects, rows, lease, task_row)))
         for pages in (self._todo, self._done, self._artifacts):
             pages.accept()
-        roots = [state_digest, *(r["digest"] for k in ("todo", "done", "artifacts") for r in doc_refs[k]["pages"]),
-                 *(a["digest"] for a in state["artifacts"].values())]
+        roots = [state_digest, *page_blobs, *(a["digest"] for a in state["artifacts"].values()),
+                 *(v["digest"] for v in values.values())]
         if fingerprint is not None:
             roots.append(fingerprint["world"]["digest"])
         self.known.update(writer.closure(roots))

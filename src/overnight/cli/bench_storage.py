@@ -12,7 +12,7 @@ from overnight.cli import render
 
 
 def register(bench_app: typer.Typer) -> None:
-    """Add the ``storage`` command to ``overnight bench``."""
+    """Add the ``storage`` and ``step-bytes`` commands to ``overnight bench``."""
 
     @bench_app.command("storage")
     def bench_storage(
@@ -47,6 +47,31 @@ def register(bench_app: typer.Typer) -> None:
         except ValueError as exc:
             render.err.print(f"[bold red]error:[/] {render.esc(exc)}")
             raise typer.Exit(EXIT_USAGE)
+        except OvernightError as exc:
+            _fail(exc)
+        if as_json:
+            render.print_json(result.to_json())
+            return
+        render.out.print(result.markdown())
+
+    @bench_app.command("step-bytes")
+    def bench_step_bytes(
+        steps: int = typer.Option(1000, "--steps", min=10, help="Steps measured per workload (one checkpoint each)."),
+        large_kb: float = typer.Option(256.0, "--large-kb", min=1.0,
+                                       help="Size of the value that stays unchanged in the second workload (KB)."),
+        directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure (default: a "
+                                                 "temporary directory under the current one)."),
+        as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
+    ) -> None:
+        """Bytes per checkpoint: a task whose every step sets one small field of ctx.state, and the
+        same with a large value that never changes; SQLite store growth per step, broken down by
+        what the bytes are (record, state document, pages, ditto copies, journal, SQLite overhead)."""
+        from overnight.bench.step_bytes import run_step_bytes_bench
+        from overnight.cli.common import fail as _fail
+        from overnight.errors import OvernightError
+
+        try:
+            result = run_step_bytes_bench(steps, large_kb=large_kb, directory=directory)
         except OvernightError as exc:
             _fail(exc)
         if as_json:

@@ -72,6 +72,11 @@ from overnight.store.leases import can_take_over, describe_holder, now_ms
 from overnight.store.refusal import refusals
 
 SCHEMA_VERSION = 2
+PAGE_SIZE = 8192
+"""Bytes per database page of a store this code creates (an existing file keeps its own). Larger
+than SQLite's default 4096 so that most objects (a page blob, a state document, a chunk of up to
+~8 KB compressed) fit in one b-tree cell instead of spilling into an overflow chain whose last page
+is partly empty: ~10 % less file per checkpoint (``overnight bench step-bytes``)."""
 _BATCH = 500  # digests per IN (...) query
 
 _SCHEMA = """
@@ -299,6 +304,7 @@ class SQLiteStore(Closing):
         try:
             db.row_factory = _row
             db.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            db.execute(f"PRAGMA page_size={PAGE_SIZE}")  # takes effect only in a new, empty file
             mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise ConfigError(f"cannot switch {self.path} to WAL journal mode (got {mode!r})")

@@ -111,10 +111,16 @@ class Faults:
         reader = BlobReader(store)
         out = set(reader.reachable(record["state"]["digest"]))
         doc = loads(reader.get(record["state"]["digest"]))
-        refs = [*doc["todo"]["pages"], *doc["done"]["pages"], *doc["artifacts"]["pages"]]
+        pages = {}
+        for member in ("todo", "done", "artifacts"):
+            middle = doc[member].get("middle")
+            inner = loads(reader.get(middle["digest"])) if middle else []
+            pages[member] = [*doc[member]["pages"][:1], *inner, *doc[member]["pages"][1:]]
+        refs = [*pages["todo"], *pages["done"], *pages["artifacts"], *doc.get("values", {}).values(),
+                *(doc[m]["middle"] for m in pages if doc[m].get("middle"))]
         if record.get("fingerprint"):
             refs.append(record["fingerprint"]["world"])
-        for page in doc["artifacts"]["pages"]:
+        for page in pages["artifacts"]:
             refs += loads(reader.get(page["digest"])).values()
         for ref in refs:
             out.update(reader.reachable(ref["digest"]))

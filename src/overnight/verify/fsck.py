@@ -152,6 +152,8 @@ def verify_store(
                         f"the store's {column} column disagrees with the verified record (the index was edited; "
                         "listings may mislead, loading uses the record)"))
                 blob(task.task_id, row.checkpoint_id, loaded.record.state.digest, "state")
+                for name, ref in loaded.doc.values.items():
+                    blob(task.task_id, row.checkpoint_id, ref.digest, f"state value {name!r}")
                 for i, page in enumerate(loaded.artifact_pages):
                     if page.ref["digest"] in artifact_pages_checked:
                         continue  # a page seen in an earlier checkpoint: its artifacts are checked
