@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import overnight
-from overnight.codec import decode, encode, from_tree, to_tree
+from overnight.codec import canonical, decode, encode, from_tree, to_tree
 from overnight.errors import DecodeError, EncodeError, UnknownTypeError
 
 STRINGS_JSON = Path("/work/shared/cases/strings.json")
@@ -918,3 +918,31 @@ def test_fast_encoder_declines_a_reference_cycle() -> None:
 def test_orjson_itself_differs_where_the_fast_path_declines() -> None:
     """Guards the reason for the float rule: if orjson ever prints these like repr(), the rule can go."""
     assert orjson.dumps(1e-05) != json.dumps(1e-05).encode()
+
+
+# -- the fast canonical check (orjson both ways) ------------------------------------------------
+
+
+@pytest.mark.parametrize("data", [
+    b'{"a":1,"b":[1,2.5,-0.0,null,true,"x"]}',
+    b'{"a":1e-05}', b'{"a":0.00001}',  # a small float: the reference writes 1e-05, orjson 0.00001
+    b'{"a":"\x7f"}', b'{"a":"\\u007f"}',  # DEL: escaped by the reference only
+    b'{"a":1,"a":2}',  # a duplicated member
+    b'{"a": 1}', b'{"b":1,"a":2}', b'{"a":"\\u00e9"}', '{"a":"é"}'.encode(),
+    b'{"a":123456789012345678901234567890}', b'{"a":"\\ud800"}', b'{"a":NaN}', b'[1,2', b'',
+])
+@pytest.mark.parametrize("sort_keys", [False, True])
+def test_canonical_tree_vouches_only_for_what_the_strict_check_accepts(data, sort_keys):
+    """The fast path may decline (None) but never accepts bytes the strict parse-and-re-encode
+    refuses, and when it accepts, it gives the strict path's tree."""
+    encoder = canonical.dumps_sorted if sort_keys else canonical.dumps
+    try:
+        strict = canonical.loads(data)
+        accepted = encoder(strict) == data
+    except (canonical.DecodeError, TypeError, ValueError):
+        accepted = False
+    fast = canonical.canonical_tree(data, sort_keys=sort_keys)
+    if fast is not None:
+        assert accepted and fast == strict
+    if data in (b'{"a":1,"b":[1,2.5,-0.0,null,true,"x"]}',):
+        assert fast is not None  # the common case takes the fast path

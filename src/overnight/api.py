@@ -222,7 +222,7 @@ def resume(
             # runs under the lease and the stop signals); a replicated task's runner repairs first
             known: set[str] = set()
             loaded, fallback = load_head(reader, task_id, branch, key=signing_key_from_env(), deep=False,
-                                         verified=known)
+                                         verified=known, lazy_done=True)
             verified = _spec_entry(loaded)
             spec = _spec_of(loaded)
             head = (loaded, fallback, known) if reader is s else None

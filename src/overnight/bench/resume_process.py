@@ -15,7 +15,17 @@ from one length to the next by ``overnight run`` / ``overnight resume --max-step
 * **bare import**: ``python -c 'import overnight'`` in a fresh process (the floor);
 
 and, in this process, **load + verify head** (:func:`~overnight.chain.read.load_head` on the open
-store) -- the part of the resume that grows with the chain.
+store, ``lazy_done``: record, state document, todo and artifact pages, world fingerprint -- the done
+pages are read and verified when used, so this is what ``ls``, the resume's look-up of the task's
+code and any reader that needs no done entry pay) and **load + verify every done page** (the same
+with every done page read and verified: what the runner checks before its session starts, since
+the memo look-up of a step key and the drift check read every done entry) -- the parts that would
+grow with the chain. Each child's peak resident memory (``ru_maxrss`` from ``wait4``) is recorded
+too (``rss_mb``).
+
+The children write their bytecode caches to a folder of the bench's own (``PYTHONPYCACHEPREFIX``,
+filled by the warm-up runs), as an installed package has them: with ``PYTHONDONTWRITEBYTECODE``
+set, every run would compile overnight's source again.
 
 Times are wall-clock medians in milliseconds; ``over import`` is resume minus import (the cost the
 issue's target bounds: <= 150 ms at 5,000 checkpoints). The tokenizer is never loaded on this path
@@ -27,10 +37,10 @@ first, warm-up resume fills that cache.
 from __future__ import annotations
 
 import os
-import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +75,7 @@ def work(ctx, i):
     return {{"i": i}}
 '''
 
-PROBES = ("resume to first step", "bare import", "load + verify head")
+PROBES = ("resume to first step", "bare import", "load + verify head", "load + verify every done page")
 CPU_PROBES = ("resume to first step (cpu)", "bare import (cpu)")
 BASELINE = "baseline resume"
 """The probe of ``baseline=``: the same resume run by another overnight's source."""
@@ -81,14 +91,22 @@ class ResumeProcessBench:
     reps: int
     samples_ms: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     checkpoints: dict[int, int] = field(default_factory=dict)
+    rss_mb: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    """Peak resident memory (MB, ``ru_maxrss``) of each child: ``resume to first step``,
+    ``bare import`` and (with a baseline) :data:`BASELINE`, per chain length."""
+
+    def peak_rss(self, probe: str, length: int) -> float:
+        """The largest peak RSS (MB) of ``probe``'s children at ``length``."""
+        return max(self.rss_mb[probe][length])
 
     def median(self, probe: str, length: int) -> float:
         return statistics.median(self.samples_ms[probe][length])
 
-    def over_import(self, length: int, cpu: bool = False) -> float:
-        """Median of (resume - import), pair by pair (ms of wall time, or of CPU time)."""
+    def over_import(self, length: int, cpu: bool = False, probe: str = "resume to first step") -> float:
+        """Median of (resume - import), pair by pair (ms of wall time, or of CPU time); ``probe``:
+        this version's resume, or :data:`BASELINE`'s."""
         tail = " (cpu)" if cpu else ""
-        pairs = zip(self.samples_ms["resume to first step" + tail][length], self.samples_ms["bare import" + tail][length])
+        pairs = zip(self.samples_ms[probe + tail][length], self.samples_ms["bare import" + tail][length])
         return statistics.median(r - i for r, i in pairs)
 
     def baseline_ratio(self, length: int, cpu: bool = False) -> float | None:
@@ -104,18 +122,23 @@ class ResumeProcessBench:
                  "length; ms",
                  "",
                  "| chain (checkpoints) | resume to first step | bare `import overnight` | resume over import | "
-                 "resume / import | CPU: resume over import | load + verify head |",
-                 "|---:|---:|---:|---:|---:|---:|---:|"]
+                 "resume / import | CPU: resume over import | load + verify head | load + verify every done page | "
+                 "resume peak RSS, MB |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for n in self.lengths:
             r, i = self.median("resume to first step", n), self.median("bare import", n)
             lines.append(f"| {self.checkpoints[n]:,} | {r:.0f} | {i:.0f} | {self.over_import(n):.0f} | {r / i:.1f}x | "
-                         f"{self.over_import(n, cpu=True):.0f} | {self.median('load + verify head', n):.1f} |")
+                         f"{self.over_import(n, cpu=True):.0f} | {self.median('load + verify head', n):.1f} | "
+                         f"{self.median('load + verify every done page', n):.1f} | "
+                         f"{self.peak_rss('resume to first step', n):.0f} |")
         if BASELINE in self.samples_ms:
             lines += ["", "against the baseline's resume, pair by pair (this / baseline)", "",
-                      "| chain (checkpoints) | baseline resume, ms | this / baseline (wall) | this / baseline (CPU) |",
-                      "|---:|---:|---:|---:|"]
-            lines += [f"| {self.checkpoints[n]:,} | {self.median(BASELINE, n):.0f} | {self.baseline_ratio(n):.2f}x | "
-                      f"{self.baseline_ratio(n, cpu=True):.2f}x |" for n in self.lengths]
+                      "| chain (checkpoints) | baseline resume, ms | baseline CPU over import, ms | this / baseline (wall) | "
+                      "this / baseline (CPU) | baseline peak RSS, MB |",
+                      "|---:|---:|---:|---:|---:|---:|"]
+            lines += [f"| {self.checkpoints[n]:,} | {self.median(BASELINE, n):.0f} | {self.over_import(n, cpu=True, probe=BASELINE):.0f} | "
+                      f"{self.baseline_ratio(n):.2f}x | {self.baseline_ratio(n, cpu=True):.2f}x | "
+                      f"{self.peak_rss(BASELINE, n):.0f} |" for n in self.lengths]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -124,6 +147,7 @@ class ResumeProcessBench:
                                **{p: {"median_ms": round(self.median(p, n), 3),
                                       "samples_ms": [round(x, 3) for x in self.samples_ms[p][n]]}
                                   for p in self.samples_ms},
+                               "peak_rss_mb": {p: round(self.peak_rss(p, n), 1) for p in self.rss_mb},
                                "over_import_ms": round(self.over_import(n), 3),
                                "over_import_cpu_ms": round(self.over_import(n, cpu=True), 3)} for n in self.lengths]}
 
@@ -140,7 +164,7 @@ class ResumeProcessBench:
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         xs = [self.checkpoints[n] for n in self.lengths]
-        for probe, style in zip(PROBES, ("o-", "s--", "^-")):
+        for probe, style in zip(PROBES, ("o-", "s--", "^-", "v-")):
             ax.plot(xs, [self.median(probe, n) for n in self.lengths], style, label=probe)
         ax.plot(xs, [max(self.over_import(n), 0.1) for n in self.lengths], "d:", label="resume over import")
         for probe in CPU_PROBES:  # the same processes' CPU time: steadier than wall time under load
@@ -163,16 +187,20 @@ def _cli(directory: Path, env: dict[str, str], *args: str) -> subprocess.Complet
                            "--quiet"], cwd=directory, env=env, capture_output=True, text=True, timeout=3600)
 
 
-def _timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
-    """``(wall ms, cpu ms)`` of one child process (cpu: its user + system time, from the kernel)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    ms = (time.perf_counter() - t0) * 1000
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise BenchFailed(f"{' '.join(cmd[:4])} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
-    return ms, ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)) * 1000
+def _timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, float]:
+    """``(wall ms, cpu ms, peak RSS MB)`` of one child process (cpu: its user + system time; RSS:
+    its ``ru_maxrss``; both from the kernel, ``wait4``)."""
+    with tempfile.TemporaryFile() as errors:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=errors)
+        _, status, usage = os.wait4(proc.pid, 0)
+        ms = (time.perf_counter() - t0) * 1000
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            errors.seek(0)
+            text = errors.read().decode("utf-8", "replace").strip()
+            raise BenchFailed(f"{' '.join(cmd[:4])} exited {proc.returncode}: {text[-500:]}")
+    return ms, (usage.ru_utime + usage.ru_stime) * 1000, usage.ru_maxrss / 1024
 
 
 def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *, reps: int = 5,
@@ -203,8 +231,9 @@ def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *
 
     directory = Path(directory).resolve()
     (directory / TASK_FILE).write_text(_TASK.format(task_id=TASK_ID, capacity=lengths[-1] + 10, exit_env=EXIT_ENV))
-    env = {k: v for k, v in os.environ.items() if k != EXIT_ENV}
-    env.update(OVERNIGHT_STATE_DIR=str(directory / "state"), OVERNIGHT_ENV_KEY_FILE=str(directory / "env.key"))
+    env = {k: v for k, v in os.environ.items() if k not in (EXIT_ENV, "PYTHONDONTWRITEBYTECODE")}
+    env.update(OVERNIGHT_STATE_DIR=str(directory / "state"), OVERNIGHT_ENV_KEY_FILE=str(directory / "env.key"),
+               PYTHONPYCACHEPREFIX=str(directory / "pycache"))
     src = str(source or Path(__file__).resolve().parents[2])  # the overnight the child processes run
     env["PYTHONPATH"] = os.pathsep.join([src, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     timed_env = {**env, EXIT_ENV: "1"}
@@ -235,20 +264,19 @@ def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *
                 bs.append(_timed(bare, directory, env))
                 if baseline is not None:
                     old.append(_timed(resume, directory, base_env))
-            if baseline is not None:
-                result.samples_ms.setdefault(BASELINE, {})[n] = [w for w, _ in old]
-                result.samples_ms.setdefault(BASELINE + " (cpu)", {})[n] = [c for _, c in old]
-            result.samples_ms["resume to first step"][n] = [w for w, _ in rs]
-            result.samples_ms["bare import"][n] = [w for w, _ in bs]
-            result.samples_ms["resume to first step (cpu)"][n] = [c for _, c in rs]
-            result.samples_ms["bare import (cpu)"][n] = [c for _, c in bs]
-            load_head(store, TASK_ID, "main")
-            loads = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                load_head(store, TASK_ID, "main")
-                loads.append((time.perf_counter() - t0) * 1000)
-            result.samples_ms["load + verify head"][n] = loads
+            for probe, runs in (("resume to first step", rs), ("bare import", bs), (BASELINE, old)):
+                if runs:
+                    result.samples_ms.setdefault(probe, {})[n] = [w for w, _, _ in runs]
+                    result.samples_ms.setdefault(probe + " (cpu)", {})[n] = [c for _, c, _ in runs]
+                    result.rss_mb.setdefault(probe, {})[n] = [m for _, _, m in runs]
+            for probe, lazy in (("load + verify head", True), ("load + verify every done page", False)):
+                load_head(store, TASK_ID, "main", lazy_done=lazy)
+                loads = []
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    load_head(store, TASK_ID, "main", lazy_done=lazy)
+                    loads.append((time.perf_counter() - t0) * 1000)
+                result.samples_ms[probe][n] = loads
             if store.get_checkpoint(store.get_ref(TASK_ID, "main")).seq + 1 != have:
                 raise BenchFailed("a timed resume committed a step: it did not stop at its first step")
     finally:

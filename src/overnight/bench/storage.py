@@ -29,6 +29,7 @@ The ratio is LangGraph's bytes over overnight's (issue 6's target: at least 20x)
 from __future__ import annotations
 
 import random
+import resource
 import shutil
 import statistics
 import tempfile
@@ -87,6 +88,8 @@ class StorageBench:
         logical_bytes: sum over steps of the state each step stored in full (artifact + messages):
             what a store that keeps a full snapshot per step holds before compression.
         series: overnight's stores first, LangGraph's ``SqliteSaver`` last.
+        peak_rss_mb: peak resident memory of the process that ran it (MB, ``ru_maxrss``): every
+            medium's run and the ``SqliteSaver`` puts, one after the other in this process.
     """
 
     steps: int
@@ -94,6 +97,7 @@ class StorageBench:
     messages_bytes: int
     logical_bytes: int
     series: list[StorageSeries]
+    peak_rss_mb: float = 0.0
 
     @property
     def baseline(self) -> StorageSeries:
@@ -115,12 +119,15 @@ class StorageBench:
         for s in self.series:
             lines.append(f"| {s.name} | {_human(s.stored_bytes)} | {s.stored_bytes:,} | {self.ratio(s):.1f}x | "
                          f"{s.median_ms:.2f} | {s.p99_ms:.2f} |")
+        lines += ["", f"peak RSS of the bench process (every run above, one after the other): "
+                      f"{self.peak_rss_mb:.0f} MB"]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "steps": self.steps, "artifact_bytes": self.artifact_bytes, "messages_bytes": self.messages_bytes,
             "logical_bytes": self.logical_bytes, "baseline": self.baseline.name,
+            "peak_rss_mb": round(self.peak_rss_mb, 1),
             "systems": [{"name": s.name, "where": s.where, "stored_bytes": s.stored_bytes,
                          "ratio_vs_baseline": round(self.ratio(s), 3), "commit_median_ms": round(s.median_ms, 3),
                          "commit_p99_ms": round(s.p99_ms, 3), "commit_ms": [round(x, 3) for x in s.commit_ms]}
@@ -250,4 +257,5 @@ def run_storage_bench(steps: int = 500, *, start_kb: float = 500.0, append_kb: f
                     lg.stored_bytes = lg_bytes()
             series.append(ours)
         series.append(lg)
-        return StorageBench(steps, totals["artifact"], totals["messages"], totals["logical"], series)
+        return StorageBench(steps, totals["artifact"], totals["messages"], totals["logical"], series,
+                            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)

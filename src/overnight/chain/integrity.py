@@ -27,12 +27,12 @@ import json
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from pydantic import TypeAdapter, ValidationError
 
 from overnight.codec import digest
-from overnight.codec.canonical import dumps, dumps_sorted, loads
+from overnight.codec.canonical import canonical_tree, dumps, dumps_sorted, loads
 from overnight.errors import (
     DecodeError,
     DigestMismatch,
@@ -112,6 +112,118 @@ _WORLD = WORLD
 _ARTIFACT_PAGE = ARTIFACT_PAGE
 
 
+class DonePages(Sequence[Page]):
+    """The done pages of one checkpoint, each read and verified the first time it is used.
+
+    The state document -- verified before this exists -- names every page by digest and size and
+    says how many entries they hold; page ``i`` is read, hashed against that digest, checked for
+    canonical form and against :data:`~overnight.chain.records.DONE_PAGE_SCHEMA`, and must hold
+    :data:`~overnight.chain.records.DONE_PAGE` entries (the last: the rest of ``count``) -- the
+    checks a full load makes -- when it is first asked for, then kept. A page that fails raises
+    that check's :class:`~overnight.errors.IntegrityError` (naming the task and checkpoint) then,
+    and nothing of it is returned. ``len()`` is the number of pages; :attr:`count` the entries.
+    """
+
+    def __init__(self, refs: list[BlobRef], count: int, load: Callable[[int], Page]) -> None:
+        self.refs = refs
+        self.count = count
+        self._load = load
+        self._pages: dict[int, Page] = {}
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self.refs)))]
+        if i < 0:
+            i += len(self.refs)
+        if not 0 <= i < len(self.refs):
+            raise IndexError(i)
+        page = self._pages.get(i)
+        if page is None:
+            page = self._pages[i] = self._load(i)
+        return page
+
+    def size(self, i: int) -> int:
+        """Entries page ``i`` holds (from the verified state document; nothing is read)."""
+        return DONE_PAGE if i < len(self.refs) - 1 else self.count - DONE_PAGE * (len(self.refs) - 1)
+
+    def loaded(self) -> list[Page]:
+        """The pages read (and verified) so far, in order."""
+        return [self._pages[i] for i in sorted(self._pages)]
+
+
+@dataclass(frozen=True)
+class StoredPage:
+    """A done page a writer keeps as it is stored: its reference and entry count (the page of a
+    lazily loaded checkpoint that a commit leaves unchanged, :meth:`DoneList.pages`)."""
+
+    ref: dict[str, Any]
+    count: int
+
+
+class DoneList(Sequence[dict[str, Any]]):
+    """The done list (entry trees) of a checkpoint loaded with ``lazy_done=True``, read page by
+    page as it is used, plus the entries appended since.
+
+    ``len()`` and ``done + [entry]`` (a new list sharing the pages) read nothing; ``done[i]`` reads
+    the page holding entry ``i``; iterating reads the pages in order as it goes, so a search that
+    stops at its match reads only the pages up to it; ``reversed()`` reads from the last page.
+    Every page is verified before its entries are returned (:class:`DonePages`).
+    """
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, pages: DonePages, tail: tuple[dict[str, Any], ...] = ()) -> None:
+        self.stored = pages
+        self.tail = tail
+
+    def __len__(self) -> int:
+        return self.stored.count + len(self.tail)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        if i >= self.stored.count:
+            return self.tail[i - self.stored.count]
+        return self.stored[i // DONE_PAGE].tree[i % DONE_PAGE]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for page in self.stored:
+            yield from page.tree
+        yield from self.tail
+
+    def __reversed__(self) -> Iterator[dict[str, Any]]:
+        yield from reversed(self.tail)
+        for i in reversed(range(len(self.stored))):
+            yield from reversed(self.stored[i].tree)
+
+    def __add__(self, other: Any) -> DoneList:
+        if not isinstance(other, (list, tuple)):
+            return NotImplemented
+        return DoneList(self.stored, self.tail + tuple(other))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (list, DoneList)):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    def pages(self) -> list[Any]:
+        """The list cut into done pages as a writer stores it: a :class:`StoredPage` for each
+        stored page that stays as it is (every one when nothing was appended; all but a partly
+        filled last one otherwise, which is read to be extended), then lists of entries."""
+        n = len(self.stored)
+        keep = n if not self.tail or self.stored.count % DONE_PAGE == 0 else n - 1
+        rest = [*(self.stored[keep].tree if keep < n else ()), *self.tail]
+        return [*(StoredPage(self.stored.refs[i].model_dump(), self.stored.size(i)) for i in range(keep)),
+                *(rest[i : i + DONE_PAGE] for i in range(0, len(rest), DONE_PAGE))]
+
+
 @dataclass(frozen=True)
 class LoadedCheckpoint:
     """A checkpoint that passed verification: the stored row, the parsed record, the state
@@ -122,7 +234,8 @@ class LoadedCheckpoint:
     doc: StateDoc
     doc_tree: dict[str, Any]
     todo_pages: list[Page]
-    done_pages: list[Page]
+    done_pages: DonePages
+    """Read and verified as used (:class:`DonePages`); all of them by a load without ``lazy_done``."""
     artifact_pages: list[Page]
     world: dict[str, Any] | None = None
     """The recorded world fingerprint (:class:`~overnight.chain.records.WorldDoc` tree), if any."""
@@ -131,6 +244,8 @@ class LoadedCheckpoint:
     data: Any = None
     """The user state (``ctx.state``) as a tree, with the values the document stores as their own
     blobs (``values``, format 3) read back in place."""
+    lazy_done: bool = False
+    """Loaded with ``lazy_done=True``: :attr:`state_tree`'s ``done`` is a :class:`DoneList`."""
 
     @property
     def id(self) -> str:
@@ -144,10 +259,11 @@ class LoadedCheckpoint:
     @cached_property
     def state_tree(self) -> dict[str, Any]:
         """The state as a tree with ``done`` as one list and ``artifacts`` as one mapping (the
-        entries are the pages' own objects, so unchanged pages are recognised when committing)."""
+        entries are the pages' own objects, so unchanged pages are recognised when committing).
+        ``done`` is a :class:`DoneList`, read page by page as used, when loaded with ``lazy_done``."""
+        done = DoneList(self.done_pages) if self.lazy_done else [e for p in self.done_pages for e in p.tree]
         return {**{k: v for k, v in self.doc_tree.items() if k != "values"}, "data": self.data,
-                "todo": [e for p in self.todo_pages for e in p.tree],
-                "done": [e for p in self.done_pages for e in p.tree],
+                "todo": [e for p in self.todo_pages for e in p.tree], "done": done,
                 "artifacts": {n: a for p in self.artifact_pages for n, a in p.tree.items()}}
 
     @cached_property
@@ -180,6 +296,9 @@ def _parse(data: bytes, what: str, encoder: Any, migrations: dict, ids: dict[str
     Other bytes for the same tree (reordered or duplicated members, whitespace, other escapes)
     mean the record was not written by overnight: it is refused even if its digest matches.
     """
+    tree = canonical_tree(data, sort_keys=encoder is dumps_sorted)  # the fast path shows it, or:
+    if tree is not None:
+        return upgrade(tree, what, migrations, **ids), tree["format"]
     try:
         tree = loads(data)
     except DecodeError as exc:
@@ -244,6 +363,7 @@ def load_checkpoint(
     reader: BlobReader | None = None,
     pages: PageCache | None = None,
     check_artifacts: bool = True,
+    lazy_done: bool = False,
 ) -> LoadedCheckpoint:
     """Load and fully verify one checkpoint (all five checks).
 
@@ -252,6 +372,11 @@ def load_checkpoint(
         pages: cache of verified pages to reuse and fill (fsck checks each page once).
         check_artifacts: check that every artifact blob is present (callers that verify every
             artifact blob themselves, like fsck, turn it off).
+        lazy_done: read no done page now: each is read and verified when first used
+            (:class:`DonePages`, :class:`DoneList`), so the load costs the same at any chain
+            length; a damaged done page then raises when (if) it is used, not here. Without it
+            every done page is verified before this returns. (A state document of an older
+            format is loaded in full either way: its pages are upgraded.)
 
     Raises:
         CheckpointNotFound: no such checkpoint.
@@ -306,9 +431,11 @@ def load_checkpoint(
             return cached
         raw = read(ref.digest, ref.size, what)
         try:
-            stored = loads(raw)
-            if dumps(stored) != raw:
-                raise SchemaError(f"{what} is not in canonical form", **ids)
+            stored = canonical_tree(raw)
+            if stored is None:  # not shown canonical by the fast path: parse strictly, compare
+                stored = loads(raw)
+                if dumps(stored) != raw:
+                    raise SchemaError(f"{what} is not in canonical form", **ids)
             tree = upgrade_entries(stored, collection, stored_format) if collection else stored
             entries = adapter.validate_python(tree)
         except (DecodeError, ValidationError) as exc:
@@ -332,11 +459,22 @@ def load_checkpoint(
     todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE, "todo") for i, r in enumerate(refs("todo", doc.todo))]
     if sum(len(p.tree) for p in todo_pages) != doc.todo.count or any(not p.tree for p in todo_pages):
         raise SchemaError(f"{where} todo pages do not hold the {doc.todo.count} entries the state says", **ids)
-    done_pages = [page(r, f"{cp} done page {i}", _DONE_PAGE, "done") for i, r in enumerate(refs("done", doc.done))]
-    sizes = [len(p.tree) for p in done_pages]
-    if sum(sizes) != doc.done.count or any(n != DONE_PAGE for n in sizes[:-1]) or (sizes and not 0 < sizes[-1] <= DONE_PAGE):
-        raise SchemaError(f"{where} done pages hold {sizes} entries; the state says {doc.done.count} "
-                          f"in pages of {DONE_PAGE}", **ids)
+    done_refs = refs("done", doc.done)
+    if len(done_refs) != -(-doc.done.count // DONE_PAGE):
+        raise SchemaError(f"{where} has {len(done_refs)} done pages; the state says {doc.done.count} "
+                          f"entries in pages of {DONE_PAGE}", **ids)
+
+    def done_page(i: int) -> Page:
+        found = page(done_refs[i], f"{cp} done page {i}", _DONE_PAGE, "done")
+        if len(found.tree) != done_pages.size(i):
+            raise SchemaError(f"{where} done page {i} holds {len(found.tree)} entries; the state says "
+                              f"{doc.done.count} in pages of {DONE_PAGE}", **ids)
+        return found
+
+    done_pages = DonePages(done_refs, doc.done.count, done_page)
+    lazy_done = lazy_done and stored_format == doc.format
+    if not lazy_done:
+        list(done_pages)  # every page verified now
     artifact_pages = [page(r, f"{cp} artifact page {i}", _ARTIFACT_PAGE)
                       for i, r in enumerate(refs("artifacts", doc.artifacts))]
     names = [n for p in artifact_pages for n in p.tree]
@@ -352,7 +490,7 @@ def load_checkpoint(
                                **ids)
     loaded = LoadedCheckpoint(row=row, record=record, doc=doc, doc_tree=tree, todo_pages=todo_pages,
                               done_pages=done_pages, artifact_pages=artifact_pages, world=world,
-                              healed=tuple(healed or ()), data=data)
+                              healed=tuple(healed or ()), data=data, lazy_done=lazy_done)
 
     if check_artifacts:
         arts = loaded.artifacts

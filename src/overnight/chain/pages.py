@@ -18,12 +18,15 @@ from pydantic import TypeAdapter, ValidationError
 
 from overnight.errors import RecordInvalid
 from overnight.store.blobs import BlobWriter
-from overnight.chain.integrity import encode_state
+from overnight.chain.integrity import DoneList, StoredPage, encode_state
 from overnight.chain.records import DONE_PAGE, FORMAT_VERSION, PAGE_FANOUT, validation_summary
 
 
-def done_pages(done: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The done list cut into pages of :data:`DONE_PAGE` entries."""
+def done_pages(done: list[dict[str, Any]] | DoneList) -> list[Any]:
+    """The done list cut into pages of :data:`DONE_PAGE` entries (a lazily loaded one's stored
+    pages that stay as they are as :class:`~overnight.chain.integrity.StoredPage`, not read)."""
+    if isinstance(done, DoneList):
+        return done.pages()
     return [done[i : i + DONE_PAGE] for i in range(0, len(done), DONE_PAGE)]
 
 
@@ -110,6 +113,10 @@ class PageWriter:
         """
         out, count, fresh = [], 0, {}
         for page in pages:
+            if isinstance(page, StoredPage):  # named by the verified state continued from, unchanged
+                out.append(page.ref)
+                count += page.count
+                continue
             key, entries = self._key(page), self._entries(page)
             count += len(entries)
             cached = self._cache.get(key)

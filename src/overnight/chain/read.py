@@ -73,7 +73,7 @@ class Fallback:
 
 def load_head(
     store: Store, task_id: str, branch: str = "main", *, key: bytes | None = None, deep: bool = True,
-    verified: set[str] | None = None,
+    verified: set[str] | None = None, lazy_done: bool = False,
 ) -> tuple[LoadedCheckpoint, Fallback | None]:
     """Load the newest verifiable checkpoint of ``task_id``/``branch``.
 
@@ -86,6 +86,9 @@ def load_head(
     do not are reported as skipped and contribute nothing. Returns ``(checkpoint, fallback)``;
     ``fallback`` is None when the head verified. ``verified`` collects the digest of every object
     of the returned checkpoint found intact (not those of the records skipped on the way).
+    ``lazy_done``: the done pages are read and verified as they are used
+    (:func:`~overnight.chain.integrity.load_checkpoint`), so the load costs the same at any chain
+    length -- and a damaged done page is not a reason to fall back: it raises when it is used.
 
     Raises:
         TaskNotFound: no such task.
@@ -119,7 +122,8 @@ def load_head(
         # (a writer trusts those as reachable from its branch; a skipped record's are not)
         seen: set[str] = set()
         try:
-            loaded = load_checkpoint(store, cid, key=key, deep=deep, reader=HealingReader(store, seen))
+            loaded = load_checkpoint(store, cid, key=key, deep=deep, reader=HealingReader(store, seen),
+                                     lazy_done=lazy_done)
         except FormatTooNew:
             # intact, but written by a newer overnight: falling back past it would let this run
             # commit over (and orphan) the newer work

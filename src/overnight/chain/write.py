@@ -130,7 +130,7 @@ class ChainWriter:
         for p in loaded.todo_pages:
             if not p.migrated:
                 self._todo.seed(p.tree, p.ref)
-        for p in loaded.done_pages:
+        for p in loaded.done_pages.loaded():  # those of a lazy load not read yet stay as stored
             if not p.migrated:
                 self._done.seed(p.tree, p.ref)
         for p in loaded.artifact_pages:

@@ -1,4 +1,8 @@
-"""The CLI's one output layer: rich tables for people, ``--json`` for scripts, progress bars."""
+"""The CLI's one output layer: rich tables for people, ``--json`` for scripts, progress bars.
+
+rich is imported when something is first printed through it (``out``, ``err``, a table, a
+progress bar), not with this module: ``overnight resume --quiet`` that prints nothing never loads it.
+"""
 
 from __future__ import annotations
 
@@ -8,25 +12,39 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.progress import ProgressColumn, Task as ProgressTask
-from rich.table import Table
-from rich.markup import escape
-from rich.text import Text
-
-from overnight.runtime.runner import RunEvent
 from overnight.units import human_bytes  # noqa: F401 (re-exported)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from overnight.runtime.runner import RunEvent
+
+    out: Console
+    err: Console
+
 
 def _width(stream: Any) -> int | None:
     # a pipe or file gets wide tables (no wrapping mid-id); a terminal gets its own width
     return None if stream.isatty() else int(os.environ.get("COLUMNS", "160"))
 
 
-out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
-err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+def _console(name: str) -> Console:
+    """``out`` (stdout) or ``err`` (stderr): a rich console, made on first use."""
+    console = globals().get(name)
+    if console is None:
+        from rich.console import Console
+
+        console = globals()[name] = Console(stderr=name == "err", highlight=False, soft_wrap=True,
+                                            width=_width(sys.stderr if name == "err" else sys.stdout))
+    return console
+
+
+def __getattr__(name: str) -> Any:  # render.out / render.err (PEP 562)
+    if name in ("out", "err"):
+        return _console(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def to_jsonable(value: Any) -> Any:
@@ -49,6 +67,9 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
           no_wrap: Iterable[str] = ()) -> None:
     """A table on stdout; columns named in ``no_wrap`` keep their width (ids, times, sizes), the
     others fold when the terminal is narrow."""
+    from rich.table import Table
+    from rich.text import Text
+
     keep = set(no_wrap)
     t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for c in columns:
@@ -56,7 +77,7 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
                      no_wrap=c in keep)
     for r in rows:
         t.add_row(*[Text(safe(v)) for v in r])
-    out.print(t)
+    _console("out").print(t)
 
 
 def safe(value: Any) -> str:
@@ -71,15 +92,47 @@ def safe(value: Any) -> str:
 
 def esc(value: Any) -> str:
     """:func:`safe` text escaped for rich markup (``[i=4]`` in a step name is text, not a style)."""
+    from rich.markup import escape
+
     return escape(safe(value))
 
 
-class _EtaColumn(ProgressColumn):
-    """ETA from the mean duration of the steps run in this session."""
+def _eta(task: Any) -> Any:
+    """The ETA column's cell: from the mean duration of the steps run in this session."""
+    from rich.text import Text
 
-    def render(self, task: ProgressTask) -> Text:
-        eta = task.fields.get("eta")
-        return Text("ETA -:--:--" if eta is None else "ETA " + time.strftime("%H:%M:%S", time.gmtime(eta)), style="cyan")
+    eta = task.fields.get("eta")
+    return Text("ETA -:--:--" if eta is None else "ETA " + time.strftime("%H:%M:%S", time.gmtime(eta)), style="cyan")
+
+
+class _Silent:
+    """A progress display that shows nothing (``--quiet``), without importing rich."""
+
+    def __enter__(self) -> "_Silent":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def add_task(self, *args: Any, **kw: Any) -> int:
+        return 0
+
+    def update(self, *args: Any, **kw: Any) -> None:
+        pass
+
+
+def _progress(*columns: Any, transient: bool) -> Any:
+    """A rich progress display on stderr with ``columns`` (names of :mod:`rich.progress` columns,
+    ``"eta"`` for :func:`_eta`, or ``(name, args...)``)."""
+    from rich import progress
+
+    class EtaColumn(progress.ProgressColumn):
+        def render(self, task: progress.Task) -> Any:
+            return _eta(task)
+
+    made = [EtaColumn() if c == "eta" else getattr(progress, c[0])(*c[1:]) if isinstance(c, tuple)
+            else getattr(progress, c)() for c in columns]
+    return progress.Progress(*made, console=_console("err"), transient=transient)
 
 
 class _StepLogHandler(logging.Handler):
@@ -91,7 +144,7 @@ class _StepLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         step = getattr(record, "step", "")
         style = "yellow" if record.levelno >= logging.WARNING else "dim"
-        err.print(f"[{style}]{esc(step)}:[/] {esc(record.getMessage())}")
+        _console("err").print(f"[{style}]{esc(step)}:[/] {esc(record.getMessage())}")
 
 
 class RunProgress:
@@ -103,11 +156,9 @@ class RunProgress:
     def __init__(self, *, quiet: bool = False, events_path: str | None = None) -> None:
         self.quiet = quiet
         self.events = open(events_path, "a", encoding="utf-8") if events_path else None
-        self.progress = Progress(
-            SpinnerColumn(), TextColumn("[bold]{task.fields[step]}", justify="left"), BarColumn(),
-            MofNCompleteColumn(), TimeElapsedColumn(), _EtaColumn(), console=err, transient=False,
-            disable=quiet,
-        )
+        self.progress = _Silent() if quiet else _progress(
+            "SpinnerColumn", ("TextColumn", "[bold]{task.fields[step]}"), "BarColumn", "MofNCompleteColumn",
+            "TimeElapsedColumn", "eta", transient=False)
         self.bar: Any = None
         self.durations: list[float] = []
 
@@ -129,7 +180,7 @@ class RunProgress:
         if self.events:
             self.events.close()
 
-    def __call__(self, e: RunEvent) -> None:
+    def __call__(self, e: "RunEvent") -> None:
         if self.events:
             self.events.write(json.dumps({"t": time.time(), **dataclasses.asdict(e)}, ensure_ascii=True) + "\n")
             self.events.flush()
@@ -140,29 +191,29 @@ class RunProgress:
                 if e.detail:  # the router's decision
                     level_note = esc(e.detail)
                     if "ephemeral" in e.detail:
-                        err.print(f"[yellow]level ephemeral:[/] {level_note}")
+                        _console("err").print(f"[yellow]level ephemeral:[/] {level_note}")
                     else:
                         self._say(f"[dim]{level_note}[/]")
-            else:
+            elif not self.quiet:
                 self._say(f"[green]resuming[/] task [bold]{esc(e.task_id)}[/]{on} from checkpoint "
                           f"{(e.checkpoint_id or '')[7:19]} ({e.done}/{e.total} steps done)")
             if e.detail and e.kind == "resume":  # a fallback or self-heal is always reported, even with --quiet
                 lines = e.detail.split("\n")
                 fell_back = "\n".join(x for x in lines if not x.startswith("healed "))
                 if fell_back:
-                    err.print(f"[yellow]fallback:[/] {esc(fell_back)}")
+                    _console("err").print(f"[yellow]fallback:[/] {esc(fell_back)}")
                 for line in lines:
                     if line.startswith("healed "):  # read from a verified ditto copy
-                        err.print(f"[yellow]self-heal:[/] {esc(line)}")
+                        _console("err").print(f"[yellow]self-heal:[/] {esc(line)}")
             if self.bar is None:
                 self.progress.__enter__()
             self.bar = self.progress.add_task("run", total=e.total, completed=e.done, step="", eta=None)
         elif e.kind == "repair":  # before the session starts; always reported, even with --quiet
-            err.print(f"[yellow]repair:[/] {esc(e.detail)}")
+            _console("err").print(f"[yellow]repair:[/] {esc(e.detail)}")
         elif self.bar is None:
             return
-        elif e.kind == "step_start":
-            self.progress.update(self.bar, step=escape(safe(e.step)[:48]), total=e.total, completed=e.done)
+        elif e.kind == "step_start" and not self.quiet:
+            self.progress.update(self.bar, step=esc(safe(e.step)[:48]), total=e.total, completed=e.done)
         elif e.kind in ("step_end", "skip", "replay"):
             if e.duration_ms is not None:
                 self.durations.append(e.duration_ms / 1000)
@@ -171,11 +222,11 @@ class RunProgress:
         elif e.kind == "step_retry":
             self._say(f"[yellow]retrying[/] {esc(e.step)}: {esc(e.detail)}")
         elif e.kind == "stop_requested":
-            err.print(f"[yellow]{esc(e.detail)}[/]")
+            _console("err").print(f"[yellow]{esc(e.detail)}[/]")
         elif e.kind == "drift":
-            err.print(f"[yellow]drift:[/] {esc(e.detail)}")
+            _console("err").print(f"[yellow]drift:[/] {esc(e.detail)}")
         elif e.kind == "plan":
-            err.print(f"[yellow]plan changed:[/] {esc(e.detail)}")
+            _console("err").print(f"[yellow]plan changed:[/] {esc(e.detail)}")
         elif e.kind == "compaction_start":
             self._say(f"[cyan]compacting:[/] {esc(e.detail)}")
         elif e.kind == "compaction":
@@ -186,7 +237,7 @@ class RunProgress:
 
     def _say(self, text: str) -> None:
         if not self.quiet:
-            err.print(text)
+            _console("err").print(text)
 
 
 
@@ -195,8 +246,8 @@ class progress_bar:  # noqa: N801 - used as a context manager like rich's
     ``update(done, total)``."""
 
     def __init__(self, label: str, *, quiet: bool = False) -> None:
-        self.progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 console=err, transient=True, disable=quiet)
+        self.progress = _Silent() if quiet else _progress(("TextColumn", label), "BarColumn", "MofNCompleteColumn",
+                                                          "TimeElapsedColumn", transient=True)
 
     def __enter__(self):
         self.progress.__enter__()

@@ -806,6 +806,33 @@ def loads(data: bytes | str) -> Any:
         raise DecodeError(f"not canonical JSON: nested too deeply (overnight writes at most {MAX_DEPTH} levels)") from None
 
 
+_SMALL_FLOAT = re.compile(rb"[0-9][eE]-")
+
+
+def _not_fast(data: bytes) -> bool:
+    """Bytes where orjson's output could equal ``data`` and the reference encoder's not: floats
+    0 < |x| < 1e-4 (orjson ``0.00001``, the reference ``1e-05``), DEL (the reference ``\\u007f``)."""
+    return (b"0.0000" in data or b"\x7f" in data
+            or ((b"e-" in data or b"E-" in data) and _SMALL_FLOAT.search(data) is not None))
+
+
+def canonical_tree(data: bytes, *, sort_keys: bool = False) -> Any:
+    """The tree ``data`` holds when ``data`` is byte for byte its canonical encoding
+    (:func:`dumps`, or :func:`dumps_sorted` with ``sort_keys``), shown fast: orjson parses it and
+    writes it back, and the two must be equal. None when that does not show it -- not canonical,
+    not JSON, or bytes where orjson and the reference encoder may differ (non-ASCII, small floats,
+    DEL, ints beyond 64 bits, duplicated members): the caller then takes the strict path
+    (:func:`loads`, then the encoder), which gives the exact error. Never raises."""
+    if not data.isascii() or _not_fast(data):
+        return None
+    try:
+        tree = orjson.loads(data)
+        out = orjson.dumps(tree, option=orjson.OPT_SORT_KEYS if sort_keys else 0)
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+        return None
+    return tree if out == data else None
+
+
 def encode(value: Any, path: str = "value") -> bytes:
     """``value -> canonical bytes`` (``dumps(to_tree(value))``). Raises :class:`EncodeError`."""
     return dumps(to_tree(value, path))

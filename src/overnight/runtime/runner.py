@@ -541,7 +541,10 @@ class Runner:
             if self.store.get_ref(self.task.id, self.branch) == (fallback.head_id if fallback else loaded.id):
                 seen: set[str] = set()
                 try:
-                    verify_artifacts(loaded, BlobReader(self.store, seen))  # the deep check, once
+                    # every done page (the memo lookup and the drift check read every entry; the
+                    # caller may have loaded it with lazy_done), then the deep check, once
+                    list(loaded.done_pages)
+                    verify_artifacts(loaded, BlobReader(self.store, seen))
                 except IntegrityError:
                     pass  # a damaged artifact: load the branch again, falling back past it
                 else:
