@@ -285,6 +285,54 @@ def test_corrupted_head_checkpoint_is_a_typed_error(tmp_path):
     assert run(OvernightSession("fragile", store=f"sqlite://{db}").get_items()) == [msg("user", "a")]
 
 
+def test_a_session_object_sees_what_another_writer_committed_since(tmp_path):
+    # each object works from its copy of the head it last wrote; a change by another object or
+    # process (the branch ref moved) is loaded, verified and seen by the next operation
+    url = f"sqlite://{tmp_path}/a.db"
+    code = ("import asyncio, sys\n"
+            "from overnight.adapters.openai_agents import OvernightSession\n"
+            "s = OvernightSession('shared', store=sys.argv[1])\n"
+            "asyncio.run(s.pop_item())\n"
+            "asyncio.run(s.add_items([{'role': 'user', 'content': 'child'}]))\n")
+    with OvernightSession("shared", store=url) as a, OvernightSession("shared", store=url) as b:
+        run(a.add_items([msg("user", "a1"), msg("user", "a2")]))
+        assert run(b.get_items()) == [msg("user", "a1"), msg("user", "a2")]
+        run(b.add_items([msg("user", "b1")]))
+        assert run(a.get_items()) == [msg("user", "a1"), msg("user", "a2"), msg("user", "b1")]
+        run(a.add_items([msg("user", "a3")]))  # appended after b's item, not over it
+        out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, env=env(), timeout=60)
+        assert out.returncode == 0, out.stderr
+        expected = [msg("user", "a1"), msg("user", "a2"), msg("user", "b1"), msg("user", "child")]
+        assert run(a.get_items()) == expected and run(b.get_items()) == expected
+        assert run(a.pop_item()) == msg("user", "child") and run(b.pop_item()) == msg("user", "b1")
+        got = run(a.get_items())
+        got[0]["content"] = "changed by the caller"  # every read returns new values
+        assert run(a.get_items()) == [msg("user", "a1"), msg("user", "a2")]
+
+
+def test_a_corrupted_new_head_is_refused_by_an_object_that_wrote_the_old_one(tmp_path):
+    db = tmp_path / "a.db"
+    url = f"sqlite://{db}"
+    with OvernightSession("fragile", store=url) as a, OvernightSession("fragile", store=url) as b:
+        run(a.add_items([msg("user", "a")]))
+        run(b.add_items([msg("user", "b")]))  # the ref moved past what `a` wrote
+        conn = sqlite3.connect(db)
+        with conn:
+            head = conn.execute("SELECT checkpoint_id FROM refs WHERE task_id=?", (a.task_id,)).fetchone()[0]
+            body = conn.execute("SELECT body FROM checkpoints WHERE checkpoint_id=?", (head,)).fetchone()[0]
+            conn.execute("UPDATE checkpoints SET body=? WHERE checkpoint_id=?",
+                         (bytes(body).replace(b'"seq":1', b'"seq":7'), head))
+            from overnight.chain.ditto import ditto_key
+            conn.execute("DELETE FROM objects WHERE digest=?", (ditto_key(head),))
+        conn.close()
+        for op in (a.get_items, a.pop_item, lambda: a.add_items([msg("user", "c")])):
+            with pytest.raises(SessionCorrupt) as err:
+                run(op())
+            assert err.value.checkpoint_id == head
+        # `b` wrote that head: it still has its own copy and serves it, nothing damaged is read
+        assert run(b.get_items()) == [msg("user", "a"), msg("user", "b")]
+
+
 def test_unencodable_item_refused_and_foreign_task_refused(tmp_path):
     url = f"sqlite://{tmp_path}/a.db"
     with OvernightSession("typed", store=url) as s:

@@ -48,28 +48,30 @@ class SessionBench:
         return "\n".join(rows)
 
 
-async def _measure(session: Any, turns: list[list[dict[str, str]]]) -> dict[str, float]:
-    adds: list[float] = []
-    for batch in turns:
-        t0 = time.perf_counter()
-        await session.add_items(batch)
-        adds.append(time.perf_counter() - t0)
-    out = {"add_items (one turn)": statistics.median(adds)}
-    for label, limit in (("get_items() (all)", None), ("get_items(20)", 20)):
-        times = []
-        for _ in range(5):
+async def _measure(sessions: dict[str, Any], turns: list[list[dict[str, str]]]) -> dict[str, dict[str, float]]:
+    """Median ms per operation of each session, ``{name: {operation: ms}}``. The sessions take
+    turns operation by operation (the first one first on even rounds, last on odd ones), so a
+    change in the machine's load hits both alike."""
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in sessions}
+
+    async def each(round_: int, label: str, op: Any) -> list[Any]:
+        names = list(sessions) if round_ % 2 == 0 else list(sessions)[::-1]
+        out = []
+        for name in names:
             t0 = time.perf_counter()
-            items = await session.get_items(limit)
-            times.append(time.perf_counter() - t0)
-        assert len(items) == (limit or 2 * len(turns))
-        out[label] = statistics.median(times)
-    pops = []
-    for _ in range(POPS):
-        t0 = time.perf_counter()
-        await session.pop_item()
-        pops.append(time.perf_counter() - t0)
-    out["pop_item"] = statistics.median(pops)
-    return {k: v * 1000 for k, v in out.items()}
+            out.append(await op(sessions[name]))
+            samples[name].setdefault(label, []).append(time.perf_counter() - t0)
+        return out
+
+    for i, batch in enumerate(turns):
+        await each(i, "add_items (one turn)", lambda s, b=batch: s.add_items(b))
+    for label, limit in (("get_items() (all)", None), ("get_items(20)", 20)):
+        for i in range(5):
+            for items in await each(i, label, lambda s, n=limit: s.get_items(n)):
+                assert len(items) == (limit or 2 * len(turns))
+    for i in range(POPS):
+        await each(i, "pop_item", lambda s: s.pop_item())
+    return {name: {op: statistics.median(v) * 1000 for op, v in ops.items()} for name, ops in samples.items()}
 
 
 def _disk_bytes(directory: Path) -> int:
@@ -95,14 +97,14 @@ def run_session_bench(turns: int = 200, message_bytes: int = 400, directory: Pat
     base = Path(directory) if directory is not None else Path.cwd()
     base.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="overnight-bench-agents-", dir=base) as tmp:
-        for name in ("OvernightSession", "SQLiteSession"):
-            where = Path(tmp) / name
+        dirs = {name: Path(tmp) / name for name in ("OvernightSession", "SQLiteSession")}
+        for where in dirs.values():
             where.mkdir()
-            if name == "SQLiteSession":
-                session: Any = SQLiteSession("bench", str(where / "session.db"))
-            else:
-                session = OvernightSession("bench", store=f"sqlite://{where / 'store.db'}", signing_key=b"")
-            result.ms[name] = asyncio.run(_measure(session, convo))
+        sessions = {"OvernightSession": OvernightSession("bench", store=f"sqlite://{dirs['OvernightSession'] / 'store.db'}",
+                                                         signing_key=b""),
+                    "SQLiteSession": SQLiteSession("bench", str(dirs["SQLiteSession"] / "session.db"))}
+        result.ms = asyncio.run(_measure(sessions, convo))
+        for name, session in sessions.items():
             session.close()
-            result.stored_bytes[name] = _disk_bytes(where)
+            result.stored_bytes[name] = _disk_bytes(dirs[name])
     return result
