@@ -177,7 +177,9 @@ def test_two_processes_pop_each_item_exactly_once(tmp_path):
     n = 80
     with OvernightSession("procs", store=url) as s:
         run(s.add_items([msg("user", f"item {i}") for i in range(n)]))
-    code = ("import asyncio, json, sys, time\n"
+    # each pops, then works a little (0-20 ms) before the next pop, as an agent does between turns:
+    # in a tight loop the process whose copy of the head is current wins nearly every race
+    code = ("import asyncio, json, random, sys, time\n"
             "from pathlib import Path\n"
             "from overnight.adapters.openai_agents import OvernightSession\n"
             "s = OvernightSession('procs', store=sys.argv[1])\n"
@@ -188,6 +190,7 @@ def test_two_processes_pop_each_item_exactly_once(tmp_path):
             "    got = []\n"
             "    while (item := await s.pop_item()) is not None:\n"
             "        got.append(item['content'])\n"
+            "        await asyncio.sleep(random.uniform(0, 0.02))\n"
             "    print(json.dumps(got))\n"
             "asyncio.run(main())\n")
     go = tmp_path / "go"

@@ -54,7 +54,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from overnight.codec import digest
 from overnight.codec.canonical import dumps, dumps_sorted, from_tree, loads, to_tree
 from overnight.errors import (
     CheckpointNotFound,
@@ -386,16 +385,15 @@ class OvernightSession(Closing):
         state["data"] = {"next": nxt}
         if context is not None:
             state["context"] = context
-        session_n = chain.session_n
         chain.session_n += new_session
-        self._view = None  # until the commit is known to be stored: a failed one leaves the chain unsure
-        try:
-            cid = chain.commit(state, ev, writer=writer, task_row=task_row)
-        except BaseException:
-            chain.session_n = session_n
-            raise
-        for raw, tree in (new or {}).values():
-            self._trees[digest.sha256(raw)] = tree
+        self._view = None  # a commit that fails leaves the chain unsure of the store: the next operation reloads
+        cid = chain.commit(state, ev, writer=writer, task_row=task_row)
+        trees = self._trees
+        for name, (_, tree) in (new or {}).items():
+            trees[artifacts[name]["digest"]] = tree
+        if len(trees) > 2 * len(artifacts) + 64:  # popped, cleared or compacted items are not kept
+            live = {a["digest"] for a in artifacts.values()}
+            self._trees = {d: t for d, t in trees.items() if d in live}
         self._view = _Head(cid, chain, state, list(artifacts.items()), nxt)
 
     def _mutate(self, change: Any) -> Any:
