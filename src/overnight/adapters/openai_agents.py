@@ -305,8 +305,12 @@ class OvernightSession(Closing):
             return head
         self._view = None
         loaded = self._verified(ref)
-        chain = ChainWriter(self._store, self.task_id, BRANCH, key=self._key, session_id=self._run_id,
-                            session_n=loaded.record.session.n)
+        if head is not None and loaded.record.parent_id == head.id:
+            chain = head.chain  # the new head extends this object's: what its writer knows still holds
+            chain.session_n = loaded.record.session.n
+        else:
+            chain = ChainWriter(self._store, self.task_id, BRANCH, key=self._key, session_id=self._run_id,
+                                session_n=loaded.record.session.n)
         chain.start_from(loaded, None)
         self._view = head = _Head(loaded.id, chain, loaded.state_tree, self._items(loaded), self._next(loaded))
         return head
