@@ -454,6 +454,7 @@ def test_bench_compares_both_sessions_on_the_same_conversation(tmp_path):
     result = run_session_bench(turns=30, message_bytes=50, directory=tmp_path)
     assert set(result.ms) == {"OvernightSession", "SQLiteSession"}
     assert all(v > 0 for ms in result.ms.values() for v in ms.values())
+    assert {n: set(ms) for n, ms in result.cpu_ms.items()} == {n: set(ms) for n, ms in result.ms.items()}
     table = result.markdown()
     assert "| pop_item |" in table and "| bytes on disk at the end |" in table
     assert not list(tmp_path.iterdir())  # its files are removed
