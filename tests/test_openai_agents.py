@@ -177,7 +177,9 @@ def test_two_processes_pop_each_item_exactly_once(tmp_path):
     n = 80
     with OvernightSession("procs", store=url) as s:
         run(s.add_items([msg("user", f"item {i}") for i in range(n)]))
-    code = ("import asyncio, json, sys, time\n"
+    # each pops, then works a little (0-20 ms) before the next pop, as an agent does between turns:
+    # in a tight loop the process whose copy of the head is current wins nearly every race
+    code = ("import asyncio, json, random, sys, time\n"
             "from pathlib import Path\n"
             "from overnight.adapters.openai_agents import OvernightSession\n"
             "s = OvernightSession('procs', store=sys.argv[1])\n"
@@ -188,6 +190,7 @@ def test_two_processes_pop_each_item_exactly_once(tmp_path):
             "    got = []\n"
             "    while (item := await s.pop_item()) is not None:\n"
             "        got.append(item['content'])\n"
+            "        await asyncio.sleep(random.uniform(0, 0.02))\n"
             "    print(json.dumps(got))\n"
             "asyncio.run(main())\n")
     go = tmp_path / "go"
@@ -283,6 +286,54 @@ def test_corrupted_head_checkpoint_is_a_typed_error(tmp_path):
             assert err.value.checkpoint_id == head and "'fragile'" in str(err.value)
     rollback(s.task_id, parent, store=f"sqlite://{db}")  # what the error's hint says to do
     assert run(OvernightSession("fragile", store=f"sqlite://{db}").get_items()) == [msg("user", "a")]
+
+
+def test_a_session_object_sees_what_another_writer_committed_since(tmp_path):
+    # each object works from its copy of the head it last wrote; a change by another object or
+    # process (the branch ref moved) is loaded, verified and seen by the next operation
+    url = f"sqlite://{tmp_path}/a.db"
+    code = ("import asyncio, sys\n"
+            "from overnight.adapters.openai_agents import OvernightSession\n"
+            "s = OvernightSession('shared', store=sys.argv[1])\n"
+            "asyncio.run(s.pop_item())\n"
+            "asyncio.run(s.add_items([{'role': 'user', 'content': 'child'}]))\n")
+    with OvernightSession("shared", store=url) as a, OvernightSession("shared", store=url) as b:
+        run(a.add_items([msg("user", "a1"), msg("user", "a2")]))
+        assert run(b.get_items()) == [msg("user", "a1"), msg("user", "a2")]
+        run(b.add_items([msg("user", "b1")]))
+        assert run(a.get_items()) == [msg("user", "a1"), msg("user", "a2"), msg("user", "b1")]
+        run(a.add_items([msg("user", "a3")]))  # appended after b's item, not over it
+        out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, env=env(), timeout=60)
+        assert out.returncode == 0, out.stderr
+        expected = [msg("user", "a1"), msg("user", "a2"), msg("user", "b1"), msg("user", "child")]
+        assert run(a.get_items()) == expected and run(b.get_items()) == expected
+        assert run(a.pop_item()) == msg("user", "child") and run(b.pop_item()) == msg("user", "b1")
+        got = run(a.get_items())
+        got[0]["content"] = "changed by the caller"  # every read returns new values
+        assert run(a.get_items()) == [msg("user", "a1"), msg("user", "a2")]
+
+
+def test_a_corrupted_new_head_is_refused_by_an_object_that_wrote_the_old_one(tmp_path):
+    db = tmp_path / "a.db"
+    url = f"sqlite://{db}"
+    with OvernightSession("fragile", store=url) as a, OvernightSession("fragile", store=url) as b:
+        run(a.add_items([msg("user", "a")]))
+        run(b.add_items([msg("user", "b")]))  # the ref moved past what `a` wrote
+        conn = sqlite3.connect(db)
+        with conn:
+            head = conn.execute("SELECT checkpoint_id FROM refs WHERE task_id=?", (a.task_id,)).fetchone()[0]
+            body = conn.execute("SELECT body FROM checkpoints WHERE checkpoint_id=?", (head,)).fetchone()[0]
+            conn.execute("UPDATE checkpoints SET body=? WHERE checkpoint_id=?",
+                         (bytes(body).replace(b'"seq":1', b'"seq":7'), head))
+            from overnight.chain.ditto import ditto_key
+            conn.execute("DELETE FROM objects WHERE digest=?", (ditto_key(head),))
+        conn.close()
+        for op in (a.get_items, a.pop_item, lambda: a.add_items([msg("user", "c")])):
+            with pytest.raises(SessionCorrupt) as err:
+                run(op())
+            assert err.value.checkpoint_id == head
+        # `b` wrote that head: it still has its own copy and serves it, nothing damaged is read
+        assert run(b.get_items()) == [msg("user", "a"), msg("user", "b")]
 
 
 def test_unencodable_item_refused_and_foreign_task_refused(tmp_path):
@@ -403,6 +454,7 @@ def test_bench_compares_both_sessions_on_the_same_conversation(tmp_path):
     result = run_session_bench(turns=30, message_bytes=50, directory=tmp_path)
     assert set(result.ms) == {"OvernightSession", "SQLiteSession"}
     assert all(v > 0 for ms in result.ms.values() for v in ms.values())
+    assert {n: set(ms) for n, ms in result.cpu_ms.items()} == {n: set(ms) for n, ms in result.ms.items()}
     table = result.markdown()
     assert "| pop_item |" in table and "| bytes on disk at the end |" in table
     assert not list(tmp_path.iterdir())  # its files are removed

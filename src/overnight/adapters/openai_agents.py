@@ -25,7 +25,13 @@ How a session is stored (the checkpoint format itself is ``docs/FORMAT.md``):
   added in the same microsecond keep their order, and identical items are stored once. Adding
   an item writes that item and one artifact page, not the whole history;
 * reading an item checks its digest; a head checkpoint or an item that fails verification
-  raises :class:`~overnight.errors.SessionCorrupt` naming the session -- nothing is skipped.
+  raises :class:`~overnight.errors.SessionCorrupt` naming the session -- nothing is skipped;
+* each operation first reads the branch ref (one query). While it still names the checkpoint
+  this object last loaded and verified, or committed itself, the object works from its copy of
+  that checkpoint: its item list, and the items it wrote or already checked (kept decoded, a new
+  value returned on every read); the next commit re-stores only the last artifact page, the state
+  document and the record. When another writer moved the ref, the new head is loaded and
+  verified first, and items not seen before are read and checked.
 
 Context budget (optional, ``max_context_tokens=N``): when the items reach ``compaction_threshold``
 x N tokens after an ``add_items``, the oldest items are summarised by overnight's compaction
@@ -45,6 +51,7 @@ import re
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from overnight.codec.canonical import dumps, dumps_sorted, from_tree, loads, to_tree
@@ -121,6 +128,20 @@ def _tool_output(item: Any) -> bool:
     return isinstance(item, dict) and str(item.get("type", "")).endswith("_call_output")
 
 
+@dataclass(frozen=True)
+class _Head:
+    """This object's copy of the session's head checkpoint ``id``: verified when it was loaded, or
+    written by this object. ``chain`` is the writer continuing from it (its page and copy caches
+    carry over from commit to commit), ``state`` its state tree, ``items`` its ``(name, artifact
+    ref tree)`` in order, ``next`` the sequence number of the next item added."""
+
+    id: str
+    chain: ChainWriter
+    state: dict[str, Any]
+    items: list[tuple[str, dict[str, Any]]]
+    next: int
+
+
 class OvernightSession(Closing):
     """An Agents SDK ``Session`` backed by an overnight store (see the module docstring).
 
@@ -180,8 +201,9 @@ class OvernightSession(Closing):
         self._store: Store = open_store(store) if self._own_store else store  # type: ignore[arg-type]
         self._key = signing_key_from_env() if signing_key is None else (signing_key or None)
         self._run_id = uuid.uuid4().hex
-        self._loaded: LoadedCheckpoint | None = None  # the last head read (checkpoints never change)
-        self._raw: dict[str, bytes] = {}  # item digest -> verified canonical bytes
+        self._view: _Head | None = None  # the head this object last loaded or wrote
+        self._lock = threading.Lock()  # one operation of this object at a time uses _view and its chain
+        self._trees: dict[str, Any] = {}  # item digest -> its verified (or self-written) canonical tree
         self._pages = BoundedPageCache()  # verified pages by digest: a load parses only the new ones
         self._pages_lock = threading.Lock()  # guards the cache only; writes are ordered by the CAS
 
@@ -234,7 +256,7 @@ class OvernightSession(Closing):
             if loaded.record.task_id != self.task_id:
                 raise CheckpointNotFound(f"checkpoint {short_id(checkpoint_id)} is not in session "
                                          f"{self.session_id!r}", task_id=self.task_id, checkpoint_id=checkpoint_id)
-            return self._decode(loaded, self._items(loaded))
+            return self._decode(loaded.id, self._items(loaded))
 
         return await asyncio.to_thread(read)
 
@@ -266,8 +288,10 @@ class OvernightSession(Closing):
                               hint="use another session_id, or another store")
         return loaded
 
-    def _head(self) -> LoadedCheckpoint | None:
-        """The verified head checkpoint (None: the session has none yet)."""
+    def _head(self) -> _Head | None:
+        """The head checkpoint (None: the session has none yet). One ref read when the branch still
+        names the head this object last loaded or wrote; otherwise (another writer moved it) the
+        new head is loaded and verified. Call with ``self._lock`` held."""
         ref = self._store.get_ref(self.task_id, BRANCH)
         if ref is None:
             try:
@@ -276,105 +300,135 @@ class OvernightSession(Closing):
                 return None
             raise ConfigError(f"task {self.task_id!r} in {self._store.url} has no branch {BRANCH!r}",
                               task_id=self.task_id, hint=f"`overnight log {self.task_id}` shows its branches")
-        cached = self._loaded
-        if cached is not None and cached.id == ref:
-            return cached
-        self._loaded = loaded = self._verified(ref)
-        return loaded
+        head = self._view
+        if head is not None and head.id == ref:
+            return head
+        self._view = None
+        loaded = self._verified(ref)
+        if head is not None and loaded.record.parent_id == head.id:
+            chain = head.chain  # the new head extends this object's: what its writer knows still holds
+            chain.session_n = loaded.record.session.n
+        else:
+            chain = ChainWriter(self._store, self.task_id, BRANCH, key=self._key, session_id=self._run_id,
+                                session_n=loaded.record.session.n)
+        chain.start_from(loaded, None)
+        self._view = head = _Head(loaded.id, chain, loaded.state_tree, self._items(loaded), self._next(loaded))
+        return head
 
     @staticmethod
-    def _items(loaded: LoadedCheckpoint | None) -> list[tuple[str, dict[str, Any]]]:
+    def _items(loaded: LoadedCheckpoint) -> list[tuple[str, dict[str, Any]]]:
         """``(name, artifact ref tree)`` of the items, in order."""
-        if loaded is None:
-            return []
         return [(n, a) for n, a in loaded.state_tree["artifacts"].items() if n.startswith(ITEM_PREFIX)]
 
-    def _decode(self, loaded: LoadedCheckpoint, items: list[tuple[str, dict[str, Any]]]) -> list[Any]:
-        """The values of ``items`` (``(name, artifact ref)`` of ``loaded``), each checked against
-        its digest (once per process: verified bytes are kept), in one store call for all."""
-        missing = [a["digest"] for _, a in items if a["digest"] not in self._raw]
-        try:
-            fetched = BlobReader(self._store).get_many(missing, f"session {self.session_id!r} items")
-        except IntegrityError as exc:
-            name = next((n for n, a in items if a["digest"] == exc.object_digest), None)
-            raise self._corrupt(exc, loaded.id, f"item {name!r}" if name else "an item") from exc
-        out = []
-        for name, ref in items:
-            raw = fetched[ref["digest"]] if ref["digest"] in fetched else self._raw[ref["digest"]]
-            if len(raw) != ref["size"]:
-                exc = IntegrityError(f"item is {len(raw)} bytes, its reference says {ref['size']}",
-                                     object_digest=ref["digest"])
-                raise self._corrupt(exc, loaded.id, f"item {name!r}")
-            out.append(from_tree(loads(raw), f"session {self.session_id!r} item {name!r}"))
-        self._raw.update(fetched)
-        return out
+    @staticmethod
+    def _next(loaded: LoadedCheckpoint) -> int:
+        return int(from_tree(loaded.data, "state.data")["next"])
+
+    def _decode(self, checkpoint_id: str, items: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+        """The values of ``items`` (``(name, artifact ref)`` of checkpoint ``checkpoint_id``). An
+        item is read from the store, checked against its digest and size and parsed once per object
+        (all missing ones in one store call); items this object wrote or already checked are
+        decoded from that verified tree -- a new value every call."""
+        trees = self._trees
+        missing = [a["digest"] for _, a in items if a["digest"] not in trees]
+        if missing:
+            try:
+                fetched = BlobReader(self._store).get_many(missing, f"session {self.session_id!r} items")
+            except IntegrityError as exc:
+                name = next((n for n, a in items if a["digest"] == exc.object_digest), None)
+                raise self._corrupt(exc, checkpoint_id, f"item {name!r}" if name else "an item") from exc
+            for name, ref in items:
+                raw = fetched.get(ref["digest"])
+                if raw is None:
+                    continue
+                if len(raw) != ref["size"]:
+                    exc = IntegrityError(f"item is {len(raw)} bytes, its reference says {ref['size']}",
+                                         object_digest=ref["digest"])
+                    raise self._corrupt(exc, checkpoint_id, f"item {name!r}")
+                trees[ref["digest"]] = loads(raw)
+        return [from_tree(trees[a["digest"]], f"session {self.session_id!r} item {n!r}") for n, a in items]
 
     def _get_items(self, limit: int | None) -> list[Any]:
-        loaded = self._head()
-        items = self._items(loaded)
+        with self._lock:
+            head = self._head()
+        if head is None:
+            return []
+        items = head.items
         if limit is not None and limit >= 0:
             items = items[len(items) - limit:] if limit else []
-        return self._decode(loaded, items) if loaded is not None else []
+        return self._decode(head.id, items)
 
     # -- writing ------------------------------------------------------------------------------------
 
-    def _commit(self, loaded: LoadedCheckpoint | None, items: dict[str, dict[str, Any]], new: dict[str, bytes],
-                ev: dict[str, Any], *, data: dict[str, Any], context: dict[str, Any] | None = None,
-                new_session: bool = False) -> str:
-        """One checkpoint: ``items`` (name -> artifact ref) replace the current ones; ``new`` maps
-        names to the bytes of items to store. Raises StaleHead when the head moved since ``loaded``."""
-        n = loaded.record.session.n if loaded is not None else 1
-        chain = ChainWriter(self._store, self.task_id, BRANCH, key=self._key, session_id=self._run_id,
-                            session_n=n + 1 if new_session else n)
-        writer = chain.blob_writer()
-        for name, raw in new.items():
-            items[name] = artifact_ref(writer.put(raw), len(raw), text=True, step=None)
-        task_row = None
-        if loaded is None:
+    def _commit(self, head: _Head | None, items: list[tuple[str, dict[str, Any]]], ev: dict[str, Any], *,
+                new: dict[str, Any] | None = None, context: dict[str, Any] | None = None,
+                new_session: bool = False, next_item: int | None = None) -> None:
+        """One checkpoint whose items are ``items`` (``(name, artifact ref)``, in order) followed by
+        ``new`` (name -> ``(canonical bytes, tree)`` of items to store, names after the others').
+        Raises StaleHead when the head moved since ``head``. Call with ``self._lock`` held."""
+        if head is None:
+            chain = ChainWriter(self._store, self.task_id, BRANCH, key=self._key, session_id=self._run_id,
+                                session_n=1)
             spec = {"kind": KIND, "session_id": self.session_id,
                     "route": {"level": "durable", "media": [], "urls": [self._store.url],
                               "reasons": ["an OpenAI Agents SDK session (overnight.adapters.openai_agents)"]}}
             goal = f"OpenAI Agents SDK session {self.session_id!r}"
             state: dict[str, Any] = initial_state(self.task_id, goal, spec)
             task_row = TaskRow(self.task_id, utc_now(), goal, None, dumps_sorted(spec))
+            nxt = 1
         else:
-            state = dict(loaded.state_tree)
-            chain.start_from(loaded, None)
-        state["artifacts"] = dict(sorted(items.items()))
-        state["data"] = to_tree(data, "state.data")
+            chain, state, task_row, nxt = head.chain, dict(head.state), None, head.next
+        writer = chain.blob_writer()
+        artifacts = dict(items)
+        for name, (raw, _) in (new or {}).items():
+            artifacts[name] = artifact_ref(writer.put(raw), len(raw), text=True, step=None)
+        if new and items and min(new) < items[-1][0]:  # a compaction's summary goes before the kept items
+            artifacts = dict(sorted(artifacts.items()))
+        nxt = nxt if next_item is None else next_item
+        state["artifacts"] = artifacts
+        state["data"] = {"next": nxt}
         if context is not None:
             state["context"] = context
-        return chain.commit(state, ev, writer=writer, task_row=task_row)
+        chain.session_n += new_session
+        self._view = None  # a commit that fails leaves the chain unsure of the store: the next operation reloads
+        cid = chain.commit(state, ev, writer=writer, task_row=task_row)
+        trees = self._trees
+        for name, (_, tree) in (new or {}).items():
+            trees[artifacts[name]["digest"]] = tree
+        if len(trees) > 2 * len(artifacts) + 64:  # popped, cleared or compacted items are not kept
+            live = {a["digest"] for a in artifacts.values()}
+            self._trees = {d: t for d, t in trees.items() if d in live}
+        self._view = _Head(cid, chain, state, list(artifacts.items()), nxt)
 
     def _mutate(self, change: Any) -> Any:
         """Run ``change(head) -> (result, commit kwargs or None)`` until its commit wins the
         compare-and-swap of the branch ref (another writer moved it: reload, run again)."""
         delay = 0.001
         while True:
-            loaded = self._head()
-            result, args = change(loaded)
-            if args is None:
-                return result
-            try:
-                self._commit(loaded, **args)
-                return result
-            except StaleHead:
-                time.sleep(random.uniform(0, delay))  # jitter: concurrent writers spread out
-                delay = min(delay * 2, 0.05)
-
-    @staticmethod
-    def _next(loaded: LoadedCheckpoint | None) -> int:
-        return int(from_tree(loaded.data, "state.data")["next"]) if loaded is not None else 1
+            with self._lock:
+                head = self._head()
+                result, args = change(head)
+                if args is None:
+                    return result
+                try:
+                    self._commit(head, **args)
+                    return result
+                except StaleHead:
+                    pass
+            time.sleep(random.uniform(0, delay))  # jitter: concurrent writers spread out
+            delay = min(delay * 2, 0.05)
 
     def _add_items(self, items: list[Any]) -> None:
         if not items:
             return
-        encoded = [dumps(to_tree(item, f"session {self.session_id!r} items[{i}]")) for i, item in enumerate(items)]
+        trees = [to_tree(item, f"session {self.session_id!r} items[{i}]") for i, item in enumerate(items)]
+        encoded = [(dumps(t), t) for t in trees]
 
-        def change(loaded: LoadedCheckpoint | None) -> tuple[None, dict[str, Any]]:
-            first = self._next(loaded)
-            new = {_item_name(first + i): raw for i, raw in enumerate(encoded)}
-            return None, {"items": dict(self._items(loaded)), "new": new, "data": {"next": first + len(encoded)},
+        def change(head: _Head | None) -> tuple[None, dict[str, Any]]:
+            first = head.next if head is not None else 1
+            return None, {"items": head.items if head is not None else [],
+                          "new": {_item_name(first + i): e for i, e in enumerate(encoded)},
+                          "next_item": first + len(encoded),
                           "ev": event("step", step="add_items", detail=f"+{len(encoded)} items")}
 
         self._mutate(change)
@@ -382,24 +436,20 @@ class OvernightSession(Closing):
             self._compact()
 
     def _pop_item(self) -> Any | None:
-        def change(loaded: LoadedCheckpoint | None) -> tuple[Any, dict[str, Any] | None]:
-            items = self._items(loaded)
-            if not items:
+        def change(head: _Head | None) -> tuple[Any, dict[str, Any] | None]:
+            if head is None or not head.items:
                 return None, None
-            name = items[-1][0]
-            value = self._decode(loaded, items[-1:])[0]  # type: ignore[arg-type]
-            return value, {"items": dict(items[:-1]), "new": {}, "data": {"next": self._next(loaded)},
-                           "ev": event("step", step="pop_item", detail=f"-{name}")}
+            name = head.items[-1][0]
+            value = self._decode(head.id, head.items[-1:])[0]
+            return value, {"items": head.items[:-1], "ev": event("step", step="pop_item", detail=f"-{name}")}
 
         return self._mutate(change)
 
     def _clear(self) -> None:
-        def change(loaded: LoadedCheckpoint | None) -> tuple[None, dict[str, Any] | None]:
-            if loaded is None:
+        def change(head: _Head | None) -> tuple[None, dict[str, Any] | None]:
+            if head is None:
                 return None, None
-            n = len(self._items(loaded))
-            return None, {"items": {}, "new": {}, "data": {"next": self._next(loaded)},
-                          "ev": event("step", step="clear_session", detail=f"-{n} items")}
+            return None, {"items": [], "ev": event("step", step="clear_session", detail=f"-{len(head.items)} items")}
 
         self._mutate(change)
 
@@ -450,9 +500,9 @@ class OvernightSession(Closing):
         limit = summary_tokens(budget.max_tokens)
         keep = max(0, (budget.compact_at - limit) // 2)
 
-        def change(loaded: LoadedCheckpoint | None) -> tuple[None, dict[str, Any] | None]:
-            items = self._items(loaded)
-            values = self._decode(loaded, items) if loaded is not None else []
+        def change(head: _Head | None) -> tuple[None, dict[str, Any] | None]:
+            items = head.items if head is not None else []
+            values = self._decode(head.id, items) if head is not None else []
             tokens = [self.count(v) for v in values]
             if sum(tokens) < budget.compact_at or len(items) < 2:
                 return None, None
@@ -471,19 +521,19 @@ class OvernightSession(Closing):
                     return None, None
             transcript = "\n\n".join(f"{v.get('role') or v.get('type', 'item')}: {item_text(v)}"
                                      if isinstance(v, dict) else item_text(v) for v in values[:cut])
-            assert loaded is not None
-            text = self._summarise(f"compaction:{loaded.id}", transcript)
+            assert head is not None
+            text = self._summarise(f"compaction:{head.id}", transcript)
             summary = self._fit(text, limit)
-            raw = dumps(to_tree(summary, "summary"))
-            ctx = loaded.state_tree["context"]
+            tree = to_tree(summary, "summary")
+            ctx = head.state["context"]
             return None, {
-                "items": dict(items[cut:]), "new": {items[cut - 1][0]: raw}, "data": {"next": self._next(loaded)},
+                "items": items[cut:], "new": {items[cut - 1][0]: (dumps(tree), tree)},
                 "context": context_info(summary["content"], ctx["compactions"] + 1),
                 "new_session": True,
-                "ev": event("compaction", ref=loaded.id,
+                "ev": event("compaction", ref=head.id,
                             detail=f"{cut} items ({sum(tokens[:cut])} tokens) -> a {self.count(summary)}-token summary; "
                                    f"{len(items) - cut} newest items kept verbatim; the full history is "
-                                   f"checkpoint {short_id(loaded.id)}"),
+                                   f"checkpoint {short_id(head.id)}"),
             }
 
         self._mutate(change)

@@ -363,6 +363,7 @@ class CopyPolicy:
         self._pending: dict[str, ObjectRecord] = {}  # staged by the previous commit, not copied yet
         self._has_copy: set[str] = set()
         self._parts: dict[str, tuple[str, ...]] = {}  # protected root -> its protected parts
+        self._settled: set[str] = set()  # artifact roots whose protected parts all have copies
 
     def _protected_parts(self, writer: BlobWriter, root: str, whole: bool) -> tuple[str, ...]:
         parts = writer.parts.get(root)
@@ -390,6 +391,7 @@ class CopyPolicy:
         refs: set[str] = set()
         for d in whole:
             refs.update(self._protected_parts(writer, d, True))
+        artifacts = [d for d in artifacts if d not in self._settled]  # a settled one adds no copy
         for d in (state, *artifacts):
             refs.update(self._protected_parts(writer, d, False))
         obj = writer.objects.get(state)
@@ -410,6 +412,7 @@ class CopyPolicy:
                     out.append(object_copy(obj))
             self._has_copy.update(unknown)
         self._pending = {d: writer.objects[d] for d in fresh if d not in self._has_copy}
+        self._settled.update(d for d in artifacts if self._has_copy.issuperset(self._parts.get(d, (d,))))
         return out
 
 
