@@ -9,10 +9,18 @@ primitives on a POSIX file system:
   the first bytes win, nothing is ever overwritten), unlink the temporary, ``fsync`` the directory.
   On a file system without hard links, ``rename`` after an existence check takes the place of
   ``link`` (then two writers racing on one *new* digest may both write it -- the same bytes).
-* **compare-and-swap** (refs, leases): under an exclusive ``fcntl.flock`` on
-  ``locks/<key>.lock``, held only while comparing and swapping, read the current file, compare its
-  SHA-256 with the expected version, write a temporary file, ``fsync``, ``rename`` it over the
-  target (atomic), ``fsync`` the directory.
+* **compare-and-swap** (refs, leases): write a temporary file and ``fsync`` it, then, under an
+  exclusive ``fcntl.flock`` on ``locks/<key>.lock`` held only while comparing and swapping, read
+  the current file, compare its SHA-256 with the expected version, ``rename`` the temporary over
+  the target (atomic), ``fsync`` the directory.
+
+A batch of writes waits for the disk three times, not three times per file (:meth:`FileContainer.publish`,
+which a commit uses): every temporary file is written, then all of them -- the records and the
+ref's new value alike -- are fsynced side by side on a thread pool; then the names are linked and
+every directory they are in is fsynced side by side (also the directories of names that already
+existed: another writer's link may not be durable yet); only then is the ref renamed into place
+and its directory fsynced. So no name ever points at bytes that were not on disk first, and the
+ref never names a record whose files or names are not.
 
 Every write is durable when the call returns, and a crash at any instant leaves each file either
 absent, old or new -- never torn (temporary files, ``.tmp-*``, are ignored and can be deleted).
@@ -43,7 +51,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Collection, Iterable, Iterator, TypeVar
 
 from overnight.store.base import MinAge, age_limit
 from overnight.errors import ConfigError, StoreBusy
@@ -74,8 +82,9 @@ def _version(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+def _fsync(path: Path) -> None:
+    """``fsync`` a file or a directory, by path."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -146,21 +155,29 @@ class FileContainer:
                 d.mkdir()
             except FileExistsError:
                 continue
-            _fsync_dir(d.parent)
+            _fsync(d.parent)
         with self._dirs_lock:
             self._dirs.add(path)
 
     def _write_temp(self, folder: Path, data: bytes) -> Path:
+        """A new temporary file in ``folder`` holding ``data``, not yet fsynced."""
         tmp = folder / f"{_TMP}{uuid.uuid4().hex}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
         finally:
             os.close(fd)
         return tmp
+
+    def _sync_all(self, paths: Collection[Path]) -> None:
+        """``fsync`` every file or directory in ``paths``, side by side on the thread pool: the
+        file system commits them together, so the batch waits about as long as one."""
+        if len(paths) > 1:
+            list(self._pool.map(_fsync, paths))
+        elif paths:
+            _fsync(next(iter(paths)))
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -266,45 +283,77 @@ class FileContainer:
             os.unlink(tomb)
             freed[key] = st.st_size
             folders.add(path.parent)
-        for folder in folders:
-            _fsync_dir(folder)
+        self._sync_all(folders)
         return freed
 
     # -- writes -----------------------------------------------------------------------------
 
-    def _create(self, key: str, data: bytes) -> tuple[bool, Path]:
-        path = self._path(key)
-        if path.exists():
-            return False, path.parent
-        self._mkdir(path.parent)
-        tmp = self._write_temp(path.parent, data)
+    @staticmethod
+    def _link(tmp: Path, path: Path) -> bool:
+        """Give the (synced) temporary file ``tmp`` the name ``path`` unless it exists; True if it did."""
         try:
             os.link(tmp, path)
-            created = True
+            return True
         except FileExistsError:
-            created = False
+            return False
         except OSError as exc:
             if exc.errno not in _NO_LINK:
                 raise
-            created = not path.exists()
-            if created:
-                os.rename(tmp, path)
+        if path.exists():
+            return False
+        os.rename(tmp, path)
+        return True
+
+    def _write(self, items: dict[str, bytes], swap: tuple[str, bytes, str | None] | None = None,
+               then: dict[str, bytes] | None = None) -> tuple[set[str], str | None]:
+        """Create the ``items`` that do not exist; then, if given, compare-and-swap ``swap = (key,
+        data, expected)`` and, once it landed, link ``then`` without syncing their directories (see
+        :meth:`publish`). Three waits for the disk in all (see the module docstring). Returns
+        ``(keys of items created, the swapped key's new version, None if it had another version)``."""
+        pending: list[Path] = []  # every temporary file written; those not renamed are removed at the end
+
+        def stage(key: str, data: bytes) -> Path:
+            path = self._path(key)
+            self._mkdir(path.parent)
+            pending.append(self._write_temp(path.parent, data))
+            return pending[-1]
+
+        try:
+            new = {k: stage(k, data) for k, data in items.items() if not self._path(k).exists()}
+            later = {k: stage(k, data) for k, data in (then or {}).items() if not self._path(k).exists()}
+            swap_tmp = stage(swap[0], swap[1]) if swap is not None else None
+            self._sync_all(pending)
+            created = {k for k, tmp in new.items() if self._link(tmp, self._path(k))}
+            # the folders of names that already existed too: another writer's link may not be durable yet
+            self._sync_all({self._path(k).parent for k in items})
+            if swap is None or swap_tmp is None:
+                return created, None
+            key, data, expected = swap
+            target = self._path(key)
+            with self._locked(key):
+                current = self._read_bytes(key)
+                if (None if current is None else _version(current)) != expected:
+                    return created, None
+                os.replace(swap_tmp, target)
+                _fsync(target.parent)
+            for k, tmp in later.items():
+                self._link(tmp, self._path(k))
+            return created, _version(data)
         finally:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-        return created, path.parent
+            for tmp in pending:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
 
     @_medium(writing=True)
     def create_many(self, items: dict[str, bytes]) -> set[str]:
-        if len(items) > 4:
-            results = list(self._pool.map(lambda kv: self._create(*kv), items.items()))
-        else:
-            results = [self._create(k, v) for k, v in items.items()]
-        for folder in {folder for created, folder in results if created}:
-            _fsync_dir(folder)
-        return {k for k, (created, _) in zip(items, results) if created}
+        return self._write(items)[0]
+
+    @_medium(writing=True)
+    def publish(self, items: dict[str, bytes], key: str, data: bytes, expected: str | None,
+                then: dict[str, bytes] | None = None) -> tuple[set[str], str | None]:
+        return self._write(items, (key, data, expected), then)
 
     @contextmanager
     def _locked(self, key: str) -> Iterator[None]:
@@ -343,18 +392,8 @@ class FileContainer:
             hint="another overnight process is updating this ref or lease; retry, or raise busy_timeout_ms",
         )
 
-    @_medium(writing=True)
     def swap(self, key: str, data: bytes, expected: str | None) -> str | None:
-        path = self._path(key)
-        with self._locked(key):
-            current = self._read_bytes(key)
-            if (None if current is None else _version(current)) != expected:
-                return None
-            self._mkdir(path.parent)
-            tmp = self._write_temp(path.parent, data)
-            os.replace(tmp, path)
-            _fsync_dir(path.parent)
-        return _version(data)
+        return self.publish({}, key, data, expected)[1]
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
