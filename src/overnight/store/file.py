@@ -121,12 +121,12 @@ class FileContainer:
             raise ConfigError("the file store needs fcntl.flock (POSIX); use sqlite:// on this platform")
         self.root = root
         self.busy_timeout_ms = busy_timeout_ms
-        self._dirs: set[Path] = set()
+        self._dirs: set[Path] = set()  # folders under root whose entries this process saw made durable
         self._dirs_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="overnight-file")
         self._opened = False
         try:
-            self._mkdir(root)
+            self._sync_all({d.parent for d in self._mkdir(root)})
         except OSError as exc:
             typed = os_refusal(exc, str(root), writing=True)
             raise (typed or ConfigError(f"cannot create store directory {root}: {exc}")) from exc
@@ -139,25 +139,35 @@ class FileContainer:
     def _path(self, key: str) -> Path:
         return self.root / key if key else self.root
 
-    def _mkdir(self, path: Path) -> None:
-        """Create ``path`` and its parents, each new entry made durable in its parent."""
-        if path in self._dirs:
-            return
+    def _mkdir(self, path: Path) -> list[Path]:
+        """Create ``path`` and its missing parents; returns the folders created, outermost first.
+        Their entries are not durable yet (:meth:`_unknown_parents`)."""
         missing = []
         p = path
-        while not p.is_dir():
+        while p not in self._dirs and not p.is_dir():
             if p == self.root and self._opened:  # never recreate a store that vanished (an unmounted share)
                 raise FileNotFoundError(errno.ENOENT, "the store's folder is missing", str(p))
             missing.append(p)
             p = p.parent
+        created = []
         for d in reversed(missing):
             try:
                 d.mkdir()
             except FileExistsError:
                 continue
-            _fsync(d.parent)
-        with self._dirs_lock:
-            self._dirs.add(path)
+            created.append(d)
+        return created
+
+    def _unknown_parents(self, folders: Iterable[Path]) -> set[Path]:
+        """The parent of each of ``folders`` not yet known durable, and its parent in turn if that one
+        is not either, up to the root: what to fsync so that the folders' own entries are durable
+        (a folder may be new -- made by this writer, or by another a moment ago)."""
+        out: set[Path] = set()
+        for f in folders:
+            while f != self.root and f not in self._dirs:
+                f = f.parent
+                out.add(f)
+        return out
 
     def _write_temp(self, folder: Path, data: bytes) -> Path:
         """A new temporary file in ``folder`` holding ``data``, not yet fsynced."""
@@ -324,8 +334,14 @@ class FileContainer:
             swap_tmp = stage(swap[0], swap[1]) if swap is not None else None
             self._sync_all(pending)
             created = {k for k, tmp in new.items() if self._link(tmp, self._path(k))}
-            # the folders of names that already existed too: another writer's link may not be durable yet
-            self._sync_all({self._path(k).parent for k in items})
+            # the folders of names that already existed too (another writer's link may not be durable
+            # yet), and the parents of every folder written into that may be new
+            folders = {self._path(k).parent for k in items}
+            touched = folders | {tmp.parent for tmp in pending}
+            parents = self._unknown_parents(touched)
+            self._sync_all(folders | parents)
+            with self._dirs_lock:
+                self._dirs.update(touched - {self.root}, parents - {self.root})
             if swap is None or swap_tmp is None:
                 return created, None
             key, data, expected = swap
