@@ -48,10 +48,10 @@ import os
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from overnight.store.base import MinAge, age_limit
 from overnight.errors import ConfigError, StoreBusy
@@ -181,13 +181,19 @@ class FileContainer:
             os.close(fd)
         return tmp
 
-    def _sync_all(self, paths: Collection[Path]) -> None:
-        """``fsync`` every file or directory in ``paths``, side by side on the thread pool: the
-        file system commits them together, so the batch waits about as long as one."""
-        if len(paths) > 1:
-            list(self._pool.map(_fsync, paths))
-        elif paths:
-            _fsync(next(iter(paths)))
+    def _sync_all(self, paths: Iterable[Path]) -> None:
+        """``fsync`` every file or directory in ``paths``, side by side (the first on this thread, the
+        others on the pool): the file system commits them together, so the batch waits about as
+        long as one."""
+        first, *rest = list(paths) or [None]
+        futures = [self._pool.submit(_fsync, p) for p in rest]
+        try:
+            if first is not None:
+                _fsync(first)
+        finally:
+            wait(futures)
+        for f in futures:
+            f.result()
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -322,21 +328,22 @@ class FileContainer:
         ``(keys of items created, the swapped key's new version, None if it had another version)``."""
         pending: list[Path] = []  # every temporary file written; those not renamed are removed at the end
 
-        def stage(key: str, data: bytes) -> Path:
-            path = self._path(key)
+        def temp(path: Path, data: bytes) -> Path:
             self._mkdir(path.parent)
             pending.append(self._write_temp(path.parent, data))
             return pending[-1]
 
+        paths = {k: self._path(k) for k in items}
+        later = {self._path(k): data for k, data in (then or {}).items()}
         try:
-            new = {k: stage(k, data) for k, data in items.items() if not self._path(k).exists()}
-            later = {k: stage(k, data) for k, data in (then or {}).items() if not self._path(k).exists()}
-            swap_tmp = stage(swap[0], swap[1]) if swap is not None else None
+            new = {k: temp(path, items[k]) for k, path in paths.items() if not path.exists()}
+            later_tmp = {path: temp(path, data) for path, data in later.items() if not path.exists()}
+            swap_tmp = temp(self._path(swap[0]), swap[1]) if swap is not None else None
             self._sync_all(pending)
-            created = {k for k, tmp in new.items() if self._link(tmp, self._path(k))}
+            created = {k for k, tmp in new.items() if self._link(tmp, paths[k])}
             # the folders of names that already existed too (another writer's link may not be durable
             # yet), and the parents of every folder written into that may be new
-            folders = {self._path(k).parent for k in items}
+            folders = {path.parent for path in paths.values()}
             touched = folders | {tmp.parent for tmp in pending}
             parents = self._unknown_parents(touched)
             self._sync_all(folders | parents)
@@ -344,23 +351,30 @@ class FileContainer:
                 self._dirs.update(touched - {self.root}, parents - {self.root})
             if swap is None or swap_tmp is None:
                 return created, None
-            key, data, expected = swap
-            target = self._path(key)
-            with self._locked(key):
-                current = self._read_bytes(key)
-                if (None if current is None else _version(current)) != expected:
-                    return created, None
-                os.replace(swap_tmp, target)
-                _fsync(target.parent)
-            for k, tmp in later.items():
-                self._link(tmp, self._path(k))
-            return created, _version(data)
+            version = self._swap_in(swap[0], swap[1], swap_tmp, swap[2])
+            if version is not None:
+                for path, tmp in later_tmp.items():
+                    self._link(tmp, path)
+            return created, version
         finally:
             for tmp in pending:
                 try:
                     os.unlink(tmp)
                 except FileNotFoundError:
                     pass
+
+    def _swap_in(self, key: str, data: bytes, tmp: Path, expected: str | None) -> str | None:
+        """The compare-and-swap itself: under the key's lock, rename ``tmp`` (``data``, already
+        synced) over the key if its version is ``expected``, then fsync the folder. Returns the new
+        version, or None when the key had another version (``tmp`` is left for the caller)."""
+        target = self._path(key)
+        with self._locked(key):
+            current = self._read_bytes(key)
+            if (None if current is None else _version(current)) != expected:
+                return None
+            os.replace(tmp, target)
+            _fsync(target.parent)
+        return _version(data)
 
     @_medium(writing=True)
     def create_many(self, items: dict[str, bytes]) -> set[str]:
