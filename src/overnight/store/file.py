@@ -14,13 +14,17 @@ primitives on a POSIX file system:
   the current file, compare its SHA-256 with the expected version, ``rename`` the temporary over
   the target (atomic), ``fsync`` the directory.
 
-A batch of writes waits for the disk three times, not three times per file (:meth:`FileContainer.publish`,
-which a commit uses): every temporary file is written, then all of them -- the records and the
-ref's new value alike -- are fsynced side by side on a thread pool; then the names are linked and
-every directory they are in is fsynced side by side (also the directories of names that already
-existed: another writer's link may not be durable yet); only then is the ref renamed into place
-and its directory fsynced. So no name ever points at bytes that were not on disk first, and the
-ref never names a record whose files or names are not.
+A batch of writes (:meth:`FileContainer.publish`, which a commit uses; ``create_many``) waits for
+the disk three times in all, not per file: every temporary file is written, then all of them --
+the records and the ref's new value alike -- are fsynced side by side on a thread pool (the file
+system commits them together; one after the other, each would wait for its own journal commit);
+then the names are linked and every directory they are in is fsynced side by side, with the
+parent of any directory this process has not yet seen made durable (new, or made a moment ago by
+another writer), and the directories of names that already existed (another writer's link may not
+be durable yet); only then is the ref renamed into place and its directory fsynced. So no name
+ever points at bytes that were not on disk first, and the ref never names a record whose bytes
+or name are not. The new head's index entry (``then``) is fsynced with the rest and linked after
+the swap, its directory left to the next commit.
 
 Every write is durable when the call returns, and a crash at any instant leaves each file either
 absent, old or new -- never torn (temporary files, ``.tmp-*``, are ignored and can be deleted).

@@ -40,7 +40,9 @@ released lease keeps its token.
 each object that already exists (:meth:`Container.refresh`: a new modification time), re-creates one
 that vanished meanwhile, and after the ref swap checks once more that every object it refreshed is
 still there, writing back any that a concurrent ``gc`` removed in the instant between its age check
-and its delete (S3 has no atomic check-and-delete; files do, see :mod:`overnight.store.file`). A
+and its delete (S3 has no atomic check-and-delete; files do, see :mod:`overnight.store.file`).
+Likewise an object another writer created between this commit's existence check and its own write
+is compared after the swap, and replaced if that copy is damaged (:meth:`KeyedStore._heal`). A
 commit checks that its parent record exists, a checkpoint of the same task, before writing anything
 (:func:`~overnight.store.base.check_parent`).
 Deleting a task removes its refs first, then its checkpoint records and index, archive rows and
