@@ -108,7 +108,8 @@ class Container(Protocol):
         ...
 
     def create_many(self, items: dict[str, bytes]) -> set[str]:
-        """Write each key that does not exist yet; returns the keys this call wrote."""
+        """Write each key that does not exist yet; returns the keys this call wrote. All of them --
+        and the names of those that existed -- are durable when it returns."""
         ...
 
     def swap(self, key: str, data: bytes, expected: str | None) -> str | None:
