@@ -9,7 +9,8 @@ one was checked against):
    ``tests/test_power_loss.py`` drops unsynced writes for real);
 2. ``file://`` commits are durable: every file a commit publishes is fsynced before the link or
    rename that names it, its directory after, and all of it before the ref swap that makes the new
-   head visible (observed: the test records the calls the store makes, it does not replace them);
+   head visible -- but the new head's index entry, made durable by the next commit before its own
+   swap (observed: the test records the calls the store makes, it does not replace them);
 3. fencing is by token, not by holder id: the same holder re-acquiring outranks its old lease, and
    on ``file://``/S3 a stale lease record put back does not let the old holder commit (the ref's
    fence refuses it);
@@ -156,7 +157,8 @@ class _SyscallLog:
 
 def test_file_commit_is_durable_fsync_before_publish(tmp_path, monkeypatch):
     """Every file a ``file://`` commit writes reaches the disk before the name that publishes it,
-    and every new name (and new directory) before the ref swap that makes the head visible."""
+    and every new name (and new directory) before the ref swap that makes the head visible --
+    among them the old head's index entry, which the previous commit wrote without waiting for it."""
     root = Path(os.path.realpath(tmp_path)) / "store"  # as /proc/self/fd names it
     with open_store(f"file://{root}") as s:
         r0 = _row("t", None, 0)
@@ -181,20 +183,22 @@ def test_file_commit_is_durable_fsync_before_publish(tmp_path, monkeypatch):
     for d in objects:
         assert str(root / layout.object_key(d.digest)) in published, "an object was not written through link/rename"
     assert str(root / layout.checkpoint_key(r1.checkpoint_id)) in published
-    index_entries = str(root / layout.index_dir("t"))
+    new_head_entry = str(root / layout.index_key("t", r1.checkpoint_id))
+    assert os.path.exists(root / layout.index_key("t", r0.checkpoint_id))
+    assert log.synced(str(root / layout.index_dir("t")), -1, ref_at), \
+        "the old head's index entry was not made durable before the ref moved away from it"
     for i, kind, src, dst in publishes:
         assert log.synced(src, -1, i), f"{kind} of {dst} before its data was fsynced"
-        folder = os.path.dirname(dst)
-        # what the new head depends on is durable before the ref names it; the index (written
-        # after the swap, rebuilt from the refs if lost) and the ref itself by the time commit returns
-        deadline = len(events) if dst == ref_path or folder == index_entries else ref_at
-        assert log.synced(folder, i, deadline), f"directory of {dst} not fsynced after the {kind}" + (
+        if dst == new_head_entry:
+            continue  # written after the swap, durable by the next commit (listings add the heads meanwhile)
+        # what the new head depends on is durable before the ref names it; the ref by the time commit returns
+        deadline = len(events) if dst == ref_path else ref_at
+        assert log.synced(os.path.dirname(dst), i, deadline), f"directory of {dst} not fsynced after the {kind}" + (
             "" if deadline == len(events) else " and before the ref swap")
     new_dirs = [(i, p) for i, (kind, p, _) in enumerate(events) if kind == "mkdir" and p.startswith(str(root))]
     assert new_dirs, "the commit created no directory"
     for i, p in new_dirs:
-        assert log.synced(os.path.dirname(p), i, len(events) if p.startswith(index_entries) else ref_at), \
-            f"new directory {p} not made durable in its parent before the ref swap"
+        assert log.synced(os.path.dirname(p), i, ref_at), f"new directory {p} not made durable in its parent before the ref swap"
 
 
 # -- 3. fencing by token --------------------------------------------------------------------------

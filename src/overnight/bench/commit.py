@@ -8,8 +8,9 @@ systems, by name (:data:`SYSTEMS`):
 * ``overnight sqlite`` / ``overnight file`` / ``overnight postgres`` -- the full write path of one
   checkpoint on that store: encode the user state (canonical JSON), stage the state blob (SHA-256,
   dedup lookup, zstd), build, digest and commit the record with the ref CAS (SQLite: one
-  transaction, WAL, ``synchronous=FULL``; file: write-temp + fsync + rename + fsync(dir) per
-  object and ref; PostgreSQL: one transaction, committed);
+  transaction, WAL, ``synchronous=FULL``; file: the commit's temporary files fsynced side by
+  side, linked, their folders fsynced side by side, then the ref renamed and its folder fsynced;
+  PostgreSQL: one transaction, committed);
 * ``LangGraph SqliteSaver`` -- ``SqliteSaver.put`` (langgraph-checkpoint-sqlite; its defaults: WAL
   and SQLite's default ``synchronous=FULL``), timing serialization and the insert;
 * ``LangGraph PostgresSaver`` -- ``PostgresSaver.put`` (langgraph-checkpoint-postgres, autocommit

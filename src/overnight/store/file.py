@@ -9,10 +9,22 @@ primitives on a POSIX file system:
   the first bytes win, nothing is ever overwritten), unlink the temporary, ``fsync`` the directory.
   On a file system without hard links, ``rename`` after an existence check takes the place of
   ``link`` (then two writers racing on one *new* digest may both write it -- the same bytes).
-* **compare-and-swap** (refs, leases): under an exclusive ``fcntl.flock`` on
-  ``locks/<key>.lock``, held only while comparing and swapping, read the current file, compare its
-  SHA-256 with the expected version, write a temporary file, ``fsync``, ``rename`` it over the
-  target (atomic), ``fsync`` the directory.
+* **compare-and-swap** (refs, leases): write a temporary file and ``fsync`` it, then, under an
+  exclusive ``fcntl.flock`` on ``locks/<key>.lock`` held only while comparing and swapping, read
+  the current file, compare its SHA-256 with the expected version, ``rename`` the temporary over
+  the target (atomic), ``fsync`` the directory.
+
+A batch of writes (:meth:`FileContainer.publish`, which a commit uses; ``create_many``) waits for
+the disk three times in all, not per file: every temporary file is written, then all of them --
+the records and the ref's new value alike -- are fsynced side by side on a thread pool (the file
+system commits them together; one after the other, each would wait for its own journal commit);
+then the names are linked and every directory they are in is fsynced side by side, with the
+parent of any directory this process has not yet seen made durable (new, or made a moment ago by
+another writer), and the directories of names that already existed (another writer's link may not
+be durable yet); only then is the ref renamed into place and its directory fsynced. So no name
+ever points at bytes that were not on disk first, and the ref never names a record whose bytes
+or name are not. The new head's index entry (``then``) is fsynced with the rest and linked after
+the swap, its directory left to the next commit.
 
 Every write is durable when the call returns, and a crash at any instant leaves each file either
 absent, old or new -- never torn (temporary files, ``.tmp-*``, are ignored and can be deleted).
@@ -40,7 +52,7 @@ import os
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
@@ -74,8 +86,9 @@ def _version(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+def _fsync(path: Path) -> None:
+    """``fsync`` a file or a directory, by path."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -112,12 +125,12 @@ class FileContainer:
             raise ConfigError("the file store needs fcntl.flock (POSIX); use sqlite:// on this platform")
         self.root = root
         self.busy_timeout_ms = busy_timeout_ms
-        self._dirs: set[Path] = set()
+        self._dirs: set[Path] = set()  # folders under root whose entries this process saw made durable
         self._dirs_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="overnight-file")
         self._opened = False
         try:
-            self._mkdir(root)
+            self._sync_all({d.parent for d in self._mkdir(root)})
         except OSError as exc:
             typed = os_refusal(exc, str(root), writing=True)
             raise (typed or ConfigError(f"cannot create store directory {root}: {exc}")) from exc
@@ -130,37 +143,61 @@ class FileContainer:
     def _path(self, key: str) -> Path:
         return self.root / key if key else self.root
 
-    def _mkdir(self, path: Path) -> None:
-        """Create ``path`` and its parents, each new entry made durable in its parent."""
-        if path in self._dirs:
-            return
+    def _mkdir(self, path: Path) -> list[Path]:
+        """Create ``path`` and its missing parents; returns the folders created, outermost first.
+        Their entries are not durable yet (:meth:`_unknown_parents`)."""
         missing = []
         p = path
-        while not p.is_dir():
+        while p not in self._dirs and not p.is_dir():
             if p == self.root and self._opened:  # never recreate a store that vanished (an unmounted share)
                 raise FileNotFoundError(errno.ENOENT, "the store's folder is missing", str(p))
             missing.append(p)
             p = p.parent
+        created = []
         for d in reversed(missing):
             try:
                 d.mkdir()
             except FileExistsError:
                 continue
-            _fsync_dir(d.parent)
-        with self._dirs_lock:
-            self._dirs.add(path)
+            created.append(d)
+        return created
+
+    def _unknown_parents(self, folders: Iterable[Path]) -> set[Path]:
+        """The parent of each of ``folders`` not yet known durable, and its parent in turn if that one
+        is not either, up to the root: what to fsync so that the folders' own entries are durable
+        (a folder may be new -- made by this writer, or by another a moment ago)."""
+        out: set[Path] = set()
+        for f in folders:
+            while f != self.root and f not in self._dirs:
+                f = f.parent
+                out.add(f)
+        return out
 
     def _write_temp(self, folder: Path, data: bytes) -> Path:
+        """A new temporary file in ``folder`` holding ``data``, not yet fsynced."""
         tmp = folder / f"{_TMP}{uuid.uuid4().hex}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
         finally:
             os.close(fd)
         return tmp
+
+    def _sync_all(self, paths: Iterable[Path]) -> None:
+        """``fsync`` every file or directory in ``paths``, side by side (the first on this thread, the
+        others on the pool): the file system commits them together, so the batch waits about as
+        long as one."""
+        first, *rest = list(paths) or [None]
+        futures = [self._pool.submit(_fsync, p) for p in rest]
+        try:
+            if first is not None:
+                _fsync(first)
+        finally:
+            wait(futures)
+        for f in futures:
+            f.result()
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -266,45 +303,91 @@ class FileContainer:
             os.unlink(tomb)
             freed[key] = st.st_size
             folders.add(path.parent)
-        for folder in folders:
-            _fsync_dir(folder)
+        self._sync_all(folders)
         return freed
 
     # -- writes -----------------------------------------------------------------------------
 
-    def _create(self, key: str, data: bytes) -> tuple[bool, Path]:
-        path = self._path(key)
-        if path.exists():
-            return False, path.parent
-        self._mkdir(path.parent)
-        tmp = self._write_temp(path.parent, data)
+    @staticmethod
+    def _link(tmp: Path, path: Path) -> bool:
+        """Give the (synced) temporary file ``tmp`` the name ``path`` unless it exists; True if it did."""
         try:
             os.link(tmp, path)
-            created = True
+            return True
         except FileExistsError:
-            created = False
+            return False
         except OSError as exc:
             if exc.errno not in _NO_LINK:
                 raise
-            created = not path.exists()
-            if created:
-                os.rename(tmp, path)
+        if path.exists():
+            return False
+        os.rename(tmp, path)
+        return True
+
+    def _write(self, items: dict[str, bytes], swap: tuple[str, bytes, str | None] | None = None,
+               then: dict[str, bytes] | None = None) -> tuple[set[str], str | None]:
+        """Create the ``items`` that do not exist; then, if given, compare-and-swap ``swap = (key,
+        data, expected)`` and, once it landed, link ``then`` without syncing their directories (see
+        :meth:`publish`). Three waits for the disk in all (see the module docstring). Returns
+        ``(keys of items created, the swapped key's new version, None if it had another version)``."""
+        pending: list[Path] = []  # every temporary file written; those not renamed are removed at the end
+
+        def temp(path: Path, data: bytes) -> Path:
+            self._mkdir(path.parent)
+            pending.append(self._write_temp(path.parent, data))
+            return pending[-1]
+
+        paths = {k: self._path(k) for k in items}
+        later = {self._path(k): data for k, data in (then or {}).items()}
+        try:
+            new = {k: temp(path, items[k]) for k, path in paths.items() if not path.exists()}
+            later_tmp = {path: temp(path, data) for path, data in later.items() if not path.exists()}
+            swap_tmp = temp(self._path(swap[0]), swap[1]) if swap is not None else None
+            self._sync_all(pending)
+            created = {k for k, tmp in new.items() if self._link(tmp, paths[k])}
+            # the folders of names that already existed too (another writer's link may not be durable
+            # yet), and the parents of every folder written into that may be new
+            folders = {path.parent for path in paths.values()}
+            touched = folders | {tmp.parent for tmp in pending}
+            parents = self._unknown_parents(touched)
+            self._sync_all(folders | parents)
+            with self._dirs_lock:
+                self._dirs.update(touched - {self.root}, parents - {self.root})
+            if swap is None or swap_tmp is None:
+                return created, None
+            version = self._swap_in(swap[0], swap[1], swap_tmp, swap[2])
+            if version is not None:
+                for path, tmp in later_tmp.items():
+                    self._link(tmp, path)
+            return created, version
         finally:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-        return created, path.parent
+            for tmp in pending:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+
+    def _swap_in(self, key: str, data: bytes, tmp: Path, expected: str | None) -> str | None:
+        """The compare-and-swap itself: under the key's lock, rename ``tmp`` (``data``, already
+        synced) over the key if its version is ``expected``, then fsync the folder. Returns the new
+        version, or None when the key had another version (``tmp`` is left for the caller)."""
+        target = self._path(key)
+        with self._locked(key):
+            current = self._read_bytes(key)
+            if (None if current is None else _version(current)) != expected:
+                return None
+            os.replace(tmp, target)
+            _fsync(target.parent)
+        return _version(data)
 
     @_medium(writing=True)
     def create_many(self, items: dict[str, bytes]) -> set[str]:
-        if len(items) > 4:
-            results = list(self._pool.map(lambda kv: self._create(*kv), items.items()))
-        else:
-            results = [self._create(k, v) for k, v in items.items()]
-        for folder in {folder for created, folder in results if created}:
-            _fsync_dir(folder)
-        return {k for k, (created, _) in zip(items, results) if created}
+        return self._write(items)[0]
+
+    @_medium(writing=True)
+    def publish(self, items: dict[str, bytes], key: str, data: bytes, expected: str | None,
+                then: dict[str, bytes] | None = None) -> tuple[set[str], str | None]:
+        return self._write(items, (key, data, expected), then)
 
     @contextmanager
     def _locked(self, key: str) -> Iterator[None]:
@@ -343,18 +426,8 @@ class FileContainer:
             hint="another overnight process is updating this ref or lease; retry, or raise busy_timeout_ms",
         )
 
-    @_medium(writing=True)
     def swap(self, key: str, data: bytes, expected: str | None) -> str | None:
-        path = self._path(key)
-        with self._locked(key):
-            current = self._read_bytes(key)
-            if (None if current is None else _version(current)) != expected:
-                return None
-            self._mkdir(path.parent)
-            tmp = self._write_temp(path.parent, data)
-            os.replace(tmp, path)
-            _fsync_dir(path.parent)
-        return _version(data)
+        return self.publish({}, key, data, expected)[1]
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

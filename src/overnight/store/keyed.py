@@ -11,17 +11,22 @@ commit point**:
 1. read the ref (its value and version) and, with a lease, the lease record: a stale head raises
    :class:`~overnight.errors.StaleHead` and a lost lease :class:`~overnight.errors.LeaseLost`
    before anything is written;
-2. write the new objects, the task registration and the checkpoint record (with its journal rows);
-   all are write-once and content-addressed, so writing them twice is harmless;
-3. swap the ref from the version read in 1 to the new head (the compare-and-swap); if it lost a
-   race, the commit fails as in 1 and what step 2 wrote is unreferenced garbage -- never listed,
-   never loaded as a head (``get_checkpoint`` by id still finds such a record: it is immutable and
-   verifiable, like an unreachable git commit);
-4. add the new head to the task's checkpoint index (``tasks/<T>/checkpoints/``).
+2. write the new objects, the task registration, the checkpoint record (with its journal rows) and
+   the old head's entry in the task's checkpoint index (``tasks/<T>/checkpoints/``); all are
+   write-once and content-addressed, so writing them twice is harmless;
+3. once all of them are durable, swap the ref from the version read in 1 to the new head (the
+   compare-and-swap); if it lost a race, the commit fails as in 1 and what step 2 wrote is
+   unreferenced garbage -- never listed, never loaded as a head (``get_checkpoint`` by id still
+   finds such a record: it is immutable and verifiable, like an unreachable git commit);
+4. add the new head to the index, without waiting for it to be durable (step 2 of the next commit
+   makes it so).
+
+Steps 2 to 4 are one container call, :meth:`Container.publish`, so that a container can wait for
+the disk once for a whole batch rather than once per key (:mod:`overnight.store.file`).
 
 A checkpoint is *committed* once a ref has named it. The index lists committed checkpoints: a
-commit or :meth:`KeyedStore.set_ref` indexes the ref's old value before moving it away, and
-listings add the current heads, so a crash between steps 3 and 4 loses nothing.
+commit or :meth:`KeyedStore.set_ref` indexes the ref's old value (durably) before moving it away,
+and listings add the current heads, so a crash that loses step 4 loses nothing.
 
 **Fencing.** Each ref record carries a ``fence``: the highest lease token seen on that branch.
 :meth:`KeyedStore.acquire_lease` writes the lease record (compare-and-swap, token + 1) and then
@@ -35,7 +40,9 @@ released lease keeps its token.
 each object that already exists (:meth:`Container.refresh`: a new modification time), re-creates one
 that vanished meanwhile, and after the ref swap checks once more that every object it refreshed is
 still there, writing back any that a concurrent ``gc`` removed in the instant between its age check
-and its delete (S3 has no atomic check-and-delete; files do, see :mod:`overnight.store.file`). A
+and its delete (S3 has no atomic check-and-delete; files do, see :mod:`overnight.store.file`).
+Likewise an object another writer created between this commit's existence check and its own write
+is compared after the swap, and replaced if that copy is damaged (:meth:`KeyedStore._heal`). A
 commit checks that its parent record exists, a checkpoint of the same task, before writing anything
 (:func:`~overnight.store.base.check_parent`).
 Deleting a task removes its refs first, then its checkpoint records and index, archive rows and
@@ -101,12 +108,22 @@ class Container(Protocol):
         ...
 
     def create_many(self, items: dict[str, bytes]) -> set[str]:
-        """Write each key that does not exist yet; returns the keys this call wrote."""
+        """Write each key that does not exist yet; returns the keys this call wrote. All of them --
+        and the names of those that existed -- are durable when it returns."""
         ...
 
     def swap(self, key: str, data: bytes, expected: str | None) -> str | None:
         """Replace the key's data if its version is ``expected`` (None: the key must not exist).
         Returns the new version, or None when the key had another version (nothing written)."""
+        ...
+
+    def publish(self, items: dict[str, bytes], key: str, data: bytes, expected: str | None,
+                then: dict[str, bytes] | None = None) -> tuple[set[str], str | None]:
+        """``create_many(items)``, then ``swap(key, data, expected)``, then, if the swap landed,
+        ``create_many(then)``. Every item -- and the name of every one that already existed -- is
+        durable before the swap can land, and the swap when this returns; ``then`` may be lost to a
+        crash (never torn) until a later ``publish`` names it in ``items``. Returns ``(keys of
+        items this call wrote, what the swap returns)`` (the items stay written either way)."""
         ...
 
     def list(self, prefix: str) -> list[str]:
@@ -212,8 +229,10 @@ class KeyedStore(Closing):
                                hint="restore it from a replica (`overnight repair`) or a backup; `overnight verify "
                                "--all` lists what else is damaged") from exc
 
-    def _index(self, task_id: str, checkpoint_ids: Iterable[str]) -> None:
-        self._c.create_many({layout.index_key(task_id, c): c.encode("utf-8", "surrogatepass") for c in checkpoint_ids})
+    @staticmethod
+    def _index_entries(task_id: str, checkpoint_ids: Iterable[str]) -> dict[str, bytes]:
+        """The index records saying the checkpoints are committed on the task."""
+        return {layout.index_key(task_id, c): c.encode("utf-8", "surrogatepass") for c in checkpoint_ids}
 
     @staticmethod
     def _stale(task_id: str, branch: str, expected: str | None, current: str | None) -> StaleHead:
@@ -249,54 +268,55 @@ class KeyedStore(Closing):
         keys = {layout.object_key(d): d for d in dict.fromkeys(digests)}
         return {keys[k]: layout.decode_object(keys[k], data) for k, data in self._c.read_many(keys).items()}
 
-    def _put(self, objects: Iterable[ObjectRecord]) -> tuple[int, set[str]]:
-        """Write the objects not stored yet and refresh those that are; returns ``(data bytes
-        written, keys refreshed)``. A stored object whose bytes differ from these (which hash to
-        the digest) is damaged and is replaced."""
-        items: dict[str, bytes] = {}
-        sizes: dict[str, int] = {}
-        digests: dict[str, str] = {}
+    @staticmethod
+    def _encoded(objects: Iterable[ObjectRecord]) -> dict[str, tuple[ObjectRecord, bytes]]:
+        """Each distinct object by its key, with the record bytes that store it."""
+        out: dict[str, tuple[ObjectRecord, bytes]] = {}
         for o in objects:
             key = layout.object_key(o.digest)
-            if key not in items:
-                items[key] = layout.encode_object(o)
-                sizes[key] = len(o.data)
-                digests[key] = o.digest
-        if not items:
-            return 0, set()
-        created = self._c.create_many(items)
-        written = sum(sizes[k] for k in created)
-        existing = set(items) - created
-        for key in sorted(existing):
-            got = self._c.read(key)
-            if got is not None and got[0] != items[key] and is_damaged(self, digests[key]):
-                if self._c.swap(key, items[key], got[1]) is not None:
-                    written += sizes[key]  # healed (a fresh write: nothing to refresh)
-                    existing.discard(key)
-        refreshed = set(existing)
-        for _ in range(5):  # refresh; a key that vanished meanwhile (gc) is written again
-            gone = self._c.refresh(existing)
-            if not gone:
-                break
-            again = self._c.create_many({k: items[k] for k in gone})
-            written += sum(sizes[k] for k in again)
-            existing = gone - again
-        return written, refreshed
+            if key not in out:
+                out[key] = (o, layout.encode_object(o))
+        return out
 
-    def _repair(self, objects: Iterable[ObjectRecord], keys: set[str]) -> None:
+    def _heal(self, staged: dict[str, tuple[ObjectRecord, bytes]], keys: Iterable[str]) -> set[str]:
+        """Replace the stored copy under each of ``keys`` whose bytes differ from the staged ones
+        (which hash to the digest) and that is damaged; an intact copy is kept (the first write
+        wins). Returns the keys replaced."""
+        healed = set()
+        for key in sorted(keys):
+            o, data = staged[key]
+            got = self._c.read(key)
+            if (got is not None and got[0] != data and is_damaged(self, o.digest)
+                    and self._c.swap(key, data, got[1]) is not None):
+                healed.add(key)
+        return healed
+
+    def _stage(self, staged: dict[str, tuple[ObjectRecord, bytes]]) -> tuple[dict[str, bytes], int, set[str]]:
+        """Get the objects ready to write: ``(records to create, data bytes they add, keys refreshed)``.
+
+        Objects already stored are refreshed instead (a damaged copy is replaced, :meth:`_heal`); one
+        that vanishes meanwhile (``gc``) is created again. The bytes added count the objects not
+        stored when this looked (a concurrent writer of the same object may link it first; both
+        then count it)."""
+        present = self._c.exists_many(staged)
+        healed = self._heal(staged, present)  # a fresh write: nothing to refresh
+        refreshed = present - healed
+        refreshed -= self._c.refresh(refreshed)
+        new = {k: data for k, (_, data) in staged.items() if k not in refreshed and k not in healed}
+        return new, sum(len(staged[k][0].data) for k in [*new, *healed]), refreshed
+
+    def _repair(self, staged: dict[str, tuple[ObjectRecord, bytes]], keys: set[str]) -> None:
         """After a commit point: write back any refreshed object a concurrent ``gc`` deleted in the
         instant between its age check and its delete (see the module docstring)."""
-        if not keys:
-            return
-        present = self._c.exists_many(keys)
-        missing = keys - present
-        if missing:
-            self._c.create_many({layout.object_key(o.digest): layout.encode_object(o) for o in objects
-                                 if layout.object_key(o.digest) in missing})
+        if keys:
+            self._c.create_many({k: staged[k][1] for k in keys - self._c.exists_many(keys)})
 
     def put_objects(self, objects: Iterable[ObjectRecord]) -> None:
-        objects = list(objects)
-        self._repair(objects, self._put(objects)[1])
+        staged = self._encoded(objects)
+        items, _, refreshed = self._stage(staged)
+        created = self._c.create_many(items)
+        self._heal(staged, set(items) - created)  # another writer linked it first
+        self._repair(staged, refreshed)
 
     def iter_object_digests(self) -> Iterator[str]:
         for shard in self._c.list("objects"):
@@ -325,23 +345,26 @@ class KeyedStore(Closing):
             raise self._stale(cp.task_id, cp.branch, commit.expected_head, current)
         if cp.parent_id is not None:
             check_parent(cp, self._parent_task(cp))
-        if current is not None:
-            self._index(cp.task_id, [current])
-        written, refreshed = self._put(commit.objects)
+        staged = self._encoded(commit.objects)
+        items, written, refreshed = self._stage(staged)
+        new = set(items)
         added = len(cp.body) + written
-        records = {layout.checkpoint_key(cp.checkpoint_id): layout.encode_checkpoint(cp, added, commit.journal)}
+        items[layout.checkpoint_key(cp.checkpoint_id)] = layout.encode_checkpoint(cp, added, commit.journal)
         if commit.task is not None:
-            records[layout.task_key(commit.task.task_id)] = layout.encode_task(commit.task)
-        self._c.create_many(records)
+            items[layout.task_key(commit.task.task_id)] = layout.encode_task(commit.task)
+        if current is not None:
+            items.update(self._index_entries(cp.task_id, [current]))
         new_fence = max(fence, commit.lease.token) if commit.lease is not None else fence
         ref = layout.encode_ref(cp.task_id, cp.branch, cp.checkpoint_id, new_fence, now_ms())
-        if self._c.swap(layout.ref_key(cp.task_id, cp.branch), ref, version) is None:
+        indexed = self._index_entries(cp.task_id, [cp.checkpoint_id])
+        created, swapped = self._c.publish(items, layout.ref_key(cp.task_id, cp.branch), ref, version, indexed)
+        if swapped is None:
             current, fence, _ = self._read_ref(cp.task_id, cp.branch)
             if commit.lease is not None:
                 self._check_lease(commit.lease, fence)
             raise self._stale(cp.task_id, cp.branch, commit.expected_head, current)
-        self._index(cp.task_id, [cp.checkpoint_id])
-        self._repair(commit.objects, refreshed)
+        self._heal(staged, new - created)  # another writer linked it first
+        self._repair(staged, refreshed)
         return added
 
     def _parent_task(self, cp: CheckpointRow) -> str | None:
@@ -411,13 +434,11 @@ class KeyedStore(Closing):
             raise self._stale(task_id, branch, expected, current)
         if new is None and expected is None:
             return
-        if current is not None:
-            self._index(task_id, [current])
+        items = self._index_entries(task_id, [current]) if current is not None else {}
         ref = layout.encode_ref(task_id, branch, new, fence, now_ms())
-        if self._c.swap(layout.ref_key(task_id, branch), ref, version) is None:
+        indexed = self._index_entries(task_id, [new]) if new is not None else None
+        if self._c.publish(items, layout.ref_key(task_id, branch), ref, version, indexed)[1] is None:
             raise self._stale(task_id, branch, expected, self.get_ref(task_id, branch))
-        if new is not None:
-            self._index(task_id, [new])
 
     def put_checkpoints(self, rows: Iterable[CheckpointRow], journal: Iterable[JournalRow] = ()) -> None:
         rows = list(rows)
@@ -427,7 +448,7 @@ class KeyedStore(Closing):
         self._c.create_many({layout.checkpoint_key(r.checkpoint_id):
                              layout.encode_checkpoint(r, r.stored_bytes, by_cp.get(r.checkpoint_id, [])) for r in rows})
         for task_id in dict.fromkeys(r.task_id for r in rows):
-            self._index(task_id, [r.checkpoint_id for r in rows if r.task_id == task_id])
+            self._c.create_many(self._index_entries(task_id, [r.checkpoint_id for r in rows if r.task_id == task_id]))
 
     def delete_checkpoints(self, checkpoint_ids: Iterable[str], *, orphans: bool = False) -> int:
         found = {row.checkpoint_id: row for row, _ in self._read_checkpoints(checkpoint_ids)}

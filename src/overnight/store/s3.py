@@ -372,6 +372,14 @@ class S3Container:
                 return None
             return self._put(key, data)
 
+    def publish(self, items: dict[str, bytes], key: str, data: bytes, expected: str | None,
+                then: dict[str, bytes] | None = None) -> tuple[set[str], str | None]:
+        created = self.create_many(items)  # each PutObject is durable when it returns
+        version = self.swap(key, data, expected)
+        if version is not None and then:
+            self.create_many(then)
+        return created, version
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
