@@ -23,6 +23,7 @@ returned as a fresh copy (``pickle.loads``), so a caller that changes it changes
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import threading
 from typing import Any
@@ -34,6 +35,12 @@ from overnight.errors import DecodeError
 
 MIN_ITEMS = 8
 """Lists shorter than this are encoded and decoded whole (nothing worth remembering)."""
+MIN_ITEM_BYTES = 32
+"""Decoded lists whose items average fewer bytes are not remembered (a list of numbers decodes
+faster whole than item by item)."""
+_CONTAINERS = (BaseModel, dict, list, tuple)
+"""Lists are encoded item by item when their first item is one of these (messages, records);
+a list of scalars is encoded whole."""
 KEEP = 4
 """Lists remembered per codec, about (a saver writes several channels, and reads older checkpoints)."""
 _MAX_WALK_DEPTH = 40
@@ -66,9 +73,11 @@ def _exact(value: Any, depth: int = 0) -> bool:
 
 
 _MODEL, _PLAIN, _NEVER = 1, 2, 0
-_how: dict[type, int] = {}
-"""Per item class: its state is a pydantic model's (:data:`_MODEL`), the item itself
-(:data:`_PLAIN`), or it is never remembered (:data:`_NEVER`)."""
+_serial = itertools.count()
+_how: dict[type, tuple[int, str]] = {}
+"""Per item class (kept alive here): its state is a pydantic model's (:data:`_MODEL`), the item
+itself (:data:`_PLAIN`), or it is never remembered (:data:`_NEVER`); and a name for it unique in
+this process (a model's state names its class by it: cheaper than pickling the class)."""
 
 
 def _key(item: Any) -> bytes | None:
@@ -77,15 +86,15 @@ def _key(item: Any) -> bytes | None:
     how = _how.get(cls)
     if how is None:
         if issubclass(cls, BaseModel):
-            how = _MODEL if _default_pickling(cls) else _NEVER
+            kind = _MODEL if _default_pickling(cls) else _NEVER
         else:
-            how = _PLAIN if cls in (str, int, float, bool, bytes, list, tuple, dict, type(None)) else _NEVER
-        _how[cls] = how
+            kind = _PLAIN if cls in (str, int, float, bool, bytes, list, tuple, dict, type(None)) else _NEVER
+        how = _how[cls] = (kind, f"{cls.__module__}:{cls.__qualname__}#{next(_serial)}")
     try:
-        if how == _MODEL:
-            return pickle.dumps((cls, item.__dict__, item.__pydantic_fields_set__, item.__pydantic_extra__,
+        if how[0] == _MODEL:
+            return pickle.dumps((how[1], item.__dict__, item.__pydantic_fields_set__, item.__pydantic_extra__,
                                  item.__pydantic_private__), pickle.HIGHEST_PROTOCOL)
-        if how == _PLAIN:
+        if how[0] == _PLAIN:
             return pickle.dumps(item, pickle.HIGHEST_PROTOCOL)
     except Exception:  # unpicklable: converted on every call
         pass
@@ -112,7 +121,7 @@ class ListCodec:
         Raises:
             EncodeError: as :func:`~overnight.codec.canonical.encode`.
         """
-        if type(value) is not list or len(value) < MIN_ITEMS:
+        if type(value) is not list or len(value) < MIN_ITEMS or not isinstance(value[0], _CONTAINERS):
             return encode(value, path)
         with self._lock:
             known, used = self._encoded, {}
@@ -161,9 +170,9 @@ class ListCodec:
                 rest = decode(b"[" + data[pos:], path) if pos < len(data) else []
             except DecodeError:  # raised again with the failing item's place in the whole list
                 return decode(data, path)
-            fresh = self._remember(data[pos:-1], rest)
+            fresh = self._remember(data[pos:-1], rest) if len(reused) + len(rest) >= MIN_ITEMS else None
             out = [pickle.loads(p) for _, p in reused]
-            if fresh is not None and len(reused) + len(fresh) >= MIN_ITEMS:
+            if fresh is not None:
                 self._decoded = [(data, reused + fresh), *(d for d in self._decoded if d[0] != data)][:KEEP]
         return out + rest
 
@@ -171,6 +180,8 @@ class ListCodec:
     def _remember(text: bytes, values: list[Any]) -> list[tuple[bytes, bytes]] | None:
         """``(item bytes, pickled value)`` of freshly decoded items whose bytes ``text`` joins
         (None: one of them cannot be remembered exactly, or the bytes do not split so)."""
+        if len(text) < MIN_ITEM_BYTES * len(values):
+            return None
         out = []
         for v in values:
             if not _exact(v):
