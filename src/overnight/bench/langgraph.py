@@ -16,7 +16,9 @@ Measured: the bytes of the database files (``*.db``, ``-wal``, ``-shm``) after t
 WAL checkpointed into its database first; the wall time of every ``put`` call (ms), summed per
 turn; of every ``get_tuple`` call (ms: the graph reads the thread's latest checkpoint at the start
 of each ``invoke``; overnight's is verified); and of the whole invoke loop (s: every turn's
-``invoke``, graph work and both savers' calls included). Ratios are overnight / LangGraph.
+``invoke``, graph work and both savers' calls included). Beside each wall time, the CPU time of
+the same calls (``time.thread_time`` of the thread running them: what the saver itself costs,
+which a loaded machine inflates far less than wall time). Ratios are overnight / LangGraph.
 """
 
 from __future__ import annotations
@@ -35,13 +37,15 @@ from overnight.bench.commit import message_text, percentile
 
 @dataclass
 class SaverRun:
-    """One saver's result: per-turn put time (ms), put calls, get_tuple times (ms), per-turn
-    invoke times (ms), and database bytes on disk."""
+    """One saver's result: per-turn put time and CPU time (ms), put calls, get_tuple times and CPU
+    times (ms), per-turn invoke times (ms), and database bytes on disk."""
 
     name: str
     turn_ms: list[float] = field(default_factory=list)
+    turn_cpu_ms: list[float] = field(default_factory=list)
     puts: int = 0
     get_ms: list[float] = field(default_factory=list)
+    get_cpu_ms: list[float] = field(default_factory=list)
     invoke_ms: list[float] = field(default_factory=list)
     stored_bytes: int = 0
 
@@ -69,37 +73,42 @@ class LangGraphBench:
             f"{self.transcript_bytes / 1024:.0f} KB), disk {self.directory}",
             "",
             "| saver | stored (DB files) | vs SqliteSaver | put ms/turn median | p99 | vs SqliteSaver | "
-            "get_tuple ms median | vs SqliteSaver | invoke loop s | vs SqliteSaver | put calls |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "put CPU ms/turn median | vs SqliteSaver | get_tuple ms median | vs SqliteSaver | "
+            "get_tuple CPU ms median | vs SqliteSaver | invoke loop s | vs SqliteSaver | put calls |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in (o, t):
             lines.append(
                 f"| {r.name} | {r.stored_bytes / 1024 / 1024:.2f} MB | {r.stored_bytes / t.stored_bytes:.3f}x | "
                 f"{med(r.turn_ms):.2f} | {r.pct(99):.2f} | {med(r.turn_ms) / med(t.turn_ms):.2f}x | "
+                f"{med(r.turn_cpu_ms):.2f} | {med(r.turn_cpu_ms) / med(t.turn_cpu_ms):.2f}x | "
                 f"{med(r.get_ms):.2f} | {med(r.get_ms) / med(t.get_ms):.2f}x | "
+                f"{med(r.get_cpu_ms):.2f} | {med(r.get_cpu_ms) / med(t.get_cpu_ms):.2f}x | "
                 f"{sum(r.invoke_ms) / 1000:.2f} | {sum(r.invoke_ms) / sum(t.invoke_ms):.2f}x | {r.puts} |")
         return "\n".join(lines)
 
 
 def _timed(saver: Any, run: SaverRun, clock: list[float]) -> Any:
-    """Wrap ``saver.put`` to add its wall time to ``clock[0]`` (ms) and count calls, and
-    ``saver.get_tuple`` to record each call's wall time in ``run.get_ms``."""
+    """Wrap ``saver.put`` to add its wall and CPU time to ``clock[0]`` and ``clock[1]`` (ms) and
+    count calls, and ``saver.get_tuple`` to record each call's wall and CPU time in ``run``."""
     put, get_tuple = saver.put, saver.get_tuple
 
     def timed_put(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return put(*args, **kwargs)
         finally:
             clock[0] += (time.perf_counter() - t0) * 1000
+            clock[1] += (time.thread_time() - c0) * 1000
             run.puts += 1
 
     def timed_get_tuple(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return get_tuple(*args, **kwargs)
         finally:
             run.get_ms.append((time.perf_counter() - t0) * 1000)
+            run.get_cpu_ms.append((time.thread_time() - c0) * 1000)
 
     saver.put, saver.get_tuple = timed_put, timed_get_tuple
     return saver
@@ -143,7 +152,7 @@ def run_langgraph_bench(turns: int = 500, directory: Path | None = None, seed: i
     with tempfile.TemporaryDirectory(prefix="overnight-bench-lg-", dir=base) as tmp:
         tmpdir = Path(tmp)
         ours, theirs = SaverRun("overnight OvernightSaver"), SaverRun("LangGraph SqliteSaver")
-        clock_o, clock_t = [0.0], [0.0]
+        clock_o, clock_t = [0.0, 0.0], [0.0, 0.0]
         ov = _timed(OvernightSaver.from_url(f"sqlite://{tmpdir / 'overnight.db'}"), ours, clock_o)
         conn = sqlite3.connect(str(tmpdir / "langgraph.db"), check_same_thread=False)
         sq = SqliteSaver(conn)
@@ -155,11 +164,12 @@ def run_langgraph_bench(turns: int = 500, directory: Path | None = None, seed: i
         try:
             for _ in range(turns):
                 for app, run, clock in apps:
-                    clock[0] = 0.0
+                    clock[0] = clock[1] = 0.0
                     t0 = time.perf_counter()
                     app.invoke({"messages": []}, cfg, durability="sync")
                     run.invoke_ms.append((time.perf_counter() - t0) * 1000)
                     run.turn_ms.append(clock[0])
+                    run.turn_cpu_ms.append(clock[1])
             finals = [app.get_state(cfg).values["messages"] for app, _, _ in apps]
         finally:
             ov.close()
