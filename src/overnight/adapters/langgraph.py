@@ -68,6 +68,8 @@ from langgraph.checkpoint.base import (
 from langgraph.types import Send
 
 from overnight.codec.canonical import decode, encode, from_tree, to_tree
+from overnight.codec.chunking import Cutter
+from overnight.codec.listcodec import ListCodec
 from overnight.codec.registry import register_codec
 from overnight.errors import (
     CheckpointNotFound,
@@ -199,6 +201,23 @@ def _check_text(value: str, field: str, thread: str) -> None:
                           hint=f"use a {field} without lone surrogates") from None
 
 
+class _KeepingReader(BlobReader):
+    """A :class:`BlobReader` that keeps the verified bytes of every blob it read, for one read of
+    a checkpoint: its deep load reads (and hashes) every artifact, and the values are decoded from
+    those same bytes instead of reading them again."""
+
+    def __init__(self, store: Store, verified: set[str]) -> None:
+        super().__init__(store, verified)
+        self._kept: dict[str, bytes] = {}
+
+    def get(self, blob_digest: str, context: str = "a read", _depth: int = 0) -> bytes:
+        """The verified bytes of a blob (read from the store once per reader)."""
+        got = self._kept.get(blob_digest)
+        if got is None:
+            got = self._kept[blob_digest] = super().get(blob_digest, context, _depth)
+        return got
+
+
 @dataclass(frozen=True)
 class _Merged:
     """A checkpoint's leaf records, loaded and verified, with their writes folded together."""
@@ -252,6 +271,12 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
         at its first write: one blob for all of them)."""
         self._recs: dict[str, _Rec] = {}
         """Records verified so far, by checkpoint id (content-addressed: a record never changes)."""
+        self._cutter = Cutter()
+        """Shared by every chain this saver commits on (under ``_lock``): a growing channel value
+        is cut and hashed from its last chunk boundary on."""
+        self._codec = ListCodec()
+        """Encodes and decodes channel and write values; a growing message list is converted
+        item by item, only its new items each time (:mod:`overnight.codec.listcodec`)."""
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "OvernightSaver":
@@ -392,7 +417,7 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
     def _merged(self, task_id: str, entry: _Entry) -> _Merged:
         """Load every leaf record of ``entry`` and fold their writes (oldest first)."""
         seen: set[str] = set()
-        reader = BlobReader(self.store, seen)
+        reader = _KeepingReader(self.store, seen)
         loaded = {r.cid: self._load(task_id, r.cid, reader) for r in entry.leaves}
         writes: dict[tuple[str, int], dict[str, Any]] = {}
         warts: dict[str, Any] = {}
@@ -416,10 +441,9 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
             self._world = encode_state(self._world_now())
         return {"world": {"digest": writer.put(self._world), "size": len(self._world)}, "exports": {}, "accepted": []}
 
-    @staticmethod
-    def _encode(value: Any, where: str, task_id: str) -> bytes:
+    def _encode(self, value: Any, where: str, task_id: str) -> bytes:
         try:
-            return encode(value, where)
+            return self._codec.encode(value, where)
         except EncodeError as exc:
             exc.task_id = task_id
             raise
@@ -482,6 +506,7 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
                     chain.known = merged.seen
                     base_state = merged.tree
                 chain.ref_head = expected
+                chain.cutter = self._cutter
             own = index.entries.get((ns, lg_id))
             pending = ([r for r in own.leaves if r.kind == PENDING_EVENT_KEY]
                        if own is not None and mode != PENDING_EVENT_KEY else [])
@@ -667,7 +692,7 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
 
         def value(aname: str, where: str) -> Any:
             try:
-                return decode(merged.reader.get(arts[aname]["digest"], where), where)
+                return self._codec.decode(merged.reader.get(arts[aname]["digest"], where), where)
             except IntegrityError as exc:
                 raise self._corrupt(task_id, f"{where} failed verification: {exc.message}", entry.cid, exc) from exc
             except DecodeError as exc:

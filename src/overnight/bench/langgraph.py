@@ -1,5 +1,5 @@
-"""``overnight bench langgraph``: storage and put latency of a message-accumulating LangGraph graph,
-stored with :class:`~overnight.adapters.langgraph.OvernightSaver` vs LangGraph's own ``SqliteSaver``.
+"""``overnight bench langgraph``: storage, put / get_tuple latency and the whole graph run of a
+message-accumulating LangGraph graph, stored with :class:`~overnight.adapters.langgraph.OvernightSaver` vs LangGraph's own ``SqliteSaver``.
 
 The graph is one node on ``MessagesState``: each turn (one ``invoke``) appends a ~1-2 KB
 assistant message (pseudo-random prose, deterministic per turn) to ``messages`` through
@@ -13,8 +13,12 @@ own SQLite file in a temporary directory:
   of the ``messages`` channel as a whole serialized blob.
 
 Measured: the bytes of the database files (``*.db``, ``-wal``, ``-shm``) after the run, each
-WAL checkpointed into its database first; and the wall time of every ``put`` call (ms), summed
-per turn. Ratios are overnight / LangGraph.
+WAL checkpointed into its database first; the wall time of every ``put`` call (ms), summed per
+turn; of every ``get_tuple`` call (ms: the graph reads the thread's latest checkpoint at the start
+of each ``invoke``; overnight's is verified); and of the whole invoke loop (s: every turn's
+``invoke``, graph work and both savers' calls included). Beside each wall time, the CPU time of
+the same calls (``time.thread_time`` of the thread running them: what the saver itself costs,
+which a loaded machine inflates far less than wall time). Ratios are overnight / LangGraph.
 """
 
 from __future__ import annotations
@@ -33,11 +37,16 @@ from overnight.bench.commit import message_text, percentile
 
 @dataclass
 class SaverRun:
-    """One saver's result: per-turn put time (ms), put calls, and database bytes on disk."""
+    """One saver's result: per-turn put time and CPU time (ms), put calls, get_tuple times and CPU
+    times (ms), per-turn invoke times (ms), and database bytes on disk."""
 
     name: str
     turn_ms: list[float] = field(default_factory=list)
+    turn_cpu_ms: list[float] = field(default_factory=list)
     puts: int = 0
+    get_ms: list[float] = field(default_factory=list)
+    get_cpu_ms: list[float] = field(default_factory=list)
+    invoke_ms: list[float] = field(default_factory=list)
     stored_bytes: int = 0
 
     def pct(self, p: float) -> float:
@@ -56,36 +65,52 @@ class LangGraphBench:
     theirs: SaverRun
 
     def markdown(self) -> str:
+        """The result table (one row per saver, ratios against ``SqliteSaver``)."""
         o, t = self.ours, self.theirs
-        med_o, med_t = statistics.median(o.turn_ms), statistics.median(t.turn_ms)
+        med = statistics.median
         lines = [
             f"LangGraph, {self.turns} turns appending one ~1-2 KB message each (final transcript "
             f"{self.transcript_bytes / 1024:.0f} KB), disk {self.directory}",
             "",
-            "| saver | stored (DB files) | stored vs SqliteSaver | put ms/turn median | p99 | mean | "
-            "median vs SqliteSaver | put calls |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| saver | stored (DB files) | vs SqliteSaver | put ms/turn median | p99 | vs SqliteSaver | "
+            "put CPU ms/turn median | vs SqliteSaver | get_tuple ms median | vs SqliteSaver | "
+            "get_tuple CPU ms median | vs SqliteSaver | invoke loop s | vs SqliteSaver | put calls |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        for r, med in ((o, med_o), (t, med_t)):
+        for r in (o, t):
             lines.append(
                 f"| {r.name} | {r.stored_bytes / 1024 / 1024:.2f} MB | {r.stored_bytes / t.stored_bytes:.3f}x | "
-                f"{med:.2f} | {r.pct(99):.2f} | {statistics.fmean(r.turn_ms):.2f} | {med / med_t:.2f}x | {r.puts} |")
+                f"{med(r.turn_ms):.2f} | {r.pct(99):.2f} | {med(r.turn_ms) / med(t.turn_ms):.2f}x | "
+                f"{med(r.turn_cpu_ms):.2f} | {med(r.turn_cpu_ms) / med(t.turn_cpu_ms):.2f}x | "
+                f"{med(r.get_ms):.2f} | {med(r.get_ms) / med(t.get_ms):.2f}x | "
+                f"{med(r.get_cpu_ms):.2f} | {med(r.get_cpu_ms) / med(t.get_cpu_ms):.2f}x | "
+                f"{sum(r.invoke_ms) / 1000:.2f} | {sum(r.invoke_ms) / sum(t.invoke_ms):.2f}x | {r.puts} |")
         return "\n".join(lines)
 
 
 def _timed(saver: Any, run: SaverRun, clock: list[float]) -> Any:
-    """Wrap ``saver.put`` to add its wall time to ``clock[0]`` (ms) and count calls."""
-    put = saver.put
+    """Wrap ``saver.put`` to add its wall and CPU time to ``clock[0]`` and ``clock[1]`` (ms) and
+    count calls, and ``saver.get_tuple`` to record each call's wall and CPU time in ``run``."""
+    put, get_tuple = saver.put, saver.get_tuple
 
     def timed_put(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return put(*args, **kwargs)
         finally:
             clock[0] += (time.perf_counter() - t0) * 1000
+            clock[1] += (time.thread_time() - c0) * 1000
             run.puts += 1
 
-    saver.put = timed_put
+    def timed_get_tuple(*args: Any, **kwargs: Any) -> Any:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return get_tuple(*args, **kwargs)
+        finally:
+            run.get_ms.append((time.perf_counter() - t0) * 1000)
+            run.get_cpu_ms.append((time.thread_time() - c0) * 1000)
+
+    saver.put, saver.get_tuple = timed_put, timed_get_tuple
     return saver
 
 
@@ -127,7 +152,7 @@ def run_langgraph_bench(turns: int = 500, directory: Path | None = None, seed: i
     with tempfile.TemporaryDirectory(prefix="overnight-bench-lg-", dir=base) as tmp:
         tmpdir = Path(tmp)
         ours, theirs = SaverRun("overnight OvernightSaver"), SaverRun("LangGraph SqliteSaver")
-        clock_o, clock_t = [0.0], [0.0]
+        clock_o, clock_t = [0.0, 0.0], [0.0, 0.0]
         ov = _timed(OvernightSaver.from_url(f"sqlite://{tmpdir / 'overnight.db'}"), ours, clock_o)
         conn = sqlite3.connect(str(tmpdir / "langgraph.db"), check_same_thread=False)
         sq = SqliteSaver(conn)
@@ -139,9 +164,12 @@ def run_langgraph_bench(turns: int = 500, directory: Path | None = None, seed: i
         try:
             for _ in range(turns):
                 for app, run, clock in apps:
-                    clock[0] = 0.0
+                    clock[0] = clock[1] = 0.0
+                    t0 = time.perf_counter()
                     app.invoke({"messages": []}, cfg, durability="sync")
+                    run.invoke_ms.append((time.perf_counter() - t0) * 1000)
                     run.turn_ms.append(clock[0])
+                    run.turn_cpu_ms.append(clock[1])
             finals = [app.get_state(cfg).values["messages"] for app, _, _ in apps]
         finally:
             ov.close()

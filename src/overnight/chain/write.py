@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from overnight.codec import digest
+from overnight.codec.chunking import Cutter
 from overnight.errors import StoreBusy
 from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, Store, TaskRow
 from overnight.store.blobs import BlobWriter
@@ -106,6 +107,8 @@ class ChainWriter:
             those its commits reference; deduplication trusts these and hashes anything else
             first. An object a commit staged but does not reference is not added: nothing keeps
             it from ``gc``, so it must be carried again if a later commit needs it.
+        cutter: cuts and hashes the large blobs of its commits, reusing the previous commit's
+            cuts (an appending artifact is cut and hashed from its last chunk boundary on).
     """
 
     def __init__(self, store: Store, task_id: str, branch: str, *, key: bytes | None,
@@ -116,6 +119,7 @@ class ChainWriter:
         self.ref_head: str | None = None
         self.seq = -1
         self.known: set[str] = set()
+        self.cutter = Cutter()
         self._todo = PageWriter()
         self._done = PageWriter()
         self._artifacts = PageWriter()
@@ -154,8 +158,8 @@ class ChainWriter:
         return []
 
     def blob_writer(self) -> BlobWriter:
-        """A :class:`BlobWriter` for the next commit, sharing this chain's known-digest cache."""
-        return BlobWriter(self.store, self.known)
+        """A :class:`BlobWriter` for the next commit, sharing this chain's known-digest cache and cutter."""
+        return BlobWriter(self.store, self.known, self.cutter)
 
     def commit(
         self,

@@ -113,15 +113,16 @@ def _refuse(value: Any, path: Path, why: str = "", hint: str | None = None) -> E
 # --- encode ------------------------------------------------------------------------------------
 
 
-def to_tree(value: Any, path: str = "value") -> Any:
-    """Encode ``value`` into a JSON tree.
+def to_tree(value: Any, path: str = "value", *, depth: int = 0) -> Any:
+    """Encode ``value`` into a JSON tree. ``depth``: how many containers ``value`` sits in (an
+    item of a list encoded on its own passes 1, so the :data:`MAX_DEPTH` limit is the list's).
 
     Raises:
         EncodeError: a value (at any depth) has no codec; the message names its path and type.
             Also for a value that contains itself, or nests more than :data:`MAX_DEPTH` containers.
     """
     try:
-        return _enc(value, path)
+        return _enc(value, path, depth)
     except (_TooDeep, RecursionError) as exc:
         cycle = _find_cycle(value, path)
         if cycle is not None:

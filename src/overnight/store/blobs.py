@@ -62,11 +62,14 @@ class BlobWriter:
         known: digests reachable from checkpoints committed on the writer's own branch and
             verified intact (shared across commits of a run). Anything else is hashed before it is
             reused, and carried in the commit (see the module docstring).
+        cutter: cuts and hashes large blobs, reusing its earlier cuts (shared across commits of a
+            run, so a commit that appends to a large blob cuts and hashes only the new tail).
     """
 
-    def __init__(self, store: Store, known: set[str] | None = None) -> None:
+    def __init__(self, store: Store, known: set[str] | None = None, cutter: chunking.Cutter | None = None) -> None:
         self.store = store
         self.known = known if known is not None else set()
+        self.cutter = cutter if cutter is not None else chunking.Cutter()
         self.objects: dict[str, ObjectRecord] = {}
         self.reused: dict[str, ObjectRecord] = {}
         self.parts: dict[str, tuple[str, ...]] = {}
@@ -108,20 +111,22 @@ class BlobWriter:
     def put(self, data: bytes | bytearray | memoryview, *, _index: bool = False) -> str:
         """Stage ``data`` as a blob; returns its ``sha256:<hex>`` digest."""
         data = bytes(data)
-        d = digest.sha256(data)
+        if len(data) <= chunking.inline_limit(_index):
+            d = digest.sha256(data)
+            if d not in self.objects and d not in self.known:
+                # small: staged without a lookup; the store skips it if an intact copy is there
+                self._stage(d, "blob", data)
+                self.parts[d] = (d,)
+            return d
+        cut = self.cutter.cut(data, index=_index)
+        d = cut.digest
         if d in self.objects or d in self.known:
             return d
-        if len(data) <= chunking.inline_limit(_index):
-            # small: staged without a lookup; the store skips it if an intact copy is there
-            self._stage(d, "blob", data)
-            self.parts[d] = (d,)
-            return d
-        chunks = chunking.cut(data, index=_index)
+        chunks, chunk_digests = cut.chunks(), cut.chunk_digests
         if len(chunks) == 1:  # content-defined cutting found no boundary: one plain blob, not a
             self._stage(d, "blob", data)  # tree listing itself as its only chunk
             self.parts[d] = (d,)
             return d
-        chunk_digests = [digest.sha256(c) for c in chunks]
         have = self._sound(chunk_digests)
         for c, cd in zip(chunks, chunk_digests):
             if cd not in have:
