@@ -32,7 +32,7 @@ from typing import Any, Iterable
 from pydantic import TypeAdapter, ValidationError
 
 from overnight.codec import digest
-from overnight.codec.canonical import dumps, dumps_sorted, loads
+from overnight.codec.canonical import dumps, dumps_sorted, loads, loads_if_canonical
 from overnight.errors import (
     DecodeError,
     DigestMismatch,
@@ -174,6 +174,9 @@ def _parse(data: bytes, what: str, encoder: Any, migrations: dict, ids: dict[str
     Other bytes for the same tree (reordered or duplicated members, whitespace, other escapes)
     mean the record was not written by overnight: it is refused even if its digest matches.
     """
+    tree = loads_if_canonical(data, sort_keys=encoder is dumps_sorted)
+    if tree is not None:
+        return upgrade(tree, what, migrations, **ids), tree["format"]
     try:
         tree = loads(data)
     except DecodeError as exc:
@@ -286,9 +289,11 @@ def load_checkpoint(
             return cached
         raw = read(ref.digest, ref.size, what)
         try:
-            stored = loads(raw)
-            if dumps(stored) != raw:
-                raise SchemaError(f"{what} is not in canonical form", **ids)
+            stored = loads_if_canonical(raw)
+            if stored is None:
+                stored = loads(raw)
+                if dumps(stored) != raw:
+                    raise SchemaError(f"{what} is not in canonical form", **ids)
             tree = upgrade_entries(stored, collection, stored_format) if collection else stored
             entries = adapter.validate_python(tree)
         except (DecodeError, ValidationError) as exc:

@@ -806,6 +806,28 @@ def loads(data: bytes | str) -> Any:
         raise DecodeError(f"not canonical JSON: nested too deeply (overnight writes at most {MAX_DEPTH} levels)") from None
 
 
+def loads_if_canonical(data: bytes, *, sort_keys: bool = False) -> Any:
+    """The tree of ``data`` when ``data`` is provably canonical (:func:`dumps`, or
+    :func:`dumps_sorted` with ``sort_keys``), else None -- then the caller takes the strict path
+    (:func:`loads`, then compare the re-encoding), which says what is wrong. ~10x faster than it.
+
+    orjson parses and re-encodes; the bytes must come back unchanged, so a duplicated member
+    (orjson keeps one), other spacing, escapes or member order, NaN/Infinity or ints beyond 64 bits
+    (orjson refuses those) all fall back. Where orjson's output differs from the reference
+    encoder's -- floats in ``0 < |x| < 1e-4`` (``0.00001``, ``1.5e-7``), raw non-ASCII or DEL --
+    the bytes are refused up front (``0.0000``, ``e-``, non-ASCII, DEL), so what this accepts is
+    exactly what :func:`loads` + re-encoding accepts, and the trees are equal.
+    """
+    if not data.isascii() or b"\x7f" in data or b"0.0000" in data or b"e-" in data:
+        return None
+    try:
+        tree = orjson.loads(data)
+        out = orjson.dumps(tree, option=orjson.OPT_SORT_KEYS if sort_keys else 0)
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+        return None
+    return tree if out == data else None
+
+
 def encode(value: Any, path: str = "value") -> bytes:
     """``value -> canonical bytes`` (``dumps(to_tree(value))``). Raises :class:`EncodeError`."""
     return dumps(to_tree(value, path))
