@@ -86,11 +86,16 @@ PageCache = dict[str, Page]
 class BoundedPageCache(OrderedDict[str, Page]):
     """A :data:`PageCache` keeping the ``limit`` most recently used pages (``verify --all`` over a
     long history: consecutive checkpoints share most pages, old ones are not needed again).
-    At the default 4,096 pages of at most ~64 KB of entries each, memory stays bounded."""
+    At the default 4,096 pages of at most ~64 KB of entries each, memory stays bounded.
+
+    It also keeps the newest page read of each kind with its bytes (:attr:`tails`): the next
+    checkpoint's last done or artifact page is usually that page with entries appended, and only
+    the appended entries are then parsed and validated (:func:`_extend`)."""
 
     def __init__(self, limit: int = 4096) -> None:
         super().__init__()
         self.limit = limit
+        self.tails: dict[str, tuple[bytes, Page]] = {}
 
     def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
         if key in self:
@@ -191,6 +196,32 @@ def _parse(data: bytes, what: str, encoder: Any, migrations: dict, ids: dict[str
     return upgraded, tree["format"]
 
 
+_CLOSE = {ord("]"): b"[", ord("}"): b"{"}
+
+
+def _extend(prev_raw: bytes, prev: Page, raw: bytes, adapter: TypeAdapter) -> tuple[Any, Any] | None:
+    """``(tree, validated entries)`` of page bytes ``raw`` that are the verified page ``prev``
+    (canonical bytes ``prev_raw``) with entries appended -- ``prev_raw`` without its closing
+    bracket, a comma, the new entries, the bracket -- parsing and validating only the new ones;
+    None when ``raw`` is not that (the caller parses it whole). The entries of a page are
+    validated one by one, so this checks exactly what a whole parse checks: the appended part
+    alone is canonical, and a dict page's new names are not already on it (a duplicate member)."""
+    if prev.migrated or not prev.tree or len(raw) <= len(prev_raw) or raw[len(prev_raw) - 1] != ord(",") \
+            or not raw.startswith(prev_raw[:-1]) or raw[-1] != prev_raw[-1]:
+        return None
+    tail = loads_if_canonical(_CLOSE[raw[-1]] + raw[len(prev_raw):])
+    if not tail:
+        return None
+    try:  # an entry that does not validate: the whole parse names it at its place on the page
+        if isinstance(prev.tree, dict):
+            if not isinstance(tail, dict) or not tail.keys().isdisjoint(prev.tree):
+                return None
+            return {**prev.tree, **tail}, {**prev.entries, **adapter.validate_python(tail)}
+        return [*prev.tree, *tail], [*prev.entries, *adapter.validate_python(tail)]
+    except ValidationError:
+        return None
+
+
 def parse_record(row: CheckpointRow, *, key: bytes | None) -> CheckpointRecord:
     """Checks 1-4 on a stored checkpoint row. Raises an :class:`IntegrityError` subclass."""
     ids = {"task_id": row.task_id, "checkpoint_id": row.checkpoint_id}
@@ -241,6 +272,7 @@ def load_checkpoint(
     reader: BlobReader | None = None,
     pages: PageCache | None = None,
     check_artifacts: bool = True,
+    row: CheckpointRow | None = None,
 ) -> LoadedCheckpoint:
     """Load and fully verify one checkpoint (all five checks).
 
@@ -249,6 +281,8 @@ def load_checkpoint(
         pages: cache of verified pages to reuse and fill (fsck checks each page once).
         check_artifacts: check that every artifact blob is present (callers that verify every
             artifact blob themselves, like fsck, turn it off).
+        row: the stored row of ``checkpoint_id`` when the caller listed it (fsck); verified
+            exactly as one read here.
 
     Raises:
         CheckpointNotFound: no such checkpoint.
@@ -256,7 +290,7 @@ def load_checkpoint(
     """
     reader = reader or HealingReader(store)
     healed: list[Heal] | None = reader.healed if isinstance(reader, HealingReader) else None
-    row = ditto_checkpoint(store, checkpoint_id, healed, write=getattr(reader, "write_back", False))  # a damaged/missing record: from its verified copy
+    row = ditto_checkpoint(store, checkpoint_id, healed, write=getattr(reader, "write_back", False), row=row)  # a damaged/missing record: from its verified copy
     record = parse_record(row, key=key)
     ids = {"task_id": row.task_id, "checkpoint_id": row.checkpoint_id}
     pages = pages if pages is not None else {}
@@ -281,43 +315,57 @@ def load_checkpoint(
     if doc.task.id != record.task_id:
         raise SchemaError(f"{where} belongs to task {doc.task.id!r}, not {record.task_id!r}", **ids)
 
-    def page(ref: BlobRef, what: str, adapter: TypeAdapter, collection: str | None = None) -> Page:
+    def page(ref: BlobRef, what: str, adapter: TypeAdapter, kind: str, collection: str | None = None) -> Page:
+        """A verified page. ``kind``: the collection (todo, done, artifacts) whose entries are
+        validated one by one -- a page extending the last one read of its kind is parsed in part
+        (:func:`_extend`) -- or "" for a page validated whole; ``collection``: one whose entries
+        are migrated from older formats."""
         # a page read for an older state document is cached apart: its entries were upgraded
         cache_key = ref.digest if stored_format == doc.format or collection is None else f"{ref.digest}@{stored_format}"
         cached = pages.get(cache_key)
         if cached is not None:
             return cached
         raw = read(ref.digest, ref.size, what)
+        tails = getattr(pages, "tails", None) if kind else None
+        tail_key = f"{kind}@{stored_format}"
         try:
-            stored = loads_if_canonical(raw)
-            if stored is None:
-                stored = loads(raw)
-                if dumps(stored) != raw:
-                    raise SchemaError(f"{what} is not in canonical form", **ids)
-            tree = upgrade_entries(stored, collection, stored_format) if collection else stored
-            entries = adapter.validate_python(tree)
+            prev = tails.get(tail_key) if tails is not None and cache_key == ref.digest else None
+            extended = _extend(*prev, raw, adapter) if prev is not None else None
+            if extended is not None:
+                stored, entries = extended
+                tree = stored
+            else:
+                stored = loads_if_canonical(raw)
+                if stored is None:
+                    stored = loads(raw)
+                    if dumps(stored) != raw:
+                        raise SchemaError(f"{what} is not in canonical form", **ids)
+                tree = upgrade_entries(stored, collection, stored_format) if collection else stored
+                entries = adapter.validate_python(tree)
         except (DecodeError, ValidationError) as exc:
             detail = _validation_summary(exc) if isinstance(exc, ValidationError) else exc.message
             raise SchemaError(f"{what} is incomplete or malformed: {detail}", **ids) from exc
         found = pages[cache_key] = Page(ref.model_dump(), tree, entries, migrated=tree is not stored)
+        if tails is not None:
+            tails[tail_key] = (raw, found)
         return found
 
-    todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE, "todo") for i, r in enumerate(doc.todo.pages)]
+    todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE, "todo", "todo") for i, r in enumerate(doc.todo.pages)]
     if sum(len(p.tree) for p in todo_pages) != doc.todo.count or any(not p.tree for p in todo_pages):
         raise SchemaError(f"{where} todo pages do not hold the {doc.todo.count} entries the state says", **ids)
-    done_pages = [page(r, f"{cp} done page {i}", _DONE_PAGE, "done") for i, r in enumerate(doc.done.pages)]
+    done_pages = [page(r, f"{cp} done page {i}", _DONE_PAGE, "done", "done") for i, r in enumerate(doc.done.pages)]
     sizes = [len(p.tree) for p in done_pages]
     if sum(sizes) != doc.done.count or any(n != DONE_PAGE for n in sizes[:-1]) or (sizes and not 0 < sizes[-1] <= DONE_PAGE):
         raise SchemaError(f"{where} done pages hold {sizes} entries; the state says {doc.done.count} "
                           f"in pages of {DONE_PAGE}", **ids)
-    artifact_pages = [page(r, f"{cp} artifact page {i}", _ARTIFACT_PAGE) for i, r in enumerate(doc.artifacts.pages)]
+    artifact_pages = [page(r, f"{cp} artifact page {i}", _ARTIFACT_PAGE, "artifacts") for i, r in enumerate(doc.artifacts.pages)]
     names = [n for p in artifact_pages for n in p.tree]
     if len(names) != doc.artifacts.count or any(a >= b for a, b in zip(names, names[1:])) or any(
             not p.tree for p in artifact_pages):
         raise SchemaError(f"{where} artifact pages are not {doc.artifacts.count} names in sorted order", **ids)
     world = None
     if record.fingerprint is not None:
-        world = page(record.fingerprint.world, f"{cp} fingerprint", _WORLD).tree
+        world = page(record.fingerprint.world, f"{cp} fingerprint", _WORLD, "").tree
         if world["format"] > WORLD_FORMAT:
             raise FormatTooNew(f"{cp} fingerprint was written by a newer overnight (world format {world['format']}); "
                                f"this one reads up to {WORLD_FORMAT}", hint="upgrade overnight to resume this task",

@@ -27,6 +27,7 @@ inserted only if its parent is stored -- and journal rows) and one ``fdatasync``
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import threading
@@ -190,13 +191,20 @@ def _params(args: object) -> object:
     return args
 
 
+@functools.lru_cache(maxsize=256)
+def _text_columns(description: tuple) -> tuple[bool, ...]:
+    """Per column of a result: is it a text column (not in :data:`_BLOB_COLUMNS`)?"""
+    return tuple(d[0] not in _BLOB_COLUMNS for d in description)
+
+
 def _row(cursor: sqlite3.Cursor, row: tuple) -> tuple:
     """Row factory: bytes read from a text column are a str stored by :func:`_param`."""
     if not any(type(v) is bytes for v in row):
         return row
-    names = [d[0] for d in cursor.description]
-    return tuple(v.decode("utf-8", "surrogatepass") if type(v) is bytes and n not in _BLOB_COLUMNS else v
-                 for n, v in zip(names, row))
+    text = _text_columns(cursor.description)
+    if not any(type(v) is bytes and t for v, t in zip(row, text)):
+        return row  # bytes only in blob columns: the common case of objects and records
+    return tuple(v.decode("utf-8", "surrogatepass") if type(v) is bytes and t else v for v, t in zip(row, text))
 
 
 class _Connection(sqlite3.Connection):

@@ -13,13 +13,16 @@ ditto copy verifies is a problem ("healable") unless ``repair`` rewrote it (``he
 
 from __future__ import annotations
 
+import os
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from overnight.errors import CheckpointNotFound, IntegrityError, OvernightError, short_id
 from overnight.store.base import Store
-from overnight.chain.ditto import HealingReader, rewrite_record, with_copies
+from overnight.chain.ditto import CopyReader, HealingReader, rewrite_record, with_copies
 from overnight.chain.integrity import BoundedPageCache, PageCache, load_checkpoint
 from overnight.chain.reachability import lineage
 from overnight.chain.rollback import find_rollback
@@ -82,6 +85,67 @@ def _index_mismatches(row: Any, record: Any) -> list[str]:
     return [name for name, value in expected.items() if getattr(row, name) != value]
 
 
+class _ContentCheck:
+    """Object content checks on a thread pool: digests are queued, checked in batches of
+    ``batch`` (one store call each, :meth:`~overnight.store.blobs.BlobReader.verify_many`) by
+    ``workers`` threads, and the results handed back on the calling thread, which checks the
+    records meanwhile. Decompression and SHA-256 release the GIL, so the two overlap. At most
+    ``2 * workers`` batches are in flight, and results are taken as they come, so memory stays
+    bounded whatever the store's size.
+
+    A digest that fails in a batch is verified again on the calling thread with the healing reader
+    -- exactly the one-object path of a plain ``verify`` -- which heals it from its ditto copy or
+    raises the error that names it (with its ``context``).
+    """
+
+    def __init__(self, reader: HealingReader, workers: int, batch: int = 64) -> None:
+        self.reader = reader
+        self.fast = CopyReader(reader.store, reader.verified)
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="overnight-verify")
+        self.workers = workers
+        self.batch = batch
+        self.queued: dict[str, str] = {}
+        self.in_flight: deque[tuple[dict[str, str], Future]] = deque()
+        self.results: list[tuple[str, int | OvernightError]] = []
+
+    def add(self, d: str, context: str) -> None:
+        """Queue ``d`` (``context`` names its user in an error)."""
+        self.queued[d] = context
+        if len(self.queued) >= self.batch:
+            self._submit()
+
+    def _submit(self) -> None:
+        part, self.queued = self.queued, {}
+        self.in_flight.append((part, self.pool.submit(self.fast.verify_many, part, "verify")))
+        while len(self.in_flight) > 2 * self.workers:
+            self._collect()
+
+    def _collect(self) -> None:
+        part, future = self.in_flight.popleft()
+        sizes, _ = future.result()
+        for d, context in part.items():
+            if d in sizes:
+                self.results.append((d, sizes[d]))
+                continue
+            try:  # again on this thread: heal from the ditto copy, or name the fault
+                self.results.append((d, self.reader.verify(d, context)))
+            except OvernightError as exc:
+                self.results.append((d, exc))
+
+    def take(self, *, wait: bool = False) -> list[tuple[str, int | OvernightError]]:
+        """``(digest, size in bytes or error)`` of every check finished since the last call; with
+        ``wait``, after checking everything queued."""
+        if wait and self.queued:
+            self._submit()
+        while self.in_flight and (wait or self.in_flight[0][1].done()):
+            self._collect()
+        out, self.results = self.results, []
+        return out
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 def verify_store(
     store: Store,
     task_ids: list[str] | None = None,
@@ -90,12 +154,17 @@ def verify_store(
     all_objects: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
     repair: bool = False,
+    workers: int | None = None,
 ) -> VerifyReport:
     """Check ``task_ids`` (default: every task) and, with ``all_objects``, every stored object.
 
     ``on_progress(done, total)`` is called after each checkpoint (and object batch). A damaged or
     missing original whose ditto copy verifies is read from the copy; with ``repair`` it is
     rewritten from it and listed in ``healed``, without it reported as a problem ("healable").
+
+    Records are checked in order on the calling thread while artifact blobs and (``all_objects``)
+    the other stored objects are hashed on ``workers`` threads (default: the CPU count, at most
+    4), in batches fetched with one store call each.
 
     Raises:
         TaskNotFound: a named task does not exist.
@@ -104,6 +173,20 @@ def verify_store(
     report = VerifyReport()
     verified: set[str] = set()
     reader = HealingReader(store, verified, write_back=repair)
+    content = _ContentCheck(reader, workers or min(4, os.cpu_count() or 1))
+    try:
+        _verify(store, task_ids, key, all_objects, on_progress, repair, report, reader, content)
+    finally:
+        content.close()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _verify(store: Store, task_ids: list[str] | None, key: bytes | None, all_objects: bool,
+            on_progress: Callable[[int, int], None] | None, repair: bool, report: VerifyReport,
+            reader: HealingReader, content: _ContentCheck) -> None:
+    """The body of :func:`verify_store`, filling ``report``."""
+    verified = reader.verified
     pages: PageCache = BoundedPageCache()
     artifact_pages_checked: set[str] = set()
     bad_objects: set[str] = set()
@@ -112,6 +195,7 @@ def verify_store(
     total = sum(len(r) for r in rows_by_task.values())
     done = 0
     report.tasks = len(tasks)
+    waiting: dict[str, list[tuple[str, str, str]]] = {}  # queued digest -> (task, checkpoint, what) using it
 
     def blob(task_id: str, cid: str, d: str, what: str) -> None:
         if d in verified:
@@ -119,26 +203,36 @@ def verify_store(
         if d in bad_objects:
             report.problems.append(Problem(task_id, cid, what, f"object {d} failed verification", d))
             return
-        try:
-            report.bytes_verified += reader.verify(d, f"checkpoint {short_id(cid)} {what}")
-        except IntegrityError as exc:
+        if d not in waiting:
+            waiting[d] = []
+            content.add(d, f"checkpoint {short_id(cid)} {what}")
+        waiting[d].append((task_id, cid, what))
+
+    def settle(*, wait: bool) -> None:
+        """Account the finished content checks of queued blobs (each blob's first user gets the error)."""
+        for d, result in content.take(wait=wait):
+            users = waiting.pop(d)
+            if isinstance(result, int):
+                report.bytes_verified += result
+                continue
             bad_objects.add(d)
-            report.problems.append(Problem(task_id, cid, what, f"{type(exc).__name__}: {exc.message}", d))
+            for i, (task_id, cid, what) in enumerate(users):
+                detail = f"{type(result).__name__}: {result.message}" if i == 0 else f"object {d} failed verification"
+                report.problems.append(Problem(task_id, cid, what, detail, d))
 
     for task in tasks:
         rows = rows_by_task[task.task_id]
         by_id = {r.checkpoint_id: r for r in rows}
-        valid: set[str] = set()
         refs = store.list_refs(task.task_id)
         head_loaded: dict[str, Any] = {}
+        problems_start = len(report.problems)
         for row in rows:
             report.checkpoints += 1
             if key is None and row.signature:
                 report.signatures_unchecked += 1
-            problems_before = len(report.problems)
             try:
                 loaded = load_checkpoint(store, row.checkpoint_id, key=key, deep=False, reader=reader, pages=pages,
-                                         check_artifacts=False)
+                                         check_artifacts=False, row=row)
             except (IntegrityError, CheckpointNotFound) as exc:
                 report.problems.append(Problem(task.task_id, row.checkpoint_id, "record",
                                                f"{type(exc).__name__}: {exc.message}"))
@@ -152,7 +246,7 @@ def verify_store(
                         f"the store's {column} column disagrees with the verified record (the index was edited; "
                         "listings may mislead, loading uses the record)"))
                 blob(task.task_id, row.checkpoint_id, loaded.record.state.digest, "state")
-                for i, page in enumerate(loaded.artifact_pages):
+                for page in loaded.artifact_pages:
                     if page.ref["digest"] in artifact_pages_checked:
                         continue  # a page seen in an earlier checkpoint: its artifacts are checked
                     artifact_pages_checked.add(page.ref["digest"])
@@ -170,13 +264,14 @@ def verify_store(
                 elif row.seq != 0:
                     report.problems.append(Problem(task.task_id, row.checkpoint_id, "chain",
                                                    f"seq {row.seq} has no parent"))
-            if len(report.problems) == problems_before:
-                valid.add(row.checkpoint_id)
-            else:
-                report.checkpoints_invalid += 1
+            settle(wait=False)
             done += 1
             if on_progress:
                 on_progress(done, total)
+        settle(wait=True)
+        failed = {p.checkpoint_id for p in report.problems[problems_start:]}
+        valid = {r.checkpoint_id for r in rows} - failed
+        report.checkpoints_invalid += len(rows) - len(valid)
         _report_heals(store, reader, task.task_id, report, repair=repair, heads=set(refs.values()))
         live = lineage(rows, refs.values())
         for p in report.problems:
@@ -208,22 +303,25 @@ def verify_store(
         copies = with_copies(verified | {r.checkpoint_id for rs in rows_by_task.values() for r in rs})
         unreferenced = [d for d in store.iter_object_digests() if d not in verified and d not in bad_objects]
         report.dangling_objects = len(unreferenced)
+
+        def tally(results: list[tuple[str, int | OvernightError]]) -> None:
+            for d, result in results:
+                if isinstance(result, int):
+                    if d in copies:
+                        report.dangling_objects -= 1  # the ditto copy of a live object or record
+                else:
+                    bad_objects.add(d)
+                    report.problems.append(Problem(None, None, "object", f"{type(result).__name__}: {result.message}", d))
+
         for i, d in enumerate(unreferenced):
-            if d in verified:
-                continue  # a chunk of an unreferenced tree checked just before
-            try:
-                reader.verify(d, "store")
-                if d in copies:
-                    report.dangling_objects -= 1  # the ditto copy of a live object or record
-            except OvernightError as exc:
-                bad_objects.add(d)
-                report.problems.append(Problem(None, None, "object", f"{type(exc).__name__}: {exc.message}", d))
+            if d not in verified:  # else a chunk of an unreferenced tree checked just before
+                content.add(d, "store")
+            tally(content.take())
             if on_progress and i % 256 == 0:
                 on_progress(i, len(unreferenced))
+        tally(content.take(wait=True))
     report.objects_checked = len(verified) + len(bad_objects)
     report.objects_invalid = len(bad_objects)
-    report.seconds = time.perf_counter() - t0
-    return report
 
 
 def _report_heals(store: Store, reader: HealingReader, task_id: str, report: VerifyReport, *, repair: bool,
