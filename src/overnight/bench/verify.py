@@ -1,12 +1,14 @@
 """``overnight bench verify``: how fast ``overnight verify --all`` and ``overnight verify TASK`` run,
 and how much memory they take, on stores of growing size.
 
-For each size (``checkpoints * scale`` steps, ``mb * scale`` MB), builds one task whose every step
-writes a new artifact, so the store holds that much distinct artifact content (text-like bytes, so
-zstd has work to do), then times each verification in a fresh process (``python -c``): wall and
-CPU seconds, the throughput in MB/s of artifact content hashed, and the process's peak RSS, also
-read just before the check starts (imports and an open store), so the check's own memory shows.
-RSS flat in the store's size means the larger store's peak is about the smaller one's.
+For each scale, builds a store of ``scale`` tasks of ``checkpoints`` steps each; every step writes
+a new artifact, so each task holds ``mb`` MB of distinct artifact content (text-like bytes, so zstd
+has work to do). Then it times each check in a fresh process (``python -c``): ``verify --all``
+(every task and object of the store) and ``verify TASK`` (the first task): wall and CPU seconds,
+the throughput in MB/s of artifact content hashed, and the process's peak RSS, also read just
+before the check starts (imports and an open store), so the check's own memory shows. RSS flat
+in the store's size means the larger store's peak is about the smaller one's. (A longer chain in
+one task is another axis: its head's state -- the pages a load holds -- grows with it.)
 
 The baseline, measured in the same run right before each check, is ``hashlib.sha256`` over as
 many bytes held in memory (1 MB buffers, one thread): the floor of any check that re-hashes
@@ -58,7 +60,9 @@ class VerifyRun:
 
     Attributes:
         mode: one of :data:`MODES`.
-        checkpoints, artifact_mb, store_mb: the store (steps; MB of artifact content; MB stored).
+        tasks: tasks in the store (``verify TASK`` checks one).
+        checkpoints, artifact_mb: what the check covered (steps; MB of artifact content).
+        store_mb: MB stored.
         seconds, cpu_s: wall and CPU time of the check (all threads), seconds.
         bytes_verified: artifact content hashed, bytes.
         objects_checked, problems: from the report (problems must be 0).
@@ -67,6 +71,7 @@ class VerifyRun:
     """
 
     mode: str
+    tasks: int
     checkpoints: int
     artifact_mb: float
     store_mb: float
@@ -142,13 +147,14 @@ class VerifyBench:
                  "| MB per CPU s | peak RSS MB (before the check) |",
                  "|---|---|---:|---:|---:|---:|---:|---:|"]
         for r in self.runs:
-            lines.append(f"| {r.checkpoints} checkpoints, {r.artifact_mb:.0f} MB ({r.store_mb:.0f} MB stored) | "
-                         f"{r.mode} | {r.seconds:.2f} | {r.cpu_s:.2f} | {r.mbps:.0f} | "
+            lines.append(f"| {r.tasks} x {r.checkpoints // r.tasks if r.mode == MODES[0] else r.checkpoints} "
+                         f"checkpoints ({r.store_mb:.0f} MB stored) | {r.mode}: {r.checkpoints} checkpoints, "
+                         f"{r.artifact_mb:.0f} MB | {r.seconds:.2f} | {r.cpu_s:.2f} | {r.mbps:.0f} | "
                          f"{r.mbps / r.sha256_mbps:.2f}x ({r.sha256_mbps:.0f}) | {r.cpu_mbps:.0f} | "
                          f"{r.rss_mb:.0f} ({r.rss_before_mb:.0f}) |")
-        sizes = sorted({r.checkpoints for r in self.runs})
+        sizes = sorted({r.tasks for r in self.runs})
         if len(sizes) > 1:
-            lines += ["", f"peak RSS at {sizes[-1]} over {sizes[0]} checkpoints: "
+            lines += ["", f"peak RSS with {sizes[-1]} tasks over {sizes[0]}: "
                           + ", ".join(f"{m} {self.rss_growth(m):.2f}x" for m in MODES)]
         lines += ["", f"problems found: {self.problems}"]
         return "\n".join(lines)
@@ -156,31 +162,34 @@ class VerifyBench:
 
 def run_verify_bench(checkpoints: int = 1000, mb: float = 100.0, directory: Path | None = None,
                      scales: tuple[int, ...] = (1, 3)) -> VerifyBench:
-    """Build a store per scale and time each check in :data:`MODES`; see the module docstring."""
+    """Build a store per scale (that many tasks) and time each check in :data:`MODES`; see the
+    module docstring."""
     base = Path(directory) if directory is not None else Path.cwd()
     base.mkdir(parents=True, exist_ok=True)
     bench = VerifyBench()
     for scale in scales:
         with tempfile.TemporaryDirectory(prefix="overnight-bench-verify-", dir=base) as tmp:
             path = Path(tmp) / "store.db"
-            n, per_step = checkpoints * scale, int(mb * 1e6 / checkpoints)
+            per_step = int(mb * 1e6 / checkpoints)
             t0 = time.perf_counter()
-            task_id = _build(path, n, per_step)
+            task_ids = [_build(path, f"bench-verify-{k}", checkpoints, per_step, seed=k) for k in range(scale)]
             bench.build_s.append(time.perf_counter() - t0)
             with SQLiteStore(path) as store:
                 store_mb = store.stored_bytes() / 1e6
             for mode in MODES:
-                floor = sha256_mbps(max(64_000_000, per_step * (n - 1)))
-                got = _child(path, task_id if mode == "verify TASK" else "")
-                bench.runs.append(VerifyRun(mode, n, per_step * (n - 1) / 1e6, store_mb, got["seconds"], got["cpu_s"],
-                                            got["bytes_verified"], got["objects_checked"], got["problems"],
-                                            got["rss_before_mb"], got["rss_mb"], floor))
+                n = checkpoints * (scale if mode == MODES[0] else 1)
+                floor = sha256_mbps(max(64_000_000, per_step * n))
+                got = _child(path, task_ids[0] if mode == "verify TASK" else "")
+                bench.runs.append(VerifyRun(mode, scale, n, per_step * (n - n // checkpoints) / 1e6, store_mb,
+                                            got["seconds"], got["cpu_s"], got["bytes_verified"], got["objects_checked"],
+                                            got["problems"], got["rss_before_mb"], got["rss_mb"], floor))
     return bench
 
 
-def _build(path: Path, checkpoints: int, per_step: int) -> str:
-    """A store of one task whose every step writes a new ``per_step``-byte artifact; its task id."""
-    task = Task("bench-verify", goal="many checkpoints, many artifacts")
+def _build(path: Path, task_id: str, checkpoints: int, per_step: int, seed: int) -> str:
+    """Add to the store a task whose every step writes a new ``per_step``-byte artifact (distinct
+    per ``seed``); returns its task id."""
+    task = Task(task_id, goal="many checkpoints, many artifacts")
 
     @task.step
     def plan(ctx):
@@ -189,11 +198,11 @@ def _build(path: Path, checkpoints: int, per_step: int) -> str:
 
     @task.step(planned=False)
     def write(ctx, i):
-        ctx.write_text(f"artifacts/{i:05d}.txt", message_text(random.Random(i), per_step))
+        ctx.write_text(f"artifacts/{i:05d}.txt", message_text(random.Random(seed * 1_000_003 + i), per_step))
 
     with SQLiteStore(path) as store:
         Runner(task, store, handle_signals=False).run()
-        return store.list_tasks()[0].task_id
+    return task.id
 
 
 def _child(path: Path, task_id: str) -> dict:

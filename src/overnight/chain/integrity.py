@@ -78,6 +78,13 @@ class Page:
     """The entries were upgraded from an older format (``tree`` is not what ``ref``'s bytes hold):
     a writer must encode the page again rather than reuse ``ref``."""
 
+    @cached_property
+    def ordered(self) -> bool:
+        """Its names (an object page's members) are non-empty and in strictly increasing order,
+        checked once per page (a load checks the order across pages at their boundaries)."""
+        names = list(self.tree)
+        return bool(names) and all(a < b for a, b in zip(names, names[1:]))
+
 
 PageCache = dict[str, Page]
 """Verified pages by digest, shared across loads (a page is parsed and checked once)."""
@@ -334,6 +341,7 @@ def load_checkpoint(
             if extended is not None:
                 stored, entries = extended
                 tree = stored
+                pages.pop(prev[1].ref["digest"], None)  # superseded: kept only while a page extends it
             else:
                 stored = loads_if_canonical(raw)
                 if stored is None:
@@ -359,9 +367,8 @@ def load_checkpoint(
         raise SchemaError(f"{where} done pages hold {sizes} entries; the state says {doc.done.count} "
                           f"in pages of {DONE_PAGE}", **ids)
     artifact_pages = [page(r, f"{cp} artifact page {i}", _ARTIFACT_PAGE, "artifacts") for i, r in enumerate(doc.artifacts.pages)]
-    names = [n for p in artifact_pages for n in p.tree]
-    if len(names) != doc.artifacts.count or any(a >= b for a, b in zip(names, names[1:])) or any(
-            not p.tree for p in artifact_pages):
+    if sum(len(p.tree) for p in artifact_pages) != doc.artifacts.count or not all(p.ordered for p in artifact_pages) \
+            or any(next(reversed(a.tree)) >= next(iter(b.tree)) for a, b in zip(artifact_pages, artifact_pages[1:])):
         raise SchemaError(f"{where} artifact pages are not {doc.artifacts.count} names in sorted order", **ids)
     world = None
     if record.fingerprint is not None:
