@@ -97,7 +97,9 @@ class BoundedPageCache(OrderedDict[str, Page]):
 
     It also keeps the newest page read of each kind with its bytes (:attr:`tails`): the next
     checkpoint's last done or artifact page is usually that page with entries appended, and only
-    the appended entries are then parsed and validated (:func:`_extend`)."""
+    the appended entries are then parsed and validated (:func:`_extend`). A tail superseded by a
+    newer page of its kind leaves the cache unless the loading checkpoint still uses it, so a long
+    history does not fill it with versions of the pages every step rewrites."""
 
     def __init__(self, limit: int = 4096) -> None:
         super().__init__()
@@ -322,6 +324,8 @@ def load_checkpoint(
     if doc.task.id != record.task_id:
         raise SchemaError(f"{where} belongs to task {doc.task.id!r}, not {record.task_id!r}", **ids)
 
+    in_use = {r.digest for part in (doc.todo, doc.done, doc.artifacts) for r in part.pages}
+
     def page(ref: BlobRef, what: str, adapter: TypeAdapter, kind: str, collection: str | None = None) -> Page:
         """A verified page. ``kind``: the collection (todo, done, artifacts) whose entries are
         validated one by one -- a page extending the last one read of its kind is parsed in part
@@ -341,7 +345,6 @@ def load_checkpoint(
             if extended is not None:
                 stored, entries = extended
                 tree = stored
-                pages.pop(prev[1].ref["digest"], None)  # superseded: kept only while a page extends it
             else:
                 stored = loads_if_canonical(raw)
                 if stored is None:
@@ -355,6 +358,9 @@ def load_checkpoint(
             raise SchemaError(f"{what} is incomplete or malformed: {detail}", **ids) from exc
         found = pages[cache_key] = Page(ref.model_dump(), tree, entries, migrated=tree is not stored)
         if tails is not None:
+            old = tails.get(tail_key)
+            if old is not None and old[1].ref["digest"] not in in_use:
+                pages.pop(old[1].ref["digest"], None)  # superseded (a linear history never reads it again)
             tails[tail_key] = (raw, found)
         return found
 
