@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from itertools import chain
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -29,7 +30,7 @@ import orjson
 from overnight.codec.compress import decompress
 from overnight.errors import CheckpointNotFound, DecodeError, IntegrityError, OvernightError, short_id
 from overnight.store.base import CheckpointRow, ObjectRecord, Store
-from overnight.chain.ditto import CopyReader, HealingReader, rewrite_record, with_copies
+from overnight.chain.ditto import CopyReader, HealingReader, ditto_key, rewrite_record
 from overnight.chain.integrity import BoundedPageCache, PageCache, load_checkpoint
 from overnight.chain.reachability import lineage
 from overnight.chain.rollback import find_rollback
@@ -363,7 +364,7 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
             except IntegrityError as exc:
                 found = [exc.message]
             report.problems.extend(Problem(None, None, "medium", detail) for detail in found)
-        copies = with_copies(verified | {r.checkpoint_id for rs in rows_by_task.values() for r in rs})
+        copies = {ditto_key(d) for d in chain(verified, (r.checkpoint_id for rs in rows_by_task.values() for r in rs))}
         unreferenced = [d for d in store.iter_object_digests() if d not in verified and d not in bad_objects]
         report.dangling_objects = len(unreferenced)
 
