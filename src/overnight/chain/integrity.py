@@ -324,7 +324,8 @@ def load_checkpoint(
     if doc.task.id != record.task_id:
         raise SchemaError(f"{where} belongs to task {doc.task.id!r}, not {record.task_id!r}", **ids)
 
-    in_use = {r.digest for part in (doc.todo, doc.done, doc.artifacts) for r in part.pages}
+    tails = getattr(pages, "tails", None)  # pages superseded by this checkpoint's leave the cache
+    in_use = {r.digest for part in (doc.todo, doc.done, doc.artifacts) for r in part.pages} if tails is not None else set()
 
     def page(ref: BlobRef, what: str, adapter: TypeAdapter, kind: str, collection: str | None = None) -> Page:
         """A verified page. ``kind``: the collection (todo, done, artifacts) whose entries are
@@ -337,10 +338,9 @@ def load_checkpoint(
         if cached is not None:
             return cached
         raw = read(ref.digest, ref.size, what)
-        tails = getattr(pages, "tails", None) if kind else None
         tail_key = f"{kind}@{stored_format}"
         try:
-            prev = tails.get(tail_key) if tails is not None and cache_key == ref.digest else None
+            prev = tails.get(tail_key) if tails is not None and kind and cache_key == ref.digest else None
             extended = _extend(*prev, raw, adapter) if prev is not None else None
             if extended is not None:
                 stored, entries = extended
@@ -357,7 +357,7 @@ def load_checkpoint(
             detail = _validation_summary(exc) if isinstance(exc, ValidationError) else exc.message
             raise SchemaError(f"{what} is incomplete or malformed: {detail}", **ids) from exc
         found = pages[cache_key] = Page(ref.model_dump(), tree, entries, migrated=tree is not stored)
-        if tails is not None:
+        if tails is not None and kind:
             old = tails.get(tail_key)
             if old is not None and old[1].ref["digest"] not in in_use:
                 pages.pop(old[1].ref["digest"], None)  # superseded (a linear history never reads it again)
