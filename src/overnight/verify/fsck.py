@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable
 import orjson
 
 from overnight.codec.compress import decompress
+from overnight.codec.digest import from_raw
 from overnight.errors import CheckpointNotFound, DecodeError, IntegrityError, OvernightError, short_id
 from overnight.store.base import CheckpointRow, ObjectRecord, Store
 from overnight.chain.ditto import CopyReader, HealingReader, ditto_key, rewrite_record
@@ -202,7 +203,28 @@ class _Prefetched:
             except (DecodeError, orjson.JSONDecodeError, KeyError, TypeError):
                 continue
         ahead.update(self._store.get_objects(d for d in wanted if isinstance(d, str) and d not in pages))
+        trees = [obj for obj in ahead.values() if obj.kind == "tree"]  # chunked pages: their indexes, then chunks
+        for _ in range(2):
+            found = self._store.get_objects(self._parts(trees))
+            ahead.update(found)
+            trees = list(found.values())
         self._ahead = ahead
+
+    @staticmethod
+    def _parts(objects: list[ObjectRecord]) -> set[str]:
+        """The chunk index named by each ``tree`` object and the chunks named by each chunk index
+        (a ``blob`` of 32-byte digests) in ``objects`` -- hints, like the rest."""
+        out: set[str] = set()
+        for obj in objects:
+            try:
+                payload = decompress(obj.codec, obj.data, obj.size)
+                if obj.kind == "tree":
+                    out.add(orjson.loads(payload)["index"])
+                elif len(payload) % 32 == 0:
+                    out.update(from_raw(payload[i:i + 32]) for i in range(0, len(payload), 32))
+            except (DecodeError, orjson.JSONDecodeError, KeyError, TypeError):
+                continue
+        return {d for d in out if isinstance(d, str)}
 
 
 def verify_store(
