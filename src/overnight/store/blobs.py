@@ -249,9 +249,18 @@ class BlobReader:
         on a thread pool).
         """
         wanted = list(dict.fromkeys(blob_digests))
-        objects = self.store.get_objects(wanted) if wanted else {}
         sizes: dict[str, int] = {}
         errors: dict[str, OvernightError] = {}
+        try:
+            objects = self.store.get_objects(wanted) if wanted else {}
+        except OvernightError as exc:  # the batch's read failed (a damaged archive pack): each on its own
+            if len(wanted) == 1:
+                return sizes, {wanted[0]: exc}
+            for d in wanted:
+                more_sizes, more_errors = self.verify_many([d], context)
+                sizes.update(more_sizes)
+                errors.update(more_errors)
+            return sizes, errors
         for d in wanted:
             try:
                 obj = objects.get(d)

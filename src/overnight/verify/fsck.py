@@ -183,7 +183,16 @@ class _Prefetched:
 
     def ahead(self, rows: list[CheckpointRow], pages: PageCache) -> None:
         """Fetch what loading ``rows`` reads first: their state documents, then the pages they
-        name that ``pages`` does not hold (replacing what was fetched for the rows before)."""
+        name that ``pages`` does not hold (replacing what was fetched for the rows before). A read
+        that fails here (a damaged archive pack) only ends the fetching ahead: the load reads the
+        same objects again and reports what is wrong with them."""
+        self._ahead = {}
+        try:
+            self._fetch_ahead(rows, pages)
+        except OvernightError:
+            pass
+
+    def _fetch_ahead(self, rows: list[CheckpointRow], pages: PageCache) -> None:
         states: set[str] = set()
         worlds: set[str] = set()
         for row in rows:
@@ -194,7 +203,7 @@ class _Prefetched:
                     worlds.add(record["fingerprint"]["world"]["digest"])
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 continue
-        ahead = self._store.get_objects(d for d in states if isinstance(d, str))
+        ahead = self._ahead = self._store.get_objects(d for d in states if isinstance(d, str))
         wanted = set(worlds)
         for obj in ahead.values():
             try:
@@ -208,7 +217,6 @@ class _Prefetched:
             found = self._store.get_objects(self._parts(trees))
             ahead.update(found)
             trees = list(found.values())
-        self._ahead = ahead
 
     @staticmethod
     def _parts(objects: list[ObjectRecord]) -> set[str]:
