@@ -7,8 +7,8 @@ Runs three benchmarks in one process, each against baselines measured in the sam
    write+fsync of the same bytes (the floor);
 2. resume latency against chain length (:mod:`overnight.bench.resume`) -- overnight's verified
    head load and its whole resume session on each store, against LangGraph's ``get_tuple``;
-3. ``verify --all`` throughput in MB/s (:mod:`overnight.bench.verify`) against ``hashlib.sha256``
-   in memory;
+3. ``verify --all`` and ``verify TASK`` throughput in MB/s and peak RSS at two store sizes
+   (:mod:`overnight.bench.verify`) against ``hashlib.sha256`` in memory;
 4. the whole ``overnight resume`` process to its first step against chain length
    (:mod:`overnight.bench.resume_process`), over a bare ``python -c 'import overnight'``.
 
@@ -50,8 +50,9 @@ class PerfSettings:
         state_kb: state size per commit (KB).
         lengths: chain lengths (checkpoints) at which resume is timed, ascending.
         reps: timed resumes per system and length.
-        verify_checkpoints, verify_mb: size of the store ``verify --all`` checks (checkpoints, MB
-            of distinct artifact content).
+        verify_checkpoints, verify_mb: size of the store ``verify --all`` and ``verify TASK``
+            check (checkpoints, MB of distinct artifact content).
+        verify_scales: the store sizes checked, as multiples of that (peak RSS across them).
         process_lengths: chain lengths at which the whole ``overnight resume`` process is timed
             (each >= 3, ascending; building the chain runs that many steps).
     """
@@ -62,6 +63,7 @@ class PerfSettings:
     reps: int = 5
     verify_checkpoints: int = 300
     verify_mb: float = 30.0
+    verify_scales: tuple[int, ...] = (1, 3)
     process_lengths: tuple[int, ...] = (10, 100, 1000)
 
 
@@ -136,7 +138,7 @@ def run_perf(settings: PerfSettings = DEFAULT, *, postgres_url: str | None = DEF
     with tempfile.TemporaryDirectory(prefix="overnight-bench-resume-", dir=base) as tmp:
         resume = run_resume_bench(settings.lengths, reps=settings.reps, systems=served(RESUME_SYSTEMS),
                                   directory=Path(tmp), postgres_url=postgres_url or DEFAULT_POSTGRES)
-    verify = run_verify_bench(settings.verify_checkpoints, settings.verify_mb, base)
+    verify = run_verify_bench(settings.verify_checkpoints, settings.verify_mb, base, scales=settings.verify_scales)
     with tempfile.TemporaryDirectory(prefix="overnight-bench-resume-process-", dir=base) as tmp:
         process = run_resume_process_bench(settings.process_lengths, reps=settings.reps, directory=Path(tmp))
     return PerfReport(settings, info, commit, resume, verify, time.perf_counter() - t0, process)

@@ -147,7 +147,23 @@ def _copy_of(store: Store, d: str) -> Parsed | None:
     return parse(obj) if obj is not None else None
 
 
-class HealingReader(BlobReader):
+class CopyReader(BlobReader):
+    """A :class:`~overnight.store.blobs.BlobReader` whose :meth:`verify` also takes copy objects,
+    checked on their own terms (:func:`check`). It never heals: ``verify --all`` runs its
+    :meth:`~overnight.store.blobs.BlobReader.verify_many` on a thread pool and verifies what
+    fails there again with a :class:`HealingReader`."""
+
+    def _verify_object(self, obj: ObjectRecord, context: str) -> int:
+        if obj.kind != KIND:
+            return super()._verify_object(obj, context)
+        problem = check(obj)
+        if problem is not None:
+            raise _bad_copy(obj.digest, problem, context)
+        self.verified.add(obj.digest)
+        return obj.size
+
+
+class HealingReader(CopyReader):
     """A :class:`~overnight.store.blobs.BlobReader` that reads a damaged or missing object from its
     verified copy (and, with ``write_back``, rewrites the original from it). :attr:`healed` lists
     every heal; what it returns is verified exactly as a plain reader's."""
@@ -222,14 +238,7 @@ class HealingReader(BlobReader):
         return out
 
     def verify(self, blob_digest: str, context: str) -> int:
-        obj = self.store.get_objects([blob_digest]).get(blob_digest)
-        if obj is not None and obj.kind == KIND:  # a copy: checked on its own terms
-            problem = check(obj)
-            if problem is not None:
-                raise _bad_copy(blob_digest, problem, context)
-            self.verified.add(blob_digest)
-            return obj.size
-        out = self._retry(lambda: BlobReader.verify(self, blob_digest, context))
+        out = self._retry(lambda: CopyReader.verify(self, blob_digest, context))
         self._write_back()
         return out
 
@@ -261,22 +270,23 @@ def _bad_copy(d: str, problem: str, context: str) -> IntegrityError:
     return DigestMismatch(f"ditto copy {d} {problem}; found by {context}", object_digest=d)
 
 
-def get_checkpoint(store: Store, checkpoint_id: str, healed: list[Heal] | None, *, write: bool = True) -> CheckpointRow:
+def get_checkpoint(store: Store, checkpoint_id: str, healed: list[Heal] | None, *, write: bool = True,
+                   row: CheckpointRow | None = None) -> CheckpointRow:
     """The stored checkpoint row, or -- when its body does not hash to its id, or it is missing --
     the row rebuilt from its verified copy (body and signature; the index columns are copied from
     the stored row, or left for the load to check against the body). ``healed`` receives a
     :class:`Heal`; None disables healing (a plain read). With ``write``, a missing row is stored
-    again from the copy.
+    again from the copy. ``row``: the stored row when the caller listed it already (not read again).
 
     Raises:
         CheckpointNotFound: no row and no sound copy.
     """
-    try:
-        row: CheckpointRow | None = store.get_checkpoint(checkpoint_id)
-    except CheckpointNotFound:
-        if healed is None:
-            raise
-        row = None
+    if row is None:
+        try:
+            row = store.get_checkpoint(checkpoint_id)
+        except CheckpointNotFound:
+            if healed is None:
+                raise
     if healed is None or (row is not None and digest.sha256(row.body) == checkpoint_id):
         assert row is not None
         return row

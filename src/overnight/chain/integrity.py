@@ -80,6 +80,13 @@ class Page:
     """The entries were upgraded from an older format (``tree`` is not what ``ref``'s bytes hold):
     a writer must encode the page again rather than reuse ``ref``."""
 
+    @cached_property
+    def ordered(self) -> bool:
+        """Its names (an object page's members) are non-empty and in strictly increasing order,
+        checked once per page (a load checks the order across pages at their boundaries)."""
+        names = list(self.tree)
+        return bool(names) and all(a < b for a, b in zip(names, names[1:]))
+
 
 PageCache = dict[str, Page]
 """Verified pages by digest, shared across loads (a page is parsed and checked once)."""
@@ -88,11 +95,18 @@ PageCache = dict[str, Page]
 class BoundedPageCache(OrderedDict[str, Page]):
     """A :data:`PageCache` keeping the ``limit`` most recently used pages (``verify --all`` over a
     long history: consecutive checkpoints share most pages, old ones are not needed again).
-    At the default 4,096 pages of at most ~64 KB of entries each, memory stays bounded."""
+    At the default 4,096 pages of at most ~64 KB of entries each, memory stays bounded.
+
+    It also keeps the newest page read of each kind with its bytes (:attr:`tails`): the next
+    checkpoint's last done or artifact page is usually that page with entries appended, and only
+    the appended entries are then parsed and validated (:func:`_extend`). A tail superseded by a
+    newer page of its kind leaves the cache unless the loading checkpoint still uses it, so a long
+    history does not fill it with versions of the pages every step rewrites."""
 
     def __init__(self, limit: int = 4096) -> None:
         super().__init__()
         self.limit = limit
+        self.tails: dict[str, tuple[bytes, Page]] = {}
 
     def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
         if key in self:
@@ -313,6 +327,32 @@ def _parse(data: bytes, what: str, encoder: Any, migrations: dict, ids: dict[str
     return upgraded, tree["format"]
 
 
+_CLOSE = {ord("]"): b"[", ord("}"): b"{"}
+
+
+def _extend(prev_raw: bytes, prev: Page, raw: bytes, adapter: TypeAdapter) -> tuple[Any, Any] | None:
+    """``(tree, validated entries)`` of page bytes ``raw`` that are the verified page ``prev``
+    (canonical bytes ``prev_raw``) with entries appended -- ``prev_raw`` without its closing
+    bracket, a comma, the new entries, the bracket -- parsing and validating only the new ones;
+    None when ``raw`` is not that (the caller parses it whole). The entries of a page are
+    validated one by one, so this checks exactly what a whole parse checks: the appended part
+    alone is canonical, and a dict page's new names are not already on it (a duplicate member)."""
+    if prev.migrated or not prev.tree or len(raw) <= len(prev_raw) or raw[len(prev_raw) - 1] != ord(",") \
+            or not raw.startswith(prev_raw[:-1]) or raw[-1] != prev_raw[-1]:
+        return None
+    tail = canonical_tree(_CLOSE[raw[-1]] + raw[len(prev_raw):])
+    if not tail:
+        return None
+    try:  # an entry that does not validate: the whole parse names it at its place on the page
+        if isinstance(prev.tree, dict):
+            if not isinstance(tail, dict) or not tail.keys().isdisjoint(prev.tree):
+                return None
+            return {**prev.tree, **tail}, {**prev.entries, **adapter.validate_python(tail)}
+        return [*prev.tree, *tail], [*prev.entries, *adapter.validate_python(tail)]
+    except ValidationError:
+        return None
+
+
 def parse_record(row: CheckpointRow, *, key: bytes | None) -> CheckpointRecord:
     """Checks 1-4 on a stored checkpoint row. Raises an :class:`IntegrityError` subclass."""
     ids = {"task_id": row.task_id, "checkpoint_id": row.checkpoint_id}
@@ -364,6 +404,7 @@ def load_checkpoint(
     pages: PageCache | None = None,
     check_artifacts: bool = True,
     lazy_done: bool = False,
+    row: CheckpointRow | None = None,
 ) -> LoadedCheckpoint:
     """Load and fully verify one checkpoint (all five checks).
 
@@ -377,6 +418,8 @@ def load_checkpoint(
             length; a damaged done page then raises when (if) it is used, not here. Without it
             every done page is verified before this returns. (A state document of an older
             format is loaded in full either way: its pages are upgraded.)
+        row: the stored row of ``checkpoint_id`` when the caller listed it (fsck); verified
+            exactly as one read here.
 
     Raises:
         CheckpointNotFound: no such checkpoint.
@@ -384,7 +427,7 @@ def load_checkpoint(
     """
     reader = reader or HealingReader(store)
     healed: list[Heal] | None = reader.healed if isinstance(reader, HealingReader) else None
-    row = ditto_checkpoint(store, checkpoint_id, healed, write=getattr(reader, "write_back", False))  # a damaged/missing record: from its verified copy
+    row = ditto_checkpoint(store, checkpoint_id, healed, write=getattr(reader, "write_back", False), row=row)  # a damaged/missing record: from its verified copy
     record = parse_record(row, key=key)
     ids = {"task_id": row.task_id, "checkpoint_id": row.checkpoint_id}
     pages = pages if pages is not None else {}
@@ -423,25 +466,44 @@ def load_checkpoint(
             if dumps(data[k]) != raw:
                 raise SchemaError(f"{what} is not in canonical form", **ids)
 
-    def page(ref: BlobRef, what: str, adapter: TypeAdapter, collection: str | None = None) -> Page:
+    tails = getattr(pages, "tails", None)  # pages superseded by this checkpoint's leave the cache
+    in_use = {r.digest for part in (doc.todo, doc.done, doc.artifacts) for r in part.pages} if tails is not None else set()
+
+    def page(ref: BlobRef, what: str, adapter: TypeAdapter, kind: str, collection: str | None = None) -> Page:
+        """A verified page. ``kind``: the collection (todo, done, artifacts) whose entries are
+        validated one by one -- a page extending the last one read of its kind is parsed in part
+        (:func:`_extend`) -- or "" for a page validated whole; ``collection``: one whose entries
+        are migrated from older formats."""
         # a page read for an older state document is cached apart: its entries were upgraded
         cache_key = ref.digest if stored_format == doc.format or collection is None else f"{ref.digest}@{stored_format}"
         cached = pages.get(cache_key)
         if cached is not None:
             return cached
         raw = read(ref.digest, ref.size, what)
+        tail_key = f"{kind}@{stored_format}"
         try:
-            stored = canonical_tree(raw)
-            if stored is None:  # not shown canonical by the fast path: parse strictly, compare
-                stored = loads(raw)
-                if dumps(stored) != raw:
-                    raise SchemaError(f"{what} is not in canonical form", **ids)
-            tree = upgrade_entries(stored, collection, stored_format) if collection else stored
-            entries = adapter.validate_python(tree)
+            prev = tails.get(tail_key) if tails is not None and kind and cache_key == ref.digest else None
+            extended = _extend(*prev, raw, adapter) if prev is not None else None
+            if extended is not None:
+                stored, entries = extended
+                tree = stored
+            else:
+                stored = canonical_tree(raw)
+                if stored is None:
+                    stored = loads(raw)
+                    if dumps(stored) != raw:
+                        raise SchemaError(f"{what} is not in canonical form", **ids)
+                tree = upgrade_entries(stored, collection, stored_format) if collection else stored
+                entries = adapter.validate_python(tree)
         except (DecodeError, ValidationError) as exc:
             detail = _validation_summary(exc) if isinstance(exc, ValidationError) else exc.message
             raise SchemaError(f"{what} is incomplete or malformed: {detail}", **ids) from exc
         found = pages[cache_key] = Page(ref.model_dump(), tree, entries, migrated=tree is not stored)
+        if tails is not None and kind:
+            old = tails.get(tail_key)
+            if old is not None and old[1].ref["digest"] not in in_use:
+                pages.pop(old[1].ref["digest"], None)  # superseded (a linear history never reads it again)
+            tails[tail_key] = (raw, found)
         return found
 
     def refs(member: str, pages: Pages) -> list[BlobRef]:
@@ -451,12 +513,12 @@ def load_checkpoint(
         if len(pages.pages) != 2:
             raise SchemaError(f"{where} {member} has a middle page list but {len(pages.pages)} inline pages, not 2",
                               **ids)
-        middle = page(pages.middle, f"{cp} {member} page list", PAGE_LIST).entries
+        middle = page(pages.middle, f"{cp} {member} page list", PAGE_LIST, "").entries
         if not middle:
             raise SchemaError(f"{where} {member} page list is empty", **ids)
         return [pages.pages[0], *middle, pages.pages[1]]
 
-    todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE, "todo") for i, r in enumerate(refs("todo", doc.todo))]
+    todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE, "todo", "todo") for i, r in enumerate(refs("todo", doc.todo))]
     if sum(len(p.tree) for p in todo_pages) != doc.todo.count or any(not p.tree for p in todo_pages):
         raise SchemaError(f"{where} todo pages do not hold the {doc.todo.count} entries the state says", **ids)
     done_refs = refs("done", doc.done)
@@ -465,7 +527,7 @@ def load_checkpoint(
                           f"entries in pages of {DONE_PAGE}", **ids)
 
     def done_page(i: int) -> Page:
-        found = page(done_refs[i], f"{cp} done page {i}", _DONE_PAGE, "done")
+        found = page(done_refs[i], f"{cp} done page {i}", _DONE_PAGE, "done", "done")
         if len(found.tree) != done_pages.size(i):
             raise SchemaError(f"{where} done page {i} holds {len(found.tree)} entries; the state says "
                               f"{doc.done.count} in pages of {DONE_PAGE}", **ids)
@@ -475,15 +537,14 @@ def load_checkpoint(
     lazy_done = lazy_done and stored_format == doc.format
     if not lazy_done:
         list(done_pages)  # every page verified now
-    artifact_pages = [page(r, f"{cp} artifact page {i}", _ARTIFACT_PAGE)
+    artifact_pages = [page(r, f"{cp} artifact page {i}", _ARTIFACT_PAGE, "artifacts")
                       for i, r in enumerate(refs("artifacts", doc.artifacts))]
-    names = [n for p in artifact_pages for n in p.tree]
-    if len(names) != doc.artifacts.count or any(a >= b for a, b in zip(names, names[1:])) or any(
-            not p.tree for p in artifact_pages):
+    if sum(len(p.tree) for p in artifact_pages) != doc.artifacts.count or not all(p.ordered for p in artifact_pages) \
+            or any(next(reversed(a.tree)) >= next(iter(b.tree)) for a, b in zip(artifact_pages, artifact_pages[1:])):
         raise SchemaError(f"{where} artifact pages are not {doc.artifacts.count} names in sorted order", **ids)
     world = None
     if record.fingerprint is not None:
-        world = page(record.fingerprint.world, f"{cp} fingerprint", _WORLD).tree
+        world = page(record.fingerprint.world, f"{cp} fingerprint", _WORLD, "").tree
         if world["format"] > WORLD_FORMAT:
             raise FormatTooNew(f"{cp} fingerprint was written by a newer overnight (world format {world['format']}); "
                                f"this one reads up to {WORLD_FORMAT}", hint="upgrade overnight to resume this task",

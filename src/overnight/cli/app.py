@@ -983,11 +983,15 @@ def bench_verify(
     checkpoints: int = typer.Option(1000, "--checkpoints", min=2, help="Checkpoints (steps) in the store."),
     mb: float = typer.Option(100.0, "--mb", min=0.1, help="MB of distinct artifact content in the store."),
     directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure."),
+    scales: str = typer.Option("1,3", "--scales", help="Store sizes, as multiples of --checkpoints and --mb "
+                               "(peak RSS flat across them: memory does not grow with the store)."),
 ) -> None:
-    """Time `overnight verify --all` on a store of N checkpoints and M MB of artifacts."""
+    """Time `overnight verify --all` and `verify TASK` (wall, CPU, MB/s against sha256 in memory, peak
+    RSS) on stores of N checkpoints and M MB of artifacts, times each scale."""
     from overnight.bench.verify import run_verify_bench
 
-    render.out.print(run_verify_bench(checkpoints=checkpoints, mb=mb, directory=directory).markdown())
+    sizes = tuple(int(s) for s in scales.split(",") if s.strip())
+    render.out.print(run_verify_bench(checkpoints=checkpoints, mb=mb, directory=directory, scales=sizes).markdown())
 
 
 @app.command("mcp")

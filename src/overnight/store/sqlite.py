@@ -204,7 +204,10 @@ def _text_columns(description: tuple) -> tuple[bool, ...]:
 
 def _row(cursor: sqlite3.Cursor, row: tuple) -> tuple:
     """Row factory: bytes read from a text column are a str stored by :func:`_param`."""
-    if not any(type(v) is bytes for v in row):
+    for v in row:
+        if type(v) is bytes:
+            break
+    else:
         return row
     text = _text_columns(cursor.description)
     if not any(type(v) is bytes and t for v, t in zip(row, text)):

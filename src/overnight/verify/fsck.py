@@ -9,20 +9,36 @@ moved back (:mod:`overnight.chain.rollback`). With
 counted as ``dangling_objects``, not errors; ditto copies of checked objects and records are
 checked and not counted). Each object is hashed once per run. A damaged or missing original whose
 ditto copy verifies is a problem ("healable") unless ``repair`` rewrote it (``healed``).
+
+Records are checked in order on the calling thread; object content is hashed in batches on a
+thread pool meanwhile (:class:`_ContentCheck`), and the next checkpoints' state documents and pages
+are fetched ahead in bulk (:class:`_Prefetched`). docs/perf.md describes the method and its figures.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections import deque
+from itertools import chain
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-from overnight.errors import CheckpointNotFound, IntegrityError, OvernightError, short_id
-from overnight.store.base import Store
-from overnight.chain.ditto import HealingReader, rewrite_record, with_copies
+import orjson
+
+from overnight.codec.compress import decompress
+from overnight.codec.digest import from_raw
+from overnight.errors import CheckpointNotFound, DecodeError, IntegrityError, OvernightError, short_id
+from overnight.store.base import CheckpointRow, ObjectRecord, Store
+from overnight.chain.ditto import CopyReader, HealingReader, ditto_key, rewrite_record
 from overnight.chain.integrity import BoundedPageCache, PageCache, load_checkpoint
 from overnight.chain.reachability import lineage
 from overnight.chain.rollback import find_rollback
+
+
+_AHEAD = 64
+"""Checkpoints whose state documents and new pages are fetched ahead together (:class:`_Prefetched`)."""
 
 
 @dataclass
@@ -82,6 +98,143 @@ def _index_mismatches(row: Any, record: Any) -> list[str]:
     return [name for name, value in expected.items() if getattr(row, name) != value]
 
 
+class _ContentCheck:
+    """Object content checks on a thread pool: digests are queued, checked in batches of
+    ``batch`` (one store call each, :meth:`~overnight.store.blobs.BlobReader.verify_many`) by
+    ``workers`` threads, and the results handed back on the calling thread, which checks the
+    records meanwhile. Decompression and SHA-256 release the GIL, so the two overlap. At most
+    ``2 * workers`` batches are in flight, and results are taken as they come, so memory stays
+    bounded whatever the store's size.
+
+    A digest that fails in a batch is verified again on the calling thread with the healing reader
+    -- exactly the one-object path of a plain ``verify`` -- which heals it from its ditto copy or
+    raises the error that names it (with its ``context``).
+    """
+
+    def __init__(self, reader: HealingReader, workers: int, batch: int = 64) -> None:
+        self.reader = reader
+        self.fast = CopyReader(reader.store, reader.verified)
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="overnight-verify")
+        self.workers = workers
+        self.batch = batch
+        self.queued: dict[str, str] = {}
+        self.in_flight: deque[tuple[dict[str, str], Future]] = deque()
+        self.results: list[tuple[str, int | OvernightError]] = []
+
+    def add(self, d: str, context: str) -> None:
+        """Queue ``d`` (``context`` names its user in an error)."""
+        self.queued[d] = context
+        if len(self.queued) >= self.batch:
+            self._submit()
+
+    def _submit(self) -> None:
+        part, self.queued = self.queued, {}
+        self.in_flight.append((part, self.pool.submit(self.fast.verify_many, part, "verify")))
+        while len(self.in_flight) > 2 * self.workers:
+            self._collect()
+
+    def _collect(self) -> None:
+        part, future = self.in_flight.popleft()
+        sizes, _ = future.result()
+        for d, context in part.items():
+            if d in sizes:
+                self.results.append((d, sizes[d]))
+                continue
+            try:  # again on this thread: heal from the ditto copy, or name the fault
+                self.results.append((d, self.reader.verify(d, context)))
+            except OvernightError as exc:
+                self.results.append((d, exc))
+
+    def take(self, *, wait: bool = False) -> list[tuple[str, int | OvernightError]]:
+        """``(digest, size in bytes or error)`` of every check finished since the last call; with
+        ``wait``, after checking everything queued."""
+        if wait and self.queued:
+            self._submit()
+        while self.in_flight and (wait or self.in_flight[0][1].done()):
+            self._collect()
+        out, self.results = self.results, []
+        return out
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _Prefetched:
+    """The store, with the state documents and new pages of the next checkpoints fetched ahead in
+    two store calls (:meth:`ahead`) instead of three calls per checkpoint. Only a hint: the load
+    still hashes and parses what it reads, and an object not fetched ahead (or a wrong hint: the
+    records are not verified yet) is read from the store as usual. Everything else is the store's."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._ahead: dict[str, ObjectRecord] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def get_objects(self, digests: Iterable[str]) -> dict[str, ObjectRecord]:
+        wanted = list(digests)
+        ahead = self._ahead
+        out = {d: ahead[d] for d in wanted if d in ahead}
+        rest = [d for d in wanted if d not in out]
+        if rest:
+            out.update(self._store.get_objects(rest))
+        return out
+
+    def ahead(self, rows: list[CheckpointRow], pages: PageCache) -> None:
+        """Fetch what loading ``rows`` reads first: their state documents, then the pages they
+        name that ``pages`` does not hold (replacing what was fetched for the rows before). A read
+        that fails here (a damaged archive pack) only ends the fetching ahead: the load reads the
+        same objects again and reports what is wrong with them."""
+        self._ahead = {}
+        try:
+            self._fetch_ahead(rows, pages)
+        except OvernightError:
+            pass
+
+    def _fetch_ahead(self, rows: list[CheckpointRow], pages: PageCache) -> None:
+        states: set[str] = set()
+        worlds: set[str] = set()
+        for row in rows:
+            try:
+                record = orjson.loads(row.body)
+                states.add(record["state"]["digest"])
+                if record.get("fingerprint"):
+                    worlds.add(record["fingerprint"]["world"]["digest"])
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue
+        ahead = self._ahead = self._store.get_objects(d for d in states if isinstance(d, str))
+        wanted = set(worlds)
+        for obj in ahead.values():
+            try:
+                doc = orjson.loads(decompress(obj.codec, obj.data, obj.size))
+                wanted.update(ref["digest"] for part in ("todo", "done", "artifacts") for ref in doc[part]["pages"])
+            except (DecodeError, orjson.JSONDecodeError, KeyError, TypeError):
+                continue
+        ahead.update(self._store.get_objects(d for d in wanted if isinstance(d, str) and d not in pages))
+        trees = [obj for obj in ahead.values() if obj.kind == "tree"]  # chunked pages: their indexes, then chunks
+        for _ in range(2):
+            found = self._store.get_objects(self._parts(trees))
+            ahead.update(found)
+            trees = list(found.values())
+
+    @staticmethod
+    def _parts(objects: list[ObjectRecord]) -> set[str]:
+        """The chunk index named by each ``tree`` object and the chunks named by each chunk index
+        (a ``blob`` of 32-byte digests) in ``objects`` -- hints, like the rest."""
+        out: set[str] = set()
+        for obj in objects:
+            try:
+                payload = decompress(obj.codec, obj.data, obj.size)
+                if obj.kind == "tree":
+                    out.add(orjson.loads(payload)["index"])
+                elif len(payload) % 32 == 0:
+                    out.update(from_raw(payload[i:i + 32]) for i in range(0, len(payload), 32))
+            except (DecodeError, orjson.JSONDecodeError, KeyError, TypeError):
+                continue
+        return {d for d in out if isinstance(d, str)}
+
+
 def verify_store(
     store: Store,
     task_ids: list[str] | None = None,
@@ -90,6 +243,7 @@ def verify_store(
     all_objects: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
     repair: bool = False,
+    workers: int | None = None,
 ) -> VerifyReport:
     """Check ``task_ids`` (default: every task) and, with ``all_objects``, every stored object.
 
@@ -97,13 +251,32 @@ def verify_store(
     missing original whose ditto copy verifies is read from the copy; with ``repair`` it is
     rewritten from it and listed in ``healed``, without it reported as a problem ("healable").
 
+    Records are checked in order on the calling thread while artifact blobs and (``all_objects``)
+    the other stored objects are hashed on ``workers`` threads (default: the CPU count, at most
+    4), in batches fetched with one store call each.
+
     Raises:
         TaskNotFound: a named task does not exist.
     """
     t0 = time.perf_counter()
     report = VerifyReport()
     verified: set[str] = set()
-    reader = HealingReader(store, verified, write_back=repair)
+    fetched = _Prefetched(store)
+    reader = HealingReader(fetched, verified, write_back=repair)  # type: ignore[arg-type]
+    content = _ContentCheck(reader, workers or min(4, os.cpu_count() or 1))
+    try:
+        _verify(fetched, task_ids, key, all_objects, on_progress, repair, report, reader, content)
+    finally:
+        content.close()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, all_objects: bool,
+            on_progress: Callable[[int, int], None] | None, repair: bool, report: VerifyReport,
+            reader: HealingReader, content: _ContentCheck) -> None:
+    """The body of :func:`verify_store`, filling ``report``."""
+    verified = reader.verified
     pages: PageCache = BoundedPageCache()
     artifact_pages_checked: set[str] = set()
     bad_objects: set[str] = set()
@@ -112,6 +285,7 @@ def verify_store(
     total = sum(len(r) for r in rows_by_task.values())
     done = 0
     report.tasks = len(tasks)
+    waiting: dict[str, list[tuple[str, str, str]]] = {}  # queued digest -> (task, checkpoint, what) using it
 
     def blob(task_id: str, cid: str, d: str, what: str) -> None:
         if d in verified:
@@ -119,26 +293,40 @@ def verify_store(
         if d in bad_objects:
             report.problems.append(Problem(task_id, cid, what, f"object {d} failed verification", d))
             return
-        try:
-            report.bytes_verified += reader.verify(d, f"checkpoint {short_id(cid)} {what}")
-        except IntegrityError as exc:
+        if d not in waiting:
+            waiting[d] = []
+            content.add(d, f"checkpoint {short_id(cid)} {what}")
+        waiting[d].append((task_id, cid, what))
+
+    def settle(*, wait: bool) -> None:
+        """Account the finished content checks of queued blobs (each blob's first user gets the error)."""
+        for d, result in content.take(wait=wait):
+            users = waiting.pop(d)
+            if isinstance(result, int):
+                report.bytes_verified += result
+                continue
             bad_objects.add(d)
-            report.problems.append(Problem(task_id, cid, what, f"{type(exc).__name__}: {exc.message}", d))
+            for i, (task_id, cid, what) in enumerate(users):
+                detail = f"{type(result).__name__}: {result.message}" if i == 0 else f"object {d} failed verification"
+                report.problems.append(Problem(task_id, cid, what, detail, d))
 
     for task in tasks:
         rows = rows_by_task[task.task_id]
         by_id = {r.checkpoint_id: r for r in rows}
-        valid: set[str] = set()
+        ahead = 0
         refs = store.list_refs(task.task_id)
         head_loaded: dict[str, Any] = {}
-        for row in rows:
+        problems_start = len(report.problems)
+        for i, row in enumerate(rows):
+            if i >= ahead:  # the next rows' state documents and new pages, in two store calls
+                ahead = i + _AHEAD
+                store.ahead(rows[i:ahead], pages)
             report.checkpoints += 1
             if key is None and row.signature:
                 report.signatures_unchecked += 1
-            problems_before = len(report.problems)
             try:
                 loaded = load_checkpoint(store, row.checkpoint_id, key=key, deep=False, reader=reader, pages=pages,
-                                         check_artifacts=False)
+                                         check_artifacts=False, row=row)
             except (IntegrityError, CheckpointNotFound) as exc:
                 report.problems.append(Problem(task.task_id, row.checkpoint_id, "record",
                                                f"{type(exc).__name__}: {exc.message}"))
@@ -154,7 +342,7 @@ def verify_store(
                 blob(task.task_id, row.checkpoint_id, loaded.record.state.digest, "state")
                 for name, ref in loaded.doc.values.items():
                     blob(task.task_id, row.checkpoint_id, ref.digest, f"state value {name!r}")
-                for i, page in enumerate(loaded.artifact_pages):
+                for page in loaded.artifact_pages:
                     if page.ref["digest"] in artifact_pages_checked:
                         continue  # a page seen in an earlier checkpoint: its artifacts are checked
                     artifact_pages_checked.add(page.ref["digest"])
@@ -172,13 +360,14 @@ def verify_store(
                 elif row.seq != 0:
                     report.problems.append(Problem(task.task_id, row.checkpoint_id, "chain",
                                                    f"seq {row.seq} has no parent"))
-            if len(report.problems) == problems_before:
-                valid.add(row.checkpoint_id)
-            else:
-                report.checkpoints_invalid += 1
+            settle(wait=False)
             done += 1
             if on_progress:
                 on_progress(done, total)
+        settle(wait=True)
+        failed = {p.checkpoint_id for p in report.problems[problems_start:]}
+        valid = {r.checkpoint_id for r in rows} - failed
+        report.checkpoints_invalid += len(rows) - len(valid)
         _report_heals(store, reader, task.task_id, report, repair=repair, heads=set(refs.values()))
         live = lineage(rows, refs.values())
         for p in report.problems:
@@ -207,25 +396,28 @@ def verify_store(
             except IntegrityError as exc:
                 found = [exc.message]
             report.problems.extend(Problem(None, None, "medium", detail) for detail in found)
-        copies = with_copies(verified | {r.checkpoint_id for rs in rows_by_task.values() for r in rs})
+        copies = {ditto_key(d) for d in chain(verified, (r.checkpoint_id for rs in rows_by_task.values() for r in rs))}
         unreferenced = [d for d in store.iter_object_digests() if d not in verified and d not in bad_objects]
         report.dangling_objects = len(unreferenced)
+
+        def tally(results: list[tuple[str, int | OvernightError]]) -> None:
+            for d, result in results:
+                if isinstance(result, int):
+                    if d in copies:
+                        report.dangling_objects -= 1  # the ditto copy of a live object or record
+                else:
+                    bad_objects.add(d)
+                    report.problems.append(Problem(None, None, "object", f"{type(result).__name__}: {result.message}", d))
+
         for i, d in enumerate(unreferenced):
-            if d in verified:
-                continue  # a chunk of an unreferenced tree checked just before
-            try:
-                reader.verify(d, "store")
-                if d in copies:
-                    report.dangling_objects -= 1  # the ditto copy of a live object or record
-            except OvernightError as exc:
-                bad_objects.add(d)
-                report.problems.append(Problem(None, None, "object", f"{type(exc).__name__}: {exc.message}", d))
+            if d not in verified:  # else a chunk of an unreferenced tree checked just before
+                content.add(d, "store")
+            tally(content.take())
             if on_progress and i % 256 == 0:
                 on_progress(i, len(unreferenced))
+        tally(content.take(wait=True))
     report.objects_checked = len(verified) + len(bad_objects)
     report.objects_invalid = len(bad_objects)
-    report.seconds = time.perf_counter() - t0
-    return report
 
 
 def _report_heals(store: Store, reader: HealingReader, task_id: str, report: VerifyReport, *, repair: bool,

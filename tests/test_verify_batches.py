@@ -1,0 +1,149 @@
+"""``verify`` at speed checks what it checked one object at a time: content hashed in batches on a
+thread pool still finds and names one damaged object among many; a page parsed in part (only the
+entries appended to the previous one) is refused exactly as a whole parse refuses it; the fast
+canonical parse accepts exactly the bytes the strict parse accepts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+
+import pytest
+
+import overnight
+from overnight.codec import digest
+from overnight.codec.canonical import dumps, dumps_sorted, loads, canonical_tree
+from overnight.errors import DigestMismatch, MissingObject
+from overnight.store import open_url
+from overnight.store.blobs import BlobReader, BlobWriter
+from overnight.verify.fsck import verify_store
+
+
+def _task(n: int, size: int) -> overnight.Task:
+    task = overnight.Task("many", goal="many artifacts")
+
+    @task.step
+    def plan(ctx):
+        for i in range(n):
+            ctx.add_step("write", i=i)
+
+    @task.step(planned=False)
+    def write(ctx, i):
+        ctx.write_text(f"a/{i:04d}.txt", "".join(f"line {i} {j} of artifact {i}\n" for j in range(size // 30)))
+
+    return task
+
+
+def _damage(path, d: str) -> None:
+    with sqlite3.connect(path) as db:
+        data = db.execute("SELECT data FROM objects WHERE digest=?", (d,)).fetchone()[0]
+        db.execute("UPDATE objects SET data=? WHERE digest=?", (bytes([data[0] ^ 1]) + data[1:], d))
+
+
+def test_a_damaged_chunk_among_many_batches_is_found_and_named(tmp_path):
+    path = tmp_path / "s.db"
+    overnight.run(_task(100, 30_000), f"sqlite://{path}", handle_signals=False)
+    store = open_url(f"sqlite://{path}")
+    clean = verify_store(store, all_objects=True, workers=4)
+    assert clean.ok and not clean.problems and clean.bytes_verified > 100 * 20_000
+    head = store.list_checkpoints(store.list_tasks()[0].task_id)[-1]
+    from overnight.chain.integrity import load_checkpoint
+    arts = load_checkpoint(store, head.checkpoint_id).artifacts
+    victim = arts["a/0077.txt"]
+    tree = store.get_objects([victim.digest])[victim.digest]
+    assert tree.kind == "tree"  # chunked: the damage is in one chunk of it
+    chunks = BlobReader(store).reachable(victim.digest)[2:]
+    _damage(path, chunks[len(chunks) // 2])
+
+    reports = [verify_store(store, all_objects=True, workers=w) for w in (1, 4)]
+    for report in reports:
+        assert not report.ok
+        named = [p for p in report.problems if chunks[len(chunks) // 2] in p.detail]
+        assert {p.check for p in named} == {"artifact 'a/0077.txt'", "object"}, report.problems
+        assert report.bytes_verified == clean.bytes_verified - victim.size  # every other artifact hashed
+        assert report.objects_invalid == 2  # the chunk, and the artifact made of it
+    a, b = ([(p.task_id, p.checkpoint_id, p.check, p.detail) for p in r.problems] for r in reports)
+    assert sorted(a, key=repr) == sorted(b, key=repr)  # the same findings on 1 thread and on 4
+    assert reports[0].checkpoints_invalid == reports[1].checkpoints_invalid >= 1
+
+
+def test_verify_many_names_each_bad_blob_and_checks_the_rest(tmp_path):
+    store = open_url(f"sqlite://{tmp_path / 's.db'}")
+    writer = BlobWriter(store)
+    blobs = [writer.put((f"blob {i} " * (10 + 900 * (i % 3))).encode()) for i in range(120)]
+    store.put_objects(writer.commit_objects())
+    damaged, missing = blobs[41], blobs[90]
+    _damage(tmp_path / "s.db", damaged)
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        db.execute("DELETE FROM objects WHERE digest=?", (missing,))
+
+    sizes, errors = BlobReader(store).verify_many(blobs, "a test")
+    assert set(errors) == {damaged, missing}
+    assert isinstance(errors[damaged], DigestMismatch) and damaged in errors[damaged].message
+    assert isinstance(errors[missing], MissingObject) and missing in errors[missing].message
+    assert set(sizes) == set(blobs) - {damaged, missing}
+
+
+def test_an_appended_page_entry_is_refused_as_in_a_whole_parse(tmp_path):
+    """A forged head whose last done page is the previous page plus an entry that does not
+    validate, or an artifact page plus a name it already holds (a duplicated member): verify
+    parses only the appended part, and must still refuse it and name the page."""
+    url = f"sqlite://{tmp_path / 's.db'}"
+    overnight.run(_task(6, 100), url, handle_signals=False)
+    store = open_url(url)
+    head = store.list_checkpoints(store.list_tasks()[0].task_id)[-1]
+    record = loads(head.body)
+    state_digest = record["state"]["digest"]
+    state = loads(BlobReader(store).get(state_digest))
+
+    def forge(part: str, edit) -> str:
+        ref = state[part]["pages"][-1]
+        raw = BlobReader(store).get(ref["digest"])
+        new = edit(raw)
+        writer = BlobWriter(store)
+        page = {"digest": writer.put(new), "size": len(new)}
+        doc = {**state, part: {**state[part], "pages": [*state[part]["pages"][:-1], page]}}
+        encoded = dumps(doc)
+        body = {**record, "state": {**record["state"], "digest": writer.put(encoded), "size": len(encoded)},
+                "parent_id": head.checkpoint_id, "seq": head.seq + 1}
+        raw_body = dumps_sorted(body)
+        store.put_objects(writer.commit_objects())
+        row = dataclasses.replace(head, checkpoint_id=digest.sha256(raw_body), parent_id=head.checkpoint_id,
+                                  seq=head.seq + 1, body=raw_body)
+        store.put_checkpoints([row])
+        return row.checkpoint_id
+
+    bad_entry = forge("done", lambda raw: raw[:-1] + b',{"name":"x"}]')
+    first_name = next(iter(json.loads(BlobReader(store).get(state["artifacts"]["pages"][-1]["digest"]))))
+    dup_name = forge("artifacts", lambda raw: raw[:-1] + b"," + json.dumps(first_name).encode()
+                     + b":" + json.dumps(json.loads(raw)[first_name], separators=(",", ":")).encode() + b"}")
+    report = verify_store(store)
+    found = {p.checkpoint_id: p.detail for p in report.problems}
+    n = len(json.loads(BlobReader(store).get(state["done"]["pages"][-1]["digest"])))
+    assert "done page" in found[bad_entry] and "SchemaError" in found[bad_entry]
+    assert f": {n}.fn: field required" in found[bad_entry]  # the appended entry, at its place on the page
+    assert "artifact page" in found[dup_name] and "SchemaError" in found[dup_name]
+    assert "duplicate" in found[dup_name]
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"a":1,"b":[1,2.5,"x",null,true,false,{"c":{}}],"d":-7}',
+    b'[{"k":"v"},{"k":"w"}]',
+    b'{"b":1,"a":2}',  # insertion order (dumps), not sorted
+    b'"\\u00e9"', b'{"a":1,"a":2}', b'{"a": 1}', b'[0.00001]', b'[1e-05]', b'[1.5e-7]', b'[1e+16]',
+    b'[123456789012345678901234567890]', b'["\x7f"]', '["\u00e9"]'.encode(), b'[NaN]', b'[1.0E+16]',
+    b'{"a":"\\ud800"}', b'[1,]', b'[]', b'{}',
+])
+def test_fast_canonical_parse_accepts_exactly_what_the_strict_parse_accepts(raw):
+    for sort_keys, encoder in ((False, dumps), (True, dumps_sorted)):
+        try:
+            strict = loads(raw)
+            canonical = encoder(strict) == raw
+        except Exception:
+            strict, canonical = None, False
+        fast = canonical_tree(raw, sort_keys=sort_keys)
+        if canonical and fast is not None:  # it may decline (then the strict path decides)
+            assert fast == strict and type(fast) is type(strict)
+        elif not canonical:
+            assert fast is None, (raw, sort_keys)
