@@ -516,6 +516,8 @@ def load_checkpoint(
         middle = page(pages.middle, f"{cp} {member} page list", PAGE_LIST, "").entries
         if not middle:
             raise SchemaError(f"{where} {member} page list is empty", **ids)
+        if tails is not None:
+            in_use.update(r.digest for r in middle)  # before its pages are read: none of them is evicted
         return [pages.pages[0], *middle, pages.pages[1]]
 
     todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE, "todo", "todo") for i, r in enumerate(refs("todo", doc.todo))]
