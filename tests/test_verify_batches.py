@@ -16,6 +16,7 @@ from overnight.codec import digest
 from overnight.codec.canonical import dumps, dumps_sorted, loads, canonical_tree
 from overnight.errors import DigestMismatch, MissingObject
 from overnight.store import open_url
+from overnight.chain.read import load_head
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.verify.fsck import verify_store
 
@@ -147,3 +148,29 @@ def test_fast_canonical_parse_accepts_exactly_what_the_strict_parse_accepts(raw)
             assert fast == strict and type(fast) is type(strict)
         elif not canonical:
             assert fast is None, (raw, sort_keys)
+
+
+def test_verify_reads_each_page_of_a_long_history_once(tmp_path):
+    """A done list of five pages (record format 3: the three middle ones named by a page list): verify
+    reads every page and page list once over the whole history, not again at every checkpoint that
+    still uses it."""
+    path = tmp_path / "s.db"
+    overnight.run(_task(4 * 64, 40), f"sqlite://{path}", handle_signals=False)
+    store = open_url(f"sqlite://{path}")
+    head, _ = load_head(store, "many")
+    middle = head.done_pages.refs[1:-1]
+    reads: dict[str, int] = {}
+    get_objects = store.get_objects
+
+    def counting(digests, *a, **kw):
+        digests = list(digests)
+        for d in digests:
+            reads[d] = reads.get(d, 0) + 1
+        return get_objects(digests, *a, **kw)
+
+    store.get_objects = counting
+    report = verify_store(store, ["many"])
+    assert report.ok, report.problems
+    assert len(middle) == 3  # 257 entries (the plan and 256 writes): five pages
+    assert [reads.get(r.digest, 0) for r in middle] == [1, 1, 1]
+    store.close()
