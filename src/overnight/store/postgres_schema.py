@@ -319,14 +319,17 @@ def current_version(conn, schema: str) -> int:
 
 
 def _present(conn, schema: str) -> set[str]:
-    """Every table, index, ``table.column`` and ``function()`` in ``schema``."""
-    rows = conn.execute("SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = %s",
-                        (schema,)).fetchall()
-    relations = conn.execute("SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                             "WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'i')", (schema,)).fetchall()
-    functions = conn.execute("SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-                             "WHERE n.nspname = %s", (schema,)).fetchall()
-    return {r[0] for r in relations} | {f"{t}.{c}" for t, c in rows} | {f"{r[0]}()" for r in functions}
+    """Every table, index, ``table.column`` and ``function()`` in ``schema`` (one catalog query:
+    it runs on every open)."""
+    rows = conn.execute(
+        "SELECT c.relname, NULL FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'i') "
+        "UNION ALL SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped "
+        "UNION ALL SELECT p.proname || '()', NULL FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+        "WHERE n.nspname = %s", (schema, schema, schema)).fetchall()
+    return {name if column is None else f"{name}.{column}" for name, column in rows}
 
 
 def check_shape(conn, schema: str, version: int, *, where: str,
