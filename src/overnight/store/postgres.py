@@ -106,6 +106,18 @@ def _text_safe(value: str | None) -> bool:
     return True
 
 
+def _lease_lost(lease: Lease, holder_json: str | None) -> LeaseLost:
+    """A commit or renewal fenced out: ``holder_json`` is the lease's holder now (None: nobody)."""
+    who = describe_holder(holder_json) if holder_json is not None else "nobody"
+    return LeaseLost(f"lease on branch {lease.branch!r} was taken over (now held by {who})", task_id=lease.task_id,
+                     hint="this process stalled past its lease TTL; the other holder continues the task")
+
+
+def _stale_head(task_id: str, branch: str, expected: str | None, current: str | None) -> StaleHead:
+    return StaleHead(f"branch {branch!r} moved: expected head {expected}, found {current}", task_id=task_id,
+                     hint="another writer advanced this branch; reload the head and retry")
+
+
 def parse_url(url: str) -> tuple[str, str, dict[str, int]]:
     """``(libpq conninfo URL, schema, options)`` from a store URL; raises :class:`ConfigError`."""
     parts = urlsplit(url)
@@ -470,15 +482,10 @@ class PostgresStore(Closing):
     def _refusal(self, exc: psycopg.Error, commit: Commit) -> Exception:
         """The store error for a refusal of ``commit_checkpoint`` (its SQLSTATEs: postgres_schema)."""
         cp, detail = commit.checkpoint, exc.diag.message_detail or ""
-        if exc.sqlstate == "OV001":
-            who = describe_holder(_s(bytes.fromhex(detail[1:]))) if detail else "nobody"
-            return LeaseLost(f"lease on branch {commit.lease.branch!r} was taken over (now held by {who})",
-                             task_id=commit.lease.task_id,
-                             hint="this process stalled past its lease TTL; the other holder continues the task")
+        if exc.sqlstate == "OV001" and commit.lease is not None:
+            return _lease_lost(commit.lease, _s(bytes.fromhex(detail[1:])) if detail else None)
         if exc.sqlstate == "OV002":
-            return StaleHead(f"branch {cp.branch!r} moved: expected head {commit.expected_head}, "
-                             f"found {detail[1:] if detail else None}", task_id=cp.task_id,
-                             hint="another writer advanced this branch; reload the head and retry")
+            return _stale_head(cp.task_id, cp.branch, commit.expected_head, detail[1:] if detail else None)
         if exc.sqlstate == "OV003":
             try:
                 check_parent(cp, _s(bytes.fromhex(detail[1:])) if detail else None)
@@ -509,11 +516,7 @@ class PostgresStore(Closing):
         current = row[0] if row else None
         if current == expected:  # only for new=None, expected=None: nothing to do
             return
-        raise StaleHead(
-            f"branch {branch!r} moved: expected head {expected}, found {current}",
-            task_id=task_id,
-            hint="another writer advanced this branch; reload the head and retry",
-        )
+        raise _stale_head(task_id, branch, expected, current)
 
     @staticmethod
     def _row(r: tuple) -> CheckpointRow:
@@ -670,12 +673,7 @@ class PostgresStore(Closing):
                     (_b(lease.task_id), _b(lease.branch)))
         row = cur.fetchone()
         if row is None or _s(row[0]) != lease.holder_id or row[1] != lease.token:
-            who = describe_holder(_s(row[2])) if row is not None and row[0] else "nobody"
-            raise LeaseLost(
-                f"lease on branch {lease.branch!r} was taken over (now held by {who})",
-                task_id=lease.task_id,
-                hint="this process stalled past its lease TTL; the other holder continues the task",
-            )
+            raise _lease_lost(lease, _s(row[2]) if row is not None and row[0] else None)
 
     def acquire_lease(self, task_id: str, branch: str, holder_id: str, holder: str, ttl_ms: int) -> Lease:
         key = (_b(task_id), _b(branch))
