@@ -284,7 +284,10 @@ def _median(rs: list[FleetResult]) -> FleetResult:
 
     def med(values: list[float | None]) -> float | None:
         got = sorted(v for v in values if v is not None)
-        return got[len(got) // 2] if got else None
+        n = len(got)
+        if not n:
+            return None
+        return got[n // 2] if n % 2 else round((got[n // 2 - 1] + got[n // 2]) / 2, 2)
 
     first = rs[0]
     return FleetResult(
