@@ -190,7 +190,7 @@ def test_a_schema_1_store_is_upgraded_and_its_objects_dated(pg_schema):
         conn.execute(f'INSERT INTO "{schema}".objects VALUES (%s, %s, %s, %s, %s)',
                      (digest.sha256(data), "blob", len(data), "none", data))
     with PostgresStore(f"{server}?schema={schema}") as store:
-        assert [v for v, _ in _ledger(server, schema)] == [1, 2, 3]
+        assert [v for v, _ in _ledger(server, schema)] == [m.version for m in MIGRATIONS]
         (stat,) = list(store.iter_object_stats())
         assert stat.digest == digest.sha256(data) and 0 <= stat.age_ms < 60_000
         store.put_archive(ArchiveRow("sha256:" + "1" * 64, "t", "2026", "file:///c", b"m"))
@@ -212,3 +212,104 @@ def test_reading_commands_never_create_a_schema(pg_schema):
     with psycopg.connect(server) as conn:
         assert conn.execute("SELECT 1 FROM information_schema.schemata WHERE schema_name = %s",
                             (schema,)).fetchone() is None
+
+
+
+# --- the one-statement commit (schema 4) ----------------------------------------------------------
+
+
+def test_a_commit_on_connections_cut_by_the_server_runs_again_on_a_live_one(pg_schema):
+    """pg_terminate_backend (or a server restart) between two commits: pooled connections are not
+    checked per checkout, so the next read, commit or transaction meets a dead one -- it runs
+    again, once, on a live connection, and the chain is as if nothing happened."""
+    from test_store_conformance import _obj, _row, _task
+
+    from overnight.store.base import Commit
+
+    server, schema = pg_schema
+    with PostgresStore(f"{server}?schema={schema}") as store:
+        r0 = _row("t", None, 0)
+        store.commit(Commit(r0, None, [_obj(b"zero")], [], None, _task("t")))
+
+        def cut() -> None:
+            with store._pool.connection() as a, store._pool.connection() as b:
+                pids = [a.info.backend_pid, b.info.backend_pid]
+            with psycopg.connect(server, autocommit=True) as conn:
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,))
+
+        cut()
+        r1 = _row("t", store.get_ref("t", "main"), 1)  # a read on a dead connection
+        cut()
+        store.commit(Commit(r1, r0.checkpoint_id, [_obj(b"one")]))
+        cut()
+        r2 = _row("t", r1.checkpoint_id, 2)
+        store.put_checkpoints([r2])  # a transaction: its BEGIN meets the dead connection
+        cut()
+        store.set_ref("t", "main", r2.checkpoint_id, r1.checkpoint_id)
+        assert store.get_ref("t", "main") == r2.checkpoint_id
+        assert [c.seq for c in store.list_checkpoints("t")] == [0, 1, 2]
+
+
+def test_a_commit_whose_answer_was_lost_is_sent_again_and_committed_once(pg_schema):
+    """The connection dies after the server committed but before the answer arrived: the commit
+    runs again, finds the head already at its checkpoint, and succeeds without writing anything
+    twice. The same commit sent afresh (not a retry) is a stale head, as before."""
+    from test_store_conformance import _obj, _row, _task
+
+    from overnight.errors import StaleHead
+    from overnight.store.base import Commit
+
+    server, schema = pg_schema
+    with PostgresStore(f"{server}?schema={schema}") as store:
+        r0 = _row("t", None, 0)
+        store.commit(Commit(r0, None, [_obj(b"zero")], [], None, _task("t")))
+        real, sent = store._call, []
+
+        def answer_lost(fn):
+            def commit_then_die(conn, retry):
+                sent.append(retry)
+                result = fn(conn, retry)
+                if not retry:  # the server committed; its answer dies with the connection
+                    conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+                return result
+            return real(commit_then_die)
+
+        r1 = _row("t", r0.checkpoint_id, 1)
+        one = _obj(b"one")
+        store._call = answer_lost
+        try:
+            added = store.commit(Commit(r1, r0.checkpoint_id, [one]))
+        finally:
+            store._call = real
+        assert sent == [False, True]
+        assert added == len(r1.body) + len(one.data) == store.get_checkpoint(r1.checkpoint_id).stored_bytes
+        assert store.get_ref("t", "main") == r1.checkpoint_id
+        assert [c.seq for c in store.list_checkpoints("t")] == [0, 1]
+        with pytest.raises(StaleHead):
+            store.commit(Commit(r1, r0.checkpoint_id, [one]))
+
+
+def test_a_commit_rewrites_a_damaged_stored_object_and_keeps_an_intact_one(pg_schema):
+    """A stored object with other bytes under the digest a commit carries: replaced if it is
+    damaged (does not hash to its digest), kept if it is intact (another encoding: the first
+    write wins); only the rewritten bytes count as added."""
+    from test_store_conformance import _obj, _row, _task
+
+    from overnight.codec import compress
+    from overnight.store.base import Commit, ObjectRecord
+
+    server, schema = pg_schema
+    with PostgresStore(f"{server}?schema={schema}") as store:
+        good = _obj(b"payload " * 8)
+        damaged = ObjectRecord(good.digest, "blob", good.size, "none", b"garbage " * 8)
+        plain = _obj(b"compressible " * 200)
+        codec, data = compress.compress(plain.data)
+        assert codec != "none"
+        zipped = ObjectRecord(plain.digest, "blob", plain.size, codec, data)
+        store.put_objects([damaged, zipped])
+        r0 = _row("t", None, 0)
+        added = store.commit(Commit(r0, None, [good, plain], [], None, _task("t")))
+        got = store.get_objects([good.digest, plain.digest])
+        assert got[good.digest].data == good.data  # healed
+        assert (got[plain.digest].codec, got[plain.digest].data) == (codec, data)  # kept
+        assert added == len(r0.body) + len(good.data)

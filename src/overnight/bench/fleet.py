@@ -100,8 +100,8 @@ def _workers(project: Path, store: str, n: int, concurrency: int, lease_s: float
 
 
 def run_overnight(store: str, *, workers: int, concurrency: int, tasks: int, steps: int, step_ms: float,
-                  lease_s: float, project: Path) -> FleetResult:
-    """The overnight side: submit, run to completion, then the takeover probe."""
+                  lease_s: float, project: Path, takeover: bool = True) -> FleetResult:
+    """The overnight side: submit, run to completion, then (``takeover``) the takeover probe."""
     from overnight import api
     from overnight.store import open_store
     from overnight.store.queue_open import queue_for
@@ -137,10 +137,10 @@ def run_overnight(store: str, *, workers: int, concurrency: int, tasks: int, ste
     for p in procs:
         p.wait(timeout=120)
     claims = [ms for line in stats.read_text().splitlines() for ms in json.loads(line)["claim_ms"]]
-    takeover = takeover_probe(store, project=project, lease_s=lease_s)
+    took = takeover_probe(store, project=project, lease_s=lease_s) if takeover else None
     return FleetResult("overnight", store.split("://", 1)[0], workers, concurrency, tasks, steps, round(seconds, 2),
                        round(tasks / seconds, 2), round(tasks * (steps + 1) / seconds, 1), _pct(claims, 0.5),
-                       _pct(claims, 0.99), takeover, lease_s,
+                       _pct(claims, 0.99), took, lease_s,
                        ["one session process per task, forked from a fork server with overnight imported", "every step a verified checkpoint (digest, fingerprint, journal row)", f"timed from the first claim to the last task complete ({round(with_startup, 1)} s from the workers' "
                         "start, Python and fork-server start-up included)"])
 
@@ -234,31 +234,68 @@ def run_dbos(pg_url: str, *, workers: int, concurrency: int, tasks: int, steps: 
 
 
 def run_fleet_bench(*, postgres: str | None, sqlite: bool, workers: int, concurrency: int, tasks: int, steps: int,
-                    step_ms: float, lease_s: float, dbos: bool) -> list[FleetResult]:
-    """Every system in one run; PostgreSQL schemas are fresh and dropped afterwards."""
-    out: list[FleetResult] = []
-    with tempfile.TemporaryDirectory(prefix="overnight-bench-fleet-") as tmp:
-        if sqlite:
-            proj = Path(tmp) / "sqlite"
-            proj.mkdir()
-            out.append(run_overnight(f"sqlite://{proj / 'q.db'}", workers=workers, concurrency=concurrency,
-                                     tasks=tasks, steps=steps, step_ms=step_ms, lease_s=lease_s, project=proj))
-        if postgres:
-            import psycopg
+                    step_ms: float, lease_s: float, dbos: bool, rounds: int = 1) -> list[FleetResult]:
+    """Every system in one run; PostgreSQL schemas are fresh and dropped afterwards.
 
-            schema = f"overnight_bench_{uuid.uuid4().hex[:8]}"
-            proj = Path(tmp) / "postgres"
-            proj.mkdir()
-            try:
-                out.append(run_overnight(f"{postgres}?schema={schema}", workers=workers, concurrency=concurrency,
-                                         tasks=tasks, steps=steps, step_ms=step_ms, lease_s=lease_s, project=proj))
-            finally:
-                with psycopg.connect(postgres, autocommit=True) as conn:
-                    conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-            if dbos:
-                out.append(run_dbos(postgres, workers=workers, concurrency=concurrency, tasks=tasks, steps=steps,
-                                    step_ms=step_ms))
-    return out
+    ``rounds`` > 1: each system runs that many times, interleaved (overnight and DBOS take turns
+    going first on PostgreSQL), and each figure is the median over the rounds -- on a shared
+    machine the load drifts between two runs; the takeover probe runs in the first round only."""
+    runs: dict[tuple[str, str], list[FleetResult]] = {}
+    with tempfile.TemporaryDirectory(prefix="overnight-bench-fleet-") as tmp:
+        for r in range(rounds):
+            jobs = []
+            if sqlite:
+                proj = Path(tmp) / f"sqlite{r}"
+                proj.mkdir()
+                jobs.append(lambda proj=proj: run_overnight(
+                    f"sqlite://{proj / 'q.db'}", workers=workers, concurrency=concurrency, tasks=tasks, steps=steps,
+                    step_ms=step_ms, lease_s=lease_s, project=proj, takeover=r == 0))
+            pg = []
+            if postgres:
+                proj = Path(tmp) / f"postgres{r}"
+                proj.mkdir()
+                pg.append(lambda proj=proj: _on_postgres(postgres, proj, workers=workers, concurrency=concurrency,
+                                                         tasks=tasks, steps=steps, step_ms=step_ms, lease_s=lease_s,
+                                                         takeover=r == 0))
+                if dbos:
+                    pg.append(lambda: run_dbos(postgres, workers=workers, concurrency=concurrency, tasks=tasks,
+                                               steps=steps, step_ms=step_ms))
+            for job in jobs + (pg[::-1] if r % 2 else pg):
+                res = job()
+                runs.setdefault((res.system, res.store), []).append(res)
+    return [_median(rs) for rs in runs.values()]
+
+
+def _on_postgres(postgres: str, proj: Path, **kw: Any) -> FleetResult:
+    import psycopg
+
+    schema = f"overnight_bench_{uuid.uuid4().hex[:8]}"
+    try:
+        return run_overnight(f"{postgres}?schema={schema}", project=proj, **kw)
+    finally:
+        with psycopg.connect(postgres, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def _median(rs: list[FleetResult]) -> FleetResult:
+    """One system's rounds as one result: the median of each figure (the takeover: the first)."""
+    if len(rs) == 1:
+        return rs[0]
+
+    def med(values: list[float | None]) -> float | None:
+        got = sorted(v for v in values if v is not None)
+        n = len(got)
+        if not n:
+            return None
+        return got[n // 2] if n % 2 else round((got[n // 2 - 1] + got[n // 2]) / 2, 2)
+
+    first = rs[0]
+    return FleetResult(
+        first.system, first.store, first.workers, first.concurrency, first.tasks, first.steps,
+        med([r.seconds for r in rs]), med([r.tasks_per_s for r in rs]), med([r.step_commits_per_s for r in rs]),
+        med([r.claim_p50_ms for r in rs]), med([r.claim_p99_ms for r in rs]), first.takeover_s, first.lease_s,
+        [*first.notes, f"median of {len(rs)} interleaved rounds (step commits/s: "
+                       f"{', '.join(str(r.step_commits_per_s) for r in rs)})"])
 
 
 def markdown(results: list[FleetResult], load: str) -> str:

@@ -184,6 +184,8 @@ def bench_fleet(
     concurrency: int = typer.Option(2, "--concurrency", min=1, help="Tasks run at once per worker."),
     step_ms: float = typer.Option(0.0, "--step-ms", min=0, help="Time each step sleeps (ms)."),
     lease: float = typer.Option(3.0, "--lease", help="Lease (s) of the overnight workers; bounds the takeover time."),
+    rounds: int = typer.Option(1, "--rounds", min=1, help="Run each system this many times, interleaved; "
+                               "report medians (a shared machine's load drifts between runs)."),
     postgres: str = typer.Option("postgresql://postgres@127.0.0.1:5432/test", "--postgres",
                                  help="PostgreSQL server (fresh schemas, dropped afterwards)."),
     no_postgres: bool = typer.Option(False, "--no-postgres", help="SQLite only."),
@@ -204,7 +206,8 @@ def bench_fleet(
     try:
         results = run_fleet_bench(postgres=None if no_postgres else postgres, sqlite=not no_sqlite,
                                   workers=workers_n, concurrency=concurrency, tasks=tasks, steps=steps,
-                                  step_ms=step_ms, lease_s=lease, dbos=not no_dbos and not no_postgres)
+                                  step_ms=step_ms, lease_s=lease, dbos=not no_dbos and not no_postgres,
+                                  rounds=rounds)
     except ImportError as exc:
         from overnight.cli.common import need_extra as _need_extra
 

@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
             except (StoreError, StoreBusy):
                 pass  # the heartbeat asks again
 
-    runner = box["runner"] = Runner(task, store_url, lease_ttl_ms=ttl_ms, handle_signals=True,
+    runner = box["runner"] = Runner(task, qstore, lease_ttl_ms=ttl_ms, handle_signals=True,
                                     on_event=at_step_end)
     if cancelled.is_set() or lost.is_set():
         runner.stop_requested = True

@@ -5,12 +5,19 @@ The coordinator for many workers on many machines (DESIGN.md, "Scale-out"). Tabl
 schema (default ``overnight``; ``?schema=NAME`` picks another, e.g. one per test or per tenant),
 created and upgraded by the versioned migrations of :mod:`overnight.store.postgres_schema`.
 
-A commit is one transaction: the lease row is read ``FOR SHARE`` (so a takeover, which updates
-that row, waits for the commit or comes before it), the ref moves by ``UPDATE ... WHERE
-checkpoint_id = <expected>`` (or ``INSERT ... ON CONFLICT DO NOTHING`` for a new branch), then the
-task, the objects, the checkpoint and its journal rows are inserted. A stale head or a lost lease
-rolls everything back. Durable when :meth:`PostgresStore.commit` returns (every connection runs
-with ``synchronous_commit = on``).
+A commit is one statement, ``SELECT commit_checkpoint(...)`` (a function of the schema, migration
+4: one round trip, its own transaction): the lease row is read ``FOR SHARE`` (so a takeover, which
+updates that row, waits for the commit or comes before it) and its fencing token compared, the ref
+moves by ``UPDATE ... WHERE checkpoint_id = <expected>`` (or ``INSERT ... ON CONFLICT DO NOTHING``
+for a new branch), then the task, the objects, the checkpoint and its journal rows are inserted. A
+stale head or a lost lease rolls everything back. Durable when :meth:`PostgresStore.commit`
+returns (every connection runs with ``synchronous_commit = on``).
+
+Pooled connections are not checked before use (that costs a round trip per checkout). One found
+dead (the server restarted, ``pg_terminate_backend``) is discarded, the pool's idle connections
+are checked, and what was being done runs once more if that is safe: a read, a ``BEGIN`` (nothing
+done yet), a commit (idempotent: a head that already is the new checkpoint means the attempt whose
+answer was lost committed it).
 
 Strings the caller controls are stored as ``bytea`` (UTF-8, surrogates passed through): PostgreSQL
 ``text`` cannot hold U+0000 or a lone surrogate, and every string must round-trip exactly.
@@ -33,7 +40,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -74,6 +81,7 @@ from overnight.store.refusal import unreachable
 DEFAULT_SCHEMA = "overnight"
 _NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"  # the server's clock, in ms
 _OUR_PARAMS = ("schema", "pool_max", "busy_timeout_ms")
+T = TypeVar("T")
 
 
 def _b(text: str | None) -> bytes | None:
@@ -96,6 +104,18 @@ def _text_safe(value: str | None) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _lease_lost(lease: Lease, holder_json: str | None) -> LeaseLost:
+    """A commit or renewal fenced out: ``holder_json`` is the lease's holder now (None: nobody)."""
+    who = describe_holder(holder_json) if holder_json is not None else "nobody"
+    return LeaseLost(f"lease on branch {lease.branch!r} was taken over (now held by {who})", task_id=lease.task_id,
+                     hint="this process stalled past its lease TTL; the other holder continues the task")
+
+
+def _stale_head(task_id: str, branch: str, expected: str | None, current: str | None) -> StaleHead:
+    return StaleHead(f"branch {branch!r} moved: expected head {expected}, found {current}", task_id=task_id,
+                     hint="another writer advanced this branch; reload the head and retry")
 
 
 def parse_url(url: str) -> tuple[str, str, dict[str, int]]:
@@ -192,7 +212,7 @@ class PostgresStore(Closing):
             max_size=options.get("pool_max", 10),
             kwargs={"autocommit": True},
             configure=self._configure,
-            check=psycopg_pool.ConnectionPool.check_connection,
+            check=None,  # no round trip per checkout: a dead connection is replaced on use (_call, _tx)
             timeout=self.busy_timeout_ms / 1000,
             name=f"overnight:{self.schema}",
             open=False,
@@ -254,14 +274,51 @@ class PostgresStore(Closing):
                            hint="the PostgreSQL server stopped answering; nothing committed is lost -- run the "
                            "command again once it is back (`overnight resume TASK_ID` continues a run)")
 
+    @staticmethod
+    def _dead(exc: StoreUnavailable) -> bool:
+        """Did the connection die under a statement (the server restarted, ``pg_terminate_backend``,
+        the network) -- rather than no connection being had at all?"""
+        return isinstance(exc.__cause__, psycopg.OperationalError)
+
+    def _call(self, fn: Callable[[psycopg.Connection, bool], T]) -> T:
+        """``fn(conn, retry=False)`` on a pooled connection; if the connection turns out dead, the
+        pool's idle connections are checked and ``fn(conn, retry=True)`` runs once more on a live
+        one. Pooled connections are not checked before use (a round trip per checkout), so ``fn``
+        must be safe to run twice: a read, or one statement (its own transaction under autocommit)
+        made idempotent with ``retry``."""
+        try:
+            with self._conn() as conn:
+                return fn(conn, False)
+        except StoreUnavailable as exc:
+            if not self._dead(exc):
+                raise
+        self._pool.check()
+        with self._conn() as conn:
+            return fn(conn, True)
+
     @contextmanager
     def _tx(self) -> Iterator[psycopg.Cursor]:
+        """A transaction's cursor. A connection found dead by ``BEGIN`` (nothing done yet) is
+        replaced once, as in :meth:`_call`."""
+        begun = False
+        try:
+            with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
+                begun = True
+                yield cur
+            return
+        except StoreUnavailable as exc:
+            if begun or not self._dead(exc):
+                raise
+        self._pool.check()
         with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
             yield cur
 
+    def _fetch(self, sql: str, args: tuple | list = ()) -> list[tuple]:
+        """Rows of one read statement (``sql`` with the schema already in it)."""
+        return self._call(lambda conn, retry: conn.execute(sql, args).fetchall())
+
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
-        with self._conn() as conn:
-            return conn.execute(self._sql(sql), args).fetchall()
+        return self._fetch(self._sql(sql), args)
 
     @staticmethod
     def _require_text(what: str, value: str | None, checkpoint_id: str | None = None) -> None:
@@ -375,34 +432,66 @@ class PostgresStore(Closing):
             raise StaleHead(f"branch {cp.branch!r} moved: expected head {commit.expected_head!r}, "
                             f"found {self.get_ref(cp.task_id, cp.branch)}", task_id=cp.task_id,
                             hint="reload the head and retry")
-        with self._tx() as cur:
-            if commit.lease is not None:
-                self._check_lease(cur, commit.lease)
-            self._cas_ref(cur, cp.task_id, cp.branch, cp.checkpoint_id, commit.expected_head)
-            if cp.parent_id is not None:
-                # FOR KEY SHARE: a delete_checkpoints of the parent waits for this commit, then sees its child
-                cur.execute(self._sql("SELECT task_id FROM {s}.checkpoints WHERE checkpoint_id=%s FOR KEY SHARE"),
-                            (cp.parent_id,))
-                parent = cur.fetchone()
-                check_parent(cp, bytes(parent[0]).decode("utf-8", "surrogatepass") if parent is not None else None)
-            if commit.task is not None:
-                t = commit.task
-                cur.execute(self._sql("INSERT INTO {s}.tasks VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"),
-                            (_b(t.task_id), _b(t.created_at), _b(t.goal), _b(t.entry), t.spec))
-            added = len(cp.body) + self._insert_objects(cur, commit.objects)
-            cur.execute(
-                self._sql("INSERT INTO {s}.checkpoints VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
-                          "ON CONFLICT DO NOTHING"),
-                (cp.checkpoint_id, _b(cp.task_id), cp.parent_id, _b(cp.branch), cp.seq, _b(cp.created_at),
-                 _b(cp.session), _b(cp.event), _b(cp.step), cp.body, cp.signature, added),
-            )
-            if commit.journal:
-                cur.executemany(
-                    self._sql("INSERT INTO {s}.journal VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING"),
-                    [(_b(j.task_id), j.checkpoint_id, j.seq, j.step_key, _b(j.step_name), _b(j.session),
-                      _b(j.started_at), j.duration_ms, j.tokens_in, j.tokens_out) for j in commit.journal],
-                )
-        return added
+        first: dict[str, ObjectRecord] = {}
+        for o in commit.objects:
+            self._require_text("object digest", o.digest)
+            first.setdefault(o.digest, o)
+        objs = [first[d] for d in sorted(first)]  # digest order, as delete_objects locks them
+        lease, t, js = commit.lease, commit.task, commit.journal
+        args: list[Any] = [
+            _b(lease.task_id) if lease else None, _b(lease.branch) if lease else None,
+            _b(lease.holder_id) if lease else None, lease.token if lease else None,
+            commit.expected_head, now_ms(), False,
+            cp.checkpoint_id, _b(cp.task_id), cp.parent_id, _b(cp.branch), cp.seq, _b(cp.created_at),
+            _b(cp.session), _b(cp.event), _b(cp.step), cp.body, cp.signature,
+            _b(t.task_id) if t else None, _b(t.created_at) if t else None, _b(t.goal) if t else None,
+            _b(t.entry) if t else None, t.spec if t else None,
+            [o.digest for o in objs], [o.kind for o in objs], [o.size for o in objs], [o.codec for o in objs],
+            [o.data for o in objs], [], [],
+            [_b(j.task_id) for j in js], [j.checkpoint_id for j in js], [j.seq for j in js],
+            [j.step_key for j in js], [_b(j.step_name) for j in js], [_b(j.session) for j in js],
+            [_b(j.started_at) for j in js], [float(j.duration_ms) for j in js], [j.tokens_in for j in js],
+            [j.tokens_out for j in js],
+        ]
+        for _ in range(4):  # each round judges the stored objects that differ (OV004) once
+            try:
+                return self._call(lambda conn, retry: conn.execute(
+                    self._commit_sql, args[:6] + [retry] + args[7:]).fetchone()[0])
+            except psycopg.Error as exc:
+                if exc.sqlstate in ("OV001", "OV002", "OV003"):
+                    raise self._refusal(exc, commit) from None
+                if exc.sqlstate != "OV004":
+                    raise
+                replace, keep = args[28], args[29]
+                for d in (exc.diag.message_detail or "").split():
+                    (replace if is_damaged(self, d) else keep).append(d)
+        raise StoreBusy(f"{self.url}: stored objects kept changing under commit {cp.checkpoint_id}",
+                        hint="another writer is rewriting objects; retry")
+
+    _COMMIT_TYPES = ("bytea", "bytea", "bytea", "bigint", "text", "bigint", "boolean", "text", "bytea", "text",
+                     "bytea", "bigint", "bytea", "bytea", "bytea", "bytea", "bytea", "text", "bytea", "bytea",
+                     "bytea", "bytea", "bytea", "text[]", "text[]", "bigint[]", "text[]", "bytea[]", "text[]",
+                     "text[]", "bytea[]", "text[]", "bigint[]", "text[]", "bytea[]", "bytea[]", "bytea[]",
+                     "double precision[]", "bigint[]", "bigint[]")
+
+    @property
+    def _commit_sql(self) -> str:
+        casts = ", ".join(f"%s::{t}" for t in self._COMMIT_TYPES)
+        return self._sql(f"SELECT {{s}}.commit_checkpoint({casts})")
+
+    def _refusal(self, exc: psycopg.Error, commit: Commit) -> Exception:
+        """The store error for a refusal of ``commit_checkpoint`` (its SQLSTATEs: postgres_schema)."""
+        cp, detail = commit.checkpoint, exc.diag.message_detail or ""
+        if exc.sqlstate == "OV001" and commit.lease is not None:
+            return _lease_lost(commit.lease, _s(bytes.fromhex(detail[1:])) if detail else None)
+        if exc.sqlstate == "OV002":
+            return _stale_head(cp.task_id, cp.branch, commit.expected_head, detail[1:] if detail else None)
+        if exc.sqlstate == "OV003":
+            try:
+                check_parent(cp, _s(bytes.fromhex(detail[1:])) if detail else None)
+            except Exception as refused:  # noqa: BLE001 - check_parent's own error, returned
+                return refused
+        return exc
 
     def _cas_ref(self, cur: psycopg.Cursor, task_id: str, branch: str, new: str | None, expected: str | None) -> None:
         """Move ``task_id/branch`` from ``expected`` to ``new`` (None deletes), or raise StaleHead."""
@@ -427,11 +516,7 @@ class PostgresStore(Closing):
         current = row[0] if row else None
         if current == expected:  # only for new=None, expected=None: nothing to do
             return
-        raise StaleHead(
-            f"branch {branch!r} moved: expected head {expected}, found {current}",
-            task_id=task_id,
-            hint="another writer advanced this branch; reload the head and retry",
-        )
+        raise _stale_head(task_id, branch, expected, current)
 
     @staticmethod
     def _row(r: tuple) -> CheckpointRow:
@@ -588,12 +673,7 @@ class PostgresStore(Closing):
                     (_b(lease.task_id), _b(lease.branch)))
         row = cur.fetchone()
         if row is None or _s(row[0]) != lease.holder_id or row[1] != lease.token:
-            who = describe_holder(_s(row[2])) if row is not None and row[0] else "nobody"
-            raise LeaseLost(
-                f"lease on branch {lease.branch!r} was taken over (now held by {who})",
-                task_id=lease.task_id,
-                hint="this process stalled past its lease TTL; the other holder continues the task",
-            )
+            raise _lease_lost(lease, _s(row[2]) if row is not None and row[0] else None)
 
     def acquire_lease(self, task_id: str, branch: str, holder_id: str, holder: str, ttl_ms: int) -> Lease:
         key = (_b(task_id), _b(branch))

@@ -42,7 +42,8 @@ class Migration:
         description: one line, stored in the ledger.
         statements: SQL statements; ``{s}`` stands for the quoted schema name.
         creates: what the statements create, as ``table``, ``index`` or ``table.column`` -- how
-            :func:`check_shape` tells a schema at this version from one half-migrated to it.
+            :func:`check_shape` tells a schema at this version from one half-migrated to it
+            (``name()`` for a function).
     """
 
     version: int
@@ -50,6 +51,125 @@ class Migration:
     statements: tuple[str, ...]
     creates: tuple[str, ...] = ()
 
+
+# A commit as one statement (one round trip, its own transaction under autocommit), doing what
+# PostgresStore.commit did in eight: the lease row FOR SHARE and its fencing token, the ref moved by
+# compare-and-set, the parent FOR KEY SHARE, the task row, the objects (insert if absent, else
+# refresh the stored time: the row lock keeps gc off it; re-insert one deleted meanwhile), the
+# checkpoint and its journal rows. Every refusal raises (rolling everything back) with its own
+# SQLSTATE, read by PostgresStore.commit: OV001 lease lost (DETAIL 'h' + hex of the holder JSON,
+# or ''), OV002 stale head (DETAIL '=' + the current head, or ''), OV003 parent not stored or of
+# another task (DETAIL 'p' + hex of its task id, or ''), OV004 a stored object has other bytes
+# under the same digest (DETAIL: those digests; the caller judges them and calls again with each
+# in p_replace -- damaged, rewritten -- or p_keep -- intact, the first write wins).
+# p_retry: the caller lost the answer to an identical call (the connection died); a head that
+# already is p_id means that call committed, and its stored_bytes is returned.
+_COMMIT_FUNCTION = """CREATE FUNCTION {s}.commit_checkpoint(
+    p_l_task bytea, p_l_branch bytea, p_l_holder bytea, p_l_token bigint,
+    p_expected text, p_now bigint, p_retry boolean,
+    p_id text, p_task bytea, p_parent text, p_branch bytea, p_seq bigint, p_created bytea, p_session bytea,
+    p_event bytea, p_step bytea, p_body bytea, p_signature text,
+    p_t_task bytea, p_t_created bytea, p_t_goal bytea, p_t_entry bytea, p_t_spec bytea,
+    p_o_digest text[], p_o_kind text[], p_o_size bigint[], p_o_codec text[], p_o_data bytea[],
+    p_replace text[], p_keep text[],
+    p_j_task bytea[], p_j_cp text[], p_j_seq bigint[], p_j_key text[], p_j_name bytea[], p_j_session bytea[],
+    p_j_started bytea[], p_j_duration double precision[], p_j_in bigint[], p_j_out bigint[]
+) RETURNS bigint LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_lease record;
+    v_current text;
+    v_parent bytea;
+    v_n bigint;
+    v_added bigint := 0;
+    v_todo text[] := p_o_digest;
+    v_inserted text[];
+    v_present text[];
+    v_refreshed text[];
+    v_rest text[] := '{}';
+    v_bad text[];
+BEGIN
+    IF p_l_task IS NOT NULL THEN
+        SELECT holder_id, holder, token INTO v_lease FROM {s}.leases
+         WHERE task_id = p_l_task AND branch = p_l_branch FOR SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'OV001', MESSAGE = 'lease lost', DETAIL = '';
+        ELSIF v_lease.holder_id <> p_l_holder OR v_lease.token <> p_l_token THEN
+            RAISE EXCEPTION USING ERRCODE = 'OV001', MESSAGE = 'lease lost',
+                DETAIL = CASE WHEN v_lease.holder_id <> ''::bytea THEN 'h' || encode(v_lease.holder, 'hex') ELSE '' END;
+        END IF;
+    END IF;
+    IF p_expected IS NOT NULL THEN
+        UPDATE {s}.refs SET checkpoint_id = p_id, updated_at_ms = p_now
+         WHERE task_id = p_task AND branch = p_branch AND checkpoint_id = p_expected;
+    ELSE
+        INSERT INTO {s}.refs VALUES (p_task, p_branch, p_id, p_now) ON CONFLICT DO NOTHING;
+    END IF;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n <> 1 THEN
+        SELECT checkpoint_id INTO v_current FROM {s}.refs WHERE task_id = p_task AND branch = p_branch;
+        IF p_retry AND v_current = p_id THEN
+            RETURN (SELECT stored_bytes FROM {s}.checkpoints WHERE checkpoint_id = p_id);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'OV002', MESSAGE = 'stale head', DETAIL = coalesce('=' || v_current, '');
+    END IF;
+    IF p_parent IS NOT NULL THEN
+        SELECT task_id INTO v_parent FROM {s}.checkpoints WHERE checkpoint_id = p_parent FOR KEY SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'OV003', MESSAGE = 'parent not stored', DETAIL = '';
+        ELSIF v_parent <> p_task THEN
+            RAISE EXCEPTION USING ERRCODE = 'OV003', MESSAGE = 'parent of another task',
+                DETAIL = 'p' || encode(v_parent, 'hex');
+        END IF;
+    END IF;
+    IF p_t_task IS NOT NULL THEN
+        INSERT INTO {s}.tasks VALUES (p_t_task, p_t_created, p_t_goal, p_t_entry, p_t_spec) ON CONFLICT DO NOTHING;
+    END IF;
+    -- p_o_digest is sorted and without duplicates (the order delete_objects locks in)
+    FOR i IN 1..5 LOOP
+        EXIT WHEN cardinality(v_todo) = 0;
+        WITH ins AS (
+            INSERT INTO {s}.objects (digest, kind, size, codec, data)
+            SELECT u.d, u.k, u.n, u.c, u.x FROM unnest(p_o_digest, p_o_kind, p_o_size, p_o_codec, p_o_data)
+                AS u(d, k, n, c, x) WHERE u.d = ANY(v_todo)
+            ON CONFLICT (digest) DO NOTHING RETURNING digest, octet_length(data) AS n)
+        SELECT coalesce(array_agg(digest), '{}'), coalesce(sum(n), 0) INTO v_inserted, v_n FROM ins;
+        v_added := v_added + v_n;
+        v_present := ARRAY(SELECT d FROM unnest(v_todo) AS d WHERE d <> ALL(v_inserted));
+        EXIT WHEN cardinality(v_present) = 0;
+        WITH up AS (
+            UPDATE {s}.objects SET stored_at_ms = (extract(epoch from clock_timestamp()) * 1000)::bigint
+             WHERE digest = ANY(v_present) RETURNING digest)
+        SELECT coalesce(array_agg(digest), '{}') INTO v_refreshed FROM up;
+        v_rest := v_rest || v_refreshed;
+        v_todo := ARRAY(SELECT d FROM unnest(v_present) AS d WHERE d <> ALL(v_refreshed));
+    END LOOP;
+    IF cardinality(v_rest) > 0 THEN
+        v_bad := ARRAY(
+            SELECT o.digest FROM {s}.objects o
+              JOIN unnest(p_o_digest, p_o_kind, p_o_size, p_o_codec, p_o_data) AS u(d, k, n, c, x) ON o.digest = u.d
+             WHERE o.digest = ANY(v_rest) AND NOT (o.digest = ANY(p_replace)) AND NOT (o.digest = ANY(p_keep))
+               AND (o.kind, o.size, o.codec, o.data) IS DISTINCT FROM (u.k, u.n, u.c, u.x));
+        IF cardinality(v_bad) > 0 THEN
+            RAISE EXCEPTION USING ERRCODE = 'OV004', MESSAGE = 'stored objects differ',
+                DETAIL = array_to_string(v_bad, ' ');
+        END IF;
+        WITH rep AS (
+            UPDATE {s}.objects o SET kind = u.k, size = u.n, codec = u.c, data = u.x
+              FROM unnest(p_o_digest, p_o_kind, p_o_size, p_o_codec, p_o_data) AS u(d, k, n, c, x)
+             WHERE o.digest = u.d AND o.digest = ANY(v_rest) AND o.digest = ANY(p_replace)
+               AND (o.kind, o.size, o.codec, o.data) IS DISTINCT FROM (u.k, u.n, u.c, u.x)
+            RETURNING octet_length(u.x) AS n)
+        SELECT v_added + coalesce(sum(n), 0) INTO v_added FROM rep;
+    END IF;
+    INSERT INTO {s}.checkpoints VALUES (p_id, p_task, p_parent, p_branch, p_seq, p_created, p_session, p_event,
+        p_step, p_body, p_signature, octet_length(p_body) + v_added) ON CONFLICT DO NOTHING;
+    INSERT INTO {s}.journal
+        SELECT * FROM unnest(p_j_task, p_j_cp, p_j_seq, p_j_key, p_j_name, p_j_session, p_j_started, p_j_duration,
+                             p_j_in, p_j_out)
+        ON CONFLICT DO NOTHING;
+    RETURN octet_length(p_body) + v_added;
+END
+$fn$"""
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "objects, tasks, checkpoints, refs, journal, leases", (
@@ -146,6 +266,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         )""",
         "CREATE INDEX checkpoints_parent ON {s}.checkpoints (parent_id)",
     ), creates=("objects.stored_at_ms", "archives", "checkpoints_parent")),
+    Migration(4, "commit_checkpoint(): a commit in one statement", (_COMMIT_FUNCTION,),
+              creates=("commit_checkpoint()",)),
 )
 
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -197,12 +319,17 @@ def current_version(conn, schema: str) -> int:
 
 
 def _present(conn, schema: str) -> set[str]:
-    """Every table, index and ``table.column`` in ``schema``."""
-    rows = conn.execute("SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = %s",
-                        (schema,)).fetchall()
-    relations = conn.execute("SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                             "WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'i')", (schema,)).fetchall()
-    return {r[0] for r in relations} | {f"{t}.{c}" for t, c in rows}
+    """Every table, index, ``table.column`` and ``function()`` in ``schema`` (one catalog query:
+    it runs on every open)."""
+    rows = conn.execute(
+        "SELECT c.relname, NULL FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'i') "
+        "UNION ALL SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped "
+        "UNION ALL SELECT p.proname || '()', NULL FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+        "WHERE n.nspname = %s", (schema, schema, schema)).fetchall()
+    return {name if column is None else f"{name}.{column}" for name, column in rows}
 
 
 def check_shape(conn, schema: str, version: int, *, where: str,

@@ -40,8 +40,7 @@ class PostgresQueue(SqlQueue):
             yield cur
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
-        with self.store._conn() as conn:
-            return conn.execute(sql, args).fetchall()
+        return self.store._fetch(sql, args)
 
     def _sql(self, text: str) -> str:
         return self.store._sql(text).replace("?", "%s")
