@@ -52,7 +52,6 @@ from overnight.errors import (
     ConfigError,
     DecodeError,
     LeaseLost,
-    StaleHead,
     StoreBusy,
     StoreCorrupt,
     StoreVersionError,
@@ -61,20 +60,8 @@ from overnight.errors import (
 )
 from overnight.store import layout
 from overnight.store.blobs import is_damaged
-from overnight.store.base import (
-    Closing,
-    MinAge,
-    ArchiveRow,
-    CallRecord,
-    CheckpointRow,
-    Commit,
-    JournalRow,
-    Lease,
-    ObjectRecord,
-    ObjectStat,
-    TaskRow,
-    check_parent,
-)
+from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, JournalRow, TaskRow
+from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectStat, check_parent, stale_head
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
 _SWAP_RETRIES = 50  # lease/fence swaps that lose a race re-read and retry this many times
@@ -216,14 +203,6 @@ class KeyedStore(Closing):
         self._c.create_many({layout.index_key(task_id, c): c.encode("utf-8", "surrogatepass") for c in checkpoint_ids})
 
     @staticmethod
-    def _stale(task_id: str, branch: str, expected: str | None, current: str | None) -> StaleHead:
-        return StaleHead(
-            f"branch {branch!r} moved: expected head {expected}, found {current}",
-            task_id=task_id,
-            hint="another writer advanced this branch; reload the head and retry",
-        )
-
-    @staticmethod
     def _lost(lease: Lease, holder: Lease | None) -> LeaseLost:
         who = describe_holder(holder.holder) if holder is not None and holder.holder_id else "nobody"
         return LeaseLost(
@@ -322,7 +301,7 @@ class KeyedStore(Closing):
         if commit.lease is not None:
             self._check_lease(commit.lease, fence)
         if current != commit.expected_head:
-            raise self._stale(cp.task_id, cp.branch, commit.expected_head, current)
+            raise stale_head(cp.task_id, cp.branch, commit.expected_head, current)
         if cp.parent_id is not None:
             check_parent(cp, self._parent_task(cp))
         if current is not None:
@@ -339,7 +318,7 @@ class KeyedStore(Closing):
             current, fence, _ = self._read_ref(cp.task_id, cp.branch)
             if commit.lease is not None:
                 self._check_lease(commit.lease, fence)
-            raise self._stale(cp.task_id, cp.branch, commit.expected_head, current)
+            raise stale_head(cp.task_id, cp.branch, commit.expected_head, current)
         self._index(cp.task_id, [cp.checkpoint_id])
         self._repair(commit.objects, refreshed)
         return added
@@ -408,14 +387,14 @@ class KeyedStore(Closing):
     def set_ref(self, task_id: str, branch: str, new: str | None, expected: str | None) -> None:
         current, fence, version = self._read_ref(task_id, branch)
         if current != expected:
-            raise self._stale(task_id, branch, expected, current)
+            raise stale_head(task_id, branch, expected, current)
         if new is None and expected is None:
             return
         if current is not None:
             self._index(task_id, [current])
         ref = layout.encode_ref(task_id, branch, new, fence, now_ms())
         if self._c.swap(layout.ref_key(task_id, branch), ref, version) is None:
-            raise self._stale(task_id, branch, expected, self.get_ref(task_id, branch))
+            raise stale_head(task_id, branch, expected, self.get_ref(task_id, branch))
         if new is not None:
             self._index(task_id, [new])
 

@@ -40,7 +40,6 @@ from overnight.errors import (
     CheckpointNotFound,
     ConfigError,
     LeaseLost,
-    StaleHead,
     StoreBusy,
     OutputNotWritable,
     StoreCorrupt,
@@ -51,21 +50,8 @@ from overnight.errors import (
     TaskBusy,
     TaskNotFound,
 )
-from overnight.store.base import (
-    Closing,
-    MinAge,
-    age_limit,
-    ArchiveRow,
-    CallRecord,
-    CheckpointRow,
-    Commit,
-    JournalRow,
-    Lease,
-    ObjectRecord,
-    ObjectStat,
-    TaskRow,
-    check_parent,
-)
+from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, JournalRow, TaskRow
+from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectStat, age_limit, check_parent, stale_head
 from overnight.codec import digest
 from overnight.store.blobs import is_damaged
 from overnight.store.leases import can_take_over, describe_holder, now_ms
@@ -645,11 +631,7 @@ class SQLiteStore(Closing):
         current = row[0] if row else None
         if current == expected:  # only for new=None, expected=None: nothing to do
             return
-        raise StaleHead(
-            f"branch {branch!r} moved: expected head {expected}, found {current}",
-            task_id=task_id,
-            hint="another writer advanced this branch; reload the head and retry",
-        )
+        raise stale_head(task_id, branch, expected, current)
 
     @staticmethod
     def _row(row: tuple) -> CheckpointRow:
