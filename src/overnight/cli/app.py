@@ -33,6 +33,7 @@ from overnight.cli.common import (  # noqa: F401 (EXIT_* re-exported)
     EXIT_USAGE,
     exit_code as _exit_code,
     fail as _fail,
+    failing,
     need_extra as _need_extra,
 )
 from overnight.errors import ConfigError, OvernightError
@@ -160,13 +161,11 @@ def run(
     ephemeral (a short task the router keeps in this process only): then nothing is kept and the
     exit is 1.
     """
-    try:
+    with failing():
         result = _run_with_progress(
             lambda p: api.run(file, store=store, branch=branch, max_steps=max_steps, on_event=p, on_drift=on_drift,
                               model=_model(model, base_url), max_context_tokens=max_context_tokens),
             quiet=quiet, events=events)
-    except OvernightError as exc:
-        _fail(exc)
     _report_run(result, quiet=quiet)
 
 
@@ -201,21 +200,17 @@ def resume(
     Before any step runs, the head is compared with the world now (code, deps, env, inputs,
     exported artifacts); drift is handled by policy (--on-drift)."""
     if submit:
-        try:
+        with failing():
             row, now = api.enqueue(task_id, store=store, branch=branch)
-        except OvernightError as exc:
-            _fail(exc)
         render.out.print(f"{render.esc(task_id)}: {'queued' if now else render.esc(row.status) + ' already'} "
                          f"(code {render.esc(row.entry)}); `overnight worker` runs it")
         return
-    try:
+    with failing():
         result = _run_with_progress(
             lambda p: api.resume(task_id, store=store, branch=branch, entry=file, max_steps=max_steps, on_event=p,
                                  on_drift=on_drift, model=_model(model, base_url),
                                  max_context_tokens=max_context_tokens, allow_rollback=allow_rollback),
             quiet=quiet, events=events)
-    except OvernightError as exc:
-        _fail(exc)
     _report_run(result, quiet=quiet)
 
 
@@ -224,10 +219,8 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
     """List the tasks in the store: status, steps done/total, branches, last checkpoint time.
     Without --store: the default store and the configured database and cloud media (where the
     router puts important and critical tasks)."""
-    try:
+    with failing():
         tasks = api.ls(store=store)
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         render.print_json(tasks)
         return
@@ -270,10 +263,8 @@ def show(
     if raw and not as_json:
         render.err.print("[bold red]error:[/] --raw needs --json")
         raise typer.Exit(EXIT_USAGE)
-    try:
+    with failing():
         rep = api.show(task_id, store=store, branch=branch, raw=raw)
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         render.print_json(rep)
         return
@@ -346,10 +337,8 @@ def cat_object(
     The digests are in `overnight show TASK --json --raw`: a record's "state", the state
     document's pages, artifacts, the world fingerprint. Exit 3 if the stored bytes do not hash to
     DIGEST; exit 2 if the store has no such object or checkpoint (or DIGEST is not a digest)."""
-    try:
+    with failing():
         data = api.cat_object(object_digest, store=store)
-    except OvernightError as exc:
-        _fail(exc)
     if output is not None:
         output.write_bytes(data)
     else:
@@ -374,11 +363,9 @@ def status(
     """Where a task stands; with --drift, what changed since its head (which package, file, env
     key, step version, model), which steps read it, what the drift policies would do on resume,
     how the plan in the code differs from the stored one, and which steps the resume runs."""
-    try:
+    with failing():
         rep = api.status(task_id, store=store, branch=branch, drift=drift, entry=file, on_drift=on_drift,
                          model=_model(model, base_url))
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         out = render.to_jsonable(rep)
         out["drift"] = rep.drift.to_json() if rep.drift else None
@@ -440,10 +427,8 @@ def env_export(
     """Write the recorded dependency pins as a pip requirements file (with lock-file digests, the
     Python version and the declared env-var names -- never values), to rebuild the environment a
     checkpoint was made in: pip install -r FILE, then resume with no drift."""
-    try:
+    with failing():
         text = api.env_export(task_id, store=store, at=at, branch=branch)
-    except OvernightError as exc:
-        _fail(exc)
     if output is not None:
         output.write_text(text, encoding="utf-8")
     else:
@@ -476,12 +461,10 @@ def verify(
     if not task_id and not all_tasks:
         render.err.print("[bold red]error:[/] name a TASK_ID or pass --all")
         raise typer.Exit(EXIT_USAGE)
-    try:
+    with failing():
         with render.progress_bar("verifying", quiet=quiet or as_json) as update:
             rep = api.verify(task_id if not all_tasks else None, store=store, all_objects=all_tasks, on_progress=update,
                              repair=repair)
-    except OvernightError as exc:
-        _fail(exc)
     ok = rep.ok if ignore_dangling else not rep.problems
     if as_json:
         render.print_json({**render.to_jsonable(rep), "ok": ok})
@@ -495,11 +478,11 @@ def verify(
             render.out.print(f"  {render.esc(task)}: " + ", ".join(f"{b} {st}" for b, st in heads.items()))
         for line in rep.healed:
             render.out.print(f"[green]{render.esc(line)}[/]")
-        failing = [p for p in rep.problems if not p.dangling]
+        broken = [p for p in rep.problems if not p.dangling]
         dangling = [p for p in rep.problems if p.dangling]
-        if failing:
+        if broken:
             render.table("problems", ["task", "checkpoint", "check", "detail"],
-                         [(p.task_id or "", (p.checkpoint_id or "")[7:19], p.check, p.detail) for p in failing])
+                         [(p.task_id or "", (p.checkpoint_id or "")[7:19], p.check, p.detail) for p in broken])
         if dangling:
             render.out.print(f"[yellow]{len(dangling)} damaged record(s) no branch uses[/] (kept for inspection after a "
                              "fallback; `overnight show` marks them; exit 3 unless --ignore-dangling):")
@@ -509,7 +492,7 @@ def verify(
             render.err.print(f"[yellow]warning:[/] {rep.signatures_unchecked} checkpoint(s) are signed but "
                              "OVERNIGHT_SIGNING_KEY is not set: their signatures were not checked (an edit that also "
                              "recomputed the digest would pass)")
-        if not failing:
+        if not broken:
             render.out.print("[green]ok[/]" if not dangling else "[yellow]branches ok[/]")
     if not ok:
         raise typer.Exit(EXIT_INTEGRITY)
@@ -522,10 +505,8 @@ def log_(
     as_json: bool = JsonOpt,
 ) -> None:
     """History of a task with its branches, as a graph (newest first), like `git log --graph --all`."""
-    try:
+    with failing():
         entries = api.log(task_id, store=store)
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         render.print_json([{"checkpoint_id": e.row.checkpoint_id, "parents": e.parents, "branch": e.row.branch,
                             "seq": e.row.seq, "event": e.row.event, "step": e.row.step, "created_at": e.row.created_at,
@@ -554,10 +535,8 @@ def fork(
 ) -> None:
     """Start a new branch at a checkpoint. Both branches continue independently
     (`overnight resume TASK_ID --branch NAME`) and never see each other's later checkpoints."""
-    try:
+    with failing():
         cid = api.fork(task_id, at, branch, store=store)
-    except OvernightError as exc:
-        _fail(exc)
     render.err.print(f"branch [bold]{render.esc(branch)}[/] created at {cid[7:19]}; "
                      f"continue it with: overnight resume {render.esc(task_id)} --branch {render.esc(branch)}")
 
@@ -571,10 +550,8 @@ def rollback(
 ) -> None:
     """Move a branch back to an earlier checkpoint's state. The newer checkpoints stay in the
     history (`overnight log`); the steps after the target run again on the next resume."""
-    try:
+    with failing():
         cid = api.rollback(task_id, to, branch=branch, store=store)
-    except OvernightError as exc:
-        _fail(exc)
     render.err.print(f"branch [bold]{render.esc(branch)}[/] rolled back to the state of {render.esc(to)}; "
                      f"new head {cid[7:19]} (the newer checkpoints stay in `overnight log`)")
 
@@ -589,10 +566,8 @@ def merge(
 ) -> None:
     """Merge a branch: union of done steps when no step conflicts (three-way for artifacts and
     state). A conflict is reported with both sides (exit 4); --prefer picks one."""
-    try:
+    with failing():
         res = api.merge(task_id, source, into=into, prefer=prefer, store=store)
-    except OvernightError as exc:
-        _fail(exc)
     if res.up_to_date:
         render.err.print(f"{render.esc(into)} already contains {render.esc(source)}: nothing to merge")
         return
@@ -634,12 +609,10 @@ def gc(
     or anything a remaining checkpoint needs to load; safe while tasks run (objects younger than
     --grace stay). Works on one store (default: the local one); --store URL for a configured
     database or cloud medium."""
-    try:
+    with failing():
         with render.progress_bar("reading checkpoints", quiet=quiet or as_json) as update:
             rep = api.gc(store=store, apply=apply, keep_last=keep_last, older_than=older_than, task_id=task_id,
                          grace=grace, on_progress=update)
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         render.print_json(rep)
         return
@@ -671,7 +644,7 @@ def rm(
     """Delete a task: its checkpoints, branches, leases, journal, archive catalog and queue row, then the
     objects no other task needs. Asks first (--yes to skip); refuses while a run holds the task
     (--force to override). A cold store it was archived to is not touched."""
-    try:
+    with failing():
         plan = api.rm(task_id, store=store, dry_run=True, grace=grace)
         if not yes:
             question = (f"delete task {render.safe(task_id)!r}: {plan.checkpoints} checkpoint(s), branches "
@@ -685,8 +658,6 @@ def rm(
                 raise typer.Exit(EXIT_OK)
         with render.progress_bar("deleting", quiet=quiet or as_json) as update:
             rep = api.rm(task_id, store=store, force=force, grace=grace, on_progress=update)
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         render.print_json(rep)
         return
@@ -715,12 +686,10 @@ def archive_(
     hot store. Heads and everything a kept checkpoint needs stay; archived checkpoints remain
     readable (show, log, cat --at, verify) and come back when something builds on them
     (fork --at, rollback --to) or with `overnight restore`."""
-    try:
+    with failing():
         with render.progress_bar("archiving", quiet=quiet or as_json) as update:
             rep = api.archive(task_id, cold=cold, store=store, keep_last=keep_last, older_than=older_than,
                               grace=grace, on_progress=update)
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         render.print_json(rep)
         return
@@ -746,11 +715,9 @@ def restore(
     quiet: bool = PlainQuietOpt,
 ) -> None:
     """Bring a task's archived checkpoints (and the objects they need) back into the hot store."""
-    try:
+    with failing():
         with render.progress_bar("restoring", quiet=quiet or as_json) as update:
             rep = api.restore(task_id, store=store, cold=cold, on_progress=update)
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         render.print_json(rep)
         return
@@ -791,7 +758,7 @@ def demo(
     """
     from overnight.demo.api_report import find_package, make_task
 
-    try:
+    with failing():
         find_package(package)  # a package that is not there: refuse before creating a task
         client = _model(model, base_url)
         task = make_task(task_id, package, latency_ms, out=str(out_path), model=client.name if client else None,
@@ -799,8 +766,6 @@ def demo(
         result = _run_with_progress(
             lambda p: api.run(task, store=store, max_steps=max_steps, on_event=p, on_drift=on_drift, model=client),
             quiet=quiet, events=events)
-    except OvernightError as exc:
-        _fail(exc)
     if result.status == "complete":  # the result (the report's path) on stdout, the rest on stderr
         size = out_path.stat().st_size
         render.out.print(f"report: [bold]{render.esc(out_path.resolve())}[/] ({render.human_bytes(size)}, "
@@ -865,10 +830,8 @@ def route_(
     except ValueError:
         render.err.print(f"[bold red]error:[/] --at {render.esc(at)} is not an ISO 8601 time")
         raise typer.Exit(EXIT_USAGE)
-    try:
+    with failing():
         decision = api.route(file, now=now)
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         render.print_json(decision.to_json())
         return
@@ -884,10 +847,8 @@ def route_(
 def config_(as_json: bool = JsonOpt) -> None:
     """The effective configuration -- store URLs, media per criticality, router thresholds, signing
     key (set or not; never shown) -- and where each value came from (default, overnight.toml, $ENV)."""
-    try:
+    with failing():
         cfg = api.config()
-    except OvernightError as exc:
-        _fail(exc)
     rows = cfg.shown()
     if as_json:
         render.print_json({"file": str(cfg.file) if cfg.file else None,
@@ -898,10 +859,8 @@ def config_(as_json: bool = JsonOpt) -> None:
 
 
 def _salvage(path: Path, into: Optional[Path], as_json: bool) -> None:
-    try:
+    with failing():
         rep = api.salvage(path, into=into)
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         render.print_json({**render.to_jsonable(rep), "ok": rep.verify.ok and not rep.verify.problems})
     else:
@@ -955,10 +914,8 @@ def repair(
     if not task_id and not all_tasks:
         render.err.print("[bold red]error:[/] name a TASK_ID or pass --all")
         raise typer.Exit(EXIT_USAGE)
-    try:
+    with failing():
         reports = api.repair(task_id if not all_tasks else None, store=store)
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         render.print_json(reports)
     else:
@@ -1011,10 +968,8 @@ def mcp_(
     except ConfigError as exc:
         render.err.print(f"[bold red]error:[/] {render.esc(exc)}")
         raise typer.Exit(EXIT_USAGE)
-    try:
+    with failing():
         serve(store=store, project=str(project) if project else None, http=http, host=host, port=port, token=token)
-    except OvernightError as exc:
-        _fail(exc)
 
 
 hook_app = typer.Typer(help="Hooks for coding agents: checkpoint before a compaction and at the end of a turn, put "
@@ -1069,11 +1024,9 @@ def cc_install(
     if user and project:
         render.err.print("[bold red]error:[/] give --user or --project, not both")
         raise typer.Exit(EXIT_USAGE)
-    try:
+    with failing():
         for line in claude_code.install("user" if user else "project", command=command, dry_run=dry_run):
             render.out.print(render.esc(line))
-    except OvernightError as exc:
-        _fail(exc)
 
 
 @bench_app.command("ui")
@@ -1120,11 +1073,9 @@ def ui(
         from overnight.web.server import serve
     except ImportError as exc:
         _need_extra(exc, "ui")
-    try:
+    with failing():
         serve(store, host=host, port=port, read_only=read_only, token=token,
               announce=lambda line: render.err.print(render.esc(line)))
-    except OvernightError as exc:
-        _fail(exc)
 
 
 @hook_app.command("run")
@@ -1137,10 +1088,8 @@ def hook_run(
     """Generic hook for other agents: session-start prints the control point as text; a failed pre-compact exits 2."""
     from overnight.hooks import run_generic
 
-    try:
+    with failing():
         code = run_generic(event, payload, store=store)
-    except OvernightError as exc:
-        _fail(exc)
     raise typer.Exit(code)
 
 

@@ -6,7 +6,8 @@ import it (neither imports the other's private helpers).
 
 from __future__ import annotations
 
-from typing import NoReturn
+from contextlib import contextmanager
+from typing import Iterator, NoReturn
 
 import typer
 
@@ -73,3 +74,18 @@ def need_extra(exc: ImportError, extras: str) -> NoReturn:
     render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the extra: "
                      + render.esc(f"pip install 'overnight[{extras}]' (from a clone: pip install '.[{extras}]')"))
     raise typer.Exit(EXIT_USAGE)
+
+
+@contextmanager
+def failing(extras: str | None = None) -> Iterator[None]:
+    """Around a command's library call: a typed error is printed and exits with its code
+    (:func:`fail`); with ``extras`` (``bench``, ``mcp`` ...), an ImportError exits 2 naming the extra
+    to install (:func:`need_extra`). Anything else propagates."""
+    try:
+        yield
+    except OvernightError as exc:
+        fail(exc)
+    except ImportError as exc:
+        if extras is None:
+            raise
+        need_extra(exc, extras)
