@@ -33,6 +33,7 @@ EXIT_CODES_HELP = (
     "run `overnight resume TASK_ID`)."
 )
 
+JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 """The database the ``bench`` commands use unless ``--postgres`` names another (the test server, as
