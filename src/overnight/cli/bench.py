@@ -12,7 +12,7 @@ import typer
 
 from overnight.cli import bench_agents, bench_kpi, bench_langgraph, bench_mcp, bench_perf, bench_resume, bench_storage
 from overnight.cli import render
-from overnight.cli.common import JsonOpt, need_extra as _need_extra
+from overnight.cli.common import DirOpt, JsonOpt, failing
 
 bench_app = typer.Typer(help="Benchmarks that print a table (ratios against a named baseline, same run).",
                         no_args_is_help=True)
@@ -29,8 +29,7 @@ bench_resume.register(bench_app)
 def bench_commit(
     n: int = typer.Option(300, "--n", min=10, help="Commits per system."),
     state_kb: float = typer.Option(10.0, "--state-kb", min=0.1, help="Size of the state per commit (KB)."),
-    directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure (default: a "
-                                             "temporary directory under the current one)."),
+    directory: Optional[Path] = DirOpt,
     cpu: bool = typer.Option(False, "--cpu", help="Also run both SQLite writers on their own files with "
                              "synchronous=OFF: their time besides the flush (diagnostic rows, '(no fsync)')."),
     as_json: bool = JsonOpt,
@@ -38,15 +37,10 @@ def bench_commit(
     """Checkpoint commit latency: overnight vs LangGraph SqliteSaver.put vs a raw write+fsync floor."""
     from overnight.bench.commit import CPU_SYSTEMS, LOCAL_SYSTEMS, run_commit_bench
 
-    try:
+    with failing("bench"):
         result = run_commit_bench(n=n, state_kb=state_kb, directory=directory,
                                   systems=CPU_SYSTEMS if cpu else LOCAL_SYSTEMS)
-    except ImportError as exc:
-        _need_extra(exc, "bench")
-    if as_json:
-        render.print_json(result.to_json())
-        return
-    render.out.print(result.markdown())
+    render.report(result, as_json)
 
 
 @bench_app.command("verify")
@@ -72,13 +66,8 @@ def bench_ui(
     """Render time of the dashboard's tasks page (N tasks) and task page (a chain of M
     checkpoints) on local SQLite, against `overnight ls` and `overnight show` on the same store.
     Target: under 300 ms each. Needs the ui extra."""
-    try:
+    with failing("ui"):
         from overnight.bench.ui import run_ui_bench
 
         result = run_ui_bench(tasks=tasks, checkpoints=checkpoints, repeat=repeat, directory=directory)
-    except ImportError as exc:
-        _need_extra(exc, "ui")
-    if as_json:
-        render.print_json(result.to_json())
-    else:
-        render.out.print(result.markdown())
+    render.report(result, as_json)

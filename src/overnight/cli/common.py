@@ -34,6 +34,9 @@ EXIT_CODES_HELP = (
 )
 
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
+DirOpt = typer.Option(None, "--dir", help="Directory on the disk to measure (default: a temporary directory "
+                      "under the current one).")
+"""A benchmark's scratch directory (``--dir``)."""
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 """The database the ``bench`` commands use unless ``--postgres`` names another (the test server, as

@@ -45,6 +45,15 @@ def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(to_jsonable(value), indent=2, ensure_ascii=True) + "\n")
 
 
+def report(result: Any, as_json: bool) -> None:
+    """A benchmark's result on stdout: ``result.to_json()`` with --json, else its ``markdown()``
+    table as written (no rich markup)."""
+    if as_json:
+        print_json(result.to_json())
+    else:
+        out.print(result.markdown(), markup=False)
+
+
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, justify: dict[str, str] | None = None,
           no_wrap: Iterable[str] = ()) -> None:
     """A table on stdout; columns named in ``no_wrap`` keep their width (ids, times, sizes), the
