@@ -60,7 +60,7 @@ from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS
 from overnight.config import load as load_config
 from overnight.runtime.task_code import main_entry, same_location
-from overnight.runtime.drift_decision import Decision, decide, policies_for, salt_of, world_spec, write_export
+from overnight.runtime.drift_decision import Decision, decide, policies_for, world_spec, write_export
 from overnight.store.task_location import Route, locate, open_routed
 from overnight.runtime.router import route as route_task
 from overnight.store.compose.tiered import TieredStore, tiered
@@ -72,11 +72,8 @@ from overnight.chain.read import Fallback, load_head
 from overnight.verify.drift import WorldNow, parse_policies
 from overnight.verify.fingerprint import digest_path, model_identity, model_label, normalize, world
 from overnight.chain.integrity import LoadedCheckpoint, encode_state, load_checkpoint, signing_key_from_env
-from overnight.chain.records import (
-    context_info,
-    event,
-    initial_state,
-)
+from overnight.chain.records import event, initial_state
+from overnight.runtime.state import Context, SessionState
 
 
 LOG = logging.getLogger("overnight.runner")
@@ -251,7 +248,7 @@ class Runner:
         self._in_step = False
         self._keeper: LeaseKeeper | None = None
         self._reader = BlobReader(self.store)
-        self.state: dict[str, Any] = {}
+        self.state: SessionState = None  # type: ignore[assignment]  # set by _start, before any step
         self.chain = ChainWriter(self.store, task.id, branch, key=self.key, session_id=uuid.uuid4().hex, session_n=0)
         self.salt = b""
         self.drift: Decision | None = None
@@ -273,13 +270,11 @@ class Runner:
     def session_n(self) -> int:
         return self.chain.session_n
 
-    # -- state helpers --------------------------------------------------------------------------
-
     # -- the context window ---------------------------------------------------------------------
 
     def context_messages(self) -> list[list[dict[str, str]]]:
         """This session's exchanges: committed ones, then those of the step in flight."""
-        return [*self.state["context"]["messages"], *self._pending_context]
+        return [*self.state.context.messages, *self._pending_context]
 
     def context_add(self, messages: list[dict[str, str]], reply: str) -> None:
         """Remember an exchange of the step in flight (committed with the step, dropped if it fails)."""
@@ -291,24 +286,23 @@ class Runner:
             self._calls[key] = self.store.calls(self.task.id, key)
         return next((c for c in self._calls[key] if c.seq == seq and c.request_digest == request), None)
 
-    def _context_with(self, exchanges: list[list[dict[str, str]]]) -> dict[str, Any]:
-        ctx = self.state["context"]
-        messages = [*ctx["messages"], *exchanges]
-        tokens = ctx["tokens"] + sum(count_messages(ex, self.tokenizer) for ex in exchanges)
-        return context_info(ctx["summary"], ctx["compactions"], messages, tokens)
+    def _context_with(self, exchanges: list[list[dict[str, str]]]) -> Context:
+        ctx = self.state.context
+        tokens = ctx.tokens + sum(count_messages(ex, self.tokenizer) for ex in exchanges)
+        return Context(ctx.summary, ctx.compactions, (*ctx.messages, *exchanges), tokens)
 
     def _compact(self) -> None:
         """Summarise this session's exchanges, commit that as a checkpoint, then start a new session."""
-        ctx = self.state["context"]
-        self._emit("compaction_start", detail=f"this session's exchanges hold {ctx['tokens']} tokens, past "
+        ctx = self.state.context
+        self._emit("compaction_start", detail=f"this session's exchanges hold {ctx.tokens} tokens, past "
                    f"{self.budget.compact_at} ({self.budget.threshold:.0%} of the {self.budget.max_tokens}-token "
                    "window; each call carried only what fits); a summary replaces them")
-        summary, gw = summarize(self, ctx["messages"], f"compaction:{self.head}")
+        summary, gw = summarize(self, list(ctx.messages), f"compaction:{self.head}")
         self._count(gw)
-        self.state = {**self.state, "context": context_info(summary.text, ctx["compactions"] + 1)}
+        self.state = self.state.but(context=Context(summary.text, ctx.compactions + 1))
         n = self.session_n
         self._commit(self.chain.blob_writer(), event(
-            "compaction", detail=f"{ctx['tokens']} tokens of session {n} -> a {summary.tokens_out}-token summary; "
+            "compaction", detail=f"{ctx.tokens} tokens of session {n} -> a {summary.tokens_out}-token summary; "
             f"session {n + 1} starts"), [])
         # only now, with the summary durable, is the old context dropped: a new session begins
         self.chain.session_n, self.chain.session_id = n + 1, uuid.uuid4().hex
@@ -365,23 +359,15 @@ class Runner:
                      ("calls", gw.calls_made), ("replayed_calls", gw.calls_replayed)):
             self.usage[k] += v
 
-    def find_step(self, name: str) -> dict[str, Any] | None:
-        """The todo or done entry named ``name``, if any."""
-        return next((e for e in (*self.state["todo"], *self.state["done"]) if e["name"] == name), None)
-
     def read_artifact(self, name: str) -> bytes:
-        ref = self.state["artifacts"].get(name)
+        ref = self.state.artifacts.get(name)
         if ref is None:
             raise ArtifactNotFound(f"no artifact {name!r} in task {self.task.id!r}", task_id=self.task.id,
                                    checkpoint_id=self.head)
         return self._reader.get(ref["digest"], f"artifact {name!r}")
 
-    def _progress(self) -> tuple[int, int]:
-        done = len(self.state["done"])
-        return done, done + len(self.state["todo"])
-
     def _emit(self, kind: str, **kw: Any) -> None:
-        done, total = self._progress() if self.state else (0, 0)
+        done, total = self.state.progress if self.state is not None else (0, 0)
         self.on_event(RunEvent(kind, self.task.id, self.branch, done=done, total=total, **kw))
 
     # -- signals --------------------------------------------------------------------------------
@@ -418,7 +404,7 @@ class Runner:
         if getattr(self, "_heal_note", None):  # the first commit after a healing load says so (`overnight log`)
             ev = {**ev, "detail": "; ".join(x for x in (ev.get("detail"), self._heal_note) if x)}
             self._heal_note = None
-        cid = self.chain.commit(self.state, ev, writer=writer, journal=journal, lease=lease,
+        cid = self.chain.commit(self.state.tree(), ev, writer=writer, journal=journal, lease=lease,
                                 task_row=task_row, fingerprint=self._fingerprint(writer))
         self._export()
         return cid
@@ -433,14 +419,14 @@ class Runner:
         if self._world_ref is None:
             raw = encode_state(self._world)
             self._world_ref = {"digest": writer.put(raw), "size": len(raw)}
-        arts = self.state["artifacts"]
+        arts = self.state.artifacts
         return {"world": self._world_ref, "exports": {n: arts[n]["digest"] for n in self.task.exports if n in arts},
                 "accepted": self._accepted}
 
     def _export(self) -> None:
         """Write exported artifacts whose committed version is not on disk yet."""
         for name, path in self.task.exports.items():
-            ref = self.state["artifacts"].get(name)
+            ref = self.state.artifacts.get(name)
             if ref is None or self._exported.get(name) == ref["digest"]:
                 continue
             if digest_path(path) != ref["digest"]:
@@ -453,8 +439,8 @@ class Runner:
     def _not_exported(self, name: str, path: str, exc: OSError) -> OutputNotWritable:
         """An export that could not be written: the commit before it stands (nothing is lost);
         say so, and how to get the file."""
-        done = len(self.state["done"])
-        where = (f"task {self.task.id!r} is complete ({done} step(s) committed)" if not self.state["todo"] else
+        done = len(self.state.done)
+        where = (f"task {self.task.id!r} is complete ({done} step(s) committed)" if not self.state.todo else
                  f"task {self.task.id!r} has {done} step(s) committed")
         get = f"overnight cat {self.task.id} {name} -o FILE" + (
             f" --store {self.store.url}" if self.level != "ephemeral" and "://" in self.store.url
@@ -476,10 +462,11 @@ class Runner:
             spec = self.task.spec()
             spec["route"] = self.route.to_json() if self.route else {"level": self.level, "media": [],
                                                                       "urls": [self.store.url], "reasons": ["not routed"]}
-            self.state = initial_state(self.task.id, self.task.goal, spec, todo=self.task.initial_todo(),
-                                       data=to_tree(dict(self.task.data), "state.data"))
-            self.salt = salt_of(self.state)
-            spec = canonical_dumps(self.state["task"]["spec"])
+            self.state = SessionState.of(initial_state(self.task.id, self.task.goal, spec,
+                                                       todo=self.task.initial_todo(),
+                                                       data=to_tree(dict(self.task.data), "state.data")))
+            self.salt = self.state.salt
+            spec = canonical_dumps(self.state.task.spec)
             task_row = TaskRow(self.task.id, utc_now(), self.task.goal, self.task.entry, spec)
             self._commit(self.chain.blob_writer(), event("init"), [], task_row)
             self._emit("create", checkpoint_id=self.head, detail=self._level_note())
@@ -502,14 +489,14 @@ class Runner:
             self._emit("rollback", checkpoint_id=loaded.id, detail=f"accepted (--allow-rollback): {accepted.describe()}")
         if fallback is not None:
             ensure_hot(self.store, self.task.id, loaded.id)  # fell back into archived history: bring it back
-        self.state = loaded.state_tree
+        self.state = SessionState.of(loaded.state_tree)
         self.chain.start_from(loaded, fallback)
         self.chain.session_n = loaded.record.session.n + 1
         healed = "\n".join(h.describe() for h in loaded.healed)  # read from ditto copies: always said
         self._heal_note = f"self-healed: {'; '.join(h.describe() for h in loaded.healed)}" if healed else None
         self._emit("resume", checkpoint_id=loaded.id,
                    detail="\n".join(x for x in (fallback.describe() if fallback else "", healed) if x) or None)
-        self.salt = salt_of(self.state)
+        self.salt = self.state.salt
         if loaded.record.fingerprint is not None:
             self._accepted = list(loaded.record.fingerprint.accepted)
         if fallback is not None:
@@ -551,10 +538,10 @@ class Runner:
         reconcile_plan`): a planned step added to the code runs where the code puts it; a planned
         step whose function is gone leaves the plan. Committed as a ``drift`` checkpoint and
         reported as ``plan changed: + x before c; - y``."""
-        todo, change = reconcile_plan(self.state["todo"], self.state["done"], self.task)
+        todo, change = reconcile_plan(self.state.todo, self.state.done, self.task)
         if not change:
             return
-        self.state = {**self.state, "todo": todo}
+        self.state = self.state.but(todo=todo)
         detail = change.describe()
         self._commit(self.chain.blob_writer(), event("drift", detail=f"plan changed: {detail}"), [])
         self._emit("plan", detail=detail)
@@ -569,14 +556,14 @@ class Runner:
         if decision.rollback_to is not None:
             target = decision.rollback_to
             ensure_hot(self.store, self.task.id, target.id)
-            self.state = target.state_tree
+            self.state = SessionState.of(target.state_tree)
             self._accepted = list(target.record.fingerprint.accepted) if target.record.fingerprint else []
             self._commit(self.chain.blob_writer(), event("rollback", ref=target.id,
                                                          detail="drift: back to the newest checkpoint made in a "
                                                          "world like this one"), [])
         if decision.recomputed or decision.accepted:
             self._accepted = self._accepted + decision.accepted
-            self.state = decision.state
+            self.state = SessionState.of(decision.state)
             self._commit(self.chain.blob_writer(), event("drift", detail=decision.describe()), [])
         elif found.drifted and decision.rollback_to is None:
             # drift no step read: nothing to do, but record the world it was seen in, so the next run
@@ -644,10 +631,10 @@ class Runner:
         created, fallback = self._start()
         steps_run = steps_reused = 0
         status = "complete"
-        if self.state["context"]["tokens"] >= self.budget.compact_at and self.state["todo"]:
+        if self.state.context.tokens >= self.budget.compact_at and self.state.todo:
             self._compact()  # a compaction that failed or was killed last time: retried first
         try:
-            while self.state["todo"]:
+            while self.state.todo:
                 if self.stop_requested:
                     status = "interrupted"
                     break
@@ -661,21 +648,21 @@ class Runner:
                     steps_reused += 1
         except Abandon:
             status = "interrupted"
-        done, total = self._progress()
-        if status == "complete" and self.stop_requested and self.state["todo"]:
+        done, total = self.state.progress
+        if status == "complete" and self.stop_requested and self.state.todo:
             status = "interrupted"
         self._emit("end", checkpoint_id=self.head, detail=status)
         return RunResult(
             task_id=self.task.id, branch=self.branch, status=status, head=self.head or "", store_url=self.store.url,
             session=self.session_n, steps_run=steps_run, steps_reused=steps_reused, done=done, total=total,
-            created=created, fallback=fallback, artifacts=sorted(self.state["artifacts"]), level=self.level,
+            created=created, fallback=fallback, artifacts=sorted(self.state.artifacts), level=self.level,
             route=list(self.route.reasons) if self.route else [], compactions=self.compactions,
             usage=dict(self.usage), resume_file=self._resume_file(),
         )
 
     def _run_one(self) -> bool:
         """Run (or reuse) the first todo step and commit its checkpoint. Returns True if it ran."""
-        entry = self.state["todo"][0]
+        entry = self.state.todo[0]
         sdef = self.task.steps.get(entry["fn"])
         if sdef is None:
             raise UnknownStep(
@@ -684,10 +671,9 @@ class Runner:
                 hint=f"restore the function or register it under that name; defined: {sorted(self.task.steps)}",
             )
         key = step_key(sdef.fn_name, sdef.version, entry["name"], entry["args"])
-        previous = next((d for d in self.state["done"] if d["key"] == key), None)
         writer = self.chain.blob_writer()
-        if previous is not None:
-            self.state = {**self.state, "todo": self.state["todo"][1:]}
+        if self.state.done_with_key(key) is not None:
+            self.state = self.state.but(todo=self.state.todo[1:])
             self._commit(writer, event("step", step=entry["name"], key=key, detail="reused"), [])
             self._emit("skip", step=entry["name"], checkpoint_id=self.head)
             return False
@@ -747,16 +733,16 @@ class Runner:
                       staged=ctx.staged(), reads=reads, started_at=started_at, duration_ms=duration_ms,
                       tokens_in=gw.tokens_in, tokens_out=gw.tokens_out, replayed_tokens=gw.replayed_tokens)
         state, produced = state_after(self.state, ran, writer, seq=self.chain.seq + 1, session=self.session_n)
-        self.state = {**state, "context": self._context_with(self._pending_context)}
+        self.state = state.but(context=self._context_with(self._pending_context))
         self._pending_context = []
-        if self.state.get("recompute") is not None:  # a recompute pass: what this run changed is dirty
-            self.state = {**self.state, "recompute": recompute.dirtied(self.state, entry, produced)}
+        if self.state.recompute is not None:  # a recompute pass: what this run changed is dirty
+            self.state = self.state.but(recompute=recompute.dirtied(self.state, entry, produced))
         journal = [{"step_key": key, "step_name": entry["name"], "started_at": started_at,
                     "duration_ms": duration_ms, "tokens_in": gw.tokens_in, "tokens_out": gw.tokens_out}]
         self._commit(writer, event("step", step=entry["name"], key=key), journal)
         self._count(gw)
         self._emit("step_end", step=entry["name"], checkpoint_id=self.head, duration_ms=duration_ms)
-        if self.state["context"]["tokens"] >= self.budget.compact_at:
+        if self.state.context.tokens >= self.budget.compact_at:
             self._compact()
         return True
 

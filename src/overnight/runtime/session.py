@@ -38,6 +38,7 @@ from overnight.tokens import Tokenizer, count_messages
 
 if TYPE_CHECKING:
     from overnight.models.base import Model
+    from overnight.runtime.state import SessionState
     from overnight.runtime.task import Task
     from overnight.store.base import Store
 
@@ -53,7 +54,7 @@ class GatewayHost(Protocol):
     tokenizer: Tokenizer
     model_identity: dict[str, Any]
     budget: "Budget"
-    state: dict[str, Any]
+    state: "SessionState"
 
     def recorded_call(self, key: str, seq: int, request: str) -> CallRecord | None: ...
 
@@ -94,21 +95,21 @@ def request_digest(model: str, messages: Sequence[Message], max_tokens: int, tem
                                        "max_tokens": max_tokens, "temperature": temperature}))
 
 
-def control_point(state: dict[str, Any], current: str | None, *, with_summary: bool = True) -> str:
+def control_point(state: "SessionState", current: str | None, *, with_summary: bool = True) -> str:
     """The system message every prompt starts with, built from the checkpointed state only."""
-    todo = [e["name"] for e in state["todo"]]
+    todo = [e["name"] for e in state.todo]
     if current in todo:
         todo.remove(current)
-    arts = sorted(state["artifacts"])
-    lines = [f"Goal: {state['task']['goal']}"]
+    arts = sorted(state.artifacts)
+    lines = [f"Goal: {state.task.goal}"]
     if current:
         lines.append(f"Current step: {current}")
     if todo:
         lines.append(f"Next steps ({len(todo)}): " + ", ".join(todo[:10]) + (" ..." if len(todo) > 10 else ""))
-    lines.append(f"Steps done: {len(state['done'])}")
+    lines.append(f"Steps done: {len(state.done)}")
     if arts:
         lines.append(f"Artifacts ({len(arts)}): " + ", ".join(arts[:20]) + (" ..." if len(arts) > 20 else ""))
-    summary = state["context"]["summary"]
+    summary = state.context.summary
     if summary and with_summary:
         lines.append(f"Summary of earlier sessions:\n{summary}")
     return "\n".join(lines)
@@ -213,7 +214,7 @@ def summarize(runner: GatewayHost, exchanges: list[list[dict[str, str]]], key: s
     """The compaction summary of this session's exchanges (journaled under ``key``, so a
     compaction killed after the model answered does not pay for the summary again), and the
     gateway that made the call (its usage)."""
-    previous = runner.state["context"]["summary"]
+    previous = runner.state.context.summary
     transcript = "\n\n".join(f"{m['role']}: {m['content']}" for ex in exchanges for m in ex)
     if previous:
         transcript = f"(summary of earlier sessions)\n{previous}\n\n{transcript}"
