@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any, ContextManager, Iterable, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -249,6 +249,21 @@ class PostgresStore(Closing):
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self._conn() as conn:
             return conn.execute(self._sql(sql), args).fetchall()
+
+    # -- for tables kept beside the store's own (the queue: store/queue_postgres.py) ----------
+
+    def sql(self, text: str) -> str:
+        """``text`` with ``{s}`` replaced by this store's schema (quoted)."""
+        return self._sql(text)
+
+    def connection(self) -> ContextManager[psycopg.Connection]:
+        """A pooled connection; a full pool, a held lock or a lost server raise StoreBusy or
+        StoreUnavailable as the store's own statements do."""
+        return self._conn()
+
+    def transaction(self) -> ContextManager[psycopg.Cursor]:
+        """A cursor in one transaction on a pooled connection (committed on exit)."""
+        return self._tx()
 
     @staticmethod
     def _require_text(what: str, value: str | None, checkpoint_id: str | None = None) -> None:

@@ -34,7 +34,7 @@ import time
 import urllib.parse
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, ContextManager, Iterable, Iterator
 
 from overnight.errors import (
     CheckpointNotFound,
@@ -488,6 +488,17 @@ class SQLiteStore(Closing):
                 return self._db.execute(sql, args).fetchall()
             except sqlite3.Error as exc:
                 raise self._translate(exc) from exc
+
+    # -- for tables kept beside the store's own (the queue: store/queue_sqlite.py) and salvage ----
+
+    def transaction(self) -> ContextManager[sqlite3.Connection]:
+        """One write transaction on this store's database, serialized with its commits; raises
+        StoreBusy, StoreFull or StoreCorrupt as a commit does."""
+        return self._write()
+
+    def query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        """The rows of one statement, its SQLite errors translated as every store read's are."""
+        return self._read(sql, args)
 
     # -- objects ----------------------------------------------------------------------------
 
