@@ -34,7 +34,8 @@ from overnight.errors import (
 )
 from overnight.runtime.task_code import load_stored_task, load_task
 from overnight.store.task_location import Route
-from overnight.runtime.runner import RunEvent, RunResult, Runner
+from overnight.runtime.outcome import RunEvent, RunResult
+from overnight.runtime.runner import Runner
 from overnight.runtime.task import Task
 from overnight.store import Store, default_store_url, open_store
 from overnight.store import exists as store_exists

@@ -127,7 +127,7 @@ def _report_run(result: api.RunResult, *, quiet: bool) -> None:
                              f"({u.get('replayed_tokens', 0)} tokens) replayed from the journal; "
                              f"{result.compactions} compaction(s)")
     if result.resumable:  # also with --quiet: where to go on is not progress chatter
-        from overnight.runtime.runner import resume_command
+        from overnight.runtime.outcome import resume_command
 
         render.err.print("resume with: " + render.esc(resume_command(result.task_id, result.branch, result.store_url,
                                                                      result.resume_file)))

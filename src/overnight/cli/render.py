@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.markup import escape
 from rich.text import Text
 
-from overnight.runtime.runner import RunEvent
+from overnight.runtime.outcome import RunEvent
 from overnight.units import human_bytes  # noqa: F401 (re-exported)
 
 def _width(stream: Any) -> int | None:

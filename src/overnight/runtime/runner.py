@@ -25,12 +25,10 @@ from overnight.chain.integrity import verify_artifacts
 import inspect
 import logging
 import os
-import shlex
 import time
 import traceback
 import uuid
 from pathlib import Path
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from overnight.codec.canonical import dumps as canonical_dumps
@@ -73,6 +71,7 @@ from overnight.verify.drift import WorldNow, parse_policies
 from overnight.verify.fingerprint import digest_path, model_identity, model_label, normalize, world
 from overnight.chain.integrity import LoadedCheckpoint, encode_state, load_checkpoint, signing_key_from_env
 from overnight.chain.records import event, initial_state
+from overnight.runtime.outcome import RunEvent, RunResult, configured_store_url, resume_command
 from overnight.runtime.state import Context, SessionState
 
 
@@ -80,72 +79,6 @@ LOG = logging.getLogger("overnight.runner")
 """Warnings for Python API users (the CLI shows the same through run events): an ``ephemeral``
 task, whose checkpoints a crash loses."""
 _WARNED_EPHEMERAL: set[str] = set()
-
-
-@dataclass(frozen=True)
-class RunEvent:
-    """Progress notification passed to ``on_event``.
-
-    ``kind``: ``resume`` / ``create`` / ``step_start`` / ``step_end`` / ``step_retry`` /
-    ``skip`` / ``stop_requested`` / ``rollback`` (a moved-back ref accepted with
-    ``allow_rollback``) / ``end``. ``done``/``total`` count steps of the whole task.
-    """
-
-    kind: str
-    task_id: str
-    branch: str = "main"
-    step: str | None = None
-    done: int = 0
-    total: int = 0
-    checkpoint_id: str | None = None
-    duration_ms: float | None = None
-    detail: str | None = None
-
-
-@dataclass
-class RunResult:
-    """Outcome of one session.
-
-    Attributes:
-        status: ``complete`` (todo empty), ``interrupted`` (signal), ``stopped`` (``max_steps``).
-        head: checkpoint id of the branch head after the run.
-        steps_run: steps executed and committed in this session.
-        steps_reused: todo steps whose key was already done (not executed).
-        session: session number of this run.
-        fallback: set when the head failed verification and an older checkpoint was used.
-        created: True when this run created the task.
-        level: persistence level of the run (``ephemeral``/``session``/``durable``).
-        route: the router's reasons, when the task was routed.
-        compactions: context compactions in this run (each started a new session).
-        usage: model usage in this run: ``tokens_in``, ``tokens_out``, ``calls`` made, and
-            ``replayed_calls``/``replayed_tokens`` served from the call journal instead.
-    """
-
-    task_id: str
-    branch: str
-    status: str
-    head: str
-    store_url: str
-    session: int
-    steps_run: int = 0
-    steps_reused: int = 0
-    done: int = 0
-    total: int = 0
-    created: bool = False
-    fallback: Fallback | None = None
-    artifacts: list[str] = field(default_factory=list)
-    level: str = "durable"
-    route: list[str] = field(default_factory=list)
-    compactions: int = 0
-    usage: dict[str, int] = field(default_factory=dict)
-    resume_file: str | None = None
-    """The file defining the task, when the store holds no code location for it (a task created
-    by ``overnight.run`` from a script): ``overnight resume`` then needs ``--file`` with it."""
-
-    @property
-    def resumable(self) -> bool:
-        """Not complete, and kept somewhere a later process can resume it from (not ``ephemeral``)."""
-        return self.status != "complete" and self.level != "ephemeral"
 
 
 class Runner:
@@ -444,7 +377,7 @@ class Runner:
                  f"task {self.task.id!r} has {done} step(s) committed")
         get = f"overnight cat {self.task.id} {name} -o FILE" + (
             f" --store {self.store.url}" if self.level != "ephemeral" and "://" in self.store.url
-            and not self.store.url.startswith(("memory:", "replicated:")) and self.store.url != _default_url() else "")
+            and not self.store.url.startswith(("memory:", "replicated:")) and self.store.url != configured_store_url() else "")
         return OutputNotWritable(
             f"{where}, but its artifact {name!r} could not be written to {path}: {exc.strerror or exc}",
             task_id=self.task.id, checkpoint_id=self.head, path=str(path), reason=exc.strerror,
@@ -747,27 +680,6 @@ class Runner:
         return True
 
 
-def _default_url() -> str | None:
-    """The configured default store URL (``overnight.toml``, ``$OVERNIGHT_STORE``), if readable."""
-    try:
-        return load_config().get("store.url")
-    except OvernightError:
-        return None
-
-
-def resume_command(task_id: str, branch: str, store_url: str, file: str | None = None) -> str:
-    """``overnight resume ID`` with ``--branch``/``--store`` when they are not the defaults, and
-    ``--file FILE`` when the store records no code location for the task."""
-    cmd = f"overnight resume {task_id}"
-    if branch != "main":
-        cmd += f" --branch {branch}"
-    if store_url != _default_url() and not store_url.startswith(("memory:", "replicated:")):
-        cmd += f" --store {store_url}"
-    if file:
-        cmd += f" --file {shlex.quote(file)}"
-    return cmd
-
-
 def identity_of(model: Model, tokenizer: Any) -> dict[str, Any]:
     """The fingerprint component ``model`` of a model client (spec, its own name, base URL,
     tokenizer): :func:`~overnight.verify.fingerprint.model_identity`."""
@@ -794,4 +706,4 @@ def run(task: Task, store: Store | str | None = None, **kwargs: Any) -> RunResul
     return Runner(task, store, **kwargs).run()
 
 
-__all__ = ["RunEvent", "RunResult", "Runner", "run"]
+__all__ = ["Runner", "run"]
