@@ -797,7 +797,7 @@ def _predict(rep: StatusReport, s: Store, loaded: Any, task: Task, on_drift: str
     from overnight.errors import DriftAbort
     from overnight.runtime.drift_decision import decide, policies_for, report_for, salt_of, world, world_spec
     from overnight.models import model_from_spec
-    from overnight.runtime.runner import identity_of, tokenizer_of
+    from overnight.runtime.session import identity_of, tokenizer_of
     from overnight.runtime.task import reconcile_plan
     from overnight.verify.drift import affected_steps, parse_policies
 

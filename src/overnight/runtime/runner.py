@@ -1,4 +1,4 @@
-# Over 600 lines: the session loop and its commit path; step staging, recompute, lease and signals are already in runtime/step.py, recompute.py, lease.py.
+# Over 600 lines: the session loop and its commit path (one Runner: start, drift check, step, compaction, commit); the typed state, step staging, recompute, lease and signals, the model gateway and what a session reports are in runtime/state.py, step.py, recompute.py, lease.py, session.py and outcome.py.
 """The runner: load the head (or create the task), run the todo list, checkpoint after every step.
 
 One :meth:`Runner.run` is one *session*:
@@ -28,7 +28,6 @@ import os
 import time
 import traceback
 import uuid
-from pathlib import Path
 from typing import Any, Callable
 
 from overnight.codec.canonical import dumps as canonical_dumps
@@ -47,10 +46,9 @@ from overnight.errors import (
 )
 from overnight.models import Model, model_from_spec
 from overnight.runtime.context import StepContext
-from overnight.runtime.session import Budget, ModelGateway, summarize
+from overnight.runtime.session import Budget, ModelGateway, identity_of, summarize, tokenizer_of
 from overnight.store.base import CallRecord
-from overnight.tokens import count_messages, tokenizer_for
-from overnight.tokens_lazy import lazy_tokenizer_for
+from overnight.tokens import count_messages
 from overnight.runtime.task import Task, reconcile_plan, step_key
 from overnight.store import open_store
 from overnight.store.base import Store, TaskRow
@@ -68,7 +66,7 @@ from overnight.chain import rollback
 from overnight.chain.write import ChainWriter, utc_now
 from overnight.chain.read import Fallback, load_head
 from overnight.verify.drift import WorldNow, parse_policies
-from overnight.verify.fingerprint import digest_path, model_identity, model_label, normalize, world
+from overnight.verify.fingerprint import digest_path, model_label, normalize, world
 from overnight.chain.integrity import LoadedCheckpoint, encode_state, load_checkpoint, signing_key_from_env
 from overnight.chain.records import event, initial_state
 from overnight.runtime.outcome import RunEvent, RunResult, configured_store_url, resume_command
@@ -678,27 +676,6 @@ class Runner:
         if self.state.context.tokens >= self.budget.compact_at:
             self._compact()
         return True
-
-
-def identity_of(model: Model, tokenizer: Any) -> dict[str, Any]:
-    """The fingerprint component ``model`` of a model client (spec, its own name, base URL,
-    tokenizer): :func:`~overnight.verify.fingerprint.model_identity`."""
-    path, own, url = getattr(model, "model_path", None), getattr(model, "model", None), getattr(model, "base_url", None)
-    return model_identity(model.name, name=own if isinstance(own, str) else (Path(path).name if path else None),
-                          base_url=url if isinstance(url, str) else None, tokenizer=getattr(tokenizer, "name", None))
-
-
-def tokenizer_of(model: Model) -> Any:
-    """The tokenizer that counts what ``model`` reads: its GGUF vocabulary for a local model, the
-    OpenAI encoding for ``openai:`` models it knows (else an approximate count, with a warning),
-    ``o200k_base`` for the extractive writer."""
-    path = getattr(model, "model_path", None)
-    if path is not None:
-        return tokenizer_for(str(path))
-    name = model.name  # an OpenAI encoding loads at its first count: a resume without model calls never does
-    if name == "extractive":
-        return lazy_tokenizer_for("o200k_base")
-    return lazy_tokenizer_for(name.split(":", 1)[1] if name.startswith("openai:") else name)
 
 
 def run(task: Task, store: Store | str | None = None, **kwargs: Any) -> RunResult:

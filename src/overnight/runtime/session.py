@@ -26,6 +26,7 @@ Token counts come from a real tokenizer (:mod:`overnight.tokens`) for the model 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
@@ -34,7 +35,9 @@ from overnight.codec.canonical import dumps_sorted, loads
 from overnight.errors import ContextOverflow, ModelCallFailed
 from overnight.models.base import Completion, Message
 from overnight.store.base import CallRecord
-from overnight.tokens import Tokenizer, count_messages
+from overnight.tokens import Tokenizer, count_messages, tokenizer_for
+from overnight.tokens_lazy import lazy_tokenizer_for
+from overnight.verify.fingerprint import model_identity
 
 if TYPE_CHECKING:
     from overnight.models.base import Model
@@ -290,3 +293,24 @@ def utc_now() -> str:
     from overnight.chain.write import utc_now as now
 
     return now()
+
+
+def identity_of(model: Model, tokenizer: Any) -> dict[str, Any]:
+    """The fingerprint component ``model`` of a model client (spec, its own name, base URL,
+    tokenizer): :func:`~overnight.verify.fingerprint.model_identity`."""
+    path, own, url = getattr(model, "model_path", None), getattr(model, "model", None), getattr(model, "base_url", None)
+    return model_identity(model.name, name=own if isinstance(own, str) else (Path(path).name if path else None),
+                          base_url=url if isinstance(url, str) else None, tokenizer=getattr(tokenizer, "name", None))
+
+
+def tokenizer_of(model: Model) -> Any:
+    """The tokenizer that counts what ``model`` reads: its GGUF vocabulary for a local model, the
+    OpenAI encoding for ``openai:`` models it knows (else an approximate count, with a warning),
+    ``o200k_base`` for the extractive writer."""
+    path = getattr(model, "model_path", None)
+    if path is not None:
+        return tokenizer_for(str(path))
+    name = model.name  # an OpenAI encoding loads at its first count: a resume without model calls never does
+    if name == "extractive":
+        return lazy_tokenizer_for("o200k_base")
+    return lazy_tokenizer_for(name.split(":", 1)[1] if name.startswith("openai:") else name)
