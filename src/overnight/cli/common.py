@@ -33,6 +33,10 @@ EXIT_CODES_HELP = (
     "run `overnight resume TASK_ID`)."
 )
 
+StoreOpt = typer.Option(None, "--store", "-s", envvar="OVERNIGHT_STORE",
+                        help="Store URL: sqlite://PATH, file://DIR, postgresql://HOST/DB?schema=NAME or "
+                        "s3://BUCKET/PREFIX. Default: sqlite://.overnight/overnight.db (or overnight.toml's store.url).")
+BranchOpt = typer.Option("main", "--branch", "-b", help="Branch to use.")
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
 DirOpt = typer.Option(None, "--dir", help="Directory on the disk to measure (default: a temporary directory "
                       "under the current one).")
