@@ -38,6 +38,8 @@ StoreOpt = typer.Option(None, "--store", "-s", envvar="OVERNIGHT_STORE",
                         "s3://BUCKET/PREFIX. Default: sqlite://.overnight/overnight.db (or overnight.toml's store.url).")
 BranchOpt = typer.Option("main", "--branch", "-b", help="Branch to use.")
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
+PlainQuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar (results, errors and warnings still "
+                             "print).")
 DirOpt = typer.Option(None, "--dir", help="Directory on the disk to measure (default: a temporary directory "
                       "under the current one).")
 """A benchmark's scratch directory (``--dir``)."""
