@@ -83,6 +83,18 @@ def esc(value: Any) -> str:
     return escape(safe(value))
 
 
+_NOTES = {
+    "step_retry": (False, "[yellow]retrying[/] {step}: {detail}"),
+    "stop_requested": (True, "[yellow]{detail}[/]"),
+    "drift": (True, "[yellow]drift:[/] {detail}"),
+    "plan": (True, "[yellow]plan changed:[/] {detail}"),
+    "compaction_start": (False, "[cyan]compacting:[/] {detail}"),
+    "compaction": (False, "[cyan]compacted[/] into checkpoint {checkpoint}; {detail} starts"),
+}
+"""Run events shown as one line on stderr: ``kind -> (shown even with --quiet, the line)``; the
+line's ``{step}``, ``{detail}`` and ``{checkpoint}`` are the event's, escaped."""
+
+
 class _EtaColumn(ProgressColumn):
     """ETA from the mean duration of the steps run in this session."""
 
@@ -177,18 +189,13 @@ class RunProgress:
                 self.durations.append(e.duration_ms / 1000)
             eta = (sum(self.durations) / len(self.durations)) * (e.total - e.done) if self.durations else None
             self.progress.update(self.bar, total=e.total, completed=e.done, eta=eta)
-        elif e.kind == "step_retry":
-            self._say(f"[yellow]retrying[/] {esc(e.step)}: {esc(e.detail)}")
-        elif e.kind == "stop_requested":
-            err.print(f"[yellow]{esc(e.detail)}[/]")
-        elif e.kind == "drift":
-            err.print(f"[yellow]drift:[/] {esc(e.detail)}")
-        elif e.kind == "plan":
-            err.print(f"[yellow]plan changed:[/] {esc(e.detail)}")
-        elif e.kind == "compaction_start":
-            self._say(f"[cyan]compacting:[/] {esc(e.detail)}")
-        elif e.kind == "compaction":
-            self._say(f"[cyan]compacted[/] into checkpoint {(e.checkpoint_id or '')[7:19]}; {esc(e.detail)} starts")
+        elif e.kind in _NOTES:
+            shown_always, text = _NOTES[e.kind]
+            line = text.format(step=esc(e.step or ""), detail=esc(e.detail), checkpoint=(e.checkpoint_id or "")[7:19])
+            if shown_always:
+                err.print(line)
+            else:
+                self._say(line)
         elif e.kind == "end":
             self.progress.update(self.bar, step="done" if e.detail == "complete" else str(e.detail),
                                  total=e.total, completed=e.done, eta=0 if e.detail == "complete" else None)
