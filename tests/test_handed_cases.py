@@ -22,7 +22,9 @@ import overnight
 from overnight import api
 from overnight.codec import from_tree, to_tree
 from overnight.errors import FormatTooNew, UnknownTypeError
-from overnight.store import BlobWriter, CheckpointRow, Commit, open_store
+from overnight.store import open_store
+from overnight.store.base import CheckpointRow, Commit
+from overnight.store.blobs import BlobWriter
 from overnight.chain.read import load_head
 from overnight.chain.write import utc_now
 from overnight.chain.integrity import encode_record, encode_state, load_checkpoint

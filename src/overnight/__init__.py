@@ -32,8 +32,8 @@ _EXPORTS = {
     "register_type": "overnight.codec.registry",
     "OvernightError": "overnight.errors",
     "StepContext": "overnight.runtime.context",
-    "RunEvent": "overnight.runtime.runner",
-    "RunResult": "overnight.runtime.runner",
+    "RunEvent": "overnight.runtime.outcome",
+    "RunResult": "overnight.runtime.outcome",
     "Runner": "overnight.runtime.runner",
     "run": "overnight.runtime.runner",
     "Task": "overnight.runtime.task",
@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from overnight.codec.registry import register_codec, register_type
     from overnight.errors import OvernightError
     from overnight.runtime.context import StepContext
-    from overnight.runtime.runner import RunEvent, RunResult, Runner, run
+    from overnight.runtime.outcome import RunEvent, RunResult
+    from overnight.runtime.runner import Runner, run
     from overnight.runtime.task import Task
     from overnight.store import open_store
 

@@ -34,7 +34,8 @@ from overnight.errors import (
 )
 from overnight.runtime.task_code import load_stored_task, load_task
 from overnight.store.task_location import Route
-from overnight.runtime.runner import RunEvent, RunResult, Runner
+from overnight.runtime.outcome import RunEvent, RunResult
+from overnight.runtime.runner import Runner
 from overnight.runtime.task import Task
 from overnight.store import Store, default_store_url, open_store
 from overnight.store import exists as store_exists
@@ -796,7 +797,7 @@ def _predict(rep: StatusReport, s: Store, loaded: Any, task: Task, on_drift: str
     from overnight.errors import DriftAbort
     from overnight.runtime.drift_decision import decide, policies_for, report_for, salt_of, world, world_spec
     from overnight.models import model_from_spec
-    from overnight.runtime.runner import identity_of, tokenizer_of
+    from overnight.runtime.session import identity_of, tokenizer_of
     from overnight.runtime.task import reconcile_plan
     from overnight.verify.drift import affected_steps, parse_policies
 

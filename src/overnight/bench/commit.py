@@ -245,7 +245,7 @@ def _writer(system: str, stack: ExitStack, tmpdir: Path, postgres_url: str
     if system.startswith("overnight "):
         store = open_overnight(system, tmpdir, postgres_url, stack)
         if not sync:
-            store._db.execute("PRAGMA synchronous=OFF")  # type: ignore[attr-defined]  # SQLiteStore's connection
+            store.query("PRAGMA synchronous=OFF")  # type: ignore[attr-defined]  # an SQLiteStore
         chain = ChainWriter(store, "bench", "main", key=None, session_id=uuid.uuid4().hex, session_n=1)
 
         def commit(payload: dict[str, Any], i: int) -> None:

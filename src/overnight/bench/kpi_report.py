@@ -226,6 +226,12 @@ def plots(run: KpiRun, out: Path) -> list[Path]:
     configs = [c for c in CONFIGS if c in S]
     paths = []
 
+    def save(fig, name: str) -> Path:  # type: ignore[no-untyped-def]
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        return out / name
+
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     a.bar(configs, [100 * (S[c]["continuation"] or 0) for c in configs], color="#4c72b0")
     a.set_ylabel("continuation rate (%)")
@@ -235,10 +241,7 @@ def plots(run: KpiRun, out: Path) -> list[Path]:
           yerr=[[0] * len(configs), [S[c]["wasted_max"] - S[c]["wasted_mean"] for c in configs]], capsize=4)
     b.set_ylabel("wasted steps per task (mean, bar to max)")
     b.set_title("steps executed again for the same inputs")
-    fig.tight_layout()
-    paths.append(out / "kpi-continuation.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(save(fig, "kpi-continuation.png"))
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     lv = [c for c in configs if c != "naive"]
@@ -254,10 +257,7 @@ def plots(run: KpiRun, out: Path) -> list[Path]:
           color="#55a868")
     b.set_ylabel("checkpoint overhead per step (ms)")
     b.set_title("by medium")
-    fig.tight_layout()
-    paths.append(out / "kpi-latency.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(save(fig, "kpi-latency.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for c, color in (("session", "#4c72b0"), ("durable", "#c44e52")):
@@ -275,10 +275,7 @@ def plots(run: KpiRun, out: Path) -> list[Path]:
     ax.set_ylabel("stored bytes, median over tasks (KB)")
     ax.set_title("storage over steps (objects + records + model calls)")
     ax.legend()
-    fig.tight_layout()
-    paths.append(out / "kpi-storage.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(save(fig, "kpi-storage.png"))
     return paths
 
 

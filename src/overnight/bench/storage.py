@@ -41,7 +41,8 @@ from typing import Any, Callable
 
 from overnight.bench.commit import DEFAULT_POSTGRES, langgraph_saver, message_text, open_overnight, percentile
 from overnight.errors import BenchFailed, ConfigError
-from overnight.runtime.runner import RunEvent, Runner
+from overnight.runtime.outcome import RunEvent
+from overnight.runtime.runner import Runner
 from overnight.runtime.task import Task
 from overnight.store import location
 

@@ -1,4 +1,4 @@
-# Over 600 lines: one typer app, one thin command function per `overnight` command in --help order; shared helpers live in cli/common.py and cli/render.py (split by command group once the parallel CLI work lands).
+# Over 600 lines: one typer app, one thin command function per `overnight` command in --help order (run, resume, inspection, branches, demo, config, ui); command groups with a module of their own: cli/ops.py (gc, rm, archive, restore, repair), cli/coding_agents.py (mcp, hook), cli/bench.py, cli/fleet.py; shared options and helpers in cli/common.py and cli/render.py.
 """``overnight`` command line: a thin shell over :mod:`overnight.api` (same names, same options).
 
 Exit codes (also in ``overnight --help`` and the README):
@@ -26,16 +26,21 @@ from typing import Optional
 import typer
 
 from overnight import api
-from overnight.cli import bench_agents, bench_kpi, bench_langgraph, bench_mcp, bench_perf, bench_storage, render
-from overnight.cli import bench_resume
+from overnight.cli import coding_agents, ops, render
+from overnight.cli.bench import bench_app
 from overnight.cli.common import (  # noqa: F401 (EXIT_* re-exported)
     EXIT_BUSY, EXIT_CODES_HELP, EXIT_DRIFT, EXIT_FAILED, EXIT_INTEGRITY, EXIT_OK, EXIT_RESUMABLE, EXIT_STORE,
     EXIT_USAGE,
+    BranchOpt,
+    JsonOpt,
+    PlainQuietOpt,
+    StoreOpt,
     exit_code as _exit_code,
     fail as _fail,
+    failing,
     need_extra as _need_extra,
 )
-from overnight.errors import ConfigError, OvernightError
+from overnight.errors import OvernightError
 
 def _usage_name(self: typer.core.TyperArgument) -> str:
     """An argument in a usage line as click and git write it -- ``TASK_ID``, ``[TASK_ID]`` -- not
@@ -66,17 +71,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-StoreOpt = typer.Option(None, "--store", "-s", envvar="OVERNIGHT_STORE",
-                        help="Store URL: sqlite://PATH, file://DIR, postgresql://HOST/DB?schema=NAME or "
-                        "s3://BUCKET/PREFIX. Default: sqlite://.overnight/overnight.db (or overnight.toml's store.url).")
-JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
-BranchOpt = typer.Option("main", "--branch", "-b", help="Branch to use.")
 MaxStepsOpt = typer.Option(None, "--max-steps", min=1, help="Stop (resumably, exit 75) after N executed steps.")
 EventsOpt = typer.Option(None, "--events", help="Append every run event as a JSON line to this file.")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary: only results (the demo's "
                         "report path), errors, warnings and, when interrupted, the resume command print.")
-PlainQuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar (results, errors and warnings still "
-                             "print).")
 ModelOpt = typer.Option(None, "--model", "-m", metavar="SPEC",
                         help="Model for ctx.model: extractive (offline, not an LLM; the default), local (SmolLM2 "
                         "in-process, needs the llm extra), or openai:NAME (any OpenAI-compatible endpoint).")
@@ -126,7 +124,7 @@ def _report_run(result: api.RunResult, *, quiet: bool) -> None:
                              f"({u.get('replayed_tokens', 0)} tokens) replayed from the journal; "
                              f"{result.compactions} compaction(s)")
     if result.resumable:  # also with --quiet: where to go on is not progress chatter
-        from overnight.runtime.runner import resume_command
+        from overnight.runtime.outcome import resume_command
 
         render.err.print("resume with: " + render.esc(resume_command(result.task_id, result.branch, result.store_url,
                                                                      result.resume_file)))
@@ -160,13 +158,11 @@ def run(
     ephemeral (a short task the router keeps in this process only): then nothing is kept and the
     exit is 1.
     """
-    try:
+    with failing():
         result = _run_with_progress(
             lambda p: api.run(file, store=store, branch=branch, max_steps=max_steps, on_event=p, on_drift=on_drift,
                               model=_model(model, base_url), max_context_tokens=max_context_tokens),
             quiet=quiet, events=events)
-    except OvernightError as exc:
-        _fail(exc)
     _report_run(result, quiet=quiet)
 
 
@@ -201,21 +197,17 @@ def resume(
     Before any step runs, the head is compared with the world now (code, deps, env, inputs,
     exported artifacts); drift is handled by policy (--on-drift)."""
     if submit:
-        try:
+        with failing():
             row, now = api.enqueue(task_id, store=store, branch=branch)
-        except OvernightError as exc:
-            _fail(exc)
         render.out.print(f"{render.esc(task_id)}: {'queued' if now else render.esc(row.status) + ' already'} "
                          f"(code {render.esc(row.entry)}); `overnight worker` runs it")
         return
-    try:
+    with failing():
         result = _run_with_progress(
             lambda p: api.resume(task_id, store=store, branch=branch, entry=file, max_steps=max_steps, on_event=p,
                                  on_drift=on_drift, model=_model(model, base_url),
                                  max_context_tokens=max_context_tokens, allow_rollback=allow_rollback),
             quiet=quiet, events=events)
-    except OvernightError as exc:
-        _fail(exc)
     _report_run(result, quiet=quiet)
 
 
@@ -224,10 +216,8 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
     """List the tasks in the store: status, steps done/total, branches, last checkpoint time.
     Without --store: the default store and the configured database and cloud media (where the
     router puts important and critical tasks)."""
-    try:
+    with failing():
         tasks = api.ls(store=store)
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         render.print_json(tasks)
         return
@@ -270,10 +260,8 @@ def show(
     if raw and not as_json:
         render.err.print("[bold red]error:[/] --raw needs --json")
         raise typer.Exit(EXIT_USAGE)
-    try:
+    with failing():
         rep = api.show(task_id, store=store, branch=branch, raw=raw)
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         render.print_json(rep)
         return
@@ -346,10 +334,8 @@ def cat_object(
     The digests are in `overnight show TASK --json --raw`: a record's "state", the state
     document's pages, artifacts, the world fingerprint. Exit 3 if the stored bytes do not hash to
     DIGEST; exit 2 if the store has no such object or checkpoint (or DIGEST is not a digest)."""
-    try:
+    with failing():
         data = api.cat_object(object_digest, store=store)
-    except OvernightError as exc:
-        _fail(exc)
     if output is not None:
         output.write_bytes(data)
     else:
@@ -374,11 +360,9 @@ def status(
     """Where a task stands; with --drift, what changed since its head (which package, file, env
     key, step version, model), which steps read it, what the drift policies would do on resume,
     how the plan in the code differs from the stored one, and which steps the resume runs."""
-    try:
+    with failing():
         rep = api.status(task_id, store=store, branch=branch, drift=drift, entry=file, on_drift=on_drift,
                          model=_model(model, base_url))
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         out = render.to_jsonable(rep)
         out["drift"] = rep.drift.to_json() if rep.drift else None
@@ -440,10 +424,8 @@ def env_export(
     """Write the recorded dependency pins as a pip requirements file (with lock-file digests, the
     Python version and the declared env-var names -- never values), to rebuild the environment a
     checkpoint was made in: pip install -r FILE, then resume with no drift."""
-    try:
+    with failing():
         text = api.env_export(task_id, store=store, at=at, branch=branch)
-    except OvernightError as exc:
-        _fail(exc)
     if output is not None:
         output.write_text(text, encoding="utf-8")
     else:
@@ -476,12 +458,10 @@ def verify(
     if not task_id and not all_tasks:
         render.err.print("[bold red]error:[/] name a TASK_ID or pass --all")
         raise typer.Exit(EXIT_USAGE)
-    try:
+    with failing():
         with render.progress_bar("verifying", quiet=quiet or as_json) as update:
             rep = api.verify(task_id if not all_tasks else None, store=store, all_objects=all_tasks, on_progress=update,
                              repair=repair)
-    except OvernightError as exc:
-        _fail(exc)
     ok = rep.ok if ignore_dangling else not rep.problems
     if as_json:
         render.print_json({**render.to_jsonable(rep), "ok": ok})
@@ -495,11 +475,11 @@ def verify(
             render.out.print(f"  {render.esc(task)}: " + ", ".join(f"{b} {st}" for b, st in heads.items()))
         for line in rep.healed:
             render.out.print(f"[green]{render.esc(line)}[/]")
-        failing = [p for p in rep.problems if not p.dangling]
+        broken = [p for p in rep.problems if not p.dangling]
         dangling = [p for p in rep.problems if p.dangling]
-        if failing:
+        if broken:
             render.table("problems", ["task", "checkpoint", "check", "detail"],
-                         [(p.task_id or "", (p.checkpoint_id or "")[7:19], p.check, p.detail) for p in failing])
+                         [(p.task_id or "", (p.checkpoint_id or "")[7:19], p.check, p.detail) for p in broken])
         if dangling:
             render.out.print(f"[yellow]{len(dangling)} damaged record(s) no branch uses[/] (kept for inspection after a "
                              "fallback; `overnight show` marks them; exit 3 unless --ignore-dangling):")
@@ -509,7 +489,7 @@ def verify(
             render.err.print(f"[yellow]warning:[/] {rep.signatures_unchecked} checkpoint(s) are signed but "
                              "OVERNIGHT_SIGNING_KEY is not set: their signatures were not checked (an edit that also "
                              "recomputed the digest would pass)")
-        if not failing:
+        if not broken:
             render.out.print("[green]ok[/]" if not dangling else "[yellow]branches ok[/]")
     if not ok:
         raise typer.Exit(EXIT_INTEGRITY)
@@ -522,10 +502,8 @@ def log_(
     as_json: bool = JsonOpt,
 ) -> None:
     """History of a task with its branches, as a graph (newest first), like `git log --graph --all`."""
-    try:
+    with failing():
         entries = api.log(task_id, store=store)
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         render.print_json([{"checkpoint_id": e.row.checkpoint_id, "parents": e.parents, "branch": e.row.branch,
                             "seq": e.row.seq, "event": e.row.event, "step": e.row.step, "created_at": e.row.created_at,
@@ -554,10 +532,8 @@ def fork(
 ) -> None:
     """Start a new branch at a checkpoint. Both branches continue independently
     (`overnight resume TASK_ID --branch NAME`) and never see each other's later checkpoints."""
-    try:
+    with failing():
         cid = api.fork(task_id, at, branch, store=store)
-    except OvernightError as exc:
-        _fail(exc)
     render.err.print(f"branch [bold]{render.esc(branch)}[/] created at {cid[7:19]}; "
                      f"continue it with: overnight resume {render.esc(task_id)} --branch {render.esc(branch)}")
 
@@ -571,10 +547,8 @@ def rollback(
 ) -> None:
     """Move a branch back to an earlier checkpoint's state. The newer checkpoints stay in the
     history (`overnight log`); the steps after the target run again on the next resume."""
-    try:
+    with failing():
         cid = api.rollback(task_id, to, branch=branch, store=store)
-    except OvernightError as exc:
-        _fail(exc)
     render.err.print(f"branch [bold]{render.esc(branch)}[/] rolled back to the state of {render.esc(to)}; "
                      f"new head {cid[7:19]} (the newer checkpoints stay in `overnight log`)")
 
@@ -589,10 +563,8 @@ def merge(
 ) -> None:
     """Merge a branch: union of done steps when no step conflicts (three-way for artifacts and
     state). A conflict is reported with both sides (exit 4); --prefer picks one."""
-    try:
+    with failing():
         res = api.merge(task_id, source, into=into, prefer=prefer, store=store)
-    except OvernightError as exc:
-        _fail(exc)
     if res.up_to_date:
         render.err.print(f"{render.esc(into)} already contains {render.esc(source)}: nothing to merge")
         return
@@ -601,162 +573,7 @@ def merge(
                      + f"; new head {(res.checkpoint_id or '')[7:19]}")
 
 
-GraceOpt = typer.Option("1h", "--grace", metavar="DURATION",
-                        help="Objects stored or refreshed more recently than this stay (a commit running at the "
-                        "same time may be about to reference them). Default 1h; 0 only when nothing writes.")
-
-
-def _unreadable_note(unreadable: list) -> None:
-    if unreadable:
-        render.err.print(f"[yellow]note:[/] {len(unreadable)} part(s) of remaining checkpoints could not be read "
-                         "(their objects are unknown and were not protected); `overnight verify --all` explains")
-
-
-@app.command()
-def gc(
-    apply: bool = typer.Option(False, "--apply/--dry-run", help="--apply deletes; --dry-run (the default) only "
-                               "reports what would go."),
-    keep_last: Optional[int] = typer.Option(None, "--keep-last", min=0, metavar="N",
-                                            help="Keep each task's N newest dangling checkpoints."),
-    older_than: Optional[str] = typer.Option(None, "--older-than", metavar="DURATION",
-                                             help="Only dangling checkpoints older than this go (e.g. 30d)."),
-    task_id: Optional[str] = typer.Option(None, "--task", metavar="ID", help="Only this task's dangling checkpoints, and the "
-                                          "objects only they needed."),
-    grace: str = GraceOpt,
-    store: Optional[str] = StoreOpt,
-    as_json: bool = JsonOpt,
-    quiet: bool = PlainQuietOpt,
-) -> None:
-    """Collect garbage: dangling checkpoints (on no live branch's lineage: records a fallback
-    skipped, history of deleted branches) and objects no remaining checkpoint needs.
-
-    A dry run unless --apply. Never removes a branch head, anything on a live branch's lineage,
-    or anything a remaining checkpoint needs to load; safe while tasks run (objects younger than
-    --grace stay). Works on one store (default: the local one); --store URL for a configured
-    database or cloud medium."""
-    try:
-        with render.progress_bar("reading checkpoints", quiet=quiet or as_json) as update:
-            rep = api.gc(store=store, apply=apply, keep_last=keep_last, older_than=older_than, task_id=task_id,
-                         grace=grace, on_progress=update)
-    except OvernightError as exc:
-        _fail(exc)
-    if as_json:
-        render.print_json(rep)
-        return
-    verb = "deleted" if rep.applied else "would delete"
-    if not rep.applied and not quiet:
-        render.err.print("[yellow]dry run[/]: nothing deleted (pass --apply to delete)")
-    render.table(None, ["task", "checkpoints", "dangling", "kept", verb, "bytes"],
-                 [(t.task_id, t.checkpoints, len(t.dangling), len(t.kept), len(t.deleted), render.human_bytes(t.bytes))
-                  for t in rep.tasks],
-                 justify={c: "right" for c in ("checkpoints", "dangling", "kept", verb, "bytes")})
-    render.out.print(f"checkpoints: {rep.checkpoints_deleted} {verb} ({render.human_bytes(rep.checkpoint_bytes)})")
-    render.out.print(
-        f"objects: {rep.objects} stored, {rep.objects_referenced} referenced, {rep.objects_unreferenced} unreferenced: "
-        f"{rep.objects_deleted} {verb} ({render.human_bytes(rep.object_bytes)}), {rep.objects_young} kept as younger "
-        f"than the grace period ({render.human_bytes(rep.young_bytes)})")
-    _unreadable_note(rep.unreadable)
-
-
-@app.command()
-def rm(
-    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-    force: bool = typer.Option(False, "--force", help="Delete even while a live process holds one of its branches."),
-    grace: str = GraceOpt,
-    store: Optional[str] = StoreOpt,
-    as_json: bool = JsonOpt,
-    quiet: bool = PlainQuietOpt,
-) -> None:
-    """Delete a task: its checkpoints, branches, leases, journal, archive catalog and queue row, then the
-    objects no other task needs. Asks first (--yes to skip); refuses while a run holds the task
-    (--force to override). A cold store it was archived to is not touched."""
-    try:
-        plan = api.rm(task_id, store=store, dry_run=True, grace=grace)
-        if not yes:
-            question = (f"delete task {render.safe(task_id)!r}: {plan.checkpoints} checkpoint(s), branches "
-                        f"{', '.join(plan.branches) or 'none'}, {plan.objects_unreferenced} object(s) only it uses?")
-            if not sys.stdin.isatty():
-                render.err.print(f"[bold red]error:[/] {render.esc(question)} -- not confirmed (no terminal); "
-                                 "pass --yes")
-                raise typer.Exit(EXIT_USAGE)
-            if not typer.confirm(question, default=False, err=True):
-                render.err.print("nothing deleted")
-                raise typer.Exit(EXIT_OK)
-        with render.progress_bar("deleting", quiet=quiet or as_json) as update:
-            rep = api.rm(task_id, store=store, force=force, grace=grace, on_progress=update)
-    except OvernightError as exc:
-        _fail(exc)
-    if as_json:
-        render.print_json(rep)
-        return
-    render.err.print(
-        f"deleted task [bold]{render.esc(task_id)}[/]: {rep.checkpoints} checkpoint(s) "
-        f"({render.human_bytes(rep.checkpoint_bytes)}), {rep.objects_deleted} object(s) "
-        f"({render.human_bytes(rep.object_bytes)})"
-        + (f"; {rep.objects_young} younger than the grace period left for `overnight gc`" if rep.objects_young else ""))
-    _unreadable_note(rep.unreadable)
-
-
-@app.command("archive")
-def archive_(
-    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
-    cold: str = typer.Option(..., "--cold", metavar="URL", help="Cold store URL (s3://BUCKET/PREFIX, file://DIR, ...)."),
-    keep_last: Optional[int] = typer.Option(None, "--keep-last", min=1, metavar="N",
-                                            help="Keep each branch's N newest checkpoints in hot."),
-    older_than: Optional[str] = typer.Option(None, "--older-than", metavar="DURATION",
-                                             help="Archive checkpoints older than this (e.g. 7d); heads always stay."),
-    grace: str = GraceOpt,
-    store: Optional[str] = StoreOpt,
-    as_json: bool = JsonOpt,
-    quiet: bool = PlainQuietOpt,
-) -> None:
-    """Move a task's older history to a cold store as one compressed pack, and remove it from the
-    hot store. Heads and everything a kept checkpoint needs stay; archived checkpoints remain
-    readable (show, log, cat --at, verify) and come back when something builds on them
-    (fork --at, rollback --to) or with `overnight restore`."""
-    try:
-        with render.progress_bar("archiving", quiet=quiet or as_json) as update:
-            rep = api.archive(task_id, cold=cold, store=store, keep_last=keep_last, older_than=older_than,
-                              grace=grace, on_progress=update)
-    except OvernightError as exc:
-        _fail(exc)
-    if as_json:
-        render.print_json(rep)
-        return
-    if not rep.archived:
-        render.err.print(f"nothing to archive: all {rep.kept} checkpoint(s) of {render.esc(task_id)} are within the policy")
-        return
-    render.err.print(
-        f"archived {len(rep.archived)} checkpoint(s) of [bold]{render.esc(task_id)}[/] to {render.esc(rep.cold)}"
-        + (f" (archive {rep.archive_id[7:19]}: {rep.objects_packed} object(s), pack "
-           f"{render.human_bytes(rep.pack_bytes)})" if rep.archive_id else "")
-        + f"; {rep.kept} kept in hot; freed {render.human_bytes(rep.checkpoint_bytes + rep.object_bytes)} "
-        f"({rep.objects_deleted} object(s))"
-        + (f"; {rep.objects_young} younger than the grace period left for `overnight gc`" if rep.objects_young else ""))
-
-
-@app.command()
-def restore(
-    task_id: str = typer.Argument(..., metavar="TASK_ID", help="Task id."),
-    cold: Optional[str] = typer.Option(None, "--cold", metavar="URL", help="Read the packs from this store (default: "
-                                       "where each archive run recorded them)."),
-    store: Optional[str] = StoreOpt,
-    as_json: bool = JsonOpt,
-    quiet: bool = PlainQuietOpt,
-) -> None:
-    """Bring a task's archived checkpoints (and the objects they need) back into the hot store."""
-    try:
-        with render.progress_bar("restoring", quiet=quiet or as_json) as update:
-            rep = api.restore(task_id, store=store, cold=cold, on_progress=update)
-    except OvernightError as exc:
-        _fail(exc)
-    if as_json:
-        render.print_json(rep)
-        return
-    render.err.print(f"restored {rep.checkpoints} checkpoint(s) and {rep.objects} object(s) "
-                     f"({render.human_bytes(rep.bytes)}) of [bold]{render.esc(task_id)}[/] from "
-                     f"{len(rep.archives)} archive(s)")
+ops.register(app)  # gc, rm, archive, restore, repair
 
 
 @app.command()
@@ -791,7 +608,7 @@ def demo(
     """
     from overnight.demo.api_report import find_package, make_task
 
-    try:
+    with failing():
         find_package(package)  # a package that is not there: refuse before creating a task
         client = _model(model, base_url)
         task = make_task(task_id, package, latency_ms, out=str(out_path), model=client.name if client else None,
@@ -799,8 +616,6 @@ def demo(
         result = _run_with_progress(
             lambda p: api.run(task, store=store, max_steps=max_steps, on_event=p, on_drift=on_drift, model=client),
             quiet=quiet, events=events)
-    except OvernightError as exc:
-        _fail(exc)
     if result.status == "complete":  # the result (the report's path) on stdout, the rest on stderr
         size = out_path.stat().st_size
         render.out.print(f"report: [bold]{render.esc(out_path.resolve())}[/] ({render.human_bytes(size)}, "
@@ -811,40 +626,7 @@ def demo(
     _report_run(result, quiet=quiet)
 
 
-bench_app = typer.Typer(help="Benchmarks that print a table (ratios against a named baseline, same run).",
-                        no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
-bench_storage.register(bench_app)
-bench_perf.register(bench_app)
-bench_langgraph.register(bench_app)
-bench_agents.register(bench_app)
-bench_kpi.register(bench_app)
-bench_mcp.register(bench_app)
-bench_resume.register(bench_app)
-
-
-@bench_app.command("commit")
-def bench_commit(
-    n: int = typer.Option(300, "--n", min=10, help="Commits per system."),
-    state_kb: float = typer.Option(10.0, "--state-kb", min=0.1, help="Size of the state per commit (KB)."),
-    directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure (default: a "
-                                             "temporary directory under the current one)."),
-    cpu: bool = typer.Option(False, "--cpu", help="Also run both SQLite writers on their own files with "
-                             "synchronous=OFF: their time besides the flush (diagnostic rows, '(no fsync)')."),
-    as_json: bool = JsonOpt,
-) -> None:
-    """Checkpoint commit latency: overnight vs LangGraph SqliteSaver.put vs a raw write+fsync floor."""
-    from overnight.bench.commit import CPU_SYSTEMS, LOCAL_SYSTEMS, run_commit_bench
-
-    try:
-        result = run_commit_bench(n=n, state_kb=state_kb, directory=directory,
-                                  systems=CPU_SYSTEMS if cpu else LOCAL_SYSTEMS)
-    except ImportError as exc:
-        _need_extra(exc, "bench")
-    if as_json:
-        render.print_json(result.to_json())
-        return
-    render.out.print(result.markdown())
 
 
 @app.command("route")
@@ -865,10 +647,8 @@ def route_(
     except ValueError:
         render.err.print(f"[bold red]error:[/] --at {render.esc(at)} is not an ISO 8601 time")
         raise typer.Exit(EXIT_USAGE)
-    try:
+    with failing():
         decision = api.route(file, now=now)
-    except OvernightError as exc:
-        _fail(exc)
     if as_json:
         render.print_json(decision.to_json())
         return
@@ -884,10 +664,8 @@ def route_(
 def config_(as_json: bool = JsonOpt) -> None:
     """The effective configuration -- store URLs, media per criticality, router thresholds, signing
     key (set or not; never shown) -- and where each value came from (default, overnight.toml, $ENV)."""
-    try:
+    with failing():
         cfg = api.config()
-    except OvernightError as exc:
-        _fail(exc)
     rows = cfg.shown()
     if as_json:
         render.print_json({"file": str(cfg.file) if cfg.file else None,
@@ -897,210 +675,7 @@ def config_(as_json: bool = JsonOpt) -> None:
     render.table(None, ["setting", "value", "from"], rows)
 
 
-def _salvage(path: Path, into: Optional[Path], as_json: bool) -> None:
-    try:
-        rep = api.salvage(path, into=into)
-    except OvernightError as exc:
-        _fail(exc)
-    if as_json:
-        render.print_json({**render.to_jsonable(rep), "ok": rep.verify.ok and not rep.verify.problems})
-    else:
-        render.table(f"salvaged {render.esc(rep.source)} -> {render.esc(rep.target)}", ["table", "rows", "read errors"],
-                     [(t, n, rep.errors.get(t, 0)) for t, n in rep.rows.items()])
-        for ref, cid in rep.refs_restored.items():
-            render.out.print(f"ref {render.esc(ref)} rebuilt -> {cid[7:19]} (the newest verified record of the branch)")
-        v = rep.verify
-        render.out.print(f"verify: {v.tasks} task(s), {v.checkpoints} checkpoint(s) ({v.checkpoints_invalid} invalid), "
-                         f"{v.objects_checked} object(s) checked ({v.objects_invalid} damaged); heads: "
-                         + "; ".join(f"{t}: " + ", ".join(f"{b} {st}" for b, st in h.items()) for t, h in v.heads.items()))
-        if v.problems:
-            render.out.print(f"[yellow]{len(v.problems)} problem(s)[/]: damaged records never load; resume falls back "
-                             f"to the newest that verifies (`overnight verify --all --store sqlite://{rep.target}`)")
-        else:
-            render.out.print("[green]ok[/]: use it with --store sqlite://" + render.esc(rep.target))
-    if rep.verify.problems:
-        raise typer.Exit(EXIT_INTEGRITY)
-
-
-@app.command()
-def repair(
-    task_id: Optional[str] = typer.Argument(None, metavar="TASK_ID", help="Task id; omit with --all."),
-    all_tasks: bool = typer.Option(False, "--all", help="Every task in the store."),
-    store: Optional[str] = StoreOpt,
-    as_json: bool = JsonOpt,
-    salvage: Optional[Path] = typer.Option(None, "--salvage", metavar="FILE.db",
-                                           help="Recover what SQLite can still read from a damaged store file "
-                                           "into a new file (--into, default FILE.salvaged.db), then verify it. "
-                                           "The damaged file is not written."),
-    into: Optional[Path] = typer.Option(None, "--into", metavar="NEW.db", help="Where --salvage writes."),
-) -> None:
-    """Bring every medium a task was routed to (e.g. local + cloud for a critical task) up to the
-    newest head that verifies: copy what a lost, emptied, lagging or corrupted medium lacks from a
-    healthy one. Without --store the task is looked up on every configured medium, so a task whose
-    local copy was lost with its disk is found on a replica and made again locally. The source of a
-    branch is the medium with the newest checkpoint that verifies (a damaged head falls back on its
-    own medium first); newer checkpoints that verify nowhere are listed as skipped. A damaged SQLite
-    file is moved aside to NAME.damaged-TIMESTAMP (never deleted) and rebuilt. Media that diverged
-    (each went on alone) keep the losing head on branch BRANCH@MEDIUM: nothing is dropped.
-    Exit 0 repaired or nothing to do | 3 a medium is unavailable or cannot be repaired |
-    4 media diverged (merge the kept branch: overnight merge TASK_ID --from BRANCH@MEDIUM).
-
-    --salvage FILE.db recovers a damaged SQLite store with Python's sqlite3 module (row by row,
-    skipping what errors; `sqlite3 FILE .recover` fails on some systems), rebuilds branch refs
-    that were lost from the newest verified record, and verifies the result like `verify --all`:
-    exit 0 when all of it verifies, 3 when something salvaged is damaged (it never loads)."""
-    if salvage is not None:
-        _salvage(salvage, into, as_json)
-        return
-    if not task_id and not all_tasks:
-        render.err.print("[bold red]error:[/] name a TASK_ID or pass --all")
-        raise typer.Exit(EXIT_USAGE)
-    try:
-        reports = api.repair(task_id if not all_tasks else None, store=store)
-    except OvernightError as exc:
-        _fail(exc)
-    if as_json:
-        render.print_json(reports)
-    else:
-        for r in reports:
-            render.out.print(f"[bold]{render.esc(r.task_id)}[/]: " + ", ".join(
-                f"{b} from {m}" for b, m in r.sources.items()))
-            render.table(None, ["medium", "status", "heads before", "checkpoints copied", "objects copied", "detail"],
-                         [(m.name, m.status, ", ".join(f"{b}: {h}" for b, h in m.heads.items()), m.checkpoints_copied,
-                           m.objects_copied, m.detail or "") for m in r.media])
-            for branch, skipped in r.skipped.items():
-                render.err.print(f"[yellow]{render.esc(branch)}: skipped, verifies on no medium:[/] " + ", ".join(
-                    f"{render.esc(str(x['checkpoint_id'])[7:19])} (step {render.esc(x['step'])}, {render.esc(x['medium'])})"
-                    for x in skipped))
-    if any(m.status in ("failed", "unavailable") for r in reports for m in r.media):
-        raise typer.Exit(EXIT_INTEGRITY)
-    if any(r.diverged for r in reports):
-        raise typer.Exit(EXIT_BUSY)
-
-
-@bench_app.command("verify")
-def bench_verify(
-    checkpoints: int = typer.Option(1000, "--checkpoints", min=2, help="Checkpoints (steps) in the store."),
-    mb: float = typer.Option(100.0, "--mb", min=0.1, help="MB of distinct artifact content in the store."),
-    directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure."),
-    scales: str = typer.Option("1,3", "--scales", help="Store sizes, as multiples of --checkpoints and --mb "
-                               "(peak RSS flat across them: memory does not grow with the store)."),
-) -> None:
-    """Time `overnight verify --all` and `verify TASK` (wall, CPU, MB/s against sha256 in memory, peak
-    RSS) on stores of N checkpoints and M MB of artifacts, times each scale."""
-    from overnight.bench.verify import run_verify_bench
-
-    sizes = tuple(int(s) for s in scales.split(",") if s.strip())
-    render.out.print(run_verify_bench(checkpoints=checkpoints, mb=mb, directory=directory, scales=sizes).markdown())
-
-
-@app.command("mcp")
-def mcp_(
-    store: Optional[str] = StoreOpt,
-    project: Optional[Path] = typer.Option(None, "--project", help="A directory in the project whose coding "
-                                           "tasks this server keeps (default: the current one; its git top level)."),
-    http: bool = typer.Option(False, "--http", help="Serve streamable HTTP at /mcp instead of stdio."),
-    host: str = typer.Option("127.0.0.1", "--host", help="HTTP: address to bind (loopback unless you mean it)."),
-    port: int = typer.Option(8765, "--port", min=1, max=65535, help="HTTP: port."),
-    token: Optional[str] = typer.Option(None, "--token", envvar="OVERNIGHT_MCP_TOKEN",
-                                        help="HTTP: bearer token every request must carry (default: a random one, "
-                                        "printed on stderr)."),
-) -> None:
-    """MCP server for coding agents (stdio): task_start, task_checkpoint, task_resume, task_status, task_list,
-    task_log, task_fork, task_rollback, task_verify, artifact_read. Needs the mcp extra."""
-    try:
-        from overnight.mcp.server import run as serve
-    except ImportError as exc:
-        _need_extra(exc, "mcp")
-    except ConfigError as exc:
-        render.err.print(f"[bold red]error:[/] {render.esc(exc)}")
-        raise typer.Exit(EXIT_USAGE)
-    try:
-        serve(store=store, project=str(project) if project else None, http=http, host=host, port=port, token=token)
-    except OvernightError as exc:
-        _fail(exc)
-
-
-hook_app = typer.Typer(help="Hooks for coding agents: checkpoint before a compaction and at the end of a turn, put "
-                       "the control point back into a new session. The task is the project's current one "
-                       "(.overnight/current-task, written by task_start / task_resume; or $OVERNIGHT_TASK).",
-                       no_args_is_help=True)
-app.add_typer(hook_app, name="hook")
-claude_app = typer.Typer(help="Claude Code hooks: the hook JSON on stdin, Claude Code's JSON on stdout.",
-                         no_args_is_help=True)
-hook_app.add_typer(claude_app, name="claude-code")
-HookStoreOpt = typer.Option(None, "--store", "-s", help="Store URL (default: $OVERNIGHT_STORE, else the store the "
-                            "current-task pointer names).")
-
-
-@claude_app.command("pre-compact")
-def cc_pre_compact(store: Optional[str] = HookStoreOpt) -> None:
-    """PreCompact: commit a checkpoint (transcript stored, control point updated); if it fails, block the compaction.
-    Empty input: nothing to save, no checkpoint (exit 0, the reason on stderr)."""
-    from overnight.hooks import claude_code
-
-    raise typer.Exit(claude_code.run("pre-compact", store=store))
-
-
-@claude_app.command("session-start")
-def cc_session_start(store: Optional[str] = HookStoreOpt) -> None:
-    """SessionStart: after a compaction or a resume, put the control point and the drift report into the context."""
-    from overnight.hooks import claude_code
-
-    raise typer.Exit(claude_code.run("session-start", store=store))
-
-
-@claude_app.command("stop")
-def cc_stop(store: Optional[str] = HookStoreOpt) -> None:
-    """Stop: commit a checkpoint at the end of each turn (nothing when nothing changed)."""
-    from overnight.hooks import claude_code
-
-    raise typer.Exit(claude_code.run("stop", store=store))
-
-
-@claude_app.command("install")
-def cc_install(
-    user: bool = typer.Option(False, "--user", help="~/.claude/settings.json (every project)."),
-    project: bool = typer.Option(False, "--project", help=".claude/settings.json of this project (the default), "
-                                 "and the MCP server in its .mcp.json."),
-    command: str = typer.Option("overnight", "--command", help="How Claude Code should call overnight (e.g. an "
-                                "absolute path to the venv's overnight)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would change, change nothing."),
-) -> None:
-    """Merge the PreCompact, SessionStart and Stop hooks into Claude Code's settings (other hooks kept; idempotent)."""
-    from overnight.hooks import claude_code
-
-    if user and project:
-        render.err.print("[bold red]error:[/] give --user or --project, not both")
-        raise typer.Exit(EXIT_USAGE)
-    try:
-        for line in claude_code.install("user" if user else "project", command=command, dry_run=dry_run):
-            render.out.print(render.esc(line))
-    except OvernightError as exc:
-        _fail(exc)
-
-
-@bench_app.command("ui")
-def bench_ui(
-    tasks: int = typer.Option(1000, "--tasks", min=1, help="Small tasks in the store."),
-    checkpoints: int = typer.Option(5000, "--checkpoints", min=3, help="Checkpoints of the one long task."),
-    repeat: int = typer.Option(7, "--repeat", min=1, help="Timed requests per page (median reported)."),
-    directory: Optional[Path] = typer.Option(None, "--dir", help="Directory for the temporary store."),
-    as_json: bool = JsonOpt,
-) -> None:
-    """Render time of the dashboard's tasks page (N tasks) and task page (a chain of M
-    checkpoints) on local SQLite, against `overnight ls` and `overnight show` on the same store.
-    Target: under 300 ms each. Needs the ui extra."""
-    try:
-        from overnight.bench.ui import run_ui_bench
-
-        result = run_ui_bench(tasks=tasks, checkpoints=checkpoints, repeat=repeat, directory=directory)
-    except ImportError as exc:
-        _need_extra(exc, "ui")
-    if as_json:
-        render.print_json(result.to_json())
-    else:
-        render.out.print(result.markdown())
+coding_agents.register(app)  # mcp, hook
 
 
 @app.command("ui")
@@ -1124,28 +699,9 @@ def ui(
         from overnight.web.server import serve
     except ImportError as exc:
         _need_extra(exc, "ui")
-    try:
+    with failing():
         serve(store, host=host, port=port, read_only=read_only, token=token,
               announce=lambda line: render.err.print(render.esc(line)))
-    except OvernightError as exc:
-        _fail(exc)
-
-
-@hook_app.command("run")
-def hook_run(
-    event: str = typer.Option(..., "--event", "-e", help="pre-compact, session-start or stop (or PreCompact, "
-                              "SessionStart, Stop, SessionEnd, agent-turn-complete)."),
-    payload: Optional[str] = typer.Argument(None, help="The event JSON (default: read from stdin)."),
-    store: Optional[str] = HookStoreOpt,
-) -> None:
-    """Generic hook for other agents: session-start prints the control point as text; a failed pre-compact exits 2."""
-    from overnight.hooks import run_generic
-
-    try:
-        code = run_generic(event, payload, store=store)
-    except OvernightError as exc:
-        _fail(exc)
-    raise typer.Exit(code)
 
 
 from overnight.cli import fleet as _fleet  # noqa: E402 - submit, worker, workers, retry, cancel

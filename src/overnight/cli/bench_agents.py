@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from overnight.cli import render
+from overnight.cli.common import DirOpt, failing
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -17,16 +18,11 @@ def register(bench_app: typer.Typer) -> None:
     def bench_agents_session(
         turns: int = typer.Option(200, "--turns", min=30, help="Conversation turns (two items each)."),
         message_bytes: int = typer.Option(400, "--message-bytes", min=10, help="Bytes of text per message."),
-        directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure (default: "
-                                                 "a temporary directory under the current one)."),
+        directory: Optional[Path] = DirOpt,
     ) -> None:
         """OvernightSession vs the Agents SDK's SQLiteSession: latency per operation, bytes on disk."""
-        from overnight.cli.common import need_extra as _need_extra
-
-        try:
+        with failing("agents"):
             from overnight.bench.agents_session import run_session_bench
 
             result = run_session_bench(turns=turns, message_bytes=message_bytes, directory=directory)
-        except ImportError as exc:
-            _need_extra(exc, "agents")
         render.out.print(result.markdown())

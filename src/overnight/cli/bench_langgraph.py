@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from overnight.cli import render
+from overnight.cli.common import DirOpt, failing
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -16,17 +17,12 @@ def register(bench_app: typer.Typer) -> None:
     @bench_app.command("langgraph")
     def bench_langgraph(
         turns: int = typer.Option(500, "--turns", min=2, help="Turns; each appends one ~1-2 KB message."),
-        directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure (default: "
-                                                 "a temporary directory under the current one)."),
+        directory: Optional[Path] = DirOpt,
     ) -> None:
         """Stored bytes and per-turn put latency of a message-accumulating LangGraph graph:
         OvernightSaver vs SqliteSaver, same turns, same run."""
-        from overnight.cli.common import need_extra as _need_extra
-
-        try:
+        with failing("langgraph,bench"):
             from overnight.bench.langgraph import run_langgraph_bench
 
             result = run_langgraph_bench(turns=turns, directory=directory)
-        except ImportError as exc:
-            _need_extra(exc, "langgraph,bench")
         render.out.print(result.markdown())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from overnight.cli.common import DEFAULT_POSTGRES
+from overnight.cli.common import DEFAULT_POSTGRES, failing
 from overnight.cli import render
 
 
@@ -32,18 +32,9 @@ def register(bench_app: typer.Typer) -> None:
         bare `import overnight`. Writes perf.md, perf.json, commit_latency.png, resume_latency.png
         and resume_process.png into --out."""
         from overnight.bench.perf import DEFAULT, QUICK, run_perf, write_report
-        from overnight.cli.common import fail as _fail, need_extra as _need_extra
-        from overnight.errors import OvernightError
 
-        try:
+        with failing("bench"):
             report = run_perf(QUICK if quick else DEFAULT, postgres_url=None if no_postgres else postgres)
             paths = write_report(report, out)
-        except ImportError as exc:
-            _need_extra(exc, "bench")
-        except OvernightError as exc:
-            _fail(exc)
-        if as_json:
-            render.print_json(report.to_json())
-        else:
-            render.out.print(report.markdown(), markup=False)
+        render.report(report, as_json)
         render.err.print("wrote " + ", ".join(str(p) for p in paths))

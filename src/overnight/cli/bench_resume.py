@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 
 from overnight.cli import render
+from overnight.cli.common import failing
 
 
 def _lengths(text: str) -> tuple[int, ...]:
@@ -41,25 +42,18 @@ def register(bench_app: typer.Typer) -> None:
         a Markdown table, the raw samples and a log-log plot into --out. Building 5,000 checkpoints
         takes minutes."""
         from overnight.bench.resume_process import run_resume_process_bench
-        from overnight.cli.common import fail as _fail, need_extra as _need_extra
-        from overnight.errors import OvernightError
 
-        try:
-            with tempfile.TemporaryDirectory(prefix="overnight-bench-resume-") as tmp:
-                bench = run_resume_process_bench(_lengths(chain), reps=reps, directory=Path(tmp),
-                                                 baseline=baseline.resolve() if baseline else None)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "resume_process.md").write_text(bench.markdown() + "\n", encoding="utf-8")
-            (out / "resume_process.json").write_text(json.dumps(bench.to_json(), indent=2) + "\n", encoding="utf-8")
-            plot = bench.plot(out / "resume_process.png")
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from None
-        except ImportError as exc:
-            _need_extra(exc, "bench")
-        except OvernightError as exc:
-            _fail(exc)
-        if as_json:
-            render.print_json(bench.to_json())
-        else:
-            render.out.print(bench.markdown(), markup=False)
+        with failing("bench"):
+            try:
+                with tempfile.TemporaryDirectory(prefix="overnight-bench-resume-") as tmp:
+                    bench = run_resume_process_bench(_lengths(chain), reps=reps, directory=Path(tmp),
+                                                     baseline=baseline.resolve() if baseline else None)
+                out.mkdir(parents=True, exist_ok=True)
+                (out / "resume_process.md").write_text(bench.markdown() + "\n", encoding="utf-8")
+                (out / "resume_process.json").write_text(json.dumps(bench.to_json(), indent=2) + "\n",
+                                                         encoding="utf-8")
+                plot = bench.plot(out / "resume_process.png")
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc)) from None
+        render.report(bench, as_json)
         render.err.print(f"wrote {out / 'resume_process.md'}, {out / 'resume_process.json'}, {plot}")

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from overnight.cli.common import DEFAULT_POSTGRES
+from overnight.cli.common import DEFAULT_POSTGRES, DirOpt, EXIT_USAGE, JsonOpt, failing
 from overnight.cli import render
 
 
@@ -24,57 +24,40 @@ def register(bench_app: typer.Typer) -> None:
                                   "file, postgres (LangGraph's SqliteSaver runs beside sqlite)."),
         postgres: str = typer.Option(DEFAULT_POSTGRES, "--postgres",
                                      help="Server for the postgres medium (a fresh schema, dropped afterwards)."),
-        directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure (default: a "
-                                                 "temporary directory under the current one)."),
+        directory: Optional[Path] = DirOpt,
         keep: bool = typer.Option(False, "--keep", help="Keep the stores (SQLite files, file store) to inspect "
                                   "them; their paths are in --json's \"where\"."),
-        as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
+        as_json: bool = JsonOpt,
     ) -> None:
         """Storage growth: a task whose artifact grows by appends (500 KB + 1 KB per step) and whose
         message list grows 2 KB per step, run by overnight's runner; bytes stored (database file after
         a WAL checkpoint) against LangGraph's SqliteSaver storing the same state each step, in the same
         run; commit time per step."""
         from overnight.bench.storage import run_storage_bench
-        from overnight.cli.common import EXIT_USAGE, fail as _fail, need_extra as _need_extra
-        from overnight.errors import OvernightError
 
-        try:
-            result = run_storage_bench(steps, start_kb=start_kb, append_kb=append_kb, message_kb=message_kb,
-                                       media=tuple(m.strip() for m in media.split(",") if m.strip()),
-                                       postgres_url=postgres, directory=directory, keep=keep)
-        except ImportError as exc:
-            _need_extra(exc, "bench")
-        except ValueError as exc:
-            render.err.print(f"[bold red]error:[/] {render.esc(exc)}")
-            raise typer.Exit(EXIT_USAGE)
-        except OvernightError as exc:
-            _fail(exc)
-        if as_json:
-            render.print_json(result.to_json())
-            return
-        render.out.print(result.markdown())
+        with failing("bench"):
+            try:
+                result = run_storage_bench(steps, start_kb=start_kb, append_kb=append_kb, message_kb=message_kb,
+                                           media=tuple(m.strip() for m in media.split(",") if m.strip()),
+                                           postgres_url=postgres, directory=directory, keep=keep)
+            except ValueError as exc:
+                render.err.print(f"[bold red]error:[/] {render.esc(exc)}")
+                raise typer.Exit(EXIT_USAGE)
+        render.report(result, as_json)
 
     @bench_app.command("step-bytes")
     def bench_step_bytes(
         steps: int = typer.Option(1000, "--steps", min=10, help="Steps measured per workload (one checkpoint each)."),
         large_kb: float = typer.Option(256.0, "--large-kb", min=1.0,
                                        help="Size of the value that stays unchanged in the second workload (KB)."),
-        directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure (default: a "
-                                                 "temporary directory under the current one)."),
-        as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
+        directory: Optional[Path] = DirOpt,
+        as_json: bool = JsonOpt,
     ) -> None:
         """Bytes per checkpoint: a task whose every step sets one small field of ctx.state, and the
         same with a large value that never changes; SQLite store growth per step, broken down by
         what the bytes are (record, state document, pages, ditto copies, journal, SQLite overhead)."""
         from overnight.bench.step_bytes import run_step_bytes_bench
-        from overnight.cli.common import fail as _fail
-        from overnight.errors import OvernightError
 
-        try:
+        with failing():
             result = run_step_bytes_bench(steps, large_kb=large_kb, directory=directory)
-        except OvernightError as exc:
-            _fail(exc)
-        if as_json:
-            render.print_json(result.to_json())
-            return
-        render.out.print(result.markdown())
+        render.report(result, as_json)

@@ -6,7 +6,8 @@ import it (neither imports the other's private helpers).
 
 from __future__ import annotations
 
-from typing import NoReturn
+from contextlib import contextmanager
+from typing import Iterator, NoReturn
 
 import typer
 
@@ -32,6 +33,16 @@ EXIT_CODES_HELP = (
     "run `overnight resume TASK_ID`)."
 )
 
+StoreOpt = typer.Option(None, "--store", "-s", envvar="OVERNIGHT_STORE",
+                        help="Store URL: sqlite://PATH, file://DIR, postgresql://HOST/DB?schema=NAME or "
+                        "s3://BUCKET/PREFIX. Default: sqlite://.overnight/overnight.db (or overnight.toml's store.url).")
+BranchOpt = typer.Option("main", "--branch", "-b", help="Branch to use.")
+JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
+PlainQuietOpt = typer.Option(False, "--quiet", "-q", help="No progress bar (results, errors and warnings still "
+                             "print).")
+DirOpt = typer.Option(None, "--dir", help="Directory on the disk to measure (default: a temporary directory "
+                      "under the current one).")
+"""A benchmark's scratch directory (``--dir``)."""
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 """The database the ``bench`` commands use unless ``--postgres`` names another (the test server, as
@@ -73,3 +84,18 @@ def need_extra(exc: ImportError, extras: str) -> NoReturn:
     render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the extra: "
                      + render.esc(f"pip install 'overnight[{extras}]' (from a clone: pip install '.[{extras}]')"))
     raise typer.Exit(EXIT_USAGE)
+
+
+@contextmanager
+def failing(extras: str | None = None) -> Iterator[None]:
+    """Around a command's library call: a typed error is printed and exits with its code
+    (:func:`fail`); with ``extras`` (``bench``, ``mcp`` ...), an ImportError exits 2 naming the extra
+    to install (:func:`need_extra`). Anything else propagates."""
+    try:
+        yield
+    except OvernightError as exc:
+        fail(exc)
+    except ImportError as exc:
+        if extras is None:
+            raise
+        need_extra(exc, extras)

@@ -19,7 +19,7 @@ from overnight.units import human_bytes  # noqa: F401 (re-exported)
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from overnight.runtime.runner import RunEvent
+    from overnight.runtime.outcome import RunEvent
 
     out: Console
     err: Console
@@ -63,6 +63,15 @@ def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(to_jsonable(value), indent=2, ensure_ascii=True) + "\n")
 
 
+def report(result: Any, as_json: bool) -> None:
+    """A benchmark's result on stdout: ``result.to_json()`` with --json, else its ``markdown()``
+    table as written (no rich markup)."""
+    if as_json:
+        print_json(result.to_json())
+    else:
+        _console("out").print(result.markdown(), markup=False)
+
+
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, justify: dict[str, str] | None = None,
           no_wrap: Iterable[str] = ()) -> None:
     """A table on stdout; columns named in ``no_wrap`` keep their width (ids, times, sizes), the
@@ -95,6 +104,18 @@ def esc(value: Any) -> str:
     from rich.markup import escape
 
     return escape(safe(value))
+
+
+_NOTES = {
+    "step_retry": (False, "[yellow]retrying[/] {step}: {detail}"),
+    "stop_requested": (True, "[yellow]{detail}[/]"),
+    "drift": (True, "[yellow]drift:[/] {detail}"),
+    "plan": (True, "[yellow]plan changed:[/] {detail}"),
+    "compaction_start": (False, "[cyan]compacting:[/] {detail}"),
+    "compaction": (False, "[cyan]compacted[/] into checkpoint {checkpoint}; {detail} starts"),
+}
+"""Run events shown as one line on stderr: ``kind -> (shown even with --quiet, the line)``; the
+line's ``{step}``, ``{detail}`` and ``{checkpoint}`` are the event's, escaped."""
 
 
 def _eta(task: Any) -> Any:
@@ -219,18 +240,13 @@ class RunProgress:
                 self.durations.append(e.duration_ms / 1000)
             eta = (sum(self.durations) / len(self.durations)) * (e.total - e.done) if self.durations else None
             self.progress.update(self.bar, total=e.total, completed=e.done, eta=eta)
-        elif e.kind == "step_retry":
-            self._say(f"[yellow]retrying[/] {esc(e.step)}: {esc(e.detail)}")
-        elif e.kind == "stop_requested":
-            _console("err").print(f"[yellow]{esc(e.detail)}[/]")
-        elif e.kind == "drift":
-            _console("err").print(f"[yellow]drift:[/] {esc(e.detail)}")
-        elif e.kind == "plan":
-            _console("err").print(f"[yellow]plan changed:[/] {esc(e.detail)}")
-        elif e.kind == "compaction_start":
-            self._say(f"[cyan]compacting:[/] {esc(e.detail)}")
-        elif e.kind == "compaction":
-            self._say(f"[cyan]compacted[/] into checkpoint {(e.checkpoint_id or '')[7:19]}; {esc(e.detail)} starts")
+        elif e.kind in _NOTES:
+            shown_always, text = _NOTES[e.kind]
+            line = text.format(step=esc(e.step or ""), detail=esc(e.detail), checkpoint=(e.checkpoint_id or "")[7:19])
+            if shown_always:
+                _console("err").print(line)
+            else:
+                self._say(line)
         elif e.kind == "end":
             self.progress.update(self.bar, step="done" if e.detail == "complete" else str(e.detail),
                                  total=e.total, completed=e.done, eta=0 if e.detail == "complete" else None)

@@ -121,7 +121,7 @@ def copy_rows(source: Path, target: Path) -> SalvageCopy:
                                "(`overnight repair` for a replicated task)") from exc
         store = SQLiteStore(target)
         try:
-            with store._write() as dst:
+            with store.transaction() as dst:
                 for table in (*_ROWID_TABLES, *_KEYED_TABLES):
                     if table not in tables:
                         continue

@@ -21,23 +21,22 @@ from overnight.verify.fingerprint import MISSING, digest_path, installed, keyed,
 
 if TYPE_CHECKING:
     from overnight.runtime.session import ModelGateway
+    from overnight.runtime.state import SessionState
     from overnight.runtime.task import Task
 
 
 class StepHost(Protocol):
     """What a step's context needs of the session running it (the runner provides it): the task,
     the checkpointed state (read only: a step's changes are staged in the context), the session
-    number, the environment salt, whether a stop was requested, and reads of committed data."""
+    number, the environment salt, whether a stop was requested, and verified artifact reads."""
 
     task: "Task"
-    state: dict[str, Any]
+    state: "SessionState"
     session_n: int
     salt: bytes
     stop_requested: bool
 
     def read_artifact(self, name: str) -> bytes: ...
-
-    def find_step(self, name: str) -> dict[str, Any] | None: ...
 
 
 class Outputs(Mapping[str, Any]):
@@ -162,10 +161,10 @@ class StepContext:
         self.args = args
         self.params: dict[str, Any] = dict(runner.task.params)  # the submission's parameters (``overnight submit``)
         self._state_reads: set[str] = set()
-        self.state: dict[str, Any] = StateDict(from_tree(runner.state["data"], "state.data"), self._state_reads)
+        self.state: dict[str, Any] = StateDict(from_tree(runner.state.data, "state.data"), self._state_reads)
         self.reads: dict[str, Any] = {"inputs": {}, "listings": {}, "sources": {}, "env": {}, "packages": {},
                                       "steps": [], "artifacts": {}, "state": []}
-        self.outputs = Outputs(runner.state["done"], self.reads["steps"])
+        self.outputs = Outputs(runner.state.done, self.reads["steps"])
         self.session: int = runner.session_n
         self.attempt = attempt
         self.model = model
@@ -212,7 +211,7 @@ class StepContext:
         if name in self._artifacts:
             return self._artifacts[name][0]
         data = self._runner.read_artifact(name)
-        self.reads["artifacts"][name] = self._runner.state["artifacts"][name]["digest"]
+        self.reads["artifacts"][name] = self._runner.state.artifacts[name]["digest"]
         return data
 
     def read_text(self, name: str) -> str:
@@ -221,10 +220,10 @@ class StepContext:
 
     def artifact_names(self) -> list[str]:
         """Names of committed and staged artifacts."""
-        return sorted(set(self._runner.state["artifacts"]) | set(self._artifacts))
+        return sorted(set(self._runner.state.artifacts) | set(self._artifacts))
 
     def has_artifact(self, name: str) -> bool:
-        return name in self._artifacts or name in self._runner.state["artifacts"]
+        return name in self._artifacts or name in self._runner.state.artifacts
 
     # -- the world outside (recorded, for drift detection) --------------------------------------
 
@@ -310,7 +309,7 @@ class StepContext:
             raise SpecError(f"add_step: position must be 'next' or 'end', got {position!r}", task_id=self.task_id)
         step_name = name or default_step_name(fn, args)
         entry = todo_entry(step_name, fn, args, self.step)
-        existing = self._runner.find_step(step_name) or next(
+        existing = self._runner.state.entry(step_name) or next(
             (e for e in self._added + self._added_end if e["name"] == step_name), None)
         if existing is not None:
             if existing["fn"] == fn and dumps_sorted(existing["args"]) == dumps_sorted(entry["args"]):

@@ -1,4 +1,4 @@
-# Over 600 lines: the session loop and its commit path; step staging, recompute, lease and signals are already in runtime/step.py, recompute.py, lease.py.
+# Over 600 lines: the session loop and its commit path (one Runner: start, drift check, step, compaction, commit); the typed state, step staging, recompute, lease and signals, the model gateway and what a session reports are in runtime/state.py, step.py, recompute.py, lease.py, session.py and outcome.py.
 """The runner: load the head (or create the task), run the todo list, checkpoint after every step.
 
 One :meth:`Runner.run` is one *session*:
@@ -25,12 +25,9 @@ from overnight.chain.integrity import verify_artifacts
 import inspect
 import logging
 import os
-import shlex
 import time
 import traceback
 import uuid
-from pathlib import Path
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from overnight.codec.canonical import dumps as canonical_dumps
@@ -49,10 +46,9 @@ from overnight.errors import (
 )
 from overnight.models import Model, model_from_spec
 from overnight.runtime.context import StepContext
-from overnight.runtime.session import Budget, ModelGateway, summarize
+from overnight.runtime.session import Budget, ModelGateway, identity_of, summarize, tokenizer_of
 from overnight.store.base import CallRecord
-from overnight.tokens import count_messages, tokenizer_for
-from overnight.tokens_lazy import lazy_tokenizer_for
+from overnight.tokens import count_messages
 from overnight.runtime.task import Task, reconcile_plan, step_key
 from overnight.store import open_store
 from overnight.store.base import Store, TaskRow
@@ -60,7 +56,7 @@ from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS
 from overnight.config import load as load_config
 from overnight.runtime.task_code import main_entry, same_location
-from overnight.runtime.drift_decision import Decision, decide, policies_for, salt_of, world_spec, write_export
+from overnight.runtime.drift_decision import Decision, decide, policies_for, world_spec, write_export
 from overnight.store.task_location import Route, locate, open_routed
 from overnight.runtime.router import route as route_task
 from overnight.store.compose.tiered import TieredStore, tiered
@@ -70,85 +66,17 @@ from overnight.chain import rollback
 from overnight.chain.write import ChainWriter, utc_now
 from overnight.chain.read import Fallback, load_head
 from overnight.verify.drift import WorldNow, parse_policies
-from overnight.verify.fingerprint import digest_path, model_identity, model_label, normalize, world
+from overnight.verify.fingerprint import digest_path, model_label, normalize, world
 from overnight.chain.integrity import LoadedCheckpoint, encode_state, load_checkpoint, signing_key_from_env
-from overnight.chain.records import (
-    context_info,
-    event,
-    initial_state,
-)
+from overnight.chain.records import event, initial_state
+from overnight.runtime.outcome import RunEvent, RunResult, configured_store_url, resume_command
+from overnight.runtime.state import Context, SessionState
 
 
 LOG = logging.getLogger("overnight.runner")
 """Warnings for Python API users (the CLI shows the same through run events): an ``ephemeral``
 task, whose checkpoints a crash loses."""
 _WARNED_EPHEMERAL: set[str] = set()
-
-
-@dataclass(frozen=True)
-class RunEvent:
-    """Progress notification passed to ``on_event``.
-
-    ``kind``: ``resume`` / ``create`` / ``step_start`` / ``step_end`` / ``step_retry`` /
-    ``skip`` / ``stop_requested`` / ``rollback`` (a moved-back ref accepted with
-    ``allow_rollback``) / ``end``. ``done``/``total`` count steps of the whole task.
-    """
-
-    kind: str
-    task_id: str
-    branch: str = "main"
-    step: str | None = None
-    done: int = 0
-    total: int = 0
-    checkpoint_id: str | None = None
-    duration_ms: float | None = None
-    detail: str | None = None
-
-
-@dataclass
-class RunResult:
-    """Outcome of one session.
-
-    Attributes:
-        status: ``complete`` (todo empty), ``interrupted`` (signal), ``stopped`` (``max_steps``).
-        head: checkpoint id of the branch head after the run.
-        steps_run: steps executed and committed in this session.
-        steps_reused: todo steps whose key was already done (not executed).
-        session: session number of this run.
-        fallback: set when the head failed verification and an older checkpoint was used.
-        created: True when this run created the task.
-        level: persistence level of the run (``ephemeral``/``session``/``durable``).
-        route: the router's reasons, when the task was routed.
-        compactions: context compactions in this run (each started a new session).
-        usage: model usage in this run: ``tokens_in``, ``tokens_out``, ``calls`` made, and
-            ``replayed_calls``/``replayed_tokens`` served from the call journal instead.
-    """
-
-    task_id: str
-    branch: str
-    status: str
-    head: str
-    store_url: str
-    session: int
-    steps_run: int = 0
-    steps_reused: int = 0
-    done: int = 0
-    total: int = 0
-    created: bool = False
-    fallback: Fallback | None = None
-    artifacts: list[str] = field(default_factory=list)
-    level: str = "durable"
-    route: list[str] = field(default_factory=list)
-    compactions: int = 0
-    usage: dict[str, int] = field(default_factory=dict)
-    resume_file: str | None = None
-    """The file defining the task, when the store holds no code location for it (a task created
-    by ``overnight.run`` from a script): ``overnight resume`` then needs ``--file`` with it."""
-
-    @property
-    def resumable(self) -> bool:
-        """Not complete, and kept somewhere a later process can resume it from (not ``ephemeral``)."""
-        return self.status != "complete" and self.level != "ephemeral"
 
 
 class Runner:
@@ -251,7 +179,7 @@ class Runner:
         self._in_step = False
         self._keeper: LeaseKeeper | None = None
         self._reader = BlobReader(self.store)
-        self.state: dict[str, Any] = {}
+        self.state: SessionState = None  # type: ignore[assignment]  # set by _start, before any step
         self.chain = ChainWriter(self.store, task.id, branch, key=self.key, session_id=uuid.uuid4().hex, session_n=0)
         self.salt = b""
         self.drift: Decision | None = None
@@ -274,13 +202,11 @@ class Runner:
     def session_n(self) -> int:
         return self.chain.session_n
 
-    # -- state helpers --------------------------------------------------------------------------
-
     # -- the context window ---------------------------------------------------------------------
 
     def context_messages(self) -> list[list[dict[str, str]]]:
         """This session's exchanges: committed ones, then those of the step in flight."""
-        return [*self.state["context"]["messages"], *self._pending_context]
+        return [*self.state.context.messages, *self._pending_context]
 
     def context_add(self, messages: list[dict[str, str]], reply: str) -> None:
         """Remember an exchange of the step in flight (committed with the step, dropped if it fails)."""
@@ -292,24 +218,23 @@ class Runner:
             self._calls[key] = self.store.calls(self.task.id, key)
         return next((c for c in self._calls[key] if c.seq == seq and c.request_digest == request), None)
 
-    def _context_with(self, exchanges: list[list[dict[str, str]]]) -> dict[str, Any]:
-        ctx = self.state["context"]
-        messages = [*ctx["messages"], *exchanges]
-        tokens = ctx["tokens"] + sum(count_messages(ex, self.tokenizer) for ex in exchanges)
-        return context_info(ctx["summary"], ctx["compactions"], messages, tokens)
+    def _context_with(self, exchanges: list[list[dict[str, str]]]) -> Context:
+        ctx = self.state.context
+        tokens = ctx.tokens + sum(count_messages(ex, self.tokenizer) for ex in exchanges)
+        return Context(ctx.summary, ctx.compactions, (*ctx.messages, *exchanges), tokens)
 
     def _compact(self) -> None:
         """Summarise this session's exchanges, commit that as a checkpoint, then start a new session."""
-        ctx = self.state["context"]
-        self._emit("compaction_start", detail=f"this session's exchanges hold {ctx['tokens']} tokens, past "
+        ctx = self.state.context
+        self._emit("compaction_start", detail=f"this session's exchanges hold {ctx.tokens} tokens, past "
                    f"{self.budget.compact_at} ({self.budget.threshold:.0%} of the {self.budget.max_tokens}-token "
                    "window; each call carried only what fits); a summary replaces them")
-        summary, gw = summarize(self, ctx["messages"], f"compaction:{self.head}")
+        summary, gw = summarize(self, list(ctx.messages), f"compaction:{self.head}")
         self._count(gw)
-        self.state = {**self.state, "context": context_info(summary.text, ctx["compactions"] + 1)}
+        self.state = self.state.but(context=Context(summary.text, ctx.compactions + 1))
         n = self.session_n
         self._commit(self.chain.blob_writer(), event(
-            "compaction", detail=f"{ctx['tokens']} tokens of session {n} -> a {summary.tokens_out}-token summary; "
+            "compaction", detail=f"{ctx.tokens} tokens of session {n} -> a {summary.tokens_out}-token summary; "
             f"session {n + 1} starts"), [])
         # only now, with the summary durable, is the old context dropped: a new session begins
         self.chain.session_n, self.chain.session_id = n + 1, uuid.uuid4().hex
@@ -366,23 +291,15 @@ class Runner:
                      ("calls", gw.calls_made), ("replayed_calls", gw.calls_replayed)):
             self.usage[k] += v
 
-    def find_step(self, name: str) -> dict[str, Any] | None:
-        """The todo or done entry named ``name``, if any."""
-        return next((e for e in (*self.state["todo"], *self.state["done"]) if e["name"] == name), None)
-
     def read_artifact(self, name: str) -> bytes:
-        ref = self.state["artifacts"].get(name)
+        ref = self.state.artifacts.get(name)
         if ref is None:
             raise ArtifactNotFound(f"no artifact {name!r} in task {self.task.id!r}", task_id=self.task.id,
                                    checkpoint_id=self.head)
         return self._reader.get(ref["digest"], f"artifact {name!r}")
 
-    def _progress(self) -> tuple[int, int]:
-        done = len(self.state["done"])
-        return done, done + len(self.state["todo"])
-
     def _emit(self, kind: str, **kw: Any) -> None:
-        done, total = self._progress() if self.state else (0, 0)
+        done, total = self.state.progress if self.state is not None else (0, 0)
         self.on_event(RunEvent(kind, self.task.id, self.branch, done=done, total=total, **kw))
 
     # -- signals --------------------------------------------------------------------------------
@@ -419,7 +336,7 @@ class Runner:
         if getattr(self, "_heal_note", None):  # the first commit after a healing load says so (`overnight log`)
             ev = {**ev, "detail": "; ".join(x for x in (ev.get("detail"), self._heal_note) if x)}
             self._heal_note = None
-        cid = self.chain.commit(self.state, ev, writer=writer, journal=journal, lease=lease,
+        cid = self.chain.commit(self.state.tree(), ev, writer=writer, journal=journal, lease=lease,
                                 task_row=task_row, fingerprint=self._fingerprint(writer))
         self._export()
         return cid
@@ -434,14 +351,14 @@ class Runner:
         if self._world_ref is None:
             raw = encode_state(self._world)
             self._world_ref = {"digest": writer.put(raw), "size": len(raw)}
-        arts = self.state["artifacts"]
+        arts = self.state.artifacts
         return {"world": self._world_ref, "exports": {n: arts[n]["digest"] for n in self.task.exports if n in arts},
                 "accepted": self._accepted}
 
     def _export(self) -> None:
         """Write exported artifacts whose committed version is not on disk yet."""
         for name, path in self.task.exports.items():
-            ref = self.state["artifacts"].get(name)
+            ref = self.state.artifacts.get(name)
             if ref is None or self._exported.get(name) == ref["digest"]:
                 continue
             if digest_path(path) != ref["digest"]:
@@ -454,12 +371,12 @@ class Runner:
     def _not_exported(self, name: str, path: str, exc: OSError) -> OutputNotWritable:
         """An export that could not be written: the commit before it stands (nothing is lost);
         say so, and how to get the file."""
-        done = len(self.state["done"])
-        where = (f"task {self.task.id!r} is complete ({done} step(s) committed)" if not self.state["todo"] else
+        done = len(self.state.done)
+        where = (f"task {self.task.id!r} is complete ({done} step(s) committed)" if not self.state.todo else
                  f"task {self.task.id!r} has {done} step(s) committed")
         get = f"overnight cat {self.task.id} {name} -o FILE" + (
             f" --store {self.store.url}" if self.level != "ephemeral" and "://" in self.store.url
-            and not self.store.url.startswith(("memory:", "replicated:")) and self.store.url != _default_url() else "")
+            and not self.store.url.startswith(("memory:", "replicated:")) and self.store.url != configured_store_url() else "")
         return OutputNotWritable(
             f"{where}, but its artifact {name!r} could not be written to {path}: {exc.strerror or exc}",
             task_id=self.task.id, checkpoint_id=self.head, path=str(path), reason=exc.strerror,
@@ -477,10 +394,11 @@ class Runner:
             spec = self.task.spec()
             spec["route"] = self.route.to_json() if self.route else {"level": self.level, "media": [],
                                                                       "urls": [self.store.url], "reasons": ["not routed"]}
-            self.state = initial_state(self.task.id, self.task.goal, spec, todo=self.task.initial_todo(),
-                                       data=to_tree(dict(self.task.data), "state.data"))
-            self.salt = salt_of(self.state)
-            spec = canonical_dumps(self.state["task"]["spec"])
+            self.state = SessionState.of(initial_state(self.task.id, self.task.goal, spec,
+                                                       todo=self.task.initial_todo(),
+                                                       data=to_tree(dict(self.task.data), "state.data")))
+            self.salt = self.state.salt
+            spec = canonical_dumps(self.state.task.spec)
             task_row = TaskRow(self.task.id, utc_now(), self.task.goal, self.task.entry, spec)
             self._commit(self.chain.blob_writer(), event("init"), [], task_row)
             self._emit("create", checkpoint_id=self.head, detail=self._level_note())
@@ -505,14 +423,14 @@ class Runner:
             self._emit("rollback", checkpoint_id=loaded.id, detail=f"accepted (--allow-rollback): {accepted.describe()}")
         if fallback is not None:
             ensure_hot(self.store, self.task.id, loaded.id)  # fell back into archived history: bring it back
-        self.state = loaded.state_tree
+        self.state = SessionState.of(loaded.state_tree)
         self.chain.start_from(loaded, None if repaired_back else fallback)
         self.chain.session_n = loaded.record.session.n + 1
         healed = "\n".join(h.describe() for h in loaded.healed)  # read from ditto copies: always said
         self._heal_note = f"self-healed: {'; '.join(h.describe() for h in loaded.healed)}" if healed else None
         self._emit("resume", checkpoint_id=loaded.id,
                    detail="\n".join(x for x in (fallback.describe() if fallback else "", healed) if x) or None)
-        self.salt = salt_of(self.state)
+        self.salt = self.state.salt
         if loaded.record.fingerprint is not None:
             self._accepted = list(loaded.record.fingerprint.accepted)
         if fallback is not None:
@@ -557,10 +475,10 @@ class Runner:
         reconcile_plan`): a planned step added to the code runs where the code puts it; a planned
         step whose function is gone leaves the plan. Committed as a ``drift`` checkpoint and
         reported as ``plan changed: + x before c; - y``."""
-        todo, change = reconcile_plan(self.state["todo"], self.state["done"], self.task)
+        todo, change = reconcile_plan(self.state.todo, self.state.done, self.task)
         if not change:
             return
-        self.state = {**self.state, "todo": todo}
+        self.state = self.state.but(todo=todo)
         detail = change.describe()
         self._commit(self.chain.blob_writer(), event("drift", detail=f"plan changed: {detail}"), [])
         self._emit("plan", detail=detail)
@@ -575,14 +493,14 @@ class Runner:
         if decision.rollback_to is not None:
             target = decision.rollback_to
             ensure_hot(self.store, self.task.id, target.id)
-            self.state = target.state_tree
+            self.state = SessionState.of(target.state_tree)
             self._accepted = list(target.record.fingerprint.accepted) if target.record.fingerprint else []
             self._commit(self.chain.blob_writer(), event("rollback", ref=target.id,
                                                          detail="drift: back to the newest checkpoint made in a "
                                                          "world like this one"), [])
         if decision.recomputed or decision.accepted:
             self._accepted = self._accepted + decision.accepted
-            self.state = decision.state
+            self.state = SessionState.of(decision.state)
             self._commit(self.chain.blob_writer(), event("drift", detail=decision.describe()), [])
         elif found.drifted and decision.rollback_to is None:
             # drift no step read: nothing to do, but record the world it was seen in, so the next run
@@ -650,10 +568,10 @@ class Runner:
         created, fallback = self._start()
         steps_run = steps_reused = 0
         status = "complete"
-        if self.state["context"]["tokens"] >= self.budget.compact_at and self.state["todo"]:
+        if self.state.context.tokens >= self.budget.compact_at and self.state.todo:
             self._compact()  # a compaction that failed or was killed last time: retried first
         try:
-            while self.state["todo"]:
+            while self.state.todo:
                 if self.stop_requested:
                     status = "interrupted"
                     break
@@ -667,21 +585,21 @@ class Runner:
                     steps_reused += 1
         except Abandon:
             status = "interrupted"
-        done, total = self._progress()
-        if status == "complete" and self.stop_requested and self.state["todo"]:
+        done, total = self.state.progress
+        if status == "complete" and self.stop_requested and self.state.todo:
             status = "interrupted"
         self._emit("end", checkpoint_id=self.head, detail=status)
         return RunResult(
             task_id=self.task.id, branch=self.branch, status=status, head=self.head or "", store_url=self.store.url,
             session=self.session_n, steps_run=steps_run, steps_reused=steps_reused, done=done, total=total,
-            created=created, fallback=fallback, artifacts=sorted(self.state["artifacts"]), level=self.level,
+            created=created, fallback=fallback, artifacts=sorted(self.state.artifacts), level=self.level,
             route=list(self.route.reasons) if self.route else [], compactions=self.compactions,
             usage=dict(self.usage), resume_file=self._resume_file(),
         )
 
     def _run_one(self) -> bool:
         """Run (or reuse) the first todo step and commit its checkpoint. Returns True if it ran."""
-        entry = self.state["todo"][0]
+        entry = self.state.todo[0]
         sdef = self.task.steps.get(entry["fn"])
         if sdef is None:
             raise UnknownStep(
@@ -690,10 +608,9 @@ class Runner:
                 hint=f"restore the function or register it under that name; defined: {sorted(self.task.steps)}",
             )
         key = step_key(sdef.fn_name, sdef.version, entry["name"], entry["args"])
-        previous = next((d for d in self.state["done"] if d["key"] == key), None)
         writer = self.chain.blob_writer()
-        if previous is not None:
-            self.state = {**self.state, "todo": self.state["todo"][1:]}
+        if self.state.done_with_key(key) is not None:
+            self.state = self.state.but(todo=self.state.todo[1:])
             self._commit(writer, event("step", step=entry["name"], key=key, detail="reused"), [])
             self._emit("skip", step=entry["name"], checkpoint_id=self.head)
             return False
@@ -753,60 +670,18 @@ class Runner:
                       staged=ctx.staged(), reads=reads, started_at=started_at, duration_ms=duration_ms,
                       tokens_in=gw.tokens_in, tokens_out=gw.tokens_out, replayed_tokens=gw.replayed_tokens)
         state, produced = state_after(self.state, ran, writer, seq=self.chain.seq + 1, session=self.session_n)
-        self.state = {**state, "context": self._context_with(self._pending_context)}
+        self.state = state.but(context=self._context_with(self._pending_context))
         self._pending_context = []
-        if self.state.get("recompute") is not None:  # a recompute pass: what this run changed is dirty
-            self.state = {**self.state, "recompute": recompute.dirtied(self.state, entry, produced)}
+        if self.state.recompute is not None:  # a recompute pass: what this run changed is dirty
+            self.state = self.state.but(recompute=recompute.dirtied(self.state, entry, produced))
         journal = [{"step_key": key, "step_name": entry["name"], "started_at": started_at,
                     "duration_ms": duration_ms, "tokens_in": gw.tokens_in, "tokens_out": gw.tokens_out}]
         self._commit(writer, event("step", step=entry["name"], key=key), journal)
         self._count(gw)
         self._emit("step_end", step=entry["name"], checkpoint_id=self.head, duration_ms=duration_ms)
-        if self.state["context"]["tokens"] >= self.budget.compact_at:
+        if self.state.context.tokens >= self.budget.compact_at:
             self._compact()
         return True
-
-
-def _default_url() -> str | None:
-    """The configured default store URL (``overnight.toml``, ``$OVERNIGHT_STORE``), if readable."""
-    try:
-        return load_config().get("store.url")
-    except OvernightError:
-        return None
-
-
-def resume_command(task_id: str, branch: str, store_url: str, file: str | None = None) -> str:
-    """``overnight resume ID`` with ``--branch``/``--store`` when they are not the defaults, and
-    ``--file FILE`` when the store records no code location for the task."""
-    cmd = f"overnight resume {task_id}"
-    if branch != "main":
-        cmd += f" --branch {branch}"
-    if store_url != _default_url() and not store_url.startswith(("memory:", "replicated:")):
-        cmd += f" --store {store_url}"
-    if file:
-        cmd += f" --file {shlex.quote(file)}"
-    return cmd
-
-
-def identity_of(model: Model, tokenizer: Any) -> dict[str, Any]:
-    """The fingerprint component ``model`` of a model client (spec, its own name, base URL,
-    tokenizer): :func:`~overnight.verify.fingerprint.model_identity`."""
-    path, own, url = getattr(model, "model_path", None), getattr(model, "model", None), getattr(model, "base_url", None)
-    return model_identity(model.name, name=own if isinstance(own, str) else (Path(path).name if path else None),
-                          base_url=url if isinstance(url, str) else None, tokenizer=getattr(tokenizer, "name", None))
-
-
-def tokenizer_of(model: Model) -> Any:
-    """The tokenizer that counts what ``model`` reads: its GGUF vocabulary for a local model, the
-    OpenAI encoding for ``openai:`` models it knows (else an approximate count, with a warning),
-    ``o200k_base`` for the extractive writer."""
-    path = getattr(model, "model_path", None)
-    if path is not None:
-        return tokenizer_for(str(path))
-    name = model.name  # an OpenAI encoding loads at its first count: a resume without model calls never does
-    if name == "extractive":
-        return lazy_tokenizer_for("o200k_base")
-    return lazy_tokenizer_for(name.split(":", 1)[1] if name.startswith("openai:") else name)
 
 
 def run(task: Task, store: Store | str | None = None, **kwargs: Any) -> RunResult:
@@ -814,4 +689,4 @@ def run(task: Task, store: Store | str | None = None, **kwargs: Any) -> RunResul
     return Runner(task, store, **kwargs).run()
 
 
-__all__ = ["RunEvent", "RunResult", "Runner", "run"]
+__all__ = ["Runner", "run"]

@@ -26,6 +26,7 @@ Token counts come from a real tokenizer (:mod:`overnight.tokens`) for the model 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
@@ -34,10 +35,13 @@ from overnight.codec.canonical import dumps_sorted, loads
 from overnight.errors import ContextOverflow, ModelCallFailed
 from overnight.models.base import Completion, Message
 from overnight.store.base import CallRecord
-from overnight.tokens import Tokenizer, count_messages
+from overnight.tokens import Tokenizer, count_messages, tokenizer_for
+from overnight.tokens_lazy import lazy_tokenizer_for
+from overnight.verify.fingerprint import model_identity
 
 if TYPE_CHECKING:
     from overnight.models.base import Model
+    from overnight.runtime.state import SessionState
     from overnight.runtime.task import Task
     from overnight.store.base import Store
 
@@ -53,7 +57,7 @@ class GatewayHost(Protocol):
     tokenizer: Tokenizer
     model_identity: dict[str, Any]
     budget: "Budget"
-    state: dict[str, Any]
+    state: "SessionState"
 
     def recorded_call(self, key: str, seq: int, request: str) -> CallRecord | None: ...
 
@@ -94,21 +98,21 @@ def request_digest(model: str, messages: Sequence[Message], max_tokens: int, tem
                                        "max_tokens": max_tokens, "temperature": temperature}))
 
 
-def control_point(state: dict[str, Any], current: str | None, *, with_summary: bool = True) -> str:
+def control_point(state: "SessionState", current: str | None, *, with_summary: bool = True) -> str:
     """The system message every prompt starts with, built from the checkpointed state only."""
-    todo = [e["name"] for e in state["todo"]]
+    todo = [e["name"] for e in state.todo]
     if current in todo:
         todo.remove(current)
-    arts = sorted(state["artifacts"])
-    lines = [f"Goal: {state['task']['goal']}"]
+    arts = sorted(state.artifacts)
+    lines = [f"Goal: {state.task.goal}"]
     if current:
         lines.append(f"Current step: {current}")
     if todo:
         lines.append(f"Next steps ({len(todo)}): " + ", ".join(todo[:10]) + (" ..." if len(todo) > 10 else ""))
-    lines.append(f"Steps done: {len(state['done'])}")
+    lines.append(f"Steps done: {len(state.done)}")
     if arts:
         lines.append(f"Artifacts ({len(arts)}): " + ", ".join(arts[:20]) + (" ..." if len(arts) > 20 else ""))
-    summary = state["context"]["summary"]
+    summary = state.context.summary
     if summary and with_summary:
         lines.append(f"Summary of earlier sessions:\n{summary}")
     return "\n".join(lines)
@@ -213,7 +217,7 @@ def summarize(runner: GatewayHost, exchanges: list[list[dict[str, str]]], key: s
     """The compaction summary of this session's exchanges (journaled under ``key``, so a
     compaction killed after the model answered does not pay for the summary again), and the
     gateway that made the call (its usage)."""
-    previous = runner.state["context"]["summary"]
+    previous = runner.state.context.summary
     transcript = "\n\n".join(f"{m['role']}: {m['content']}" for ex in exchanges for m in ex)
     if previous:
         transcript = f"(summary of earlier sessions)\n{previous}\n\n{transcript}"
@@ -289,3 +293,24 @@ def utc_now() -> str:
     from overnight.chain.write import utc_now as now
 
     return now()
+
+
+def identity_of(model: Model, tokenizer: Any) -> dict[str, Any]:
+    """The fingerprint component ``model`` of a model client (spec, its own name, base URL,
+    tokenizer): :func:`~overnight.verify.fingerprint.model_identity`."""
+    path, own, url = getattr(model, "model_path", None), getattr(model, "model", None), getattr(model, "base_url", None)
+    return model_identity(model.name, name=own if isinstance(own, str) else (Path(path).name if path else None),
+                          base_url=url if isinstance(url, str) else None, tokenizer=getattr(tokenizer, "name", None))
+
+
+def tokenizer_of(model: Model) -> Any:
+    """The tokenizer that counts what ``model`` reads: its GGUF vocabulary for a local model, the
+    OpenAI encoding for ``openai:`` models it knows (else an approximate count, with a warning),
+    ``o200k_base`` for the extractive writer."""
+    path = getattr(model, "model_path", None)
+    if path is not None:
+        return tokenizer_for(str(path))
+    name = model.name  # an OpenAI encoding loads at its first count: a resume without model calls never does
+    if name == "extractive":
+        return lazy_tokenizer_for("o200k_base")
+    return lazy_tokenizer_for(name.split(":", 1)[1] if name.startswith("openai:") else name)

@@ -2,8 +2,8 @@
 
 The runner runs a step function with its :class:`~overnight.runtime.context.StepContext`; what the
 step returned and staged (:class:`StepRun`) becomes the next state here, before anything is
-written (encoding errors surface first), and the runner commits it. Pure functions over the state
-tree, apart from the artifact blobs put into the commit's blob writer.
+written (encoding errors surface first), and the runner commits it. Pure functions over the session's
+state (:class:`~overnight.runtime.state.SessionState`), apart from the artifact blobs put into the commit's blob writer.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from overnight.codec.canonical import dumps as canonical_dumps
 from overnight.codec.canonical import to_tree
 from overnight.chain.records import artifact_ref, done_entry
 from overnight.runtime.context import Staged
+from overnight.runtime.state import SessionState, TodoTree
 from overnight.store.blobs import BlobWriter
 
 
@@ -31,7 +32,7 @@ class StepRun:
         tokens_in, tokens_out, replayed_tokens: its model usage (replayed: from the call journal).
     """
 
-    entry: dict[str, Any]
+    entry: TodoTree
     key: str
     version: str
     output: Any
@@ -53,18 +54,18 @@ def encode_results(name: str, output: Any, state: Any) -> tuple[Any, Any]:
     return output_tree, to_tree(state, "state.data")
 
 
-def state_after(state: dict[str, Any], ran: StepRun, writer: BlobWriter, *, seq: int,
-                session: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def state_after(state: SessionState, ran: StepRun, writer: BlobWriter, *, seq: int,
+                session: int) -> tuple[SessionState, dict[str, Any]]:
     """The state once ``ran`` is committed as checkpoint ``seq`` of session ``session`` (its
     artifacts put into ``writer``), and what the step produced (``output``/``state``/``artifacts``
     digests, the input of a recompute pass). The context is left to the caller."""
     entry, staged = ran.entry, ran.staged
-    artifacts = dict(state["artifacts"])
+    artifacts = dict(state.artifacts)
     for name, (data, is_text) in staged.artifacts.items():
         artifacts[name] = artifact_ref(writer.put(data), len(data), text=is_text, step=entry["name"])
     reads = {**ran.reads, "state": sorted(staged.state_reads)}
     produced = {"output": digest.sha256(canonical_dumps(ran.output)),
-                "state": _state_changes(state["data"], ran.data),
+                "state": _state_changes(state.data, ran.data),
                 "artifacts": {n: artifacts[n]["digest"] for n in sorted(staged.artifacts)}}
     done = done_entry(
         name=entry["name"], fn=entry["fn"], key=ran.key, version=ran.version, args=entry["args"], output=ran.output,
@@ -72,9 +73,8 @@ def state_after(state: dict[str, Any], ran: StepRun, writer: BlobWriter, *, seq:
         session=session, started_at=ran.started_at, duration_ms=round(ran.duration_ms, 3), tokens_in=ran.tokens_in,
         tokens_out=ran.tokens_out, replayed_tokens=ran.replayed_tokens,
     )
-    todo = _replan(state["todo"][1:], entry["name"], staged.added_next, staged.planned) + staged.added_end
-    return {**state, "todo": todo, "done": state["done"] + [done], "artifacts": artifacts,
-            "data": ran.data}, produced
+    todo = _replan(state.todo[1:], entry["name"], staged.added_next, staged.planned) + staged.added_end
+    return state.but(todo=todo, done=[*state.done, done], artifacts=artifacts, data=ran.data), produced
 
 
 def _replan(rest: list[dict[str, Any]], step: str, added: list[dict[str, Any]], planned: list[str]) -> list[dict[str, Any]]:

@@ -8,19 +8,7 @@ import re
 from pathlib import Path
 
 from overnight.errors import ConfigError
-from overnight.store.base import (
-    ArchiveRow,
-    CheckpointRow,
-    Commit,
-    JournalRow,
-    Lease,
-    ObjectRecord,
-    ObjectStat,
-    Store,
-    TaskRow,
-)
-from overnight.store.blobs import BlobReader, BlobWriter
-
+from overnight.store.base import Store
 
 
 def default_store_url() -> str:

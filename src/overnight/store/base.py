@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Protocol, TypeVar, Union, runtime_checkable
 
-from overnight.errors import ParentGone, SchemaError, short_id
+from overnight.errors import ParentGone, SchemaError, StaleHead, short_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,3 +498,10 @@ def check_parent(cp: "CheckpointRow", parent_task: str | None) -> None:
         raise SchemaError(f"the new checkpoint of task {cp.task_id!r} names parent {short_id(cp.parent_id)}, "
                           f"a checkpoint of task {parent_task!r}", task_id=cp.task_id, checkpoint_id=cp.parent_id,
                           hint="build on a checkpoint of the same task (to continue another task's state, fork it)")
+
+
+def stale_head(task_id: str, branch: str, expected: str | None, current: str | None) -> StaleHead:
+    """The error every store raises when a ref compare-and-swap finds ``current`` where the caller
+    expected ``expected`` (checkpoint ids, None for no ref): another writer moved the branch."""
+    return StaleHead(f"branch {branch!r} moved: expected head {expected}, found {current}", task_id=task_id,
+                     hint="another writer advanced this branch; reload the head and retry")

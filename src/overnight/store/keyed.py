@@ -59,7 +59,6 @@ from overnight.errors import (
     ConfigError,
     DecodeError,
     LeaseLost,
-    StaleHead,
     StoreBusy,
     StoreCorrupt,
     StoreVersionError,
@@ -68,20 +67,8 @@ from overnight.errors import (
 )
 from overnight.store import layout
 from overnight.store.blobs import is_damaged
-from overnight.store.base import (
-    Closing,
-    MinAge,
-    ArchiveRow,
-    CallRecord,
-    CheckpointRow,
-    Commit,
-    JournalRow,
-    Lease,
-    ObjectRecord,
-    ObjectStat,
-    TaskRow,
-    check_parent,
-)
+from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, JournalRow, TaskRow
+from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectStat, check_parent, stale_head
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
 _SWAP_RETRIES = 50  # lease/fence swaps that lose a race re-read and retry this many times
@@ -235,14 +222,6 @@ class KeyedStore(Closing):
         return {layout.index_key(task_id, c): c.encode("utf-8", "surrogatepass") for c in checkpoint_ids}
 
     @staticmethod
-    def _stale(task_id: str, branch: str, expected: str | None, current: str | None) -> StaleHead:
-        return StaleHead(
-            f"branch {branch!r} moved: expected head {expected}, found {current}",
-            task_id=task_id,
-            hint="another writer advanced this branch; reload the head and retry",
-        )
-
-    @staticmethod
     def _lost(lease: Lease, holder: Lease | None) -> LeaseLost:
         who = describe_holder(holder.holder) if holder is not None and holder.holder_id else "nobody"
         return LeaseLost(
@@ -342,7 +321,7 @@ class KeyedStore(Closing):
         if commit.lease is not None:
             self._check_lease(commit.lease, fence)
         if current != commit.expected_head:
-            raise self._stale(cp.task_id, cp.branch, commit.expected_head, current)
+            raise stale_head(cp.task_id, cp.branch, commit.expected_head, current)
         if cp.parent_id is not None:
             check_parent(cp, self._parent_task(cp))
         staged = self._encoded(commit.objects)
@@ -362,7 +341,7 @@ class KeyedStore(Closing):
             current, fence, _ = self._read_ref(cp.task_id, cp.branch)
             if commit.lease is not None:
                 self._check_lease(commit.lease, fence)
-            raise self._stale(cp.task_id, cp.branch, commit.expected_head, current)
+            raise stale_head(cp.task_id, cp.branch, commit.expected_head, current)
         self._heal(staged, new - created)  # another writer linked it first
         self._repair(staged, refreshed)
         return added
@@ -431,14 +410,14 @@ class KeyedStore(Closing):
     def set_ref(self, task_id: str, branch: str, new: str | None, expected: str | None) -> None:
         current, fence, version = self._read_ref(task_id, branch)
         if current != expected:
-            raise self._stale(task_id, branch, expected, current)
+            raise stale_head(task_id, branch, expected, current)
         if new is None and expected is None:
             return
         items = self._index_entries(task_id, [current]) if current is not None else {}
         ref = layout.encode_ref(task_id, branch, new, fence, now_ms())
         indexed = self._index_entries(task_id, [new]) if new is not None else None
         if self._c.publish(items, layout.ref_key(task_id, branch), ref, version, indexed)[1] is None:
-            raise self._stale(task_id, branch, expected, self.get_ref(task_id, branch))
+            raise stale_head(task_id, branch, expected, self.get_ref(task_id, branch))
 
     def put_checkpoints(self, rows: Iterable[CheckpointRow], journal: Iterable[JournalRow] = ()) -> None:
         rows = list(rows)

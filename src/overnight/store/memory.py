@@ -12,22 +12,9 @@ import time
 from typing import Iterable, Iterator
 
 from overnight.codec.digest import sha256
-from overnight.errors import CheckpointNotFound, LeaseLost, StaleHead, TaskBusy, TaskNotFound
-from overnight.store.base import (
-    Closing,
-    MinAge,
-    age_limit,
-    ArchiveRow,
-    CallRecord,
-    CheckpointRow,
-    Commit,
-    JournalRow,
-    Lease,
-    ObjectRecord,
-    ObjectStat,
-    TaskRow,
-    check_parent,
-)
+from overnight.errors import CheckpointNotFound, LeaseLost, TaskBusy, TaskNotFound
+from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, JournalRow, TaskRow
+from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectStat, age_limit, check_parent, stale_head
 from overnight.store.blobs import is_damaged
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 
@@ -122,8 +109,7 @@ class MemoryStore(Closing):
                 self._check_lease(commit.lease)
             current = self._refs.get((cp.task_id, cp.branch))
             if current != commit.expected_head:
-                raise StaleHead(f"branch {cp.branch!r} moved: expected head {commit.expected_head}, found {current}",
-                                task_id=cp.task_id, hint="another writer advanced this branch; reload and retry")
+                raise stale_head(cp.task_id, cp.branch, commit.expected_head, current)
             if cp.parent_id is not None:
                 parent = self._checkpoints.get(cp.parent_id)
                 check_parent(cp, parent.task_id if parent is not None else None)
@@ -164,8 +150,7 @@ class MemoryStore(Closing):
         with self._lock:
             current = self._refs.get((task_id, branch))
             if current != expected:
-                raise StaleHead(f"branch {branch!r} moved: expected {expected}, found {current}", task_id=task_id,
-                                hint="reload and retry")
+                raise stale_head(task_id, branch, expected, current)
             if new is None:
                 self._refs.pop((task_id, branch), None)
             else:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, ContextManager, Iterable, Iterator, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -60,21 +60,8 @@ from overnight.errors import (
 from overnight.config import mask_password
 from overnight.store import postgres_schema
 from overnight.store.blobs import is_damaged
-from overnight.store.base import (
-    Closing,
-    MinAge,
-    age_limit,
-    ArchiveRow,
-    CallRecord,
-    CheckpointRow,
-    Commit,
-    JournalRow,
-    Lease,
-    ObjectRecord,
-    ObjectStat,
-    TaskRow,
-    check_parent,
-)
+from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, JournalRow, TaskRow
+from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectStat, age_limit, check_parent, stale_head
 from overnight.store.leases import can_take_over, describe_holder, now_ms
 from overnight.store.refusal import unreachable
 
@@ -111,11 +98,6 @@ def _lease_lost(lease: Lease, holder_json: str | None) -> LeaseLost:
     who = describe_holder(holder_json) if holder_json is not None else "nobody"
     return LeaseLost(f"lease on branch {lease.branch!r} was taken over (now held by {who})", task_id=lease.task_id,
                      hint="this process stalled past its lease TTL; the other holder continues the task")
-
-
-def _stale_head(task_id: str, branch: str, expected: str | None, current: str | None) -> StaleHead:
-    return StaleHead(f"branch {branch!r} moved: expected head {expected}, found {current}", task_id=task_id,
-                     hint="another writer advanced this branch; reload the head and retry")
 
 
 def parse_url(url: str) -> tuple[str, str, dict[str, int]]:
@@ -313,12 +295,28 @@ class PostgresStore(Closing):
         with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
             yield cur
 
-    def _fetch(self, sql: str, args: tuple | list = ()) -> list[tuple]:
-        """Rows of one read statement (``sql`` with the schema already in it)."""
+    def fetch(self, sql: str, args: tuple | list = ()) -> list[tuple]:
+        """Rows of one read statement (``sql`` with the schema already in it: :meth:`sql`); a
+        connection the server closed is replaced and the read runs again once."""
         return self._call(lambda conn, retry: conn.execute(sql, args).fetchall())
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
-        return self._fetch(self._sql(sql), args)
+        return self.fetch(self._sql(sql), args)
+
+    # -- for tables kept beside the store's own (the queue: store/queue_postgres.py) ----------
+
+    def sql(self, text: str) -> str:
+        """``text`` with ``{s}`` replaced by this store's schema (quoted)."""
+        return self._sql(text)
+
+    def connection(self) -> ContextManager[psycopg.Connection]:
+        """A pooled connection; a full pool, a held lock or a lost server raise StoreBusy or
+        StoreUnavailable as the store's own statements do."""
+        return self._conn()
+
+    def transaction(self) -> ContextManager[psycopg.Cursor]:
+        """A cursor in one transaction on a pooled connection (committed on exit)."""
+        return self._tx()
 
     @staticmethod
     def _require_text(what: str, value: str | None, checkpoint_id: str | None = None) -> None:
@@ -485,7 +483,7 @@ class PostgresStore(Closing):
         if exc.sqlstate == "OV001" and commit.lease is not None:
             return _lease_lost(commit.lease, _s(bytes.fromhex(detail[1:])) if detail else None)
         if exc.sqlstate == "OV002":
-            return _stale_head(cp.task_id, cp.branch, commit.expected_head, detail[1:] if detail else None)
+            return stale_head(cp.task_id, cp.branch, commit.expected_head, detail[1:] if detail else None)
         if exc.sqlstate == "OV003":
             try:
                 check_parent(cp, _s(bytes.fromhex(detail[1:])) if detail else None)
@@ -516,7 +514,7 @@ class PostgresStore(Closing):
         current = row[0] if row else None
         if current == expected:  # only for new=None, expected=None: nothing to do
             return
-        raise _stale_head(task_id, branch, expected, current)
+        raise stale_head(task_id, branch, expected, current)
 
     @staticmethod
     def _row(r: tuple) -> CheckpointRow:

@@ -36,20 +36,20 @@ class PostgresQueue(SqlQueue):
 
     @contextmanager
     def _tx(self) -> Iterator[Any]:
-        with self.store._tx() as cur:
+        with self.store.transaction() as cur:
             yield cur
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
-        return self.store._fetch(sql, args)
+        return self.store.fetch(sql, args)
 
     def _sql(self, text: str) -> str:
-        return self.store._sql(text).replace("?", "%s")
+        return self.store.sql(text).replace("?", "%s")
 
     def _has_table(self) -> bool:
-        return self._read(self.store._sql("SELECT to_regclass('{s}.workers') IS NOT NULL"))[0][0]
+        return self._read(self.store.sql("SELECT to_regclass('{s}.workers') IS NOT NULL"))[0][0]
 
     def _lease_live(self) -> str:
-        return self.store._sql(
+        return self.store.sql(
             "EXISTS (SELECT 1 FROM {s}.leases l WHERE l.task_id=convert_to(q.task_id, 'UTF8') "
             "AND l.branch=convert_to('main', 'UTF8') AND l.holder_id<>''::bytea AND l.expires_at_ms > ?)")
 
@@ -57,7 +57,7 @@ class PostgresQueue(SqlQueue):
         return text.encode()
 
     def _next_seq(self, cur: Any) -> int:
-        cur.execute(self.store._sql("SELECT nextval('{s}.queue_seq')"))
+        cur.execute(self.store.sql("SELECT nextval('{s}.queue_seq')"))
         return int(cur.fetchone()[0])
 
     def lease(self, task_id: str) -> LeaseView | None:

@@ -32,11 +32,11 @@ class SQLiteQueue(SqlQueue):
 
     @contextmanager
     def _tx(self) -> Iterator[Any]:
-        with self.store._write() as db:
+        with self.store.transaction() as db:
             yield db.cursor()
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
-        return self.store._read(sql, args)
+        return self.store.query(sql, args)
 
     def _sql(self, text: str) -> str:
         return text.replace("{s}.", "")

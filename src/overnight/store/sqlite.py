@@ -35,13 +35,12 @@ import time
 import urllib.parse
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, ContextManager, Iterable, Iterator
 
 from overnight.errors import (
     CheckpointNotFound,
     ConfigError,
     LeaseLost,
-    StaleHead,
     StoreBusy,
     OutputNotWritable,
     StoreCorrupt,
@@ -52,21 +51,8 @@ from overnight.errors import (
     TaskBusy,
     TaskNotFound,
 )
-from overnight.store.base import (
-    Closing,
-    MinAge,
-    age_limit,
-    ArchiveRow,
-    CallRecord,
-    CheckpointRow,
-    Commit,
-    JournalRow,
-    Lease,
-    ObjectRecord,
-    ObjectStat,
-    TaskRow,
-    check_parent,
-)
+from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, JournalRow, TaskRow
+from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectStat, age_limit, check_parent, stale_head
 from overnight.codec import digest
 from overnight.store.blobs import is_damaged
 from overnight.store.leases import can_take_over, describe_holder, now_ms
@@ -520,6 +506,17 @@ class SQLiteStore(Closing):
             except sqlite3.Error as exc:
                 raise self._translate(exc) from exc
 
+    # -- for tables kept beside the store's own (the queue: store/queue_sqlite.py) and salvage ----
+
+    def transaction(self) -> ContextManager[sqlite3.Connection]:
+        """One write transaction on this store's database, serialized with its commits; raises
+        StoreBusy, StoreFull or StoreCorrupt as a commit does."""
+        return self._write()
+
+    def query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        """The rows of one statement, its SQLite errors translated as every store read's are."""
+        return self._read(sql, args)
+
     # -- objects ----------------------------------------------------------------------------
 
     def missing_objects(self, digests: Iterable[str]) -> set[str]:
@@ -662,11 +659,7 @@ class SQLiteStore(Closing):
         current = row[0] if row else None
         if current == expected:  # only for new=None, expected=None: nothing to do
             return
-        raise StaleHead(
-            f"branch {branch!r} moved: expected head {expected}, found {current}",
-            task_id=task_id,
-            hint="another writer advanced this branch; reload the head and retry",
-        )
+        raise stale_head(task_id, branch, expected, current)
 
     @staticmethod
     def _row(row: tuple) -> CheckpointRow:
