@@ -1,3 +1,4 @@
+# Over 600 lines: the load of one checkpoint with all five checks (record, state document, its value blobs, pages, artifacts) and the page views a load hands out (DonePages/DoneList: checked as read); they change together whenever the format does.
 """Integrity: build checkpoint records, and load them back only when they verify.
 
 A checkpoint loads only if, in this order:
