@@ -159,7 +159,7 @@ class VerifyBench:
                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in self.runs:
             lines.append(f"| {r.tasks} x {r.checkpoints // r.tasks if r.mode == MODES[0] else r.checkpoints} "
-                         f"checkpoints ({r.store_mb:.0f} MB stored) | {r.mode}: {r.checkpoints} checkpoints, "
+                         f"checkpoints ({r.store_mb:.0f} MB stored, zstd) | {r.mode}: {r.checkpoints} checkpoints, "
                          f"{r.artifact_mb:.0f} MB | {r.seconds:.2f} | {r.cpu_s:.2f} | {r.mbps:.0f} | "
                          f"{r.mbps / r.sha256_mbps:.2f}x ({r.sha256_mbps:.0f}) | {r.main_cpu_s:.2f} | {r.cores2_mbps:.0f} | "
                          f"{r.rss_mb:.0f} ({r.rss_before_mb:.0f}) |")

@@ -519,7 +519,10 @@ def load_checkpoint(
             raise SchemaError(f"{where} {member} page list is empty", **ids)
         if tails is not None:
             in_use.update(r.digest for r in middle)  # before its pages are read: none of them is evicted
-        return [pages.pages[0], *middle, pages.pages[1]]
+        every = [pages.pages[0], *middle, pages.pages[1]]
+        if member != "todo" and len({r.digest for r in every}) != len(every):  # done entries and names are unique
+            raise SchemaError(f"{where} {member} page list names a page twice", **ids)
+        return every
 
     todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE, "todo", "todo") for i, r in enumerate(refs("todo", doc.todo))]
     if sum(len(p.tree) for p in todo_pages) != doc.todo.count or any(not p.tree for p in todo_pages):

@@ -105,13 +105,27 @@ def worker(
                                    "a row without a new checkpoint."),
     backoff: float = typer.Option(2.0, "--backoff", metavar="SECONDS", help="First retry delay after a session "
                                   "died; doubles per death."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Log only problems (a task failed or parked, the store "
+                               "unreachable), not each claim and each task's end."),
 ) -> None:
     """Run queued tasks, each in its own child process, and take over tasks whose holder died.
 
-    Ctrl-C / SIGTERM once: each task finishes its step in flight, commits, is queued again; the
-    worker exits 0. Twice: steps in flight are abandoned (nothing of them is committed). An
-    unreachable store is retried; the exit is non-zero only on a configuration error (exit 2)."""
-    from overnight.fleet.worker import Worker
+    Logs one line on stderr per claim (and takeover) and per task's end (complete, queued again,
+    failed with its reason). Start it in the project directory the tasks were submitted from:
+    their code is looked up there (a task whose code is not found is parked `failed`; fix it, then
+    `overnight retry TASK_ID`). Ctrl-C / SIGTERM once: each task finishes its step in flight,
+    commits, is queued again; the worker exits 0. Twice: steps in flight are abandoned (nothing of
+    them is committed). An unreachable store is retried; the exit is non-zero only on a
+    configuration error (exit 2)."""
+    import logging
+
+    from overnight.fleet.worker import LOG, Worker
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    LOG.addHandler(handler)
+    LOG.setLevel(logging.WARNING if quiet else logging.INFO)
+    LOG.propagate = False
 
     try:
         code = Worker(_store(store), queues=queue, concurrency=concurrency, max_tasks=max_tasks,

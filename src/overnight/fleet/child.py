@@ -188,7 +188,8 @@ def main(argv: list[str]) -> int:
         task = _load(row.entry, task_id, row.params, spec)
     except Exception as exc:  # noqa: BLE001 - any failure to import is the task's, not the worker's
         why = exc.message if isinstance(exc, OvernightError) else f"{type(exc).__name__}: {exc}"
-        return finish("failed", f"cannot import {row.entry}: {why}")
+        return finish("failed", f"cannot import {row.entry} in {os.getcwd()}: {why} (run the worker in the project "
+                      f"directory the task was submitted from, then `overnight retry {task_id}`)")
 
     def at_step_end(ev: Any) -> None:  # `overnight cancel` takes effect at the next step boundary
         if ev.kind == "step_end" and not cancelled.is_set():

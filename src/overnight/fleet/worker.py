@@ -45,6 +45,15 @@ is queued again at once, and the death is not counted against it."""
 LOG = logging.getLogger("overnight.worker")
 
 
+def _without_password(url: str) -> str:
+    """``url`` for a log line: a password in it replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    auth, at, host = rest.partition("@")
+    if sep and at and ":" in auth and "/" not in auth:
+        return f"{scheme}://{auth.split(':', 1)[0]}:***@{host}"
+    return url
+
+
 class _Forked:
     """A session process from the fork server, with the ``Popen`` methods the worker uses."""
 
@@ -200,6 +209,7 @@ class Worker:
                 continue
             del self._children[task_id]
             if code == 0:
+                self._said_done(task_id)
                 continue
             if code == EXIT_STORE_GONE:  # the store went away under the session: not the task's fault
                 self._store_retry(lambda q: q.release(child.task.task_id, child.task.claim_token,
@@ -211,6 +221,16 @@ class Worker:
                 continue
             reason = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
             self._death(child.task, f"session {reason}")
+
+    def _said_done(self, task_id: str) -> None:
+        """Log how a session that exited 0 left its task (the queue row's status and reason)."""
+        try:
+            row = self._q().get(task_id)
+        except OvernightError:
+            return  # only a progress line: the store being away is logged where it matters
+        if row is not None:
+            LOG.log(logging.WARNING if row.status == "failed" else logging.INFO, "task %s %s%s", task_id, row.status,
+                    f": {row.reason}" if row.reason else "")
 
     def _store_retry(self, fn: Any) -> Any:
         """``fn(queue)``, retried with a backoff while the store is unreachable (not after a second
@@ -264,6 +284,8 @@ class Worker:
             return None
         self.stats.claim_ms.append((time.perf_counter() - t0) * 1000)
         self.stats.claimed += 1
+        LOG.info("claimed task %s%s", task.task_id,
+                 f" (taken over: holder {task.worker_id or '?'} stopped heartbeating)" if task.taken_over else "")
         if task.taken_over:  # its previous holder died or stalled: that is a death of the task
             self.stats.takeovers += 1
             head = self._q().store.get_ref(task.task_id, "main")
@@ -278,6 +300,9 @@ class Worker:
     def run(self) -> int:
         """Run until stopped, ``max_tasks`` or ``idle_exit_s``. Returns the exit status (0)."""
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        LOG.info("worker %s: claiming from queue %s on %s (lease %.0f s, %d task(s) at once)", self.worker_id,
+                 ", ".join(self.queues), _without_password(self.store_url), self.lease_ms / 1000,
+                 self.concurrency)
         idle_since = time.monotonic()
         next_beat = 0.0
         delay = 0.5
@@ -314,6 +339,7 @@ class Worker:
                 if self._children or claimed is not None:
                     idle_since = time.monotonic()
                 elif self.idle_exit_s is not None and time.monotonic() - idle_since >= self.idle_exit_s:
+                    LOG.info("nothing to run for %.0f s (--idle-exit): exiting", self.idle_exit_s)
                     break
                 if claimed is None and not self._again:
                     time.sleep(self.poll_s)

@@ -181,6 +181,9 @@ class PostgresStore(Closing):
                 raise unreachable(mask_password(url), detail,
                                   hint="is the server running, and the host and port right? `pg_isready -h HOST "
                                   "-p PORT` checks; run the command again once it answers") from exc
+            if exc.sqlstate[:2] in ("08", "57"):  # the connection broke, or the server shut it (restart, terminate)
+                raise unreachable(mask_password(url), detail, hint="the server closed the connection while the store "
+                                  "was opened (a restart, or pg_terminate_backend): run the command again") from exc
             raise ConfigError(detail, hint="the server answered but refused: check the user, password and "
                               "database in the URL") from exc
         except psycopg.errors.InsufficientPrivilege as exc:
