@@ -120,3 +120,21 @@ def test_the_state_document_keeps_its_size_as_the_history_grows(tmp_path):
         loaded, fallback = load_head(s, "values")
         assert loaded.id == head.id and [x.checkpoint_id for x in fallback.skipped] == [forged]
         assert "not 2" in fallback.skipped[0].reason
+
+
+def test_a_page_list_naming_a_page_twice_is_refused(tmp_path):
+    """A forged ``middle`` list that names one done page twice (counts unchanged, every page
+    intact) would load 64 done steps twice and 64 never: refused, the load falls back past it."""
+    _run(tmp_path, steps=200)  # 4 done pages: two in the middle list
+    with SQLiteStore(tmp_path / "s.db") as s:
+        head, _ = load_head(s, "values")
+        middle = [r.model_dump() for r in head.done_pages.refs[1:-1]]
+        assert len(middle) == 2
+        raw = dumps([middle[0], middle[0]])
+        writer = BlobWriter(s)
+        twice = {"digest": writer.put(raw), "size": len(raw)}
+        s.put_objects(writer.commit_objects())
+        forged = _forge(s, lambda d: {**d, "done": {**d["done"], "middle": twice}})
+        loaded, fallback = load_head(s, "values")
+        assert loaded.id == head.id and [x.checkpoint_id for x in fallback.skipped] == [forged]
+        assert "names a page twice" in fallback.skipped[0].reason
