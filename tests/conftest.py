@@ -10,9 +10,17 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import uuid
 
 import pytest
+
+# The router makes a span that crosses local midnight durable, so a test of a short task would
+# depend on the hour it runs at (a 20-minute task started at 23:45 is durable). Tests -- and the
+# processes they start, which inherit the environment -- run at local noon: a POSIX TZ whose offset
+# puts the current UTC hour at 12. Tests of the midnight rule pass their own start time.
+os.environ["TZ"] = f"NOON{time.gmtime().tm_hour - 12:+d}"
+time.tzset()
 
 POSTGRES_URL = os.environ.get("OVERNIGHT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 

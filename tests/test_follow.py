@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import _procs
@@ -302,10 +301,7 @@ def boom(ctx):
 '''
 
 
-def test_ephemeral_warns_once_through_the_api_and_no_hint_offers_a_resume(tmp_path, monkeypatch):
-    # the router makes a span that crosses local midnight durable: run the children at local noon
-    # (a POSIX TZ whose offset puts the current UTC hour at 12), so the test holds at any hour
-    monkeypatch.setenv("TZ", f"NOON{time.gmtime().tm_hour - 12:+d}")
+def test_ephemeral_warns_once_through_the_api_and_no_hint_offers_a_resume(tmp_path):
     (tmp_path / "quick.py").write_text(EPHEMERAL)
     script = ("import overnight, importlib.util\n"
               "spec = importlib.util.spec_from_file_location('quick', 'quick.py'); m = importlib.util.module_from_spec(spec)\n"
