@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import sqlite3
 import subprocess
@@ -136,6 +137,9 @@ def _pop_all(session: OvernightSession, into: list, errors: list) -> None:
     async def loop() -> None:
         while (item := await session.pop_item()) is not None:
             into.append(item["content"])
+            # as an agent does between turns: a session whose cached head is current commits at once,
+            # so without a pause one thread can win every race and the pops never overlap
+            await asyncio.sleep(random.uniform(0, 0.01))
     try:
         asyncio.run(loop())
     except BaseException as exc:  # noqa: BLE001 - reported by the test
