@@ -37,6 +37,13 @@ from overnight.store.base import ObjectRecord, Store
 MAX_TREE_DEPTH = 4
 """Chunk indexes of chunk indexes nest at most this deep (4 levels address far beyond 1 TB)."""
 
+LOOKUP_MIN_BYTES = 256 * 1024
+"""New chunks of one blob that together stay under this size (bytes) are staged without asking the
+store whether it holds them already: re-sending them costs less than the query's round trip (the
+store keeps an intact copy it has: :func:`is_damaged`). A commit that appends to a page or a
+transcript has one or two such chunks; only a large unknown blob (a new file, content copied from
+another task) is looked up first, where deduplication saves real bytes on the wire."""
+
 
 def is_damaged(store: Store, blob_digest: str) -> bool:
     """Is the stored copy of ``blob_digest`` damaged (unreadable, or not hashing to its digest)?
@@ -127,7 +134,9 @@ class BlobWriter:
             self._stage(d, "blob", data)  # tree listing itself as its only chunk
             self.parts[d] = (d,)
             return d
-        have = self._sound(chunk_digests)
+        have = {cd for cd in chunk_digests if cd in self.known or cd in self.objects or cd in self.reused}
+        if sum(len(c) for c, cd in zip(chunks, chunk_digests) if cd not in have) >= LOOKUP_MIN_BYTES:
+            have = self._sound(chunk_digests)
         for c, cd in zip(chunks, chunk_digests):
             if cd not in have:
                 self._stage(cd, "blob", bytes(c))
