@@ -143,9 +143,11 @@ def test_poison_unimportable_and_failing_tasks_are_parked(tmp_path: Path, sqlite
     assert queue_rows(sqlite_url)[poison].status == "queued"
 
 
-def test_cancel_stops_at_a_step_boundary(tmp_path: Path, sqlite_url: str) -> None:
-    # the default lease (30 s: a heartbeat every 10 s) -- the session asks after every step, so the
-    # cancel lands at the next step boundary, not at the next heartbeat
+def test_cancel_stops_at_a_step_boundary(tmp_path: Path, any_url: str) -> None:
+    # the default lease (30 s: a heartbeat every 10 s) -- the session asks after every step (SQLite)
+    # or is told at once (PostgreSQL's NOTIFY), so the cancel lands at the next step boundary, not
+    # at the next heartbeat
+    sqlite_url = any_url
     tid = _submit(tmp_path, sqlite_url, "--param", "steps=40", "--param", "sleep=0.4")["task_id"]
     w = start_worker(tmp_path, sqlite_url, "--idle-exit", "2")
     try:
@@ -162,6 +164,48 @@ def test_cancel_stops_at_a_step_boundary(tmp_path: Path, sqlite_url: str) -> Non
     assert len(got["done"]) == len(side_log(tmp_path)) + 1 and wasted(side_log(tmp_path)) == 0
     ls = {t["task_id"]: t["status"] for t in json.loads(cli(tmp_path, "ls", "--store", sqlite_url, "--json").stdout)}
     assert ls[tid] == "cancelled"
+
+
+def test_postgres_pushes_a_cancel_to_the_running_session_and_no_other(tmp_path: Path, pg_schema) -> None:
+    import threading
+
+    from overnight.store import open_store
+    from overnight.store.queue_open import queue_for
+
+    project(tmp_path)
+    url, schema = pg_schema
+    store = f"{url}?schema={schema}"
+    for tid in ("mine", "other"):
+        _submit(tmp_path, store, "--id", tid)
+    s = open_store(store)
+    try:
+        q = queue_for(s)
+        claims = {t.task_id: t for t in (q.claim("w1", ["default"], 30_000) for _ in range(2))}
+        told: dict[str, threading.Event] = {t: threading.Event() for t in claims}
+        watches = {t: q.watch_cancel(t, told[t].set) for t in claims}
+        assert all(w.alive for w in watches.values())
+        q.cancel("other")
+        assert told["other"].wait(5) and not told["mine"].is_set()
+        # the same task id in another schema of the same server is another task
+        url2 = f"{url}?schema={schema}_b"
+        try:
+            _submit(tmp_path, url2, "--id", "mine")
+            s2 = open_store(url2)
+            q2 = queue_for(s2)
+            q2.claim("w1", ["default"], 30_000)
+            q2.cancel("mine")
+            s2.close()
+            assert not told["mine"].wait(1.5)
+        finally:
+            from conftest import drop_schema
+            drop_schema(url, f"{schema}_b")
+        q.cancel("mine")
+        assert told["mine"].wait(5)
+        assert q.cancel_requested("mine", claims["mine"].claim_token)  # the row says so too
+        for w in watches.values():
+            w.close()
+    finally:
+        s.close()
 
 
 def test_graceful_stop_commits_the_step_in_flight_and_requeues(tmp_path: Path, sqlite_url: str) -> None:

@@ -173,8 +173,21 @@ def main(argv: list[str]) -> int:
     hb = threading.Thread(target=beat, name="overnight-claim", daemon=True)
     hb.start()
 
+    def on_cancel() -> None:
+        cancelled.set()
+        ask_stop()
+
+    try:  # PostgreSQL pushes `overnight cancel` (LISTEN/NOTIFY): no query after every step
+        watch = q.watch_cancel(task_id, on_cancel)
+        if watch is not None and watch.alive and q.cancel_requested(task_id, token):
+            on_cancel()  # cancelled before the LISTEN began
+    except (StoreError, StoreBusy):
+        watch = None
+
     def finish(status: str, reason: str | None = None) -> int:
         stop.set()
+        if watch is not None:
+            watch.close()
         try:
             q.finish(task_id, token, status, reason)
             return 0
@@ -192,7 +205,7 @@ def main(argv: list[str]) -> int:
                       f"directory the task was submitted from, then `overnight retry {task_id}`)")
 
     def at_step_end(ev: Any) -> None:  # `overnight cancel` takes effect at the next step boundary
-        if ev.kind == "step_end" and not cancelled.is_set():
+        if ev.kind == "step_end" and not cancelled.is_set() and not (watch is not None and watch.alive):
             try:
                 if q.cancel_requested(task_id, token):
                     cancelled.set()
@@ -225,6 +238,8 @@ def main(argv: list[str]) -> int:
         return finish("failed", f"{type(exc).__name__}: {exc.message}")
     finally:
         stop.set()
+        if watch is not None:
+            watch.close()
     if lost.is_set():
         return 0
     if result.status == "complete":

@@ -2,15 +2,71 @@
 many machines. A claim is one short READ COMMITTED transaction: ``SELECT ... ORDER BY priority
 DESC, seq LIMIT 1 FOR UPDATE OF q SKIP LOCKED`` then ``UPDATE`` of that row -- concurrent claimers
 skip each other's locked rows instead of waiting, and no transaction stays open while a task runs
-(a held snapshot would hold back vacuum on the queue table)."""
+(a held snapshot would hold back vacuum on the queue table).
+
+``overnight cancel`` also sends a ``NOTIFY`` on :data:`CANCEL_CHANNEL` in its transaction, so a
+running session learns of it without asking the server after every step: :class:`CancelListener`
+holds one ``LISTEN`` connection per session (the step loop then costs no query for it; when that
+connection is down, the session asks after each step as on SQLite)."""
 
 from __future__ import annotations
 
+import json
+import threading
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+import psycopg
+
+from overnight.store.postgres import parse_url
 from overnight.store.queue import LeaseView
 from overnight.store.queue_sql import SqlQueue
+
+CANCEL_CHANNEL = "overnight_cancel"
+"""The ``NOTIFY`` channel of cancellations; the payload is ``["<schema>", "<task id>"]`` (JSON)."""
+
+
+class CancelListener:
+    """A thread with its own connection that ``LISTEN``s on :data:`CANCEL_CHANNEL` and calls
+    ``on_cancel()`` when the payload names ``schema`` and ``task_id``.
+
+    :attr:`alive` is True from the ``LISTEN`` until the connection fails or :meth:`close`; a
+    notification sent while it was not alive is lost, which is why the caller asks the queue
+    (``cancel_requested``) once after :attr:`alive` turns True and after every step while it is
+    False. The thread is a daemon: it never keeps the session alive.
+    """
+
+    def __init__(self, conninfo: str, schema: str, task_id: str, on_cancel: Callable[[], None], *,
+                 ready_timeout_s: float = 5.0) -> None:
+        self.alive = False
+        self._payload = json.dumps([schema, task_id])
+        self._on_cancel = on_cancel
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(conninfo,), name="overnight-cancel-listen",
+                                        daemon=True)
+        self._thread.start()
+        self._ready.wait(ready_timeout_s)
+
+    def _run(self, conninfo: str) -> None:
+        try:
+            with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(f"LISTEN {CANCEL_CHANNEL}")
+                self.alive = True
+                self._ready.set()
+                while not self._stop.is_set():
+                    for note in conn.notifies(timeout=1.0):
+                        if note.payload == self._payload:
+                            self._on_cancel()
+        except psycopg.Error:
+            pass  # the server went away: the session asks after each step until it ends
+        finally:
+            self.alive = False
+            self._ready.set()
+
+    def close(self) -> None:
+        """Stop listening (the thread ends within a second)."""
+        self._stop.set()
 
 
 class PostgresQueue(SqlQueue):
@@ -45,6 +101,13 @@ class PostgresQueue(SqlQueue):
     def _sql(self, text: str) -> str:
         return self.store.sql(text).replace("?", "%s")
 
+    def _notify_cancel(self, cur: Any, task_id: str) -> None:
+        cur.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, json.dumps([self.store.schema, task_id])))
+
+    def watch_cancel(self, task_id: str, on_cancel: Callable[[], None]) -> CancelListener:
+        """A :class:`CancelListener` for ``task_id`` on this store's server (one more connection)."""
+        return CancelListener(parse_url(self.store.url)[0], self.store.schema, task_id, on_cancel)
+
     def _has_table(self) -> bool:
         return self._read(self.store.sql("SELECT to_regclass('{s}.workers') IS NOT NULL"))[0][0]
 
@@ -69,4 +132,4 @@ class PostgresQueue(SqlQueue):
         return LeaseView(bytes(h).decode(), bytes(holder).decode(), token, expires)
 
 
-__all__ = ["PostgresQueue"]
+__all__ = ["CANCEL_CHANNEL", "CancelListener", "PostgresQueue"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import socket
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 from overnight.errors import TaskNotFound
 from overnight.store.leases import now_ms
@@ -27,6 +27,18 @@ from overnight.store.queue import (
     row_to_task,
     row_to_worker,
 )
+
+
+
+class CancelWatch(Protocol):
+    """What :meth:`SqlQueue.watch_cancel` returns."""
+
+    alive: bool
+    """True while cancellations reach ``on_cancel`` (the channel is set up and connected)."""
+
+    def close(self) -> None:
+        """Stop watching (returns at once; the channel closes within about a second)."""
+
 
 _COLS = ", ".join(COLUMNS)
 _QCOLS = ", ".join(f"q.{c}" for c in COLUMNS)
@@ -156,6 +168,17 @@ class SqlQueue:
             cur.execute(self._sql("SELECT cancel_requested FROM {s}.queue WHERE task_id=?"), (task_id,))
             return bool(cur.fetchone()[0])
 
+    def watch_cancel(self, task_id: str, on_cancel: Callable[[], None]) -> CancelWatch | None:
+        """A push channel for ``overnight cancel`` of ``task_id``: ``on_cancel()`` is called (on
+        another thread) when it is cancelled, so a session need not ask after every step. None when
+        this queue has no such channel (SQLite: :meth:`cancel_requested` is a local read); a
+        session asks :meth:`cancel_requested` after each step whenever the watch is not
+        :attr:`CancelWatch.alive`."""
+        return None
+
+    def _notify_cancel(self, cur: Any, task_id: str) -> None:
+        """Tell :meth:`watch_cancel` listeners, inside ``cancel``'s transaction (none here)."""
+
     def cancel_requested(self, task_id: str, token: int) -> bool:
         """Whether ``overnight cancel`` asked this claim's session to stop (one read; the session
         asks after each step, so it stops at the next step boundary)."""
@@ -265,6 +288,8 @@ class SqlQueue:
                                   "AND status='queued'"), (task_id,))
             cur.execute(self._sql("UPDATE {s}.queue SET cancel_requested=1 WHERE task_id=? AND status='running'"),
                         (task_id,))
+            if cur.rowcount:
+                self._notify_cancel(cur, task_id)
         return self._must(task_id)
 
     def delete(self, task_id: str) -> bool:
