@@ -83,12 +83,19 @@ class PageWriter:
 
     A page is reused when it holds the very same entry objects as a page written (or loaded and
     verified) before -- the runner builds each new state from the previous one's entry objects, so
-    an unchanged page is recognised by identity without encoding it.
+    an unchanged page is recognised by identity without encoding it. A list page (todo, done)
+    that is a page written before with entries appended -- the tail of a growing done list, every
+    step -- is encoded and validated only in its new entries: canonical JSON of a list is its
+    entries' encodings joined by commas, so the new bytes are the old ones with the closing bracket
+    replaced by ``,`` and the new entries (the same bytes as a whole encoding; tests/test_pages.py).
     """
 
     def __init__(self) -> None:
         self._cache: dict[tuple, tuple[dict[str, Any], list[Any]]] = {}
         self._pending: dict[tuple, tuple[dict[str, Any], list[Any]]] | None = None
+        self._lists: dict[int, tuple[list[Any], bytes]] = {}
+        """id of a list page's first entry -> (its entries, its bytes), for pages of the last commit."""
+        self._pending_lists: dict[int, tuple[list[Any], bytes]] = {}
 
     @staticmethod
     def _key(page: list | dict) -> tuple:
@@ -112,6 +119,7 @@ class PageWriter:
             RecordInvalid: a new page does not match ``schema`` (``ids``: task, checkpoint).
         """
         out, count, fresh = [], 0, {}
+        lists: dict[int, tuple[list[Any], bytes]] = {}
         for page in pages:
             if isinstance(page, StoredPage):  # named by the verified state continued from, unchanged
                 out.append(page.ref)
@@ -122,23 +130,41 @@ class PageWriter:
             cached = self._cache.get(key)
             if cached is not None and len(cached[1]) == len(entries) and all(a is b for a, b in zip(cached[1], entries)):
                 ref = cached[0]
+                if isinstance(page, list) and page and id(page[0]) in self._lists:  # kept for when it grows
+                    lists[id(page[0])] = self._lists[id(page[0])]
             else:
+                grown = self._grown(page)
+                new = page if grown is None else page[len(grown[0]):]
                 if schema is not None:
                     try:
-                        schema.validate_python(page)
+                        schema.validate_python(new)
                     except ValidationError as exc:
                         raise RecordInvalid(f"{what} does not match record format {FORMAT_VERSION}: "
                                             f"{validation_summary(exc)}; nothing was written",
                                             hint="this is a bug in the code that built the record", **ids) from exc
-                raw = encode_state(page)
+                raw = encode_state(page) if grown is None else grown[1][:-1] + b"," + encode_state(new)[1:]
                 ref = {"digest": writer.put(raw), "size": len(raw)}
+                if isinstance(page, list) and page:
+                    lists[id(page[0])] = (entries, raw)
             fresh[key] = (ref, entries)
             out.append(ref)
         self._pending = fresh  # reused by the next commit only once this one is stored: :meth:`accept`
+        self._pending_lists = lists
         return {"count": count, "pages": out}
+
+    def _grown(self, page: list | dict) -> tuple[list[Any], bytes] | None:
+        """``(entries, bytes)`` of the list page of the last commit that ``page`` extends (the very
+        same entry objects, then more), or None."""
+        if not isinstance(page, list) or not page:
+            return None
+        prev = self._lists.get(id(page[0]))
+        if prev is None or len(prev[0]) >= len(page) or not all(a is b for a, b in zip(prev[0], page)):
+            return None
+        return prev
 
     def accept(self) -> None:
         """The commit that staged the pages of the last :meth:`refs` is stored: the next one may
         reuse them. (After a failed commit they are not reused: their blobs may not be stored.)"""
         if self._pending is not None:
             self._cache, self._pending = self._pending, None
+            self._lists, self._pending_lists = self._pending_lists, {}

@@ -477,7 +477,7 @@ class PostgresStore(Closing):
 
     @property
     def _commit_sql(self) -> str:
-        casts = ", ".join(f"%s::{t}" for t in self._COMMIT_TYPES)
+        casts = ", ".join(f"%b::{t}" for t in self._COMMIT_TYPES)
         return self._sql(f"SELECT {{s}}.commit_checkpoint({casts})")
 
     def _refusal(self, exc: psycopg.Error, commit: Commit) -> Exception:
