@@ -175,15 +175,20 @@ def test_postgres_pushes_a_cancel_to_the_running_session_and_no_other(tmp_path: 
     project(tmp_path)
     url, schema = pg_schema
     store = f"{url}?schema={schema}"
-    for tid in ("mine", "other"):
+    for tid in ("mine", "other", "early"):
         _submit(tmp_path, store, "--id", tid)
     s = open_store(store)
     try:
         q = queue_for(s)
-        claims = {t.task_id: t for t in (q.claim("w1", ["default"], 30_000) for _ in range(2))}
+        claims = {t.task_id: t for t in (q.claim("w1", ["default"], 30_000) for _ in range(3))}
+        q.cancel("early")  # before its session listens: the listener asks the row once it holds
+        early = threading.Event()
+        q.watch_cancel("early", early.set)
+        assert early.wait(10)
+        del claims["early"]
         told: dict[str, threading.Event] = {t: threading.Event() for t in claims}
         watches = {t: q.watch_cancel(t, told[t].set) for t in claims}
-        assert all(w.alive for w in watches.values())
+        wait_until(lambda: all(w.alive for w in watches.values()), 10, "the LISTEN connections")
         q.cancel("other")
         assert told["other"].wait(5) and not told["mine"].is_set()
         # the same task id in another schema of the same server is another task

@@ -73,7 +73,11 @@ def _run_and_exit(argv: list[str]) -> None:
     crash: a death the worker counts)."""
     _stop_before_start()
     try:
-        code = main(argv)
+        if os.environ.get("XPROF"):  # TEMP
+            import cProfile
+            pr = cProfile.Profile(); pr.enable(); code = main(argv); pr.disable(); pr.dump_stats(f"{os.environ['XPROF']}/p{os.getpid()}.out")
+        else:
+            code = main(argv)
     except Exception:  # noqa: BLE001 - a crash is a death the worker counts; say why on stderr
         traceback.print_exc()
         code = 1
@@ -177,12 +181,9 @@ def main(argv: list[str]) -> int:
         cancelled.set()
         ask_stop()
 
-    try:  # PostgreSQL pushes `overnight cancel` (LISTEN/NOTIFY): no query after every step
-        watch = q.watch_cancel(task_id, on_cancel)
-        if watch is not None and watch.alive and q.cancel_requested(task_id, token):
-            on_cancel()  # cancelled before the LISTEN began
-    except (StoreError, StoreBusy):
-        watch = None
+    # PostgreSQL pushes `overnight cancel` (LISTEN/NOTIFY, set up on a thread): once it is alive,
+    # no query after every step
+    watch = q.watch_cancel(task_id, on_cancel)
 
     def finish(status: str, reason: str | None = None) -> int:
         stop.set()

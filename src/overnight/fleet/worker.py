@@ -198,7 +198,8 @@ class Worker:
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(["overnight.fleet._forkserver_guard", "overnight.fleet.child",
                                         "overnight.runtime.runner", "overnight.api", "overnight.store.sqlite",
-                                        "overnight.store.postgres", "overnight.fleet._warm"])
+                                        "overnight.store.postgres", "overnight.store.queue_sqlite",
+                                        "overnight.store.queue_postgres", "overnight.fleet._warm"])
             self._mp = ctx
         return self._mp
 

@@ -30,30 +30,30 @@ class CancelListener:
     """A thread with its own connection that ``LISTEN``s on :data:`CANCEL_CHANNEL` and calls
     ``on_cancel()`` when the payload names ``schema`` and ``task_id``.
 
-    :attr:`alive` is True from the ``LISTEN`` until the connection fails or :meth:`close`; a
-    notification sent while it was not alive is lost, which is why the caller asks the queue
-    (``cancel_requested``) once after :attr:`alive` turns True and after every step while it is
-    False. The thread is a daemon: it never keeps the session alive.
+    Nothing waits for it: the connection is made on the thread. Once its ``LISTEN`` holds, the
+    thread asks ``cancelled()`` (the queue row) once, so a cancel sent before then is not lost,
+    and sets :attr:`alive`; until then, and again if the connection fails, the caller asks the
+    queue after every step as on SQLite. The thread is a daemon: it never keeps the session alive.
     """
 
-    def __init__(self, conninfo: str, schema: str, task_id: str, on_cancel: Callable[[], None], *,
-                 ready_timeout_s: float = 5.0) -> None:
+    def __init__(self, conninfo: str, schema: str, task_id: str, on_cancel: Callable[[], None],
+                 cancelled: Callable[[Any], bool]) -> None:
         self.alive = False
         self._payload = json.dumps([schema, task_id])
         self._on_cancel = on_cancel
+        self._cancelled = cancelled
         self._stop = threading.Event()
-        self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(conninfo,), name="overnight-cancel-listen",
                                         daemon=True)
         self._thread.start()
-        self._ready.wait(ready_timeout_s)
 
     def _run(self, conninfo: str) -> None:
         try:
             with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
                 conn.execute(f"LISTEN {CANCEL_CHANNEL}")
+                if self._cancelled(conn):
+                    self._on_cancel()  # cancelled before the LISTEN held
                 self.alive = True
-                self._ready.set()
                 while not self._stop.is_set():
                     for note in conn.notifies(timeout=1.0):
                         if note.payload == self._payload:
@@ -62,7 +62,6 @@ class CancelListener:
             pass  # the server went away: the session asks after each step until it ends
         finally:
             self.alive = False
-            self._ready.set()
 
     def close(self) -> None:
         """Stop listening (the thread ends within a second)."""
@@ -106,7 +105,9 @@ class PostgresQueue(SqlQueue):
 
     def watch_cancel(self, task_id: str, on_cancel: Callable[[], None]) -> CancelListener:
         """A :class:`CancelListener` for ``task_id`` on this store's server (one more connection)."""
-        return CancelListener(parse_url(self.store.url)[0], self.store.schema, task_id, on_cancel)
+        sql = self._sql("SELECT 1 FROM {s}.queue WHERE task_id=? AND cancel_requested<>0")
+        return CancelListener(parse_url(self.store.url)[0], self.store.schema, task_id, on_cancel,
+                              lambda conn: conn.execute(sql, (task_id,)).fetchone() is not None)
 
     def _has_table(self) -> bool:
         return self._read(self.store.sql("SELECT to_regclass('{s}.workers') IS NOT NULL"))[0][0]
