@@ -73,11 +73,7 @@ def _run_and_exit(argv: list[str]) -> None:
     crash: a death the worker counts)."""
     _stop_before_start()
     try:
-        if os.environ.get("XPROF"):  # TEMP
-            import cProfile
-            pr = cProfile.Profile(); pr.enable(); code = main(argv); pr.disable(); pr.dump_stats(f"{os.environ['XPROF']}/p{os.getpid()}.out")
-        else:
-            code = main(argv)
+        code = main(argv)
     except Exception:  # noqa: BLE001 - a crash is a death the worker counts; say why on stderr
         traceback.print_exc()
         code = 1
