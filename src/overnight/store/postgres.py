@@ -147,6 +147,21 @@ def schema_exists(url: str, *, connect_timeout_s: float = 3.0) -> bool | None:
         return None
 
 
+def _handing_over(first: list[psycopg.Connection]) -> type[psycopg.Connection]:
+    """A connection class for the pool whose first ``connect`` returns the connection in ``first``
+    (the one the schema check ran on) instead of opening another: opening a store costs one
+    connection -- one server backend, which a worker's session otherwise started twice."""
+
+    class HandedOver(psycopg.Connection):
+        @classmethod
+        def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:  # type: ignore[override]
+            if first:
+                return first.pop()
+            return super().connect(conninfo, **kwargs)
+
+    return HandedOver
+
+
 class PostgresStore(Closing):
     """:class:`~overnight.store.base.Store` in a PostgreSQL schema (see the module docstring).
 
@@ -172,9 +187,15 @@ class PostgresStore(Closing):
         self._closed = False
         self._close_lock = threading.Lock()
         where = self._where(conninfo)
+        first: list[psycopg.Connection] = []
         try:
-            with psycopg.connect(conninfo, autocommit=True, connect_timeout=max(1, int(connect_timeout_s))) as conn:
+            conn = psycopg.connect(conninfo, autocommit=True, connect_timeout=max(1, int(connect_timeout_s)))
+            try:
                 postgres_schema.migrate(conn, self.schema, where=url, migrations=_migrations)
+            except BaseException:
+                conn.close()
+                raise
+            first.append(conn)  # the pool's first connection: one connection (one server backend) per open
         except psycopg.OperationalError as exc:
             detail = f"cannot connect to PostgreSQL at {where}: {' '.join(str(exc).split())}"
             if exc.sqlstate is None:  # no answer from a server (refused, timed out, unknown host)
@@ -196,6 +217,7 @@ class PostgresStore(Closing):
             min_size=1,
             max_size=options.get("pool_max", 10),
             kwargs={"autocommit": True},
+            connection_class=_handing_over(first),
             configure=self._configure,
             check=None,  # no round trip per checkout: a dead connection is replaced on use (_call, _tx)
             timeout=self.busy_timeout_ms / 1000,
@@ -206,6 +228,8 @@ class PostgresStore(Closing):
             self._pool.open(wait=True, timeout=connect_timeout_s)
         except psycopg_pool.PoolTimeout as exc:
             self._pool.close()
+            for conn in first:
+                conn.close()
             raise unreachable(mask_password(url), f"no connection to {where} within {connect_timeout_s} s",
                               hint="is the server overloaded or gone? run the command again once it answers") from exc
 
@@ -215,8 +239,7 @@ class PostgresStore(Closing):
         return f"{p.hostname or 'localhost'}:{p.port or 5432}{p.path or ''}"
 
     def _configure(self, conn: psycopg.Connection) -> None:
-        conn.execute(f"SET lock_timeout = {int(self.busy_timeout_ms)}")
-        conn.execute("SET synchronous_commit = on")
+        conn.execute(f"SET lock_timeout = {int(self.busy_timeout_ms)}; SET synchronous_commit = on")  # one round trip
 
     # -- plumbing ---------------------------------------------------------------------------
 
