@@ -19,6 +19,7 @@ A store that is unreachable (PostgreSQL restarting, the network gone) is retried
 from __future__ import annotations
 
 import logging
+import multiprocessing.connection
 import os
 import signal
 import socket
@@ -67,6 +68,10 @@ class _Forked:
     def poll(self) -> int | None:
         return self._p.exitcode
 
+    def fileno(self) -> int:
+        """Readable once the process has exited (its multiprocessing sentinel)."""
+        return self._p.sentinel
+
     def send_signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
 
@@ -79,6 +84,10 @@ class _Child:
     task: QueuedTask
     proc: subprocess.Popen
     started: float
+    exit_fd: int | None = None
+    """Readable once the process exited (a sentinel or a pidfd), for :meth:`Worker._pause`."""
+    own_fd: bool = False
+    """``exit_fd`` is a pidfd this worker opened (closed when the child is reaped)."""
 
 
 @dataclass
@@ -209,6 +218,8 @@ class Worker:
             if code is None:
                 continue
             del self._children[task_id]
+            if child.own_fd and child.exit_fd is not None:
+                os.close(child.exit_fd)
             if code == 0:
                 self._said_done(task_id)
                 continue
@@ -272,6 +283,26 @@ class Worker:
                 self._drop_store()
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
+
+    def _pause(self) -> None:
+        """Wait ``poll_s``, or less: until a session exits when every slot is busy (its slot is
+        claimed again at once instead of idling out the rest of the poll; ``overnight bench fleet``)."""
+        if len(self._children) < self.concurrency:
+            time.sleep(self.poll_s)
+            return
+        ready: list[Any] = []
+        for child in self._children.values():
+            if child.exit_fd is None and isinstance(child.proc, _Forked):
+                child.exit_fd = child.proc.fileno()
+            elif child.exit_fd is None:
+                try:
+                    child.exit_fd = os.pidfd_open(child.proc.pid)
+                    child.own_fd = True
+                except (AttributeError, OSError):  # no pidfd (not Linux 5.3+): poll
+                    time.sleep(self.poll_s)
+                    return
+            ready.append(child.exit_fd)
+        multiprocessing.connection.wait(ready, timeout=self.poll_s)
 
     # -- the loop ----------------------------------------------------------------------------------
     def _beat(self, state: str = "running") -> None:
@@ -343,7 +374,7 @@ class Worker:
                     LOG.info("nothing to run for %.0f s (--idle-exit): exiting", self.idle_exit_s)
                     break
                 if claimed is None and not self._again:
-                    time.sleep(self.poll_s)
+                    self._pause()
                 self._again = False
         finally:
             for s, h in old.items():
