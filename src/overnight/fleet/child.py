@@ -125,19 +125,30 @@ def _load(entry: str, task_id: str, params: dict, spec: dict | None):  # type: i
     return task
 
 
+def _open(store_url: str):  # type: ignore[no-untyped-def]
+    """The worker's store; on PostgreSQL without the catalog check of its tables, which the worker
+    made when it opened the same schema (the schema version is still checked)."""
+    from overnight.store import open_store
+
+    if store_url.split("://", 1)[0].lower() in ("postgresql", "postgres"):
+        from overnight.store.postgres import PostgresStore
+
+        return PostgresStore(store_url, check_shape=False)
+    return open_store(store_url)
+
+
 def main(argv: list[str]) -> int:
     store_url, task_id, token, ttl_ms, worker_pid = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
     _die_with_parent(worker_pid)
     from overnight.errors import (LeaseLost, OvernightError, StaleHead, StepFailed, StoreBusy, StoreError,
                                   TaskBusy)
     from overnight.runtime.runner import Runner
-    from overnight.store import open_store
     from overnight.store.leases import now_ms
     from overnight.store.queue import ClaimLost
     from overnight.store.queue_open import queue_for
 
     try:
-        qstore = open_store(store_url)
+        qstore = _open(store_url)
         q = queue_for(qstore)
         row = q.get(task_id)
     except StoreError:

@@ -170,6 +170,10 @@ class PostgresStore(Closing):
             ``schema`` (default ``overnight``), ``pool_max`` (connections, default 10),
             ``busy_timeout_ms`` (default 10000); any other parameter (``sslmode``, ...) goes to libpq.
         connect_timeout_s: how long opening waits for the server.
+        check_shape: compare an up-to-date schema's tables with its recorded version
+            (:func:`~overnight.store.postgres_schema.check_shape`, one catalog query: ~10 ms on a
+            new connection). A worker's session passes False: its worker checked the same schema
+            when it opened it; the version is still checked.
 
     Raises:
         ConfigError: malformed URL, login refused, or no right to create the schema.
@@ -178,7 +182,7 @@ class PostgresStore(Closing):
         StoreSchemaMismatch: the schema's recorded version disagrees with its tables (half-migrated).
     """
 
-    def __init__(self, url: str, *, connect_timeout_s: float = 10.0,
+    def __init__(self, url: str, *, connect_timeout_s: float = 10.0, check_shape: bool = True,
                  _migrations: tuple[postgres_schema.Migration, ...] = postgres_schema.MIGRATIONS) -> None:
         self.url = url
         conninfo, self.schema, options = parse_url(url)
@@ -191,7 +195,7 @@ class PostgresStore(Closing):
         try:
             conn = psycopg.connect(conninfo, autocommit=True, connect_timeout=max(1, int(connect_timeout_s)))
             try:
-                postgres_schema.migrate(conn, self.schema, where=url, migrations=_migrations)
+                postgres_schema.migrate(conn, self.schema, where=url, migrations=_migrations, check=check_shape)
             except BaseException:
                 conn.close()
                 raise

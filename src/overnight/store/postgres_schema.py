@@ -369,7 +369,8 @@ def check_shape(conn, schema: str, version: int, *, where: str,
         unexpected=[o for _, o in early], hint="; ".join(hints))
 
 
-def migrate(conn, schema: str, *, where: str, migrations: tuple[Migration, ...] = MIGRATIONS) -> int:
+def migrate(conn, schema: str, *, where: str, migrations: tuple[Migration, ...] = MIGRATIONS,
+            check: bool = True) -> int:
     """Bring ``schema`` to the newest version in ``migrations``; returns that version.
 
     ``conn`` is a psycopg connection in autocommit mode. Safe to call from many processes at once
@@ -377,7 +378,8 @@ def migrate(conn, schema: str, *, where: str, migrations: tuple[Migration, ...] 
 
     Before migrating, and on every open of an up-to-date schema, :func:`check_shape` compares the
     recorded version with the tables, so a half-migrated schema is refused with what disagrees
-    instead of PostgreSQL's "column already exists" halfway through a migration.
+    instead of PostgreSQL's "column already exists" halfway through a migration. ``check=False``
+    skips it for an up-to-date schema only (a caller that checked the same schema before).
 
     Raises:
         StoreVersionError: the schema is newer than ``migrations`` (``where`` names the store).
@@ -389,7 +391,8 @@ def migrate(conn, schema: str, *, where: str, migrations: tuple[Migration, ...] 
     if found > latest:
         raise _too_new(where, found, latest)
     if found == latest:
-        check_shape(conn, schema, found, where=where, migrations=migrations)
+        if check:
+            check_shape(conn, schema, found, where=where, migrations=migrations)
         return latest
     q = quote_schema(schema)
     with conn.transaction():
