@@ -189,6 +189,13 @@ def test_postgres_pushes_a_cancel_to_the_running_session_and_no_other(tmp_path: 
         told: dict[str, threading.Event] = {t: threading.Event() for t in claims}
         watches = {t: q.watch_cancel(t, told[t].set) for t in claims}
         wait_until(lambda: all(w.alive for w in watches.values()), 10, "the LISTEN connections")
+        import psycopg
+
+        from overnight.store.queue_postgres import CANCEL_CHANNEL
+
+        with psycopg.connect(url, autocommit=True) as forger:  # a NOTIFY alone cancels nothing
+            forger.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, json.dumps([schema, "mine"])))
+        assert not told["mine"].wait(1.5)
         q.cancel("other")
         assert told["other"].wait(5) and not told["mine"].is_set()
         # the same task id in another schema of the same server is another task

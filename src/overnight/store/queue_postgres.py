@@ -30,7 +30,9 @@ class CancelListener:
     """A thread with its own connection that ``LISTEN``s on :data:`CANCEL_CHANNEL` and calls
     ``on_cancel()`` when the payload names ``schema`` and ``task_id``.
 
-    Nothing waits for it: the connection is made on the thread. Once its ``LISTEN`` holds, the
+    A notification only makes it read the queue row (any client that may connect to the database
+    may ``NOTIFY``; only one that may write the queue can cancel). Nothing waits for it: the
+    connection is made on the thread. Once its ``LISTEN`` holds, the
     thread asks ``cancelled()`` (the queue row) once, so a cancel sent before then is not lost,
     and sets :attr:`alive`; until then, and again if the connection fails, the caller asks the
     queue after every step as on SQLite. The thread is a daemon: it never keeps the session alive.
@@ -56,7 +58,8 @@ class CancelListener:
                 self.alive = True
                 while not self._stop.is_set():
                     for note in conn.notifies(timeout=1.0):
-                        if note.payload == self._payload:
+                        # any client of the database may NOTIFY: the queue row decides
+                        if note.payload == self._payload and self._cancelled(conn):
                             self._on_cancel()
         except psycopg.Error:
             pass  # the server went away: the session asks after each step until it ends
