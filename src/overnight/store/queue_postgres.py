@@ -57,10 +57,10 @@ class CancelListener:
                     self._on_cancel()  # cancelled before the LISTEN held
                 self.alive = True
                 while not self._stop.is_set():
-                    for note in conn.notifies(timeout=1.0):
-                        # any client of the database may NOTIFY: the queue row decides
-                        if note.payload == self._payload and self._cancelled(conn):
-                            self._on_cancel()
+                    notes = list(conn.notifies(timeout=1.0, stop_after=1))  # the lock is free after it
+                    # any client of the database may NOTIFY: the queue row decides
+                    if any(n.payload == self._payload for n in notes) and self._cancelled(conn):
+                        self._on_cancel()
         except psycopg.Error:
             pass  # the server went away: the session asks after each step until it ends
         finally:
