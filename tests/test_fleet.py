@@ -339,6 +339,42 @@ def test_plain_run_shows_running_then_interrupted(tmp_path: Path) -> None:
     assert "interrupted" in res.stdout
 
 
+FAILING_TASK = '''
+import os
+import overnight
+
+task = overnight.Task("flaky", goal="a step that fails until FIXED is set")
+
+@task.step
+def first(ctx):
+    return 1
+
+@task.step(retries=1)
+def second(ctx):
+    if not os.environ.get("FIXED"):
+        raise RuntimeError("the API said no")
+    return 2
+'''
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "file"])
+def test_plain_run_whose_step_fails_shows_failed_with_the_reason_until_resumed(tmp_path: Path, kind: str,
+                                                                               request) -> None:
+    project(tmp_path)
+    (tmp_path / "flaky.py").write_text(FAILING_TASK)
+    if kind == "postgres":
+        url, schema = request.getfixturevalue("pg_schema")
+        store = f"{url}?schema={schema}"
+    else:
+        store = f"sqlite://{tmp_path / 'q.db'}" if kind == "sqlite" else f"file://{tmp_path / 'fs'}"
+    assert cli(tmp_path, "run", "flaky.py", "--store", store, "--quiet").returncode != 0
+    rows = json.loads(cli(tmp_path, "ls", "--store", store, "--json").stdout)
+    assert rows[0]["status"] == "failed (step 'second' failed after 2 attempt(s): RuntimeError: the API said no)"
+    assert "failed (step 'second'" in cli(tmp_path, "status", "flaky", "--store", store).stdout
+    assert cli(tmp_path, "resume", "flaky", "--store", store, "--quiet", FIXED="1").returncode == 0
+    assert json.loads(cli(tmp_path, "ls", "--store", store, "--json").stdout)[0]["status"] == "complete"
+
+
 def test_second_signal_abandons_the_step_in_flight(tmp_path: Path, sqlite_url: str) -> None:
     tid = _submit(tmp_path, sqlite_url, "--param", "steps=5", "--param", "sleep=8")["task_id"]
     w = start_worker(tmp_path, sqlite_url, "--lease", "3")

@@ -232,6 +232,24 @@ def test_lease_busy_takeover_and_fencing(store):
     store.commit(Commit(r0, None, [], [], taken, _task("t")))
 
 
+def test_a_lease_reads_back_held_then_released_with_its_outcome(store):
+    from overnight.store.leases import ended
+
+    assert store.read_lease("t", "main") is None  # never held
+    me = Holder.current()
+    lease = store.acquire_lease("t", "main", me.id, me.to_json(), 60_000)
+    got = store.read_lease("t", "main")
+    assert (got.holder_id, got.token, got.expires_at_ms) == (me.id, lease.token, lease.expires_at_ms)
+    assert Holder.from_json(got.holder) == me
+    store.release_lease(lease, "failed: step 'b' failed: ünïcode ✓")
+    got = store.read_lease("t", "main")
+    assert got.holder_id == "" and ended(got.holder) == "failed: step 'b' failed: ünïcode ✓"
+    again = store.acquire_lease("t", "main", me.id, me.to_json(), 60_000)  # the next run takes it
+    store.release_lease(again)
+    got = store.read_lease("t", "main")
+    assert got.holder_id == "" and got.token == lease.token + 1 and ended(got.holder) is None
+
+
 def test_lease_of_dead_local_process_is_taken_over_at_once(store):
     import dataclasses
     import subprocess

@@ -1143,13 +1143,12 @@ def reading(store: Store | str | None = None) -> Iterator[TieredStore]:
 
 
 def leases(task_id: str, *, store: Store) -> list[Any] | None:
-    """The lease rows of a task (:class:`~overnight.store.base.Lease`, one per branch ever held,
-    released ones with ``holder_id == ""``), or None when the store cannot list them (the Store
-    protocol has no lease read yet; a store that offers ``list_leases(task_id)`` is asked)."""
-    lister = getattr(getattr(store, "hot", store), "list_leases", None)
-    if lister is None:
-        return None
-    return list(lister(task_id))
+    """The lease rows of a task's branches (:class:`~overnight.store.base.Lease`, one per branch
+    ever held, released ones with ``holder_id == ""``), or None when none was ever held (a task
+    written by an adapter or a coding agent, which hold no lease: its status comes from its
+    checkpoints' age)."""
+    found = [lease for branch in store.list_refs(task_id) if (lease := store.read_lease(task_id, branch)) is not None]
+    return found or None
 
 
 def usage(task_id: str, *, store: Store) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import threading
 import warnings
 from typing import Any, Callable
 
-from overnight.errors import LeaseLost, OvernightError, StoreBusy
+from overnight.errors import DriftAbort, LeaseLost, OvernightError, StepFailed, StoreBusy
 from overnight.store.base import Lease, LeaseStore
 from overnight.store.leases import Holder
 
@@ -80,15 +80,17 @@ class LeaseKeeper:
         """Stop the heartbeat and give the lease up without hiding anything: a release that fails
         never replaces the error that ended the run (``first``, which gains a note naming the
         second), and after a run that ended well it is a warning -- the lease expires by itself
-        after its TTL."""
+        after its TTL. A run ended by :class:`~overnight.errors.StepFailed` or
+        :class:`~overnight.errors.DriftAbort` leaves ``failed: REASON`` in the released lease."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         lease, self.lease = self.lease, None
         if lease is None:
             return
-        try:
-            self.store.release_lease(lease)
+        try:  # a step that failed for good, or drift the policy aborts on: `overnight ls` says failed (reason)
+            failed = isinstance(first, (StepFailed, DriftAbort))
+            self.store.release_lease(lease, f"failed: {first.message}" if failed else None)  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - reported, never raised over the run's outcome
             why = exc.message if isinstance(exc, OvernightError) else str(exc)
             detail = (f"releasing the lease on task {self.task_id!r} (branch {self.branch!r}) also failed "

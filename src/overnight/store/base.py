@@ -457,8 +457,17 @@ class LeaseStore(Protocol):
         """Extend a held lease; raises :class:`~overnight.errors.LeaseLost` if it was taken over."""
         ...
 
-    def release_lease(self, lease: Lease) -> None:
-        """Give the lease up (no error if it was already taken over)."""
+    def read_lease(self, task_id: str, branch: str) -> Lease | None:
+        """The lease row of ``(task_id, branch)`` as stored -- held, expired or released
+        (``holder_id == ""``) -- or None when it was never held. For ``overnight ls`` and the
+        dashboard (running, stalled or interrupted); it takes nothing."""
+        ...
+
+    def release_lease(self, lease: Lease, outcome: str | None = None) -> None:
+        """Give the lease up (no error if it was already taken over). ``outcome``: why its holder
+        ended, kept in the released row for ``overnight ls`` and the dashboard (``failed: REASON``
+        for a plain run whose step failed: :func:`~overnight.store.leases.ended`); None: it ended
+        normally (complete, interrupted, stopped)."""
         ...
 
 

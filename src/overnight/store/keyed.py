@@ -69,7 +69,7 @@ from overnight.store import layout
 from overnight.store.blobs import is_damaged
 from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, JournalRow, TaskRow
 from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectStat, check_parent, stale_head
-from overnight.store.leases import can_take_over, describe_holder, now_ms
+from overnight.store.leases import can_take_over, describe_holder, now_ms, released_holder
 
 _SWAP_RETRIES = 50  # lease/fence swaps that lose a race re-read and retry this many times
 
@@ -569,13 +569,16 @@ class KeyedStore(Closing):
                 return renewed
         raise self._busy(lease.task_id, lease.branch)
 
-    def release_lease(self, lease: Lease) -> None:
+    def read_lease(self, task_id: str, branch: str) -> Lease | None:
+        return self._read_lease(task_id, branch)[0]
+
+    def release_lease(self, lease: Lease, outcome: str | None = None) -> None:
         key = layout.lease_key(lease.task_id, lease.branch)
         for _ in range(_SWAP_RETRIES):
             current, version = self._read_lease(lease.task_id, lease.branch)
             if current is None or current.holder_id != lease.holder_id or current.token != lease.token:
                 return
-            released = Lease(lease.task_id, lease.branch, "", "", lease.token, 0)
+            released = Lease(lease.task_id, lease.branch, "", released_holder(outcome) if outcome else "", lease.token, 0)
             if self._c.swap(key, layout.encode_lease(released), version) is not None:
                 return
 

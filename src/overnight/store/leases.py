@@ -175,3 +175,25 @@ def can_take_over(holder_json: str, expires_at_ms: int, now: int) -> bool:
         return True
     holder = Holder.from_json(holder_json)
     return holder is not None and holder.is_gone()
+
+
+MAX_OUTCOME_CHARS = 500
+"""An ended holder's outcome is kept to this many characters (the rest is the run's own output)."""
+
+
+def released_holder(outcome: str | None) -> str:
+    """The ``holder`` text of a released lease: ``{}``, or ``{"ended": OUTCOME}`` (at most
+    :data:`MAX_OUTCOME_CHARS` characters) when its holder says why it ended (``failed: REASON``)."""
+    if not outcome:
+        return "{}"
+    return json.dumps({"ended": outcome[:MAX_OUTCOME_CHARS]})
+
+
+def ended(holder_json: str) -> str | None:
+    """The outcome a released lease's last holder left (:func:`released_holder`), or None."""
+    try:
+        value = json.loads(holder_json)
+    except (ValueError, TypeError):
+        return None
+    text = value.get("ended") if isinstance(value, dict) else None
+    return text if isinstance(text, str) else None

@@ -16,7 +16,7 @@ from overnight.errors import CheckpointNotFound, LeaseLost, TaskBusy, TaskNotFou
 from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, JournalRow, TaskRow
 from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectStat, age_limit, check_parent, stale_head
 from overnight.store.blobs import is_damaged
-from overnight.store.leases import can_take_over, describe_holder, now_ms
+from overnight.store.leases import can_take_over, describe_holder, now_ms, released_holder
 
 
 _named: dict[str, "MemoryStore"] = {}
@@ -248,11 +248,16 @@ class MemoryStore(Closing):
             self._leases[(lease.task_id, lease.branch)] = renewed
             return renewed
 
-    def release_lease(self, lease: Lease) -> None:
+    def read_lease(self, task_id: str, branch: str) -> Lease | None:
+        with self._lock:
+            return self._leases.get((task_id, branch))
+
+    def release_lease(self, lease: Lease, outcome: str | None = None) -> None:
         with self._lock:
             held = self._leases.get((lease.task_id, lease.branch))
             if held is not None and held.holder_id == lease.holder_id and held.token == lease.token:
-                self._leases[(lease.task_id, lease.branch)] = Lease(lease.task_id, lease.branch, "", "{}", held.token, 0)
+                self._leases[(lease.task_id, lease.branch)] = Lease(lease.task_id, lease.branch, "",
+                                                                    released_holder(outcome), held.token, 0)
 
     # housekeeping
     def stored_bytes(self) -> int:

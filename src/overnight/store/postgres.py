@@ -62,7 +62,7 @@ from overnight.store import postgres_schema
 from overnight.store.blobs import is_damaged
 from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, JournalRow, TaskRow
 from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectStat, age_limit, check_parent, stale_head
-from overnight.store.leases import can_take_over, describe_holder, now_ms
+from overnight.store.leases import can_take_over, describe_holder, now_ms, released_holder
 from overnight.store.refusal import unreachable
 
 DEFAULT_SCHEMA = "overnight"
@@ -734,11 +734,20 @@ class PostgresStore(Closing):
                         (expires, _b(lease.task_id), _b(lease.branch)))
         return Lease(lease.task_id, lease.branch, lease.holder_id, lease.holder, lease.token, expires)
 
-    def release_lease(self, lease: Lease) -> None:
+    def read_lease(self, task_id: str, branch: str) -> Lease | None:
+        rows = self._read("SELECT holder_id, holder, token, expires_at_ms FROM {s}.leases WHERE task_id=%s AND branch=%s",
+                          (_b(task_id), _b(branch)))
+        if not rows:
+            return None
+        h, holder, token, expires = rows[0]
+        return Lease(task_id, branch, bytes(h).decode(), bytes(holder).decode(), token, expires)
+
+    def release_lease(self, lease: Lease, outcome: str | None = None) -> None:
         with self._tx() as cur:
-            cur.execute(self._sql("UPDATE {s}.leases SET holder_id='', holder='', expires_at_ms=0 "
+            cur.execute(self._sql("UPDATE {s}.leases SET holder_id='', holder=%s, expires_at_ms=0 "
                                   "WHERE task_id=%s AND branch=%s AND holder_id=%s AND token=%s"),
-                        (_b(lease.task_id), _b(lease.branch), _b(lease.holder_id), lease.token))
+                        (_b(released_holder(outcome)) if outcome else b"", _b(lease.task_id), _b(lease.branch),
+                         _b(lease.holder_id), lease.token))
 
     # -- housekeeping -----------------------------------------------------------------------
 

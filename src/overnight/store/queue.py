@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from overnight.errors import ConcurrencyError
-from overnight.store.leases import DEFAULT_TTL_MS, Holder, now_ms
+from overnight.store.base import Lease
+from overnight.store.leases import DEFAULT_TTL_MS, Holder, ended, now_ms
 
 STATUSES = ("queued", "running", "failed", "cancelled", "complete")
 
@@ -148,28 +149,19 @@ def backoff_ms(deaths: int, base_s: float) -> int:
     return int(min(base_s * 2 ** max(deaths - 1, 0), 600.0) * 1000)
 
 
-@dataclass(frozen=True)
-class LeaseView:
-    """The task lease of ``(task, main)`` as stored: holder (``""`` when released), expiry."""
-
-    holder_id: str
-    holder: str
-    token: int
-    expires_at_ms: int
-
-
 def _ago(ms: int) -> str:
     return f"{max(ms, 0) / 1000:.0f} s"
 
 
-def describe(row: QueuedTask | None, lease: LeaseView | None, *, complete: bool, now: int | None = None,
+def describe(row: QueuedTask | None, lease: Lease | None, *, complete: bool, now: int | None = None,
              ttl_ms: int = DEFAULT_TTL_MS) -> str:
     """The status a person reads for a task (``overnight ls`` / ``status``, the dashboard).
 
     ``row``: its queue row (None when it was never submitted); ``lease``: its task lease on
     ``main`` (None when never held); ``complete``: its verified head has nothing left to do.
 
-    Returns one of ``complete``, ``failed (REASON)``, ``cancelled``, ``queued`` (``queued (retry in
+    Returns one of ``complete``, ``failed (REASON)`` (parked by a worker, or a plain run's step
+    that failed for good: :func:`~overnight.store.leases.ended`), ``cancelled``, ``queued`` (``queued (retry in
     N s)``), ``running (worker W on HOST, heartbeat N s ago)`` (``running (pid P on HOST, ...)``
     for a plain ``overnight run``), ``stalled (lease expired N s ago; ...)``, ``interrupted``.
     """
@@ -206,8 +198,11 @@ def describe(row: QueuedTask | None, lease: LeaseView | None, *, complete: bool,
     if held and not gone:
         assert lease is not None
         return f"stalled (lease expired {_ago(now - lease.expires_at_ms)} ago; resume takes it over)"
+    outcome = ended(lease.holder) if lease is not None and not held else None
+    if outcome is not None and outcome.startswith("failed: "):  # a plain run's step failed for good
+        return f"failed ({outcome[len('failed: '):]})"
     return "interrupted"
 
 
-__all__ = ["COLUMNS", "ClaimLost", "LeaseView", "QueuedTask", "STATUSES", "WorkerRow", "backoff_ms", "describe",
+__all__ = ["COLUMNS", "ClaimLost", "QueuedTask", "STATUSES", "WorkerRow", "backoff_ms", "describe",
            "row_to_task", "row_to_worker"]

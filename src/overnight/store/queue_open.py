@@ -31,13 +31,12 @@ def queue_for(store: Any) -> Any | None:
     return None
 
 
-def task_status(store: Any, task_id: str, *, complete: bool) -> str | None:
-    """:func:`describe` for a task of ``store``, or None when the store has no queue (then the
-    caller's own status stands)."""
+def task_status(store: Any, task_id: str, *, complete: bool) -> str:
+    """:func:`describe` for a task of ``store``: its queue row (on a store with a queue) and its
+    task lease on ``main`` (every store: a plain ``overnight run`` holds one), so running, stalled,
+    interrupted and failed read the same with or without workers."""
     q = queue_for(store)
-    if q is None:
-        return None
-    return describe(q.get(task_id), q.lease(task_id), complete=complete)
+    return describe(q.get(task_id) if q is not None else None, store.read_lease(task_id, "main"), complete=complete)
 
 
 __all__ = ["queue_for", "task_status"]

@@ -19,7 +19,6 @@ from typing import Any, Callable, Iterator
 import psycopg
 
 from overnight.store.postgres import parse_url
-from overnight.store.queue import LeaseView
 from overnight.store.queue_sql import SqlQueue
 
 CANCEL_CHANNEL = "overnight_cancel"
@@ -127,13 +126,6 @@ class PostgresQueue(SqlQueue):
         cur.execute(self.store.sql("SELECT nextval('{s}.queue_seq')"))
         return int(cur.fetchone()[0])
 
-    def lease(self, task_id: str) -> LeaseView | None:
-        rows = self._read(self._sql("SELECT holder_id, holder, token, expires_at_ms FROM {s}.leases "
-                                    "WHERE task_id=? AND branch=?"), (task_id.encode(), b"main"))
-        if not rows:
-            return None
-        h, holder, token, expires = rows[0]
-        return LeaseView(bytes(h).decode(), bytes(holder).decode(), token, expires)
 
 
 __all__ = ["CANCEL_CHANNEL", "CancelListener", "PostgresQueue"]

@@ -20,7 +20,6 @@ from overnight.store.queue import (
     COLUMNS,
     WORKER_COLUMNS,
     ClaimLost,
-    LeaseView,
     QueuedTask,
     WorkerRow,
     backoff_ms,
@@ -82,9 +81,6 @@ class SqlQueue:
 
     def _lease_live(self) -> str:
         """SQL: the task lease of ``q.task_id`` on ``main`` is held and not expired (one ``?``: now)."""
-        raise NotImplementedError
-
-    def lease(self, task_id: str) -> LeaseView | None:
         raise NotImplementedError
 
     def _next_seq(self, cur: Any) -> Any:
@@ -227,7 +223,7 @@ class SqlQueue:
         holder's is one higher. Returns whether it expired one."""
         from overnight.store.leases import Holder
 
-        lease = self.lease(task_id)
+        lease = self.store.read_lease(task_id, "main")
         if lease is None or lease.holder_id == "" or lease.expires_at_ms <= now_ms():
             return False
         holder = Holder.from_json(lease.holder)

@@ -7,7 +7,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from overnight.store.queue import LeaseView
 from overnight.store.queue_sql import SqlQueue
 
 
@@ -52,10 +51,6 @@ class SQLiteQueue(SqlQueue):
         cur.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM queue")
         return int(cur.fetchone()[0])
 
-    def lease(self, task_id: str) -> LeaseView | None:
-        rows = self._read("SELECT holder_id, holder, token, expires_at_ms FROM leases WHERE task_id=? AND branch='main'",
-                          (task_id,))
-        return LeaseView(*rows[0]) if rows else None
 
 
 __all__ = ["SQLiteQueue"]

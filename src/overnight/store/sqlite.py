@@ -55,7 +55,7 @@ from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, 
 from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectStat, age_limit, check_parent, stale_head
 from overnight.codec import digest
 from overnight.store.blobs import is_damaged
-from overnight.store.leases import can_take_over, describe_holder, now_ms
+from overnight.store.leases import can_take_over, describe_holder, now_ms, released_holder
 from overnight.store.refusal import refusals
 
 SCHEMA_VERSION = 2
@@ -830,13 +830,18 @@ class SQLiteStore(Closing):
             )
         return Lease(lease.task_id, lease.branch, lease.holder_id, lease.holder, lease.token, expires)
 
-    def release_lease(self, lease: Lease) -> None:
+    def read_lease(self, task_id: str, branch: str) -> Lease | None:
+        rows = self.query("SELECT holder_id, holder, token, expires_at_ms FROM leases WHERE task_id=? AND branch=?",
+                          (task_id, branch))
+        return Lease(task_id, branch, *rows[0]) if rows else None
+
+    def release_lease(self, lease: Lease, outcome: str | None = None) -> None:
         # the row stays, expired and without a holder, so the next token is still one higher
         with self._write() as db:
             db.execute(
-                "UPDATE leases SET holder_id='', holder='{}', expires_at_ms=0 "
+                "UPDATE leases SET holder_id='', holder=?, expires_at_ms=0 "
                 "WHERE task_id=? AND branch=? AND holder_id=? AND token=?",
-                (lease.task_id, lease.branch, lease.holder_id, lease.token),
+                (released_holder(outcome), lease.task_id, lease.branch, lease.holder_id, lease.token),
             )
 
     # -- housekeeping -----------------------------------------------------------------------

@@ -29,7 +29,7 @@ from overnight.errors import OvernightError, short_id
 from overnight.store.task_location import recorded_route
 from overnight.store.base import CheckpointRow, Lease, Store
 from overnight.store.blobs import BlobReader
-from overnight.store.leases import can_take_over, describe_holder, now_ms
+from overnight.store.leases import can_take_over, describe_holder, ended, now_ms
 from overnight.chain.read import load_head
 from overnight.chain.integrity import load_checkpoint, parse_record, signing_key_from_env
 
@@ -74,7 +74,8 @@ def derive_status(*, verified: bool, problem: str | None, done: int, todo: int, 
     * ``complete``: the head verifies and nothing is left to do.
     * with leases (``leases`` not None): a lease with a live holder -> ``running`` (on that
       holder); a lease neither released nor live (expired, or its holder process is gone: the run
-      died without releasing it) -> ``stalled``.
+      died without releasing it) -> ``stalled``; a lease on ``main`` released by a plain run whose
+      step failed for good (or whose drift policy aborted) -> ``failed`` with its reason.
     * without leases: newest checkpoint younger than :data:`RUNNING_WINDOW_S` -> ``running``.
     * ``queued``: no step has committed yet; otherwise ``interrupted`` (resumable).
 
@@ -88,16 +89,22 @@ def derive_status(*, verified: bool, problem: str | None, done: int, todo: int, 
     if todo == 0:
         return Status("complete")
     now = now_ms() if now is None else now
+    failed = None
     if leases is not None:
         for lease in leases:
-            if not lease.holder_id:
-                continue  # released
+            if not lease.holder_id:  # released; by a plain run whose step failed for good?
+                outcome = ended(lease.holder)
+                if outcome is not None and outcome.startswith("failed: ") and lease.branch == "main":
+                    failed = outcome[len("failed: "):]
+                continue
             who = describe_holder(lease.holder)
             if not can_take_over(lease.holder, lease.expires_at_ms, now):
                 return Status("running", holder=who, source="lease")
             return Status("stalled", f"lease on {lease.branch} not renewed (holder gone or expired)", who, "lease")
     elif last_age_s is not None and last_age_s < RUNNING_WINDOW_S:
         return Status("running", reason=f"last checkpoint {last_age_s:.0f} s ago")
+    if failed is not None:
+        return Status("failed", failed, source="lease")
     if steps_committed == 0:
         return Status("queued", "no step committed yet", source="lease" if leases is not None else "checkpoint age")
     return Status("interrupted", "steps left; `overnight resume` continues it",
