@@ -183,10 +183,11 @@ MAX_OUTCOME_CHARS = 500
 
 def released_holder(outcome: str | None) -> str:
     """The ``holder`` text of a released lease: ``{}``, or ``{"ended": OUTCOME}`` (at most
-    :data:`MAX_OUTCOME_CHARS` characters) when its holder says why it ended (``failed: REASON``)."""
+    :data:`MAX_OUTCOME_CHARS` characters, on one line) when its holder says why it ended
+    (``failed: REASON``)."""
     if not outcome:
         return "{}"
-    return json.dumps({"ended": outcome[:MAX_OUTCOME_CHARS]})
+    return json.dumps({"ended": " ".join(outcome.split())[:MAX_OUTCOME_CHARS]})
 
 
 def ended(holder_json: str) -> str | None:
