@@ -266,6 +266,44 @@ def run_fleet_bench(*, postgres: str | None, sqlite: bool, workers: int, concurr
     return [_median(rs) for rs in runs.values()]
 
 
+def cpu_per_step(postgres: str, *, steps: int, dbos: bool, rounds: int = 1) -> list[dict[str, Any]]:
+    """CPU ms per step commit, client and PostgreSQL, of one overnight task and (``dbos``) one DBOS
+    workflow of ``steps`` steps, each in its own process (:mod:`overnight.bench.fleet_cpu`);
+    ``rounds`` > 1: the median of each figure over interleaved rounds. Raises BenchFailed."""
+    systems = ["overnight", *(["dbos"] if dbos else [])]
+    got: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+    with tempfile.TemporaryDirectory(prefix="overnight-bench-fleet-cpu-") as tmp:
+        (Path(tmp) / "bench_task.py").write_text(TASK_FILE)
+        (Path(tmp) / "overnight.toml").write_text("")
+        for r in range(rounds):
+            for system in systems[::-1] if r % 2 else systems:
+                res = subprocess.run([sys.executable, "-m", "overnight.bench.fleet_cpu", system, postgres, str(steps),
+                                      tmp], env=_env({}), capture_output=True, text=True, timeout=600)
+                if res.returncode != 0 or not res.stdout.strip():
+                    raise BenchFailed(f"CPU probe of {system} failed: {res.stderr.strip()[-500:]}")
+                got[system].append(json.loads(res.stdout.strip().splitlines()[-1]))
+    out = []
+    for system, rs in got.items():
+        def med(key: str) -> float:
+            values = sorted(r[key] for r in rs)
+            return values[len(values) // 2]
+        out.append({"system": system, "steps": rs[0]["steps"], "rounds": len(rs),
+                    **{k: med(k) for k in ("client_ms_per_step", "postgres_ms_per_step", "cpu_ms_per_step")}})
+    return out
+
+
+def cpu_markdown(rows: list[dict[str, Any]]) -> str:
+    """The :func:`cpu_per_step` table, with each system's total against DBOS's."""
+    base = next((r["cpu_ms_per_step"] for r in rows if r["system"] == "dbos"), None)
+    lines = ["| system | steps (one task / workflow) | client CPU ms/step | PostgreSQL CPU ms/step | CPU ms/step | "
+             "vs DBOS (lower is better) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r['cpu_ms_per_step'] / base:.2f}x" if base else "-"
+        lines.append(f"| {r['system']} | {r['steps']} | {r['client_ms_per_step']} | {r['postgres_ms_per_step']} | "
+                     f"{r['cpu_ms_per_step']} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
 def _on_postgres(postgres: str, proj: Path, **kw: Any) -> FleetResult:
     import psycopg
 
@@ -331,4 +369,4 @@ def to_json(results: list[FleetResult], load: str) -> dict[str, Any]:
     return {"load": load, "results": [asdict(r) for r in results]}
 
 
-__all__ = ["FleetResult", "markdown", "plot", "run_fleet_bench", "to_json"]
+__all__ = ["FleetResult", "cpu_markdown", "cpu_per_step", "markdown", "plot", "run_fleet_bench", "to_json"]

@@ -205,39 +205,47 @@ def bench_fleet(
     no_postgres: bool = typer.Option(False, "--no-postgres", help="SQLite only."),
     no_sqlite: bool = typer.Option(False, "--no-sqlite", help="PostgreSQL only."),
     no_dbos: bool = typer.Option(False, "--no-dbos", help="Leave DBOS out (it needs `pip install dbos`)."),
+    cpu_steps: int = typer.Option(300, "--cpu-steps", min=0, help="Also measure CPU ms per step commit (client "
+                                  "and PostgreSQL) of one task / one DBOS workflow of this many steps, in one "
+                                  "process each -- steadier than wall time on a loaded machine (0: skip)."),
     out: Optional[str] = typer.Option(None, "--out", help="Directory for fleet.md, fleet.json and fleet.png."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
 ) -> None:
     """Workers under load: tasks/s, step commits/s, claim latency p50/p99, takeover time after
     SIGKILL -- overnight on SQLite and PostgreSQL, next to DBOS's queue running the same workload
-    on the same PostgreSQL server in the same run."""
+    on the same PostgreSQL server in the same run; then CPU per step commit of each (--cpu-steps)."""
     import os
     from pathlib import Path
 
-    from overnight.bench.fleet import markdown, plot, run_fleet_bench, to_json
+    from overnight.bench.fleet import cpu_markdown, cpu_per_step, markdown, plot, run_fleet_bench, to_json
 
     load = os.popen("uptime").read().strip()
+    cpu: list[dict] = []
     try:
         results = run_fleet_bench(postgres=None if no_postgres else postgres, sqlite=not no_sqlite,
                                   workers=workers_n, concurrency=concurrency, tasks=tasks, steps=steps,
                                   step_ms=step_ms, lease_s=lease, dbos=not no_dbos and not no_postgres,
                                   rounds=rounds)
+        if cpu_steps and not no_postgres:
+            cpu = cpu_per_step(postgres, steps=cpu_steps, dbos=not no_dbos, rounds=rounds)
     except ImportError as exc:
         from overnight.cli.common import need_extra as _need_extra
 
         _need_extra(exc, "bench")
     except OvernightError as exc:
         _fail(exc)
+    text = markdown(results, load) + (f"\nCPU per step commit (PostgreSQL):\n\n{cpu_markdown(cpu)}" if cpu else "")
+    doc = {**to_json(results, load), "cpu_per_step": cpu}
     if out:
         d = Path(out)
         d.mkdir(parents=True, exist_ok=True)
-        (d / "fleet.md").write_text(markdown(results, load))
-        (d / "fleet.json").write_text(json.dumps(to_json(results, load), indent=2))
+        (d / "fleet.md").write_text(text)
+        (d / "fleet.json").write_text(json.dumps(doc, indent=2))
         plot(results, d / "fleet.png")
     if as_json:
-        render.print_json(to_json(results, load))
+        render.print_json(doc)
         return
-    render.out.print(markdown(results, load), markup=False)
+    render.out.print(text, markup=False)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer | None = None) -> None:
