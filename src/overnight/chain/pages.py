@@ -10,8 +10,10 @@ collections always give equal pages (and digests).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
+import operator
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -63,6 +65,135 @@ def artifact_pages(artifacts: dict[str, dict[str, Any]]) -> list[dict[str, dict[
     if page:
         pages.append(page)
     return pages
+
+
+def _cut(names: list[str], artifacts: dict[str, dict[str, Any]], pages: list[dict[str, dict[str, Any]]],
+         starts: list[int], at: int) -> None:
+    """Append to ``pages`` (and their first positions to ``starts``) the pages of ``names`` (sorted,
+    the names from position ``at`` of the whole sorted map on), as :func:`artifact_pages` cuts them."""
+    page: dict[str, dict[str, Any]] = {}
+    for name in names:
+        if not page:
+            starts.append(at)
+        page[name] = artifacts[name]
+        at += 1
+        if is_boundary(name):
+            pages.append(page)
+            page = {}
+    if page:
+        pages.append(page)
+
+
+class ArtifactPager:
+    """:func:`artifact_pages` for the successive artifact maps of one chain, at the cost of what
+    changed: the pages before the first changed name are the page objects of the last accepted
+    map, and only the pages from there on are cut again (an append or a pop: the last page).
+
+    An entry is unchanged when the new map holds the very same object under the same name (as
+    :class:`PageWriter`, which then reuses those pages without encoding them); an equal but
+    distinct object counts as changed. The last map's entries are kept, so identity is never
+    confused by a reused ``id``.
+
+    Besides the pages, :meth:`cut` tells which artifact digests the commit references anew (those
+    of entries added or changed), and :meth:`referenced` whether a digest is still named by the
+    new map -- what the commit path needs instead of walking every entry (ditto copies, known
+    objects).
+    """
+
+    def __init__(self) -> None:
+        # the last accepted map: its names in insertion order, its entries in that order, its
+        # names sorted, the first position (in sorted order) of each page, and the pages
+        self._keys: list[str] = []
+        self._vals: list[dict[str, Any]] = []
+        self._names: list[str] = []
+        self._starts: list[int] = []
+        self._pages: list[dict[str, dict[str, Any]]] = []
+        self._counts: dict[str, int] | None = None  # digest -> entries naming it; None: no map yet
+        self._pending: tuple | None = None  # what :meth:`accept` makes the last map
+        self._diff: dict[str, int] = {}  # the pending map's counts minus the last map's
+
+    def reset(self) -> None:
+        """Forget the last map: the next :meth:`cut` cuts the whole map (after a load)."""
+        self._counts, self._pending, self._diff = None, None, {}
+
+    def _changed(self, keys: list[str], vals: list[dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
+        """Names added, removed or given another entry object since the last map, each with its
+        entry in the last map (None: added)."""
+        old_keys, old_vals = self._keys, self._vals
+        m = min(len(keys), len(old_keys))
+        if keys[:m] == old_keys[:m] and all(map(operator.is_, vals[:m], old_vals[:m])):
+            # the common case: appended at, or removed from, the end
+            out: dict[str, dict[str, Any] | None] = dict(zip(old_keys[m:], old_vals[m:]))
+            out.update((k, None) for k in keys[m:])
+            return out
+        old_ids = dict(zip(old_keys, map(id, old_vals)))  # self._vals keeps every old entry alive
+        changed = {n for n, _ in dict(zip(keys, map(id, vals))).items() ^ old_ids.items()}
+        old = dict(zip(old_keys, old_vals))
+        return {n: old.get(n) for n in changed}
+
+    def cut(self, artifacts: dict[str, dict[str, Any]]) -> tuple[list[dict[str, dict[str, Any]]], list[str] | None]:
+        """``(pages, fresh)``: the pages of ``artifacts`` (equal to :func:`artifact_pages`), and
+        the digests of its entries added or changed since the last accepted map (None after
+        :meth:`reset`: every entry is new to this pager). Takes effect with :meth:`accept`."""
+        keys, vals = list(artifacts), list(artifacts.values())
+        if self._counts is None:
+            names = sorted(keys)
+            pages: list[dict[str, dict[str, Any]]] = []
+            starts: list[int] = []
+            _cut(names, artifacts, pages, starts, 0)
+            counts: dict[str, int] = {}
+            for a in vals:
+                d = a["digest"]
+                counts[d] = counts.get(d, 0) + 1
+            self._pending, self._diff = (keys, vals, names, starts, pages, counts), {}
+            return pages, None
+        changed = self._changed(keys, vals)
+        if not changed:
+            self._pending, self._diff = (keys, vals, self._names, self._starts, self._pages, None), {}
+            return self._pages, []
+        old_names, old_starts = self._names, self._starts
+        k = max(0, bisect.bisect_right(old_starts, bisect.bisect_left(old_names, min(changed))) - 1)
+        at = old_starts[k] if old_starts else 0
+        tail = {n for n in old_names[at:] if n in artifacts}
+        tail.update(n for n in changed if n in artifacts)
+        tail_names = sorted(tail)
+        pages, starts = self._pages[:k], old_starts[:k]
+        _cut(tail_names, artifacts, pages, starts, at)
+        diff: dict[str, int] = {}
+        fresh: list[str] = []
+        for n, a in changed.items():
+            if a is not None:
+                diff[a["digest"]] = diff.get(a["digest"], 0) - 1
+            a = artifacts.get(n)
+            if a is not None:
+                d = a["digest"]
+                diff[d] = diff.get(d, 0) + 1
+                fresh.append(d)
+        self._pending, self._diff = (keys, vals, old_names[:at] + tail_names, starts, pages, None), diff
+        return pages, fresh
+
+    def referenced(self, d: str) -> bool:
+        """Does the map of the last :meth:`cut` name an artifact of digest ``d``?"""
+        if self._pending is not None and self._pending[5] is not None:
+            return d in self._pending[5]
+        return self._counts is not None and self._counts.get(d, 0) + self._diff.get(d, 0) > 0
+
+    def accept(self) -> None:
+        """The commit of the last :meth:`cut` is stored: the next one is compared with its map."""
+        if self._pending is None:
+            return
+        self._keys, self._vals, self._names, self._starts, self._pages, counts = self._pending
+        if counts is not None:
+            self._counts = counts
+        else:
+            assert self._counts is not None
+            for d, n in self._diff.items():
+                n += self._counts.get(d, 0)
+                if n:
+                    self._counts[d] = n
+                else:
+                    self._counts.pop(d, None)
+        self._pending, self._diff = None, {}
 
 
 def page_list(refs: dict[str, Any], writer: BlobWriter) -> dict[str, Any]:
@@ -120,7 +251,7 @@ class PageWriter:
             key, entries = self._key(page), self._entries(page)
             count += len(entries)
             cached = self._cache.get(key)
-            if cached is not None and len(cached[1]) == len(entries) and all(a is b for a, b in zip(cached[1], entries)):
+            if cached is not None and len(cached[1]) == len(entries) and all(map(operator.is_, cached[1], entries)):
                 ref = cached[0]
             else:
                 if schema is not None:
