@@ -122,3 +122,69 @@ def test_a_chain_of_changing_maps_loads_verified_with_every_shared_artifact_copi
         assert not store.missing_objects(ditto_key(d) for d in shared)
     finally:
         store.close()
+
+
+def _page_writer_case(seed: int, store) -> None:
+    """Random edits of a dict (artifact) and a list (done) collection: every page reference is
+    the digest and size of the page's whole canonical encoding."""
+    from overnight.chain.integrity import encode_state
+    from overnight.chain.pages import PageWriter, done_pages
+    from overnight.chain.records import ARTIFACT_PAGE
+    from overnight.codec import digest
+    from overnight.store.blobs import BlobWriter
+
+    rng = random.Random(seed)
+    pager, art_writer, list_writer = ArtifactPager(), PageWriter(), PageWriter()
+    current: dict = {}
+    done: list = []
+    serial = [0]
+    for _ in range(300):
+        current = _change(rng, current, serial)
+        if rng.random() < 0.6:
+            done = [*done, {"n": rng.randrange(10**6), "s": "x" * rng.randrange(40)}]
+        elif done and rng.random() < 0.5:
+            done = done[:-1]
+        writer = BlobWriter(store)
+        pages, _ = pager.cut(current)
+        got = art_writer.refs(pages, writer, ARTIFACT_PAGE, "artifact page")
+        for page, ref in zip(pages, got["pages"]):
+            raw = encode_state(page)
+            assert ref == {"digest": digest.sha256(raw), "size": len(raw)}
+        lpages = done_pages(done)
+        got = list_writer.refs(lpages, writer)
+        for page, ref in zip(lpages, got["pages"]):
+            raw = encode_state(page)
+            assert ref == {"digest": digest.sha256(raw), "size": len(raw)}
+        if rng.random() < 0.9:
+            for w in (pager, art_writer, list_writer):
+                w.accept()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pages_encoded_from_their_previous_version_are_their_whole_encoding(seed, tmp_path):
+    store = open_store(f"sqlite://{tmp_path / 's.db'}")
+    try:
+        _page_writer_case(seed, store)
+    finally:
+        store.close()
+
+
+def test_a_bad_entry_added_to_a_page_is_refused_before_anything_is_written(tmp_path):
+    from overnight.chain.pages import PageWriter
+    from overnight.chain.records import ARTIFACT_PAGE
+    from overnight.errors import RecordInvalid
+    from overnight.store.blobs import BlobWriter
+
+    store = open_store(f"sqlite://{tmp_path / 's.db'}")
+    try:
+        rng = random.Random(1)
+        pager, pages_writer = ArtifactPager(), PageWriter()
+        arts = {f"items/{i:012d}": _ref(rng) for i in range(10)}
+        pages_writer.refs(pager.cut(arts)[0], BlobWriter(store), ARTIFACT_PAGE, "artifact page")
+        pager.accept()
+        pages_writer.accept()
+        bad = {**arts, "items/999999999999": {"digest": "not a digest", "size": -1, "text": True, "step": None}}
+        with pytest.raises(RecordInvalid, match="artifact page"):
+            pages_writer.refs(pager.cut(bad)[0], BlobWriter(store), ARTIFACT_PAGE, "artifact page")
+    finally:
+        store.close()

@@ -215,11 +215,24 @@ class PageWriter:
     A page is reused when it holds the very same entry objects as a page written (or loaded and
     verified) before -- the runner builds each new state from the previous one's entry objects, so
     an unchanged page is recognised by identity without encoding it.
+
+    A page that did change is usually the previous version of itself with entries added or
+    removed at its end (the last page of a growing list or map): its entries that are the very
+    same objects as those of the previous version, in the same place, are not validated again
+    (they were when that version was written or loaded), and the bytes of that version up to the
+    first new entry are reused -- the canonical encoding of a JSON object or array is its
+    members' encodings joined by commas, so the page's bytes are exactly those a whole encoding
+    gives (entries removed from the end are encoded and must end those bytes, else the page is
+    encoded whole).
     """
 
     def __init__(self) -> None:
         self._cache: dict[tuple, tuple[dict[str, Any], list[Any]]] = {}
         self._pending: dict[tuple, tuple[dict[str, Any], list[Any]]] | None = None
+        # first entry of a page (its name; for a list, the id of the entry object) -> the last
+        # version of that page encoded or loaded: its names (None: a list), its entries and its
+        # canonical bytes (None: not kept)
+        self._versions: dict[Any, tuple[list[str] | None, list[Any], bytes | None]] = {}
 
     @staticmethod
     def _key(page: list | dict) -> tuple:
@@ -229,20 +242,74 @@ class PageWriter:
     def _entries(page: list | dict) -> list[Any]:
         return list(page.values()) if isinstance(page, dict) else list(page)
 
+    @staticmethod
+    def _start(page: list | dict, entries: list[Any]) -> Any:
+        if not entries:
+            return None
+        return next(iter(page)) if isinstance(page, dict) else ("id", id(entries[0]))
+
     def seed(self, page: list | dict, ref: dict[str, Any]) -> None:
         """Remember a loaded page's reference (its entries are the objects the state will hold)."""
-        self._cache[self._key(page)] = (ref, self._entries(page))
+        entries = self._entries(page)
+        self._cache[self._key(page)] = (ref, entries)
+        start = self._start(page, entries)
+        if start is not None:
+            self._versions[start] = (list(page) if isinstance(page, dict) else None, entries, None)
+
+    def _same_prefix(self, page: list | dict, names: list[str] | None, entries: list[Any]) -> tuple[int, Any]:
+        """``(n, version)``: the first ``n`` entries of ``page`` are those of ``version`` (the
+        last version of the page that starts with the same entry), in the same places."""
+        version = self._versions.get(self._start(page, entries))
+        if version is None:
+            return 0, None
+        old_names, old_entries = version[0], version[1]
+        n = min(len(entries), len(old_entries))
+        if not all(map(operator.is_, entries[:n], old_entries[:n])) or (
+                names is not None and (old_names is None or names[:n] != old_names[:n])):
+            return 0, None
+        return n, version
+
+    @staticmethod
+    def _member(names: list[str] | None, entries: list[Any], i: int) -> bytes:
+        """The canonical bytes of member ``i`` of a page, with the comma before it (none for the first)."""
+        out = encode_state(entries[i]) if names is None else encode_state(names[i]) + b":" + encode_state(entries[i])
+        return b"," + out if i else out
+
+    def _encode(self, page: list | dict, names: list[str] | None, entries: list[Any], schema: TypeAdapter | None,
+                what: str, ids: dict[str, Any]) -> bytes:
+        """The canonical bytes of a changed page, its new entries validated against ``schema``."""
+        n, version = self._same_prefix(page, names, entries)
+        if schema is not None and n < len(entries):
+            new = {k: page[k] for k in names[n:]} if names is not None else entries[n:]  # type: ignore[index]
+            try:
+                schema.validate_python(new)
+            except ValidationError as exc:
+                raise RecordInvalid(f"{what} does not match record format {FORMAT_VERSION}: "
+                                    f"{validation_summary(exc)}; nothing was written",
+                                    hint="this is a bug in the code that built the record", **ids) from exc
+        if n == 0 or version[2] is None:
+            return encode_state(page)
+        old_names, old_entries, raw = version
+        body = raw[:-1]  # the previous version's members, joined; then those it has beyond the first n go
+        for i in range(len(old_entries) - 1, n - 1, -1):
+            member = self._member(old_names, old_entries, i)
+            if not body.endswith(member):  # an entry changed in place since: encode the page whole
+                return encode_state(page)
+            body = body[: len(body) - len(member)]
+        parts = [body, *(self._member(names, entries, i) for i in range(n, len(entries))), raw[-1:]]
+        return b"".join(parts)
 
     def refs(self, pages: list[list | dict], writer: BlobWriter, schema: TypeAdapter | None = None,
              what: str = "page", **ids: Any) -> dict[str, Any]:
-        """``{"count", "pages"}`` for ``pages``, staging new page blobs in ``writer``. Each page
-        encoded anew is first validated against ``schema`` (a page reused was validated when it
-        was written or loaded).
+        """``{"count", "pages"}`` for ``pages``, staging new page blobs in ``writer``. The new
+        entries of each page encoded anew are first validated against ``schema`` (a page reused,
+        or an entry of the page's previous version, was validated when it was written or loaded).
 
         Raises:
             RecordInvalid: a new page does not match ``schema`` (``ids``: task, checkpoint).
         """
         out, count, fresh = [], 0, {}
+        versions = {}
         for page in pages:
             if isinstance(page, StoredPage):  # named by the verified state continued from, unchanged
                 out.append(page.ref)
@@ -250,21 +317,21 @@ class PageWriter:
                 continue
             key, entries = self._key(page), self._entries(page)
             count += len(entries)
+            start = self._start(page, entries)
             cached = self._cache.get(key)
             if cached is not None and len(cached[1]) == len(entries) and all(map(operator.is_, cached[1], entries)):
                 ref = cached[0]
+                if start in self._versions:
+                    versions[start] = self._versions[start]
             else:
-                if schema is not None:
-                    try:
-                        schema.validate_python(page)
-                    except ValidationError as exc:
-                        raise RecordInvalid(f"{what} does not match record format {FORMAT_VERSION}: "
-                                            f"{validation_summary(exc)}; nothing was written",
-                                            hint="this is a bug in the code that built the record", **ids) from exc
-                raw = encode_state(page)
+                names = list(page) if isinstance(page, dict) else None
+                raw = self._encode(page, names, entries, schema, what, ids)
                 ref = {"digest": writer.put(raw), "size": len(raw)}
+                if start is not None:
+                    versions[start] = (names, entries, raw)
             fresh[key] = (ref, entries)
             out.append(ref)
+        self._versions = versions
         self._pending = fresh  # reused by the next commit only once this one is stored: :meth:`accept`
         return {"count": count, "pages": out}
 
