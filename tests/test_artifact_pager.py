@@ -146,7 +146,7 @@ def _page_writer_case(seed: int, store) -> None:
             done = done[:-1]
         writer = BlobWriter(store)
         pages, _ = pager.cut(current)
-        got = art_writer.refs(pages, writer, ARTIFACT_PAGE, "artifact page")
+        got = art_writer.refs(pages, writer, ARTIFACT_PAGE, "artifact page", kept=pager.kept)
         for page, ref in zip(pages, got["pages"]):
             raw = encode_state(page)
             assert ref == {"digest": digest.sha256(raw), "size": len(raw)}

@@ -111,6 +111,9 @@ class ArtifactPager:
         self._counts: dict[str, int] | None = None  # digest -> entries naming it; None: no map yet
         self._pending: tuple | None = None  # what :meth:`accept` makes the last map
         self._diff: dict[str, int] = {}  # the pending map's counts minus the last map's
+        self.kept = 0
+        """How many of the pages the last :meth:`cut` returned, from the first, are the very page
+        objects of the last accepted map (``PageWriter.refs(kept=...)``)."""
 
     def reset(self) -> None:
         """Forget the last map: the next :meth:`cut` cuts the whole map (after a load)."""
@@ -121,7 +124,7 @@ class ArtifactPager:
         entry in the last map (None: added)."""
         old_keys, old_vals = self._keys, self._vals
         m = min(len(keys), len(old_keys))
-        if keys[:m] == old_keys[:m] and all(map(operator.is_, vals[:m], old_vals[:m])):
+        if all(map(operator.eq, keys, old_keys)) and all(map(operator.is_, vals, old_vals)):  # the first m
             # the common case: appended at, or removed from, the end
             out: dict[str, dict[str, Any] | None] = dict(zip(old_keys[m:], old_vals[m:]))
             out.update((k, None) for k in keys[m:])
@@ -146,10 +149,12 @@ class ArtifactPager:
                 d = a["digest"]
                 counts[d] = counts.get(d, 0) + 1
             self._pending, self._diff = (keys, vals, names, starts, pages, counts), {}
+            self.kept = 0
             return pages, None
         changed = self._changed(keys, vals)
         if not changed:
             self._pending, self._diff = (keys, vals, self._names, self._starts, self._pages, None), {}
+            self.kept = len(self._pages)
             return self._pages, []
         old_names, old_starts = self._names, self._starts
         k = max(0, bisect.bisect_right(old_starts, bisect.bisect_left(old_names, min(changed))) - 1)
@@ -158,6 +163,7 @@ class ArtifactPager:
         tail.update(n for n in changed if n in artifacts)
         tail_names = sorted(tail)
         pages, starts = self._pages[:k], old_starts[:k]
+        self.kept = k
         _cut(tail_names, artifacts, pages, starts, at)
         diff: dict[str, int] = {}
         fresh: list[str] = []
@@ -229,6 +235,10 @@ class PageWriter:
     def __init__(self) -> None:
         self._cache: dict[tuple, tuple[dict[str, Any], list[Any]]] = {}
         self._pending: dict[tuple, tuple[dict[str, Any], list[Any]]] | None = None
+        # each page of the last call whose commit was stored, in order: (key, ref, entries, first
+        # entry, the page object), and those of the last call
+        self._placed: list[tuple] = []
+        self._pending_placed: list[tuple] = []
         # first entry of a page (its name; for a list, the id of the entry object) -> the last
         # version of that page encoded or loaded: its names (None: a list), its entries and its
         # canonical bytes (None: not kept)
@@ -300,20 +310,38 @@ class PageWriter:
         return b"".join(parts)
 
     def refs(self, pages: list[list | dict], writer: BlobWriter, schema: TypeAdapter | None = None,
-             what: str = "page", **ids: Any) -> dict[str, Any]:
+             what: str = "page", *, kept: int = 0, **ids: Any) -> dict[str, Any]:
         """``{"count", "pages"}`` for ``pages``, staging new page blobs in ``writer``. The new
         entries of each page encoded anew are first validated against ``schema`` (a page reused,
         or an entry of the page's previous version, was validated when it was written or loaded).
+
+        ``kept``: the first ``kept`` pages are, in the same places, the very page objects of the
+        last call whose commit was stored, not changed since (:class:`ArtifactPager` knows): their
+        references are taken as they are, without looking at their entries.
 
         Raises:
             RecordInvalid: a new page does not match ``schema`` (``ids``: task, checkpoint).
         """
         out, count, fresh = [], 0, {}
         versions = {}
-        for page in pages:
+        placed = []
+        if kept and len(self._placed) >= kept and all(
+                p is not None and p[4] is page for p, page in zip(self._placed[:kept], pages)):
+            for i in range(kept):
+                key, ref, entries, start, _ = self._placed[i]
+                out.append(ref)
+                count += len(entries)
+                fresh[key] = (ref, entries)
+                if start in self._versions:
+                    versions[start] = self._versions[start]
+                placed.append(self._placed[i])
+        else:
+            kept = 0
+        for page in pages[kept:]:
             if isinstance(page, StoredPage):  # named by the verified state continued from, unchanged
                 out.append(page.ref)
                 count += page.count
+                placed.append(None)
                 continue
             key, entries = self._key(page), self._entries(page)
             count += len(entries)
@@ -331,8 +359,10 @@ class PageWriter:
                     versions[start] = (names, entries, raw)
             fresh[key] = (ref, entries)
             out.append(ref)
+            placed.append((key, ref, entries, start, page))
         self._versions = versions
-        self._pending = fresh  # reused by the next commit only once this one is stored: :meth:`accept`
+        # reused by the next commit only once this one is stored: :meth:`accept`
+        self._pending, self._pending_placed = fresh, placed
         return {"count": count, "pages": out}
 
     def accept(self) -> None:
@@ -340,3 +370,4 @@ class PageWriter:
         reuse them. (After a failed commit they are not reused: their blobs may not be stored.)"""
         if self._pending is not None:
             self._cache, self._pending = self._pending, None
+            self._placed, self._pending_placed = self._pending_placed, []

@@ -203,7 +203,8 @@ class ChainWriter:
         all_refs = {
             "todo": self._todo.refs(todo_pages(state["todo"]), writer, TODO_PAGE, "todo page", **ids),
             "done": self._done.refs(done_pages(state["done"]), writer, DONE_PAGE_SCHEMA, "done page", **ids),
-            "artifacts": self._artifacts.refs(pages, writer, ARTIFACT_PAGE, "artifact page", **ids),
+            "artifacts": self._artifacts.refs(pages, writer, ARTIFACT_PAGE, "artifact page", kept=self._pager.kept,
+                                              **ids),
         }
         doc_refs = {k: page_list(v, writer) for k, v in all_refs.items()}
         # every page and page list: ditto-copied whole once shared, and reachable from this branch
