@@ -68,10 +68,14 @@ def artifact_pages(artifacts: dict[str, dict[str, Any]]) -> list[dict[str, dict[
 
 
 def _cut(names: list[str], artifacts: dict[str, dict[str, Any]], pages: list[dict[str, dict[str, Any]]],
-         starts: list[int], at: int) -> None:
+         starts: list[int], at: int, page: dict[str, dict[str, Any]] | None = None) -> None:
     """Append to ``pages`` (and their first positions to ``starts``) the pages of ``names`` (sorted,
-    the names from position ``at`` of the whole sorted map on), as :func:`artifact_pages` cuts them."""
-    page: dict[str, dict[str, Any]] = {}
+    the names from position ``at`` of the whole sorted map on), as :func:`artifact_pages` cuts them;
+    ``page``: the start of the first page (entries before ``at``, none of them a boundary)."""
+    if page:
+        starts.append(at - len(page))
+    else:
+        page = {}
     for name in names:
         if not page:
             starts.append(at)
@@ -124,7 +128,7 @@ class ArtifactPager:
         entry in the last map (None: added)."""
         old_keys, old_vals = self._keys, self._vals
         m = min(len(keys), len(old_keys))
-        if all(map(operator.eq, keys, old_keys)) and all(map(operator.is_, vals, old_vals)):  # the first m
+        if keys[:m] == old_keys[:m] and all(map(operator.is_, vals, old_vals)):  # (the first m of each)
             # the common case: appended at, or removed from, the end
             out: dict[str, dict[str, Any] | None] = dict(zip(old_keys[m:], old_vals[m:]))
             out.update((k, None) for k in keys[m:])
@@ -156,15 +160,32 @@ class ArtifactPager:
             self._pending, self._diff = (keys, vals, self._names, self._starts, self._pages, None), {}
             self.kept = len(self._pages)
             return self._pages, []
-        old_names, old_starts = self._names, self._starts
-        k = max(0, bisect.bisect_right(old_starts, bisect.bisect_left(old_names, min(changed))) - 1)
-        at = old_starts[k] if old_starts else 0
-        tail = {n for n in old_names[at:] if n in artifacts}
+        old_names, old_starts, old_pages = self._names, self._starts, self._pages
+        lo = min(changed)
+        k = max(0, bisect.bisect_right(old_starts, bisect.bisect_left(old_names, lo)) - 1)
+        pages, starts = old_pages[:k], old_starts[:k]
+        tail: set[str] = set()
+        prefix: dict[str, dict[str, Any]] = {}
+        at = 0
+        if old_pages:  # page k keeps its entries before the first changed name (not one of them
+            at = old_starts[k]  # a boundary but maybe its last); the rest is cut again
+            prefix = dict(old_pages[k])
+            while prefix and next(reversed(prefix)) >= lo:
+                name = prefix.popitem()[0]
+                if name in artifacts:
+                    tail.add(name)
+            if k + 1 < len(old_starts):
+                tail.update(n for n in old_names[old_starts[k + 1]:] if n in artifacts)
         tail.update(n for n in changed if n in artifacts)
         tail_names = sorted(tail)
-        pages, starts = self._pages[:k], old_starts[:k]
         self.kept = k
-        _cut(tail_names, artifacts, pages, starts, at)
+        at += len(prefix)
+        if prefix and len(prefix) == len(old_pages[k]) and is_boundary(next(reversed(prefix))):
+            pages.append(old_pages[k])  # page k is whole and complete: the same page object
+            starts.append(at - len(prefix))
+            self.kept = k + 1
+            prefix = {}
+        _cut(tail_names, artifacts, pages, starts, at, prefix)
         diff: dict[str, int] = {}
         fresh: list[str] = []
         for n, a in changed.items():
