@@ -374,6 +374,7 @@ class CopyPolicy:
         self._has_copy: set[str] = set()
         self._parts: dict[str, tuple[str, ...]] = {}  # protected root -> its protected parts
         self._settled: set[str] = set()  # artifact roots whose protected parts all have copies
+        self._settled_whole: set[str] = set()  # the same for pages and fingerprints (copied whole)
         self._staged: tuple | None = None  # what the last copies() changes, once its commit is stored
 
     def _protected_parts(self, writer: BlobWriter, root: str, whole: bool) -> tuple[str, ...]:
@@ -404,6 +405,7 @@ class CopyPolicy:
         """
         out = [record_copy(row)]
         refs: set[str] = set()
+        whole = [d for d in whole if d not in self._settled_whole]  # a settled one adds no copy
         for d in whole:
             refs.update(self._protected_parts(writer, d, True))
         artifacts = [d for d in artifacts if d not in self._settled]  # a settled one adds no copy
@@ -429,17 +431,18 @@ class CopyPolicy:
             copied.update(unknown)
         has_copy = self._has_copy
         pending = {d: writer.objects[d] for d in fresh if d not in has_copy and d not in copied}
-        settled = [d for d in artifacts
-                   if all(p in has_copy or p in copied for p in self._parts.get(d, (d,)))]
+        settled = [[d for d in roots if all(p in has_copy or p in copied for p in self._parts.get(d, (d,)))]
+                   for roots in (whole, artifacts)]
         self._staged = (copied, pending, settled)
         return out
 
     def accept(self) -> None:
         """The commit of the last :meth:`copies` is stored, with its copies."""
         if self._staged is not None:
-            copied, self._pending, settled = self._staged
+            copied, self._pending, (whole, artifacts) = self._staged
             self._has_copy.update(copied)
-            self._settled.update(settled)
+            self._settled_whole.update(whole)
+            self._settled.update(artifacts)
             self._staged = None
 
     def settled(self, d: str) -> bool:

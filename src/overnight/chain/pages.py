@@ -223,17 +223,28 @@ class ArtifactPager:
         self._pending, self._diff = None, {}
 
 
-def page_list(refs: dict[str, Any], writer: BlobWriter) -> dict[str, Any]:
+def page_list(refs: dict[str, Any], writer: BlobWriter, last: list | None = None) -> dict[str, Any]:
     """The state document's member for a collection whose pages are ``refs["pages"]`` (all of
     them, in order): ``{"count", "pages", "middle"}`` -- with three pages or more only the first
     and last stay inline and the others' references go in a ``middle`` blob staged in ``writer``
-    (:class:`~overnight.chain.records.Pages`)."""
+    (:class:`~overnight.chain.records.Pages`).
+
+    ``last``: ``[middle page references, middle blob reference]`` of an earlier call, updated
+    here; when the middle pages are the very same reference objects and that blob is known to
+    ``writer`` (stored and verified), it is named again without encoding the list."""
     pages = refs["pages"]
     if len(pages) < 3:
         return {"count": refs["count"], "pages": pages, "middle": None}
-    raw = encode_state(pages[1:-1])
-    return {"count": refs["count"], "pages": [pages[0], pages[-1]],
-            "middle": {"digest": writer.put(raw), "size": len(raw)}}
+    middle = pages[1:-1]
+    if (last is not None and last[1] is not None and len(last[0]) == len(middle)
+            and all(map(operator.is_, last[0], middle)) and last[1]["digest"] in writer.known):
+        ref = last[1]
+    else:
+        raw = encode_state(middle)
+        ref = {"digest": writer.put(raw), "size": len(raw)}
+        if last is not None:
+            last[:] = [middle, ref]
+    return {"count": refs["count"], "pages": [pages[0], pages[-1]], "middle": ref}
 
 
 class PageWriter:

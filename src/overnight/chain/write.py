@@ -124,6 +124,7 @@ class ChainWriter:
         self._done = PageWriter()
         self._artifacts = PageWriter()
         self._pager = ArtifactPager()  # the artifact map's pages, recut from the first change on
+        self._middles: dict[str, list] = {k: [[], None] for k in ("todo", "done", "artifacts")}  # see page_list
         self._unsettled: set[str] = set()  # artifact digests whose ditto copies may still be due
         self._ditto = CopyPolicy(store)
 
@@ -206,7 +207,7 @@ class ChainWriter:
             "artifacts": self._artifacts.refs(pages, writer, ARTIFACT_PAGE, "artifact page", kept=self._pager.kept,
                                               **ids),
         }
-        doc_refs = {k: page_list(v, writer) for k, v in all_refs.items()}
+        doc_refs = {k: page_list(v, writer, self._middles[k]) for k, v in all_refs.items()}
         # every page and page list: ditto-copied whole once shared, and reachable from this branch
         page_blobs = [*(r["digest"] for v in all_refs.values() for r in v["pages"]),
                       *(v["middle"]["digest"] for v in doc_refs.values() if v["middle"] is not None)]
