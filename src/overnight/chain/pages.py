@@ -267,10 +267,10 @@ class PageWriter:
     def __init__(self) -> None:
         self._cache: dict[tuple, tuple[dict[str, Any], list[Any]]] = {}
         self._pending: dict[tuple, tuple[dict[str, Any], list[Any]]] | None = None
-        # each page of the last call whose commit was stored, in order: (key, ref, entries, first
-        # entry, the page object), and those of the last call
-        self._placed: list[tuple] = []
-        self._pending_placed: list[tuple] = []
+        # the pages of the last call whose commit was stored, in order: their keys, (ref, entries),
+        # first entries, page objects and entry counts (five lists); and those of the last call
+        self._placed: tuple[list, ...] = ([], [], [], [], [])
+        self._pending_placed: tuple[list, ...] = ([], [], [], [], [])
         # first entry of a page (its name; for a list, the id of the entry object) -> the last
         # version of that page encoded or loaded: its names (None: a list), its entries and its
         # canonical bytes (None: not kept)
@@ -354,29 +354,21 @@ class PageWriter:
         Raises:
             RecordInvalid: a new page does not match ``schema`` (``ids``: task, checkpoint).
         """
-        out, count, fresh = [], 0, {}
-        versions = {}
-        placed = []
-        if kept and len(self._placed) >= kept and all(
-                p is not None and p[4] is page for p, page in zip(self._placed[:kept], pages)):
-            for i in range(kept):
-                key, ref, entries, start, _ = self._placed[i]
-                out.append(ref)
-                count += len(entries)
-                fresh[key] = (ref, entries)
-                if start in self._versions:
-                    versions[start] = self._versions[start]
-                placed.append(self._placed[i])
-        else:
+        last = self._placed  # the last stored call's pages: keys, (ref, entries), first entries, pages, counts
+        if not (kept and len(last[3]) >= kept and all(map(operator.is_, last[3][:kept], pages[:kept]))):
             kept = 0
+        keys, cached_refs, starts, objs, counts = (last[0][:kept], last[1][:kept], last[2][:kept],
+                                                   last[3][:kept], last[4][:kept])
+        fresh = dict(zip(keys, cached_refs))
+        out = [c[0] for c in cached_refs]
+        versions = dict(self._versions) if kept else {}
         for page in pages[kept:]:
             if isinstance(page, StoredPage):  # named by the verified state continued from, unchanged
                 out.append(page.ref)
-                count += page.count
-                placed.append(None)
+                keys.append(None), cached_refs.append((page.ref, [])), starts.append(None), objs.append(page)
+                counts.append(page.count)
                 continue
             key, entries = self._key(page), self._entries(page)
-            count += len(entries)
             start = self._start(page, entries)
             cached = self._cache.get(key)
             if cached is not None and len(cached[1]) == len(entries) and all(map(operator.is_, cached[1], entries)):
@@ -391,15 +383,19 @@ class PageWriter:
                     versions[start] = (names, entries, raw)
             fresh[key] = (ref, entries)
             out.append(ref)
-            placed.append((key, ref, entries, start, page))
+            keys.append(key), cached_refs.append((ref, entries)), starts.append(start), objs.append(page)
+            counts.append(len(entries))
+        if len(versions) > 2 * len(starts) + 16:  # versions of pages no longer there: dropped
+            live = set(starts)
+            versions = {k: v for k, v in versions.items() if k in live}
         self._versions = versions
         # reused by the next commit only once this one is stored: :meth:`accept`
-        self._pending, self._pending_placed = fresh, placed
-        return {"count": count, "pages": out}
+        self._pending, self._pending_placed = fresh, (keys, cached_refs, starts, objs, counts)
+        return {"count": sum(counts), "pages": out}
 
     def accept(self) -> None:
         """The commit that staged the pages of the last :meth:`refs` is stored: the next one may
         reuse them. (After a failed commit they are not reused: their blobs may not be stored.)"""
         if self._pending is not None:
             self._cache, self._pending = self._pending, None
-            self._placed, self._pending_placed = self._pending_placed, []
+            self._placed, self._pending_placed = self._pending_placed, ([], [], [], [], [])
