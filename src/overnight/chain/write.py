@@ -90,6 +90,13 @@ def utc_now() -> str:
 class ChainWriter:
     """Appends checkpoints to one branch of one task.
 
+    A commit costs what changed since the writer's last stored commit: the artifact map is
+    compared with that commit's (names, and entries by identity) and cut into pages again from the
+    first change on (:class:`~overnight.chain.pages.ArtifactPager`); only the entries named anew
+    are considered for ditto copies and added to :attr:`known`. The caller builds each new state
+    from the previous one's entry objects and does not change an entry in place (a changed entry
+    is a new object), as for page reuse (:class:`~overnight.chain.pages.PageWriter`).
+
     Args:
         store: the store.
         task_id, branch: where to append.
