@@ -275,6 +275,7 @@ class PageWriter:
         # version of that page encoded or loaded: its names (None: a list), its entries and its
         # canonical bytes (None: not kept)
         self._versions: dict[Any, tuple[list[str] | None, list[Any], bytes | None]] = {}
+        self._raw: list[Any] = []  # the first entries of the versions that keep their bytes
 
     @staticmethod
     def _key(page: list | dict) -> tuple:
@@ -362,6 +363,7 @@ class PageWriter:
         fresh = dict(zip(keys, cached_refs))
         out = [c[0] for c in cached_refs]
         versions = dict(self._versions) if kept else {}
+        fresh_raw: list[Any] = []
         for page in pages[kept:]:
             if isinstance(page, StoredPage):  # named by the verified state continued from, unchanged
                 out.append(page.ref)
@@ -381,6 +383,7 @@ class PageWriter:
                 ref = {"digest": writer.put(raw), "size": len(raw)}
                 if start is not None:
                     versions[start] = (names, entries, raw)
+                    fresh_raw.append(start)
             fresh[key] = (ref, entries)
             out.append(ref)
             keys.append(key), cached_refs.append((ref, entries)), starts.append(start), objs.append(page)
@@ -388,6 +391,13 @@ class PageWriter:
         if len(versions) > 2 * len(starts) + 16:  # versions of pages no longer there: dropped
             live = set(starts)
             versions = {k: v for k, v in versions.items() if k in live}
+        # only the last page keeps its bytes (the page an append or a pop changes next)
+        tail = starts[-1] if starts else None
+        for s in (*self._raw, *fresh_raw):
+            v = versions.get(s)
+            if s != tail and v is not None and v[2] is not None:
+                versions[s] = (v[0], v[1], None)
+        self._raw = [tail] if tail in versions and versions[tail][2] is not None else []
         self._versions = versions
         # reused by the next commit only once this one is stored: :meth:`accept`
         self._pending, self._pending_placed = fresh, (keys, cached_refs, starts, objs, counts)
