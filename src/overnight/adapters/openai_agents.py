@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import os
 import random
 import re
@@ -132,13 +133,14 @@ def _tool_output(item: Any) -> bool:
 class _Head:
     """This object's copy of the session's head checkpoint ``id``: verified when it was loaded, or
     written by this object. ``chain`` is the writer continuing from it (its page and copy caches
-    carry over from commit to commit), ``state`` its state tree, ``items`` its ``(name, artifact
-    ref tree)`` in order, ``next`` the sequence number of the next item added."""
+    carry over from commit to commit), ``state`` its state tree, ``items`` its items (name ->
+    artifact ref tree, in order; never changed once the head is made), ``next`` the sequence
+    number of the next item added."""
 
     id: str
     chain: ChainWriter
     state: dict[str, Any]
-    items: list[tuple[str, dict[str, Any]]]
+    items: dict[str, dict[str, Any]]
     next: int
 
 
@@ -256,7 +258,7 @@ class OvernightSession(Closing):
             if loaded.record.task_id != self.task_id:
                 raise CheckpointNotFound(f"checkpoint {short_id(checkpoint_id)} is not in session "
                                          f"{self.session_id!r}", task_id=self.task_id, checkpoint_id=checkpoint_id)
-            return self._decode(loaded.id, self._items(loaded))
+            return self._decode(loaded.id, list(self._items(loaded).items()))
 
         return await asyncio.to_thread(read)
 
@@ -316,9 +318,9 @@ class OvernightSession(Closing):
         return head
 
     @staticmethod
-    def _items(loaded: LoadedCheckpoint) -> list[tuple[str, dict[str, Any]]]:
-        """``(name, artifact ref tree)`` of the items, in order."""
-        return [(n, a) for n, a in loaded.state_tree["artifacts"].items() if n.startswith(ITEM_PREFIX)]
+    def _items(loaded: LoadedCheckpoint) -> dict[str, dict[str, Any]]:
+        """The items (name -> artifact ref tree), in order."""
+        return {n: a for n, a in loaded.state_tree["artifacts"].items() if n.startswith(ITEM_PREFIX)}
 
     @staticmethod
     def _next(loaded: LoadedCheckpoint) -> int:
@@ -353,19 +355,21 @@ class OvernightSession(Closing):
             head = self._head()
         if head is None:
             return []
-        items = head.items
-        if limit is not None and limit >= 0:
-            items = items[len(items) - limit:] if limit else []
+        if limit is not None and 0 <= limit < len(head.items):
+            items = list(itertools.islice(reversed(head.items.items()), limit))[::-1]
+        else:
+            items = list(head.items.items())
         return self._decode(head.id, items)
 
     # -- writing ------------------------------------------------------------------------------------
 
-    def _commit(self, head: _Head | None, items: list[tuple[str, dict[str, Any]]], ev: dict[str, Any], *,
+    def _commit(self, head: _Head | None, items: dict[str, dict[str, Any]], ev: dict[str, Any], *,
                 new: dict[str, Any] | None = None, context: dict[str, Any] | None = None,
-                new_session: bool = False, next_item: int | None = None) -> None:
-        """One checkpoint whose items are ``items`` (``(name, artifact ref)``, in order) followed by
-        ``new`` (name -> ``(canonical bytes, tree)`` of items to store, names after the others').
-        Raises StaleHead when the head moved since ``head``. Call with ``self._lock`` held."""
+                new_session: bool = False, next_item: int | None = None, drop_last: bool = False) -> None:
+        """One checkpoint whose items are ``items`` (name -> artifact ref, in order; not changed
+        here), without its last one with ``drop_last``, followed by ``new`` (name -> ``(canonical
+        bytes, tree)`` of items to store, names after the others'). Raises StaleHead when the head
+        moved since ``head``. Call with ``self._lock`` held."""
         if head is None:
             chain = ChainWriter(self._store, self.task_id, BRANCH, key=self._key, session_id=self._run_id,
                                 session_n=1)
@@ -380,9 +384,11 @@ class OvernightSession(Closing):
             chain, state, task_row, nxt = head.chain, dict(head.state), None, head.next
         writer = chain.blob_writer()
         artifacts = dict(items)
+        if drop_last and artifacts:
+            artifacts.popitem()
         for name, (raw, _) in (new or {}).items():
             artifacts[name] = artifact_ref(writer.put(raw), len(raw), text=True, step=None)
-        if new and items and min(new) < items[-1][0]:  # a compaction's summary goes before the kept items
+        if new and items and min(new) < next(reversed(items)):  # a compaction's summary goes before the kept items
             artifacts = dict(sorted(artifacts.items()))
         nxt = nxt if next_item is None else next_item
         state["artifacts"] = artifacts
@@ -398,7 +404,7 @@ class OvernightSession(Closing):
         if len(trees) > 2 * len(artifacts) + 64:  # popped, cleared or compacted items are not kept
             live = {a["digest"] for a in artifacts.values()}
             self._trees = {d: t for d, t in trees.items() if d in live}
-        self._view = _Head(cid, chain, state, list(artifacts.items()), nxt)
+        self._view = _Head(cid, chain, state, artifacts, nxt)
 
     def _mutate(self, change: Any) -> Any:
         """Run ``change(head) -> (result, commit kwargs or None)`` until its commit wins the
@@ -426,7 +432,7 @@ class OvernightSession(Closing):
 
         def change(head: _Head | None) -> tuple[None, dict[str, Any]]:
             first = head.next if head is not None else 1
-            return None, {"items": head.items if head is not None else [],
+            return None, {"items": head.items if head is not None else {},
                           "new": {_item_name(first + i): e for i, e in enumerate(encoded)},
                           "next_item": first + len(encoded),
                           "ev": event("step", step="add_items", detail=f"+{len(encoded)} items")}
@@ -439,9 +445,10 @@ class OvernightSession(Closing):
         def change(head: _Head | None) -> tuple[Any, dict[str, Any] | None]:
             if head is None or not head.items:
                 return None, None
-            name = head.items[-1][0]
-            value = self._decode(head.id, head.items[-1:])[0]
-            return value, {"items": head.items[:-1], "ev": event("step", step="pop_item", detail=f"-{name}")}
+            name = next(reversed(head.items))
+            value = self._decode(head.id, [(name, head.items[name])])[0]
+            return value, {"items": head.items, "drop_last": True,
+                           "ev": event("step", step="pop_item", detail=f"-{name}")}
 
         return self._mutate(change)
 
@@ -449,7 +456,7 @@ class OvernightSession(Closing):
         def change(head: _Head | None) -> tuple[None, dict[str, Any] | None]:
             if head is None:
                 return None, None
-            return None, {"items": [], "ev": event("step", step="clear_session", detail=f"-{len(head.items)} items")}
+            return None, {"items": {}, "ev": event("step", step="clear_session", detail=f"-{len(head.items)} items")}
 
         self._mutate(change)
 
@@ -501,7 +508,7 @@ class OvernightSession(Closing):
         keep = max(0, (budget.compact_at - limit) // 2)
 
         def change(head: _Head | None) -> tuple[None, dict[str, Any] | None]:
-            items = head.items if head is not None else []
+            items = list(head.items.items()) if head is not None else []
             values = self._decode(head.id, items) if head is not None else []
             tokens = [self.count(v) for v in values]
             if sum(tokens) < budget.compact_at or len(items) < 2:
@@ -527,7 +534,7 @@ class OvernightSession(Closing):
             tree = to_tree(summary, "summary")
             ctx = head.state["context"]
             return None, {
-                "items": items[cut:], "new": {items[cut - 1][0]: (dumps(tree), tree)},
+                "items": dict(items[cut:]), "new": {items[cut - 1][0]: (dumps(tree), tree)},
                 "context": context_info(summary["content"], ctx["compactions"] + 1),
                 "new_session": True,
                 "ev": event("compaction", ref=head.id,

@@ -374,6 +374,8 @@ class CopyPolicy:
         self._has_copy: set[str] = set()
         self._parts: dict[str, tuple[str, ...]] = {}  # protected root -> its protected parts
         self._settled: set[str] = set()  # artifact roots whose protected parts all have copies
+        self._settled_whole: set[str] = set()  # the same for pages and fingerprints (copied whole)
+        self._staged: tuple | None = None  # what the last copies() changes, once its commit is stored
 
     def _protected_parts(self, writer: BlobWriter, root: str, whole: bool) -> tuple[str, ...]:
         parts = writer.parts.get(root)
@@ -391,28 +393,34 @@ class CopyPolicy:
     def copies(self, writer: BlobWriter, row: CheckpointRow, *, state: str, whole: Iterable[str],
                artifacts: Iterable[str]) -> list[ObjectRecord]:
         """The copy objects the commit of ``row`` carries (``writer`` holds its staged objects).
+        What they change in this policy (which objects have copies) takes effect with
+        :meth:`accept`, once the commit is stored: after a failed commit the next one copies
+        the same again.
 
         Args:
             state: the state document's digest.
             whole: page, page list and fingerprint digests (copied with every object they are made of).
-            artifacts: artifact and stored user-state value digests (their tree object and chunk index).
+            artifacts: artifact and stored user-state value digests (their tree object and chunk
+                index); those of a previous commit whose parts all have copies may be left out.
         """
         out = [record_copy(row)]
         refs: set[str] = set()
+        whole = [d for d in whole if d not in self._settled_whole]  # a settled one adds no copy
         for d in whole:
             refs.update(self._protected_parts(writer, d, True))
         artifacts = [d for d in artifacts if d not in self._settled]  # a settled one adds no copy
         for d in (state, *artifacts):
             refs.update(self._protected_parts(writer, d, False))
+        copied: set[str] = set()
         obj = writer.objects.get(state)
         if obj is not None and obj.kind == "blob" and state not in self._has_copy:  # the state document: always
             out.append(object_copy(writer.objects[state]))
-            self._has_copy.add(state)
+            copied.add(state)
         fresh = {d for d in refs if d in writer.objects}
         reused = refs - fresh - self._has_copy
         for d in sorted(reused & self._pending.keys()):
             out.append(object_copy(self._pending[d]))
-            self._has_copy.add(d)
+            copied.add(d)
         unknown = sorted(reused - self._pending.keys())
         if unknown:  # shared since an earlier session: copy what has no copy yet
             missing = self.store.missing_objects(ditto_key(d) for d in unknown)
@@ -420,10 +428,26 @@ class CopyPolicy:
             for obj in self.store.get_objects(lacking).values():
                 if _sound(obj):
                     out.append(object_copy(obj))
-            self._has_copy.update(unknown)
-        self._pending = {d: writer.objects[d] for d in fresh if d not in self._has_copy}
-        self._settled.update(d for d in artifacts if self._has_copy.issuperset(self._parts.get(d, (d,))))
+            copied.update(unknown)
+        has_copy = self._has_copy
+        pending = {d: writer.objects[d] for d in fresh if d not in has_copy and d not in copied}
+        settled = [[d for d in roots if all(p in has_copy or p in copied for p in self._parts.get(d, (d,)))]
+                   for roots in (whole, artifacts)]
+        self._staged = (copied, pending, settled)
         return out
+
+    def accept(self) -> None:
+        """The commit of the last :meth:`copies` is stored, with its copies."""
+        if self._staged is not None:
+            copied, self._pending, (whole, artifacts) = self._staged
+            self._has_copy.update(copied)
+            self._settled_whole.update(whole)
+            self._settled.update(artifacts)
+            self._staged = None
+
+    def settled(self, d: str) -> bool:
+        """Has every protected part of artifact ``d`` a copy (so no commit copies anything for it)?"""
+        return d in self._settled
 
 
 def _sound(obj: ObjectRecord) -> bool:

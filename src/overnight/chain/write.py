@@ -20,7 +20,7 @@ from overnight.store.base import CheckpointRow, Commit, JournalRow, Lease, Store
 from overnight.store.blobs import BlobWriter
 from overnight.chain.integrity import LoadedCheckpoint, encode_record, encode_state
 from overnight.keys import HighWater, Mark
-from overnight.chain.pages import PageWriter, artifact_pages, done_pages, page_list, todo_pages
+from overnight.chain.pages import ArtifactPager, PageWriter, done_pages, page_list, todo_pages
 from overnight.chain.ditto import CopyPolicy
 from overnight.chain.records import (
     ARTIFACT_PAGE,
@@ -90,6 +90,13 @@ def utc_now() -> str:
 class ChainWriter:
     """Appends checkpoints to one branch of one task.
 
+    A commit costs what changed since the writer's last stored commit: the artifact map is
+    compared with that commit's (names, and entries by identity) and cut into pages again from the
+    first change on (:class:`~overnight.chain.pages.ArtifactPager`); only the entries named anew
+    are considered for ditto copies and added to :attr:`known`. The caller builds each new state
+    from the previous one's entry objects and does not change an entry in place (a changed entry
+    is a new object), as for page reuse (:class:`~overnight.chain.pages.PageWriter`).
+
     Args:
         store: the store.
         task_id, branch: where to append.
@@ -123,6 +130,9 @@ class ChainWriter:
         self._todo = PageWriter()
         self._done = PageWriter()
         self._artifacts = PageWriter()
+        self._pager = ArtifactPager()  # the artifact map's pages, recut from the first change on
+        self._middles: dict[str, list] = {k: [[], None] for k in ("todo", "done", "artifacts")}  # see page_list
+        self._unsettled: set[str] = set()  # artifact digests whose ditto copies may still be due
         self._ditto = CopyPolicy(store)
 
     def start_from(self, loaded: LoadedCheckpoint, fallback: Fallback | None) -> None:
@@ -130,6 +140,7 @@ class ChainWriter:
         self.head = loaded.id
         self.ref_head = fallback.head_id if fallback else loaded.id
         self.seq = loaded.record.seq
+        self._pager.reset()  # the next commit walks the loaded map once
         # a page upgraded from an older format is not reused: the next commit writes it anew
         for p in loaded.todo_pages:
             if not p.migrated:
@@ -193,13 +204,17 @@ class ChainWriter:
         """
         writer = writer or self.blob_writer()
         ids = {"task_id": self.task_id, "checkpoint_id": self.head}
+        artifacts = state["artifacts"]
+        pages, fresh = self._pager.cut(artifacts)
+        if fresh is None:  # the first commit of this writer (or after a load): every artifact
+            fresh = [a["digest"] for a in artifacts.values()]
         all_refs = {
             "todo": self._todo.refs(todo_pages(state["todo"]), writer, TODO_PAGE, "todo page", **ids),
             "done": self._done.refs(done_pages(state["done"]), writer, DONE_PAGE_SCHEMA, "done page", **ids),
-            "artifacts": self._artifacts.refs(artifact_pages(state["artifacts"]), writer, ARTIFACT_PAGE,
-                                              "artifact page", **ids),
+            "artifacts": self._artifacts.refs(pages, writer, ARTIFACT_PAGE, "artifact page", kept=self._pager.kept,
+                                              **ids),
         }
-        doc_refs = {k: page_list(v, writer) for k, v in all_refs.items()}
+        doc_refs = {k: page_list(v, writer, self._middles[k]) for k, v in all_refs.items()}
         # every page and page list: ditto-copied whole once shared, and reachable from this branch
         page_blobs = [*(r["digest"] for v in all_refs.values() for r in v["pages"]),
                       *(v["middle"]["digest"] for v in doc_refs.values() if v["middle"] is not None)]
@@ -231,17 +246,20 @@ class ChainWriter:
         )
         rows = [JournalRow(task_id=self.task_id, checkpoint_id=cid, seq=row.seq, session=self.session_id, **j)
                 for j in journal]
+        # the artifacts whose copies may be due: those named anew, and those not settled before
+        # that the map still names (a settled one adds no copy; see CopyPolicy)
+        due = list(dict.fromkeys([*fresh, *(d for d in self._unsettled if self._pager.referenced(d))]))
         objects = [*writer.commit_objects(), *self._ditto.copies(  # ditto copies (overnight/chain/ditto.py)
-            writer, row, state=state_digest, artifacts=[*(a["digest"] for a in state["artifacts"].values()),
-                                                        *(v["digest"] for v in values.values())],
+            writer, row, state=state_digest, artifacts=[*due, *(v["digest"] for v in values.values())],
             whole=[*page_blobs, *([fingerprint["world"]["digest"]] if fingerprint is not None else [])])]
         if sum(len(o.data) for o in objects) > PREWRITE_BYTES:
             objects = self._prewrite(objects)
         _retry_busy(lambda: self.store.commit(Commit(row, self.ref_head, objects, rows, lease, task_row)))
-        for pages in (self._todo, self._done, self._artifacts):
-            pages.accept()
-        roots = [state_digest, *page_blobs, *(a["digest"] for a in state["artifacts"].values()),
-                 *(v["digest"] for v in values.values())]
+        for page_writer in (self._todo, self._done, self._artifacts, self._pager, self._ditto):
+            page_writer.accept()
+        self._unsettled = {d for d in due if not self._ditto.settled(d)}
+        # what this commit staged and references (an artifact named before was made known then)
+        roots = [state_digest, *page_blobs, *fresh, *(v["digest"] for v in values.values())]
         if fingerprint is not None:
             roots.append(fingerprint["world"]["digest"])
         self.known.update(writer.closure(roots))
