@@ -254,6 +254,7 @@ def test_paused_holder_is_taken_over_and_gets_lease_lost(tmp_path: Path, pg_sche
                    60, "B takes over")
         os.kill(child, signal.SIGCONT)  # the old holder wakes up: its next commit meets LeaseLost
         assert b.wait(timeout=120) == 0, (tmp_path / "b.err").read_text()
+        assert "its holder A stopped heartbeating; taking it over" in (tmp_path / "b.err").read_text()
     finally:
         stop(a, signal.SIGTERM)
         if b is not None:
@@ -516,3 +517,47 @@ def test_a_killed_workers_task_shows_stalled_at_once_on_its_host(tmp_path: Path,
                                                                    "--json").stdout)}[tid]
     got = wait_until(lambda: status().startswith("stalled") and status(), 10, "stalled")
     assert "died" in got and "takes it over" in got, got
+
+
+LOGGING_TASK = '''
+import overnight
+
+task = overnight.Task("noisy", goal="logs, then fails")
+
+@task.step
+def first(ctx):
+    ctx.log.info("fetched 3 sources")
+    return 1
+
+@task.step(retries=1)
+def second(ctx):
+    raise RuntimeError("the API said no")
+'''
+
+
+def test_a_workers_log_names_each_tasks_step_logs_retries_and_the_failures_traceback(tmp_path: Path,
+                                                                                    sqlite_url: str) -> None:
+    (tmp_path / "noisy.py").write_text(LOGGING_TASK)
+    assert cli(tmp_path, "submit", "noisy.py", "--store", sqlite_url).returncode == 0
+    w = start_worker(tmp_path, sqlite_url, "--idle-exit", "1")
+    assert w.wait(timeout=120) == 0
+    log = (tmp_path / "w.err").read_text()
+    assert "task noisy: first: fetched 3 sources" in log  # ctx.log.info, named by task
+    assert "task noisy: retrying second: RuntimeError: the API said no" in log
+    assert "task noisy: Traceback (most recent call last):" in log and 'raise RuntimeError("the API said no")' in log
+    assert "task noisy failed: step 'second' failed after 2 attempt(s)" in log
+    assert "stopped (1 task(s) claimed" in log
+
+
+def test_a_worker_id_in_use_by_a_live_worker_is_refused(tmp_path: Path, sqlite_url: str) -> None:
+    first = start_worker(tmp_path, sqlite_url, "--worker-id", "same", name="first")
+    try:
+        wait_until(lambda: "same" in cli(tmp_path, "workers", "--store", sqlite_url).stdout, 60, "the first worker")
+        second = cli(tmp_path, "worker", "--store", sqlite_url, "--worker-id", "same", "--idle-exit", "1")
+        assert second.returncode == 2
+        assert f"worker id 'same' is in use by pid {first.pid}" in second.stderr
+    finally:
+        stop(first, signal.SIGTERM)
+    # once it stopped, the id is free again
+    again = cli(tmp_path, "worker", "--store", sqlite_url, "--worker-id", "same", "--idle-exit", "1")
+    assert again.returncode == 0, again.stderr

@@ -104,6 +104,10 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
         ids = [t.task_id for t in s.list_tasks()]
     except OvernightError:
         return
+    if exc.task_id in ids:  # stored, but never submitted: a plain `overnight run` made it
+        exc.hint = (f"{exc.task_id!r} was run with `overnight run`, not submitted: `overnight resume "
+                    f"{exc.task_id}` runs it here, `overnight resume {exc.task_id} --submit` queues it for the workers")
+        return
     close = _close(exc.task_id, ids)
     if close and "did you mean" not in (exc.hint or ""):
         exc.hint = f"did you mean {' or '.join(close)}?" + (f" {exc.hint}" if exc.hint else "")
@@ -466,6 +470,8 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
                 todo = [e.name for e in loaded.state.todo]
                 artifacts = {n: a.size for n, a in loaded.artifacts.items()}
                 status = "complete" if not st.todo.count else "in progress"
+                if branch == "main":  # who holds it, as `ls` and `status` say: running / failed / ...
+                    status = task_status(s, task_id, complete=not st.todo.count) or status
                 if raw:
                     state = _raw_json(BlobReader(s).get(loaded.record.state.digest, "the head's state"))
                 main_head = loaded if branch == "main" else None

@@ -266,7 +266,8 @@ def show(
         render.print_json(rep)
         return
     render.out.print(f"[bold]{render.esc(rep.task_id)}[/]: {render.esc(rep.goal)}")
-    render.out.print(f"status: {rep.status}, {rep.done}/{rep.total} steps; stored {render.human_bytes(rep.stored_bytes)}")
+    render.out.print(f"status: {render.esc(render.safe(rep.status).replace(chr(10), ' '))}, {rep.done}/{rep.total} "
+                     f"steps; stored {render.human_bytes(rep.stored_bytes)}")  # a failure's reason is stored data
     render.out.print("branches: " + ", ".join(f"{render.esc(b)} -> {c[7:15]}" for b, c in rep.branches.items()))
     u = rep.usage
     if u.get("calls"):

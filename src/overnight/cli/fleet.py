@@ -187,8 +187,9 @@ def cancel(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optiona
         row = api.cancel(task_id, store=store)
     except OvernightError as exc:
         _fail(exc)
-    render.out.print(f"{render.esc(task_id)}: " + ("cancel requested (stops at the next step boundary)"
-                                                  if row.status == "running" else row.status))
+    render.out.print(f"{render.esc(task_id)}: " + (
+        "cancel requested (stops at the next step boundary)" if row.status == "running" else
+        "cancelled" if row.status == "cancelled" else f"already {row.status}, nothing to cancel"))
 
 
 def bench_fleet(

@@ -33,6 +33,35 @@ EXIT_STOPPED = 76
 it imported the code): the task is queued again, and the death is not counted against it."""
 
 
+_SAID = {"step_retry": "retrying {step}: {detail}", "drift": "drift: {detail}", "plan": "plan changed: {detail}",
+         "stop_requested": "{detail}"}
+"""Run events a session writes to the worker's log (stderr), as ``overnight run`` shows them."""
+
+
+def _say(task_id: str, text: str) -> None:
+    """``task TASK_ID: TEXT`` on stderr (the worker's), each line of ``text`` prefixed."""
+    import time
+
+    now = time.strftime("%H:%M:%S")
+    sys.stderr.write("".join(f"{now} task {task_id}: {line}\n" for line in text.splitlines() or [""]))
+    sys.stderr.flush()
+
+
+def _log_steps(task_id: str) -> None:
+    """``ctx.log`` of the task's steps (INFO and up) into the worker's log as ``overnight run``
+    shows them, named by task: a session starts with no logging set up (the fork server is a new
+    interpreter), so without this only warnings would reach stderr, unlabelled."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s task {task_id}: %(step)s: %(message)s", "%H:%M:%S",
+                                           defaults={"step": "-"}))
+    log = logging.getLogger("overnight.task")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
 def _die_with_parent(worker_pid: int) -> None:
     """SIGKILL this process when its parent (the worker, or the worker's fork server, which exits
     with the worker) dies; exit now if the worker is already gone."""
@@ -140,6 +169,7 @@ def _open(store_url: str):  # type: ignore[no-untyped-def]
 def main(argv: list[str]) -> int:
     store_url, task_id, token, ttl_ms, worker_pid = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
     _die_with_parent(worker_pid)
+    _log_steps(task_id)
     from overnight.errors import (LeaseLost, OvernightError, StaleHead, StepFailed, StoreBusy, StoreError,
                                   TaskBusy)
     from overnight.runtime.runner import Runner
@@ -213,6 +243,8 @@ def main(argv: list[str]) -> int:
                       f"directory the task was submitted from, then `overnight retry {task_id}`)")
 
     def at_step_end(ev: Any) -> None:  # `overnight cancel` takes effect at the next step boundary
+        if ev.kind in _SAID:  # into the worker's log, named by task: sessions of one worker share it
+            _say(task_id, _SAID[ev.kind].format(step=ev.step, detail=getattr(ev, "detail", None) or ""))
         if ev.kind == "step_end" and not cancelled.is_set() and not (watch is not None and watch.alive):
             try:
                 if q.cancel_requested(task_id, token):
@@ -238,6 +270,8 @@ def main(argv: list[str]) -> int:
         return 0
     except StepFailed as exc:
         stop.set()
+        cause = exc.__cause__ or exc
+        _say(task_id, "".join(traceback.format_exception(type(cause), cause, cause.__traceback__)).rstrip())
         return finish("failed", exc.message)
     except StoreError:
         return EXIT_STORE_GONE  # nothing half-done is committed; the worker retries later

@@ -171,6 +171,13 @@ class Worker:
     # -- signals ---------------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signals += 1
+        name = signal.Signals(signum).name
+        if self._signals == 1:
+            LOG.warning("%s: %s, then exiting (signal again to abandon the steps in flight)", name,
+                        f"letting {len(self._children)} session(s) finish the step in flight and commit"
+                        if self._children else "claiming nothing more")
+        elif self._signals == 2:
+            LOG.warning("%s again: abandoning the steps in flight (nothing of them is committed)", name)
         for child in self._children.values():
             self._forward(child, 1)
 
@@ -273,6 +280,11 @@ class Worker:
                 if status == "failed":
                     self.stats.parked += 1
                     LOG.warning("task %s parked failed after %s", task.task_id, reason)
+                elif status == "queued":
+                    row = q.get(task.task_id)
+                    LOG.warning("task %s: %s (death %s of %d in a row); queued again%s", task.task_id, reason,
+                                row.deaths if row else "?", self.max_deaths,
+                                f" in {max(row.not_before_ms - now_ms(), 0) / 1000:.0f} s" if row else "")
                 return
             except ConfigError:
                 raise
@@ -316,21 +328,53 @@ class Worker:
             return None
         self.stats.claim_ms.append((time.perf_counter() - t0) * 1000)
         self.stats.claimed += 1
-        LOG.info("claimed task %s%s", task.task_id,
-                 f" (taken over: holder {task.worker_id or '?'} stopped heartbeating)" if task.taken_over else "")
         if task.taken_over:  # its previous holder died or stalled: that is a death of the task
+            LOG.warning("task %s: its holder %s stopped heartbeating; taking it over", task.task_id,
+                        task.previous_worker or "?")
             self.stats.takeovers += 1
             head = self._q().store.get_ref(task.task_id, "main")
-            if self._q().record_death(task, head, f"holder {task.worker_id or '?'} stopped heartbeating",
+            if self._q().record_death(task, head, f"holder {task.previous_worker or '?'} stopped heartbeating",
                                       base_s=0.0, max_deaths=self.max_deaths) == "failed":
                 self.stats.parked += 1
                 return None
             self._again = True  # queued again without delay (base 0): claim it (or another) at once
             return None
+        LOG.info("claimed task %s", task.task_id)
         return task
 
+    def _id_free(self) -> None:
+        """Refuse a ``worker_id`` that a live worker uses (``overnight workers`` would show one row
+        for two workers, and each would overwrite the other's). Live: not ``stopped``, a heartbeat
+        within the lease, and on this host a process that still runs.
+
+        Raises:
+            ConfigError: the id is in use (the message names its host and pid).
+        """
+        try:
+            rows = [w for w in self._q().workers() if w.worker_id == self.worker_id]
+        except OvernightError:
+            return  # the store is away: the loop retries it; the check is a courtesy
+        for w in rows:
+            if w.state == "stopped" or now_ms() - w.heartbeat_ms > self.lease_ms or (w.host, w.pid) == (
+                    socket.gethostname(), os.getpid()):
+                continue
+            if w.host == socket.gethostname():
+                try:
+                    os.kill(w.pid, 0)
+                except ProcessLookupError:
+                    continue  # that worker died on this host
+                except PermissionError:
+                    pass
+            raise ConfigError(f"worker id {self.worker_id!r} is in use by pid {w.pid} on {w.host} (heartbeat "
+                              f"{(now_ms() - w.heartbeat_ms) / 1000:.0f} s ago)",
+                              hint="give each worker its own --worker-id (the default, HOST-PID, is unique)")
+
     def run(self) -> int:
-        """Run until stopped, ``max_tasks`` or ``idle_exit_s``. Returns the exit status (0)."""
+        """Run until stopped, ``max_tasks`` or ``idle_exit_s``. Returns the exit status (0).
+
+        Raises:
+            ConfigError: ``worker_id`` is used by a live worker (:meth:`_id_free`)."""
+        self._id_free()
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         LOG.info("worker %s: claiming from queue %s on %s (lease %.0f s, %d task(s) at once)", self.worker_id,
                  ", ".join(self.queues), _without_password(self.store_url), self.lease_ms / 1000,
@@ -340,7 +384,10 @@ class Worker:
         delay = 0.5
         try:
             while True:
+                held = len(self._children)
                 self._reap()
+                if len(self._children) != held:
+                    next_beat = 0.0  # `overnight workers` shows the tasks held as they change
                 if self.stopping and not self._children:
                     break
                 done = self.max_tasks is not None and self.stats.claimed - self.stats.takeovers >= self.max_tasks
@@ -357,6 +404,7 @@ class Worker:
                             self._q().release(claimed.task_id, claimed.claim_token)
                         elif claimed is not None:
                             self._spawn(claimed)
+                            next_beat = 0.0
                             if self.stopping:  # ... or while the session started: pass it on
                                 self._forward(self._children[claimed.task_id])
                     delay = 0.5
@@ -385,6 +433,8 @@ class Worker:
                 self._beat("stopped")
             except OvernightError:
                 pass
+            LOG.info("worker %s stopped (%d task(s) claimed, %d session death(s), %d parked)", self.worker_id,
+                     self.stats.claimed, self.stats.deaths, self.stats.parked)
             self._drop_store()
             stats_path = os.environ.get("OVERNIGHT_WORKER_STATS")  # `overnight bench fleet` reads these
             if stats_path:

@@ -67,6 +67,7 @@ class QueuedTask:
             checkpoint starts counting again).
         cancel_requested: ``overnight cancel`` on a running task: its holder stops at the next step.
         taken_over: set on the row a claim returns when it took over a ``running`` row.
+        previous_worker: on such a row, the worker that held it (``worker_id`` is the claimer's).
     """
 
     task_id: str
@@ -92,6 +93,7 @@ class QueuedTask:
     progress_head: str | None = None
     cancel_requested: bool = False
     taken_over: bool = False
+    previous_worker: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

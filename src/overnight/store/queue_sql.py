@@ -138,6 +138,7 @@ class SqlQueue:
                 return None
             task = row_to_task(found)
             task.taken_over = task.status == "running"
+            task.previous_worker = task.worker_id if task.taken_over else None
             task.status, task.claim_token, task.worker_id = "running", task.claim_token + 1, worker_id
             task.host, task.pid, task.attempts = socket.gethostname(), None, task.attempts + 1
             task.claimed_ms, task.heartbeat_ms, task.claim_expires_ms = now, now, now + ttl_ms
