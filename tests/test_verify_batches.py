@@ -57,16 +57,47 @@ def test_a_damaged_chunk_among_many_batches_is_found_and_named(tmp_path):
     chunks = BlobReader(store).reachable(victim.digest)[2:]
     _damage(path, chunks[len(chunks) // 2])
 
-    reports = [verify_store(store, all_objects=True, workers=w) for w in (1, 4)]
+    reports = [verify_store(store, all_objects=True, workers=w, processes=p) for w, p in ((1, 0), (4, 0), (2, 2))]
     for report in reports:
         assert not report.ok
         named = [p for p in report.problems if chunks[len(chunks) // 2] in p.detail]
         assert {p.check for p in named} == {"artifact 'a/0077.txt'", "object"}, report.problems
         assert report.bytes_verified == clean.bytes_verified - victim.size  # every other artifact hashed
         assert report.objects_invalid == 2  # the chunk, and the artifact made of it
-    a, b = ([(p.task_id, p.checkpoint_id, p.check, p.detail) for p in r.problems] for r in reports)
-    assert sorted(a, key=repr) == sorted(b, key=repr)  # the same findings on 1 thread and on 4
-    assert reports[0].checkpoints_invalid == reports[1].checkpoints_invalid >= 1
+    a, b, c = ([(p.task_id, p.checkpoint_id, p.check, p.detail) for p in r.problems] for r in reports)
+    assert sorted(a, key=repr) == sorted(b, key=repr) == sorted(c, key=repr)  # the same on 1 thread, 4, 2 processes
+    assert reports[0].checkpoints_invalid == reports[1].checkpoints_invalid == reports[2].checkpoints_invalid >= 1
+
+
+def test_content_checked_in_helper_processes_counts_what_threads_count(tmp_path, monkeypatch):
+    """Helper processes (``processes=2``) verify exactly what the threads verify: the same
+    objects, bytes and dangling objects (ditto copies of live objects are not dangling); a helper
+    that cannot open the store leaves every batch to the calling thread, with the same result."""
+    path = tmp_path / "s.db"
+    overnight.run(_task(40, 30_000), f"sqlite://{path}", handle_signals=False)
+    store = open_url(f"sqlite://{path}")
+    store.put_objects([_loose(b"a dangling blob, referenced by nothing")])
+    fields = ("ok", "checkpoints", "objects_checked", "objects_invalid", "dangling_objects", "bytes_verified", "heads")
+
+    def summary(report):
+        return {f: getattr(report, f) for f in fields}
+
+    threads = summary(verify_store(store, all_objects=True, processes=0))
+    assert threads["ok"] and threads["dangling_objects"] == 1
+    assert summary(verify_store(store, all_objects=True, processes=2)) == threads
+    assert summary(verify_store(store, ["many"], processes=1)) == summary(verify_store(store, ["many"], processes=0))
+    import overnight.verify.fsck as fsck
+
+    monkeypatch.setattr(fsck, "reopen_url", lambda s: f"sqlite://{tmp_path / 'no-such-store.db'}")
+    assert summary(verify_store(store, all_objects=True, processes=2)) == threads
+
+
+def _loose(data: bytes):
+    from overnight.codec import compress
+    from overnight.store.base import ObjectRecord
+
+    codec, stored = compress.compress(data)
+    return ObjectRecord(digest.sha256(data), "blob", len(data), codec, stored)
 
 
 def test_verify_many_names_each_bad_blob_and_checks_the_rest(tmp_path):

@@ -31,14 +31,19 @@ from overnight.codec.compress import decompress
 from overnight.codec.digest import from_raw
 from overnight.errors import CheckpointNotFound, DecodeError, IntegrityError, OvernightError, short_id
 from overnight.store.base import CheckpointRow, ObjectRecord, Store
-from overnight.chain.ditto import CopyReader, HealingReader, ditto_key, rewrite_record
+from overnight.chain.ditto import CopyReader, HealingReader, rewrite_record
 from overnight.chain.integrity import BoundedPageCache, PageCache, load_checkpoint
 from overnight.chain.reachability import lineage
 from overnight.chain.rollback import find_rollback
+from overnight.verify.content_proc import Helper, HelperGone, reopen_url
 
 
 _AHEAD = 64
 """Checkpoints whose state documents and new pages are fetched ahead together (:class:`_Prefetched`)."""
+
+_HELPERS_FROM = 256
+"""Checks of at least this many checkpoints hash content in helper processes by default (a
+process costs ~0.2 s of CPU to start: worth it only for a large check)."""
 
 
 @dataclass
@@ -99,16 +104,18 @@ def _index_mismatches(row: Any, record: Any) -> list[str]:
 
 
 class _ContentCheck:
-    """Object content checks on a thread pool: digests are queued, checked in batches of
-    ``batch`` (one store call each, :meth:`~overnight.store.blobs.BlobReader.verify_many`) by
-    ``workers`` threads, and the results handed back on the calling thread, which checks the
-    records meanwhile. Decompression and SHA-256 release the GIL, so the two overlap. At most
+    """Object content checks beside the record checks: digests are queued, checked in batches of
+    ``batch`` (one store call each, :meth:`~overnight.store.blobs.BlobReader.verify_many`), and
+    the results handed back on the calling thread, which checks the records meanwhile. The batches
+    go to helper processes when :meth:`start_helpers` started any (:mod:`overnight.verify.content_proc`:
+    each its own interpreter, so the content check runs on another core whatever the GIL), else to
+    ``workers`` threads (decompression and SHA-256 release the GIL, the rest does not). At most
     ``2 * workers`` batches are in flight, and results are taken as they come, so memory stays
     bounded whatever the store's size.
 
-    A digest that fails in a batch is verified again on the calling thread with the healing reader
-    -- exactly the one-object path of a plain ``verify`` -- which heals it from its ditto copy or
-    raises the error that names it (with its ``context``).
+    A digest that fails in a batch (or whose helper died) is verified again on the calling thread
+    with the healing reader -- exactly the one-object path of a plain ``verify`` -- which heals it
+    from its ditto copy or raises the error that names it (with its ``context``).
     """
 
     def __init__(self, reader: HealingReader, workers: int, batch: int = 64) -> None:
@@ -117,9 +124,29 @@ class _ContentCheck:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="overnight-verify")
         self.workers = workers
         self.batch = batch
+        self.helpers: list[Helper] = []
+        self._turn = 0
+        self.copy_of: dict[str, str] = {}
+        """Copy key -> original, for the copy objects the helpers verified."""
         self.queued: dict[str, str] = {}
         self.in_flight: deque[tuple[dict[str, str], Future]] = deque()
         self.results: list[tuple[str, int | OvernightError]] = []
+
+    def start_helpers(self, url: str | None, count: int) -> None:
+        """Check the batches in ``count`` helper processes opening the store at ``url`` (none
+        when ``url`` is None or a process cannot be started: the threads check them)."""
+        if url is None:
+            return
+        for _ in range(count):
+            try:
+                self.helpers.append(Helper(url, "verify"))
+            except OSError:
+                break
+        self.workers = max(self.workers, len(self.helpers))
+
+    def original_of(self, d: str) -> str | None:
+        """The digest ``d`` is a ditto copy of, if it was verified as one (None otherwise)."""
+        return self.copy_of.get(d) or self.fast.copy_of.get(d) or self.reader.copy_of.get(d)
 
     def add(self, d: str, context: str) -> None:
         """Queue ``d`` (``context`` names its user in an error)."""
@@ -129,13 +156,26 @@ class _ContentCheck:
 
     def _submit(self) -> None:
         part, self.queued = self.queued, {}
-        self.in_flight.append((part, self.pool.submit(self.fast.verify_many, part, "verify")))
+        helpers = [h for h in self.helpers if h.alive]
+        if helpers:
+            self._turn += 1
+            future = helpers[self._turn % len(helpers)].submit(list(part))
+        else:
+            future = self.pool.submit(self.fast.verify_many, part, "verify")
+        self.in_flight.append((part, future))
         while len(self.in_flight) > 2 * self.workers:
             self._collect()
 
     def _collect(self) -> None:
         part, future = self.in_flight.popleft()
-        sizes, _ = future.result()
+        try:
+            result = future.result()
+        except HelperGone:
+            result = ({}, [])
+        sizes = result[0]
+        if len(result) == 3:  # a helper's: what it verified on the way, and the copies' originals
+            self.reader.verified.update(result[1])
+            self.copy_of.update(result[2])
         for d, context in part.items():
             if d in sizes:
                 self.results.append((d, sizes[d]))
@@ -157,6 +197,8 @@ class _ContentCheck:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+        for helper in self.helpers:
+            helper.close()
 
 
 class _Prefetched:
@@ -244,6 +286,7 @@ def verify_store(
     on_progress: Callable[[int, int], None] | None = None,
     repair: bool = False,
     workers: int | None = None,
+    processes: int | None = None,
 ) -> VerifyReport:
     """Check ``task_ids`` (default: every task) and, with ``all_objects``, every stored object.
 
@@ -253,7 +296,10 @@ def verify_store(
 
     Records are checked in order on the calling thread while artifact blobs and (``all_objects``)
     the other stored objects are hashed on ``workers`` threads (default: the CPU count, at most
-    4), in batches fetched with one store call each.
+    4), in batches fetched with one store call each -- or, with ``processes`` helper processes
+    (default: as many as threads, for a check of at least 256 checkpoints of an SQLite, file or
+    PostgreSQL store, which a helper can open again; 0: threads only), in those
+    (:mod:`overnight.verify.content_proc`), each on its own core.
 
     Raises:
         TaskNotFound: a named task does not exist.
@@ -265,7 +311,7 @@ def verify_store(
     reader = HealingReader(fetched, verified, write_back=repair)  # type: ignore[arg-type]
     content = _ContentCheck(reader, workers or min(4, os.cpu_count() or 1))
     try:
-        _verify(fetched, task_ids, key, all_objects, on_progress, repair, report, reader, content)
+        _verify(fetched, task_ids, key, all_objects, on_progress, repair, report, reader, content, processes)
     finally:
         content.close()
     report.seconds = time.perf_counter() - t0
@@ -274,7 +320,7 @@ def verify_store(
 
 def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, all_objects: bool,
             on_progress: Callable[[int, int], None] | None, repair: bool, report: VerifyReport,
-            reader: HealingReader, content: _ContentCheck) -> None:
+            reader: HealingReader, content: _ContentCheck, processes: int | None = None) -> None:
     """The body of :func:`verify_store`, filling ``report``."""
     verified = reader.verified
     pages: PageCache = BoundedPageCache()
@@ -285,6 +331,10 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
     total = sum(len(r) for r in rows_by_task.values())
     done = 0
     report.tasks = len(tasks)
+    helpers = processes if processes is not None else \
+        min(content.workers, os.cpu_count() or 1) if total >= _HELPERS_FROM else 0
+    if helpers > 0:
+        content.start_helpers(reopen_url(store._store), helpers)
     waiting: dict[str, list[tuple[str, str, str]]] = {}  # queued digest -> (task, checkpoint, what) using it
 
     def blob(task_id: str, cid: str, d: str, what: str) -> None:
@@ -396,14 +446,14 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
             except IntegrityError as exc:
                 found = [exc.message]
             report.problems.extend(Problem(None, None, "medium", detail) for detail in found)
-        copies = {ditto_key(d) for d in chain(verified, (r.checkpoint_id for rs in rows_by_task.values() for r in rs))}
+        live = set(chain(verified, (r.checkpoint_id for rs in rows_by_task.values() for r in rs)))
         unreferenced = [d for d in store.iter_object_digests() if d not in verified and d not in bad_objects]
         report.dangling_objects = len(unreferenced)
 
         def tally(results: list[tuple[str, int | OvernightError]]) -> None:
             for d, result in results:
                 if isinstance(result, int):
-                    if d in copies:
+                    if content.original_of(d) in live:
                         report.dangling_objects -= 1  # the ditto copy of a live object or record
                 else:
                     bad_objects.add(d)
