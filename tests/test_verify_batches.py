@@ -205,3 +205,29 @@ def test_verify_reads_each_page_of_a_long_history_once(tmp_path):
     assert len(middle) == 3  # 257 entries (the plan and 256 writes): five pages
     assert [reads.get(r.digest, 0) for r in middle] == [1, 1, 1]
     store.close()
+
+
+@pytest.mark.parametrize("entries,new", [
+    ([{"a": 1}, {"a": "x,y"}, {"a": [1, 2]}], b'[{"a":"x,y"},{"a":[1,2]}]'),  # first entry taken off
+    ([{"a": 1}, {"a": "x,y"}, {"a": [1, 2]}], b'[{"a":[1,2]}]'),  # two taken off
+    ([{"a": 'p","q'}, {"a": 2}], b'[{"a":2}]'),  # a comma and quotes inside a string
+    ([{"a": [1, 2]}, {"a": 3}], b'[2]},{"a":3}]'),  # a cut inside an entry: not a trimmed page
+    ([{"a": 1}, {"a": 2}], b'[{"a":2},{"a":3}]'),  # taken off and appended: parsed whole
+])
+def test_a_page_consumed_from_the_front_is_what_a_whole_parse_gives(entries, new):
+    """A todo page whose first entries were taken off is recognised without parsing the entries
+    left (they are the previous page's): only when the cut falls between two entries; the result
+    is exactly the whole parse's, and anything else is left to the whole parse."""
+    from pydantic import TypeAdapter
+
+    from overnight.chain.integrity import Page, _extend
+
+    adapter = TypeAdapter(list[dict])
+    prev_raw = dumps(entries)
+    prev = Page({"digest": digest.sha256(prev_raw), "size": len(prev_raw)}, entries, adapter.validate_python(entries))
+    got = _extend(prev_raw, prev, new, adapter)
+    whole = canonical_tree(new)
+    if whole is None or new.endswith(b'{"a":3}]'):
+        assert got is None
+    else:
+        assert got is not None and got[0] == whole and got[1] == adapter.validate_python(whole)

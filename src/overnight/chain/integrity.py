@@ -371,7 +371,11 @@ def _extend(prev_raw: bytes, prev: Page, raw: bytes, adapter: TypeAdapter) -> tu
     bracket, a comma, the new entries, the bracket -- parsing and validating only the new ones;
     None when ``raw`` is not that (the caller parses it whole). The entries of a page are
     validated one by one, so this checks exactly what a whole parse checks: the appended part
-    alone is canonical, and a dict page's new names are not already on it (a duplicate member)."""
+    alone is canonical, and a dict page's new names are not already on it (a duplicate member).
+    A list page that is ``prev`` with its first entries taken off is recognised too
+    (:func:`_trimmed`)."""
+    if not prev.migrated and isinstance(prev.tree, list) and 2 < len(raw) < len(prev_raw):
+        return _trimmed(prev_raw, prev, raw)
     if prev.migrated or not prev.tree or len(raw) <= len(prev_raw) or raw[len(prev_raw) - 1] != ord(",") \
             or not raw.startswith(prev_raw[:-1]) or raw[-1] != prev_raw[-1]:
         return None
@@ -386,6 +390,22 @@ def _extend(prev_raw: bytes, prev: Page, raw: bytes, adapter: TypeAdapter) -> tu
         return [*prev.tree, *tail], [*prev.entries, *adapter.validate_python(tail)]
     except ValidationError:
         return None
+
+
+def _trimmed(prev_raw: bytes, prev: Page, raw: bytes) -> tuple[Any, Any] | None:
+    """``(tree, validated entries)`` of list-page bytes ``raw`` that are the verified page ``prev``
+    (canonical bytes ``prev_raw``) with its first entries taken off -- ``[``, then the bytes of
+    ``prev_raw`` after the comma that ends them -- without parsing or validating anything: the
+    entries left are ``prev``'s, encoded as they were (a todo page consumed from the front).
+    The bytes taken off must parse as those first entries, so the cut is between two entries
+    (a cut inside an entry, a string or a nested value leaves them unbalanced). None otherwise."""
+    cut = len(prev_raw) - len(raw) + 1  # where the entries kept start in prev_raw
+    if raw[0] != ord("[") or prev_raw[cut - 1] != ord(",") or not prev_raw.endswith(raw[1:]):
+        return None
+    head = canonical_tree(prev_raw[: cut - 1] + b"]")
+    if not isinstance(head, list) or not 0 < len(head) < len(prev.tree) or head != prev.tree[: len(head)]:
+        return None
+    return prev.tree[len(head):], prev.entries[len(head):]
 
 
 def parse_record(row: CheckpointRow, *, key: bytes | None) -> CheckpointRecord:
