@@ -49,11 +49,8 @@ def reopen_url(store: Store) -> str | None:
         return f"sqlite://{store.path.resolve()}"
     if type(store) is FileStore:
         return f"file://{store.path.resolve()}"
-    try:
-        from overnight.store.postgres import PostgresStore
-    except ImportError:  # the postgres extra is not installed: no such store either
-        return None
-    if type(store) is PostgresStore:
+    postgres = sys.modules.get("overnight.store.postgres")  # a PostgresStore exists only once it is imported
+    if postgres is not None and type(store) is postgres.PostgresStore:
         return store.url
     return None
 

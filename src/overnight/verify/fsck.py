@@ -41,9 +41,10 @@ from overnight.verify.content_proc import Helper, HelperGone, reopen_url
 _AHEAD = 64
 """Checkpoints whose state documents and new pages are fetched ahead together (:class:`_Prefetched`)."""
 
-_HELPERS_FROM = 256
-"""Checks of at least this many checkpoints hash content in helper processes by default (a
-process costs ~0.2 s of CPU to start: worth it only for a large check)."""
+_HELPERS_AFTER = 32_000_000
+"""Bytes of content queued (artifacts' sizes) after which helper processes start by default: a
+process costs ~0.2 s of CPU to start, worth it only for a check with much to hash (the batches
+queued before are hashed by the threads)."""
 
 
 @dataclass
@@ -125,6 +126,9 @@ class _ContentCheck:
         self.workers = workers
         self.batch = batch
         self.helpers: list[Helper] = []
+        self._plan: tuple[str, int] | None = None
+        self._start_at = 0
+        self._queued_bytes = 0
         self._turn = 0
         self.copy_of: dict[str, str] = {}
         """Copy key -> original, for the copy objects the helpers verified."""
@@ -132,11 +136,20 @@ class _ContentCheck:
         self.in_flight: deque[tuple[dict[str, str], Future]] = deque()
         self.results: list[tuple[str, int | OvernightError]] = []
 
-    def start_helpers(self, url: str | None, count: int) -> None:
-        """Check the batches in ``count`` helper processes opening the store at ``url`` (none
-        when ``url`` is None or a process cannot be started: the threads check them)."""
-        if url is None:
+    def start_helpers(self, url: str | None, count: int, *, after_bytes: int = 0) -> None:
+        """Check the batches in ``count`` helper processes opening the store at ``url``, started
+        once ``after_bytes`` of content were queued (none when ``url`` is None or a process
+        cannot be started: the threads check them)."""
+        if url is None or count <= 0:
             return
+        self._plan, self._start_at = (url, count), after_bytes
+        if self._queued_bytes >= after_bytes:
+            self._start()
+
+    def _start(self) -> None:
+        assert self._plan is not None
+        url, count = self._plan
+        self._plan = None
         for _ in range(count):
             try:
                 self.helpers.append(Helper(url, "verify"))
@@ -148,8 +161,11 @@ class _ContentCheck:
         """The digest ``d`` is a ditto copy of, if it was verified as one (None otherwise)."""
         return self.copy_of.get(d) or self.fast.copy_of.get(d) or self.reader.copy_of.get(d)
 
-    def add(self, d: str, context: str) -> None:
-        """Queue ``d`` (``context`` names its user in an error)."""
+    def add(self, d: str, context: str, size: int = 0) -> None:
+        """Queue ``d`` (``context`` names its user in an error; ``size``: its bytes, if known)."""
+        self._queued_bytes += size
+        if self._plan is not None and self._queued_bytes >= self._start_at:
+            self._start()
         self.queued[d] = context
         if len(self.queued) >= self.batch:
             self._submit()
@@ -296,10 +312,12 @@ def verify_store(
 
     Records are checked in order on the calling thread while artifact blobs and (``all_objects``)
     the other stored objects are hashed on ``workers`` threads (default: the CPU count, at most
-    4), in batches fetched with one store call each -- or, with ``processes`` helper processes
-    (default: as many as threads, for a check of at least 256 checkpoints of an SQLite, file or
-    PostgreSQL store, which a helper can open again; 0: threads only), in those
-    (:mod:`overnight.verify.content_proc`), each on its own core.
+    4), in batches fetched with one store call each -- or in ``processes`` helper processes
+    (:mod:`overnight.verify.content_proc`), each its own interpreter, so the hashing runs on
+    another core whatever the GIL. Default: one per core but the calling thread's (at most
+    ``workers``), started once 32 MB of content were queued, for an SQLite, file or PostgreSQL
+    store, which a helper can open again; 0: threads only. A helper that cannot start or dies leaves its
+    batches to the calling thread.
 
     Raises:
         TaskNotFound: a named task does not exist.
@@ -331,13 +349,12 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
     total = sum(len(r) for r in rows_by_task.values())
     done = 0
     report.tasks = len(tasks)
-    helpers = processes if processes is not None else \
-        min(content.workers, os.cpu_count() or 1) if total >= _HELPERS_FROM else 0
-    if helpers > 0:
-        content.start_helpers(reopen_url(store._store), helpers)
+    cores = os.cpu_count() or 1  # one core checks the records; the others hash in helpers
+    helpers = processes if processes is not None else min(content.workers, cores - 1)
+    content.start_helpers(reopen_url(store._store), helpers, after_bytes=0 if processes is not None else _HELPERS_AFTER)
     waiting: dict[str, list[tuple[str, str, str]]] = {}  # queued digest -> (task, checkpoint, what) using it
 
-    def blob(task_id: str, cid: str, d: str, what: str) -> None:
+    def blob(task_id: str, cid: str, d: str, what: str, size: int = 0) -> None:
         if d in verified:
             return
         if d in bad_objects:
@@ -345,7 +362,7 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
             return
         if d not in waiting:
             waiting[d] = []
-            content.add(d, f"checkpoint {short_id(cid)} {what}")
+            content.add(d, f"checkpoint {short_id(cid)} {what}", size)
         waiting[d].append((task_id, cid, what))
 
     def settle(*, wait: bool) -> None:
@@ -391,13 +408,13 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                         "listings may mislead, loading uses the record)"))
                 blob(task.task_id, row.checkpoint_id, loaded.record.state.digest, "state")
                 for name, ref in loaded.doc.values.items():
-                    blob(task.task_id, row.checkpoint_id, ref.digest, f"state value {name!r}")
+                    blob(task.task_id, row.checkpoint_id, ref.digest, f"state value {name!r}", ref.size)
                 for page in loaded.artifact_pages:
                     if page.ref["digest"] in artifact_pages_checked:
                         continue  # a page seen in an earlier checkpoint: its artifacts are checked
                     artifact_pages_checked.add(page.ref["digest"])
                     for name, art in page.entries.items():
-                        blob(task.task_id, row.checkpoint_id, art.digest, f"artifact {name!r}")
+                        blob(task.task_id, row.checkpoint_id, art.digest, f"artifact {name!r}", art.size)
                 parent = row.parent_id
                 if parent is not None:
                     p = by_id.get(parent)
