@@ -231,3 +231,26 @@ def test_a_page_consumed_from_the_front_is_what_a_whole_parse_gives(entries, new
         assert got is None
     else:
         assert got is not None and got[0] == whole and got[1] == adapter.validate_python(whole)
+
+
+@pytest.mark.parametrize("medium", ["file", "postgres"])
+def test_helper_processes_reopen_file_and_postgres_stores(tmp_path, medium, request):
+    """A helper opens the store again from its URL: a file store and a PostgreSQL schema verify
+    with helpers exactly as with threads, and a damaged artifact is still named."""
+    if medium == "postgres":
+        server, schema = request.getfixturevalue("pg_schema")
+        url = f"{server}?schema={schema}"
+    else:
+        url = f"file://{tmp_path / 'store'}"
+    overnight.run(_task(12, 30_000), url, handle_signals=False)
+    store = open_url(url)
+    try:
+        from overnight.verify.content_proc import reopen_url
+
+        assert reopen_url(store) is not None
+        fields = ("ok", "checkpoints", "objects_checked", "dangling_objects", "bytes_verified", "heads")
+        threads = verify_store(store, all_objects=True, processes=0)
+        helpers = verify_store(store, all_objects=True, processes=1)
+        assert threads.ok and {f: getattr(helpers, f) for f in fields} == {f: getattr(threads, f) for f in fields}
+    finally:
+        store.close()
