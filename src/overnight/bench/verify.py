@@ -173,7 +173,7 @@ class VerifyBench:
 
     def markdown(self) -> str:
         lines = ["| store | check | wall s | CPU s | MB/s hashed | x floor (sha256 in memory, MB/s) "
-                 "| calling thread CPU s | MB/s the CPU allows on 2 free cores | peak RSS MB (before the check) |",
+                 "| calling thread CPU s | MB/s the CPU allows on 2 free cores | peak RSS MB (before the check) "
                  "| helpers: processes, CPU s, peak RSS MB |",
                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in self.runs:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from itertools import chain
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -463,14 +462,18 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
             except IntegrityError as exc:
                 found = [exc.message]
             report.problems.extend(Problem(None, None, "medium", detail) for detail in found)
-        live = set(chain(verified, (r.checkpoint_id for rs in rows_by_task.values() for r in rs)))
         unreferenced = [d for d in store.iter_object_digests() if d not in verified and d not in bad_objects]
+        records = {r.checkpoint_id for rs in rows_by_task.values() for r in rs}
+        outside = set(unreferenced)  # live: a record, or an object verified before this scan (not one of these)
+
+        def live(d: str | None) -> bool:
+            return d is not None and (d in records or (d in verified and d not in outside))
         report.dangling_objects = len(unreferenced)
 
         def tally(results: list[tuple[str, int | OvernightError]]) -> None:
             for d, result in results:
                 if isinstance(result, int):
-                    if content.original_of(d) in live:
+                    if live(content.original_of(d)):
                         report.dangling_objects -= 1  # the ditto copy of a live object or record
                 else:
                     bad_objects.add(d)
