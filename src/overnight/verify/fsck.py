@@ -110,8 +110,8 @@ class _ContentCheck:
     go to helper processes when :meth:`start_helpers` started any (:mod:`overnight.verify.content_proc`:
     each its own interpreter, so the content check runs on another core whatever the GIL), else to
     ``workers`` threads (decompression and SHA-256 release the GIL, the rest does not). At most
-    ``2 * workers`` batches are in flight, and results are taken as they come, so memory stays
-    bounded whatever the store's size.
+    ``2 * workers`` batches (8 per helper) are in flight, and results are taken as they come, so
+    memory stays bounded whatever the store's size.
 
     A digest that fails in a batch (or whose helper died) is verified again on the calling thread
     with the healing reader -- exactly the one-object path of a plain ``verify`` -- which heals it
@@ -154,7 +154,7 @@ class _ContentCheck:
                 self.helpers.append(Helper(url, "verify"))
             except OSError:
                 break
-        self.workers = max(self.workers, len(self.helpers))
+        self.workers = max(self.workers, 4 * len(self.helpers))  # a helper's batches wait in its pipe, not in memory
 
     def original_of(self, d: str) -> str | None:
         """The digest ``d`` is a ditto copy of, if it was verified as one (None otherwise)."""
