@@ -184,6 +184,8 @@ def main(argv: list[str]) -> int:
         _serve(argv[0], argv[1], sys.stdin.buffer, out)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         return 1
+    except Exception:  # the store did not open, say: the caller checks the batches itself, and says
+        return 2  # what is wrong with them (a traceback here would only interleave with its output)
     return 0
 
 
