@@ -12,12 +12,12 @@ skips them as after a thread's check) and the original of each ditto copy it ver
 failed is only left out: the caller checks it again itself, with the healing reader, which names
 the fault or heals it (nothing a helper says is trusted beyond "these digests hashed right").
 
-Protocol (private to this module): the parent writes pickled ``(batch id, [digest, ...])`` frames
-to the child's stdin, ``None`` to stop; the child writes pickled ``(batch id, {digest: size},
+Protocol (private to this module): the parent writes the store URL, then pickled ``(batch id,
+[digest, ...])`` frames to the child's stdin, ``None`` to stop; the child writes pickled ``(batch id, {digest: size},
 [verified digest, ...], {copy key: original digest})`` frames to its stdout. A child that dies or
 cannot open the store fails its pending batches (the caller re-checks them) and takes no more.
 
-Run as ``python -m overnight.verify.content_proc STORE_URL``.
+Run as ``python -m overnight.verify.content_proc CONTEXT`` (the text naming the check in errors).
 """
 
 from __future__ import annotations
@@ -70,9 +70,15 @@ class Helper:
         src = str(Path(__file__).resolve().parents[2])  # where this overnight is imported from
         path = os.environ.get("PYTHONPATH", "")
         env = {**os.environ, "PYTHONPATH": src + (os.pathsep + path if path else "")}
-        self.proc = subprocess.Popen([sys.executable, "-m", "overnight.verify.content_proc", url, context],
+        self.proc = subprocess.Popen([sys.executable, "-m", "overnight.verify.content_proc", context],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
         self.alive = True
+        try:  # the URL goes through the pipe, not the command line (`ps` shows a password in it)
+            assert self.proc.stdin is not None
+            pickle.dump(url, self.proc.stdin)
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            self.alive = False
         self._next = 0
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
@@ -155,11 +161,11 @@ class _Recording(set):
                 self.add(d)
 
 
-def _serve(url: str, context: str, inp: BinaryIO, out: BinaryIO) -> None:
+def _serve(context: str, inp: BinaryIO, out: BinaryIO) -> None:
     from overnight.chain.ditto import CopyReader
     from overnight.store import open_url
 
-    store = open_url(url, read_only=True)
+    store = open_url(pickle.load(inp), read_only=True)
     verified = _Recording()
     reader = CopyReader(store, verified)
     try:
@@ -181,7 +187,7 @@ def main(argv: list[str]) -> int:
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write to the frames' pipe
     try:
-        _serve(argv[0], argv[1], sys.stdin.buffer, out)
+        _serve(argv[0], sys.stdin.buffer, out)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         return 1
     except Exception:  # the store did not open, say: the caller checks the batches itself, and says
