@@ -10,9 +10,11 @@ counted as ``dangling_objects``, not errors; ditto copies of checked objects and
 checked and not counted). Each object is hashed once per run. A damaged or missing original whose
 ditto copy verifies is a problem ("healable") unless ``repair`` rewrote it (``healed``).
 
-Records are checked in order on the calling thread; object content is hashed in batches on a
-thread pool meanwhile (:class:`_ContentCheck`), and the next checkpoints' state documents and pages
-are fetched ahead in bulk (:class:`_Prefetched`). docs/perf.md describes the method and its figures.
+Records are checked in order on the calling thread; object content is hashed in batches
+meanwhile (:class:`_ContentCheck`) -- in helper processes for a large check of a store they can
+open again (:mod:`overnight.verify.content_proc`), else on a thread pool -- and the next
+checkpoints' state documents and pages are fetched ahead in bulk (:class:`_Prefetched`).
+docs/perf.md describes the method and its figures.
 """
 
 from __future__ import annotations
