@@ -42,7 +42,7 @@ from overnight.verify.content_proc import Helper, HelperGone, reopen_url
 _AHEAD = 64
 """Checkpoints whose state documents and new pages are fetched ahead together (:class:`_Prefetched`)."""
 
-_HELPERS_AFTER = 32_000_000
+_HELPERS_AFTER = 4_000_000
 """Bytes of content queued (artifacts' sizes) after which helper processes start by default: a
 process costs ~0.2 s of CPU to start, worth it only for a check with much to hash (the batches
 queued before are hashed by the threads)."""
