@@ -316,7 +316,7 @@ def verify_store(
     4), in batches fetched with one store call each -- or in ``processes`` helper processes
     (:mod:`overnight.verify.content_proc`), each its own interpreter, so the hashing runs on
     another core whatever the GIL. Default: one per core but the calling thread's (at most
-    ``workers``), started once 32 MB of content were queued, for an SQLite, file or PostgreSQL
+    ``workers``), started once 4 MB of content were queued, for an SQLite, file or PostgreSQL
     store, which a helper can open again; 0: threads only. A helper that cannot start or dies leaves its
     batches to the calling thread.
 
