@@ -57,16 +57,47 @@ def test_a_damaged_chunk_among_many_batches_is_found_and_named(tmp_path):
     chunks = BlobReader(store).reachable(victim.digest)[2:]
     _damage(path, chunks[len(chunks) // 2])
 
-    reports = [verify_store(store, all_objects=True, workers=w) for w in (1, 4)]
+    reports = [verify_store(store, all_objects=True, workers=w, processes=p) for w, p in ((1, 0), (4, 0), (2, 2))]
     for report in reports:
         assert not report.ok
         named = [p for p in report.problems if chunks[len(chunks) // 2] in p.detail]
         assert {p.check for p in named} == {"artifact 'a/0077.txt'", "object"}, report.problems
         assert report.bytes_verified == clean.bytes_verified - victim.size  # every other artifact hashed
         assert report.objects_invalid == 2  # the chunk, and the artifact made of it
-    a, b = ([(p.task_id, p.checkpoint_id, p.check, p.detail) for p in r.problems] for r in reports)
-    assert sorted(a, key=repr) == sorted(b, key=repr)  # the same findings on 1 thread and on 4
-    assert reports[0].checkpoints_invalid == reports[1].checkpoints_invalid >= 1
+    a, b, c = ([(p.task_id, p.checkpoint_id, p.check, p.detail) for p in r.problems] for r in reports)
+    assert sorted(a, key=repr) == sorted(b, key=repr) == sorted(c, key=repr)  # the same on 1 thread, 4, 2 processes
+    assert reports[0].checkpoints_invalid == reports[1].checkpoints_invalid == reports[2].checkpoints_invalid >= 1
+
+
+def test_content_checked_in_helper_processes_counts_what_threads_count(tmp_path, monkeypatch):
+    """Helper processes (``processes=2``) verify exactly what the threads verify: the same
+    objects, bytes and dangling objects (ditto copies of live objects are not dangling); a helper
+    that cannot open the store leaves every batch to the calling thread, with the same result."""
+    path = tmp_path / "s.db"
+    overnight.run(_task(40, 30_000), f"sqlite://{path}", handle_signals=False)
+    store = open_url(f"sqlite://{path}")
+    store.put_objects([_loose(b"a dangling blob, referenced by nothing")])
+    fields = ("ok", "checkpoints", "objects_checked", "objects_invalid", "dangling_objects", "bytes_verified", "heads")
+
+    def summary(report):
+        return {f: getattr(report, f) for f in fields}
+
+    threads = summary(verify_store(store, all_objects=True, processes=0))
+    assert threads["ok"] and threads["dangling_objects"] == 1
+    assert summary(verify_store(store, all_objects=True, processes=2)) == threads
+    assert summary(verify_store(store, ["many"], processes=1)) == summary(verify_store(store, ["many"], processes=0))
+    import overnight.verify.fsck as fsck
+
+    monkeypatch.setattr(fsck, "reopen_url", lambda s: f"sqlite://{tmp_path / 'no-such-store.db'}")
+    assert summary(verify_store(store, all_objects=True, processes=2)) == threads
+
+
+def _loose(data: bytes):
+    from overnight.codec import compress
+    from overnight.store.base import ObjectRecord
+
+    codec, stored = compress.compress(data)
+    return ObjectRecord(digest.sha256(data), "blob", len(data), codec, stored)
 
 
 def test_verify_many_names_each_bad_blob_and_checks_the_rest(tmp_path):
@@ -174,3 +205,52 @@ def test_verify_reads_each_page_of_a_long_history_once(tmp_path):
     assert len(middle) == 3  # 257 entries (the plan and 256 writes): five pages
     assert [reads.get(r.digest, 0) for r in middle] == [1, 1, 1]
     store.close()
+
+
+@pytest.mark.parametrize("entries,new", [
+    ([{"a": 1}, {"a": "x,y"}, {"a": [1, 2]}], b'[{"a":"x,y"},{"a":[1,2]}]'),  # first entry taken off
+    ([{"a": 1}, {"a": "x,y"}, {"a": [1, 2]}], b'[{"a":[1,2]}]'),  # two taken off
+    ([{"a": 'p","q'}, {"a": 2}], b'[{"a":2}]'),  # a comma and quotes inside a string
+    ([{"a": [1, 2]}, {"a": 3}], b'[2]},{"a":3}]'),  # a cut inside an entry: not a trimmed page
+    ([{"a": 1}, {"a": 2}], b'[{"a":2},{"a":3}]'),  # taken off and appended: parsed whole
+])
+def test_a_page_consumed_from_the_front_is_what_a_whole_parse_gives(entries, new):
+    """A todo page whose first entries were taken off is recognised without parsing the entries
+    left (they are the previous page's): only when the cut falls between two entries; the result
+    is exactly the whole parse's, and anything else is left to the whole parse."""
+    from pydantic import TypeAdapter
+
+    from overnight.chain.integrity import Page, _extend
+
+    adapter = TypeAdapter(list[dict])
+    prev_raw = dumps(entries)
+    prev = Page({"digest": digest.sha256(prev_raw), "size": len(prev_raw)}, entries, adapter.validate_python(entries))
+    got = _extend(prev_raw, prev, new, adapter)
+    whole = canonical_tree(new)
+    if whole is None or new.endswith(b'{"a":3}]'):
+        assert got is None
+    else:
+        assert got is not None and got[0] == whole and got[1] == adapter.validate_python(whole)
+
+
+@pytest.mark.parametrize("medium", ["file", "postgres"])
+def test_helper_processes_reopen_file_and_postgres_stores(tmp_path, medium, request):
+    """A helper opens the store again from its URL: a file store and a PostgreSQL schema verify
+    with helpers exactly as with threads, and a damaged artifact is still named."""
+    if medium == "postgres":
+        server, schema = request.getfixturevalue("pg_schema")
+        url = f"{server}?schema={schema}"
+    else:
+        url = f"file://{tmp_path / 'store'}"
+    overnight.run(_task(12, 30_000), url, handle_signals=False)
+    store = open_url(url)
+    try:
+        from overnight.verify.content_proc import reopen_url
+
+        assert reopen_url(store) is not None
+        fields = ("ok", "checkpoints", "objects_checked", "dangling_objects", "bytes_verified", "heads")
+        threads = verify_store(store, all_objects=True, processes=0)
+        helpers = verify_store(store, all_objects=True, processes=1)
+        assert threads.ok and {f: getattr(helpers, f) for f in fields} == {f: getattr(threads, f) for f in fields}
+    finally:
+        store.close()

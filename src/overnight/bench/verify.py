@@ -44,13 +44,19 @@ from overnight.store.sqlite import SQLiteStore
 from overnight.verify.fsck import verify_store
 store = SQLiteStore(sys.argv[1])
 task = sys.argv[2] or None
+processes = None if sys.argv[3] == "auto" else int(sys.argv[3])
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
-report = verify_store(store, [task] if task else None, all_objects=task is None)
+report = verify_store(store, [task] if task else None, all_objects=task is None, processes=processes)
 seconds, cpu, main = time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - m0
-print(json.dumps({"seconds": seconds, "cpu_s": cpu, "main_cpu_s": main, "bytes_verified": report.bytes_verified,
+after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the helper processes, ended and waited for
+helpers = after.ru_utime + after.ru_stime - kids.ru_utime - kids.ru_stime
+print(json.dumps({"seconds": seconds, "cpu_s": cpu + helpers, "main_cpu_s": main, "helpers_cpu_s": helpers,
+                  "bytes_verified": report.bytes_verified,
                   "objects_checked": report.objects_checked, "problems": len(report.problems),
-                  "rss_before_mb": before / 1024, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "rss_before_mb": before / 1024, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "helper_rss_mb": after.ru_maxrss / 1024 if helpers else 0.0}))
 """
 
 
@@ -69,6 +75,9 @@ class VerifyRun:
         objects_checked, problems: from the report (problems must be 0).
         rss_mb: the process's peak RSS, MB; ``rss_before_mb`` the same read before the check.
         sha256_mbps: the floor, MB/s, measured right before.
+        helpers_cpu_s: CPU seconds of the helper processes hashing content (included in
+            ``cpu_s``); ``helper_rss_mb`` the largest one's peak RSS, MB (0: none ran).
+        processes: the ``processes`` argument of the check (None: its default).
     """
 
     mode: str
@@ -85,6 +94,9 @@ class VerifyRun:
     rss_before_mb: float
     rss_mb: float
     sha256_mbps: float
+    helpers_cpu_s: float = 0.0
+    helper_rss_mb: float = 0.0
+    processes: int | None = None
 
     @property
     def mbps(self) -> float:
@@ -140,7 +152,7 @@ class VerifyBench:
 
     def rss_growth(self, mode: str = MODES[0]) -> float:
         """Peak RSS on the largest store over that on the smallest, for ``mode`` (flat: ~1.0x)."""
-        runs = [r for r in self.runs if r.mode == mode]
+        runs = [r for r in self.runs if r.mode == mode and r.processes == self.runs[0].processes]
         return runs[-1].rss_mb / runs[0].rss_mb
 
     def to_json(self) -> dict:
@@ -153,16 +165,23 @@ class VerifyBench:
                 "runs": [{**asdict(r), "mbps": round(r.mbps, 3), "cpu_mbps": round(r.cpu_mbps, 3),
                           "cores2_mbps": round(r.cores2_mbps, 3)} for r in self.runs]}
 
+    @staticmethod
+    def _helpers(r: VerifyRun) -> str:
+        if not r.helpers_cpu_s:
+            return "none (threads)" if r.processes is None else f"{r.processes} (threads)"
+        return f"{'auto' if r.processes is None else r.processes}, {r.helpers_cpu_s:.2f} s, {r.helper_rss_mb:.0f} MB"
+
     def markdown(self) -> str:
         lines = ["| store | check | wall s | CPU s | MB/s hashed | x floor (sha256 in memory, MB/s) "
-                 "| calling thread CPU s | MB/s the CPU allows on 2 free cores | peak RSS MB (before the check) |",
-                 "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+                 "| calling thread CPU s | MB/s the CPU allows on 2 free cores | peak RSS MB (before the check) "
+                 "| helpers: processes, CPU s, peak RSS MB |",
+                 "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in self.runs:
             lines.append(f"| {r.tasks} x {r.checkpoints // r.tasks if r.mode == MODES[0] else r.checkpoints} "
                          f"checkpoints ({r.store_mb:.0f} MB stored, zstd) | {r.mode}: {r.checkpoints} checkpoints, "
                          f"{r.artifact_mb:.0f} MB | {r.seconds:.2f} | {r.cpu_s:.2f} | {r.mbps:.0f} | "
                          f"{r.mbps / r.sha256_mbps:.2f}x ({r.sha256_mbps:.0f}) | {r.main_cpu_s:.2f} | {r.cores2_mbps:.0f} | "
-                         f"{r.rss_mb:.0f} ({r.rss_before_mb:.0f}) |")
+                         f"{r.rss_mb:.0f} ({r.rss_before_mb:.0f}) | {self._helpers(r)} |")
         sizes = sorted({r.tasks for r in self.runs})
         if len(sizes) > 1:
             lines += ["", f"peak RSS with {sizes[-1]} tasks over {sizes[0]}: "
@@ -172,8 +191,9 @@ class VerifyBench:
 
 
 def run_verify_bench(checkpoints: int = 1000, mb: float = 100.0, directory: Path | None = None,
-                     scales: tuple[int, ...] = (1, 3)) -> VerifyBench:
-    """Build a store per scale (that many tasks) and time each check in :data:`MODES`; see the
+                     scales: tuple[int, ...] = (1, 3), processes: tuple[int | None, ...] = (None,)) -> VerifyBench:
+    """Build a store per scale (that many tasks) and time each check in :data:`MODES`, once per
+    ``processes`` value (``verify_store``'s argument: None its default, 0 threads only); see the
     module docstring."""
     base = Path(directory) if directory is not None else Path.cwd()
     base.mkdir(parents=True, exist_ok=True)
@@ -188,12 +208,14 @@ def run_verify_bench(checkpoints: int = 1000, mb: float = 100.0, directory: Path
             with SQLiteStore(path) as store:
                 store_mb = store.stored_bytes() / 1e6
             for mode in MODES:
-                n = checkpoints * (scale if mode == MODES[0] else 1)
-                floor = sha256_mbps(max(64_000_000, per_step * n))
-                got = _child(path, task_ids[0] if mode == "verify TASK" else "")
-                bench.runs.append(VerifyRun(mode, scale, n, per_step * (n - n // checkpoints) / 1e6, store_mb,
-                                            got["seconds"], got["cpu_s"], got["main_cpu_s"], got["bytes_verified"], got["objects_checked"],
-                                            got["problems"], got["rss_before_mb"], got["rss_mb"], floor))
+                for procs in processes:
+                    n = checkpoints * (scale if mode == MODES[0] else 1)
+                    floor = sha256_mbps(max(64_000_000, per_step * n))
+                    got = _child(path, task_ids[0] if mode == "verify TASK" else "", procs)
+                    bench.runs.append(VerifyRun(mode, scale, n, per_step * (n - n // checkpoints) / 1e6, store_mb,
+                                                got["seconds"], got["cpu_s"], got["main_cpu_s"], got["bytes_verified"],
+                                                got["objects_checked"], got["problems"], got["rss_before_mb"], got["rss_mb"],
+                                                floor, got["helpers_cpu_s"], got["helper_rss_mb"], procs))
     return bench
 
 
@@ -216,11 +238,12 @@ def _build(path: Path, task_id: str, checkpoints: int, per_step: int, seed: int)
     return task.id
 
 
-def _child(path: Path, task_id: str) -> dict:
+def _child(path: Path, task_id: str, processes: int | None = None) -> dict:
     """Run one check in a fresh interpreter (this overnight on its path); its measurements."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(overnight.__file__).parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(path), task_id], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(path), task_id,
+                          "auto" if processes is None else str(processes)], env=env, capture_output=True,
                          text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -105,10 +105,11 @@ def parse(obj: ObjectRecord) -> Parsed | None:
     return Parsed(kind, d, codec, n, None if sig == "-" else sig, data)
 
 
-def check(obj: ObjectRecord) -> str | None:
+def check(obj: ObjectRecord, parsed: Parsed | None = None) -> str | None:
     """Why a stored copy object is not a sound copy (None: it is). Blob and record copies are
-    hashed; a tree copy is checked for form only (its use reassembles and hashes it)."""
-    p = parse(obj)
+    hashed; a tree copy is checked for form only (its use reassembles and hashes it).
+    ``parsed``: :func:`parse` of ``obj`` when the caller has it."""
+    p = parsed if parsed is not None else parse(obj)
     if p is None:
         return "not a well-formed copy under its key"
     try:
@@ -153,12 +154,20 @@ class CopyReader(BlobReader):
     :meth:`~overnight.store.blobs.BlobReader.verify_many` on a thread pool and verifies what
     fails there again with a :class:`HealingReader`."""
 
+    def __init__(self, store: Store, verified: set[str] | None = None) -> None:
+        super().__init__(store, verified)
+        self.copy_of: dict[str, str] = {}
+        """Copy key -> the digest it is a copy of, for each copy object this reader verified."""
+
     def _verify_object(self, obj: ObjectRecord, context: str) -> int:
         if obj.kind != KIND:
             return super()._verify_object(obj, context)
-        problem = check(obj)
+        p = parse(obj)
+        problem = check(obj, p)
         if problem is not None:
             raise _bad_copy(obj.digest, problem, context)
+        assert p is not None
+        self.copy_of[obj.digest] = p.digest
         self.verified.add(obj.digest)
         return obj.size
 

@@ -108,6 +108,40 @@ class BoundedPageCache(OrderedDict[str, Page]):
         super().__init__()
         self.limit = limit
         self.tails: dict[str, tuple[bytes, Page]] = {}
+        self.middles: OrderedDict[tuple[str, str, int], Middle] = OrderedDict()
+        """The middle page lists of the last loads, checked (:class:`Middle`), by ``(collection,
+        page-list digest, state format)``: consecutive checkpoints mostly share them, and a load
+        then checks only the first and the last page, not every page again."""
+
+    def middle(self, key: tuple[str, str, int]) -> Middle | None:
+        found = self.middles.get(key)
+        if found is not None:
+            self.middles.move_to_end(key)
+        return found
+
+    def add_middle(self, key: tuple[str, str, int], middle: Middle) -> None:
+        self.middles[key] = middle
+        while len(self.middles) > 8:
+            self.middles.popitem(last=False)
+
+
+@dataclass
+class Middle:
+    """A verified middle page list (:attr:`~overnight.chain.records.Pages.middle`) and, once a load
+    has read them, its pages with what a load checks across them -- each page verified, done pages
+    full, artifact pages each in order and in order across their boundaries -- so the next load
+    naming the same list checks only its first and last page against it. ``pages`` is None until
+    its pages were all read (a lazy load reads none)."""
+
+    refs: list[BlobRef]
+    digests: set[str]
+    distinct: bool
+    pages: list[Page] | None = None
+    entries: int = 0
+    """Entries in ``pages``."""
+    sound: bool = False
+    """Done pages: each holds :data:`DONE_PAGE` entries; artifact pages: each ordered, and in order
+    across the boundaries between them."""
 
     def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
         if key in self:
@@ -337,7 +371,11 @@ def _extend(prev_raw: bytes, prev: Page, raw: bytes, adapter: TypeAdapter) -> tu
     bracket, a comma, the new entries, the bracket -- parsing and validating only the new ones;
     None when ``raw`` is not that (the caller parses it whole). The entries of a page are
     validated one by one, so this checks exactly what a whole parse checks: the appended part
-    alone is canonical, and a dict page's new names are not already on it (a duplicate member)."""
+    alone is canonical, and a dict page's new names are not already on it (a duplicate member).
+    A list page that is ``prev`` with its first entries taken off is recognised too
+    (:func:`_trimmed`)."""
+    if not prev.migrated and isinstance(prev.tree, list) and 2 < len(raw) < len(prev_raw):
+        return _trimmed(prev_raw, prev, raw)
     if prev.migrated or not prev.tree or len(raw) <= len(prev_raw) or raw[len(prev_raw) - 1] != ord(",") \
             or not raw.startswith(prev_raw[:-1]) or raw[-1] != prev_raw[-1]:
         return None
@@ -352,6 +390,22 @@ def _extend(prev_raw: bytes, prev: Page, raw: bytes, adapter: TypeAdapter) -> tu
         return [*prev.tree, *tail], [*prev.entries, *adapter.validate_python(tail)]
     except ValidationError:
         return None
+
+
+def _trimmed(prev_raw: bytes, prev: Page, raw: bytes) -> tuple[Any, Any] | None:
+    """``(tree, validated entries)`` of list-page bytes ``raw`` that are the verified page ``prev``
+    (canonical bytes ``prev_raw``) with its first entries taken off -- ``[``, then the bytes of
+    ``prev_raw`` after the comma that ends them -- without parsing or validating anything: the
+    entries left are ``prev``'s, encoded as they were (a todo page consumed from the front).
+    The bytes taken off must parse as those first entries, so the cut is between two entries
+    (a cut inside an entry, a string or a nested value leaves them unbalanced). None otherwise."""
+    cut = len(prev_raw) - len(raw) + 1  # where the entries kept start in prev_raw
+    if raw[0] != ord("[") or prev_raw[cut - 1] != ord(",") or not prev_raw.endswith(raw[1:]):
+        return None
+    head = canonical_tree(prev_raw[: cut - 1] + b"]")
+    if not isinstance(head, list) or not 0 < len(head) < len(prev.tree) or head != prev.tree[: len(head)]:
+        return None
+    return prev.tree[len(head):], prev.entries[len(head):]
 
 
 def parse_record(row: CheckpointRow, *, key: bytes | None) -> CheckpointRecord:
@@ -469,6 +523,8 @@ def load_checkpoint(
 
     tails = getattr(pages, "tails", None)  # pages superseded by this checkpoint's leave the cache
     in_use = {r.digest for part in (doc.todo, doc.done, doc.artifacts) for r in part.pages} if tails is not None else set()
+    in_use_middles: list[set[str]] = []  # the pages of this checkpoint's middle page lists are in use too
+    memo: BoundedPageCache | None = pages if isinstance(pages, BoundedPageCache) else None
 
     def page(ref: BlobRef, what: str, adapter: TypeAdapter, kind: str, collection: str | None = None) -> Page:
         """A verified page. ``kind``: the collection (todo, done, artifacts) whose entries are
@@ -502,32 +558,42 @@ def load_checkpoint(
         found = pages[cache_key] = Page(ref.model_dump(), tree, entries, migrated=tree is not stored)
         if tails is not None and kind:
             old = tails.get(tail_key)
-            if old is not None and old[1].ref["digest"] not in in_use:
+            if old is not None and old[1].ref["digest"] not in in_use \
+                    and not any(old[1].ref["digest"] in m for m in in_use_middles):
                 pages.pop(old[1].ref["digest"], None)  # superseded (a linear history never reads it again)
             tails[tail_key] = (raw, found)
         return found
 
-    def refs(member: str, pages: Pages) -> list[BlobRef]:
-        """Every page reference of a collection: the inline ones and those of its ``middle`` blob."""
+    def refs(member: str, pages: Pages) -> tuple[list[BlobRef], Middle | None]:
+        """Every page reference of a collection: the inline ones and those of its ``middle`` blob;
+        and the checked middle list (None without one)."""
         if pages.middle is None:
-            return pages.pages
+            return pages.pages, None
         if len(pages.pages) != 2:
             raise SchemaError(f"{where} {member} has a middle page list but {len(pages.pages)} inline pages, not 2",
                               **ids)
-        middle = page(pages.middle, f"{cp} {member} page list", PAGE_LIST, "").entries
-        if not middle:
-            raise SchemaError(f"{where} {member} page list is empty", **ids)
+        key = (member, pages.middle.digest, stored_format)
+        mid = memo.middle(key) if memo is not None else None
+        if mid is None:
+            middle = page(pages.middle, f"{cp} {member} page list", PAGE_LIST, "").entries
+            if not middle:
+                raise SchemaError(f"{where} {member} page list is empty", **ids)
+            digests = {r.digest for r in middle}
+            mid = Middle(middle, digests, len(digests) == len(middle))
+            if memo is not None:
+                memo.add_middle(key, mid)
         if tails is not None:
-            in_use.update(r.digest for r in middle)  # before its pages are read: none of them is evicted
-        every = [pages.pages[0], *middle, pages.pages[1]]
-        if member != "todo" and len({r.digest for r in every}) != len(every):  # done entries and names are unique
+            in_use_middles.append(mid.digests)  # before its pages are read: none of them is evicted
+        first, last = pages.pages
+        if member != "todo" and not (mid.distinct and first.digest != last.digest and first.digest not in mid.digests
+                                     and last.digest not in mid.digests):  # done entries and names are unique
             raise SchemaError(f"{where} {member} page list names a page twice", **ids)
-        return every
+        return [first, *mid.refs, last], mid
 
-    todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE, "todo", "todo") for i, r in enumerate(refs("todo", doc.todo))]
+    todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE, "todo", "todo") for i, r in enumerate(refs("todo", doc.todo)[0])]
     if sum(len(p.tree) for p in todo_pages) != doc.todo.count or any(not p.tree for p in todo_pages):
         raise SchemaError(f"{where} todo pages do not hold the {doc.todo.count} entries the state says", **ids)
-    done_refs = refs("done", doc.done)
+    done_refs, done_middle = refs("done", doc.done)
     if len(done_refs) != -(-doc.done.count // DONE_PAGE):
         raise SchemaError(f"{where} has {len(done_refs)} done pages; the state says {doc.done.count} "
                           f"entries in pages of {DONE_PAGE}", **ids)
@@ -540,13 +606,33 @@ def load_checkpoint(
         return found
 
     done_pages = DonePages(done_refs, doc.done.count, done_page)
+    if done_middle is not None and done_middle.pages is not None and done_middle.sound:
+        done_pages._pages.update(enumerate(done_middle.pages, 1))  # checked by the load that read them
     lazy_done = lazy_done and stored_format == doc.format
     if not lazy_done:
-        list(done_pages)  # every page verified now
-    artifact_pages = [page(r, f"{cp} artifact page {i}", _ARTIFACT_PAGE, "artifacts")
-                      for i, r in enumerate(refs("artifacts", doc.artifacts))]
-    if sum(len(p.tree) for p in artifact_pages) != doc.artifacts.count or not all(p.ordered for p in artifact_pages) \
-            or any(next(reversed(a.tree)) >= next(iter(b.tree)) for a, b in zip(artifact_pages, artifact_pages[1:])):
+        for i in range(len(done_refs)):  # every page verified now
+            done_pages[i]
+        if done_middle is not None and done_middle.pages is None:
+            done_middle.pages = [done_pages[i] for i in range(1, len(done_refs) - 1)]
+            done_middle.sound = all(len(p.tree) == DONE_PAGE for p in done_middle.pages)  # as done_page checked
+    art_refs, art_middle = refs("artifacts", doc.artifacts)
+    if art_middle is not None and art_middle.pages is not None and art_middle.sound:
+        first = page(art_refs[0], f"{cp} artifact page 0", _ARTIFACT_PAGE, "artifacts")
+        last = page(art_refs[-1], f"{cp} artifact page {len(art_refs) - 1}", _ARTIFACT_PAGE, "artifacts")
+        artifact_pages = [first, *art_middle.pages, last]
+        sorted_pages = len(first.tree) + art_middle.entries + len(last.tree) == doc.artifacts.count \
+            and first.ordered and last.ordered and next(reversed(first.tree)) < next(iter(art_middle.pages[0].tree)) \
+            and next(reversed(art_middle.pages[-1].tree)) < next(iter(last.tree))
+    else:
+        artifact_pages = [page(r, f"{cp} artifact page {i}", _ARTIFACT_PAGE, "artifacts") for i, r in enumerate(art_refs)]
+        sorted_pages = sum(len(p.tree) for p in artifact_pages) == doc.artifacts.count \
+            and all(p.ordered for p in artifact_pages) \
+            and all(next(reversed(a.tree)) < next(iter(b.tree)) for a, b in zip(artifact_pages, artifact_pages[1:]))
+        if art_middle is not None and sorted_pages:
+            art_middle.pages = artifact_pages[1:-1]
+            art_middle.entries = sum(len(p.tree) for p in art_middle.pages)
+            art_middle.sound = True  # every page in order, and across every boundary
+    if not sorted_pages:
         raise SchemaError(f"{where} artifact pages are not {doc.artifacts.count} names in sorted order", **ids)
     world = None
     if record.fingerprint is not None:

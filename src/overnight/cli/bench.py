@@ -50,13 +50,17 @@ def bench_verify(
     directory: Optional[Path] = typer.Option(None, "--dir", help="Directory on the disk to measure."),
     scales: str = typer.Option("1,3", "--scales", help="Store sizes, as multiples of --checkpoints and --mb "
                                "(peak RSS flat across them: memory does not grow with the store)."),
+    processes: str = typer.Option("auto", "--processes", help="Helper processes hashing content, one run "
+                                  "each: 'auto' (verify's default), 0 (threads only), N; e.g. auto,0."),
 ) -> None:
     """Time `overnight verify --all` and `verify TASK` (wall, CPU, MB/s against sha256 in memory, peak
     RSS) on stores of N checkpoints and M MB of artifacts, times each scale."""
     from overnight.bench.verify import run_verify_bench
 
     sizes = tuple(int(s) for s in scales.split(",") if s.strip())
-    render.out.print(run_verify_bench(checkpoints=checkpoints, mb=mb, directory=directory, scales=sizes).markdown())
+    procs = tuple(None if p.strip() == "auto" else int(p) for p in processes.split(",") if p.strip())
+    render.out.print(run_verify_bench(checkpoints=checkpoints, mb=mb, directory=directory, scales=sizes,
+                                      processes=procs).markdown())
 
 
 @bench_app.command("ui")

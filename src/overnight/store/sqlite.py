@@ -197,6 +197,10 @@ def _text_columns(description: tuple) -> tuple[bool, ...]:
     return tuple(d[0] not in _BLOB_COLUMNS for d in description)
 
 
+_last_text: tuple = (None, ())
+"""The description :func:`_row` saw last and its :func:`_text_columns` (held, so never reused)."""
+
+
 def _row(cursor: sqlite3.Cursor, row: tuple) -> tuple:
     """Row factory: bytes read from a text column are a str stored by :func:`_param`."""
     for v in row:
@@ -204,9 +208,16 @@ def _row(cursor: sqlite3.Cursor, row: tuple) -> tuple:
             break
     else:
         return row
-    text = _text_columns(cursor.description)
-    if not any(type(v) is bytes and t for v, t in zip(row, text)):
-        return row  # bytes only in blob columns (a checkpoint's body): as they are
+    global _last_text
+    description = cursor.description
+    last = _last_text  # one statement's rows share one description: skip hashing it per row
+    text = last[1] if last[0] is description else _text_columns(description)
+    _last_text = (description, text)
+    for v, t in zip(row, text):
+        if t and type(v) is bytes:
+            break
+    else:
+        return row  # bytes only in blob columns (a checkpoint's body, an object's data): as they are
     return tuple(v.decode("utf-8", "surrogatepass") if type(v) is bytes and t else v for v, t in zip(row, text))
 
 

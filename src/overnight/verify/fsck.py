@@ -10,9 +10,11 @@ counted as ``dangling_objects``, not errors; ditto copies of checked objects and
 checked and not counted). Each object is hashed once per run. A damaged or missing original whose
 ditto copy verifies is a problem ("healable") unless ``repair`` rewrote it (``healed``).
 
-Records are checked in order on the calling thread; object content is hashed in batches on a
-thread pool meanwhile (:class:`_ContentCheck`), and the next checkpoints' state documents and pages
-are fetched ahead in bulk (:class:`_Prefetched`). docs/perf.md describes the method and its figures.
+Records are checked in order on the calling thread; object content is hashed in batches
+meanwhile (:class:`_ContentCheck`) -- in helper processes for a large check of a store they can
+open again (:mod:`overnight.verify.content_proc`), else on a thread pool -- and the next
+checkpoints' state documents and pages are fetched ahead in bulk (:class:`_Prefetched`).
+docs/perf.md describes the method and its figures.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from itertools import chain
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -31,14 +32,20 @@ from overnight.codec.compress import decompress
 from overnight.codec.digest import from_raw
 from overnight.errors import CheckpointNotFound, DecodeError, IntegrityError, OvernightError, short_id
 from overnight.store.base import CheckpointRow, ObjectRecord, Store
-from overnight.chain.ditto import CopyReader, HealingReader, ditto_key, rewrite_record
+from overnight.chain.ditto import CopyReader, HealingReader, rewrite_record
 from overnight.chain.integrity import BoundedPageCache, PageCache, load_checkpoint
 from overnight.chain.reachability import lineage
 from overnight.chain.rollback import find_rollback
+from overnight.verify.content_proc import Helper, HelperGone, reopen_url
 
 
 _AHEAD = 64
 """Checkpoints whose state documents and new pages are fetched ahead together (:class:`_Prefetched`)."""
+
+_HELPERS_AFTER = 4_000_000
+"""Bytes of content queued (artifacts' sizes) after which helper processes start by default: a
+process costs ~0.2 s of CPU to start, worth it only for a check with much to hash (the batches
+queued before are hashed by the threads)."""
 
 
 @dataclass
@@ -99,16 +106,18 @@ def _index_mismatches(row: Any, record: Any) -> list[str]:
 
 
 class _ContentCheck:
-    """Object content checks on a thread pool: digests are queued, checked in batches of
-    ``batch`` (one store call each, :meth:`~overnight.store.blobs.BlobReader.verify_many`) by
-    ``workers`` threads, and the results handed back on the calling thread, which checks the
-    records meanwhile. Decompression and SHA-256 release the GIL, so the two overlap. At most
-    ``2 * workers`` batches are in flight, and results are taken as they come, so memory stays
-    bounded whatever the store's size.
+    """Object content checks beside the record checks: digests are queued, checked in batches of
+    ``batch`` (one store call each, :meth:`~overnight.store.blobs.BlobReader.verify_many`), and
+    the results handed back on the calling thread, which checks the records meanwhile. The batches
+    go to helper processes when :meth:`start_helpers` started any (:mod:`overnight.verify.content_proc`:
+    each its own interpreter, so the content check runs on another core whatever the GIL), else to
+    ``workers`` threads (decompression and SHA-256 release the GIL, the rest does not). At most
+    ``2 * workers`` batches (8 per helper) are in flight, and results are taken as they come, so
+    memory stays bounded whatever the store's size.
 
-    A digest that fails in a batch is verified again on the calling thread with the healing reader
-    -- exactly the one-object path of a plain ``verify`` -- which heals it from its ditto copy or
-    raises the error that names it (with its ``context``).
+    A digest that fails in a batch (or whose helper died) is verified again on the calling thread
+    with the healing reader -- exactly the one-object path of a plain ``verify`` -- which heals it
+    from its ditto copy or raises the error that names it (with its ``context``).
     """
 
     def __init__(self, reader: HealingReader, workers: int, batch: int = 64) -> None:
@@ -117,25 +126,73 @@ class _ContentCheck:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="overnight-verify")
         self.workers = workers
         self.batch = batch
+        self.helpers: list[Helper] = []
+        self._plan: tuple[str, int] | None = None
+        self._start_at = 0
+        self._queued_bytes = 0
+        self._turn = 0
+        self.copy_of: dict[str, str] = {}
+        """Copy key -> original, for the copy objects the helpers verified."""
         self.queued: dict[str, str] = {}
         self.in_flight: deque[tuple[dict[str, str], Future]] = deque()
         self.results: list[tuple[str, int | OvernightError]] = []
 
-    def add(self, d: str, context: str) -> None:
-        """Queue ``d`` (``context`` names its user in an error)."""
+    def start_helpers(self, url: str | None, count: int, *, after_bytes: int = 0) -> None:
+        """Check the batches in ``count`` helper processes opening the store at ``url``, started
+        once ``after_bytes`` of content were queued (none when ``url`` is None or a process
+        cannot be started: the threads check them)."""
+        if url is None or count <= 0:
+            return
+        self._plan, self._start_at = (url, count), after_bytes
+        if self._queued_bytes >= after_bytes:
+            self._start()
+
+    def _start(self) -> None:
+        assert self._plan is not None
+        url, count = self._plan
+        self._plan = None
+        for _ in range(count):
+            try:
+                self.helpers.append(Helper(url, "verify"))
+            except OSError:
+                break
+        self.workers = max(self.workers, 4 * len(self.helpers))  # a helper's batches wait in its pipe, not in memory
+
+    def original_of(self, d: str) -> str | None:
+        """The digest ``d`` is a ditto copy of, if it was verified as one (None otherwise)."""
+        return self.copy_of.get(d) or self.fast.copy_of.get(d) or self.reader.copy_of.get(d)
+
+    def add(self, d: str, context: str, size: int = 0) -> None:
+        """Queue ``d`` (``context`` names its user in an error; ``size``: its bytes, if known)."""
+        self._queued_bytes += size
+        if self._plan is not None and self._queued_bytes >= self._start_at:
+            self._start()
         self.queued[d] = context
         if len(self.queued) >= self.batch:
             self._submit()
 
     def _submit(self) -> None:
         part, self.queued = self.queued, {}
-        self.in_flight.append((part, self.pool.submit(self.fast.verify_many, part, "verify")))
+        helpers = [h for h in self.helpers if h.alive]
+        if helpers:
+            self._turn += 1
+            future = helpers[self._turn % len(helpers)].submit(list(part))
+        else:
+            future = self.pool.submit(self.fast.verify_many, part, "verify")
+        self.in_flight.append((part, future))
         while len(self.in_flight) > 2 * self.workers:
             self._collect()
 
     def _collect(self) -> None:
         part, future = self.in_flight.popleft()
-        sizes, _ = future.result()
+        try:
+            result = future.result()
+        except HelperGone:
+            result = ({}, [])
+        sizes = result[0]
+        if len(result) == 3:  # a helper's: what it verified on the way, and the copies' originals
+            self.reader.verified.update(result[1])
+            self.copy_of.update(result[2])
         for d, context in part.items():
             if d in sizes:
                 self.results.append((d, sizes[d]))
@@ -157,6 +214,8 @@ class _ContentCheck:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+        for helper in self.helpers:
+            helper.close()
 
 
 class _Prefetched:
@@ -244,6 +303,7 @@ def verify_store(
     on_progress: Callable[[int, int], None] | None = None,
     repair: bool = False,
     workers: int | None = None,
+    processes: int | None = None,
 ) -> VerifyReport:
     """Check ``task_ids`` (default: every task) and, with ``all_objects``, every stored object.
 
@@ -253,7 +313,12 @@ def verify_store(
 
     Records are checked in order on the calling thread while artifact blobs and (``all_objects``)
     the other stored objects are hashed on ``workers`` threads (default: the CPU count, at most
-    4), in batches fetched with one store call each.
+    4), in batches fetched with one store call each -- or in ``processes`` helper processes
+    (:mod:`overnight.verify.content_proc`), each its own interpreter, so the hashing runs on
+    another core whatever the GIL. Default: one per core but the calling thread's (at most
+    ``workers``), started once 4 MB of content were queued, for an SQLite, file or PostgreSQL
+    store, which a helper can open again; 0: threads only. A helper that cannot start or dies leaves its
+    batches to the calling thread.
 
     Raises:
         TaskNotFound: a named task does not exist.
@@ -265,7 +330,7 @@ def verify_store(
     reader = HealingReader(fetched, verified, write_back=repair)  # type: ignore[arg-type]
     content = _ContentCheck(reader, workers or min(4, os.cpu_count() or 1))
     try:
-        _verify(fetched, task_ids, key, all_objects, on_progress, repair, report, reader, content)
+        _verify(fetched, task_ids, key, all_objects, on_progress, repair, report, reader, content, processes)
     finally:
         content.close()
     report.seconds = time.perf_counter() - t0
@@ -274,7 +339,7 @@ def verify_store(
 
 def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, all_objects: bool,
             on_progress: Callable[[int, int], None] | None, repair: bool, report: VerifyReport,
-            reader: HealingReader, content: _ContentCheck) -> None:
+            reader: HealingReader, content: _ContentCheck, processes: int | None = None) -> None:
     """The body of :func:`verify_store`, filling ``report``."""
     verified = reader.verified
     pages: PageCache = BoundedPageCache()
@@ -285,9 +350,12 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
     total = sum(len(r) for r in rows_by_task.values())
     done = 0
     report.tasks = len(tasks)
+    cores = os.cpu_count() or 1  # one core checks the records; the others hash in helpers
+    helpers = processes if processes is not None else min(content.workers, cores - 1)
+    content.start_helpers(reopen_url(store._store), helpers, after_bytes=0 if processes is not None else _HELPERS_AFTER)
     waiting: dict[str, list[tuple[str, str, str]]] = {}  # queued digest -> (task, checkpoint, what) using it
 
-    def blob(task_id: str, cid: str, d: str, what: str) -> None:
+    def blob(task_id: str, cid: str, d: str, what: str, size: int = 0) -> None:
         if d in verified:
             return
         if d in bad_objects:
@@ -295,7 +363,7 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
             return
         if d not in waiting:
             waiting[d] = []
-            content.add(d, f"checkpoint {short_id(cid)} {what}")
+            content.add(d, f"checkpoint {short_id(cid)} {what}", size)
         waiting[d].append((task_id, cid, what))
 
     def settle(*, wait: bool) -> None:
@@ -341,13 +409,13 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                         "listings may mislead, loading uses the record)"))
                 blob(task.task_id, row.checkpoint_id, loaded.record.state.digest, "state")
                 for name, ref in loaded.doc.values.items():
-                    blob(task.task_id, row.checkpoint_id, ref.digest, f"state value {name!r}")
+                    blob(task.task_id, row.checkpoint_id, ref.digest, f"state value {name!r}", ref.size)
                 for page in loaded.artifact_pages:
                     if page.ref["digest"] in artifact_pages_checked:
                         continue  # a page seen in an earlier checkpoint: its artifacts are checked
                     artifact_pages_checked.add(page.ref["digest"])
                     for name, art in page.entries.items():
-                        blob(task.task_id, row.checkpoint_id, art.digest, f"artifact {name!r}")
+                        blob(task.task_id, row.checkpoint_id, art.digest, f"artifact {name!r}", art.size)
                 parent = row.parent_id
                 if parent is not None:
                     p = by_id.get(parent)
@@ -396,14 +464,18 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
             except IntegrityError as exc:
                 found = [exc.message]
             report.problems.extend(Problem(None, None, "medium", detail) for detail in found)
-        copies = {ditto_key(d) for d in chain(verified, (r.checkpoint_id for rs in rows_by_task.values() for r in rs))}
         unreferenced = [d for d in store.iter_object_digests() if d not in verified and d not in bad_objects]
+        records = {r.checkpoint_id for rs in rows_by_task.values() for r in rs}
+        outside = set(unreferenced)  # live: a record, or an object verified before this scan (not one of these)
+
+        def live(d: str | None) -> bool:
+            return d is not None and (d in records or (d in verified and d not in outside))
         report.dangling_objects = len(unreferenced)
 
         def tally(results: list[tuple[str, int | OvernightError]]) -> None:
             for d, result in results:
                 if isinstance(result, int):
-                    if d in copies:
+                    if live(content.original_of(d)):
                         report.dangling_objects -= 1  # the ditto copy of a live object or record
                 else:
                     bad_objects.add(d)
