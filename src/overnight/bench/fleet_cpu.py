@@ -29,7 +29,8 @@ import uuid
 
 
 def postgres_cpu_s() -> float:
-    """CPU seconds (user + system) of every process named ``postgres`` on this host."""
+    """CPU seconds (user + system) of every process named ``postgres`` on this host, with those of
+    its children that ended (a backend whose connection closed is counted in the postmaster's)."""
     total = 0
     for proc in glob.glob("/proc/[0-9]*"):
         try:
@@ -38,7 +39,7 @@ def postgres_cpu_s() -> float:
                     continue
             with open(proc + "/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
+            total += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
         except (OSError, IndexError, ValueError):
             continue
     return total / os.sysconf("SC_CLK_TCK")
