@@ -22,3 +22,11 @@ try:
     _source_digest(inspect.getsource)  # a function whose source is on disk: tokenize's patterns
 except Exception:  # noqa: BLE001 - a warm-up only
     pass
+
+# Everything loaded so far lives as long as the fork server: move it out of the collector's reach,
+# so a forked session's garbage collections do not walk -- and, through copy-on-write, copy -- the
+# fork server's whole heap (the tokenizer's vocabulary alone is tens of MB). CPython's gc.freeze()
+# exists for exactly this (pre-fork servers).
+import gc  # noqa: E402
+
+gc.freeze()
