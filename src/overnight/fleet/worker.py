@@ -375,6 +375,11 @@ class Worker:
         Raises:
             ConfigError: ``worker_id`` is used by a live worker (:meth:`_id_free`)."""
         self._id_free()
+        if self.fork_server:  # started now, not at the first claim: that task would wait ~1 s for it
+            import multiprocessing.forkserver
+
+            self._context()
+            multiprocessing.forkserver.ensure_running()
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         LOG.info("worker %s: claiming from queue %s on %s (lease %.0f s, %d task(s) at once)", self.worker_id,
                  ", ".join(self.queues), _without_password(self.store_url), self.lease_ms / 1000,
