@@ -51,20 +51,25 @@ from overnight.chain.ditto import Heal, HealingReader
 from overnight.chain.ditto import get_checkpoint as ditto_checkpoint
 from overnight.chain.records import WORLD_FORMAT
 from overnight.keys import signing_key_from_env  # noqa: F401 (re-exported)
-from overnight.chain.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade, upgrade_entries
+from overnight.chain.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade, upgrade_done_refs, upgrade_entries
 from overnight.chain.records import (
     ARTIFACT_PAGE,
     DONE_PAGE,
+    DONE_PAGE_LIST,
     DONE_PAGE_SCHEMA,
     TODO_PAGE,
     WORLD,
     ArtifactRef,
     BlobRef,
+    DoneRef,
     PAGE_LIST,
     CheckpointRecord,
     Pages,
     StateDoc,
     TaskState,
+    done_index,
+    merge_summaries,
+    name_tag,
     validation_summary,
 )
 
@@ -139,7 +144,7 @@ class DonePages(Sequence[Page]):
     and nothing of it is returned. ``len()`` is the number of pages; :attr:`count` the entries.
     """
 
-    def __init__(self, refs: list[BlobRef], count: int, load: Callable[[int], Page]) -> None:
+    def __init__(self, refs: list[DoneRef], count: int, load: Callable[[int], Page]) -> None:
         self.refs = refs
         self.count = count
         self._load = load
@@ -167,6 +172,39 @@ class DonePages(Sequence[Page]):
     def loaded(self) -> list[Page]:
         """The pages read (and verified) so far, in order."""
         return [self._pages[i] for i in sorted(self._pages)]
+
+    def require_stored(self, store: Store) -> None:
+        """Check that every page not read yet is in ``store`` (one query, nothing read or hashed);
+        a page the store lacks is read now -- healed from its ditto copy, or raising the load's
+        :class:`~overnight.errors.MissingObject`. Damaged bytes are found when a page is read."""
+        unread = {ref.digest: i for i, ref in enumerate(self.refs) if i not in self._pages}
+        for missing in sorted(store.missing_objects(list(unread)) if unread else ()):
+            self[unread[missing]]
+
+    def candidates(self, name: str) -> list[int]:
+        """Pages that may hold an entry named ``name``, in order: those whose index
+        (:attr:`~overnight.chain.records.DoneRef.names`, verified with the state document) has
+        its tag, and those without an index (format 3). Nothing is read."""
+        tag = name_tag(name)
+        out = []
+        for i, ref in enumerate(self.refs):
+            names = ref.names
+            if names is None:
+                out.append(i)
+                continue
+            at = names.find(tag)
+            while at != -1 and at % 8:
+                at = names.find(tag, at + 1)
+            if at != -1:
+                out.append(i)
+        return out
+
+    def summary(self) -> dict[str, Any] | None:
+        """The :class:`~overnight.chain.records.DoneSummary` tree of every stored entry, from the
+        page references (nothing is read); None when a page has none (format 3)."""
+        if any(ref.summary is None for ref in self.refs):
+            return None
+        return merge_summaries(ref.summary.model_dump() for ref in self.refs)  # type: ignore[union-attr]
 
 
 @dataclass(frozen=True)
@@ -228,6 +266,24 @@ class DoneList(Sequence[dict[str, Any]]):
             return NotImplemented
         return len(self) == len(other) and list(self) == list(other)
 
+    def named(self, name: str, key: str | None = None) -> dict[str, Any] | None:
+        """The first entry named ``name`` (and, given ``key``, with that step key), or None --
+        what a scan in order finds, reading (and verifying) only the pages whose index may hold
+        it (:meth:`DonePages.candidates`)."""
+        for i in self.stored.candidates(name):
+            for entry in self.stored[i].tree:
+                if entry["name"] == name and (key is None or entry["key"] == key):
+                    return entry
+        return next((e for e in self.tail if e["name"] == name and (key is None or e["key"] == key)), None)
+
+    def summary(self) -> dict[str, Any] | None:
+        """The :class:`~overnight.chain.records.DoneSummary` tree of the whole list (stored pages
+        from their references, appended entries computed), or None (format-3 pages)."""
+        stored = self.stored.summary()
+        if stored is None:
+            return None
+        return merge_summaries([stored, done_index(self.tail)["summary"]]) if self.tail else stored
+
     def pages(self) -> list[Any]:
         """The list cut into done pages as a writer stores it: a :class:`StoredPage` for each
         stored page that stays as it is (every one when nothing was appended; all but a partly
@@ -237,6 +293,21 @@ class DoneList(Sequence[dict[str, Any]]):
         rest = [*(self.stored[keep].tree if keep < n else ()), *self.tail]
         return [*(StoredPage(self.stored.refs[i].model_dump(), self.stored.size(i)) for i in range(keep)),
                 *(rest[i : i + DONE_PAGE] for i in range(0, len(rest), DONE_PAGE))]
+
+
+def done_named(done: Sequence[dict[str, Any]], name: str, key: str | None = None) -> dict[str, Any] | None:
+    """The first done entry named ``name`` (and, given ``key``, with that step key), or None: by
+    the pages' index for a :class:`DoneList` (:meth:`DoneList.named`), by a scan otherwise."""
+    if isinstance(done, DoneList):
+        return done.named(name, key)
+    return next((d for d in done if d["name"] == name and (key is None or d["key"] == key)), None)
+
+
+def done_summary_of(done: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The :class:`~overnight.chain.records.DoneSummary` tree of a :class:`DoneList` from its
+    pages' references (:meth:`DoneList.summary`), or None (a plain list, or format-3 pages: the
+    caller reads the entries)."""
+    return done.summary() if isinstance(done, DoneList) else None
 
 
 @dataclass(frozen=True)
@@ -514,7 +585,12 @@ def load_checkpoint(
         if len(pages.pages) != 2:
             raise SchemaError(f"{where} {member} has a middle page list but {len(pages.pages)} inline pages, not 2",
                               **ids)
-        middle = page(pages.middle, f"{cp} {member} page list", PAGE_LIST, "").entries
+        if member == "done" and stored_format < 4:  # format 3: plain references, read without index
+            listed = page(pages.middle, f"{cp} {member} page list", PAGE_LIST, "").entries
+            middle = [DoneRef.model_validate(r) for r in upgrade_done_refs([r.model_dump() for r in listed])]
+        else:
+            middle = page(pages.middle, f"{cp} {member} page list", DONE_PAGE_LIST if member == "done" else PAGE_LIST,
+                          "").entries
         if not middle:
             raise SchemaError(f"{where} {member} page list is empty", **ids)
         if tails is not None:
@@ -533,11 +609,20 @@ def load_checkpoint(
                           f"entries in pages of {DONE_PAGE}", **ids)
 
     def done_page(i: int) -> Page:
-        found = page(done_refs[i], f"{cp} done page {i}", _DONE_PAGE, "done", "done")
+        ref = done_refs[i]
+        found = page(ref, f"{cp} done page {i}", _DONE_PAGE, "done", "done")
         if len(found.tree) != done_pages.size(i):
             raise SchemaError(f"{where} done page {i} holds {len(found.tree)} entries; the state says "
                               f"{doc.done.count} in pages of {DONE_PAGE}", **ids)
-        return found
+        if ref.names is not None or ref.summary is not None:  # the index must say what the page holds
+            index = done_index(found.tree)
+            if (ref.names is not None and ref.names != index["names"]) or (
+                    ref.summary is not None and ref.summary.model_dump() != index["summary"]):
+                raise SchemaError(f"{where} done page {i}: its index (names, summary) does not match its entries",
+                                  **ids)
+        named = ref.model_dump()
+        # a page shared with another load (the cache) keeps this document's reference, index included
+        return found if found.ref == named else replace(found, ref=named)
 
     done_pages = DonePages(done_refs, doc.done.count, done_page)
     lazy_done = lazy_done and stored_format == doc.format

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from typing import Any
+from typing import Callable, Any
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -103,10 +103,13 @@ class PageWriter:
         self._cache[self._key(page)] = (ref, self._entries(page))
 
     def refs(self, pages: list[list | dict], writer: BlobWriter, schema: TypeAdapter | None = None,
-             what: str = "page", **ids: Any) -> dict[str, Any]:
+             what: str = "page", index: Callable[[Any], dict[str, Any]] | None = None,
+             **ids: Any) -> dict[str, Any]:
         """``{"count", "pages"}`` for ``pages``, staging new page blobs in ``writer``. Each page
         encoded anew is first validated against ``schema`` (a page reused was validated when it
-        was written or loaded).
+        was written or loaded). ``index``: the members a page's reference adds to ``{"digest",
+        "size"}``, from its entries (done pages, format 4: :func:`~overnight.chain.records.
+        done_index`); a reused reference without them (loaded from format 3) gets them too.
 
         Raises:
             RecordInvalid: a new page does not match ``schema`` (``ids``: task, checkpoint).
@@ -122,6 +125,8 @@ class PageWriter:
             cached = self._cache.get(key)
             if cached is not None and len(cached[1]) == len(entries) and all(a is b for a, b in zip(cached[1], entries)):
                 ref = cached[0]
+                if index is not None and any(ref.get(k) is None for k in ("names", "summary")):
+                    ref = {"digest": ref["digest"], "size": ref["size"], **index(page)}
             else:
                 if schema is not None:
                     try:
@@ -131,7 +136,7 @@ class PageWriter:
                                             f"{validation_summary(exc)}; nothing was written",
                                             hint="this is a bug in the code that built the record", **ids) from exc
                 raw = encode_state(page)
-                ref = {"digest": writer.put(raw), "size": len(raw)}
+                ref = {"digest": writer.put(raw), "size": len(raw), **(index(page) if index is not None else {})}
             fresh[key] = (ref, entries)
             out.append(ref)
         self._pending = fresh  # reused by the next commit only once this one is stored: :meth:`accept`

@@ -25,6 +25,7 @@ from overnight.chain.ditto import CopyPolicy
 from overnight.chain.records import (
     ARTIFACT_PAGE,
     DONE_PAGE_SCHEMA,
+    done_index,
     FORMAT_VERSION,
     TODO_PAGE,
     VALUE_INLINE_MAX,
@@ -195,7 +196,8 @@ class ChainWriter:
         ids = {"task_id": self.task_id, "checkpoint_id": self.head}
         all_refs = {
             "todo": self._todo.refs(todo_pages(state["todo"]), writer, TODO_PAGE, "todo page", **ids),
-            "done": self._done.refs(done_pages(state["done"]), writer, DONE_PAGE_SCHEMA, "done page", **ids),
+            "done": self._done.refs(done_pages(state["done"]), writer, DONE_PAGE_SCHEMA, "done page",
+                                    index=done_index, **ids),
             "artifacts": self._artifacts.refs(artifact_pages(state["artifacts"]), writer, ARTIFACT_PAGE,
                                               "artifact page", **ids),
         }

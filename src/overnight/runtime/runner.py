@@ -459,16 +459,18 @@ class Runner:
             if self.store.get_ref(self.task.id, self.branch) == (fallback.head_id if fallback else loaded.id):
                 seen: set[str] = set()
                 try:
-                    # every done page (the memo lookup and the drift check read every entry; the
-                    # caller may have loaded it with lazy_done), then the deep check, once
-                    list(loaded.done_pages)
+                    # the deep check, once; done pages are read and verified as used (the memo
+                    # look-up and the drift check go through their verified index)
                     verify_artifacts(loaded, BlobReader(self.store, seen))
+                    if loaded.lazy_done:
+                        loaded.done_pages.require_stored(self.store)
                 except IntegrityError:
                     pass  # a damaged artifact: load the branch again, falling back past it
                 else:
                     self.chain.known |= known | seen
                     return loaded, fallback
-        return load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known)
+        return load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known,
+                         lazy_done=True, done_present=True)
 
     def _reconcile_plan(self) -> None:
         """Bring the stored plan up to date with the task code (:func:`~overnight.runtime.task.
@@ -609,7 +611,7 @@ class Runner:
             )
         key = step_key(sdef.fn_name, sdef.version, entry["name"], entry["args"])
         writer = self.chain.blob_writer()
-        if self.state.done_with_key(key) is not None:
+        if self.state.done_with_key(key, entry["name"]) is not None:
             self.state = self.state.but(todo=self.state.todo[1:])
             self._commit(writer, event("step", step=entry["name"], key=key, detail="reused"), [])
             self._emit("skip", step=entry["name"], checkpoint_id=self.head)
