@@ -266,15 +266,25 @@ class DoneList(Sequence[dict[str, Any]]):
             return NotImplemented
         return len(self) == len(other) and list(self) == list(other)
 
-    def named(self, name: str, key: str | None = None) -> dict[str, Any] | None:
-        """The first entry named ``name`` (and, given ``key``, with that step key), or None --
-        what a scan in order finds, reading (and verifying) only the pages whose index may hold
-        it (:meth:`DonePages.candidates`)."""
+    def named(self, name: str, key: str | None = None, *, last: bool = False) -> dict[str, Any] | None:
+        """The first (``last``: the last) entry named ``name`` (and, given ``key``, with that step
+        key), or None -- what a scan in order finds, reading (and verifying) only the pages whose
+        index may hold it (:meth:`DonePages.candidates`)."""
+        def hit(e: dict[str, Any]) -> bool:
+            return e["name"] == name and (key is None or e["key"] == key)
+
+        if last:
+            found = next((e for e in reversed(self.tail) if hit(e)), None)
+            for i in reversed(self.stored.candidates(name)) if found is None else ():
+                found = next((e for e in reversed(self.stored[i].tree) if hit(e)), None)
+                if found is not None:
+                    break
+            return found
         for i in self.stored.candidates(name):
-            for entry in self.stored[i].tree:
-                if entry["name"] == name and (key is None or entry["key"] == key):
-                    return entry
-        return next((e for e in self.tail if e["name"] == name and (key is None or e["key"] == key)), None)
+            found = next((e for e in self.stored[i].tree if hit(e)), None)
+            if found is not None:
+                return found
+        return next((e for e in self.tail if hit(e)), None)
 
     def summary(self) -> dict[str, Any] | None:
         """The :class:`~overnight.chain.records.DoneSummary` tree of the whole list (stored pages
@@ -295,12 +305,15 @@ class DoneList(Sequence[dict[str, Any]]):
                 *(rest[i : i + DONE_PAGE] for i in range(0, len(rest), DONE_PAGE))]
 
 
-def done_named(done: Sequence[dict[str, Any]], name: str, key: str | None = None) -> dict[str, Any] | None:
-    """The first done entry named ``name`` (and, given ``key``, with that step key), or None: by
-    the pages' index for a :class:`DoneList` (:meth:`DoneList.named`), by a scan otherwise."""
+def done_named(done: Sequence[dict[str, Any]], name: str, key: str | None = None, *,
+               last: bool = False) -> dict[str, Any] | None:
+    """The first (``last``: the last) done entry named ``name`` (and, given ``key``, with that
+    step key), or None: by the pages' index for a :class:`DoneList` (:meth:`DoneList.named`), by
+    a scan otherwise."""
     if isinstance(done, DoneList):
-        return done.named(name, key)
-    return next((d for d in done if d["name"] == name and (key is None or d["key"] == key)), None)
+        return done.named(name, key, last=last)
+    entries = reversed(done) if last else iter(done)
+    return next((d for d in entries if d["name"] == name and (key is None or d["key"] == key)), None)
 
 
 def done_summary_of(done: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
