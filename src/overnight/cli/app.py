@@ -714,16 +714,40 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Durable long-horizon agent tasks."""
 
 
+def _only_invoked(argv: list[str]) -> tuple[list, list] | None:
+    """Keep only the command (or command group) ``argv`` invokes in :data:`app`: typer builds the
+    click parameters of every registered command at each start (~45 commands, a tenth of a bare
+    ``overnight resume``), and one process runs one command. Returns what to restore, or None
+    when ``argv`` names no single command (``--help``, ``--version``, a typo: typer then sees them
+    all and says so)."""
+    if not argv or argv[0].startswith("-"):
+        return None
+    from typer.main import get_command_name
+
+    cmds = [c for c in app.registered_commands
+            if (c.name or get_command_name(c.callback.__name__ if c.callback else "")) == argv[0]]
+    groups = [g for g in app.registered_groups if g.name == argv[0]]
+    if len(cmds) + len(groups) != 1:
+        return None
+    kept = (app.registered_commands, app.registered_groups)
+    app.registered_commands, app.registered_groups = cmds, groups
+    return kept
+
+
 def main() -> None:
     """Console-script entry point."""
     import warnings
 
     warnings.formatwarning = lambda message, category, *args, **kw: f"warning: {message}\n"  # type: ignore
+    kept = _only_invoked(sys.argv[1:])
     try:
         app()
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(EXIT_RESUMABLE)
+    finally:
+        if kept is not None:
+            app.registered_commands, app.registered_groups = kept
 
 
 if __name__ == "__main__":
