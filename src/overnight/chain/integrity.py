@@ -87,6 +87,12 @@ class Page:
     a writer must encode the page again rather than reuse ``ref``."""
 
     @cached_property
+    def index(self) -> dict[str, Any]:
+        """``{"names", "summary"}`` of a done page's entries (:func:`~overnight.chain.records.
+        done_index`), computed once per page however many checkpoints name it."""
+        return done_index(self.tree)
+
+    @cached_property
     def ordered(self) -> bool:
         """Its names (an object page's members) are non-empty and in strictly increasing order,
         checked once per page (a load checks the order across pages at their boundaries)."""
@@ -628,14 +634,16 @@ def load_checkpoint(
             raise SchemaError(f"{where} done page {i} holds {len(found.tree)} entries; the state says "
                               f"{doc.done.count} in pages of {DONE_PAGE}", **ids)
         if ref.names is not None or ref.summary is not None:  # the index must say what the page holds
-            index = done_index(found.tree)
-            if (ref.names is not None and ref.names != index["names"]) or (
-                    ref.summary is not None and ref.summary.model_dump() != index["summary"]):
+            index = found.index
+            if (ref.names is not None and ref.names != index["names"]) or (ref.summary is not None and (
+                    ref.summary.fns != index["summary"]["fns"] or ref.summary.reads != index["summary"]["reads"])):
                 raise SchemaError(f"{where} done page {i}: its index (names, summary) does not match its entries",
                                   **ids)
-        named = ref.model_dump()
-        # a page shared with another load (the cache) keeps this document's reference, index included
-        return found if found.ref == named else replace(found, ref=named)
+        # a page shared with another load (the cache) carries this document's reference, index included
+        summary = None if ref.summary is None else {"fns": ref.summary.fns, "reads": ref.summary.reads}
+        if found.ref.get("names") == ref.names and found.ref.get("summary") == summary:
+            return found
+        return replace(found, ref=ref.model_dump())
 
     done_pages = DonePages(done_refs, doc.done.count, done_page)
     lazy_done = lazy_done and stored_format == doc.format
