@@ -267,3 +267,48 @@ def test_the_drift_check_by_summary_reports_what_reading_every_entry_reports(tmp
     assert {i.component for i in by_summary.items if not i.warning} == {"inputs", "env"}
     assert sorted(s for i in by_summary.items for s in i.steps) == sorted(
         [f"work[i={i}]" for i in range(0, DONE_PAGE + 5, 7)] + [f"work[i={i}]" for i in range(0, DONE_PAGE + 5, 5)])
+
+
+def _child_with_state(s, head, doc) -> str:
+    """Commit, as the head's child, a checkpoint whose state document is ``doc`` (built by hand:
+    digests valid, canonical bytes; no signing key)."""
+    from overnight.codec import digest
+    from overnight.codec.canonical import dumps, dumps_sorted
+    from overnight.store.base import CheckpointRow, Commit
+    from overnight.store.blobs import BlobWriter
+
+    writer = BlobWriter(s)
+    raw = dumps(doc)
+    record = {**loads(head.row.body), "parent_id": head.id, "seq": head.record.seq + 1,
+              "state": {"digest": writer.put(raw), "size": len(raw)}}
+    body = dumps_sorted(record)
+    row = CheckpointRow(digest.sha256(body), head.row.task_id, head.id, "main", head.record.seq + 1,
+                        record["created_at"], "forged", "drift", None, body, None, 0)
+    s.commit(Commit(row, s.get_ref(head.row.task_id, "main"), writer.commit_objects(), []))
+    return row.checkpoint_id
+
+
+def test_a_done_page_index_is_checked_against_its_page(url):
+    """The index rides on the verified state document, and is itself checked against the page
+    whenever the page is read: an index that does not say what its page holds fails the load that
+    reads it (and ``verify``); a format-4 document without one does not load at all."""
+    from overnight.errors import SchemaError
+    from overnight.store.blobs import BlobReader
+
+    with open_store(url) as s:
+        head, _ = load_head(s, "long")
+        doc = loads(BlobReader(s).get(head.record.state.digest))
+        first, last = doc["done"]["pages"]
+        assert len(last["names"]) == 8 * head.done_pages.size(len(head.done_pages) - 1)
+        wrong = {**last, "names": last["names"][8:] + last["names"][:8]}  # the right tags, out of order
+        forged = _child_with_state(s, head, {**doc, "done": {**doc["done"], "pages": [first, wrong]}})
+        lazy = load_checkpoint(s, forged, lazy_done=True)  # the page is not read: nothing to check yet
+        with pytest.raises(SchemaError, match="index"):
+            list(lazy.state_tree["done"])
+        with pytest.raises(SchemaError, match="index"):
+            load_checkpoint(s, forged)
+        assert any(p.checkpoint_id == forged for p in verify_store(s, ["long"]).problems)
+        bare = {**last, "names": None, "summary": None}
+        with pytest.raises(SchemaError, match="without its index"):
+            load_checkpoint(s, _child_with_state(s, head, {**doc, "done": {**doc["done"], "pages": [first, bare]}}),
+                            lazy_done=True)

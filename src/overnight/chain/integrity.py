@@ -623,6 +623,9 @@ def load_checkpoint(
     if sum(len(p.tree) for p in todo_pages) != doc.todo.count or any(not p.tree for p in todo_pages):
         raise SchemaError(f"{where} todo pages do not hold the {doc.todo.count} entries the state says", **ids)
     done_refs = refs("done", doc.done)
+    if stored_format >= 4 and any(r.names is None or r.summary is None for r in done_refs):
+        raise SchemaError(f"{where} names a done page without its index (names, summary): format "
+                          f"{stored_format} requires them", **ids)
     if len(done_refs) != -(-doc.done.count // DONE_PAGE):
         raise SchemaError(f"{where} has {len(done_refs)} done pages; the state says {doc.done.count} "
                           f"entries in pages of {DONE_PAGE}", **ids)

@@ -276,8 +276,8 @@ class DoneRef(BlobRef):
         summary: :class:`DoneSummary` of the page's entries: the drift check compares these with
             the world and reads the entries only when something differs.
 
-    Both are null in a document upgraded from format 3 (never written so): the page is then
-    read for any look-up, as before.
+    Both are null only in a document upgraded from format 3 (a stored format-4 document without
+    them fails to load): the page is then read for any look-up, as format 3 did.
     """
 
     names: str | None
