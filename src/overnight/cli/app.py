@@ -40,6 +40,7 @@ from overnight.cli.common import (  # noqa: F401 (EXIT_* re-exported)
     failing,
     need_extra as _need_extra,
 )
+from overnight.cli.exits import report_run
 from overnight.errors import OvernightError
 
 def _usage_name(self: typer.core.TyperArgument) -> str:
@@ -107,30 +108,9 @@ def _model(spec: Optional[str], base_url: Optional[str]):
 
 
 def _report_run(result: api.RunResult, *, quiet: bool) -> None:
-    if not quiet:
-        kept = "resumable" if result.resumable or result.status == "complete" else \
-            "NOT resumable: level ephemeral kept its checkpoints in this process only; running it again starts over"
-        state = {"complete": "[green]complete[/]", "interrupted": f"[yellow]interrupted ({kept})[/]",
-                 "stopped": f"[yellow]stopped after --max-steps ({kept})[/]"}[result.status]
-        render.err.print(
-            f"task [bold]{render.esc(result.task_id)}[/] {state}: {result.done}/{result.total} steps, "
-            f"{result.steps_run} run now, head {result.head[7:19]}; the task's context window #{result.session} "
-            "(each run and each compaction starts a new one)"
-        )
-        u = result.usage
-        if u.get("calls") or u.get("replayed_calls") or result.compactions:
-            render.err.print(f"model: {u.get('calls', 0)} call(s), {u.get('tokens_in', 0)} tokens in, "
-                             f"{u.get('tokens_out', 0)} out; {u.get('replayed_calls', 0)} call(s) "
-                             f"({u.get('replayed_tokens', 0)} tokens) replayed from the journal; "
-                             f"{result.compactions} compaction(s)")
-    if result.resumable:  # also with --quiet: where to go on is not progress chatter
-        from overnight.runtime.outcome import resume_command
-
-        render.err.print("resume with: " + render.esc(resume_command(result.task_id, result.branch, result.store_url,
-                                                                     result.resume_file)))
-        raise typer.Exit(EXIT_RESUMABLE)
-    if result.status != "complete":  # ephemeral: nothing left to resume
-        raise typer.Exit(EXIT_FAILED)
+    code = report_run(result, quiet=quiet)  # shared with the framework-free `resume` (overnight.cli.main)
+    if code:
+        raise typer.Exit(code)
 
 
 def _run_with_progress(fn, *, quiet: bool, events: Optional[str]) -> api.RunResult:
