@@ -590,6 +590,11 @@ def load_checkpoint(
             detail = _validation_summary(exc) if isinstance(exc, ValidationError) else exc.message
             raise SchemaError(f"{what} is incomplete or malformed: {detail}", **ids) from exc
         found = pages[cache_key] = Page(ref.model_dump(), tree, entries, migrated=tree is not stored)
+        if extended is not None and kind == "done" and "index" in prev[1].__dict__:
+            # the page extends one whose index is known: index only the appended entries
+            before, added = prev[1].index, done_index(tree[len(prev[1].tree):])
+            found.__dict__["index"] = {"names": before["names"] + added["names"],
+                                       "summary": merge_summaries([before["summary"], added["summary"]])}
         if tails is not None and kind:
             old = tails.get(tail_key)
             if old is not None and old[1].ref["digest"] not in in_use:
@@ -636,6 +641,9 @@ def load_checkpoint(
         if len(found.tree) != done_pages.size(i):
             raise SchemaError(f"{where} done page {i} holds {len(found.tree)} entries; the state says "
                               f"{doc.done.count} in pages of {DONE_PAGE}", **ids)
+        memo = found.__dict__.get("_checked_for")  # (reference, page handed out): a middle blob's
+        if memo is not None and memo[0] is ref:  # references are shared by every checkpoint naming it
+            return memo[1]
         if ref.names is not None or ref.summary is not None:  # the index must say what the page holds
             index = found.index
             if (ref.names is not None and ref.names != index["names"]) or (ref.summary is not None and (
@@ -644,9 +652,10 @@ def load_checkpoint(
                                   **ids)
         # a page shared with another load (the cache) carries this document's reference, index included
         summary = None if ref.summary is None else {"fns": ref.summary.fns, "reads": ref.summary.reads}
-        if found.ref.get("names") == ref.names and found.ref.get("summary") == summary:
-            return found
-        return replace(found, ref=ref.model_dump())
+        same = found.ref.get("names") == ref.names and found.ref.get("summary") == summary
+        out = found if same else replace(found, ref=ref.model_dump())
+        found.__dict__["_checked_for"] = (ref, out)  # held: the identity test above stays sound
+        return out
 
     done_pages = DonePages(done_refs, doc.done.count, done_page)
     lazy_done = lazy_done and stored_format == doc.format
