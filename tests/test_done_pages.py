@@ -312,3 +312,26 @@ def test_a_done_page_index_is_checked_against_its_page(url):
         with pytest.raises(SchemaError, match="without its index"):
             load_checkpoint(s, _child_with_state(s, head, {**doc, "done": {**doc["done"], "pages": [first, bare]}}),
                             lazy_done=True)
+
+
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_a_resume_falls_back_past_a_damaged_done_page_it_reads_at_start(url, which):
+    """Damaged bytes (not a lost object) are found when a page is read: the start of a session
+    reads the last page (its first commit extends it) and the first (``plan``'s entry, for the plan
+    check); either damaged, it falls back as a full load would, and the task completes."""
+    with open_store(url) as s:
+        head, _ = load_head(s, "long")
+        ref = head.done_pages.refs[0 if which == "first" else -1]
+    with sqlite3.connect(url.removeprefix("sqlite://")) as db:
+        db.execute("DELETE FROM objects WHERE digest=?", (ditto_key(ref.digest),))  # no copy to heal from
+        assert db.execute("UPDATE objects SET data=?, codec='none' WHERE digest=?",
+                          (b"[]", ref.digest)).rowcount == 1
+    task = _long_task("long")
+
+    @task.step
+    def finish(ctx):
+        return "done"
+
+    result = overnight.run(task, url, handle_signals=False)
+    assert result.fallback is not None and result.status == "complete"
+    assert any(s.checkpoint_id == head.id for s in result.fallback.skipped)
