@@ -22,6 +22,7 @@ from overnight.chain.write import ChainWriter
 from overnight.codec.canonical import loads
 from overnight.errors import IntegrityError
 from overnight.store import open_store
+from overnight.store.sqlite import SQLiteStore
 from overnight.verify.fsck import verify_store
 
 STEPS = 2 * DONE_PAGE + 10  # three done pages: two full, one partly filled
@@ -110,9 +111,10 @@ def test_a_damaged_done_page_is_not_read_until_used_then_refused_and_verify_repo
                    for p in report.problems), report.problems
 
 
-def test_a_resume_reads_every_done_page_before_its_first_step(url):
-    """The runner's memo look-up of a step key and its drift check read every done entry, so it
-    verifies every page before its session: a damaged one is never used -- it falls back."""
+def test_a_resume_falls_back_past_a_lost_done_page_it_would_not_read(url):
+    """The runner reads no done page it does not use (its look-ups go by the pages' index), but it
+    checks that every page is stored before its session (one query): a page that is gone, and
+    that no ditto copy heals, makes it fall back as a full load would."""
     with open_store(url) as s:
         head, _ = load_head(s, "long")
     task = _long_task("long")  # with one more planned step, so the complete task has one to run
@@ -159,3 +161,177 @@ def test_a_lazy_load_reads_as_much_whatever_the_history(url, tmp_path):
             load_head(s, name, lazy_done=True, verified=seen)
             reads[name] = len(seen)
     assert reads["long"] == reads["short"] + 1, reads
+
+
+class CountingStore(SQLiteStore):
+    """A real SQLite store that notes the digest of every object read from it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read: list[str] = []
+
+    def get_objects(self, digests):
+        got = super().get_objects(digests)
+        self.read.extend(got)
+        return got
+
+
+def _growing_task(task_id: str) -> overnight.Task:
+    """A task one step ahead of itself (the to-do list stays one entry long), each step looking
+    up an earlier step's output by name, as a pipeline does."""
+    task = overnight.Task(task_id, goal="a chain that keeps growing", level="durable")
+
+    @task.step
+    def plan(ctx):
+        ctx.add_step("work", position="end", i=0)
+
+    @task.step(planned=False)
+    def work(ctx, i):
+        ctx.state["n"] = i
+        ctx.add_step("work", position="end", i=i + 1)
+        return ctx.outputs["plan"] if i else None
+
+    return task
+
+
+def _done_pages_read_by_a_resume(tmp_path, steps: int) -> tuple[int, int]:
+    """``(done pages, of them read)`` by a resume that runs one step (commit included) after
+    ``steps`` committed ones."""
+    path = tmp_path / f"grow-{steps}.db"
+    overnight.run(_growing_task("grow"), f"sqlite://{path}", max_steps=steps, handle_signals=False)
+    with open_store(f"sqlite://{path}") as s:
+        head, _ = load_head(s, "grow")
+        pages = {r.digest for r in head.done_pages.refs}
+    store = CountingStore(str(path))
+    result = overnight.run(_growing_task("grow"), store, max_steps=1, handle_signals=False)
+    assert result.steps_run == 1 and result.done == steps + 1
+    return len(pages), len(pages & set(store.read))
+
+
+def test_a_resume_reads_as_many_done_pages_whatever_the_history(tmp_path):
+    """The memo look-up of the next step, the plan's reconciliation, ``ctx.add_step``'s check for a
+    step of that name, ``ctx.outputs[name]``, the drift check (nothing drifted) and the commit each
+    read at most the page they need -- the first (``plan``) and the partly filled last one -- so a
+    resume reads as many done pages at 1 page of history as at 5 (a count machine load does not
+    perturb)."""
+    short = _done_pages_read_by_a_resume(tmp_path, 10)
+    long = _done_pages_read_by_a_resume(tmp_path, 4 * DONE_PAGE + 10)
+    assert short == (1, 1) and long[0] == 5
+    assert long[1] == 2, long  # page 0 (``plan``'s entry) and the last page, of 5
+
+
+def test_the_drift_check_by_summary_reports_what_reading_every_entry_reports(tmp_path, monkeypatch):
+    """A done page's summary stands for its entries: the drift check reads no entry when nothing
+    a step read changed, and the report is the one the entries give either way."""
+    from overnight.runtime.drift_decision import report_for
+    from overnight.verify.fingerprint import world
+
+    data = tmp_path / "input.txt"
+    data.write_text("one")
+    monkeypatch.setenv("OVERNIGHT_TEST_VAR", "a")
+    task = overnight.Task("reads", goal="steps that read a file and a variable", level="durable",
+                          env=["OVERNIGHT_TEST_VAR"], deps=[])
+
+    @task.step
+    def plan(ctx):
+        for i in range(DONE_PAGE + 5):
+            ctx.add_step("work", position="end", i=i)
+
+    @task.step(planned=False)
+    def work(ctx, i):
+        return (ctx.read_input_text(str(data)) if i % 7 == 0 else "") + (ctx.env("OVERNIGHT_TEST_VAR") if i % 5 == 0 else "")
+
+    url = f"sqlite://{tmp_path / 'r.db'}"
+    overnight.run(task, url, handle_signals=False)
+
+    def reports():
+        from overnight.runtime.drift_decision import world_spec
+
+        with open_store(url) as s:
+            lazy, _ = load_head(s, "reads", lazy_done=True)
+            eager, _ = load_head(s, "reads")
+            salt = bytes.fromhex(eager.state_tree["task"]["spec"]["salt"])
+            now = world(world_spec(task, salt))
+            by_summary = report_for(lazy, lazy.state_tree, task, now, salt)
+            read = len(lazy.done_pages.loaded())
+            by_entries = report_for(eager, eager.state_tree, task, now, salt)
+            return by_summary, by_entries, read
+
+    by_summary, by_entries, read = reports()
+    assert read == 0 and by_summary.items == by_entries.items
+    assert [i for i in by_summary.items if not i.warning] == []  # (the model is not given here: a warning)
+    data.write_text("two")
+    monkeypatch.setenv("OVERNIGHT_TEST_VAR", "b")
+    by_summary, by_entries, read = reports()
+    assert read == 2 and by_summary.items == by_entries.items  # something differs: the entries name the steps
+    assert {i.component for i in by_summary.items if not i.warning} == {"inputs", "env"}
+    assert sorted(s for i in by_summary.items for s in i.steps) == sorted(
+        [f"work[i={i}]" for i in range(0, DONE_PAGE + 5, 7)] + [f"work[i={i}]" for i in range(0, DONE_PAGE + 5, 5)])
+
+
+def _child_with_state(s, head, doc) -> str:
+    """Commit, as the head's child, a checkpoint whose state document is ``doc`` (built by hand:
+    digests valid, canonical bytes; no signing key)."""
+    from overnight.codec import digest
+    from overnight.codec.canonical import dumps, dumps_sorted
+    from overnight.store.base import CheckpointRow, Commit
+    from overnight.store.blobs import BlobWriter
+
+    writer = BlobWriter(s)
+    raw = dumps(doc)
+    record = {**loads(head.row.body), "parent_id": head.id, "seq": head.record.seq + 1,
+              "state": {"digest": writer.put(raw), "size": len(raw)}}
+    body = dumps_sorted(record)
+    row = CheckpointRow(digest.sha256(body), head.row.task_id, head.id, "main", head.record.seq + 1,
+                        record["created_at"], "forged", "drift", None, body, None, 0)
+    s.commit(Commit(row, s.get_ref(head.row.task_id, "main"), writer.commit_objects(), []))
+    return row.checkpoint_id
+
+
+def test_a_done_page_index_is_checked_against_its_page(url):
+    """The index rides on the verified state document, and is itself checked against the page
+    whenever the page is read: an index that does not say what its page holds fails the load that
+    reads it (and ``verify``); a format-4 document without one does not load at all."""
+    from overnight.errors import SchemaError
+    from overnight.store.blobs import BlobReader
+
+    with open_store(url) as s:
+        head, _ = load_head(s, "long")
+        doc = loads(BlobReader(s).get(head.record.state.digest))
+        first, last = doc["done"]["pages"]
+        assert len(last["names"]) == 8 * head.done_pages.size(len(head.done_pages) - 1)
+        wrong = {**last, "names": last["names"][8:] + last["names"][:8]}  # the right tags, out of order
+        forged = _child_with_state(s, head, {**doc, "done": {**doc["done"], "pages": [first, wrong]}})
+        lazy = load_checkpoint(s, forged, lazy_done=True)  # the page is not read: nothing to check yet
+        with pytest.raises(SchemaError, match="index"):
+            list(lazy.state_tree["done"])
+        with pytest.raises(SchemaError, match="index"):
+            load_checkpoint(s, forged)
+        assert any(p.checkpoint_id == forged for p in verify_store(s, ["long"]).problems)
+        bare = {**last, "names": None, "summary": None}
+        with pytest.raises(SchemaError, match="without its index"):
+            load_checkpoint(s, _child_with_state(s, head, {**doc, "done": {**doc["done"], "pages": [first, bare]}}),
+                            lazy_done=True)
+
+
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_a_resume_falls_back_past_a_damaged_done_page_it_reads_at_start(url, which):
+    """Damaged bytes (not a lost object) are found when a page is read: the start of a session
+    reads the last page (its first commit extends it) and the first (``plan``'s entry, for the plan
+    check); either damaged, it falls back as a full load would, and the task completes."""
+    with open_store(url) as s:
+        head, _ = load_head(s, "long")
+        ref = head.done_pages.refs[0 if which == "first" else -1]
+    with sqlite3.connect(url.removeprefix("sqlite://")) as db:
+        db.execute("DELETE FROM objects WHERE digest=?", (ditto_key(ref.digest),))  # no copy to heal from
+        assert db.execute("UPDATE objects SET data=?, codec='none' WHERE digest=?",
+                          (b"[]", ref.digest)).rowcount == 1
+    task = _long_task("long")
+
+    @task.step
+    def finish(ctx):
+        return "done"
+
+    result = overnight.run(task, url, handle_signals=False)
+    assert result.fallback is not None and result.status == "complete"
+    assert any(s.checkpoint_id == head.id for s in result.fallback.skipped)

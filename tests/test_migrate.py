@@ -1,6 +1,6 @@
-"""Record formats 1 and 2 -> 3: stores written by earlier releases, and records written from the
+"""Record formats 1, 2 and 3 -> 4: stores written by earlier releases, and records written from the
 format-1 spec, open and load through ``overnight/chain/migrate.py``; a task continues from them and
-writes format 3; a format from the future is refused; nothing malformed is written."""
+writes format 4; a format from the future is refused; nothing malformed is written."""
 
 from __future__ import annotations
 
@@ -47,8 +47,10 @@ def _strict_v1_entry(kind: str, e: dict) -> dict:
 
 def write_v1(url: str, tree: dict, *, strict: bool, fmt: int = 1) -> str:
     """Commit ``tree`` (a state as this version holds it) as a new task's one format-``fmt``
-    checkpoint (1 or 2): for format 1 ``strict`` as the format-1 spec said, else as overnight 0.1
-    wrote it (format 1 with the extra members); format 2 holds the whole user state in ``data``.
+    checkpoint (1, 2 or 3): for format 1 ``strict`` as the format-1 spec said, else as overnight 0.1
+    wrote it (format 1 with the extra members); format 2 holds the whole user state in ``data``;
+    format 3 adds ``values`` (empty) and ``middle`` (a blob of the inner page references with
+    three pages or more), its done page references without an index.
     Built by hand: digests valid, canonical bytes."""
     with open_store(url) as store:
         writer = BlobWriter(store)
@@ -62,7 +64,13 @@ def write_v1(url: str, tree: dict, *, strict: bool, fmt: int = 1) -> str:
                     page = [_strict_v1_entry(kind, e) for e in page]
                 raw = dumps(page)
                 refs.append({"digest": writer.put(raw), "size": len(raw)})
-            return {"count": len(entries), "pages": refs}
+            if fmt < 3:
+                return {"count": len(entries), "pages": refs}
+            if len(refs) < 3:
+                return {"count": len(entries), "pages": refs, "middle": None}
+            raw = dumps(refs[1:-1])
+            return {"count": len(entries), "pages": [refs[0], refs[-1]],
+                    "middle": {"digest": writer.put(raw), "size": len(raw)}}
 
         ctx = tree["context"]
         doc = {"format": fmt, "task": tree["task"], "todo": pages("todo", todo_pages, tree["todo"]),
@@ -71,6 +79,8 @@ def write_v1(url: str, tree: dict, *, strict: bool, fmt: int = 1) -> str:
                "context": {"summary": ctx["summary"], "compactions": ctx["compactions"]} if strict else ctx}
         if not strict:
             doc["recompute"] = tree["recompute"]
+        if fmt >= 3:
+            doc["values"] = {}
         state = dumps(doc)
         created = utc_now()
         record = {"format": fmt, "task_id": tree["task"]["id"], "parent_id": None, "branch": "main", "seq": 0,
@@ -97,14 +107,14 @@ def half_done(tmp_path):
 
 
 @pytest.mark.parametrize("strict", [False, True], ids=["written-by-0.1", "strict-spec"])
-def test_a_format_1_store_loads_and_the_task_continues_in_format_3(tmp_path, half_done, strict):
+def test_a_format_1_store_loads_and_the_task_continues_in_format_4(tmp_path, half_done, strict):
     url = f"sqlite://{tmp_path / 'v1.db'}"
     v1 = write_v1(url, half_done, strict=strict)
     with open_store(url) as s:
         loaded, fallback = load_head(s, "old")
         assert fallback is None and loaded.id == v1
         st = loaded.state
-        assert st.format == FORMAT_VERSION == 3
+        assert st.format == FORMAT_VERSION == 4
         assert [d.name for d in st.done] == ["plan", "work[i=0]", "work[i=1]"]
         assert [t.name for t in st.todo] == ["work[i=2]", "work[i=3]", "work[i=4]"]
         assert st.context.messages == [] and st.context.tokens == 0 and st.recompute is None
@@ -127,10 +137,11 @@ def test_a_format_1_store_loads_and_the_task_continues_in_format_3(tmp_path, hal
         head, fallback = load_head(s, "old")
         assert fallback is None and head.state.data == {"sum": 10}
         reader = BlobReader(s)
-        for cid in (head.id, head.record.parent_id):  # every new record and page is format 3, complete
+        for cid in (head.id, head.record.parent_id):  # every new record and page is format 4, complete
             c = load_checkpoint(s, cid)
-            assert json.loads(c.row.body)["format"] == 3
-            assert loads(reader.get(c.record.state.digest))["format"] == 3
+            assert json.loads(c.row.body)["format"] == 4
+            assert loads(reader.get(c.record.state.digest))["format"] == 4
+            assert all(r.names is not None and r.summary is not None for r in c.done_pages.refs)
             for p in c.done_pages:
                 assert not p.migrated
                 assert all("produced" in e and "state" in e["reads"] for e in loads(reader.get(p.ref["digest"])))
@@ -155,9 +166,35 @@ def test_a_format_2_store_loads_and_its_large_values_move_to_their_own_blobs(tmp
         head, _ = load_head(s, "old")
         assert list(head.state.data.items()) == [("sum", 10), ("notes", notes)]  # order kept
         doc = loads(BlobReader(s).get(head.record.state.digest))
-        assert doc["format"] == 3 and doc["data"] == {"sum": 10, "notes": None}
+        assert doc["format"] == 4 and doc["data"] == {"sum": 10, "notes": None}
         assert loads(BlobReader(s).get(doc["values"]["notes"]["digest"])) == notes
         assert json.loads(load_checkpoint(s, v2).row.body)["format"] == 2  # untouched
+
+
+def test_a_format_3_store_loads_and_the_task_continues_with_indexed_done_pages(tmp_path, half_done):
+    """A format-3 document's done page references (inline and in its ``middle`` blob) carry no
+    index: it loads (``names``/``summary`` null), a look-up reads the pages as format 3 did, and the
+    next commit names the very same pages with their index (nothing re-stored)."""
+    filler = [{**half_done["done"][2], "name": f"older-{i}", "key": f"k{i}"} for i in range(140)]
+    tree = {**half_done, "done": [*filler, *half_done["done"]]}  # 143 entries: 3 pages, one in `middle`
+    url = f"sqlite://{tmp_path / 'v3.db'}"
+    v3 = write_v1(url, tree, strict=False, fmt=3)
+    with open_store(url) as s:
+        loaded, fallback = load_head(s, "old", lazy_done=True)
+        assert fallback is None and loaded.id == v3 and loaded.doc.done.middle is not None
+        assert len(loaded.done_pages.refs) == 3 and all(r.names is None for r in loaded.done_pages.refs)
+        assert loaded.done_pages.summary() is None
+        assert not loaded.lazy_done  # an upgraded document is read in full
+        stored = [r.digest for r in loaded.done_pages.refs]
+    RUNS.clear()
+    result = overnight.run(_task(), url, handle_signals=False)
+    assert result.status == "complete" and RUNS == [2, 3, 4]  # plan, work[i=0], work[i=1] not run again
+    with open_store(url) as s:
+        head = load_checkpoint(s, s.get_ref("old", "main"))  # every page read: each index checked
+        refs = head.done_pages.refs
+        assert [r.digest for r in refs[:2]] == stored[:2]  # full pages kept as they were
+        assert all(r.names is not None and len(r.names) == 8 * head.done_pages.size(i) for i, r in enumerate(refs))
+        assert json.loads(load_checkpoint(s, v3).row.body)["format"] == 3  # untouched
 
 
 def test_a_format_from_the_future_is_refused(tmp_path, half_done):

@@ -140,6 +140,45 @@ def test_resume_of_a_model_free_step_never_loads_the_vocabulary(tmp_path):
     assert got["status"] == "complete" and got["encoders"] == 1 and got["lazy_loads"] >= 1  # one vocabulary, shared
 
 
+CLI_PROBE = """
+import atexit, json, sys
+atexit.register(lambda: sys.stderr.write("\\nMODULES " + json.dumps(
+    {"typer": "typer" in sys.modules, "app": "overnight.cli.app" in sys.modules}) + "\\n"))
+sys.argv = ["overnight", *sys.argv[1:]]
+from overnight.cli import main
+main()
+"""
+
+
+def _cli(tmp_path: Path, *args: str) -> tuple[int, str, dict]:
+    """``(exit code, stderr, {"typer", "app": imported?})`` of ``overnight ARGS`` in a fresh process."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env.pop("OVERNIGHT_STORE", None)
+    proc = subprocess.run([sys.executable, "-c", CLI_PROBE, *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    text, _, tail = proc.stderr.rpartition("MODULES ")
+    return proc.returncode, text.strip(), json.loads(tail)
+
+
+def test_resume_runs_without_the_cli_framework_and_says_the_same(tmp_path):
+    """``overnight resume TASK_ID`` with the options a resume usually has runs without importing
+    typer or the command modules (a third of its start-up), with the typer command's messages and
+    exit codes; any other form -- another option, --help, a bad value -- goes through typer."""
+    (tmp_path / "lazytok.py").write_text(TASK)
+    url = f"sqlite://{tmp_path / 's.db'}"
+    assert _cli(tmp_path, "run", "lazytok.py", "--store", url, "--max-steps", "1", "-q")[0] == 75
+    code, err, mods = _cli(tmp_path, "resume", "lazy-tok", "--store", url, "--max-steps", "1", "--quiet")
+    assert (code, mods) == (75, {"typer": False, "app": False})
+    assert err == f"resume with: overnight resume lazy-tok --store {url}"
+    code, err, mods = _cli(tmp_path, "resume", "nope", "-s", url)
+    assert code == 2 and err.startswith("error: no task 'nope'") and not mods["typer"]
+    code, err, mods = _cli(tmp_path, "resume", "lazy-tok", "--store", url, "--max-steps", "0")
+    assert code == 2 and "--max-steps" in err and mods["typer"]  # typer says what is wrong
+    code, err, mods = _cli(tmp_path, "resume", "lazy-tok", "--store", url, "--events", str(tmp_path / "e.jsonl"),
+                           "--max-steps", "1", "-q")
+    assert (code, mods["typer"]) == (0, True) and (tmp_path / "e.jsonl").read_text().count("\n") >= 3  # c ran: complete
+
+
 # --- overnight bench resume ---------------------------------------------------------------------
 
 

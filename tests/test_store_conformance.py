@@ -477,6 +477,35 @@ def test_listings_are_ordered(store):
     assert sorted(store.journal("c"), key=lambda j: (j.seq, j.step_key)) == rows
 
 
+def test_checkpoints_after_lists_a_branchs_newer_records_only(store):
+    """What the rollback check asks every store: the task's records of one branch above a seq, in
+    list order -- other branches, other tasks, older records and a deleted ref's history aside."""
+    r0 = _row("t", None, 0)
+    store.commit(Commit(r0, None, [], [], None, _task("t")))
+    head, main = r0.checkpoint_id, [r0]
+    for seq in range(1, 5):
+        r = _row("t", head, seq)
+        store.commit(Commit(r, head))
+        head = r.checkpoint_id
+        main.append(r)
+    side = _row("t", main[1].checkpoint_id, 2, branch="side", body_extra="side")
+    store.set_ref("t", "side", main[1].checkpoint_id, None)
+    store.commit(Commit(side, main[1].checkpoint_id))
+    other = _row("u", None, 3)
+    store.commit(Commit(other, None, [], [], None, _task("u")))
+    def ids(rows):
+        return [r.checkpoint_id for r in rows]
+
+    assert ids(store.checkpoints_after("t", "main", 2)) == ids(main[3:])
+    assert ids(store.checkpoints_after("t", "main", -1)) == ids(main)
+    assert store.checkpoints_after("t", "main", 4) == []
+    assert ids(store.checkpoints_after("t", "side", 0)) == [side.checkpoint_id]
+    assert store.checkpoints_after("t", "side", 0) == [r for r in store.list_checkpoints("t") if r.branch == "side"]
+    assert store.checkpoints_after("t", "nope", 0) == [] and store.checkpoints_after("v", "main", 0) == []
+    store.set_ref("t", "side", None, side.checkpoint_id)  # history stays listed, as list_checkpoints does
+    assert ids(store.checkpoints_after("t", "side", 1)) == [side.checkpoint_id]
+
+
 _RACER = r"""
 import json, os, sys, time
 from overnight.codec import digest

@@ -134,7 +134,7 @@ def test_an_appended_page_entry_is_refused_as_in_a_whole_parse(tmp_path):
         raw = BlobReader(store).get(ref["digest"])
         new = edit(raw)
         writer = BlobWriter(store)
-        page = {"digest": writer.put(new), "size": len(new)}
+        page = {**ref, "digest": writer.put(new), "size": len(new)}  # a done page keeps its index (format 4)
         doc = {**state, part: {**state[part], "pages": [*state[part]["pages"][:-1], page]}}
         encoded = dumps(doc)
         body = {**record, "state": {**record["state"], "digest": writer.put(encoded), "size": len(encoded)},

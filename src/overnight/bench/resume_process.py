@@ -17,10 +17,10 @@ from one length to the next by ``overnight run`` / ``overnight resume --max-step
 and, in this process, **load + verify head** (:func:`~overnight.chain.read.load_head` on the open
 store, ``lazy_done``: record, state document, todo and artifact pages, world fingerprint -- the done
 pages are read and verified when used, so this is what ``ls``, the resume's look-up of the task's
-code and any reader that needs no done entry pay) and **load + verify every done page** (the same
-with every done page read and verified: what the runner checks before its session starts, since
-the memo look-up of a step key and the drift check read every done entry) -- the parts that would
-grow with the chain. Each child's peak resident memory (``ru_maxrss`` from ``wait4``) is recorded
+code and the runner pay: its memo look-up of a step, its plan check and its drift check go by the
+done pages' verified index, record format 4) and **load + verify every done page** (the same with
+every done page read and verified: what ``verify`` and a format-3 head cost, and what the runner
+read before its session until format 4) -- the parts that would grow with the chain. Each child's peak resident memory (``ru_maxrss`` from ``wait4``) is recorded
 too (``rss_mb``).
 
 The children write their bytecode caches to a folder of the bench's own (``PYTHONPYCACHEPREFIX``,

@@ -51,20 +51,25 @@ from overnight.chain.ditto import Heal, HealingReader
 from overnight.chain.ditto import get_checkpoint as ditto_checkpoint
 from overnight.chain.records import WORLD_FORMAT
 from overnight.keys import signing_key_from_env  # noqa: F401 (re-exported)
-from overnight.chain.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade, upgrade_entries
+from overnight.chain.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade, upgrade_done_refs, upgrade_entries
 from overnight.chain.records import (
     ARTIFACT_PAGE,
     DONE_PAGE,
+    DONE_PAGE_LIST,
     DONE_PAGE_SCHEMA,
     TODO_PAGE,
     WORLD,
     ArtifactRef,
     BlobRef,
+    DoneRef,
     PAGE_LIST,
     CheckpointRecord,
     Pages,
     StateDoc,
     TaskState,
+    done_index,
+    merge_summaries,
+    name_tag,
     validation_summary,
 )
 
@@ -80,6 +85,12 @@ class Page:
     migrated: bool = False
     """The entries were upgraded from an older format (``tree`` is not what ``ref``'s bytes hold):
     a writer must encode the page again rather than reuse ``ref``."""
+
+    @cached_property
+    def index(self) -> dict[str, Any]:
+        """``{"names", "summary"}`` of a done page's entries (:func:`~overnight.chain.records.
+        done_index`), computed once per page however many checkpoints name it."""
+        return done_index(self.tree)
 
     @cached_property
     def ordered(self) -> bool:
@@ -173,7 +184,7 @@ class DonePages(Sequence[Page]):
     and nothing of it is returned. ``len()`` is the number of pages; :attr:`count` the entries.
     """
 
-    def __init__(self, refs: list[BlobRef], count: int, load: Callable[[int], Page]) -> None:
+    def __init__(self, refs: list[DoneRef], count: int, load: Callable[[int], Page]) -> None:
         self.refs = refs
         self.count = count
         self._load = load
@@ -201,6 +212,39 @@ class DonePages(Sequence[Page]):
     def loaded(self) -> list[Page]:
         """The pages read (and verified) so far, in order."""
         return [self._pages[i] for i in sorted(self._pages)]
+
+    def require_stored(self, store: Store) -> None:
+        """Check that every page not read yet is in ``store`` (one query, nothing read or hashed);
+        a page the store lacks is read now -- healed from its ditto copy, or raising the load's
+        :class:`~overnight.errors.MissingObject`. Damaged bytes are found when a page is read."""
+        unread = {ref.digest: i for i, ref in enumerate(self.refs) if i not in self._pages}
+        for missing in sorted(store.missing_objects(list(unread)) if unread else ()):
+            self[unread[missing]]
+
+    def candidates(self, name: str) -> list[int]:
+        """Pages that may hold an entry named ``name``, in order: those whose index
+        (:attr:`~overnight.chain.records.DoneRef.names`, verified with the state document) has
+        its tag, and those without an index (format 3). Nothing is read."""
+        tag = name_tag(name)
+        out = []
+        for i, ref in enumerate(self.refs):
+            names = ref.names
+            if names is None:
+                out.append(i)
+                continue
+            at = names.find(tag)
+            while at != -1 and at % 8:
+                at = names.find(tag, at + 1)
+            if at != -1:
+                out.append(i)
+        return out
+
+    def summary(self) -> dict[str, Any] | None:
+        """The :class:`~overnight.chain.records.DoneSummary` tree of every stored entry, from the
+        page references (nothing is read); None when a page has none (format 3)."""
+        if any(ref.summary is None for ref in self.refs):
+            return None
+        return merge_summaries(ref.summary.model_dump() for ref in self.refs)  # type: ignore[union-attr]
 
 
 @dataclass(frozen=True)
@@ -262,6 +306,34 @@ class DoneList(Sequence[dict[str, Any]]):
             return NotImplemented
         return len(self) == len(other) and list(self) == list(other)
 
+    def named(self, name: str, key: str | None = None, *, last: bool = False) -> dict[str, Any] | None:
+        """The first (``last``: the last) entry named ``name`` (and, given ``key``, with that step
+        key), or None -- what a scan in order finds, reading (and verifying) only the pages whose
+        index may hold it (:meth:`DonePages.candidates`)."""
+        def hit(e: dict[str, Any]) -> bool:
+            return e["name"] == name and (key is None or e["key"] == key)
+
+        if last:
+            found = next((e for e in reversed(self.tail) if hit(e)), None)
+            for i in reversed(self.stored.candidates(name)) if found is None else ():
+                found = next((e for e in reversed(self.stored[i].tree) if hit(e)), None)
+                if found is not None:
+                    break
+            return found
+        for i in self.stored.candidates(name):
+            found = next((e for e in self.stored[i].tree if hit(e)), None)
+            if found is not None:
+                return found
+        return next((e for e in self.tail if hit(e)), None)
+
+    def summary(self) -> dict[str, Any] | None:
+        """The :class:`~overnight.chain.records.DoneSummary` tree of the whole list (stored pages
+        from their references, appended entries computed), or None (format-3 pages)."""
+        stored = self.stored.summary()
+        if stored is None:
+            return None
+        return merge_summaries([stored, done_index(self.tail)["summary"]]) if self.tail else stored
+
     def pages(self) -> list[Any]:
         """The list cut into done pages as a writer stores it: a :class:`StoredPage` for each
         stored page that stays as it is (every one when nothing was appended; all but a partly
@@ -271,6 +343,24 @@ class DoneList(Sequence[dict[str, Any]]):
         rest = [*(self.stored[keep].tree if keep < n else ()), *self.tail]
         return [*(StoredPage(self.stored.refs[i].model_dump(), self.stored.size(i)) for i in range(keep)),
                 *(rest[i : i + DONE_PAGE] for i in range(0, len(rest), DONE_PAGE))]
+
+
+def done_named(done: Sequence[dict[str, Any]], name: str, key: str | None = None, *,
+               last: bool = False) -> dict[str, Any] | None:
+    """The first (``last``: the last) done entry named ``name`` (and, given ``key``, with that
+    step key), or None: by the pages' index for a :class:`DoneList` (:meth:`DoneList.named`), by
+    a scan otherwise."""
+    if isinstance(done, DoneList):
+        return done.named(name, key, last=last)
+    entries = reversed(done) if last else iter(done)
+    return next((d for d in entries if d["name"] == name and (key is None or d["key"] == key)), None)
+
+
+def done_summary_of(done: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The :class:`~overnight.chain.records.DoneSummary` tree of a :class:`DoneList` from its
+    pages' references (:meth:`DoneList.summary`), or None (a plain list, or format-3 pages: the
+    caller reads the entries)."""
+    return done.summary() if isinstance(done, DoneList) else None
 
 
 @dataclass(frozen=True)
@@ -556,6 +646,11 @@ def load_checkpoint(
             detail = _validation_summary(exc) if isinstance(exc, ValidationError) else exc.message
             raise SchemaError(f"{what} is incomplete or malformed: {detail}", **ids) from exc
         found = pages[cache_key] = Page(ref.model_dump(), tree, entries, migrated=tree is not stored)
+        if extended is not None and kind == "done" and "index" in prev[1].__dict__:
+            # the page extends one whose index is known: index only the appended entries
+            before, added = prev[1].index, done_index(tree[len(prev[1].tree):])
+            found.__dict__["index"] = {"names": before["names"] + added["names"],
+                                       "summary": merge_summaries([before["summary"], added["summary"]])}
         if tails is not None and kind:
             old = tails.get(tail_key)
             if old is not None and old[1].ref["digest"] not in in_use \
@@ -575,7 +670,12 @@ def load_checkpoint(
         key = (member, pages.middle.digest, stored_format)
         mid = memo.middle(key) if memo is not None else None
         if mid is None:
-            middle = page(pages.middle, f"{cp} {member} page list", PAGE_LIST, "").entries
+            if member == "done" and stored_format < 4:  # format 3: plain references, read without index
+                listed = page(pages.middle, f"{cp} {member} page list", PAGE_LIST, "").entries
+                middle = [DoneRef.model_validate(r) for r in upgrade_done_refs([r.model_dump() for r in listed])]
+            else:
+                middle = page(pages.middle, f"{cp} {member} page list",
+                              DONE_PAGE_LIST if member == "done" else PAGE_LIST, "").entries
             if not middle:
                 raise SchemaError(f"{where} {member} page list is empty", **ids)
             digests = {r.digest for r in middle}
@@ -594,16 +694,34 @@ def load_checkpoint(
     if sum(len(p.tree) for p in todo_pages) != doc.todo.count or any(not p.tree for p in todo_pages):
         raise SchemaError(f"{where} todo pages do not hold the {doc.todo.count} entries the state says", **ids)
     done_refs, done_middle = refs("done", doc.done)
+    if stored_format >= 4 and any(r.names is None or r.summary is None for r in done_refs):
+        raise SchemaError(f"{where} names a done page without its index (names, summary): format "
+                          f"{stored_format} requires them", **ids)
     if len(done_refs) != -(-doc.done.count // DONE_PAGE):
         raise SchemaError(f"{where} has {len(done_refs)} done pages; the state says {doc.done.count} "
                           f"entries in pages of {DONE_PAGE}", **ids)
 
     def done_page(i: int) -> Page:
-        found = page(done_refs[i], f"{cp} done page {i}", _DONE_PAGE, "done", "done")
+        ref = done_refs[i]
+        found = page(ref, f"{cp} done page {i}", _DONE_PAGE, "done", "done")
         if len(found.tree) != done_pages.size(i):
             raise SchemaError(f"{where} done page {i} holds {len(found.tree)} entries; the state says "
                               f"{doc.done.count} in pages of {DONE_PAGE}", **ids)
-        return found
+        memo = found.__dict__.get("_checked_for")  # (reference, page handed out): a middle blob's
+        if memo is not None and memo[0] is ref:  # references are shared by every checkpoint naming it
+            return memo[1]
+        if ref.names is not None or ref.summary is not None:  # the index must say what the page holds
+            index = found.index
+            if (ref.names is not None and ref.names != index["names"]) or (ref.summary is not None and (
+                    ref.summary.fns != index["summary"]["fns"] or ref.summary.reads != index["summary"]["reads"])):
+                raise SchemaError(f"{where} done page {i}: its index (names, summary) does not match its entries",
+                                  **ids)
+        # a page shared with another load (the cache) carries this document's reference, index included
+        summary = None if ref.summary is None else {"fns": ref.summary.fns, "reads": ref.summary.reads}
+        same = found.ref.get("names") == ref.names and found.ref.get("summary") == summary
+        out = found if same else replace(found, ref=ref.model_dump())
+        found.__dict__["_checked_for"] = (ref, out)  # held: the identity test above stays sound
+        return out
 
     done_pages = DonePages(done_refs, doc.done.count, done_page)
     if done_middle is not None and done_middle.pages is not None and done_middle.sound:

@@ -28,6 +28,12 @@ blobs), empty for a format-2 document, whose ``data`` holds every value, and eac
 gains ``middle`` (the references of its inner pages, in their own blob), null for a format-2
 document, whose ``pages`` lists every page; the record and the pages are unchanged but for the
 record's ``format``.
+
+**3 -> 4**: each done page reference gains ``names`` and ``summary`` (the index of its entries,
+:class:`~overnight.chain.records.DoneRef`), null for a format-3 document (unknown: the page is read
+for every look-up, as format 3 did); references listed in a format-3 ``middle`` blob are read as
+such (:func:`upgrade_done_refs`). The record, the pages and their entries are unchanged but for the
+record's ``format``. A writer continuing such a checkpoint writes every reference with its index.
 """
 
 from __future__ import annotations
@@ -88,10 +94,30 @@ def _state_2_to_3(tree: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-RECORD_MIGRATIONS: dict[int, Migration] = {1: _record_1_to_2, 2: _record_2_to_3}
+def _record_3_to_4(tree: dict[str, Any]) -> dict[str, Any]:
+    return {**tree, "format": 4}
+
+
+def upgrade_done_refs(refs: Any) -> Any:
+    """Done page references of a format-3 document (``{"digest", "size"}``) as format 4 reads
+    them: ``names`` and ``summary`` null. Anything else is left for validation to refuse."""
+    if not isinstance(refs, list):
+        return refs
+    return [{**r, "names": None, "summary": None} if isinstance(r, dict) else r for r in refs]
+
+
+def _state_3_to_4(tree: dict[str, Any]) -> dict[str, Any]:
+    out = {**tree, "format": 4}
+    done = tree.get("done")
+    if isinstance(done, dict):
+        out["done"] = {**done, "pages": upgrade_done_refs(done.get("pages"))}
+    return out
+
+
+RECORD_MIGRATIONS: dict[int, Migration] = {1: _record_1_to_2, 2: _record_2_to_3, 3: _record_3_to_4}
 """Checkpoint record migrations, ``N -> N+1``."""
 
-STATE_MIGRATIONS: dict[int, Migration] = {1: _state_1_to_2, 2: _state_2_to_3}
+STATE_MIGRATIONS: dict[int, Migration] = {1: _state_1_to_2, 2: _state_2_to_3, 3: _state_3_to_4}
 """State document migrations, ``N -> N+1``."""
 
 ENTRY_MIGRATIONS: dict[int, dict[str, EntryMigration]] = {1: {"todo": _todo_1_to_2, "done": _done_1_to_2}}

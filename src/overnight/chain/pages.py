@@ -14,7 +14,7 @@ import bisect
 import functools
 import hashlib
 import operator
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -343,10 +343,15 @@ class PageWriter:
         return b"".join(parts)
 
     def refs(self, pages: list[list | dict], writer: BlobWriter, schema: TypeAdapter | None = None,
-             what: str = "page", *, kept: int = 0, **ids: Any) -> dict[str, Any]:
+             what: str = "page", index: Callable[[Any], dict[str, Any]] | None = None, *, kept: int = 0,
+             **ids: Any) -> dict[str, Any]:
         """``{"count", "pages"}`` for ``pages``, staging new page blobs in ``writer``. The new
         entries of each page encoded anew are first validated against ``schema`` (a page reused,
         or an entry of the page's previous version, was validated when it was written or loaded).
+
+        ``index``: the members a page's reference adds to ``{"digest", "size"}``, from its entries
+        (done pages, format 4: :func:`~overnight.chain.records.done_index`); a reused reference
+        without them (loaded from format 3) gets them too.
 
         ``kept``: the first ``kept`` pages are, in the same places, the very page objects of the
         last call whose commit was stored, not changed since (:class:`ArtifactPager` knows): their
@@ -377,10 +382,12 @@ class PageWriter:
                 ref = cached[0]
                 if start in self._versions:
                     versions[start] = self._versions[start]
+                if index is not None and any(ref.get(k) is None for k in ("names", "summary")):
+                    ref = {"digest": ref["digest"], "size": ref["size"], **index(page)}
             else:
                 names = list(page) if isinstance(page, dict) else None
                 raw = self._encode(page, names, entries, schema, what, ids)
-                ref = {"digest": writer.put(raw), "size": len(raw)}
+                ref = {"digest": writer.put(raw), "size": len(raw), **(index(page) if index is not None else {})}
                 if start is not None:
                     versions[start] = (names, entries, raw)
                     fresh_raw.append(start)

@@ -1,4 +1,4 @@
-"""The checkpoint record and the task state document, as pydantic schemas (record format 3).
+"""The checkpoint record and the task state document, as pydantic schemas (record format 4).
 
 Every field is required: a record missing ``todo``, ``done``, an artifact reference or anything
 else is invalid -- never "resumed with defaults". Unknown fields are refused too. The prose spec,
@@ -20,14 +20,15 @@ step reads them.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from overnight.errors import RecordInvalid
 
-FORMAT_VERSION = 3
-"""Format of checkpoint records and state documents written by this code (formats 1 and 2 are read
+FORMAT_VERSION = 4
+"""Format of checkpoint records and state documents written by this code (formats 1 to 3 are read
 and upgraded, :mod:`overnight.chain.migrate`)."""
 
 VALUE_INLINE_MAX = 2 * 1024
@@ -249,6 +250,46 @@ class Pages(_Strict):
     middle: BlobRef | None
 
 
+class DoneSummary(_Strict):
+    """What the drift check needs of a done page's entries, aggregated (format 4).
+
+    Attributes:
+        fns: ``step function -> [code version, ...]`` of the page's entries (distinct, in order
+            of first appearance).
+        reads: ``kind -> key -> [recorded digest, ...]`` over the entries' ``reads`` of the kinds
+            the drift check compares with the world (:data:`SUMMARY_READS`; distinct values, in
+            order of first appearance). A kind no entry read is absent.
+    """
+
+    fns: dict[str, list[str]]
+    reads: dict[str, dict[str, list[Any]]]
+
+
+class DoneRef(BlobRef):
+    """The reference of a done page (format 4): the blob, plus an index of its entries checked
+    against them whenever the page is read (so ``verify`` checks every one).
+
+    Attributes:
+        names: for each entry, in order, the first 8 hex digits of the SHA-256 of its ``name``
+            (UTF-8, surrogates kept), concatenated: a look-up of a step by name (or by key: a
+            step's key covers its name) reads only the pages whose tags match.
+        summary: :class:`DoneSummary` of the page's entries: the drift check compares these with
+            the world and reads the entries only when something differs.
+
+    Both are null only in a document upgraded from format 3 (a stored format-4 document without
+    them fails to load): the page is then read for any look-up, as format 3 did.
+    """
+
+    names: str | None
+    summary: DoneSummary | None
+
+
+class DonePageSet(Pages):
+    """The done collection's :class:`Pages`, whose page references are :class:`DoneRef`."""
+
+    pages: list[DoneRef]
+
+
 class ContextInfo(_Strict):
     """The context window carried across steps and sessions.
 
@@ -291,7 +332,7 @@ class StateDoc(_Strict):
     format: int
     task: TaskInfo
     todo: Pages
-    done: Pages
+    done: DonePageSet
     artifacts: Pages
     data: Any
     context: ContextInfo
@@ -314,6 +355,61 @@ class TaskState(_Strict):
 
 PAGE_LIST = TypeAdapter(list[BlobRef])
 """Schema of a :attr:`Pages.middle` blob (page references)."""
+DONE_PAGE_LIST = TypeAdapter(list[DoneRef])
+"""Schema of the done collection's :attr:`Pages.middle` blob (format 4: :class:`DoneRef`)."""
+
+SUMMARY_READS = ("inputs", "listings", "sources", "env", "packages", "model")
+"""The kinds of ``reads`` a :class:`DoneSummary` aggregates: those the drift check compares with
+the world (:data:`overnight.verify.drift.READ_COMPONENT`)."""
+
+
+def name_tag(name: str) -> str:
+    """The 8 hex digits :attr:`DoneRef.names` holds for an entry named ``name``."""
+    return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+
+
+def done_summary(entries: Any) -> dict[str, Any]:
+    """The :class:`DoneSummary` tree of done entries (trees), in order."""
+    fns: dict[str, list[str]] = {}
+    reads: dict[str, dict[str, list[Any]]] = {}
+    for d in entries:
+        versions = fns.setdefault(d["fn"], [])
+        if d["version"] not in versions:
+            versions.append(d["version"])
+        got = d["reads"]
+        for kind in SUMMARY_READS:
+            keyed = got.get(kind)
+            if not keyed:
+                continue
+            into = reads.setdefault(kind, {})
+            for key, old in keyed.items():
+                olds = into.setdefault(key, [])
+                if old not in olds:
+                    olds.append(old)
+    return {"fns": fns, "reads": {k: reads[k] for k in SUMMARY_READS if k in reads}}
+
+
+def merge_summaries(summaries: Any) -> dict[str, Any]:
+    """One :class:`DoneSummary` tree for several (pages in order): the same as
+    :func:`done_summary` of all their entries."""
+    fns: dict[str, list[str]] = {}
+    reads: dict[str, dict[str, list[Any]]] = {}
+    for s in summaries:
+        for fn, versions in s["fns"].items():
+            into = fns.setdefault(fn, [])
+            into.extend(v for v in versions if v not in into)
+        for kind, keyed in s["reads"].items():
+            by_key = reads.setdefault(kind, {})
+            for key, olds in keyed.items():
+                into = by_key.setdefault(key, [])
+                into.extend(o for o in olds if o not in into)
+    return {"fns": fns, "reads": {k: reads[k] for k in SUMMARY_READS if k in reads}}
+
+
+def done_index(entries: Any) -> dict[str, Any]:
+    """``{"names", "summary"}`` of a done page's entries (trees): what its :class:`DoneRef`
+    adds to ``{"digest", "size"}``."""
+    return {"names": "".join(name_tag(d["name"]) for d in entries), "summary": done_summary(entries)}
 TODO_PAGE = TypeAdapter(list[TodoEntry])
 """Schema of a todo page blob."""
 DONE_PAGE_SCHEMA = TypeAdapter(list[DoneEntry])

@@ -88,10 +88,10 @@ def find_rollback(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, 
     """
     task_id, branch, seq = loaded.record.task_id, loaded.record.branch, loaded.record.seq
     ref_branch = loaded.row.branch
-    rows = store.list_checkpoints(task_id)
     # 1. the chain: verified records of the branch, newer than ``loaded``, descending from it
+    # (the store's query returns those rows alone: the task's history is not listed)
     newer: dict[str, Any] = {}
-    for row in rows:
+    for row in store.checkpoints_after(task_id, ref_branch, seq):
         if row.branch != ref_branch or row.seq <= seq or row.checkpoint_id in skipped:
             continue
         try:
@@ -117,7 +117,7 @@ def find_rollback(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, 
     mark = (high_water or HighWater()).get(store_identity(store), task_id, ref_branch)
     if mark is None or mark.incarnation != _incarnation(loaded) or mark.seq <= seq or mark.checkpoint_id in skipped:
         return None
-    if _explained(rows, loaded, mark, key):
+    if _explained(store.list_checkpoints(task_id), loaded, mark, key):
         return None
     return Rollback(task_id, branch, loaded.id, seq, mark.checkpoint_id, mark.seq, "high-water")
 

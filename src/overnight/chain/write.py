@@ -25,6 +25,7 @@ from overnight.chain.ditto import CopyPolicy
 from overnight.chain.records import (
     ARTIFACT_PAGE,
     DONE_PAGE_SCHEMA,
+    done_index,
     FORMAT_VERSION,
     TODO_PAGE,
     VALUE_INLINE_MAX,
@@ -210,7 +211,8 @@ class ChainWriter:
             fresh = [a["digest"] for a in artifacts.values()]
         all_refs = {
             "todo": self._todo.refs(todo_pages(state["todo"]), writer, TODO_PAGE, "todo page", **ids),
-            "done": self._done.refs(done_pages(state["done"]), writer, DONE_PAGE_SCHEMA, "done page", **ids),
+            "done": self._done.refs(done_pages(state["done"]), writer, DONE_PAGE_SCHEMA, "done page",
+                                    index=done_index, **ids),
             "artifacts": self._artifacts.refs(pages, writer, ARTIFACT_PAGE, "artifact page", kept=self._pager.kept,
                                               **ids),
         }

@@ -14,10 +14,14 @@ def main() -> None:
     ``overnight hook claude-code EVENT`` and ``overnight hook run --event NAME``, which a coding
     agent runs at every turn and compaction, are dispatched here without importing the CLI
     framework, the API layer and the runner (most of a cold start: see ``overnight bench mcp``);
-    the same functions run either way, and anything else -- ``--help`` included -- goes through
+    so is ``overnight resume TASK_ID`` with no option but ``--store``, ``--branch``,
+    ``--max-steps`` and ``--quiet`` (without the CLI framework: see ``overnight bench resume``).
+    The same functions run either way, and anything else -- ``--help`` included -- goes through
     the typer app in :mod:`overnight.cli.app`.
     """
     code = _fast_hook(sys.argv[1:])
+    if code is None:
+        code = _fast_resume(sys.argv[1:])
     if code is not None:
         sys.exit(code)
     from overnight.cli.app import main as app_main
@@ -47,6 +51,61 @@ def _options(args: list[str], names: dict[str, str]) -> tuple[dict[str, str], li
             rest.append(a)
         i += 1
     return opts, rest
+
+
+def _fast_resume(argv: list[str]) -> int | None:
+    """``overnight resume TASK_ID [--store URL] [--branch NAME] [--max-steps N] [--quiet]`` run as
+    the typer command runs it (the same :func:`overnight.api.resume`, progress display, messages
+    and exit codes: :mod:`overnight.cli.exits`), without importing typer and every command module;
+    None for any other form (other options, ``--help``, a bad value: typer handles and reports it)."""
+    if not argv or argv[0] != "resume":
+        return None
+    names = {"--store": "store", "-s": "store", "--branch": "branch", "-b": "branch", "--max-steps": "max_steps"}
+    opts: dict[str, str] = {}
+    rest: list[str] = []
+    quiet = False
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        flag, eq, value = a.partition("=")
+        if a in ("--quiet", "-q"):
+            quiet = True
+        elif flag in names:
+            if not eq:
+                if i + 1 >= len(argv):
+                    return None
+                value = argv[i + 1]
+                i += 1
+            opts[names[flag]] = value
+        elif a.startswith("-"):
+            return None
+        else:
+            rest.append(a)
+        i += 1
+    steps = opts.get("max_steps")
+    if len(rest) != 1 or (steps is not None and not (steps.isascii() and steps.isdigit() and int(steps) >= 1)):
+        return None
+    import warnings
+
+    from overnight import api
+    from overnight.cli import render
+    from overnight.cli.exits import EXIT_RESUMABLE, print_error, report_run
+    from overnight.errors import OvernightError
+
+    warnings.formatwarning = lambda message, category, *args, **kw: f"warning: {message}\n"  # type: ignore
+    store = opts["store"] if "store" in opts else (os.environ.get("OVERNIGHT_STORE") or None)
+    try:
+        try:
+            with render.RunProgress(quiet=quiet, events_path=None) as progress:
+                result = api.resume(rest[0], store=store, branch=opts.get("branch", "main"), entry=None,
+                                    max_steps=int(steps) if steps is not None else None, on_event=progress,
+                                    on_drift=None, model=None, max_context_tokens=None, allow_rollback=False)
+        except OvernightError as exc:
+            return print_error(exc)
+        return report_run(result, quiet=quiet)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return EXIT_RESUMABLE
 
 
 def _fast_hook(argv: list[str]) -> int | None:

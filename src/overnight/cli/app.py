@@ -40,6 +40,7 @@ from overnight.cli.common import (  # noqa: F401 (EXIT_* re-exported)
     failing,
     need_extra as _need_extra,
 )
+from overnight.cli.exits import report_run
 from overnight.errors import OvernightError
 
 def _usage_name(self: typer.core.TyperArgument) -> str:
@@ -107,30 +108,9 @@ def _model(spec: Optional[str], base_url: Optional[str]):
 
 
 def _report_run(result: api.RunResult, *, quiet: bool) -> None:
-    if not quiet:
-        kept = "resumable" if result.resumable or result.status == "complete" else \
-            "NOT resumable: level ephemeral kept its checkpoints in this process only; running it again starts over"
-        state = {"complete": "[green]complete[/]", "interrupted": f"[yellow]interrupted ({kept})[/]",
-                 "stopped": f"[yellow]stopped after --max-steps ({kept})[/]"}[result.status]
-        render.err.print(
-            f"task [bold]{render.esc(result.task_id)}[/] {state}: {result.done}/{result.total} steps, "
-            f"{result.steps_run} run now, head {result.head[7:19]}; the task's context window #{result.session} "
-            "(each run and each compaction starts a new one)"
-        )
-        u = result.usage
-        if u.get("calls") or u.get("replayed_calls") or result.compactions:
-            render.err.print(f"model: {u.get('calls', 0)} call(s), {u.get('tokens_in', 0)} tokens in, "
-                             f"{u.get('tokens_out', 0)} out; {u.get('replayed_calls', 0)} call(s) "
-                             f"({u.get('replayed_tokens', 0)} tokens) replayed from the journal; "
-                             f"{result.compactions} compaction(s)")
-    if result.resumable:  # also with --quiet: where to go on is not progress chatter
-        from overnight.runtime.outcome import resume_command
-
-        render.err.print("resume with: " + render.esc(resume_command(result.task_id, result.branch, result.store_url,
-                                                                     result.resume_file)))
-        raise typer.Exit(EXIT_RESUMABLE)
-    if result.status != "complete":  # ephemeral: nothing left to resume
-        raise typer.Exit(EXIT_FAILED)
+    code = report_run(result, quiet=quiet)  # shared with the framework-free `resume` (overnight.cli.main)
+    if code:
+        raise typer.Exit(code)
 
 
 def _run_with_progress(fn, *, quiet: bool, events: Optional[str]) -> api.RunResult:
@@ -715,16 +695,40 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Durable long-horizon agent tasks."""
 
 
+def _only_invoked(argv: list[str]) -> tuple[list, list] | None:
+    """Keep only the command (or command group) ``argv`` invokes in :data:`app`: typer builds the
+    click parameters of every registered command at each start (~45 commands, a tenth of a bare
+    ``overnight resume``), and one process runs one command. Returns what to restore, or None
+    when ``argv`` names no single command (``--help``, ``--version``, a typo: typer then sees them
+    all and says so)."""
+    if not argv or argv[0].startswith("-"):
+        return None
+    from typer.main import get_command_name
+
+    cmds = [c for c in app.registered_commands
+            if (c.name or get_command_name(c.callback.__name__ if c.callback else "")) == argv[0]]
+    groups = [g for g in app.registered_groups if g.name == argv[0]]
+    if len(cmds) + len(groups) != 1:
+        return None
+    kept = (app.registered_commands, app.registered_groups)
+    app.registered_commands, app.registered_groups = cmds, groups
+    return kept
+
+
 def main() -> None:
     """Console-script entry point."""
     import warnings
 
     warnings.formatwarning = lambda message, category, *args, **kw: f"warning: {message}\n"  # type: ignore
+    kept = _only_invoked(sys.argv[1:])
     try:
         app()
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(EXIT_RESUMABLE)
+    finally:
+        if kept is not None:
+            app.registered_commands, app.registered_groups = kept
 
 
 if __name__ == "__main__":

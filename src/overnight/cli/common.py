@@ -12,19 +12,11 @@ from typing import Iterator, NoReturn
 import typer
 
 from overnight.cli import render
-from overnight.errors import (
-    ConcurrencyError,
-    ConfigError,
-    DriftError,
-    IntegrityError,
-    NotFound,
-    OvernightError,
-    StepError,
-    StoreError,
+from overnight.cli.exits import (  # noqa: F401 (re-exported)
+    EXIT_BUSY, EXIT_DRIFT, EXIT_FAILED, EXIT_INTEGRITY, EXIT_OK, EXIT_RESUMABLE, EXIT_STORE, EXIT_USAGE, exit_code,
+    print_error,
 )
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTEGRITY, EXIT_BUSY, EXIT_DRIFT, EXIT_RESUMABLE = 0, 1, 2, 3, 4, 5, 75
-EXIT_STORE = 6
+from overnight.errors import OvernightError
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 complete | 1 step failed | 2 usage / not found | 3 integrity (nothing verifies, a ref "
@@ -49,34 +41,8 @@ DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 in the test suite; ``overnight.bench`` has its own copy: the CLI loads the benchmarks only when one runs)."""
 
 
-def exit_code(exc: OvernightError) -> int:
-    if isinstance(exc, StoreError):
-        return EXIT_STORE
-    if isinstance(exc, StepError) and isinstance(exc.__cause__, StoreError):
-        return EXIT_STORE
-    if isinstance(exc, DriftError):
-        return EXIT_DRIFT
-    if isinstance(exc, ConcurrencyError):
-        return EXIT_BUSY
-    if isinstance(exc, IntegrityError):
-        return EXIT_INTEGRITY
-    if isinstance(exc, (NotFound, ConfigError)):
-        return EXIT_USAGE
-    if isinstance(exc, StepError):
-        return EXIT_FAILED
-    return EXIT_FAILED
-
-
 def fail(exc: OvernightError) -> None:
-    render.err.print(f"[bold red]error:[/] {render.esc(exc)}")
-    cause = exc.__cause__
-    if isinstance(exc, StepError) and cause is not None:
-        import traceback
-
-        # a typed error already says what went wrong: show where in the step, not the library's chain
-        typed = isinstance(cause, OvernightError)
-        render.err.print("".join(traceback.format_exception(cause, chain=not typed)).rstrip(), markup=False)
-    raise typer.Exit(exit_code(exc))
+    raise typer.Exit(print_error(exc))
 
 
 def need_extra(exc: ImportError, extras: str) -> NoReturn:

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
+from overnight.chain.integrity import done_named
 from overnight.codec.canonical import dumps_sorted, from_tree
 from overnight.codec.digest import sha256
 from overnight.errors import EncodeError, SpecError
@@ -44,22 +45,35 @@ class Outputs(Mapping[str, Any]):
     records a dependency: when that step is recomputed after drift, so is the reader."""
 
     def __init__(self, done: list[dict[str, Any]], reads: list[str]) -> None:
-        self._trees = {d["name"]: d["output"] for d in done}
+        self._done = done
+        self._trees: dict[str, Any] | None = None  # every name, built when iterated
         self._cache: dict[str, Any] = {}
         self._reads = reads
 
+    def _all(self) -> dict[str, Any]:
+        if self._trees is None:
+            self._trees = {d["name"]: d["output"] for d in self._done}
+        return self._trees
+
     def __getitem__(self, name: str) -> Any:
         if name not in self._cache:
-            self._cache[name] = from_tree(self._trees[name], f"step[{name!r}].output")
+            if self._trees is not None:
+                tree = self._trees[name]
+            else:  # one look-up through the done pages' index, not the whole list
+                found = done_named(self._done, name, last=True)
+                if found is None:
+                    raise KeyError(name)
+                tree = found["output"]
+            self._cache[name] = from_tree(tree, f"step[{name!r}].output")
         if name not in self._reads:
             self._reads.append(name)
         return self._cache[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._trees)
+        return iter(self._all())
 
     def __len__(self) -> int:
-        return len(self._trees)
+        return len(self._all())
 
 
 class StateDict(dict):  # type: ignore[type-arg]

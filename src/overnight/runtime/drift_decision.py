@@ -19,7 +19,7 @@ from overnight.runtime.task import Task
 from overnight.store.base import Store
 from overnight.verify.drift import DEFAULT_POLICIES, DriftReport, WorldNow, affected_steps, detect, rebaseline
 from overnight.verify.fingerprint import COMPONENTS, WorldSpec, world
-from overnight.chain.integrity import LoadedCheckpoint, load_checkpoint
+from overnight.chain.integrity import LoadedCheckpoint, done_summary_of, load_checkpoint
 from overnight.chain.records import recompute_info, todo_entry
 
 
@@ -55,7 +55,7 @@ def report_for(loaded: LoadedCheckpoint, state: dict[str, Any], task: Task, now:
     return detect(
         checkpoint_id=loaded.id, recorded=loaded.world, now=now, done=state["done"],
         step_versions={n: (s.version, s.source_digest) for n, s in task.steps.items()},
-        exports=exports, salt=salt, sources=dict(task.sources),
+        exports=exports, salt=salt, sources=dict(task.sources), summary=done_summary_of(state["done"]),
     )
 
 

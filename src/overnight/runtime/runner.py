@@ -40,6 +40,7 @@ from overnight.errors import (
     OutputNotWritable,
     IntegrityError,
     OvernightError,
+    RollbackDetected,
     StepFailed,
     StoreError,
     UnknownStep,
@@ -415,6 +416,25 @@ class Runner:
                 hint="give this task another id, or, if the code moved, resume it with "
                 f"`overnight resume {self.task.id} --file {self.task.entry}`")
         loaded, fallback = self._head_loaded()
+        try:
+            if loaded.lazy_done and len(loaded.done_pages):
+                loaded.done_pages[len(loaded.done_pages) - 1]  # the first commit extends it: verified now
+            return self._continue_from(loaded, fallback)
+        except RollbackDetected:
+            raise
+        except IntegrityError:
+            if not loaded.lazy_done:
+                raise
+            # a done page read on the way (the last one, the plan check, the drift check) is damaged:
+            # load the branch with every page verified, which falls back past it as a resume did
+            # before pages were read as used (the records written meanwhile, if any, are skipped too)
+            loaded, fallback = load_head(self.store, self.task.id, self.branch, key=self.key,
+                                         verified=self.chain.known)
+            return self._continue_from(loaded, fallback)
+
+    def _continue_from(self, loaded: LoadedCheckpoint, fallback: Fallback | None) -> tuple[bool, Fallback | None]:
+        """The rest of :meth:`_start` once the head is loaded: rollback check, the state, an
+        automatic fallback's record, the drift check, the plan brought up to date."""
         repaired_back = self._repair.fallback(self.branch, loaded.id) if self._repair and fallback is None else None
         fallback = fallback or repaired_back  # the repair moved the ref back past what verifies on no medium
         accepted = rollback.check(self.store, loaded, key=self.key, allow=self.allow_rollback,
@@ -459,16 +479,18 @@ class Runner:
             if self.store.get_ref(self.task.id, self.branch) == (fallback.head_id if fallback else loaded.id):
                 seen: set[str] = set()
                 try:
-                    # every done page (the memo lookup and the drift check read every entry; the
-                    # caller may have loaded it with lazy_done), then the deep check, once
-                    list(loaded.done_pages)
+                    # the deep check, once; done pages are read and verified as used (the memo
+                    # look-up and the drift check go through their verified index)
                     verify_artifacts(loaded, BlobReader(self.store, seen))
+                    if loaded.lazy_done:
+                        loaded.done_pages.require_stored(self.store)
                 except IntegrityError:
                     pass  # a damaged artifact: load the branch again, falling back past it
                 else:
                     self.chain.known |= known | seen
                     return loaded, fallback
-        return load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known)
+        return load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known,
+                         lazy_done=True, done_present=True)
 
     def _reconcile_plan(self) -> None:
         """Bring the stored plan up to date with the task code (:func:`~overnight.runtime.task.
@@ -609,7 +631,7 @@ class Runner:
             )
         key = step_key(sdef.fn_name, sdef.version, entry["name"], entry["args"])
         writer = self.chain.blob_writer()
-        if self.state.done_with_key(key) is not None:
+        if self.state.done_with_key(key, entry["name"]) is not None:
             self.state = self.state.but(todo=self.state.todo[1:])
             self._commit(writer, event("step", step=entry["name"], key=key, detail="reused"), [])
             self._emit("skip", step=entry["name"], checkpoint_id=self.head)

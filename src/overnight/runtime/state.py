@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from overnight.chain.records import context_info, recompute_info
+from overnight.chain.integrity import done_named
 
 TodoTree = dict[str, Any]
 """A todo entry as stored (:class:`~overnight.chain.records.TodoEntry`)."""
@@ -130,11 +131,16 @@ class SessionState:
         return bytes.fromhex(self.task.spec.get("salt", ""))
 
     def entry(self, name: str) -> TodoTree | DoneTree | None:
-        """The todo or done entry named ``name``, if any."""
-        return next((e for e in (*self.todo, *self.done) if e["name"] == name), None)
+        """The todo or done entry named ``name``, if any (the done list through its pages' index:
+        only a page that may hold it is read, :func:`~overnight.chain.integrity.done_named`)."""
+        hit = next((e for e in self.todo if e["name"] == name), None)
+        return hit if hit is not None else done_named(self.done, name)
 
-    def done_with_key(self, key: str) -> DoneTree | None:
-        """The done entry of step key ``key``, if that step ran."""
+    def done_with_key(self, key: str, name: str | None = None) -> DoneTree | None:
+        """The done entry of step key ``key``, if that step ran. ``name``: the step's name (which
+        its key covers), so the pages' index finds it reading one page, not every one."""
+        if name is not None:
+            return done_named(self.done, name, key)
         return next((d for d in self.done if d["key"] == key), None)
 
     @property

@@ -74,7 +74,7 @@ def state_after(state: SessionState, ran: StepRun, writer: BlobWriter, *, seq: i
         tokens_out=ran.tokens_out, replayed_tokens=ran.replayed_tokens,
     )
     todo = _replan(state.todo[1:], entry["name"], staged.added_next, staged.planned) + staged.added_end
-    return state.but(todo=todo, done=[*state.done, done], artifacts=artifacts, data=ran.data), produced
+    return state.but(todo=todo, done=state.done + [done], artifacts=artifacts, data=ran.data), produced
 
 
 def _replan(rest: list[dict[str, Any]], step: str, added: list[dict[str, Any]], planned: list[str]) -> list[dict[str, Any]]:

@@ -331,10 +331,12 @@ def reconcile_plan(todo: list[dict[str, Any]], done: list[dict[str, Any]], task:
     change.removed = [e["name"] for e in todo if e["fn"] not in task.steps
                       and (e.get("added_by") is None or e.get("previous") is not None)]
     out = [e for e in todo if e["name"] not in change.removed]
-    known = {e["name"] for e in (*todo, *done)}
+    from overnight.chain.integrity import done_named
+
+    known = {e["name"] for e in todo}
     planned = [s.fn_name for s in task.steps.values() if s.planned]
     for i, fn in enumerate(planned):
-        if fn in known:
+        if fn in known or done_named(done, fn) is not None:  # the done list by its index: a page or none read
             continue
         names = [e["name"] if e.get("added_by") is None else None for e in out]
         before = next((n for n in planned[i + 1:] if n in names), None)

@@ -355,6 +355,14 @@ class ChainStore(Protocol):
         """Every checkpoint of the task, all branches, ordered by ``seq`` then ``created_at``."""
         ...
 
+    def checkpoints_after(self, task_id: str, branch: str, seq: int) -> list[CheckpointRow]:
+        """The task's checkpoints recorded on ``branch`` (their ``branch`` column) with a ``seq``
+        above ``seq``, ordered as :meth:`list_checkpoints` orders them: what the rollback check
+        looks for (a newer record of the branch) without listing the task's whole history. The
+        SQL stores answer from their ``(task_id, seq)`` index (cost: the rows returned); the
+        key-value stores filter the task's index (their keys carry no ``seq``)."""
+        ...
+
     def get_ref(self, task_id: str, branch: str) -> str | None:
         """The branch head's checkpoint id, or None when the branch does not exist."""
         ...

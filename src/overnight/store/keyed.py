@@ -395,6 +395,10 @@ class KeyedStore(Closing):
     def list_checkpoints(self, task_id: str) -> list[CheckpointRow]:
         return [row for row, _ in self._committed(task_id)]
 
+    def checkpoints_after(self, task_id: str, branch: str, seq: int) -> list[CheckpointRow]:
+        # the index names checkpoints by id only: every committed record is read (layout 2)
+        return [row for row, _ in self._committed(task_id) if row.branch == branch and row.seq > seq]
+
     def get_ref(self, task_id: str, branch: str) -> str | None:
         return self._read_ref(task_id, branch)[0]
 

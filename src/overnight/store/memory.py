@@ -138,6 +138,11 @@ class MemoryStore(Closing):
             rows = [r for r in self._checkpoints.values() if r.task_id == task_id]
         return sorted(rows, key=lambda r: (r.seq, r.created_at, r.checkpoint_id))
 
+    def checkpoints_after(self, task_id: str, branch: str, seq: int) -> list[CheckpointRow]:
+        with self._lock:
+            rows = [r for r in self._checkpoints.values() if r.task_id == task_id and r.branch == branch and r.seq > seq]
+        return sorted(rows, key=lambda r: (r.seq, r.created_at, r.checkpoint_id))
+
     def get_ref(self, task_id: str, branch: str) -> str | None:
         with self._lock:
             return self._refs.get((task_id, branch))

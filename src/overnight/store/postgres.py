@@ -563,6 +563,11 @@ class PostgresStore(Closing):
                           (_b(task_id),))
         return [self._row(r) for r in rows]
 
+    def checkpoints_after(self, task_id: str, branch: str, seq: int) -> list[CheckpointRow]:
+        rows = self._read("SELECT * FROM {s}.checkpoints WHERE task_id=%s AND seq>%s AND branch=%s "
+                          "ORDER BY seq, created_at, checkpoint_id", (_b(task_id), seq, _b(branch)))
+        return [self._row(r) for r in rows]
+
     def get_ref(self, task_id: str, branch: str) -> str | None:
         rows = self._read("SELECT checkpoint_id FROM {s}.refs WHERE task_id=%s AND branch=%s", (_b(task_id), _b(branch)))
         return rows[0][0] if rows else None

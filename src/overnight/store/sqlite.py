@@ -706,6 +706,11 @@ class SQLiteStore(Closing):
         rows = self._read("SELECT * FROM checkpoints WHERE task_id=? ORDER BY seq, created_at, checkpoint_id", (task_id,))
         return [self._row(r) for r in rows]
 
+    def checkpoints_after(self, task_id: str, branch: str, seq: int) -> list[CheckpointRow]:
+        rows = self._read("SELECT * FROM checkpoints WHERE task_id=? AND seq>? AND branch=? "
+                          "ORDER BY seq, created_at, checkpoint_id", (task_id, seq, branch))
+        return [self._row(r) for r in rows]
+
     def get_ref(self, task_id: str, branch: str) -> str | None:
         rows = self._read("SELECT checkpoint_id FROM refs WHERE task_id=? AND branch=?", (task_id, branch))
         return rows[0][0] if rows else None

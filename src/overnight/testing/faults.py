@@ -255,7 +255,8 @@ class Faults:
                     page = loads(self._object_bytes(store, state["done"]["pages"][n]["digest"]))
                     entry = self.rng.choice(page)
                     entry["output"] = {"edited": True}
-                    state["done"]["pages"][n] = self._put_state(db, page)
+                    # the page's reference keeps its index (names, summary: an output is in neither)
+                    state["done"]["pages"][n] = {**state["done"]["pages"][n], **self._put_state(db, page)}
                     detail = f"output of step {entry['name']!r} edited"
                 else:
                     state["data"] = {"edited": True}

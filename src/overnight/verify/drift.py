@@ -182,6 +182,25 @@ READ_COMPONENT = {"inputs": "inputs", "listings": "inputs", "sources": "inputs",
                   "model": "model"}
 
 
+def _summary_differs(summary: dict[str, Any], recorded: dict[str, Any] | None, now: dict[str, Any],
+                     step_versions: dict[str, tuple[str, str | None]], exports: dict[str, tuple[str, str]],
+                     world: "WorldNow") -> bool:
+    """Would :func:`detect` name a done step? True when the task's code epoch changed, a step
+    function of the summary is gone or has another version, anything a step read differs from
+    the world now, or an exported file was edited -- each a case whose report lists steps."""
+    if recorded is not None and (recorded.get("code") or {}).get("task") != now["code"]["task"]:
+        return True
+    for fn, versions in summary["fns"].items():
+        current = step_versions.get(fn)
+        if current is None or any(v != current[0] for v in versions):
+            return True
+    for kind in READ_COMPONENT:
+        for key, olds in summary["reads"].get(kind, {}).items():
+            if any(world.get(kind, key, old) != old for old in olds):
+                return True
+    return any(digest_path(path) not in (MISSING, committed) for committed, path in exports.values())
+
+
 def detect(
     *,
     checkpoint_id: str | None,
@@ -192,6 +211,7 @@ def detect(
     exports: dict[str, tuple[str, str]],
     salt: bytes,
     sources: dict[str, Callable[[], Any]],
+    summary: dict[str, Any] | None = None,
 ) -> DriftReport:
     """Compare a checkpoint with the world now.
 
@@ -201,7 +221,18 @@ def detect(
         done: the checkpoint's done entries (trees), in order.
         step_versions: ``fn -> (version, source digest)`` of the task code now.
         exports: ``artifact -> (committed digest, file path)`` for exported artifacts.
+        summary: the :class:`~overnight.chain.records.DoneSummary` tree of ``done`` (from the
+            done pages' verified references, format 4), or None. With it, ``done`` is read only
+            when the summary shows that something a step depends on differs (a step version or
+            function, anything read, the task's code epoch, an exported file): otherwise no item
+            can name a step, and the report is the same without reading one entry.
     """
+    if summary is not None and not _summary_differs(summary, recorded, now, step_versions, exports,
+                                                     WorldNow(salt, sources, now.get("model"))):
+        done = []  # nothing a done entry holds differs from the world: the report needs none of them
+        read_packages: set[str] | None = set(summary["reads"].get("packages", {}))
+    else:
+        read_packages = None
     report = DriftReport(checkpoint_id)
     items: dict[tuple[str, str], DriftItem] = {}
 
@@ -230,7 +261,8 @@ def detect(
 
     # world-level components: deps, env runtime and vars, declared inputs
     if recorded is not None:
-        read_packages = {p for d in done for p in d["reads"].get("packages", {})}
+        if read_packages is None:
+            read_packages = {p for d in done for p in d["reads"].get("packages", {})}
         unread: list[tuple[str, str, str]] = []
         for name in sorted(set(recorded["deps"]["packages"]) | set(now["deps"]["packages"])):
             old, new = recorded["deps"]["packages"].get(name, MISSING), now["deps"]["packages"].get(name, MISSING)

@@ -252,6 +252,13 @@ class TieredStore(Closing):
             rows.setdefault(r.checkpoint_id, r)
         return sorted(rows.values(), key=lambda r: (r.seq, r.created_at, r.checkpoint_id))
 
+    def checkpoints_after(self, task_id: str, branch: str, seq: int) -> list[CheckpointRow]:
+        rows = {r.checkpoint_id: r for r in self.hot.checkpoints_after(task_id, branch, seq)}
+        for r in self.archived_rows(task_id):
+            if r.branch == branch and r.seq > seq:
+                rows.setdefault(r.checkpoint_id, r)
+        return sorted(rows.values(), key=lambda r: (r.seq, r.created_at, r.checkpoint_id))
+
     # -- tasks and journal --------------------------------------------------------------------
 
     def journal(self, task_id: str) -> list[JournalRow]:
