@@ -12,6 +12,8 @@ import sys
 
 from test_cli import ROOT, cli
 
+from overnight.chain.records import FORMAT_VERSION
+
 
 def test_cat_object_and_show_raw_walk_a_task_by_hand(tmp_path):
     """FORMAT.md's "Verifying a task by hand": from the ref to a done page with the plumbing, each
@@ -30,7 +32,7 @@ def test_cat_object_and_show_raw_walk_a_task_by_hand(tmp_path):
     state = subprocess.run([sys.executable, "-m", "overnight", "cat-object", state_digest], cwd=tmp_path,
                            capture_output=True, timeout=120).stdout
     assert "sha256:" + hashlib.sha256(state).hexdigest() == state_digest
-    assert json.loads(state) == show["state"] and show["state"]["format"] == 3
+    assert json.loads(state) == show["state"] and show["state"]["format"] == FORMAT_VERSION
     page = show["state"]["done"]["pages"][-1]["digest"]
     done = json.loads(cli("cat-object", page[7:], cwd=tmp_path).stdout)  # the hex digits alone do too
     assert [d["name"] for d in done][-1] == show["chain"][-1]["step"]

@@ -263,7 +263,7 @@ def test_a_failing_lease_release_does_not_hide_the_error_that_ended_the_run(tmp_
     from overnight.store.base import Lease
 
     class ReleaseRefused(SQLiteStore):  # the medium refuses exactly the release
-        def release_lease(self, lease: Lease) -> None:
+        def release_lease(self, lease: Lease, outcome: str | None = None) -> None:
             raise StoreReadOnly(f"store {self.path} is read-only", location=str(self.path))
 
     task = overnight.Task(f"t-{uuid.uuid4().hex[:6]}", goal="fail", expected_span="3h", level="session")

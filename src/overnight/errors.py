@@ -20,7 +20,8 @@ first group that matches, in this order: store, drift, concurrency, integrity, l
   :class:`CodeLocationRefused`, :class:`StoreCorrupt`, :class:`ReplicaUnavailable`,
   :class:`NoValidCheckpoint`, :class:`SessionCorrupt`, :class:`ThreadCorrupt`
 * lookup, exit 2 -- :class:`NotFound`: :class:`TaskNotFound`, :class:`CheckpointNotFound`,
-  :class:`ArtifactNotFound`, :class:`BranchNotFound`, :class:`ObjectNotFound`
+  :class:`ArtifactNotFound`, :class:`BranchNotFound`, :class:`ObjectNotFound`, :class:`NoStepOutput` (a
+  ``KeyError``)
 * config/spec, exit 2 -- :class:`ConfigError` (a ``ValueError``): :class:`SpecError`,
   :class:`BranchExists`, :class:`StoreVersionError` (and :class:`StoreSchemaMismatch`),
   :class:`OutputNotWritable`, :class:`ModelNotConfigured`
@@ -292,6 +293,11 @@ class StoreUnavailable(StoreError):
 
 class NotFound(OvernightError, LookupError):
     """Something named by the caller does not exist in the store."""
+
+
+class NoStepOutput(NotFound, KeyError):
+    """``ctx.outputs[name]`` for a step that has not run on this branch: a ``KeyError``, as for any
+    mapping's missing key (``name in ctx.outputs`` and ``ctx.outputs.get(name)`` rely on it)."""
 
 
 class TaskNotFound(NotFound):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 from overnight.chain.integrity import done_named
 from overnight.codec.canonical import dumps_sorted, from_tree
 from overnight.codec.digest import sha256
-from overnight.errors import EncodeError, SpecError
+from overnight.errors import EncodeError, NoStepOutput, SpecError
 from overnight.runtime.task import default_step_name, todo_entry
 from overnight.verify.fingerprint import MISSING, digest_path, installed, keyed, listing_digest, normalize, source_digest
 
@@ -62,7 +62,8 @@ class Outputs(Mapping[str, Any]):
             else:  # one look-up through the done pages' index, not the whole list
                 found = done_named(self._done, name, last=True)
                 if found is None:
-                    raise KeyError(name)
+                    raise NoStepOutput(f"no output of step {name!r}: it has not run on this branch",
+                                       hint="`name in ctx.outputs` tells whether it has")
                 tree = found["output"]
             self._cache[name] = from_tree(tree, f"step[{name!r}].output")
         if name not in self._reads:

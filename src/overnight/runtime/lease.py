@@ -89,8 +89,10 @@ class LeaseKeeper:
         if lease is None:
             return
         try:  # a step that failed for good, or drift the policy aborts on: `overnight ls` says failed (reason)
-            failed = isinstance(first, (StepFailed, DriftAbort))
-            self.store.release_lease(lease, f"failed: {first.message}" if failed else None)  # type: ignore[union-attr]
+            if isinstance(first, (StepFailed, DriftAbort)):
+                self.store.release_lease(lease, f"failed: {first.message}")
+            else:
+                self.store.release_lease(lease)
         except Exception as exc:  # noqa: BLE001 - reported, never raised over the run's outcome
             why = exc.message if isinstance(exc, OvernightError) else str(exc)
             detail = (f"releasing the lease on task {self.task_id!r} (branch {self.branch!r}) also failed "
