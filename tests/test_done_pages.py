@@ -208,16 +208,35 @@ def _done_pages_read_by_a_resume(tmp_path, steps: int) -> tuple[int, int]:
     return len(pages), len(pages & set(store.read))
 
 
-def test_a_resume_reads_as_many_done_pages_whatever_the_history(tmp_path):
-    """The memo look-up of the next step, the plan's reconciliation, ``ctx.add_step``'s check for a
-    step of that name, ``ctx.outputs[name]``, the drift check (nothing drifted) and the commit each
-    read at most the page they need -- the first (``plan``) and the partly filled last one -- so a
-    resume reads as many done pages at 1 page of history as at 5 (a count machine load does not
-    perturb)."""
+def test_a_resume_checks_every_done_page_before_its_first_step(tmp_path):
+    """The memo look-up and the drift check go by the pages' index, and a commit keeps the stored
+    pages by reference: so before its session a resume reads every done page and checks it
+    against its index -- nothing is built on a page it has not verified."""
     short = _done_pages_read_by_a_resume(tmp_path, 10)
     long = _done_pages_read_by_a_resume(tmp_path, 4 * DONE_PAGE + 10)
-    assert short == (1, 1) and long[0] == 5
-    assert long[1] == 2, long  # page 0 (``plan``'s entry) and the last page, of 5
+    assert short == (1, 1) and long == (5, 5), long
+
+
+def test_a_resume_does_not_build_on_a_damaged_middle_done_page(url):
+    """A page listed in the state's middle page list, damaged and with no ditto copy to heal it:
+    the resume falls back past it instead of committing new checkpoints that name it."""
+    with open_store(url) as s:
+        head, _ = load_head(s, "long")
+        middle = head.done_pages.refs[1].digest
+    with sqlite3.connect(url.removeprefix("sqlite://")) as db:
+        db.execute("DELETE FROM objects WHERE digest = ?", (ditto_key(middle),))
+        assert db.execute("UPDATE objects SET data = zeroblob(length(data)) WHERE digest = ?", (middle,)).rowcount
+    task = _long_task("long")
+
+    @task.step
+    def finish(ctx):
+        return "done"
+
+    result = overnight.run(task, url, handle_signals=False)
+    assert result.fallback is not None and result.status == "complete"
+    with open_store(url) as s:
+        new_head, fallback = load_head(s, "long")
+        assert fallback is None and middle not in {r.digest for r in new_head.done_pages.refs}
 
 
 def test_the_drift_check_by_summary_reports_what_reading_every_entry_reports(tmp_path, monkeypatch):

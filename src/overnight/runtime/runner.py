@@ -479,18 +479,19 @@ class Runner:
             if self.store.get_ref(self.task.id, self.branch) == (fallback.head_id if fallback else loaded.id):
                 seen: set[str] = set()
                 try:
-                    # the deep check, once; done pages are read and verified as used (the memo
-                    # look-up and the drift check go through their verified index)
+                    # the deep check, once, and every done page read and checked against its index
+                    # before anything builds on them: the memo look-up and the drift check trust
+                    # the index, and a commit keeps the stored pages by reference
                     verify_artifacts(loaded, BlobReader(self.store, seen))
                     if loaded.lazy_done:
-                        loaded.done_pages.require_stored(self.store)
+                        for _ in loaded.done_pages:
+                            pass
                 except IntegrityError:
                     pass  # a damaged artifact: load the branch again, falling back past it
                 else:
                     self.chain.known |= known | seen
                     return loaded, fallback
-        return load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known,
-                         lazy_done=True, done_present=True)
+        return load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known)
 
     def _reconcile_plan(self) -> None:
         """Bring the stored plan up to date with the task code (:func:`~overnight.runtime.task.
