@@ -42,9 +42,12 @@ def reopen_url(store: Store) -> str | None:
     reopened elsewhere as the same store: an in-process store (``memory://``), a composed one
     (replicas, fault injection) or a remote object store (each helper would pay its own
     connection set-up to save little)."""
+    from overnight.store.compose.tiered import TieredStore
     from overnight.store.file import FileStore
     from overnight.store.sqlite import SQLiteStore
 
+    if type(store) is TieredStore:  # what the CLI opens: helpers check its hot store; an object only
+        return reopen_url(store.hot)  # archived is not confirmed by them and is checked here instead
     if type(store) is SQLiteStore:
         return f"sqlite://{store.path.resolve()}"
     if type(store) is FileStore:
