@@ -561,3 +561,19 @@ def test_a_worker_id_in_use_by_a_live_worker_is_refused(tmp_path: Path, sqlite_u
     # once it stopped, the id is free again
     again = cli(tmp_path, "worker", "--store", sqlite_url, "--worker-id", "same", "--idle-exit", "1")
     assert again.returncode == 0, again.stderr
+
+
+@pytest.mark.parametrize("bad", ["a\nb", "\x1b[31mred", "   ", "x" * 201])
+def test_a_worker_id_that_is_not_a_name_is_refused(tmp_path: Path, sqlite_url: str, bad: str) -> None:
+    res = cli(tmp_path, "worker", "--store", sqlite_url, "--worker-id", bad, "--idle-exit", "1")
+    assert res.returncode == 2 and "is not a name" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_workers_row_edited_by_hand_does_not_break_the_listing(tmp_path: Path, sqlite_url: str) -> None:
+    import sqlite3
+
+    assert cli(tmp_path, "worker", "--store", sqlite_url, "--worker-id", "w1", "--idle-exit", "1").returncode == 0
+    with sqlite3.connect(sqlite_url.removeprefix("sqlite://")) as db:
+        assert db.execute("UPDATE workers SET queues='notjson'").rowcount == 1
+    res = cli(tmp_path, "workers", "--store", sqlite_url, "--json")
+    assert res.returncode == 0 and json.loads(res.stdout)[0]["queues"] == ["notjson"], res.stderr

@@ -142,6 +142,16 @@ def test_a_text_column_that_is_not_utf8_is_store_corrupt_not_a_raw_sqlite_error(
             store.list_checkpoints("damage")
 
 
+def test_a_blob_that_is_not_utf8_in_a_text_column_is_store_corrupt(tmp_path):
+    db = tmp_path / "s.db"
+    overnight.run(_task(), f"sqlite://{db}")
+    with sqlite3.connect(db) as conn:  # a BLOB where overnight keeps text (a lease's holder)
+        assert conn.execute("UPDATE leases SET holder = x'fffe00'").rowcount
+    proc = subprocess.run([sys.executable, "-m", "overnight", "ls", "--store", f"sqlite://{db}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3 and "is damaged" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_a_reader_waits_for_a_store_another_process_is_creating(tmp_path):
     """The file of a new store exists before its schema commits: a reading command that opens it
     in that moment (``overnight ls`` / the dashboard polling while ``overnight run`` starts) waits

@@ -111,7 +111,8 @@ class Worker:
         concurrency: children at most.
         max_tasks: exit after this many claims (and their children) -- None: no limit.
         idle_exit_s: exit after this long with nothing running and nothing to claim.
-        worker_id: a name for ``overnight workers`` (default ``HOST-PID``).
+        worker_id: a name for ``overnight workers`` (default ``HOST-PID``): 1-200 printable
+            characters (ConfigError otherwise: it goes into log lines and the workers table).
         lease_ms: claim and task-lease TTL (heartbeat every third of it).
         max_deaths: deaths in a row without a new checkpoint before a task is parked ``failed``.
         backoff_s: first retry delay after a death (doubles per death, at most 10 min).
@@ -133,6 +134,11 @@ class Worker:
         self.max_tasks = max_tasks
         self.idle_exit_s = idle_exit_s
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        if not (0 < len(self.worker_id) <= 200 and self.worker_id.isprintable() and self.worker_id.strip()
+                and self.worker_id.encode("utf-8", "replace").decode("utf-8") == self.worker_id):
+            raise ConfigError(f"worker id {self.worker_id!r} is not a name: 1-200 printable characters, not only "
+                              "spaces, no control characters or lone surrogates",
+                              hint="pass --worker-id NAME (the default, HOST-PID, is one)")
         self.lease_ms = lease_ms
         self.max_deaths = max_deaths
         self.backoff_s = backoff_s

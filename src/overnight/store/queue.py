@@ -141,7 +141,12 @@ WORKER_COLUMNS = ("worker_id", "host", "pid", "started_ms", "heartbeat_ms", "que
 
 def row_to_worker(row: tuple) -> WorkerRow:
     values = dict(zip(WORKER_COLUMNS, row))
-    values["queues"] = json.loads(values["queues"])
+    try:
+        queues = json.loads(values["queues"])
+    except (ValueError, TypeError):
+        queues = None
+    # a row edited by hand shows what it holds rather than breaking `overnight workers`
+    values["queues"] = queues if isinstance(queues, list) else [str(values["queues"])]
     return WorkerRow(**values)
 
 

@@ -218,7 +218,10 @@ def _row(cursor: sqlite3.Cursor, row: tuple) -> tuple:
             break
     else:
         return row  # bytes only in blob columns (a checkpoint's body, an object's data): as they are
-    return tuple(v.decode("utf-8", "surrogatepass") if type(v) is bytes and t else v for v, t in zip(row, text))
+    try:
+        return tuple(v.decode("utf-8", "surrogatepass") if type(v) is bytes and t else v for v, t in zip(row, text))
+    except UnicodeDecodeError as exc:  # not written by overnight: reported as SQLite's own bad text is
+        raise sqlite3.OperationalError(f"Could not decode to UTF-8 a text column ({exc.reason})") from exc
 
 
 class _Connection(sqlite3.Connection):
