@@ -71,16 +71,9 @@ def _dbos(pg_url: str, schema: str, steps: int) -> tuple[int, float]:
     DBOS(config={"name": "overnight-bench-fleet-cpu", "system_database_url": pg_url, "dbos_system_schema": schema,
                  "log_level": "ERROR", "application_version": "bench"})
 
-    @DBOS.step()
-    def work(i: int) -> dict:
-        return {"i": i}
+    from overnight.bench.fleet_dbos import bench_workflow
 
-    @DBOS.workflow()
-    def task(n: int) -> int:
-        for i in range(n):
-            work(i)
-        return n
-
+    task = bench_workflow(0)
     DBOS.launch()
     task(3)
     started = time.process_time(), postgres_cpu_s()

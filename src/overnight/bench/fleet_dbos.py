@@ -13,15 +13,16 @@ import sys
 import time
 
 
-def main(argv: list[str]) -> None:
+def bench_workflow(step_ms: float):  # type: ignore[no-untyped-def]
+    """Register the benchmark's workflow with DBOS (call after ``DBOS(config=...)``, before
+    ``DBOS.launch()``) and return it: ``task(n)`` runs ``n`` ``@DBOS.step`` calls, each sleeping
+    ``step_ms`` ms and returning a small dict, as the overnight bench task's steps do."""
     from dbos import DBOS
 
-    url, schema, steps, concurrency, step_ms, index, enqueue = argv
-    DBOS(config={"name": "overnight-bench-fleet", "system_database_url": url, "dbos_system_schema": schema,
-                 "executor_id": f"dbos-{index}", "log_level": "ERROR", "application_version": "bench"})
     @DBOS.step()
     def work(i: int) -> dict:
-        time.sleep(float(step_ms) / 1000)
+        if step_ms:
+            time.sleep(step_ms / 1000)
         return {"i": i}
 
     @DBOS.workflow()
@@ -30,6 +31,16 @@ def main(argv: list[str]) -> None:
             work(i)
         return n
 
+    return task
+
+
+def main(argv: list[str]) -> None:
+    from dbos import DBOS
+
+    url, schema, steps, concurrency, step_ms, index, enqueue = argv
+    DBOS(config={"name": "overnight-bench-fleet", "system_database_url": url, "dbos_system_schema": schema,
+                 "executor_id": f"dbos-{index}", "log_level": "ERROR", "application_version": "bench"})
+    task = bench_workflow(float(step_ms))
     DBOS.launch()
     queue = DBOS.register_queue("bench", worker_concurrency=int(concurrency), polling_interval_sec=0.05)
     for _ in range(int(enqueue)):

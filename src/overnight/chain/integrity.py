@@ -213,14 +213,6 @@ class DonePages(Sequence[Page]):
         """The pages read (and verified) so far, in order."""
         return [self._pages[i] for i in sorted(self._pages)]
 
-    def require_stored(self, store: Store) -> None:
-        """Check that every page not read yet is in ``store`` (one query, nothing read or hashed);
-        a page the store lacks is read now -- healed from its ditto copy, or raising the load's
-        :class:`~overnight.errors.MissingObject`. Damaged bytes are found when a page is read."""
-        unread = {ref.digest: i for i, ref in enumerate(self.refs) if i not in self._pages}
-        for missing in sorted(store.missing_objects(list(unread)) if unread else ()):
-            self[unread[missing]]
-
     def candidates(self, name: str) -> list[int]:
         """Pages that may hold an entry named ``name``, in order: those whose index
         (:attr:`~overnight.chain.records.DoneRef.names`, verified with the state document) has

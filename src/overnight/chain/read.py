@@ -73,7 +73,7 @@ class Fallback:
 
 def load_head(
     store: Store, task_id: str, branch: str = "main", *, key: bytes | None = None, deep: bool = True,
-    verified: set[str] | None = None, lazy_done: bool = False, done_present: bool = False,
+    verified: set[str] | None = None, lazy_done: bool = False,
 ) -> tuple[LoadedCheckpoint, Fallback | None]:
     """Load the newest verifiable checkpoint of ``task_id``/``branch``.
 
@@ -89,9 +89,6 @@ def load_head(
     ``lazy_done``: the done pages are read and verified as they are used
     (:func:`~overnight.chain.integrity.load_checkpoint`), so the load costs the same at any chain
     length -- and a damaged done page is not a reason to fall back: it raises when it is used.
-    ``done_present`` (with ``lazy_done``): every done page must be stored (one query for all of
-    them, nothing read: :meth:`~overnight.chain.integrity.DonePages.require_stored`), so a lost page
-    falls back as a full load would; damaged bytes are still found when the page is read.
 
     Raises:
         TaskNotFound: no such task.
@@ -127,8 +124,6 @@ def load_head(
         try:
             loaded = load_checkpoint(store, cid, key=key, deep=deep, reader=HealingReader(store, seen),
                                      lazy_done=lazy_done)
-            if lazy_done and done_present:
-                loaded.done_pages.require_stored(store)
         except FormatTooNew:
             # intact, but written by a newer overnight: falling back past it would let this run
             # commit over (and orphan) the newer work

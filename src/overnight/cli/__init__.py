@@ -29,16 +29,20 @@ def main() -> None:
     app_main()
 
 
-def _options(args: list[str], names: dict[str, str]) -> tuple[dict[str, str], list[str]] | None:
-    """``--name VALUE`` / ``--name=VALUE`` options of ``names`` (flag -> key) and positionals; None
-    for anything it does not know (typer then reports it)."""
+def _options(args: list[str], names: dict[str, str],
+             switches: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]] | None:
+    """``--name VALUE`` / ``--name=VALUE`` options of ``names`` (flag -> key), ``switches`` (flag ->
+    key, set to ``""`` when given) and positionals; None for anything it does not know (typer then
+    reports it)."""
     opts: dict[str, str] = {}
     rest: list[str] = []
     i = 0
     while i < len(args):
         a = args[i]
         flag, eq, value = a.partition("=")
-        if flag in names:
+        if switches and a in switches:
+            opts[switches[a]] = ""
+        elif flag in names:
             if not eq:
                 if i + 1 >= len(args):
                     return None
@@ -60,28 +64,12 @@ def _fast_resume(argv: list[str]) -> int | None:
     None for any other form (other options, ``--help``, a bad value: typer handles and reports it)."""
     if not argv or argv[0] != "resume":
         return None
-    names = {"--store": "store", "-s": "store", "--branch": "branch", "-b": "branch", "--max-steps": "max_steps"}
-    opts: dict[str, str] = {}
-    rest: list[str] = []
-    quiet = False
-    i = 1
-    while i < len(argv):
-        a = argv[i]
-        flag, eq, value = a.partition("=")
-        if a in ("--quiet", "-q"):
-            quiet = True
-        elif flag in names:
-            if not eq:
-                if i + 1 >= len(argv):
-                    return None
-                value = argv[i + 1]
-                i += 1
-            opts[names[flag]] = value
-        elif a.startswith("-"):
-            return None
-        else:
-            rest.append(a)
-        i += 1
+    parsed = _options(argv[1:], {"--store": "store", "-s": "store", "--branch": "branch", "-b": "branch",
+                                 "--max-steps": "max_steps"}, {"--quiet": "quiet", "-q": "quiet"})
+    if parsed is None:
+        return None
+    opts, rest = parsed
+    quiet = "quiet" in opts
     steps = opts.get("max_steps")
     if len(rest) != 1 or (steps is not None and not (steps.isascii() and steps.isdigit() and int(steps) >= 1)):
         return None

@@ -40,7 +40,6 @@ from overnight.errors import (
     OutputNotWritable,
     IntegrityError,
     OvernightError,
-    RollbackDetected,
     StepFailed,
     StoreError,
     UnknownStep,
@@ -416,25 +415,6 @@ class Runner:
                 hint="give this task another id, or, if the code moved, resume it with "
                 f"`overnight resume {self.task.id} --file {self.task.entry}`")
         loaded, fallback = self._head_loaded()
-        try:
-            if loaded.lazy_done and len(loaded.done_pages):
-                loaded.done_pages[len(loaded.done_pages) - 1]  # the first commit extends it: verified now
-            return self._continue_from(loaded, fallback)
-        except RollbackDetected:
-            raise
-        except IntegrityError:
-            if not loaded.lazy_done:
-                raise
-            # a done page read on the way (the last one, the plan check, the drift check) is damaged:
-            # load the branch with every page verified, which falls back past it as a resume did
-            # before pages were read as used (the records written meanwhile, if any, are skipped too)
-            loaded, fallback = load_head(self.store, self.task.id, self.branch, key=self.key,
-                                         verified=self.chain.known)
-            return self._continue_from(loaded, fallback)
-
-    def _continue_from(self, loaded: LoadedCheckpoint, fallback: Fallback | None) -> tuple[bool, Fallback | None]:
-        """The rest of :meth:`_start` once the head is loaded: rollback check, the state, an
-        automatic fallback's record, the drift check, the plan brought up to date."""
         repaired_back = self._repair.fallback(self.branch, loaded.id) if self._repair and fallback is None else None
         fallback = fallback or repaired_back  # the repair moved the ref back past what verifies on no medium
         accepted = rollback.check(self.store, loaded, key=self.key, allow=self.allow_rollback,
@@ -479,13 +459,11 @@ class Runner:
             if self.store.get_ref(self.task.id, self.branch) == (fallback.head_id if fallback else loaded.id):
                 seen: set[str] = set()
                 try:
-                    # the deep check, once, and every done page read and checked against its index
-                    # before anything builds on them: the memo look-up and the drift check trust
-                    # the index, and a commit keeps the stored pages by reference
+                    # every done page, checked against its index (the memo look-up and the drift
+                    # check go by the index; the caller may have loaded it with lazy_done), then
+                    # the deep check, once
+                    list(loaded.done_pages)
                     verify_artifacts(loaded, BlobReader(self.store, seen))
-                    if loaded.lazy_done:
-                        for _ in loaded.done_pages:
-                            pass
                 except IntegrityError:
                     pass  # a damaged artifact: load the branch again, falling back past it
                 else:
