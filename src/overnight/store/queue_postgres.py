@@ -1,24 +1,30 @@
 """The queue on the PostgreSQL store (:mod:`overnight.store.queue`): the coordinator for workers on
-many machines. A claim is one short READ COMMITTED transaction: ``SELECT ... ORDER BY priority
-DESC, seq LIMIT 1 FOR UPDATE OF q SKIP LOCKED`` then ``UPDATE`` of that row -- concurrent claimers
-skip each other's locked rows instead of waiting, and no transaction stays open while a task runs
-(a held snapshot would hold back vacuum on the queue table).
+many machines. A claim is one statement, its own READ COMMITTED transaction: ``WITH c AS (SELECT
+... ORDER BY priority DESC, seq LIMIT 1 FOR UPDATE OF q SKIP LOCKED) UPDATE ... FROM c RETURNING
+...`` -- concurrent claimers skip each other's locked rows instead of waiting, a claim is one round
+trip (not ``BEGIN``, ``SELECT``, ``UPDATE``, ``COMMIT``: each of those waits for a CPU when the
+machine is busy, ``overnight bench fleet``'s claim p99), and no transaction stays open while a
+task runs (a held snapshot would hold back vacuum on the queue table).
 
 ``overnight cancel`` also sends a ``NOTIFY`` on :data:`CANCEL_CHANNEL` in its transaction, so a
 running session learns of it without asking the server after every step: :class:`CancelListener`
-holds one ``LISTEN`` connection per session (the step loop then costs no query for it; when that
-connection is down, the session asks after each step as on SQLite)."""
+holds one ``LISTEN`` connection per process (a session keeps it for the tasks it runs in turn; the
+step loop then costs no query for it; when that connection is down, the session asks after each
+step as on SQLite)."""
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import psycopg
 
+from overnight.store.leases import now_ms
 from overnight.store.postgres import parse_url
+from overnight.store.queue import COLUMNS, QueuedTask, row_to_task
 from overnight.store.queue_sql import SqlQueue
 
 CANCEL_CHANNEL = "overnight_cancel"
@@ -26,48 +32,117 @@ CANCEL_CHANNEL = "overnight_cancel"
 
 
 class CancelListener:
-    """A thread with its own connection that ``LISTEN``s on :data:`CANCEL_CHANNEL` and calls
-    ``on_cancel()`` when the payload names ``schema`` and ``task_id``.
+    """A thread with its own connection that ``LISTEN``s on :data:`CANCEL_CHANNEL` for one schema
+    and calls a watched task's ``on_cancel()`` when its queue row says it was cancelled. One
+    listener serves every task a process watches (a worker's session watches one task after
+    another over the same connection, instead of a connection per task).
 
     A notification only makes it read the queue row (any client that may connect to the database
     may ``NOTIFY``; only one that may write the queue can cancel). Nothing waits for it: the
-    connection is made on the thread. Once its ``LISTEN`` holds, the
-    thread asks ``cancelled()`` (the queue row) once, so a cancel sent before then is not lost,
-    and sets :attr:`alive`; until then, and again if the connection fails, the caller asks the
-    queue after every step as on SQLite. The thread is a daemon: it never keeps the session alive.
+    connection is made on the thread. For every task :meth:`watch` adds, the thread asks
+    ``cancelled(conn, task_id)`` (the queue row) once it listens -- a cancel sent before is not
+    lost -- and only then does the task's :class:`CancelHandle` turn :attr:`~CancelHandle.alive`;
+    until then, and again if the connection fails, the caller asks the queue after every step as on
+    SQLite. ``wake(task_id)`` sends a notification from another connection so a listening thread
+    asks at once. The thread is a daemon: it never keeps the process alive; a thread whose
+    connection failed is started again by the next :meth:`watch`.
     """
 
-    def __init__(self, conninfo: str, schema: str, task_id: str, on_cancel: Callable[[], None],
-                 cancelled: Callable[[Any], bool]) -> None:
-        self.alive = False
-        self._payload = json.dumps([schema, task_id])
-        self._on_cancel = on_cancel
+    def __init__(self, conninfo: str, schema: str, cancelled: Callable[[Any, str], bool],
+                 wake: Callable[[str], None]) -> None:
+        self._conninfo = conninfo
+        self._schema = schema
         self._cancelled = cancelled
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._watched: dict[str, Callable[[], None]] = {}
+        self._checked: set[str] = set()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(conninfo,), name="overnight-cancel-listen",
-                                        daemon=True)
-        self._thread.start()
+        self.listening = False
+        self._thread: threading.Thread | None = None
 
-    def _run(self, conninfo: str) -> None:
+    def watch(self, task_id: str, on_cancel: Callable[[], None]) -> CancelHandle:
+        """Call ``on_cancel()`` (on the listener's thread) once ``task_id`` is cancelled; returns
+        its handle (:meth:`CancelHandle.close` stops watching it)."""
+        with self._lock:
+            self._watched[task_id] = on_cancel
+            self._checked.discard(task_id)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="overnight-cancel-listen", daemon=True)
+                self._thread.start()
+            elif self.listening:
+                try:
+                    self._wake(task_id)  # the thread may sit in a wait of up to a second: it asks now
+                except Exception:  # noqa: BLE001 - it asks within a second anyway
+                    pass
+        return CancelHandle(self, task_id)
+
+    def unwatch(self, task_id: str) -> None:
+        with self._lock:
+            self._watched.pop(task_id, None)
+            self._checked.discard(task_id)
+
+    def checked(self, task_id: str) -> bool:
+        """Whether the thread listens and has asked ``task_id``'s row since it was watched."""
+        return self.listening and task_id in self._checked
+
+    def _run(self) -> None:
         try:
-            with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
+            with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
                 conn.execute(f"LISTEN {CANCEL_CHANNEL}")
-                if self._cancelled(conn):
-                    self._on_cancel()  # cancelled before the LISTEN held
-                self.alive = True
+                self.listening = True
                 while not self._stop.is_set():
-                    notes = list(conn.notifies(timeout=1.0, stop_after=1))  # the lock is free after it
-                    # any client of the database may NOTIFY: the queue row decides
-                    if any(n.payload == self._payload for n in notes) and self._cancelled(conn):
-                        self._on_cancel()
+                    with self._lock:
+                        fresh = [(t, cb) for t, cb in self._watched.items() if t not in self._checked]
+                    for task_id, on_cancel in fresh:  # cancelled before the LISTEN held, or before the watch
+                        if self._cancelled(conn, task_id):
+                            on_cancel()
+                        with self._lock:
+                            if self._watched.get(task_id) is on_cancel:
+                                self._checked.add(task_id)
+                    notes = list(conn.notifies(timeout=1.0, stop_after=1))  # the connection's lock is free after it
+                    for note in notes:
+                        try:
+                            schema, task_id = json.loads(note.payload)
+                        except (ValueError, TypeError):
+                            continue
+                        with self._lock:
+                            on_cancel = self._watched.get(task_id) if task_id in self._checked else None
+                        # any client of the database may NOTIFY: the queue row decides
+                        if schema == self._schema and on_cancel is not None and self._cancelled(conn, task_id):
+                            on_cancel()
         except psycopg.Error:
-            pass  # the server went away: the session asks after each step until it ends
+            pass  # the server went away: the sessions ask after each step; the next watch connects again
         finally:
-            self.alive = False
+            self.listening = False
+            with self._lock:
+                self._checked.clear()
 
     def close(self) -> None:
         """Stop listening (the thread ends within a second)."""
         self._stop.set()
+
+
+class CancelHandle:
+    """One task watched by a :class:`CancelListener`."""
+
+    def __init__(self, listener: CancelListener, task_id: str) -> None:
+        self._listener = listener
+        self._task_id = task_id
+
+    @property
+    def alive(self) -> bool:
+        """The listener is connected and has asked this task's row since the watch began: until
+        it is, the caller asks the queue itself after every step."""
+        return self._listener.checked(self._task_id)
+
+    def close(self) -> None:
+        """Stop watching this task (the listener and its connection stay for the next one)."""
+        self._listener.unwatch(self._task_id)
+
+
+_LISTENERS: dict[tuple[str, str], CancelListener] = {}
+_LISTENERS_LOCK = threading.Lock()
 
 
 class PostgresQueue(SqlQueue):
@@ -96,6 +171,30 @@ class PostgresQueue(SqlQueue):
         with self.store.transaction() as cur:
             yield cur
 
+    def claim(self, worker_id: str, queues: list[str], ttl_ms: int) -> QueuedTask | None:
+        """Claim the first runnable task of ``queues`` in one statement (the module docstring), or
+        None. Not retried on a dead connection: the claim may have committed (the worker's loop
+        retries; a claim nobody runs expires after ``ttl_ms`` and is taken over)."""
+        now = now_ms()
+        marks = ", ".join("?" * len(queues))
+        sql = self._sql(
+            f"WITH c AS (SELECT q.task_id, q.status AS was, q.worker_id AS held_by FROM {{s}}.queue q "
+            f"WHERE q.queue IN ({marks}) AND ((q.status='queued' AND q.not_before_ms <= ?) OR "
+            f"(q.status='running' AND q.claim_expires_ms < ?)) AND NOT {self._lease_live()} "
+            f"ORDER BY q.priority DESC, q.seq LIMIT 1{self.LOCK}) "
+            "UPDATE {s}.queue q SET status='running', claim_token=q.claim_token+1, worker_id=?, host=?, pid=NULL, "
+            "attempts=q.attempts+1, claimed_ms=?, heartbeat_ms=?, claim_expires_ms=? FROM c WHERE q.task_id=c.task_id "
+            f"RETURNING {', '.join(f'q.{c}' for c in COLUMNS)}, c.was, c.held_by")
+        with self.store.connection() as conn:
+            found = conn.execute(sql, (*queues, now, now, now, worker_id, socket.gethostname(), now, now,
+                                       now + ttl_ms)).fetchone()
+        if found is None:
+            return None
+        task = row_to_task(found[:-2])
+        task.taken_over = found[-2] == "running"
+        task.previous_worker = found[-1] if task.taken_over else None
+        return task
+
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
         return self.store.fetch(sql, args)
 
@@ -105,11 +204,18 @@ class PostgresQueue(SqlQueue):
     def _notify_cancel(self, cur: Any, task_id: str) -> None:
         cur.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, json.dumps([self.store.schema, task_id])))
 
-    def watch_cancel(self, task_id: str, on_cancel: Callable[[], None]) -> CancelListener:
-        """A :class:`CancelListener` for ``task_id`` on this store's server (one more connection)."""
-        sql = self._sql("SELECT 1 FROM {s}.queue WHERE task_id=? AND cancel_requested<>0")
-        return CancelListener(parse_url(self.store.url)[0], self.store.schema, task_id, on_cancel,
-                              lambda conn: conn.execute(sql, (task_id,)).fetchone() is not None)
+    def watch_cancel(self, task_id: str, on_cancel: Callable[[], None]) -> CancelHandle:
+        """Watch ``task_id`` on this process's :class:`CancelListener` for this store's server and
+        schema (one connection per process and schema, made on first use)."""
+        conninfo, schema = parse_url(self.store.url)[0], self.store.schema
+        with _LISTENERS_LOCK:
+            listener = _LISTENERS.get((conninfo, schema))
+            if listener is None:
+                sql = self._sql("SELECT 1 FROM {s}.queue WHERE task_id=? AND cancel_requested<>0")
+                listener = _LISTENERS[(conninfo, schema)] = CancelListener(
+                    conninfo, schema, lambda conn, t: conn.execute(sql, (t,)).fetchone() is not None,
+                    lambda t: self.store.fetch("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, json.dumps([schema, t]))))
+        return listener.watch(task_id, on_cancel)
 
     def _has_table(self) -> bool:
         return self._read(self.store.sql("SELECT to_regclass('{s}.workers') IS NOT NULL"))[0][0]
@@ -128,4 +234,4 @@ class PostgresQueue(SqlQueue):
 
 
 
-__all__ = ["CANCEL_CHANNEL", "CancelListener", "PostgresQueue"]
+__all__ = ["CANCEL_CHANNEL", "CancelHandle", "CancelListener", "PostgresQueue"]

@@ -36,7 +36,7 @@ class CancelWatch(Protocol):
     """True while cancellations reach ``on_cancel`` (the channel is set up and connected)."""
 
     def close(self) -> None:
-        """Stop watching (returns at once; the channel closes within about a second)."""
+        """Stop watching (returns at once)."""
 
 
 _COLS = ", ".join(COLUMNS)
