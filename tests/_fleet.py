@@ -47,6 +47,15 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def store_url(request: Any, tmp_path: Path) -> str:
+    """The store of a test parametrised ``["sqlite", "postgres"]``: a SQLite file in ``tmp_path``,
+    or a fresh PostgreSQL schema (the ``pg_schema`` fixture: dropped afterwards)."""
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'q.db'}"
+    url, schema = request.getfixturevalue("pg_schema")
+    return f"{url}?schema={schema}"
+
+
 def fleet_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     e = env()
     e["SIDE_LOG"] = str(tmp_path / "side.log")

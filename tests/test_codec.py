@@ -746,6 +746,47 @@ def test_loading_never_imports_a_module(tmp_path: Path, monkeypatch: pytest.Monk
     assert "overnight_sidefx_mod" not in sys.modules
 
 
+def test_a_task_file_loaded_again_in_one_process_keeps_its_module_name(tmp_path: Path) -> None:
+    """A worker's session runs task after task: the second load of the same file must be the same
+    module, so its classes keep the name the first task's checkpoints recorded them under."""
+    from overnight.runtime.task_code import load_task
+
+    (tmp_path / "overnight_twice_mod.py").write_text(textwrap.dedent("""
+        import enum
+        import overnight
+        class Shade(enum.Enum):
+            DARK = 1
+        task = overnight.Task("twice", goal="g")
+    """))
+    try:
+        first = load_task(str(tmp_path / "overnight_twice_mod.py"))
+        again = load_task(str(tmp_path / "overnight_twice_mod.py"))
+        assert again is first
+        shade = sys.modules["overnight_twice_mod"].Shade
+        assert to_tree(shade.DARK)["cls"] == "overnight_twice_mod:Shade"
+        assert "overnight_task_overnight_twice_mod" not in sys.modules
+    finally:
+        sys.modules.pop("overnight_twice_mod", None)
+        sys.modules.pop("overnight_task_overnight_twice_mod", None)
+
+
+def test_forget_modules_drops_their_registrations() -> None:
+    """A worker's session drops a task's modules after the task: their registered classes must not
+    answer for the next task's classes of the same name."""
+    from overnight.codec.registry import custom_codec_for, forget_modules, resolve
+
+    Gone = type("Gone", (), {"__module__": "overnight_gone_mod"})
+    overnight.register_type(Gone, "overnight_gone_mod:Alias")
+    overnight.register_codec(Gone, lambda g: 1, lambda v: Gone())
+    assert resolve("overnight_gone_mod:Alias", object, path="x") is Gone and custom_codec_for(Gone) is not None
+    forget_modules({"overnight_gone_mod"})
+    with pytest.raises(UnknownTypeError):
+        resolve("overnight_gone_mod:Alias", object, path="x")
+    assert custom_codec_for(Gone) is None
+    with pytest.raises(EncodeError):
+        to_tree(Gone())
+
+
 def test_unknown_enum_value_raises_decode_error() -> None:
     with pytest.raises(DecodeError) as info:
         from_tree({"$t": "enum", "cls": f"{Color.__module__}:Color", "v": 99})

@@ -208,6 +208,20 @@ def _done_pages_read_by_a_resume(tmp_path, steps: int) -> tuple[int, int]:
     return len(pages), len(pages & set(store.read))
 
 
+def _resume_with_one_more_step(url: str):  # type: ignore[no-untyped-def]
+    """Resume task ``long`` with a step added after its plan; it must fall back past a damaged page
+    (``fallback`` set) and complete. Returns the run's result."""
+    task = _long_task("long")
+
+    @task.step
+    def finish(ctx):
+        return "done"
+
+    result = overnight.run(task, url, handle_signals=False)
+    assert result.fallback is not None and result.status == "complete"
+    return result
+
+
 def test_a_resume_checks_every_done_page_before_its_first_step(tmp_path):
     """The memo look-up and the drift check go by the pages' index, and a commit keeps the stored
     pages by reference: so before its session a resume reads every done page and checks it
@@ -226,14 +240,7 @@ def test_a_resume_does_not_build_on_a_damaged_middle_done_page(url):
     with sqlite3.connect(url.removeprefix("sqlite://")) as db:
         db.execute("DELETE FROM objects WHERE digest = ?", (ditto_key(middle),))
         assert db.execute("UPDATE objects SET data = zeroblob(length(data)) WHERE digest = ?", (middle,)).rowcount
-    task = _long_task("long")
-
-    @task.step
-    def finish(ctx):
-        return "done"
-
-    result = overnight.run(task, url, handle_signals=False)
-    assert result.fallback is not None and result.status == "complete"
+    _resume_with_one_more_step(url)
     with open_store(url) as s:
         new_head, fallback = load_head(s, "long")
         assert fallback is None and middle not in {r.digest for r in new_head.done_pages.refs}
@@ -345,12 +352,5 @@ def test_a_resume_falls_back_past_a_damaged_done_page_it_reads_at_start(url, whi
         db.execute("DELETE FROM objects WHERE digest=?", (ditto_key(ref.digest),))  # no copy to heal from
         assert db.execute("UPDATE objects SET data=?, codec='none' WHERE digest=?",
                           (b"[]", ref.digest)).rowcount == 1
-    task = _long_task("long")
-
-    @task.step
-    def finish(ctx):
-        return "done"
-
-    result = overnight.run(task, url, handle_signals=False)
-    assert result.fallback is not None and result.status == "complete"
+    result = _resume_with_one_more_step(url)
     assert any(s.checkpoint_id == head.id for s in result.fallback.skipped)

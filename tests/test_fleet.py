@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from _fleet import (chain_check, cli, client_ports, descendants, fleet_env, project, queue_rows, side_log, start_worker, stop,
-                    wait_until, wasted)
+                    store_url, wait_until, wasted)
 from _procs import CLI
 
 
@@ -28,10 +28,7 @@ def sqlite_url(tmp_path: Path) -> str:
 @pytest.fixture(params=["sqlite", "postgres"])
 def any_url(request, tmp_path: Path) -> str:
     project(tmp_path)
-    if request.param == "sqlite":
-        return f"sqlite://{tmp_path / 'q.db'}"
-    url, schema = request.getfixturevalue("pg_schema")
-    return f"{url}?schema={schema}"
+    return store_url(request, tmp_path)
 
 
 def _submit(tmp_path: Path, store: str, *args: str) -> dict:
@@ -96,8 +93,10 @@ def test_worker_runs_queued_tasks_and_ls_shows_them(tmp_path: Path, sqlite_url: 
         assert got["state"] == {f"w{i}": i * i + n for i in range(n)}  # ctx.params reached the steps
     ls = json.loads(cli(tmp_path, "ls", "--store", sqlite_url, "--json").stdout)
     assert {t["status"] for t in ls} == {"complete"}
-    workers = json.loads(cli(tmp_path, "workers", "--store", sqlite_url, "--json").stdout)
+    workers = json.loads(cli(tmp_path, "workers", "--store", sqlite_url, "--json", "--all").stdout)
     assert [(x["worker_id"], x["state"]) for x in workers] == [("solo", "stopped")]
+    assert json.loads(cli(tmp_path, "workers", "--store", sqlite_url, "--json").stdout) == []  # live ones only
+    assert "no live worker (1 stopped or silent" in cli(tmp_path, "workers", "--store", sqlite_url).stderr
     # rm takes the queue row too: no worker claims (and re-creates) the deleted task
     assert cli(tmp_path, "rm", ids[0], "--yes", "--store", sqlite_url).returncode == 0
     assert ids[0] not in queue_rows(sqlite_url) and set(ids[1:]) <= set(queue_rows(sqlite_url))
@@ -188,7 +187,9 @@ def test_postgres_pushes_a_cancel_to_the_running_session_and_no_other(tmp_path: 
         del claims["early"]
         told: dict[str, threading.Event] = {t: threading.Event() for t in claims}
         watches = {t: q.watch_cancel(t, told[t].set) for t in claims}
-        wait_until(lambda: all(w.alive for w in watches.values()), 10, "the LISTEN connections")
+        wait_until(lambda: all(w.alive for w in watches.values()), 10, "the LISTEN connection")
+        # one listening thread, with one connection, serves every task this process watches
+        assert [t.name for t in threading.enumerate()].count("overnight-cancel-listen") == 1
         import psycopg
 
         from overnight.store.queue_postgres import CANCEL_CHANNEL
@@ -546,7 +547,7 @@ def test_a_workers_log_names_each_tasks_step_logs_retries_and_the_failures_trace
     assert "task noisy: retrying second: RuntimeError: the API said no" in log
     assert "task noisy: Traceback (most recent call last):" in log and 'raise RuntimeError("the API said no")' in log
     assert "task noisy failed: step 'second' failed after 2 attempt(s)" in log
-    assert "stopped (1 task(s) claimed" in log
+    assert "stopped (1 task(s) claimed, 0 session death(s), 1 parked)" in log  # a step that failed for good parks it
 
 
 def test_a_worker_id_in_use_by_a_live_worker_is_refused(tmp_path: Path, sqlite_url: str) -> None:
@@ -575,5 +576,5 @@ def test_a_workers_row_edited_by_hand_does_not_break_the_listing(tmp_path: Path,
     assert cli(tmp_path, "worker", "--store", sqlite_url, "--worker-id", "w1", "--idle-exit", "1").returncode == 0
     with sqlite3.connect(sqlite_url.removeprefix("sqlite://")) as db:
         assert db.execute("UPDATE workers SET queues='notjson'").rowcount == 1
-    res = cli(tmp_path, "workers", "--store", sqlite_url, "--json")
+    res = cli(tmp_path, "workers", "--store", sqlite_url, "--json", "--all")
     assert res.returncode == 0 and json.loads(res.stdout)[0]["queues"] == ["notjson"], res.stderr

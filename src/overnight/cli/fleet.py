@@ -91,7 +91,7 @@ def submit(
 
 def worker(
     store: Optional[str] = StoreOpt,
-    queue: list[str] = typer.Option(["default"], "--queue", help="Queue to claim from; repeatable."),
+    queue: list[str] = typer.Option(["default"], "--queue", metavar="NAME", help="Queue to claim from; repeatable."),
     concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, help="Tasks run at once (one child process each)."),
     max_tasks: Optional[int] = typer.Option(None, "--max-tasks", min=1, help="Exit 0 after claiming N tasks and "
                                             "finishing them."),
@@ -105,10 +105,19 @@ def worker(
                                    "a row without a new checkpoint."),
     backoff: float = typer.Option(2.0, "--backoff", metavar="SECONDS", help="First retry delay after a session "
                                   "died; doubles per death."),
+    session_tasks: int = typer.Option(100, "--session-tasks", min=1, metavar="N", help="Tasks a session process "
+                                      "runs one after another (keeping its store connection) before a fresh one "
+                                      "replaces it; 1: a fresh process for every task."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Log only problems (a task failed or parked, the store "
                                "unreachable), not each claim and each task's end."),
 ) -> None:
-    """Run queued tasks, each in its own child process, and take over tasks whose holder died.
+    """Run queued tasks, one at a time per session process, and take over tasks whose holder died.
+
+    A session process runs one task at a time, so a task that crashes or is killed takes only its
+    own session down; it then runs the worker's next task (up to --session-tasks), with what the
+    task changed in the process put back (environment, directory, sys.path, signal handlers) and
+    the project's code imported anew; it is replaced by a fresh one when an installed package it
+    imported changed on disk.
 
     Logs one line on stderr per claim (and takeover) and per task's end (complete, queued again,
     failed with its reason). Start it in the project directory the tasks were submitted from:
@@ -130,18 +139,20 @@ def worker(
     try:
         code = Worker(_store(store), queues=queue, concurrency=concurrency, max_tasks=max_tasks,
                       idle_exit_s=idle_exit, worker_id=worker_id, lease_ms=int(lease * 1000),
-                      max_deaths=max_deaths, backoff_s=backoff).run()
+                      max_deaths=max_deaths, backoff_s=backoff, session_tasks=session_tasks).run()
     except OvernightError as exc:
         _fail(exc)
     raise typer.Exit(code)
 
 
 def workers(store: Optional[str] = StoreOpt,
+            show_all: bool = typer.Option(False, "--all", "-a", help="Also workers that stopped or went silent."),
             as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")) -> None:
-    """List workers: id, host, pid, state, tasks held (as of its last heartbeat), started, last
-    heartbeat. A worker whose last heartbeat is older than 90 s shows as `silent` (killed, or its
-    machine gone: its tasks are taken over once their leases expire); `stopped` ones exited
-    cleanly. --json has the same `state` (and the one the worker last wrote, `recorded_state`)."""
+    """List live workers: id, host, pid, state, tasks held (as of its last heartbeat), started, last
+    heartbeat. --all adds the ones that exited cleanly (`stopped`) and those whose last heartbeat
+    is older than 90 s (`silent`: killed, or their machine gone -- their tasks are taken over once
+    their leases expire). --json has the same rows and `state` (and the one the worker last wrote,
+    `recorded_state`)."""
     from overnight import api
 
     try:
@@ -155,16 +166,18 @@ def workers(store: Optional[str] = StoreOpt,
     def state(w: Any) -> str:
         return "silent" if w.state != "stopped" and now - w.heartbeat_ms > 90_000 else w.state
 
+    shown = rows if show_all else [w for w in rows if state(w) not in ("stopped", "silent")]
     if as_json:
-        render.print_json([{**r.to_dict(), "state": state(r), "recorded_state": r.state} for r in rows])
+        render.print_json([{**r.to_dict(), "state": state(r), "recorded_state": r.state} for r in shown])
         return
-    if not rows:
-        render.err.print("no worker has registered in this store yet (`overnight worker` starts one)")
+    if not shown:
+        render.err.print("no worker has registered in this store yet (`overnight worker` starts one)" if not rows else
+                         f"no live worker ({len(rows)} stopped or silent: `overnight workers --all` lists them)")
         return
     render.table(None, ["worker", "host", "pid", "state", "held", "started", "heartbeat"],
                  [(w.worker_id, w.host, w.pid, state(w), f"{w.held}/{w.concurrency}",
                    f"{(now - w.started_ms) / 1000:.0f} s ago", f"{(now - w.heartbeat_ms) / 1000:.0f} s ago")
-                  for w in rows])
+                  for w in shown])
 
 
 def retry(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optional[str] = StoreOpt) -> None:
@@ -199,13 +212,15 @@ def bench_fleet(
     concurrency: int = typer.Option(2, "--concurrency", min=1, help="Tasks run at once per worker."),
     step_ms: float = typer.Option(0.0, "--step-ms", min=0, help="Time each step sleeps (ms)."),
     lease: float = typer.Option(3.0, "--lease", help="Lease (s) of the overnight workers; bounds the takeover time."),
+    session_tasks: int = typer.Option(100, "--session-tasks", min=1, metavar="N", help="The overnight workers' "
+                                      "--session-tasks (1: a fresh session process per task)."),
     rounds: int = typer.Option(1, "--rounds", min=1, help="Run each system this many times, interleaved; "
                                "report medians (a shared machine's load drifts between runs)."),
     postgres: str = typer.Option("postgresql://postgres@127.0.0.1:5432/test", "--postgres",
                                  help="PostgreSQL server (fresh schemas, dropped afterwards)."),
     no_postgres: bool = typer.Option(False, "--no-postgres", help="SQLite only."),
     no_sqlite: bool = typer.Option(False, "--no-sqlite", help="PostgreSQL only."),
-    no_dbos: bool = typer.Option(False, "--no-dbos", help="Leave DBOS out (it needs `pip install dbos`)."),
+    no_dbos: bool = typer.Option(False, "--no-dbos", help="Leave DBOS out (the `bench` extra installs it)."),
     cpu_steps: int = typer.Option(300, "--cpu-steps", min=0, help="Also measure CPU ms per step commit (client "
                                   "and PostgreSQL) of one task / one DBOS workflow of this many steps, in one "
                                   "process each -- steadier than wall time on a loaded machine (0: skip)."),
@@ -226,7 +241,7 @@ def bench_fleet(
         results = run_fleet_bench(postgres=None if no_postgres else postgres, sqlite=not no_sqlite,
                                   workers=workers_n, concurrency=concurrency, tasks=tasks, steps=steps,
                                   step_ms=step_ms, lease_s=lease, dbos=not no_dbos and not no_postgres,
-                                  rounds=rounds)
+                                  rounds=rounds, session_tasks=session_tasks)
         if cpu_steps and not no_postgres:
             cpu = cpu_per_step(postgres, steps=cpu_steps, dbos=not no_dbos, rounds=rounds)
     except ImportError as exc:

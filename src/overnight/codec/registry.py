@@ -103,6 +103,19 @@ def register_codec(cls: type, encode: Callable[[Any], Any], decode: Callable[[An
         _codecs_by_name[codec.name] = codec
 
 
+def forget_modules(names: set[str]) -> None:
+    """Drop what :func:`register_type` and :func:`register_codec` registered for classes defined in
+    the modules ``names`` -- a worker's session drops a task's own modules after the task, and the
+    next task (which may define another class under the same name) registers its own."""
+    with _lock:
+        for ref in [r for r, cls in _registry.items() if getattr(cls, "__module__", None) in names]:
+            del _registry[ref]
+        for cls in [c for c in _codecs if getattr(c, "__module__", None) in names]:
+            codec = _codecs.pop(cls)
+            if _codecs_by_name.get(codec.name) is codec:
+                del _codecs_by_name[codec.name]
+
+
 def custom_codec_for(cls: type) -> CustomCodec | None:
     return _codecs.get(cls)
 

@@ -1,4 +1,8 @@
-"""The worker: claim runnable tasks and run each in its own child process (``overnight worker``).
+"""The worker: claim runnable tasks and run each in a session process of its own (``overnight worker``).
+
+A session process runs one task at a time and is reused for the worker's next task (at most
+``session_tasks``; :func:`overnight.fleet.child.serve`), so a task that crashes or is killed takes
+only its own session down.
 
 Loop (every ``poll_s``): reap children that exited (a non-zero exit or a signal is a *death*:
 counted, the task queued again after a backoff or parked ``failed`` at ``max_deaths``); claim
@@ -32,7 +36,7 @@ from typing import Any
 from overnight.errors import ConfigError, OvernightError
 from overnight.store import open_store
 from overnight.store.leases import DEFAULT_TTL_MS, now_ms
-from overnight.store.queue import QueuedTask, WorkerRow
+from overnight.store.queue import QueuedTask, WorkerRow, duration
 from overnight.store.queue_open import queue_for
 
 EXIT_STORE_GONE = 75
@@ -42,6 +46,15 @@ task is queued again, and the death is not counted against it."""
 EXIT_STOPPED = 76
 """A session's exit status when the worker's stop reached it before its runner started: the task
 is queued again at once, and the death is not counted against it."""
+
+EXIT_RETIRED = 77
+"""A reused session's exit status when it will not run the task it was handed (code it imported
+changed on disk; :mod:`overnight.fleet.child`): a fresh session runs that claim."""
+
+DEFAULT_SESSION_TASKS = 100
+"""Tasks a session process runs one after another before a fresh one replaces it (as Celery's
+``worker_max_tasks_per_child`` bounds what one process can accumulate: leaked memory, threads,
+file descriptors)."""
 
 LOG = logging.getLogger("overnight.worker")
 
@@ -55,22 +68,76 @@ def _without_password(url: str) -> str:
     return url
 
 
-class _Forked:
-    """A session process from the fork server, with the ``Popen`` methods the worker uses."""
+def _status(code: int | None) -> str:
+    """A process's exit status for a log line: ``killed by signal 9``, ``exited with status 1``."""
+    return f"killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
 
-    def __init__(self, ctx: Any, argv: list[str]) -> None:
-        from overnight.fleet.child import forked
 
-        self._p = ctx.Process(target=forked, args=(argv,), daemon=False)
+class _Session:
+    """A session process from the fork server (:func:`overnight.fleet.child.serve`) that runs this
+    worker's tasks one at a time, with the ``Popen`` methods the worker uses for the one it runs."""
+
+    def __init__(self, ctx: Any, store_url: str, session_tasks: int, *, fresh: bool = False) -> None:
+        from overnight.fleet.child import serve
+
+        self.conn, theirs = ctx.Pipe()
+        self._p = ctx.Process(target=serve, args=(theirs, store_url, os.getpid(), session_tasks), daemon=False)
         self._p.start()
+        theirs.close()
         self.pid = self._p.pid
+        self.fresh = fresh
+        """Started for the task it is handed first (it connects to the store before it takes it);
+        else it was waiting for work when it was handed one."""
+        self.runs = 0
+        """Tasks handed to it, the one it runs included."""
+        self.taken = False
+        """It acknowledged the task it was handed last (it exits before that only to retire)."""
+        self.more = True
+        """It will take another task after this one."""
+        self.reported = False
+        """It said how the task it was handed last ended (an exit without that is a death, status 0 too)."""
+        self.handed = 0.0
+        """When (``time.monotonic()``) it was handed its last task."""
+        self._eof = False
+
+    def hand(self, argv: list[str]) -> bool:
+        """Send it a task (:func:`~overnight.fleet.child.main`'s ``argv`` after the store URL, without
+        the worker pid). False if it is gone."""
+        if self._p.exitcode is not None or not self.more:
+            return False
+        try:
+            self.conn.send(argv)
+        except OSError:
+            return False
+        self.runs += 1
+        self.fresh = self.fresh and self.runs == 1
+        self.taken = self.reported = False
+        self.handed = time.monotonic()
+        return True
 
     def poll(self) -> int | None:
+        """The status of the task it runs: 0 once it said the task ended that way (it then waits
+        for the next one), else its exit status once it exited; None while the task runs."""
+        while not self._eof:
+            try:
+                if not self.conn.poll():
+                    break
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                self._eof = True
+                break
+            if msg == "run":
+                self.taken = True
+            else:
+                code, self.more = msg
+                self.reported = True
+                return int(code)
         return self._p.exitcode
 
-    def fileno(self) -> int:
-        """Readable once the process has exited (its multiprocessing sentinel)."""
-        return self._p.sentinel
+    def waitables(self) -> list[Any]:
+        """What becomes readable when :meth:`poll` may have news: its pipe (until it closed) and its
+        exit sentinel."""
+        return [self._p.sentinel] if self._eof else [self.conn, self._p.sentinel]
 
     def send_signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
@@ -78,16 +145,22 @@ class _Forked:
     def kill(self) -> None:
         self._p.kill()
 
+    def close(self) -> None:
+        """Tell it to exit (an idle session)."""
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.conn.close()
+
 
 @dataclass
 class _Child:
     task: QueuedTask
-    proc: subprocess.Popen
-    started: float
+    proc: Any
+    """A :class:`_Session`, or the ``subprocess.Popen`` of a one-task session."""
     exit_fd: int | None = None
-    """Readable once the process exited (a sentinel or a pidfd), for :meth:`Worker._pause`."""
-    own_fd: bool = False
-    """``exit_fd`` is a pidfd this worker opened (closed when the child is reaped)."""
+    """Readable once a one-task session exited (a pidfd), for :meth:`Worker._pause`."""
 
 
 @dataclass
@@ -117,17 +190,22 @@ class Worker:
         max_deaths: deaths in a row without a new checkpoint before a task is parked ``failed``.
         backoff_s: first retry delay after a death (doubles per death, at most 10 min).
         fork_server: start sessions from a fork server that has overnight imported (default);
-            False: a fresh ``python -m overnight.fleet.child`` per session.
+            False: a fresh ``python -m overnight.fleet.child`` for every task.
+        session_tasks: with the fork server, tasks a session process runs one after another
+            before it exits and a fresh one takes its place (1: a fresh process for every task).
     """
 
     def __init__(self, store_url: str, *, queues: list[str] | None = None, concurrency: int = 1,
                  max_tasks: int | None = None, idle_exit_s: float | None = None, worker_id: str | None = None,
                  lease_ms: int = DEFAULT_TTL_MS, max_deaths: int = 3, backoff_s: float = 2.0,
-                 poll_s: float = 0.2, python: str | None = None, fork_server: bool = True) -> None:
+                 poll_s: float = 0.2, python: str | None = None, fork_server: bool = True,
+                 session_tasks: int = DEFAULT_SESSION_TASKS) -> None:
         if concurrency < 1:
             raise ConfigError(f"--concurrency must be at least 1, got {concurrency}")
         if lease_ms < 300:
             raise ConfigError(f"--lease must be at least 0.3 s, got {lease_ms} ms")
+        if session_tasks < 1:
+            raise ConfigError(f"--session-tasks must be at least 1, got {session_tasks}")
         self.store_url = store_url
         self.queues = list(queues or ["default"])
         self.concurrency = concurrency
@@ -145,6 +223,8 @@ class Worker:
         self.poll_s = poll_s
         self.python = python or sys.executable
         self.fork_server = fork_server
+        self.session_tasks = session_tasks
+        self._idle: list[_Session] = []
         self._mp: Any = None
         self._again = False
         self.stats = WorkerStats()
@@ -201,14 +281,22 @@ class Worker:
         return self._signals > 0
 
     # -- children ----------------------------------------------------------------------------------
-    def _spawn(self, task: QueuedTask) -> None:
-        argv = [self.store_url, task.task_id, str(task.claim_token), str(self.lease_ms), str(os.getpid())]
-        if self.fork_server:
-            proc: Any = _Forked(self._context(), argv)
+    def _spawn(self, task: QueuedTask, fresh: bool = False) -> None:
+        """Start ``task`` in an idle session (unless ``fresh``), else in a new one."""
+        argv = [task.task_id, str(task.claim_token), str(self.lease_ms)]
+        if not self.fork_server:
+            proc: Any = subprocess.Popen([self.python, "-m", "overnight.fleet.child", self.store_url, *argv,
+                                          str(os.getpid())], start_new_session=True, stdin=subprocess.DEVNULL)
         else:
-            proc = subprocess.Popen([self.python, "-m", "overnight.fleet.child", *argv], start_new_session=True,
-                                    stdin=subprocess.DEVNULL)
-        self._children[task.task_id] = _Child(task, proc, time.monotonic())
+            while self._idle and not fresh:
+                proc = self._idle.pop()
+                if proc.hand(argv):
+                    break
+                proc.close()
+            else:
+                proc = _Session(self._context(), self.store_url, self.session_tasks, fresh=True)
+                proc.hand(argv)
+        self._children[task.task_id] = _Child(task, proc)
 
     def _context(self) -> Any:
         """A ``forkserver`` multiprocessing context with overnight already imported: a session
@@ -226,15 +314,45 @@ class Worker:
         return self._mp
 
     def _reap(self) -> None:
+        for session in [s for s in self._idle if s.poll() is not None]:  # died while it waited for work
+            self._idle.remove(session)
+            session.close()
+            LOG.warning("idle session %d exited (%s)", session.pid, _status(session.poll()))
         for task_id, child in list(self._children.items()):
             code = child.proc.poll()
+            if code is None and isinstance(child.proc, _Session) and not child.proc.taken:
+                # a session that does not take its task (stopped with SIGSTOP, say) is killed, and the task
+                # runs in another; one that waited for work answers at once, a new one connects first
+                limit = self.lease_ms / 1000 if child.proc.fresh else max(self.lease_ms / 3000, 1.0)
+                if time.monotonic() - child.proc.handed > limit:
+                    LOG.warning("session %d did not take task %s within %.0f s; killing it", child.proc.pid, task_id,
+                                limit)
+                    child.proc.kill()
+                continue
             if code is None:
                 continue
             del self._children[task_id]
-            if child.own_fd and child.exit_fd is not None:
+            if child.exit_fd is not None:
                 os.close(child.exit_fd)
-            if code == 0:
+            session = child.proc if isinstance(child.proc, _Session) else None
+            if session is not None and code == 0 and session.more:
+                self._idle.append(session)  # it waits for the next task
+            elif session is not None:
+                session.close()
+            if session is not None and not session.taken and (code == EXIT_RETIRED or not session.fresh):
+                # a session that never took the task: it retired (an installed module it imported changed
+                # on disk), or it died or stopped while it waited for work -- not the task's death; a new
+                # session runs the claim
+                if not self.stopping:
+                    self._spawn(child.task, fresh=True)
+                    continue
+                self._store_retry(lambda q: q.release(child.task.task_id, child.task.claim_token))
+                continue
+            if code == 0 and (session is None or session.reported):
                 self._said_done(task_id)
+                continue
+            if code == 0:  # the process ended without saying how the task did (os._exit(0) in a step)
+                self._death(child.task, "session exited with status 0 before its task ended")
                 continue
             if code == EXIT_STORE_GONE:  # the store went away under the session: not the task's fault
                 self._store_retry(lambda q: q.release(child.task.task_id, child.task.claim_token,
@@ -244,8 +362,14 @@ class Worker:
                 # the worker's own stop reached it while it started: nothing committed, not a death
                 self._store_retry(lambda q: q.release(child.task.task_id, child.task.claim_token))
                 continue
-            reason = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
-            self._death(child.task, f"session {reason}")
+            self._death(child.task, f"session {_status(code)}")
+
+    def _top_up(self) -> None:
+        """Start sessions until ``concurrency`` of them run a task or wait for one: a claimed task
+        never waits for a process start-up (the first ones wait for the fork server's: ~2 s,
+        overnight and the tokenizer), which another worker that is ready could spend running it."""
+        while self.fork_server and len(self._idle) + len(self._children) < self.concurrency:
+            self._idle.append(_Session(self._context(), self.store_url, self.session_tasks))
 
     def _said_done(self, task_id: str) -> None:
         """Log how a session that exited 0 left its task (the queue row's status and reason)."""
@@ -254,8 +378,9 @@ class Worker:
         except OvernightError:
             return  # only a progress line: the store being away is logged where it matters
         if row is not None:
+            self.stats.parked += row.status == "failed"  # a step failed for good, or its code cannot be imported
             LOG.log(logging.WARNING if row.status == "failed" else logging.INFO, "task %s %s%s", task_id, row.status,
-                    f": {row.reason}" if row.reason else "")
+                    f": {row.reason}" if row.reason and row.status == "failed" else "")
 
     def _store_retry(self, fn: Any) -> Any:
         """``fn(queue)``, retried with a backoff while the store is unreachable (not after a second
@@ -290,7 +415,7 @@ class Worker:
                     row = q.get(task.task_id)
                     LOG.warning("task %s: %s (death %s of %d in a row); queued again%s", task.task_id, reason,
                                 row.deaths if row else "?", self.max_deaths,
-                                f" in {max(row.not_before_ms - now_ms(), 0) / 1000:.0f} s" if row else "")
+                                f" in {duration(row.not_before_ms - now_ms())}" if row else "")
                 return
             except ConfigError:
                 raise
@@ -310,12 +435,12 @@ class Worker:
             return
         ready: list[Any] = []
         for child in self._children.values():
-            if child.exit_fd is None and isinstance(child.proc, _Forked):
-                child.exit_fd = child.proc.fileno()
-            elif child.exit_fd is None:
+            if isinstance(child.proc, _Session):
+                ready += child.proc.waitables()
+                continue
+            if child.exit_fd is None:
                 try:
                     child.exit_fd = os.pidfd_open(child.proc.pid)
-                    child.own_fd = True
                 except (AttributeError, OSError):  # no pidfd (not Linux 5.3+): poll
                     time.sleep(self.poll_s)
                     return
@@ -381,12 +506,8 @@ class Worker:
         Raises:
             ConfigError: ``worker_id`` is used by a live worker (:meth:`_id_free`)."""
         self._id_free()
-        if self.fork_server:  # started now, not at the first claim: that task would wait ~1 s for it
-            import multiprocessing.forkserver
-
-            self._context()
-            multiprocessing.forkserver.ensure_running()
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._top_up()  # before the first claim
         LOG.info("worker %s: claiming from queue %s on %s (lease %.0f s, %d task(s) at once)", self.worker_id,
                  ", ".join(self.queues), _without_password(self.store_url), self.lease_ms / 1000,
                  self.concurrency)
@@ -404,6 +525,8 @@ class Worker:
                 done = self.max_tasks is not None and self.stats.claimed - self.stats.takeovers >= self.max_tasks
                 if done and not self._children:
                     break
+                if not self.stopping and not done:
+                    self._top_up()
                 try:
                     if time.monotonic() >= next_beat:
                         self._beat("stopping" if self.stopping else "running")
@@ -436,16 +559,19 @@ class Worker:
                     self._pause()
                 self._again = False
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
             for child in self._children.values():  # only on an error in the loop itself
                 child.proc.kill()
+            for session in self._idle:
+                session.close()
+            self._idle.clear()
             try:
                 self._beat("stopped")
             except OvernightError:
                 pass
-            LOG.info("worker %s stopped (%d task(s) claimed, %d session death(s), %d parked)", self.worker_id,
-                     self.stats.claimed, self.stats.deaths, self.stats.parked)
+            LOG.info("worker %s stopped (%d task(s) claimed%s, %d session death(s), %d parked)", self.worker_id,
+                     self.stats.claimed - self.stats.takeovers,  # a takeover queues the task again, then claims it
+                     f", {self.stats.takeovers} taken over from a dead holder" if self.stats.takeovers else "",
+                     self.stats.deaths, self.stats.parked)
             self._drop_store()
             stats_path = os.environ.get("OVERNIGHT_WORKER_STATS")  # `overnight bench fleet` reads these
             if stats_path:
@@ -453,6 +579,8 @@ class Worker:
 
                 with open(stats_path, "a", encoding="utf-8") as fh:
                     fh.write(json.dumps({"worker_id": self.worker_id, **self.stats.__dict__}) + "\n")
+            for sig, handler in old.items():  # last: a signal during the clean-up is the worker's own
+                signal.signal(sig, handler)
         return 0
 
 

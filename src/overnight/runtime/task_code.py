@@ -22,6 +22,7 @@ import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -103,7 +104,15 @@ def _module_origin(name: str) -> Path | None:
     for i in range(1, len(parts)):
         if spec is None or not spec.submodule_search_locations:
             return None
-        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), list(spec.submodule_search_locations))
+        locations = list(spec.submodule_search_locations)
+        name = ".".join(parts[: i + 1])
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(name, locations)
+        except KeyError:  # a namespace package in a namespace package: importlib reads its parent's path
+            # from sys.modules, which has no parent here; its portions are its folders on the parent's path
+            spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            spec.submodule_search_locations = [os.path.join(d, parts[i]) for d in locations
+                                               if os.path.isdir(os.path.join(d, parts[i]))]
     if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
         return None
     return Path(spec.origin).resolve()
@@ -144,9 +153,10 @@ def check_location(entry: str, *, task_id: str | None = None, root: Path | None 
 def _load_module(path: Path) -> Any:
     # classes in the file are stored as "<module>:<Qualname>", so the name must be the same on
     # every run: the file's stem, unless that would shadow an imported module
+    for loaded in (sys.modules.get(path.stem), sys.modules.get(f"overnight_task_{path.stem}")):
+        if loaded is not None and getattr(loaded, "__file__", None) == str(path):
+            return loaded  # loaded before in this process (a worker's session runs tasks in turn)
     name = file_module_name(str(path))
-    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
-        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot load task file {path}")
