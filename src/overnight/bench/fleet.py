@@ -100,8 +100,9 @@ def _workers(project: Path, store: str, n: int, concurrency: int, lease_s: float
 
 
 def run_overnight(store: str, *, workers: int, concurrency: int, tasks: int, steps: int, step_ms: float,
-                  lease_s: float, project: Path, takeover: bool = True) -> FleetResult:
-    """The overnight side: submit, run to completion, then (``takeover``) the takeover probe."""
+                  lease_s: float, project: Path, takeover: bool = True, session_tasks: int = 100) -> FleetResult:
+    """The overnight side: submit, run to completion, then (``takeover``) the takeover probe.
+    ``session_tasks``: the workers' ``--session-tasks``."""
     from overnight import api
     from overnight.store import open_store
     from overnight.store.queue_open import queue_for
@@ -118,7 +119,7 @@ def run_overnight(store: str, *, workers: int, concurrency: int, tasks: int, ste
     stats = project / "worker-stats.jsonl"
     t0 = time.perf_counter()
     procs = _workers(project, store, workers, concurrency, lease_s, {"OVERNIGHT_WORKER_STATS": str(stats)},
-                     "--idle-exit", "1")
+                     "--idle-exit", "1", "--session-tasks", str(session_tasks))
     s = open_store(store)
     try:
         q = queue_for(s)
@@ -141,7 +142,10 @@ def run_overnight(store: str, *, workers: int, concurrency: int, tasks: int, ste
     return FleetResult("overnight", store.split("://", 1)[0], workers, concurrency, tasks, steps, round(seconds, 2),
                        round(tasks / seconds, 2), round(tasks * (steps + 1) / seconds, 1), _pct(claims, 0.5),
                        _pct(claims, 0.99), took, lease_s,
-                       ["one session process per task, forked from a fork server with overnight imported", "every step a verified checkpoint (digest, fingerprint, journal row)", f"timed from the first claim to the last task complete ({round(with_startup, 1)} s from the workers' "
+                       ["each task in a session process (forked from a fork server with overnight imported"
+                        + (", reused for the worker's next task, --session-tasks "
+                           f"{session_tasks})" if session_tasks > 1 else "; a fresh one per task, --session-tasks 1)"),
+                        "every step a verified checkpoint (digest, fingerprint, journal row)", f"timed from the first claim to the last task complete ({round(with_startup, 1)} s from the workers' "
                         "start, Python and fork-server start-up included)"])
 
 
@@ -187,54 +191,63 @@ def takeover_probe(store: str, *, project: Path, lease_s: float) -> float:
 
 
 def run_dbos(pg_url: str, *, workers: int, concurrency: int, tasks: int, steps: int, step_ms: float) -> FleetResult:
-    """DBOS's queue on the same server: ``workers`` processes of :mod:`overnight.bench.fleet_dbos`."""
+    """DBOS's queue on the same server: ``workers`` processes of :mod:`overnight.bench.fleet_dbos`,
+    every one launched before the first workflow is enqueued (as overnight's workers are started
+    before they claim)."""
     import psycopg
 
     schema = f"dbos_bench_{uuid.uuid4().hex[:8]}"
     cmd = [sys.executable, "-m", "overnight.bench.fleet_dbos"]
     args = [pg_url, schema, str(steps), str(concurrency), str(step_ms)]
-    # the first process creates the schema and enqueues; the others join once it exists
-    procs = [subprocess.Popen([*cmd, "worker", *args, "0", str(tasks)], env=_env({}), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)]
-    try:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            def count(where: str) -> int:
-                try:
-                    return conn.execute(f'SELECT count(*) FROM "{schema}".workflow_status WHERE {where}').fetchone()[0]
-                except psycopg.errors.UndefinedTable:
-                    return 0
-                except psycopg.Error:
-                    return 0
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="overnight-bench-dbos-") as ready:
+        def start(index: int, enqueue: int) -> None:
+            procs.append(subprocess.Popen([*cmd, "worker", *args, str(index), str(enqueue), ready], env=_env({}),
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
-            deadline = time.monotonic() + 180
-            while count("true") == 0:
-                if procs[0].poll() is not None or time.monotonic() > deadline:
+        def wait_ready(n: int, deadline: float) -> None:
+            while len(list(Path(ready).glob("ready-*"))) < n:
+                if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
                     raise BenchFailed("DBOS did not start")
                 time.sleep(0.05)
-            procs += [subprocess.Popen([*cmd, "worker", *args, str(i), "0"], env=_env({}),
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                      for i in range(1, workers)]
-            first = conn.execute(f'SELECT min(created_at) FROM "{schema}".workflow_status').fetchone()[0]
-            while count("status = 'SUCCESS' AND queue_name = 'bench'") < tasks:
-                if time.monotonic() > deadline + 600:
-                    raise BenchFailed("DBOS did not finish")
-                time.sleep(0.05)
-            last = conn.execute(f'SELECT max(updated_at) FROM "{schema}".workflow_status').fetchone()[0]
-            seconds = (last - first) / 1000
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGKILL)
-            p.wait()
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+        try:
+            deadline = time.monotonic() + 180
+            start(0, tasks)  # it creates the schema (its first launch), then waits for the others
+            wait_ready(1, deadline)
+            for i in range(1, workers):
+                start(i, 0)
+            wait_ready(workers, deadline)
+            (Path(ready) / "go").touch()
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                def count(where: str) -> int:
+                    try:
+                        return conn.execute(f'SELECT count(*) FROM "{schema}".workflow_status WHERE {where}').fetchone()[0]
+                    except psycopg.Error:
+                        return 0
+
+                while count("status = 'SUCCESS' AND queue_name = 'bench'") < tasks:
+                    if time.monotonic() > deadline + 600:
+                        raise BenchFailed("DBOS did not finish")
+                    time.sleep(0.05)
+                first, last = conn.execute(f'SELECT min(created_at), max(updated_at) FROM "{schema}".workflow_status'
+                                           ).fetchone()
+                seconds = (last - first) / 1000
+        finally:
+            for p in procs:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     return FleetResult("dbos", "postgresql", workers, concurrency, tasks, steps, round(seconds, 2),
                        round(tasks / seconds, 2), round(tasks * steps / seconds, 1),
-                       notes=["workers in-process threads; timed from the first enqueue to the last SUCCESS",
-                              "extra workers start after the first one created the schema"])
+                       notes=["workflows run as threads of the worker processes; every process launched before the "
+                              "first enqueue; timed from the first enqueue to the last SUCCESS"])
 
 
 def run_fleet_bench(*, postgres: str | None, sqlite: bool, workers: int, concurrency: int, tasks: int, steps: int,
-                    step_ms: float, lease_s: float, dbos: bool, rounds: int = 1) -> list[FleetResult]:
+                    step_ms: float, lease_s: float, dbos: bool, rounds: int = 1,
+                    session_tasks: int = 100) -> list[FleetResult]:
     """Every system in one run; PostgreSQL schemas are fresh and dropped afterwards.
 
     ``rounds`` > 1: each system runs that many times, interleaved (overnight and DBOS take turns
@@ -249,14 +262,14 @@ def run_fleet_bench(*, postgres: str | None, sqlite: bool, workers: int, concurr
                 proj.mkdir()
                 jobs.append(lambda proj=proj: run_overnight(
                     f"sqlite://{proj / 'q.db'}", workers=workers, concurrency=concurrency, tasks=tasks, steps=steps,
-                    step_ms=step_ms, lease_s=lease_s, project=proj, takeover=r == 0))
+                    step_ms=step_ms, lease_s=lease_s, project=proj, takeover=r == 0, session_tasks=session_tasks))
             pg = []
             if postgres:
                 proj = Path(tmp) / f"postgres{r}"
                 proj.mkdir()
                 pg.append(lambda proj=proj: _on_postgres(postgres, proj, workers=workers, concurrency=concurrency,
                                                          tasks=tasks, steps=steps, step_ms=step_ms, lease_s=lease_s,
-                                                         takeover=r == 0))
+                                                         takeover=r == 0, session_tasks=session_tasks))
                 if dbos:
                     pg.append(lambda: run_dbos(postgres, workers=workers, concurrency=concurrency, tasks=tasks,
                                                steps=steps, step_ms=step_ms))
@@ -337,15 +350,20 @@ def _median(rs: list[FleetResult]) -> FleetResult:
 
 
 def markdown(results: list[FleetResult], load: str) -> str:
-    head = ("| system | store | workers x conc. | tasks x steps | seconds | tasks/s | step commits/s | "
-            "claim p50 ms | claim p99 ms | takeover s (lease) |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    """The table (step commits/s also as a ratio to DBOS's, when it ran), the load and each system's notes."""
+    base = next((r.step_commits_per_s for r in results if r.system == "dbos"), None)
+    head = ("| system | store | workers x conc. | tasks x steps | seconds | tasks/s | step commits/s | vs DBOS | "
+            "claim p50 ms | claim p99 ms | takeover s (lease) |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     rows = "".join(
         f"| {r.system} | {r.store} | {r.workers} x {r.concurrency} | {r.tasks} x {r.steps} | {r.seconds} | "
-        f"{r.tasks_per_s} | {r.step_commits_per_s} | {r.claim_p50_ms if r.claim_p50_ms is not None else '-'} | "
+        f"{r.tasks_per_s} | {r.step_commits_per_s} | {f'{r.step_commits_per_s / base:.2f}x' if base else '-'} | "
+        f"{r.claim_p50_ms if r.claim_p50_ms is not None else '-'} | "
         f"{r.claim_p99_ms if r.claim_p99_ms is not None else '-'} | "
         + (f"{r.takeover_s} ({r.lease_s:g})" if r.takeover_s is not None else "-") + " |\n" for r in results)
     notes = "".join(f"- {r.system} ({r.store}): {'; '.join(r.notes)}\n" for r in results if r.notes)
-    return head + rows + f"\nLoad (uptime) at the start: {load}\n\n" + notes
+    counted = ("\nstep commits/s counts every checkpoint an overnight task commits (its plan step and its "
+               "steps: tasks x (steps + 1)) and every DBOS step (tasks x steps)\n")
+    return head + rows + counted + f"\nLoad (uptime) at the start: {load}\n\n" + notes
 
 
 def plot(results: list[FleetResult], path: Path) -> None:
