@@ -354,3 +354,55 @@ def test_a_resume_falls_back_past_a_damaged_done_page_it_reads_at_start(url, whi
                           (b"[]", ref.digest)).rowcount == 1
     result = _resume_with_one_more_step(url)
     assert any(s.checkpoint_id == head.id for s in result.fallback.skipped)
+
+
+# --- memory: a load is freed when it is dropped ---------------------------------------------------
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_dropped_load_is_freed_without_the_cycle_collector(url, lazy):
+    """A loaded head holds no reference cycle (its pages, the closures that read them): with the
+    cyclic garbage collector off, dropping it frees it at once -- a process that loads many heads
+    (``verify``, a session reloading after another writer) does not keep them until a collection,
+    and a collection has no thousands of page entries to walk."""
+    import gc
+    import weakref
+
+    with open_store(url) as store:
+        gc.collect()
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            loaded, _ = load_head(store, "long", "main", lazy_done=lazy)
+            pages = list(loaded.done_pages)  # every page read (the lazy ones now)
+            assert len(pages) == 3 and sum(len(p.tree) for p in pages) == STEPS
+            refs = [weakref.ref(loaded), weakref.ref(loaded.done_pages), *(weakref.ref(p) for p in pages)]
+            del loaded, pages
+            assert [r() is None for r in refs] == [True] * len(refs)
+        finally:
+            if enabled:
+                gc.enable()
+
+
+def test_the_collector_pause_nests_and_keeps_a_disabled_collector_disabled():
+    import gc
+
+    from overnight.codec.gc_pause import gc_paused
+
+    enabled = gc.isenabled()
+    try:
+        gc.enable()
+        with gc_paused():
+            with gc_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()  # the outer pause still holds
+        assert gc.isenabled()
+        with pytest.raises(KeyError), gc_paused():
+            raise KeyError("x")  # passes through, and the collector runs again
+        assert gc.isenabled()
+        gc.disable()  # the program's own choice
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if enabled else gc.disable)()

@@ -34,6 +34,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from overnight.codec import digest
 from overnight.codec.canonical import canonical_tree, dumps, dumps_sorted, loads
+from overnight.codec.gc_pause import gc_paused
 from overnight.errors import (
     DecodeError,
     DigestMismatch,
@@ -172,6 +173,12 @@ _WORLD = WORLD
 _ARTIFACT_PAGE = ARTIFACT_PAGE
 
 
+def _done_page_size(i: int, pages: int, count: int) -> int:
+    """Entries done page ``i`` of ``pages`` holds when they hold ``count`` in all: :data:`DONE_PAGE`,
+    the last one the rest."""
+    return DONE_PAGE if i < pages - 1 else count - DONE_PAGE * (pages - 1)
+
+
 class DonePages(Sequence[Page]):
     """The done pages of one checkpoint, each read and verified the first time it is used.
 
@@ -207,7 +214,7 @@ class DonePages(Sequence[Page]):
 
     def size(self, i: int) -> int:
         """Entries page ``i`` holds (from the verified state document; nothing is read)."""
-        return DONE_PAGE if i < len(self.refs) - 1 else self.count - DONE_PAGE * (len(self.refs) - 1)
+        return _done_page_size(i, len(self.refs), self.count)
 
     def loaded(self) -> list[Page]:
         """The pages read (and verified) so far, in order."""
@@ -531,6 +538,7 @@ def parse_record(row: CheckpointRow, *, key: bytes | None) -> CheckpointRecord:
     return record
 
 
+@gc_paused()  # a load parses thousands of acyclic objects: codec/gc_pause.py
 def load_checkpoint(
     store: Store,
     checkpoint_id: str,
@@ -693,15 +701,16 @@ def load_checkpoint(
         raise SchemaError(f"{where} has {len(done_refs)} done pages; the state says {doc.done.count} "
                           f"entries in pages of {DONE_PAGE}", **ids)
 
+    @gc_paused()  # read when first used, after the load returned
     def done_page(i: int) -> Page:
         ref = done_refs[i]
         found = page(ref, f"{cp} done page {i}", _DONE_PAGE, "done", "done")
-        if len(found.tree) != done_pages.size(i):
+        if len(found.tree) != _done_page_size(i, len(done_refs), doc.done.count):  # not done_pages.size: no cycle
             raise SchemaError(f"{where} done page {i} holds {len(found.tree)} entries; the state says "
                               f"{doc.done.count} in pages of {DONE_PAGE}", **ids)
         memo = found.__dict__.get("_checked_for")  # (reference, page handed out): a middle blob's
         if memo is not None and memo[0] is ref:  # references are shared by every checkpoint naming it
-            return memo[1]
+            return memo[1] or found
         if ref.names is not None or ref.summary is not None:  # the index must say what the page holds
             index = found.index
             if (ref.names is not None and ref.names != index["names"]) or (ref.summary is not None and (
@@ -712,7 +721,9 @@ def load_checkpoint(
         summary = None if ref.summary is None else {"fns": ref.summary.fns, "reads": ref.summary.reads}
         same = found.ref.get("names") == ref.names and found.ref.get("summary") == summary
         out = found if same else replace(found, ref=ref.model_dump())
-        found.__dict__["_checked_for"] = (ref, out)  # held: the identity test above stays sound
+        # held: the identity test above stays sound; None for the page itself (no reference cycle,
+        # so a load is freed as soon as it is dropped, without waiting for the cyclic collector)
+        found.__dict__["_checked_for"] = (ref, None if out is found else out)
         return out
 
     done_pages = DonePages(done_refs, doc.done.count, done_page)
