@@ -406,3 +406,28 @@ def test_the_collector_pause_nests_and_keeps_a_disabled_collector_disabled():
         assert not gc.isenabled()
     finally:
         (gc.enable if enabled else gc.disable)()
+
+
+def test_a_process_forked_during_a_pause_runs_its_collector():
+    """A fork from inside a pause (another thread loading a head, say) must not leave the child
+    with its collector off for good: the block that paused it does not run on in the child."""
+    import gc
+    import os
+
+    from overnight.codec.gc_pause import gc_paused
+
+    enabled = gc.isenabled()
+    gc.enable()
+    try:
+        with gc_paused():
+            pid = os.fork()
+            if pid == 0:  # the child: its collector runs, and a pause of its own still works
+                ok = gc.isenabled()
+                with gc_paused():
+                    ok = ok and not gc.isenabled()
+                os._exit(0 if ok and gc.isenabled() else 1)
+            _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert gc.isenabled()
+    finally:
+        (gc.enable if enabled else gc.disable)()

@@ -13,12 +13,14 @@ What a paused block allocates is freed by reference counting as usual; only cycl
 next collection once the collector runs again. The pause is process-wide (the collector is), so
 nested and concurrent pauses are counted: the first to enter pauses the collector if it was
 running, the last to leave resumes it -- and a collector the program had disabled itself stays
-disabled.
+disabled. A process forked during a pause (from another thread) starts with no pause: the block
+that paused it does not run on in the child.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -49,5 +51,15 @@ def gc_paused() -> Iterator[None]:
             if _depth == 0 and _resume:
                 gc.enable()
 
+
+def _after_fork_in_child() -> None:
+    global _depth, _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
+    if _depth and _resume:
+        gc.enable()
+    _depth = 0
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 __all__ = ["gc_paused"]
