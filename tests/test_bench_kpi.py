@@ -35,6 +35,7 @@ def kpi(tmp_path_factory) -> tuple[Path, dict, str]:
     return out, json.loads((out / "kpi.json").read_text()), proc.stdout
 
 
+@pytest.mark.slow
 def test_the_schedule_injects_every_kind_of_fault(kpi):
     _, data, _ = kpi
     s = data["summary"]

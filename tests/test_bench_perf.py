@@ -111,6 +111,7 @@ def _bench_schemas(url: str) -> set[str]:
                                            "OR nspname LIKE 'lg_bench_%'")}
 
 
+@pytest.mark.slow
 def test_perf_report_measures_every_system_and_writes_its_files(tmp_path, postgres_url):
     before = _bench_schemas(postgres_url)
     settings = PerfSettings(commits=5, state_kb=2, lengths=(3, 8), reps=1, verify_checkpoints=5, verify_mb=0.2,

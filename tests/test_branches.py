@@ -59,6 +59,7 @@ def state_of(tmp: Path, branch: str):
     return loaded.state
 
 
+@pytest.mark.slow
 def test_H08_fork_then_alternate_branches_in_separate_processes(tmp):
     cli(tmp, "run", "chain_task.py", "--max-steps", "5", "-q", check=75)  # plan + notes 0..3
     show = json.loads(cli(tmp, "show", "chain", "--json", check=0).stdout)

@@ -59,6 +59,7 @@ def _log(log: Path) -> list[tuple[str, int, str]]:
 
 
 @pytest.mark.parametrize("start", ["resume", "fresh"])
+@pytest.mark.slow
 def test_H06_two_processes_resume_the_same_task_at_once(tmp_path: Path, start: str) -> None:
     task_file, log, store = _task(tmp_path, n=8, delay=0.4)
     if start == "resume":

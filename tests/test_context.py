@@ -127,6 +127,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.slow
 def test_H07_compaction_killed_at_random_moments_never_loses_the_control_point(tmp_path):
     """>= 20 SIGKILLs aimed at compactions: each time the head verifies with goal, todo and
     context intact (old messages, or the summary), and the task still completes."""

@@ -38,6 +38,7 @@ def _task():
 
 
 @pytest.mark.parametrize("kind", ["removed_blob", "bit_flip"])
+@pytest.mark.slow
 def test_a_damaged_head_is_marked_everywhere_and_verify_fails_until_it_is_gone(tmp_path, kind):
     db = tmp_path / "s.db"
     url = f"sqlite://{db}"

@@ -116,6 +116,7 @@ def check(outcomes: dict[str, list[Outcome]]) -> None:
     assert not failed, f"{len(failed)} trial(s) failed:\n" + "\n".join(failed[:10])
 
 
+@pytest.mark.slow
 def test_every_fault_kind_is_detected_and_never_loaded(base_store, tmp_path):
     outcomes = {kind: [trial(base_store, tmp_path, kind, seed) for seed in range(TRIALS_PER_KIND)]
                 for kind in KINDS}

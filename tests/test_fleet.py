@@ -73,6 +73,7 @@ def test_claim_order_priority_and_not_before(tmp_path: Path, any_url: str) -> No
         s.close()
 
 
+@pytest.mark.slow
 def test_worker_runs_queued_tasks_and_ls_shows_them(tmp_path: Path, sqlite_url: str) -> None:
     ids = [_submit(tmp_path, sqlite_url, "--param", f"steps={n}", "--param", f"tag={'x' * n}")["task_id"]
            for n in (2, 3, 4)]
@@ -102,6 +103,7 @@ def test_worker_runs_queued_tasks_and_ls_shows_them(tmp_path: Path, sqlite_url: 
     assert ids[0] not in queue_rows(sqlite_url) and set(ids[1:]) <= set(queue_rows(sqlite_url))
 
 
+@pytest.mark.slow
 def test_submitted_tasks_resume_and_check_drift_under_their_own_ids(tmp_path: Path, sqlite_url: str) -> None:
     """A task submitted under another id than its definition's (``--id``, or the default id with
     the params' digest) is resumable and checkable by that id: the spec records the definition and
@@ -119,6 +121,7 @@ def test_submitted_tasks_resume_and_check_drift_under_their_own_ids(tmp_path: Pa
         assert chain_check(sqlite_url, tid)["state"] == {f"w{i}": i * i for i in range(n)}
 
 
+@pytest.mark.slow
 def test_poison_unimportable_and_failing_tasks_are_parked(tmp_path: Path, sqlite_url: str) -> None:
     poison = _submit(tmp_path, sqlite_url, "--id", "poison", "--param", "mode=poison")["task_id"]
     failing = _submit(tmp_path, sqlite_url, "--id", "failing", "--param", "mode=fail")["task_id"]
@@ -142,6 +145,7 @@ def test_poison_unimportable_and_failing_tasks_are_parked(tmp_path: Path, sqlite
     assert queue_rows(sqlite_url)[poison].status == "queued"
 
 
+@pytest.mark.slow
 def test_cancel_stops_at_a_step_boundary(tmp_path: Path, any_url: str) -> None:
     # the default lease (30 s: a heartbeat every 10 s) -- the session asks after every step (SQLite)
     # or is told at once (PostgreSQL's NOTIFY), so the cancel lands at the next step boundary, not
@@ -165,6 +169,7 @@ def test_cancel_stops_at_a_step_boundary(tmp_path: Path, any_url: str) -> None:
     assert ls[tid] == "cancelled"
 
 
+@pytest.mark.slow
 def test_postgres_pushes_a_cancel_to_the_running_session_and_no_other(tmp_path: Path, pg_schema) -> None:
     import threading
 
@@ -221,6 +226,7 @@ def test_postgres_pushes_a_cancel_to_the_running_session_and_no_other(tmp_path: 
         s.close()
 
 
+@pytest.mark.slow
 def test_graceful_stop_commits_the_step_in_flight_and_requeues(tmp_path: Path, sqlite_url: str) -> None:
     tid = _submit(tmp_path, sqlite_url, "--param", "steps=30", "--param", "sleep=0.4")["task_id"]
     w = start_worker(tmp_path, sqlite_url, "--lease", "3")
@@ -237,6 +243,7 @@ def test_graceful_stop_commits_the_step_in_flight_and_requeues(tmp_path: Path, s
     assert len(log) == 30 and wasted(log) == 0  # nothing ran twice after a graceful stop
 
 
+@pytest.mark.slow
 def test_paused_holder_is_taken_over_and_gets_lease_lost(tmp_path: Path, pg_schema) -> None:
     url, schema = pg_schema
     store = f"{url}?schema={schema}"
@@ -266,6 +273,7 @@ def test_paused_holder_is_taken_over_and_gets_lease_lost(tmp_path: Path, pg_sche
     assert wasted(side_log(tmp_path)) <= 1  # at most the step in flight when A was paused
 
 
+@pytest.mark.slow
 def test_dropped_postgres_connections_mid_run(tmp_path: Path, pg_schema) -> None:
     import psycopg
 
@@ -394,6 +402,7 @@ def test_second_signal_abandons_the_step_in_flight(tmp_path: Path, sqlite_url: s
     assert queue_rows(sqlite_url)[tid].status == "queued"
 
 
+@pytest.mark.slow
 def test_queue_row_params_changed_behind_the_task_are_refused(tmp_path: Path, sqlite_url: str) -> None:
     """The queue row is not covered by a digest: a resumed task runs with its verified params."""
     import sqlite3
@@ -413,6 +422,7 @@ def test_queue_row_params_changed_behind_the_task_are_refused(tmp_path: Path, sq
     assert row.status == "failed" and "params differ" in row.reason
 
 
+@pytest.mark.slow
 def test_a_forged_queue_row_cannot_make_a_worker_call_or_import_other_code(tmp_path: Path, sqlite_url: str) -> None:
     """Whoever can write the store edits queue rows: a worker never imports or calls what a row
     names unless it is a task (or a task factory) in the project, and a task that has checkpoints
@@ -449,6 +459,7 @@ def test_a_forged_queue_row_cannot_make_a_worker_call_or_import_other_code(tmp_p
     assert not (tmp_path / ".claude").exists()
 
 
+@pytest.mark.slow
 def test_a_stop_while_a_session_starts_is_not_a_death_and_is_prompt(tmp_path: Path, sqlite_url: str) -> None:
     """SIGTERM reaching a worker while its session imports slow code (before the runner runs):
     the worker still exits promptly, the task is queued again, and no death is counted -- so
@@ -550,6 +561,7 @@ def test_a_workers_log_names_each_tasks_step_logs_retries_and_the_failures_trace
     assert "stopped (1 task(s) claimed, 0 session death(s), 1 parked)" in log  # a step that failed for good parks it
 
 
+@pytest.mark.slow
 def test_a_worker_id_in_use_by_a_live_worker_is_refused(tmp_path: Path, sqlite_url: str) -> None:
     first = start_worker(tmp_path, sqlite_url, "--worker-id", "same", name="first")
     try:

@@ -89,6 +89,7 @@ def _status(store: str, task_id: str) -> str | None:
     return row.status if row is not None else None
 
 
+@pytest.mark.slow
 def test_one_session_runs_tasks_in_turn_each_in_the_world_it_started_with(tmp_path: Path, any_url: str) -> None:
     _submit(tmp_path, any_url, "t1", "alarm=1")
     _submit(tmp_path, any_url, "t2", "sleep=1.5")  # outlives t1's alarm, had it been left pending
@@ -108,6 +109,7 @@ def test_one_session_runs_tasks_in_turn_each_in_the_world_it_started_with(tmp_pa
     assert seen["t2"]["world"] == seen["t3"]["world"] == seen["t1"]["world"] and seen["t1"]["world"][-1] == 1
 
 
+@pytest.mark.slow
 def test_session_tasks_1_starts_a_process_per_task(tmp_path: Path) -> None:
     _setup(tmp_path)
     store = f"sqlite://{tmp_path / 'q.db'}"
@@ -121,6 +123,7 @@ def test_session_tasks_1_starts_a_process_per_task(tmp_path: Path) -> None:
     assert bad.returncode == 2
 
 
+@pytest.mark.slow
 def test_same_named_task_files_in_two_folders_each_run_their_own_code(tmp_path: Path) -> None:
     project(tmp_path)
     for who in ("a", "b"):
@@ -154,6 +157,7 @@ def look(ctx):
     assert {_status(store, t) for t in ("ta", "tb")} == {"complete"}
 
 
+@pytest.mark.slow
 def test_edits_stops_and_deaths_around_a_reused_session(tmp_path: Path) -> None:
     source = _setup(tmp_path)
     ext = tmp_path.parent / f"{tmp_path.name}-ext"  # an installed module: outside the project

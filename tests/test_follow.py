@@ -101,6 +101,7 @@ def drift_items(proc: subprocess.CompletedProcess) -> list[dict]:
     return json.loads(proc.stdout)["drift"]["items"]
 
 
+@pytest.mark.slow
 def test_a_switched_model_is_drift_accepted_by_default_and_recompute_calls_the_new_one(tmp_path):
     (tmp_path / "m.py").write_text(MODEL_TASK)
     cli("run", "m.py", "-q", cwd=tmp_path)  # extractive (the default)
@@ -203,6 +204,7 @@ def test_demo_report_lists_every_name_pydoc_lists_with_working_anchors_and_code_
     assert spans and all("\n" not in c for c in spans)  # no code span runs on across lines
 
 
+@pytest.mark.slow
 def test_results_on_stdout_progress_on_stderr_and_help_that_says_what_happens(tmp_path):
     run = cli("demo", "--package", "json", "-q", cwd=tmp_path)
     assert run.stdout == f"report: {tmp_path / 'report.md'} ({run.stdout.split('(', 1)[1]}"  # the result only

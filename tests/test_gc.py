@@ -105,6 +105,7 @@ def snapshot(store) -> tuple[set[str], set[str]]:
     return {c for t in store.list_tasks() for c in ids(store, t.task_id)}, set(store.iter_object_digests())
 
 
+@pytest.mark.slow
 def test_gc_removes_exactly_the_dangling_and_unreferenced_and_every_branch_resumes(store):
     sc = scenario(store)
     heads = {b: store.get_ref("g", b) for b in ("main", "B")}
@@ -202,6 +203,7 @@ def writer(url: str, label: str, task_id: str, n: int) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "file", "postgres", "s3"])
+@pytest.mark.slow
 def test_a_commit_during_gc_keeps_the_old_objects_it_reuses(backend, request, tmp_path):
     """The race gc must survive, made deterministic: gc marks; then a writer process commits a
     checkpoint whose artifacts are *old unreferenced* objects (written by a task since removed,
@@ -237,6 +239,7 @@ def test_a_commit_during_gc_keeps_the_old_objects_it_reuses(backend, request, tm
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "file"])
+@pytest.mark.slow
 def test_gc_in_a_loop_beside_a_running_task(backend, request, tmp_path):
     """A writer process runs a task whose artifacts are already in the store as old unreferenced
     objects (every one: small blobs, and the chunks of large ones), while gc deletes with a short

@@ -139,6 +139,7 @@ def _blocked(out: subprocess.CompletedProcess) -> str:
     return msg["reason"]
 
 
+@pytest.mark.slow
 def test_a_failing_commit_blocks_the_compaction(project, tmp_path: Path) -> None:
     repo, tid, transcript = project
     before = head(repo, tid).id

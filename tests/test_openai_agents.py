@@ -176,6 +176,7 @@ def test_eight_threads_pop_each_item_exactly_once(request, tmp_path, shared, med
         next(s for s in sessions if id(s) == x).close()
 
 
+@pytest.mark.slow
 def test_two_processes_pop_each_item_exactly_once(tmp_path):
     url = f"sqlite://{tmp_path}/a.db"
     n = 80

@@ -141,6 +141,7 @@ def test_replica_corrupted_is_repaired_from_hot_copy(media, tmp_path):
     finish_and_check(media)
 
 
+@pytest.mark.slow
 def test_two_media_lost_the_third_carries_the_task(media, tmp_path):
     first_session(media)
     (tmp_path / "hot" / "overnight.db").unlink()
@@ -153,6 +154,7 @@ def test_two_media_lost_the_third_carries_the_task(media, tmp_path):
     finish_and_check(media)
 
 
+@pytest.mark.slow
 def test_cli_finds_a_task_on_the_configured_media_without_store(media, tmp_path):
     first_session(media)
     (tmp_path / "hot" / "overnight.db").unlink()  # only the database and cloud copies are left
@@ -299,6 +301,7 @@ def test_damaged_head_falls_back_on_its_medium_instead_of_rolling_back_to_a_lagg
     assert _steps_on(two_media["local"]) == _steps_on(two_media["database"]) == MONTHS
 
 
+@pytest.mark.slow
 def test_diverged_media_keep_the_losing_head_on_a_branch(two_media, tmp_path):
     assert overnight_cli(tmp_path, "run", "ledger.py", "--max-steps", "2", "--quiet").returncode == 75
     # split brain: each medium resumed alone (two machines, each seeing one medium)

@@ -181,6 +181,7 @@ def _threads(pid: int) -> int:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc to see the lease heartbeat thread")
+@pytest.mark.slow
 def test_two_signals_while_resume_loads_the_head_exit_resumable(tmp_path: Path) -> None:
     """Ctrl-C twice while a resume is still loading/verifying the head (before any step runs):
     still a clean, resumable stop (exit 75), never a traceback of an internal exception."""

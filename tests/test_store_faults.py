@@ -469,6 +469,7 @@ def test_a_file_store_whose_folder_vanished_is_store_unavailable(tmp_path):
 
 
 @pytest.mark.parametrize("status, error, exit_code", [(404, "ConfigError", 2), (503, "StoreUnavailable", EXIT_STORE)])
+@pytest.mark.slow
 def test_an_endpoint_that_is_not_s3_is_a_typed_error_not_a_traceback(tmp_path, status, error, exit_code):
     """A web server that is not S3 (a 404 or 503 page without an S3 error document) at
     ``endpoint_url``: a clear ConfigError (exit 2) or StoreUnavailable (exit 6), never botocore's

@@ -259,6 +259,7 @@ def test_rollback_asks_first_and_the_tasks_page_counts_damage(tmp_path):
             assert cp.count(">Artifacts<") == 1 and not re.search(r"todo: *</p>", cp), e["event"]
 
 
+@pytest.mark.slow
 def test_resume_and_cancel_from_the_ui_go_through_the_workers_queue(tmp_path):
     """The task page's resume queues the stored task for the workers (its verified head's code
     location and params; the dashboard imports nothing) and cancel cancels its queue row; a worker

@@ -92,6 +92,7 @@ def _progress(driver) -> int | None:
         return None
 
 
+@pytest.mark.slow
 def test_tasks_page_shows_a_running_task_progress(browser, tmp_path):
     site = make_site(tmp_path / "live", run=False)
     run = subprocess.Popen([*CLI, "run", "ui_task.py", "--store", store_url(site)], cwd=site,
@@ -221,6 +222,7 @@ def test_a_damaged_record_gets_its_badge(browser, tmp_path):
         shot(browser, tmp_path, "damaged")
 
 
+@pytest.mark.slow
 def test_markup_in_ids_names_and_values_stays_text(browser, tmp_path):
     site = tmp_path / "xss"
     site.mkdir()
