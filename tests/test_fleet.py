@@ -337,7 +337,8 @@ def test_plain_run_shows_running_then_interrupted(tmp_path: Path) -> None:
 
     def status() -> str:
         res = cli(tmp_path, "ls", "--store", store, "--json")
-        return json.loads(res.stdout)[0]["status"] if res.returncode == 0 and res.stdout.strip() else ""
+        rows = json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else []
+        return rows[0]["status"] if rows else ""  # [] while the run has made the store but not the task
 
     try:
         got = wait_until(lambda: (lambda st: st if st.startswith("running") else "")(status()), 60, "running")
