@@ -34,7 +34,6 @@ from pydantic import TypeAdapter, ValidationError
 
 from overnight.codec import digest
 from overnight.codec.canonical import canonical_tree, dumps, dumps_sorted, loads
-from overnight.codec.gc_pause import gc_paused
 from overnight.errors import (
     DecodeError,
     DigestMismatch,
@@ -538,7 +537,6 @@ def parse_record(row: CheckpointRow, *, key: bytes | None) -> CheckpointRecord:
     return record
 
 
-@gc_paused()  # a load parses thousands of acyclic objects: codec/gc_pause.py
 def load_checkpoint(
     store: Store,
     checkpoint_id: str,
@@ -701,7 +699,6 @@ def load_checkpoint(
         raise SchemaError(f"{where} has {len(done_refs)} done pages; the state says {doc.done.count} "
                           f"entries in pages of {DONE_PAGE}", **ids)
 
-    @gc_paused()  # read when first used, after the load returned
     def done_page(i: int) -> Page:
         ref = done_refs[i]
         found = page(ref, f"{cp} done page {i}", _DONE_PAGE, "done", "done")

@@ -37,7 +37,7 @@ def main() -> None:
 def _imports() -> Iterator[None]:
     """Import the command's modules with the cyclic garbage collector paused, then freeze what they
     made: modules, classes and functions live as long as the process, and a collection would walk
-    them again and again (~150 collections over a growing heap while ``overnight resume`` imports
+    them again and again (~70 of the collections while ``overnight resume`` imports
     its ~250 modules; see ``overnight bench resume``). The collector runs as before afterwards,
     over what the command allocates from then on (``gc.freeze``: CPython's documented use)."""
     enabled = gc.isenabled()

@@ -31,7 +31,6 @@ import uuid
 from typing import Any, Callable
 
 from overnight.codec.canonical import dumps as canonical_dumps
-from overnight.codec.gc_pause import gc_paused
 from overnight.codec.canonical import from_tree, to_tree
 from overnight.errors import (
     ArtifactNotFound,
@@ -415,8 +414,7 @@ class Runner:
                 task_id=self.task.id,
                 hint="give this task another id, or, if the code moved, resume it with "
                 f"`overnight resume {self.task.id} --file {self.task.entry}`")
-        with gc_paused():  # the load and its checks allocate much and free little (codec/gc_pause.py)
-            loaded, fallback = self._head_loaded()
+        loaded, fallback = self._head_loaded()
         repaired_back = self._repair.fallback(self.branch, loaded.id) if self._repair and fallback is None else None
         fallback = fallback or repaired_back  # the repair moved the ref back past what verifies on no medium
         accepted = rollback.check(self.store, loaded, key=self.key, allow=self.allow_rollback,
