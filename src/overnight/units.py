@@ -1,4 +1,5 @@
-"""Sizes for people: ``human_bytes(1536) == "1.5 KB"``. Shared by the CLI and the dashboard."""
+"""Sizes and durations for people: ``human_bytes(1536) == "1.5 KB"``, ``human_duration(1_800_000) ==
+"30 min"``. Shared by the CLI, the queue's statuses and the dashboard."""
 
 from __future__ import annotations
 
@@ -9,3 +10,18 @@ def human_bytes(n: int | float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+def human_duration(ms: int | float) -> str:
+    """``ms`` milliseconds for a person: ``0.5 s`` below 10 s, ``42 s``, ``30 min`` from 2 min,
+    ``5.5 h`` from 2 h, ``3.2 d`` from 2 days; a negative duration reads as ``0.0 s``."""
+    s = max(ms, 0) / 1000
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    if s < 172800:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"

@@ -12,6 +12,7 @@ import typer
 
 from overnight.cli import render
 from overnight.errors import ConfigError, OvernightError
+from overnight.units import human_duration
 
 StoreOpt = typer.Option(None, "--store", "-s", envvar="OVERNIGHT_STORE",
                         help="Store holding the queue: sqlite://PATH (workers on this machine) or "
@@ -176,7 +177,7 @@ def workers(store: Optional[str] = StoreOpt,
         return
     render.table(None, ["worker", "host", "pid", "state", "held", "started", "heartbeat"],
                  [(w.worker_id, w.host, w.pid, state(w), f"{w.held}/{w.concurrency}",
-                   f"{(now - w.started_ms) / 1000:.0f} s ago", f"{(now - w.heartbeat_ms) / 1000:.0f} s ago")
+                   f"{human_duration(now - w.started_ms)} ago", f"{human_duration(now - w.heartbeat_ms)} ago")
                   for w in shown])
 
 

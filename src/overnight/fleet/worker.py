@@ -36,7 +36,8 @@ from typing import Any
 from overnight.errors import ConfigError, OvernightError
 from overnight.store import open_store
 from overnight.store.leases import DEFAULT_TTL_MS, now_ms
-from overnight.store.queue import QueuedTask, WorkerRow, duration
+from overnight.store.queue import QueuedTask, WorkerRow
+from overnight.units import human_duration
 from overnight.store.queue_open import queue_for
 
 EXIT_STORE_GONE = 75
@@ -415,7 +416,7 @@ class Worker:
                     row = q.get(task.task_id)
                     LOG.warning("task %s: %s (death %s of %d in a row); queued again%s", task.task_id, reason,
                                 row.deaths if row else "?", self.max_deaths,
-                                f" in {duration(row.not_before_ms - now_ms())}" if row else "")
+                                f" in {human_duration(row.not_before_ms - now_ms())}" if row else "")
                 return
             except ConfigError:
                 raise

@@ -36,6 +36,7 @@ from typing import Any
 from overnight.errors import ConcurrencyError
 from overnight.store.base import Lease
 from overnight.store.leases import DEFAULT_TTL_MS, Holder, ended, now_ms
+from overnight.units import human_duration
 
 STATUSES = ("queued", "running", "failed", "cancelled", "complete")
 
@@ -156,20 +157,6 @@ def backoff_ms(deaths: int, base_s: float) -> int:
     return int(min(base_s * 2 ** max(deaths - 1, 0), 600.0) * 1000)
 
 
-def duration(ms: int) -> str:
-    """``ms`` for a person: ``0.5 s`` below 10 s, ``42 s``, ``30 min``, ``5.5 h``, ``3.2 d``."""
-    s = max(ms, 0) / 1000
-    if s < 10:
-        return f"{s:.1f} s"
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    if s < 172800:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"
-
-
 def describe(row: QueuedTask | None, lease: Lease | None, *, complete: bool, now: int | None = None,
              ttl_ms: int = DEFAULT_TTL_MS) -> str:
     """The status a person reads for a task (``overnight ls`` / ``status``, the dashboard).
@@ -199,27 +186,27 @@ def describe(row: QueuedTask | None, lease: Lease | None, *, complete: bool, now
             name = f"pid {who.pid} on {who.host}" if who else "another process"
         beat = row.heartbeat_ms if row is not None and row.status == "running" and row.heartbeat_ms else \
             lease.expires_at_ms - ttl_ms
-        return f"running ({name}, heartbeat {duration(now - beat)} ago)"
+        return f"running ({name}, heartbeat {human_duration(now - beat)} ago)"
     if row is not None and row.status == "queued":
         if row.not_before_ms <= now + 1000:
             return "queued"
-        return f"queued ({'retry' if row.attempts else 'starts'} in {duration(row.not_before_ms - now)})"
+        return f"queued ({'retry' if row.attempts else 'starts'} in {human_duration(row.not_before_ms - now)})"
     if row is not None and row.status == "running":
         expires = row.claim_expires_ms or 0
         if gone and expires > now:  # its session's process is gone (seen on this host): no wait for the heartbeat
             return (f"stalled (its session on {row.host} died; another worker takes it over when the claim "
-                    f"expires in {duration(expires - now)})")
+                    f"expires in {human_duration(expires - now)})")
         if expires > now:
-            return f"running (worker {row.worker_id} on {row.host}, heartbeat {duration(now - (row.heartbeat_ms or now))} ago)"
-        return f"stalled (lease expired {duration(now - expires)} ago; another worker will take it over)"
+            return f"running (worker {row.worker_id} on {row.host}, heartbeat {human_duration(now - (row.heartbeat_ms or now))} ago)"
+        return f"stalled (lease expired {human_duration(now - expires)} ago; another worker will take it over)"
     if held and not gone:
         assert lease is not None
-        return f"stalled (lease expired {duration(now - lease.expires_at_ms)} ago; resume takes it over)"
+        return f"stalled (lease expired {human_duration(now - lease.expires_at_ms)} ago; resume takes it over)"
     outcome = ended(lease.holder) if lease is not None and not held else None
     if outcome is not None and outcome.startswith("failed: "):  # a plain run's step failed for good
         return f"failed ({outcome[len('failed: '):]})"
     return "interrupted"
 
 
-__all__ = ["COLUMNS", "ClaimLost", "QueuedTask", "STATUSES", "WorkerRow", "backoff_ms", "describe", "duration",
+__all__ = ["COLUMNS", "ClaimLost", "QueuedTask", "STATUSES", "WorkerRow", "backoff_ms", "describe",
            "row_to_task", "row_to_worker"]

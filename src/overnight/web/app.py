@@ -34,7 +34,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from overnight import api
-from overnight.units import human_bytes
+from overnight.units import human_bytes, human_duration
 from overnight.errors import ConcurrencyError, ConfigError, NotFound, OvernightError, TaskNotFound, short_id
 from overnight.store.base import Store
 from overnight.web import queries
@@ -48,12 +48,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 
 
 def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for limit, unit, div in ((90, "s", 1), (5400, "min", 60), (172800, "h", 3600)):
-        if seconds < limit:
-            return f"{seconds / div:.0f} {unit}"
-    return f"{seconds / 86400:.0f} d"
+    return "-" if seconds is None else human_duration(seconds * 1000)
 
 
 def _environment() -> Environment:
