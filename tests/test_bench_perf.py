@@ -115,7 +115,8 @@ def _bench_schemas(url: str) -> set[str]:
 def test_perf_report_measures_every_system_and_writes_its_files(tmp_path, postgres_url):
     before = _bench_schemas(postgres_url)
     settings = PerfSettings(commits=5, state_kb=2, lengths=(3, 8), reps=1, verify_checkpoints=5, verify_mb=0.2,
-                            process_lengths=(3, 5))
+                            process_lengths=(3, 5), step_bytes_steps=10, storage_steps=3, langgraph_turns=3,
+                            session_turns=10)
     report = run_perf(settings, postgres_url=postgres_url, directory=tmp_path / "disk")
     paths = write_report(report, tmp_path / "out")
 
@@ -138,6 +139,18 @@ def test_perf_report_measures_every_system_and_writes_its_files(tmp_path, postgr
     md = (tmp_path / "out" / "perf.md").read_text()
     for name in [*COMMIT_SYSTEMS, *(s["name"] for s in resumed)]:
         assert f"| {name} |" in md
+    # every target of issue 14 is judged from this one run, from the figures of the benches above
+    targets = data["targets"]
+    assert sorted({t["number"] for t in targets}) == [1, 2, 3, 4, 5, 6, 7]
+    assert len(targets) == 21 and all(isinstance(t["met"], bool) for t in targets)
+    by_what = {t["what"]: t for t in targets}
+    trivial = data["step_bytes"]["workloads"][0]["bytes_per_step"]
+    assert by_what["bytes per checkpoint, a step setting one small field (10 steps, SQLite)"]["figure"] == f"{trivial:,.0f} B"
+    assert by_what["bytes per checkpoint, a step setting one small field (10 steps, SQLite)"]["met"] == (trivial <= 1200)
+    sessions = [t for t in targets if t["number"] == 3]
+    assert [t["what"].split(": ")[1] for t in sessions] == [f"{op} median / SQLiteSession" for op in data["session"]["ms"]["OvernightSession"]]
+    assert md.index("## Targets (issue 14)") < md.index("## Commit latency")
+    assert "figures meet their target" in md and "| 6 | `file://` commit median / SQLite store's (5 commits) |" in md
     assert _bench_schemas(postgres_url) == before  # every schema the bench made was dropped
     assert list((tmp_path / "disk").iterdir()) == []  # and every temporary file removed
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from overnight.bench.commit import message_text
+from overnight.errors import ConfigError
 
 POPS = 20
 
@@ -52,6 +53,13 @@ class SessionBench:
         a, b = self.stored_bytes[ours], self.stored_bytes[base]
         rows.append(f"| bytes on disk at the end | {a:,} | {b:,} | {a / b:.1f}x | | | |")
         return "\n".join(rows)
+
+    def to_json(self) -> dict[str, Any]:
+        """The figures as JSON-ready data: ``ms`` and ``cpu_ms`` (``{session: {operation: median}}``),
+        ``stored_bytes``, and each operation's ratio (OvernightSession / SQLiteSession, wall)."""
+        return {"turns": self.turns, "message_bytes": self.message_bytes, "ms": self.ms, "cpu_ms": self.cpu_ms,
+                "stored_bytes": self.stored_bytes,
+                "ratio": {op: round(ms / self.ms["SQLiteSession"][op], 4) for op, ms in self.ms["OvernightSession"].items()}}
 
 
 async def _measure(sessions: dict[str, Any], turns: list[list[dict[str, str]]]) -> tuple[dict, dict]:
@@ -92,7 +100,12 @@ def run_session_bench(turns: int = 200, message_bytes: int = 400, directory: Pat
         turns: conversation turns (two items each).
         message_bytes: size of each message's text (bytes).
         directory: where the SQLite files go (default: a temporary directory under the cwd).
+
+    Raises:
+        ConfigError: ``turns`` < 10 (the bench pops 20 items and reads the last 20).
     """
+    if turns < POPS // 2:
+        raise ConfigError(f"bench agents-session needs at least {POPS // 2} turns ({POPS} items to pop), got {turns}")
     from agents import SQLiteSession
 
     from overnight.adapters.openai_agents import OvernightSession

@@ -87,6 +87,24 @@ class LangGraphBench:
                 f"{sum(r.invoke_ms) / 1000:.2f} | {sum(r.invoke_ms) / sum(t.invoke_ms):.2f}x | {r.puts} |")
         return "\n".join(lines)
 
+    def to_json(self) -> dict[str, Any]:
+        """The figures as JSON-ready data: per saver the medians (ms, put per turn and get_tuple,
+        wall and CPU), the invoke loop (s), bytes stored and put calls; ratios are ours / theirs."""
+        med = statistics.median
+
+        def saver(r: SaverRun) -> dict[str, Any]:
+            return {"name": r.name, "stored_bytes": r.stored_bytes, "puts": r.puts,
+                    "put_ms_median": round(med(r.turn_ms), 4), "put_ms_p99": round(r.pct(99), 4),
+                    "put_cpu_ms_median": round(med(r.turn_cpu_ms), 4), "get_tuple_ms_median": round(med(r.get_ms), 4),
+                    "get_tuple_cpu_ms_median": round(med(r.get_cpu_ms), 4), "invoke_s": round(sum(r.invoke_ms) / 1000, 4)}
+
+        o, t = self.ours, self.theirs
+        return {"turns": self.turns, "transcript_bytes": self.transcript_bytes, "ours": saver(o), "theirs": saver(t),
+                "ratio": {"put": round(med(o.turn_ms) / med(t.turn_ms), 4),
+                          "get_tuple": round(med(o.get_ms) / med(t.get_ms), 4),
+                          "invoke": round(sum(o.invoke_ms) / sum(t.invoke_ms), 4),
+                          "stored_smaller": round(t.stored_bytes / o.stored_bytes, 2)}}
+
 
 def _timed(saver: Any, run: SaverRun, clock: list[float]) -> Any:
     """Wrap ``saver.put`` to add its wall and CPU time to ``clock[0]`` and ``clock[1]`` (ms) and

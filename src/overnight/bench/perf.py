@@ -1,19 +1,25 @@
-"""``overnight bench perf``: commit latency, resume latency and verify throughput, as one report.
+"""``overnight bench perf``: issue 14's cost targets, judged from one run of every benchmark they need.
 
-Runs three benchmarks in one process, each against baselines measured in the same run:
+Runs these benchmarks in one process, each against baselines measured in the same run, then
+judges every figure against its target (:mod:`overnight.bench.targets`):
 
-1. commit latency (:mod:`overnight.bench.commit`) of overnight on SQLite, a ``file://`` directory
+1. storage growth against LangGraph's ``SqliteSaver`` (:mod:`overnight.bench.storage`; run first,
+   so the process's peak RSS after it is that benchmark's) and bytes per checkpoint
+   (:mod:`overnight.bench.step_bytes`);
+2. commit latency (:mod:`overnight.bench.commit`) of overnight on SQLite, a ``file://`` directory
    and PostgreSQL, against LangGraph's ``SqliteSaver`` and ``PostgresSaver`` and a bare
    write+fsync of the same bytes (the floor);
-2. resume latency against chain length (:mod:`overnight.bench.resume`) -- overnight's verified
+3. resume latency against chain length (:mod:`overnight.bench.resume`) -- overnight's verified
    head load and its whole resume session on each store, against LangGraph's ``get_tuple``;
-3. ``verify --all`` and ``verify TASK`` throughput in MB/s and peak RSS at two store sizes
+4. ``verify --all`` and ``verify TASK`` throughput in MB/s and peak RSS at two store sizes
    (:mod:`overnight.bench.verify`) against ``hashlib.sha256`` in memory;
-4. the whole ``overnight resume`` process to its first step against chain length
-   (:mod:`overnight.bench.resume_process`), over a bare ``python -c 'import overnight'``.
+5. the whole ``overnight resume`` process to its first step against chain length
+   (:mod:`overnight.bench.resume_process`), over a bare ``python -c 'import overnight'``;
+6. the adapters against the savers they replace: a LangGraph chat (:mod:`overnight.bench.langgraph`)
+   and an Agents SDK session (:mod:`overnight.bench.agents_session`).
 
 :func:`write_report` puts into one directory ``perf.md`` (the Markdown tables), ``perf.json``
-(settings, machine, every raw sample) and two PNG plots drawn with matplotlib:
+(settings, machine, every raw sample, the judged targets) and PNG plots drawn with matplotlib:
 ``commit_latency.png`` (median and p99 per system and medium) and ``resume_latency.png``
 (milliseconds against chain length, log-log), and ``resume_process.png`` (the whole process, log-log).
 """
@@ -30,11 +36,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from overnight.bench import targets as judged
+from overnight.bench.agents_session import SessionBench, run_session_bench
 from overnight.bench.commit import DEFAULT_POSTGRES, CommitBench, run_commit_bench
 from overnight.bench.commit import SYSTEMS as COMMIT_SYSTEMS
 from overnight.bench.resume import SYSTEMS as RESUME_SYSTEMS
 from overnight.bench.resume import ResumeBench, run_resume_bench
+from overnight.bench.langgraph import LangGraphBench, run_langgraph_bench
 from overnight.bench.resume_process import ResumeProcessBench, run_resume_process_bench
+from overnight.bench.step_bytes import StepBytesBench, run_step_bytes_bench
+from overnight.bench.storage import StorageBench, run_storage_bench
 from overnight.bench.verify import VerifyBench, run_verify_bench
 
 #: files :func:`write_report` writes into its directory
@@ -55,27 +66,38 @@ class PerfSettings:
         verify_scales: the store sizes checked, as multiples of that (peak RSS across them).
         process_lengths: chain lengths at which the whole ``overnight resume`` process is timed
             (each >= 3, ascending; building the chain runs that many steps).
+        step_bytes_steps: steps of ``bench step-bytes`` (>= 10; 0 leaves it out).
+        storage_steps: steps of ``bench storage`` (>= 2; 0 leaves it out).
+        langgraph_turns: turns of ``bench langgraph`` (0 leaves it out).
+        session_turns: turns of ``bench agents-session`` (0 leaves it out).
     """
 
     commits: int = 200
     state_kb: float = 10.0
-    lengths: tuple[int, ...] = (10, 100, 1000)
+    lengths: tuple[int, ...] = (10, 100, 1000, 5000)
     reps: int = 5
-    verify_checkpoints: int = 300
-    verify_mb: float = 30.0
-    verify_scales: tuple[int, ...] = (1, 3)
-    process_lengths: tuple[int, ...] = (10, 100, 1000)
+    verify_checkpoints: int = 1000
+    verify_mb: float = 100.0
+    verify_scales: tuple[int, ...] = (1, 2)
+    process_lengths: tuple[int, ...] = (10, 1000, 5000)
+    step_bytes_steps: int = 1000
+    storage_steps: int = 500
+    langgraph_turns: int = 500
+    session_turns: int = 200
 
 
-#: the default run (a few minutes on a 2-core machine) and ``--quick`` (under a minute)
+#: the default run (the sizes issue 14 names: ~5 minutes on 2 idle cores) and ``--quick`` (~20 s;
+#: the same targets judged at smaller sizes)
 DEFAULT = PerfSettings()
 QUICK = PerfSettings(commits=30, lengths=(10, 100), reps=3, verify_checkpoints=50, verify_mb=5.0,
-                     process_lengths=(10, 30))
+                     process_lengths=(10, 30), step_bytes_steps=100, storage_steps=50, langgraph_turns=50,
+                     session_turns=50)
 
 
 @dataclass
 class PerfReport:
-    """Result of :func:`run_perf`: the three benchmarks, the settings, the machine, the run time (s)."""
+    """Result of :func:`run_perf`: the benchmarks (None: left out), the settings, the machine, the
+    run time (s). :meth:`targets` judges them."""
 
     settings: PerfSettings
     machine: dict[str, Any]
@@ -84,13 +106,26 @@ class PerfReport:
     verify: VerifyBench
     elapsed_s: float
     resume_process: ResumeProcessBench | None = None
+    step_bytes: StepBytesBench | None = None
+    storage: StorageBench | None = None
+    langgraph: LangGraphBench | None = None
+    session: SessionBench | None = None
+
+    def targets(self) -> list[judged.Target]:
+        """Issue 14's targets, each figure of this run judged (:func:`overnight.bench.targets.judge`)."""
+        return judged.judge(self)
 
     def markdown(self) -> str:
         m = self.machine
+        optional = [("Bytes per checkpoint", self.step_bytes), ("Storage growth against SqliteSaver", self.storage),
+                    ("LangGraph: OvernightSaver against SqliteSaver", self.langgraph),
+                    ("OpenAI Agents SDK: OvernightSession against SQLiteSession", self.session)]
         return "\n\n".join([
             "# overnight bench perf",
             f"{m['date']} · {m['platform']} · {m['cpus']} CPUs · Python {m['python']} · load average "
             f"{m['loadavg']} at start · {self.elapsed_s:.0f} s",
+            "## Targets (issue 14)\n\n" + judged.markdown(self.targets()),
+            *(f"## {title}\n\n" + bench.markdown() for title, bench in optional if bench is not None),
             "## Commit latency\n\n" + self.commit.markdown(),
             "## Resume latency against chain length\n\n" + self.resume.markdown(),
             "## Verify throughput\n\n" + self.verify.markdown(),
@@ -102,7 +137,11 @@ class PerfReport:
     def to_json(self) -> dict[str, Any]:
         return {"settings": asdict(self.settings), "machine": self.machine, "elapsed_s": round(self.elapsed_s, 3),
                 "commit": self.commit.to_json(), "resume": self.resume.to_json(), "verify": self.verify.to_json(),
-                "resume_process": self.resume_process.to_json() if self.resume_process else None}
+                "resume_process": self.resume_process.to_json() if self.resume_process else None,
+                **{name: bench.to_json() if bench is not None else None
+                   for name, bench in (("step_bytes", self.step_bytes), ("storage", self.storage),
+                                       ("langgraph", self.langgraph), ("session", self.session))},
+                "targets": judged.to_json(self.targets())}
 
 
 def machine() -> dict[str, Any]:
@@ -114,7 +153,7 @@ def machine() -> dict[str, Any]:
 
 def run_perf(settings: PerfSettings = DEFAULT, *, postgres_url: str | None = DEFAULT_POSTGRES,
              directory: Path | None = None) -> PerfReport:
-    """Run the three benchmarks (see the module docstring) on every system.
+    """Run the benchmarks (see the module docstring) on every system.
 
     Args:
         settings: sizes (:data:`DEFAULT`, :data:`QUICK`, or your own).
@@ -133,6 +172,9 @@ def run_perf(settings: PerfSettings = DEFAULT, *, postgres_url: str | None = DEF
     def served(systems: tuple[str, ...]) -> tuple[str, ...]:
         return systems if postgres_url is not None else tuple(s for s in systems if "ostgres" not in s)
 
+    # first: its peak RSS is read from the process's high-water mark, which later runs would raise
+    storage = run_storage_bench(settings.storage_steps, directory=base) if settings.storage_steps else None
+    step_bytes = run_step_bytes_bench(settings.step_bytes_steps, directory=base) if settings.step_bytes_steps else None
     commit = run_commit_bench(settings.commits, settings.state_kb, base, systems=served(COMMIT_SYSTEMS),
                               postgres_url=postgres_url or DEFAULT_POSTGRES)
     with tempfile.TemporaryDirectory(prefix="overnight-bench-resume-", dir=base) as tmp:
@@ -141,7 +183,10 @@ def run_perf(settings: PerfSettings = DEFAULT, *, postgres_url: str | None = DEF
     verify = run_verify_bench(settings.verify_checkpoints, settings.verify_mb, base, scales=settings.verify_scales)
     with tempfile.TemporaryDirectory(prefix="overnight-bench-resume-process-", dir=base) as tmp:
         process = run_resume_process_bench(settings.process_lengths, reps=settings.reps, directory=Path(tmp))
-    return PerfReport(settings, info, commit, resume, verify, time.perf_counter() - t0, process)
+    langgraph = run_langgraph_bench(settings.langgraph_turns, directory=base) if settings.langgraph_turns else None
+    session = run_session_bench(settings.session_turns, directory=base) if settings.session_turns else None
+    return PerfReport(settings, info, commit, resume, verify, time.perf_counter() - t0, process, step_bytes, storage,
+                      langgraph, session)
 
 
 _COLOURS = {"overnight": "#1f77b4", "LangGraph": "#ff7f0e", "floor": "#7f7f7f"}

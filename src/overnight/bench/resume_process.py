@@ -14,14 +14,18 @@ from one length to the next by ``overnight run`` / ``overnight resume --max-step
   nothing after it (no commit: the chain keeps its length);
 * **bare import**: ``python -c 'import overnight'`` in a fresh process (the floor);
 
+each child then writes its own peak memory (:mod:`overnight.bench.memory`: a few microseconds,
+the same in both, so ``over import`` is unchanged);
+
 and, in this process, **load + verify head** (:func:`~overnight.chain.read.load_head` on the open
 store, ``lazy_done``: record, state document, todo and artifact pages, world fingerprint -- the done
 pages are read and verified when used, so this is what ``ls``, the resume's look-up of the task's
 code and the runner pay: its memo look-up of a step, its plan check and its drift check go by the
 done pages' verified index, record format 4) and **load + verify every done page** (the same with
 every done page read and verified: what ``verify`` and a format-3 head cost, and what the runner
-read before its session until format 4) -- the parts that would grow with the chain. Each child's peak resident memory (``ru_maxrss`` from ``wait4``) is recorded
-too (``rss_mb``).
+read before its session until format 4) -- the parts that would grow with the chain. Each child's peak resident memory is recorded
+too (``rss_mb``: ``VmHWM`` as the child reports it -- ``wait4``'s ``ru_maxrss`` would include this
+process's size, :mod:`overnight.bench.memory`).
 
 The children write their bytecode caches to a folder of the bench's own (``PYTHONPYCACHEPREFIX``,
 filled by the warm-up runs), as an installed package has them: with ``PYTHONDONTWRITEBYTECODE``
@@ -46,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from overnight.bench import memory
 from overnight.errors import BenchFailed, ConfigError
 
 TASK_ID = "bench-resume-process"
@@ -68,6 +73,8 @@ def plan(ctx):
 @task.step(planned=False)
 def work(ctx, i):
     if os.environ.get({exit_env!r}):
+        from overnight.bench.memory import report
+        report()  # this process's own peak memory, on stdout
         os._exit(0)  # the bench times the resume up to here
     ctx.state["n"] = i
     if i + 1 < {capacity}:
@@ -188,11 +195,12 @@ def _cli(directory: Path, env: dict[str, str], *args: str) -> subprocess.Complet
 
 
 def _timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, float]:
-    """``(wall ms, cpu ms, peak RSS MB)`` of one child process (cpu: its user + system time; RSS:
-    its ``ru_maxrss``; both from the kernel, ``wait4``)."""
-    with tempfile.TemporaryFile() as errors:
+    """``(wall ms, cpu ms, peak RSS MB)`` of one child process (cpu: its user + system time, from
+    the kernel, ``wait4``; RSS: the peak the child reported itself, :mod:`overnight.bench.memory` --
+    ``wait4``'s ``ru_maxrss`` would include this process's own size)."""
+    with tempfile.TemporaryFile() as errors, tempfile.TemporaryFile() as out:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=errors)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=errors)
         _, status, usage = os.wait4(proc.pid, 0)
         ms = (time.perf_counter() - t0) * 1000
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -200,7 +208,11 @@ def _timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float
             errors.seek(0)
             text = errors.read().decode("utf-8", "replace").strip()
             raise BenchFailed(f"{' '.join(cmd[:4])} exited {proc.returncode}: {text[-500:]}")
-    return ms, (usage.ru_utime + usage.ru_stime) * 1000, usage.ru_maxrss / 1024
+        out.seek(0)
+        peak = memory.parse(out.read().decode("utf-8", "replace"))
+    if peak is None:
+        raise BenchFailed(f"{' '.join(cmd[:4])} did not report its peak memory")
+    return ms, (usage.ru_utime + usage.ru_stime) * 1000, peak
 
 
 def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *, reps: int = 5,
@@ -253,7 +265,7 @@ def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *
             have = result.checkpoints[n] = head.seq + 1
             resume = [sys.executable, "-m", "overnight", "resume", TASK_ID, "--store",
                       f"sqlite://{directory / 'chain.db'}", "--quiet"]
-            bare = [sys.executable, "-c", "import overnight"]
+            bare = [sys.executable, "-c", "import overnight; from overnight.bench.memory import report; report()"]
             _timed(resume, directory, timed_env)  # warm-up (fills the distribution cache), not counted
             _timed(bare, directory, env)
             rs, bs, old = [], [], []

@@ -29,7 +29,6 @@ The ratio is LangGraph's bytes over overnight's (issue 6's target: at least 20x)
 from __future__ import annotations
 
 import random
-import resource
 import shutil
 import statistics
 import tempfile
@@ -39,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from overnight.bench import memory
 from overnight.bench.commit import DEFAULT_POSTGRES, langgraph_saver, message_text, open_overnight, percentile
 from overnight.errors import BenchFailed, ConfigError
 from overnight.runtime.outcome import RunEvent
@@ -89,7 +89,7 @@ class StorageBench:
         logical_bytes: sum over steps of the state each step stored in full (artifact + messages):
             what a store that keeps a full snapshot per step holds before compression.
         series: overnight's stores first, LangGraph's ``SqliteSaver`` last.
-        peak_rss_mb: peak resident memory of the process that ran it (MB, ``ru_maxrss``): every
+        peak_rss_mb: peak resident memory of the process that ran it (MB, :func:`overnight.bench.memory.peak_rss_kb`): every
             medium's run and the ``SqliteSaver`` puts, one after the other in this process.
     """
 
@@ -259,4 +259,4 @@ def run_storage_bench(steps: int = 500, *, start_kb: float = 500.0, append_kb: f
             series.append(ours)
         series.append(lg)
         return StorageBench(steps, totals["artifact"], totals["messages"], totals["logical"], series,
-                            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+                            memory.peak_rss_kb() / 1024)

@@ -42,10 +42,11 @@ _CHILD = """
 import json, resource, sys, time
 from overnight.store.sqlite import SQLiteStore
 from overnight.verify.fsck import verify_store
+from overnight.bench.memory import peak_rss_kb
 store = SQLiteStore(sys.argv[1])
 task = sys.argv[2] or None
 processes = None if sys.argv[3] == "auto" else int(sys.argv[3])
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak_rss_kb()
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
 report = verify_store(store, [task] if task else None, all_objects=task is None, processes=processes)
@@ -55,7 +56,7 @@ helpers = after.ru_utime + after.ru_stime - kids.ru_utime - kids.ru_stime
 print(json.dumps({"seconds": seconds, "cpu_s": cpu + helpers, "main_cpu_s": main, "helpers_cpu_s": helpers,
                   "bytes_verified": report.bytes_verified,
                   "objects_checked": report.objects_checked, "problems": len(report.problems),
-                  "rss_before_mb": before / 1024, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "rss_before_mb": before / 1024, "rss_mb": peak_rss_kb() / 1024,
                   "helper_rss_mb": after.ru_maxrss / 1024 if helpers else 0.0}))
 """
 
