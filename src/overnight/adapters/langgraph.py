@@ -87,7 +87,7 @@ from overnight.errors import (
 )
 from overnight.store import open_store
 from overnight.store.base import Closing, CheckpointRow, Store, TaskRow
-from overnight.store.blobs import BlobReader, BlobWriter
+from overnight.store.blobs import BlobReader, BlobWriter, ChunkCache
 from overnight.chain.write import ChainWriter, utc_now
 from overnight.verify.drift import DriftReport, detect
 from overnight.verify.fingerprint import WorldSpec, world
@@ -206,8 +206,8 @@ class _KeepingReader(BlobReader):
     a checkpoint: its deep load reads (and hashes) every artifact, and the values are decoded from
     those same bytes instead of reading them again."""
 
-    def __init__(self, store: Store, verified: set[str]) -> None:
-        super().__init__(store, verified)
+    def __init__(self, store: Store, verified: set[str], chunks: ChunkCache | None = None) -> None:
+        super().__init__(store, verified, chunks)
         self._kept: dict[str, bytes] = {}
 
     def get(self, blob_digest: str, context: str = "a read", _depth: int = 0) -> bytes:
@@ -277,6 +277,10 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
         self._codec = ListCodec()
         """Encodes and decodes channel and write values; a growing message list is converted
         item by item, only its new items each time (:mod:`overnight.codec.listcodec`)."""
+        self._chunks = ChunkCache()
+        """Verified chunk payloads of the blobs this saver read (a growing message list's
+        checkpoints share all but their last chunks): each load still reads and hashes every
+        record, page, tree and whole blob, but a chunk it already hashed comes from here."""
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "OvernightSaver":
@@ -409,7 +413,7 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
             ThreadCorrupt: it fails verification.
         """
         try:
-            return load_checkpoint(self.store, cid, key=self.key, deep=True, reader=reader or BlobReader(self.store))
+            return load_checkpoint(self.store, cid, key=self.key, deep=True, reader=reader or BlobReader(self.store, chunks=self._chunks))
         except IntegrityError as exc:
             raise self._corrupt(task_id, f"checkpoint {short_id(cid)} failed verification: {exc.message}", cid,
                                 exc) from exc
@@ -417,7 +421,7 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
     def _merged(self, task_id: str, entry: _Entry) -> _Merged:
         """Load every leaf record of ``entry`` and fold their writes (oldest first)."""
         seen: set[str] = set()
-        reader = _KeepingReader(self.store, seen)
+        reader = _KeepingReader(self.store, seen, self._chunks)
         loaded = {r.cid: self._load(task_id, r.cid, reader) for r in entry.leaves}
         writes: dict[tuple[str, int], dict[str, Any]] = {}
         warts: dict[str, Any] = {}
@@ -518,7 +522,7 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
                     continue
                 chain.known |= folded.seen
             else:
-                folded = _Merged(None, None, [], {}, set(), BlobReader(self.store))
+                folded = _Merged(None, None, [], {}, set(), BlobReader(self.store, chunks=self._chunks))
             writer = chain.blob_writer()
             state = build(base_state, writer, folded)
             if state is None:
@@ -938,7 +942,7 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
                 chain = ChainWriter(self.store, task_id, branch, key=self.key, session_id=self._session, session_n=1)
                 if anc in new_cid:
                     seen_objects: set[str] = set()
-                    chain.start_from(self._load(task_id, new_cid[anc], BlobReader(self.store, seen_objects)), None)
+                    chain.start_from(self._load(task_id, new_cid[anc], BlobReader(self.store, seen_objects, self._chunks)), None)
                     chain.known = seen_objects
                     chain.ref_head = None
             main = merged[key].main

@@ -9,6 +9,9 @@ tail of the index, not 500 KB (the O(N²) growth of full-snapshot checkpointers 
 
 Every read re-hashes what it returns: a chunk that does not match its digest, a tree whose
 reassembled bytes do not, or a missing object raises an :class:`~overnight.errors.IntegrityError`.
+A reader given a :class:`ChunkCache` takes the chunks that cache holds from memory instead: each
+was hashed against its digest when it entered, and a digest names one content, so they are the
+verified bytes (the tree, its index and the reassembled blob are still read and hashed).
 
 Deduplication never trusts what it has not verified: a writer reuses a stored object only if it
 is in its ``known`` set (objects this process wrote, or verified when it loaded the checkpoint
@@ -27,6 +30,8 @@ object, so the store refreshes its stored time and a concurrent ``gc`` keeps it
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from typing import Iterable
 
 from overnight.codec import chunking, compress, digest
@@ -147,6 +152,54 @@ class BlobWriter:
         return d
 
 
+class ChunkCache:
+    """Verified chunk payloads by digest, least recently used dropped first, for the readers of a
+    long-lived object that re-reads the same large blobs (the LangGraph saver: each checkpoint of
+    a growing message list shares all but its last chunks with the one before).
+
+    Only :class:`BlobReader` puts payloads here, after hashing them against their digest; a
+    payload is an immutable ``bytes``. Safe to share between threads (one lock).
+
+    Args:
+        max_bytes: payload bytes kept, at most (default 64 MiB); a payload larger than a quarter
+            of it is not kept.
+    """
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self._bytes = 0
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_many(self, digests: Iterable[str]) -> dict[str, bytes]:
+        """The payloads this cache holds among ``digests`` (each marked as just used)."""
+        out: dict[str, bytes] = {}
+        with self._lock:
+            items = self._items
+            for d in digests:
+                payload = items.get(d)
+                if payload is not None:
+                    items.move_to_end(d)
+                    out[d] = payload
+        return out
+
+    def put(self, chunk_digest: str, payload: bytes) -> None:
+        """Keep a payload that was hashed to ``chunk_digest`` (by :class:`BlobReader` only)."""
+        if len(payload) * 4 > self.max_bytes:
+            return
+        with self._lock:
+            items = self._items
+            if chunk_digest in items:
+                return
+            items[chunk_digest] = payload
+            self._bytes += len(payload)
+            while self._bytes > self.max_bytes:
+                self._bytes -= len(items.popitem(last=False)[1])
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class BlobReader:
     """Reads and verifies blobs. Raises :class:`MissingObject` / :class:`DigestMismatch`.
 
@@ -154,14 +207,40 @@ class BlobReader:
         store: where objects live.
         verified: a set that collects the digest of every object this reader verified (pass a
             writer's ``known`` set to let it deduplicate against them).
+        chunks: verified chunk payloads shared with other readers (:class:`ChunkCache`): a chunk
+            it holds is not read, decompressed or hashed again; the chunks this reader hashes
+            are added to it.
 
     Methods take ``context``: text naming what is being read (``"checkpoint 1a2b3c… state"``),
     used in errors.
     """
 
-    def __init__(self, store: Store, verified: set[str] | None = None) -> None:
+    def __init__(self, store: Store, verified: set[str] | None = None, chunks: ChunkCache | None = None) -> None:
         self.store = store
         self.verified = verified if verified is not None else set()
+        self.chunks = chunks
+
+    def _chunk_payloads(self, chunk_digests: list[str], where: str) -> dict[str, bytes]:
+        """The verified payload of each distinct chunk in ``chunk_digests``: from :attr:`chunks`
+        when it holds one, else read in one store call, decompressed and hashed (and added to it).
+
+        Raises:
+            MissingObject, DigestMismatch: a chunk is missing, not a blob, or not its digest's content.
+        """
+        wanted = list(dict.fromkeys(chunk_digests))
+        cache = self.chunks
+        payloads = cache.get_many(wanted) if cache is not None else {}
+        missing = [cd for cd in wanted if cd not in payloads]
+        if missing:
+            found = self._fetch(missing, where)
+            for cd in missing:
+                part = self._chunk(found[cd], where)
+                if digest.sha256(part) != cd:
+                    raise DigestMismatch(f"chunk {cd} does not match its content; needed by {where}", object_digest=cd)
+                payloads[cd] = part
+                if cache is not None:
+                    cache.put(cd, part)
+        return payloads
 
     def _fetch(self, digests: list[str], context: str) -> dict[str, ObjectRecord]:
         found = self.store.get_objects(digests)
@@ -218,15 +297,8 @@ class BlobReader:
             data = self._payload(obj, context)
         elif obj.kind == "tree":
             chunk_digests, size = self._tree_index(obj, context, depth)
-            where = f"{context}, blob {obj.digest}"
-            chunks = self._fetch(list(dict.fromkeys(chunk_digests)), where)
-            parts = []
-            for cd in chunk_digests:
-                part = self._chunk(chunks[cd], where)
-                if digest.sha256(part) != cd:
-                    raise DigestMismatch(f"chunk {cd} does not match its content; needed by {where}", object_digest=cd)
-                parts.append(part)
-            data = b"".join(parts)
+            payloads = self._chunk_payloads(chunk_digests, f"{context}, blob {obj.digest}")
+            data = b"".join([payloads[cd] for cd in chunk_digests])
             if len(data) != size:
                 raise DigestMismatch(f"blob {obj.digest} reassembled to {len(data)} bytes, expected {size}",
                                      object_digest=obj.digest)
@@ -298,13 +370,19 @@ class BlobReader:
         hasher = hashlib.sha256()
         total = 0
         where = f"{context}, blob {obj.digest}"
+        cache = self.chunks
         for i in range(0, len(chunk_digests), 256):
             batch = chunk_digests[i : i + 256]
-            found = self._fetch(list(dict.fromkeys(batch)), where)
+            cached = cache.get_many(batch) if cache is not None else {}
+            missing = [cd for cd in dict.fromkeys(batch) if cd not in cached]
+            found = self._fetch(missing, where) if missing else {}
             for cd in batch:
-                payload = self._chunk(found[cd], where)
-                if cd not in verified and digest.sha256(payload) != cd:
-                    raise DigestMismatch(f"chunk {cd} does not match its content; needed by {where}", object_digest=cd)
+                payload = cached.get(cd)
+                if payload is None:
+                    payload = self._chunk(found[cd], where)
+                    if cd not in verified and digest.sha256(payload) != cd:
+                        raise DigestMismatch(f"chunk {cd} does not match its content; needed by {where}",
+                                             object_digest=cd)
                 verified.add(cd)
                 hasher.update(payload)
                 total += len(payload)
