@@ -145,8 +145,13 @@ def test_perf_report_measures_every_system_and_writes_its_files(tmp_path, postgr
     assert len(targets) == 21 and all(isinstance(t["met"], bool) for t in targets)
     by_what = {t["what"]: t for t in targets}
     trivial = data["step_bytes"]["workloads"][0]["bytes_per_step"]
-    assert by_what["bytes per checkpoint, a step setting one small field (10 steps, SQLite)"]["figure"] == f"{trivial:,.0f} B"
-    assert by_what["bytes per checkpoint, a step setting one small field (10 steps, SQLite)"]["met"] == (trivial <= 1200)
+    row = by_what["bytes per checkpoint, a step setting one small field (10 steps, SQLite)"]
+    assert row["figure"] == f"{trivial:,.0f} B" and row["met"] == (trivial <= 1200)
+    assert (row["value"], row["limit_value"], row["at_most"]) == (round(trivial, 4), 1200, True)
+    assert data["issue_sizes"] is False and "Sizes smaller than the issue's" in (tmp_path / "out" / "perf.md").read_text()
+    # the resume rows name which load they time: done pages read as used, or every one
+    assert {t["what"].split(",")[1].split(":")[0].strip() for t in targets if t["what"].startswith("load + verify head")} == {
+        "done pages read as used (lazy)", "every done page (what a resume checks before its first step)"}
     sessions = [t for t in targets if t["number"] == 3]
     assert [t["what"].split(": ")[1] for t in sessions] == [f"{op} median / SQLiteSession" for op in data["session"]["ms"]["OvernightSession"]]
     assert md.index("## Targets (issue 14)") < md.index("## Commit latency")

@@ -111,3 +111,34 @@ def test_the_cache_keeps_at_most_its_bytes_dropping_the_least_recently_used():
     assert set(cache.get_many(["sha256:5", "sha256:6"])) == {"sha256:5"}
     cache.put("sha256:big", bytes(300))  # over a quarter of max_bytes: not kept
     assert cache.get_many(["sha256:big"]) == {}
+
+
+def test_what_came_from_the_cache_is_not_reported_as_stored_intact(tmp_path):
+    """A writer takes a reader's ``verified`` set as ``known`` and trusts it instead of writing
+    those objects again: a chunk (and a blob) served from memory must not be in it."""
+    store, (a, first), (b, second) = _two_versions(tmp_path)
+    cache = ChunkCache()
+    BlobReader(store, chunks=cache).get(a)
+    chunk = _shared_chunk(store, a, b)
+    fresh = BlobReader(store, set(), chunks=cache)
+    assert fresh.get(b) == second
+    assert chunk not in fresh.verified and b not in fresh.verified
+    assert fresh.verify(b, "a test") == len(second) and b not in fresh.verified
+    cold = BlobReader(store, set())  # every object read from the store: all of them known intact
+    assert cold.get(b) == second and {b, chunk} <= cold.verified
+
+
+def test_a_writer_continuing_from_a_cached_read_heals_a_chunk_damaged_meanwhile(tmp_path):
+    store, (a, first), (b, second) = _two_versions(tmp_path)
+    cache = ChunkCache()
+    BlobReader(store, chunks=cache).get(a)
+    chunk = _shared_chunk(store, a, b)
+    _damage(tmp_path / "s.db", chunk)
+    seen: set[str] = set()
+    assert BlobReader(store, seen, chunks=cache).get(a) == first  # served from memory
+    writer = BlobWriter(store, known=seen)
+    grown = second + _text(3_000, seed=3)
+    c = writer.put(grown)
+    store.put_objects(writer.commit_objects())
+    assert BlobReader(store).get(c) == grown  # the damaged copy was written again
+    assert BlobReader(store).get(a) == first

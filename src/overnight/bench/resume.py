@@ -6,7 +6,7 @@ and added one entry to the done list. The chain is grown in place from one lengt
 Then, ``reps`` times each probe:
 
 * **overnight** (``overnight sqlite`` / ``file`` / ``postgres``, store already open), two probes:
-  ``load + verify head`` -- :func:`~overnight.chain.read.load_head`: read the head and verify it
+  ``load + verify head, every done page`` -- :func:`~overnight.chain.read.load_head`: read the head and verify it
   (record digest, schema, every page and state blob re-hashed), the counterpart of LangGraph's
   read; and ``resume session`` -- one :class:`~overnight.runtime.runner.Runner` session with
   ``max_steps=0``: take the lease, load and verify the head, compare its fingerprint with the world
@@ -160,7 +160,7 @@ def _overnight(system: str, stack: ExitStack, tmpdir: Path, postgres_url: str, s
                                f"{result.steps_run} steps run)")
         return ms
 
-    return grow_to, [(f"{system}: load + verify head", load), (f"{system}: resume session", session)]
+    return grow_to, [(f"{system}: load + verify head, every done page", load), (f"{system}: resume session", session)]
 
 
 def _langgraph(system: str, stack: ExitStack, tmpdir: Path, postgres_url: str, state_kb: float

@@ -25,6 +25,9 @@ def register(bench_app: typer.Typer) -> None:
         no_postgres: bool = typer.Option(False, "--no-postgres", help="Leave out the PostgreSQL systems (no "
                                          "server needed)."),
         as_json: bool = typer.Option(False, "--json", help="Print perf.json's content instead of the tables."),
+        directory: Path = typer.Option(Path("."), "--dir", help="The disk to measure: scratch stores (several "
+                                       "hundred MB at the default sizes) go in a temporary folder under it, "
+                                       "removed at the end, on Ctrl-C and on SIGTERM."),
     ) -> None:
         """Every cost target of issue 14 judged from one run, each against a baseline measured in
         the same run: bytes per checkpoint and storage growth against LangGraph's SqliteSaver;
@@ -36,10 +39,21 @@ def register(bench_app: typer.Typer) -> None:
         perf.md starts with the targets table (figure, target, met); writes perf.md, perf.json,
         commit_latency.png, resume_latency.png and resume_process.png into --out. Exit status 0
         whether or not the targets are met."""
-        from overnight.bench.perf import DEFAULT, QUICK, run_perf, write_report
+        import signal
+        import sys
 
+        from overnight.bench.perf import DEFAULT, QUICK, run_perf, write_report
+        from overnight.errors import StoreUnavailable
+
+        # SIGTERM (a CI cancel, `timeout`) unwinds like Ctrl-C: scratch folders and schemas are removed
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         with failing("bench"):
-            report = run_perf(QUICK if quick else DEFAULT, postgres_url=None if no_postgres else postgres)
+            try:
+                report = run_perf(QUICK if quick else DEFAULT, postgres_url=None if no_postgres else postgres,
+                                  directory=directory)
+            except StoreUnavailable as exc:
+                exc.hint = f"{exc.hint}; or run without PostgreSQL: --no-postgres" if exc.hint else "--no-postgres"
+                raise
             paths = write_report(report, out)
         render.report(report, as_json)
         render.err.print("wrote " + ", ".join(str(p) for p in paths))

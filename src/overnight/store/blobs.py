@@ -11,7 +11,11 @@ Every read re-hashes what it returns: a chunk that does not match its digest, a 
 reassembled bytes do not, or a missing object raises an :class:`~overnight.errors.IntegrityError`.
 A reader given a :class:`ChunkCache` takes the chunks that cache holds from memory instead: each
 was hashed against its digest when it entered, and a digest names one content, so they are the
-verified bytes (the tree, its index and the reassembled blob are still read and hashed).
+verified bytes (the tree object is still read and the reassembled blob hashed; a large chunk
+index is itself a chunked blob, whose chunks may come from the cache too). What came from the
+cache says nothing about the store's copy, so it is not added to the reader's ``verified`` set: a
+writer that takes that set as ``known`` writes such a chunk again (healing a damaged copy) instead
+of trusting it.
 
 Deduplication never trusts what it has not verified: a writer reuses a stored object only if it
 is in its ``known`` set (objects this process wrote, or verified when it loaded the checkpoint
@@ -222,7 +226,9 @@ class BlobReader:
 
     def _chunk_payloads(self, chunk_digests: list[str], where: str) -> dict[str, bytes]:
         """The verified payload of each distinct chunk in ``chunk_digests``: from :attr:`chunks`
-        when it holds one, else read in one store call, decompressed and hashed (and added to it).
+        when it holds one, else read in one store call, decompressed and hashed (added to the
+        cache, and to :attr:`verified`: only a chunk read from the store is known to be stored
+        intact -- a writer given that set as ``known`` trusts it instead of writing it again).
 
         Raises:
             MissingObject, DigestMismatch: a chunk is missing, not a blob, or not its digest's content.
@@ -238,6 +244,7 @@ class BlobReader:
                 if digest.sha256(part) != cd:
                     raise DigestMismatch(f"chunk {cd} does not match its content; needed by {where}", object_digest=cd)
                 payloads[cd] = part
+                self.verified.add(cd)
                 if cache is not None:
                     cache.put(cd, part)
         return payloads
@@ -268,8 +275,8 @@ class BlobReader:
         objects = self._fetch(wanted, context) if wanted else {}
         return {d: self._assemble(objects[d], context) for d in wanted}
 
-    def _tree_index(self, obj: ObjectRecord, context: str, depth: int) -> tuple[list[str], int]:
-        """``(chunk digests, size)`` of a ``tree`` object, its chunk index read and verified."""
+    def _tree_index(self, obj: ObjectRecord, context: str, depth: int) -> tuple[list[str], int, str]:
+        """``(chunk digests, size, index digest)`` of a ``tree`` object, its chunk index read and verified."""
         if depth > MAX_TREE_DEPTH:
             raise DigestMismatch(f"chunk tree {obj.digest} nests deeper than {MAX_TREE_DEPTH} levels (a cycle?); "
                                  f"needed by {context}", object_digest=obj.digest)
@@ -283,7 +290,7 @@ class BlobReader:
         if len(index) != 32 * n_chunks:
             raise DigestMismatch(f"chunk index of {obj.digest} lists {len(index) // 32} chunks, expected {n_chunks}",
                                  object_digest=obj.digest)
-        return [digest.from_raw(index[i : i + 32]) for i in range(0, len(index), 32)], size
+        return [digest.from_raw(index[i : i + 32]) for i in range(0, len(index), 32)], size, index_digest
 
     def _chunk(self, chunk: ObjectRecord, where: str) -> bytes:
         """Payload of a chunk, which must be a plain ``blob`` object."""
@@ -296,7 +303,7 @@ class BlobReader:
         if obj.kind == "blob":
             data = self._payload(obj, context)
         elif obj.kind == "tree":
-            chunk_digests, size = self._tree_index(obj, context, depth)
+            chunk_digests, size, index_digest = self._tree_index(obj, context, depth)
             payloads = self._chunk_payloads(chunk_digests, f"{context}, blob {obj.digest}")
             data = b"".join([payloads[cd] for cd in chunk_digests])
             if len(data) != size:
@@ -308,9 +315,10 @@ class BlobReader:
         if digest.sha256(data) != obj.digest:
             raise DigestMismatch(f"object {obj.digest} does not match its content; needed by {context}",
                                  object_digest=obj.digest)
-        if obj.kind == "tree":
-            self.verified.update(chunk_digests)
-        self.verified.add(obj.digest)
+        # the blob is known to be stored intact only when each object it is made of was read from
+        # the store (or known before), not served from the chunk cache
+        if obj.kind != "tree" or (index_digest in self.verified and all(cd in self.verified for cd in payloads)):
+            self.verified.add(obj.digest)
         return data
 
     def verify(self, blob_digest: str, context: str) -> int:
@@ -366,7 +374,7 @@ class BlobReader:
                 self._assemble(obj, context)
                 verified.add(blob_digest)
             return obj.size
-        chunk_digests, size = self._tree_index(obj, context, 0)
+        chunk_digests, size, index_digest = self._tree_index(obj, context, 0)
         hasher = hashlib.sha256()
         total = 0
         where = f"{context}, blob {obj.digest}"
@@ -378,18 +386,19 @@ class BlobReader:
             found = self._fetch(missing, where) if missing else {}
             for cd in batch:
                 payload = cached.get(cd)
-                if payload is None:
+                if payload is None:  # read from the store: verified, and known to be stored intact
                     payload = self._chunk(found[cd], where)
                     if cd not in verified and digest.sha256(payload) != cd:
                         raise DigestMismatch(f"chunk {cd} does not match its content; needed by {where}",
                                              object_digest=cd)
-                verified.add(cd)
+                    verified.add(cd)
                 hasher.update(payload)
                 total += len(payload)
         if total != size or digest.PREFIX + hasher.hexdigest() != blob_digest:
             raise DigestMismatch(f"blob {blob_digest} does not match its reassembled chunks; needed by {context}",
                                  object_digest=blob_digest)
-        verified.add(blob_digest)
+        if index_digest in verified and all(cd in verified for cd in chunk_digests):
+            verified.add(blob_digest)
         return size
 
     def reachable(self, blob_digest: str, context: str = "a walk", _depth: int = 0) -> list[str]:
@@ -401,7 +410,7 @@ class BlobReader:
         obj = self._fetch([blob_digest], context)[blob_digest]
         out = [blob_digest]
         if obj.kind == "tree":
-            chunk_digests, _ = self._tree_index(obj, context, _depth)
+            chunk_digests, _, _ = self._tree_index(obj, context, _depth)
             out.extend(self.reachable(loads(self._payload(obj, context))["index"], context, _depth + 1))
             out.extend(dict.fromkeys(chunk_digests))
         return out
