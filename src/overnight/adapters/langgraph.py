@@ -279,8 +279,9 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
         item by item, only its new items each time (:mod:`overnight.codec.listcodec`)."""
         self._chunks = ChunkCache()
         """Verified chunk payloads of the blobs this saver read (a growing message list's
-        checkpoints share all but their last chunks): each load still reads and hashes every
-        record, page, tree and whole blob, but a chunk it already hashed comes from here."""
+        checkpoints share all but their last chunks): each load still reads every record, page and
+        chunk tree object and hashes every whole value, but a chunk it already hashed comes from
+        here (:class:`~overnight.store.blobs.ChunkCache`)."""
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "OvernightSaver":
@@ -413,7 +414,8 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
             ThreadCorrupt: it fails verification.
         """
         try:
-            return load_checkpoint(self.store, cid, key=self.key, deep=True, reader=reader or BlobReader(self.store, chunks=self._chunks))
+            return load_checkpoint(self.store, cid, key=self.key, deep=True,
+                                   reader=reader or BlobReader(self.store, chunks=self._chunks))
         except IntegrityError as exc:
             raise self._corrupt(task_id, f"checkpoint {short_id(cid)} failed verification: {exc.message}", cid,
                                 exc) from exc
@@ -942,7 +944,8 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
                 chain = ChainWriter(self.store, task_id, branch, key=self.key, session_id=self._session, session_n=1)
                 if anc in new_cid:
                     seen_objects: set[str] = set()
-                    chain.start_from(self._load(task_id, new_cid[anc], BlobReader(self.store, seen_objects, self._chunks)), None)
+                    reader = BlobReader(self.store, seen_objects, self._chunks)
+                    chain.start_from(self._load(task_id, new_cid[anc], reader), None)
                     chain.known = seen_objects
                     chain.ref_head = None
             main = merged[key].main

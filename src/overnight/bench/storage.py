@@ -89,7 +89,8 @@ class StorageBench:
         logical_bytes: sum over steps of the state each step stored in full (artifact + messages):
             what a store that keeps a full snapshot per step holds before compression.
         series: overnight's stores first, LangGraph's ``SqliteSaver`` last.
-        peak_rss_mb: peak resident memory of the process that ran it (MB, :func:`overnight.bench.memory.peak_rss_kb`): every
+        peak_rss_mb: peak resident memory of the process that ran it (MB,
+            :func:`overnight.bench.memory.peak_rss_kb`): every
             medium's run and the ``SqliteSaver`` puts, one after the other in this process.
     """
 
