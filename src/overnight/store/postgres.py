@@ -68,6 +68,7 @@ from overnight.store.refusal import unreachable
 DEFAULT_SCHEMA = "overnight"
 _NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"  # the server's clock, in ms
 _OUR_PARAMS = ("schema", "pool_max", "busy_timeout_ms")
+_PAGE = 10_000  # digests per page of a listing of every object
 T = TypeVar("T")
 
 
@@ -421,7 +422,15 @@ class PostgresStore(Closing):
                 self._insert_objects(cur, objects)
 
     def iter_object_digests(self) -> Iterator[str]:
-        yield from (r[0] for r in self._read("SELECT digest FROM {s}.objects"))
+        # in digest order, a page at a time (keyset paging on the primary key), as SQLiteStore
+        after = ""
+        while True:
+            page = self._read("SELECT digest FROM {s}.objects WHERE digest > %s ORDER BY digest LIMIT %s",
+                              (after, _PAGE))
+            yield from (r[0] for r in page)
+            if len(page) < _PAGE:
+                return
+            after = page[-1][0]
 
     def iter_object_stats(self) -> Iterator[ObjectStat]:
         rows = self._read(f"SELECT digest, octet_length(data), greatest(0, {_NOW_MS} - stored_at_ms) FROM {{s}}.objects")

@@ -65,6 +65,7 @@ than SQLite's default 4096 so that most objects (a page blob, a state document, 
 ~8 KB compressed) fit in one b-tree cell instead of spilling into an overflow chain whose last page
 is partly empty: ~10 % less file per checkpoint (``overnight bench step-bytes``)."""
 _BATCH = 500  # digests per IN (...) query
+_PAGE = 10_000  # digests per page of a listing of every object
 _INSERT_ROWS = 100  # objects per INSERT statement (6 parameters each, far below SQLite's limit)
 
 
@@ -600,7 +601,15 @@ class SQLiteStore(Closing):
         return added
 
     def iter_object_digests(self) -> Iterator[str]:
-        yield from (r[0] for r in self._read("SELECT digest FROM objects"))
+        # in digest order, a page at a time (keyset paging on the primary key): a listing of
+        # millions of objects holds one page in memory, not every row
+        after = ""
+        while True:
+            page = self._read("SELECT digest FROM objects WHERE digest > ? ORDER BY digest LIMIT ?", (after, _PAGE))
+            yield from (r[0] for r in page)
+            if len(page) < _PAGE:
+                return
+            after = page[-1][0]
 
     def iter_object_stats(self) -> Iterator[ObjectStat]:
         now = now_ms()

@@ -342,12 +342,15 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
             reader: HealingReader, content: _ContentCheck, processes: int | None = None) -> None:
     """The body of :func:`verify_store`, filling ``report``."""
     verified = reader.verified
-    pages: PageCache = BoundedPageCache()
     artifact_pages_checked: set[str] = set()
     bad_objects: set[str] = set()
+    records: set[str] = set()  # every checkpoint id checked (``all_objects``: a record is live)
     tasks = [store.get_task(t) for t in task_ids] if task_ids else store.list_tasks()
-    rows_by_task = {t.task_id: store.list_checkpoints(t.task_id) for t in tasks}
-    total = sum(len(r) for r in rows_by_task.values())
+    # a task's rows are listed when its turn comes, so a check of many tasks holds one task's
+    # records at a time (the progress bar's total then costs one more listing per task)
+    listed = {tasks[0].task_id: store.list_checkpoints(tasks[0].task_id)} if len(tasks) == 1 else {}
+    total = sum(len(listed.get(t.task_id) or store.list_checkpoints(t.task_id)) for t in tasks) \
+        if on_progress is not None else 0
     done = 0
     report.tasks = len(tasks)
     cores = os.cpu_count() or 1  # one core checks the records; the others hash in helpers
@@ -379,8 +382,13 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                 report.problems.append(Problem(task_id, cid, what, detail, d))
 
     for task in tasks:
-        rows = rows_by_task[task.task_id]
+        rows = listed.pop(task.task_id, None) or store.list_checkpoints(task.task_id)
         by_id = {r.checkpoint_id: r for r in rows}
+        if all_objects:
+            records.update(by_id)
+        # pages are a task's own (content-addressed, but another task's rarely match): a fresh
+        # cache per task keeps memory flat in the number of tasks
+        pages: PageCache = BoundedPageCache()
         ahead = 0
         refs = store.list_refs(task.task_id)
         head_loaded: dict[str, Any] = {}
@@ -464,9 +472,8 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
             except IntegrityError as exc:
                 found = [exc.message]
             report.problems.extend(Problem(None, None, "medium", detail) for detail in found)
-        unreferenced = [d for d in store.iter_object_digests() if d not in verified and d not in bad_objects]
-        records = {r.checkpoint_id for rs in rows_by_task.values() for r in rs}
-        outside = set(unreferenced)  # live: a record, or an object verified before this scan (not one of these)
+        outside = {d for d in store.iter_object_digests() if d not in verified and d not in bad_objects}
+        unreferenced = sorted(outside)  # live: a record, or an object verified before this scan (not one of these)
 
         def live(d: str | None) -> bool:
             return d is not None and (d in records or (d in verified and d not in outside))
