@@ -190,30 +190,49 @@ class DonePages(Sequence[Page]):
     and nothing of it is returned. ``len()`` is the number of pages; :attr:`count` the entries.
     """
 
-    def __init__(self, refs: list[DoneRef], count: int, load: Callable[[int], Page]) -> None:
-        self.refs = refs
+    def __init__(self, refs: list[DoneRef] | Callable[[], list[DoneRef]], count: int,
+                 load: Callable[[int, DoneRef], Page], ends: tuple[DoneRef, DoneRef] | None = None) -> None:
+        self._refs = refs if isinstance(refs, list) else None
+        self._read_refs = None if isinstance(refs, list) else refs
+        self._ends = ends
         self.count = count
+        self._n = -(-count // DONE_PAGE)
         self._load = load
         self._pages: dict[int, Page] = {}
 
+    @property
+    def refs(self) -> list[DoneRef]:
+        """Every page's reference, in order. Given as a callable (a lazy load of a long list), the
+        references of the middle pages are read from the state's middle page list -- hashed,
+        checked and matched against ``count`` -- the first time they are needed, which raises
+        that check's :class:`~overnight.errors.IntegrityError` if it fails; the first and the last
+        page (``ends``, inline in the state document) are read without it."""
+        if self._refs is None:
+            assert self._read_refs is not None
+            self._refs = self._read_refs()
+            self._read_refs = None
+        return self._refs
+
     def __len__(self) -> int:
-        return len(self.refs)
+        return self._n  # what the verified state document's count implies; the references agree
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self.refs)))]
+            return [self[j] for j in range(*i.indices(self._n))]
         if i < 0:
-            i += len(self.refs)
-        if not 0 <= i < len(self.refs):
+            i += self._n
+        if not 0 <= i < self._n:
             raise IndexError(i)
         page = self._pages.get(i)
         if page is None:
-            page = self._pages[i] = self._load(i)
+            ends = self._ends if self._refs is None else None
+            ref = ends[0] if ends and i == 0 else ends[1] if ends and i == self._n - 1 else self.refs[i]
+            page = self._pages[i] = self._load(i, ref)
         return page
 
     def size(self, i: int) -> int:
         """Entries page ``i`` holds (from the verified state document; nothing is read)."""
-        return _done_page_size(i, len(self.refs), self.count)
+        return _done_page_size(i, self._n, self.count)
 
     def loaded(self) -> list[Page]:
         """The pages read (and verified) so far, in order."""
@@ -557,9 +576,10 @@ def load_checkpoint(
         check_artifacts: check that every artifact blob is present (callers that verify every
             artifact blob themselves, like fsck, turn it off).
         lazy_done: read no done page now: each is read and verified when first used
-            (:class:`DonePages`, :class:`DoneList`), so the load costs the same at any chain
-            length; a damaged done page then raises when (if) it is used, not here. Without it
-            every done page is verified before this returns. (A state document of an older
+            (:class:`DonePages`, :class:`DoneList`), and so is the list of the middle pages'
+            references (the state's ``done.middle`` blob), so the load costs the same at any chain
+            length; a damaged done page or page list then raises when (if) it is used, not here.
+            Without it every done page is verified before this returns. (A state document of an older
             format is loaded in full either way: its pages are upgraded.)
         row: the stored row of ``checkpoint_id`` when the caller listed it (fsck); verified
             exactly as one read here.
@@ -691,18 +711,25 @@ def load_checkpoint(
     todo_pages = [page(r, f"{cp} todo page {i}", _TODO_PAGE, "todo", "todo") for i, r in enumerate(refs("todo", doc.todo)[0])]
     if sum(len(p.tree) for p in todo_pages) != doc.todo.count or any(not p.tree for p in todo_pages):
         raise SchemaError(f"{where} todo pages do not hold the {doc.todo.count} entries the state says", **ids)
-    done_refs, done_middle = refs("done", doc.done)
-    if stored_format >= 4 and any(r.names is None or r.summary is None for r in done_refs):
-        raise SchemaError(f"{where} names a done page without its index (names, summary): format "
-                          f"{stored_format} requires them", **ids)
-    if len(done_refs) != -(-doc.done.count // DONE_PAGE):
-        raise SchemaError(f"{where} has {len(done_refs)} done pages; the state says {doc.done.count} "
-                          f"entries in pages of {DONE_PAGE}", **ids)
+    n_done = -(-doc.done.count // DONE_PAGE)
+    done_middle: Middle | None = None
 
-    def done_page(i: int) -> Page:
-        ref = done_refs[i]
+    def done_refs() -> list[DoneRef]:
+        """Every done page's reference (the middle ones from the middle page list, read and
+        checked), checked against the state's count and format."""
+        nonlocal done_middle
+        found, done_middle = refs("done", doc.done)
+        if stored_format >= 4 and any(r.names is None or r.summary is None for r in found):
+            raise SchemaError(f"{where} names a done page without its index (names, summary): format "
+                              f"{stored_format} requires them", **ids)
+        if len(found) != n_done:
+            raise SchemaError(f"{where} has {len(found)} done pages; the state says {doc.done.count} "
+                              f"entries in pages of {DONE_PAGE}", **ids)
+        return found
+
+    def done_page(i: int, ref: DoneRef) -> Page:
         found = page(ref, f"{cp} done page {i}", _DONE_PAGE, "done", "done")
-        if len(found.tree) != _done_page_size(i, len(done_refs), doc.done.count):  # not done_pages.size: no cycle
+        if len(found.tree) != _done_page_size(i, n_done, doc.done.count):  # not done_pages.size: no cycle
             raise SchemaError(f"{where} done page {i} holds {len(found.tree)} entries; the state says "
                               f"{doc.done.count} in pages of {DONE_PAGE}", **ids)
         memo = found.__dict__.get("_checked_for")  # (reference, page handed out): a middle blob's
@@ -723,15 +750,28 @@ def load_checkpoint(
         found.__dict__["_checked_for"] = (ref, None if out is found else out)
         return out
 
-    done_pages = DonePages(done_refs, doc.done.count, done_page)
+    lazy_done = lazy_done and stored_format == doc.format
+    if lazy_done and doc.done.middle is not None:
+        # a lazy load of a long list reads its middle page list when first used (~560 bytes a page:
+        # it grows with the chain), so the load costs the same at any length; what the state
+        # document says of it is checked now, the list itself (and its references) when read
+        inline = doc.done.pages
+        if len(inline) != 2 or n_done < 3:
+            raise SchemaError(f"{where} done has a middle page list but {len(inline)} inline pages (not 2) "
+                              f"for {doc.done.count} entries", **ids)
+        if stored_format >= 4 and any(r.names is None or r.summary is None for r in inline):
+            raise SchemaError(f"{where} names a done page without its index (names, summary): format "
+                              f"{stored_format} requires them", **ids)
+        done_pages = DonePages(done_refs, doc.done.count, done_page, ends=(inline[0], inline[1]))
+    else:
+        done_pages = DonePages(done_refs(), doc.done.count, done_page)
     if done_middle is not None and done_middle.pages is not None and done_middle.sound:
         done_pages._pages.update(enumerate(done_middle.pages, 1))  # checked by the load that read them
-    lazy_done = lazy_done and stored_format == doc.format
     if not lazy_done:
-        for i in range(len(done_refs)):  # every page verified now
+        for i in range(n_done):  # every page verified now
             done_pages[i]
         if done_middle is not None and done_middle.pages is None:
-            done_middle.pages = [done_pages[i] for i in range(1, len(done_refs) - 1)]
+            done_middle.pages = [done_pages[i] for i in range(1, n_done - 1)]
             done_middle.sound = all(len(p.tree) == DONE_PAGE for p in done_middle.pages)  # as done_page checked
     art_refs, art_middle = refs("artifacts", doc.artifacts)
     if art_middle is not None and art_middle.pages is not None and art_middle.sound:
