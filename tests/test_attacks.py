@@ -380,3 +380,61 @@ def test_registered_defaultdict_factory_still_loads():
     assert type(back["x"]["new"]) is Bucket
     with pytest.raises(overnight.errors.EncodeError):
         overnight.codec.encode({"x": collections.defaultdict(Sentinel)})  # not registered: refused on save
+
+
+# --- a run committing beside a check holding no lease is not a rollback ---------------------------
+
+
+def _counting_task() -> overnight.Task:
+    task = overnight.Task("busy", goal="a task that runs while it is checked", level="session")
+
+    @task.step
+    def plan(ctx):
+        ctx.add_step("work", position="end", i=0)
+
+    @task.step(planned=False)
+    def work(ctx, i):
+        ctx.state["i"] = i
+        ctx.add_step("work", position="end", i=i + 1)
+
+    return task
+
+
+def test_a_run_committing_while_verify_checks_is_not_reported_as_a_rollback(tmp_path):
+    """``verify`` (and ``ls``, ``status``) read the branch ref, then look for newer records of the
+    branch; a run that commits in between made its new record look like evidence that the ref had
+    been moved back ("rolled back", exit 3, on a healthy running task). The ref is read again before
+    a rollback is reported: moved on, it is not one; still there, it is."""
+    from overnight.chain.rollback import find_rollback
+    from overnight.store.sqlite import SQLiteStore
+    from overnight.verify.fsck import verify_store
+
+    path = tmp_path / "s.db"
+    url = f"sqlite://{path}"
+    overnight.run(_counting_task(), url, max_steps=3, handle_signals=False)
+
+    def one_more_step() -> None:
+        overnight.run(_counting_task(), url, max_steps=1, handle_signals=False)
+
+    class CommitsDuringCheck(SQLiteStore):
+        """A run commits one more step the first time a check asks for newer records."""
+
+        pending: list = [one_more_step]
+
+        def checkpoints_after(self, *args, **kwargs):
+            while self.pending:
+                self.pending.pop()()
+            return super().checkpoints_after(*args, **kwargs)
+
+    with CommitsDuringCheck(str(path)) as s:
+        report = verify_store(s, ["busy"])
+    assert report.ok and report.heads["busy"] == {"main": "ok"}, report.problems
+    with SQLiteStore(str(path)) as s:
+        loaded, _ = load_head(s, "busy")
+        one_more_step()
+        assert find_rollback(s, loaded, key=None) is not None  # the newer record alone looks like one
+        assert find_rollback(s, loaded, key=None, named=loaded.id) is None  # the ref moved on
+        s.set_ref("busy", "main", loaded.id, s.get_ref("busy", "main"))  # moved back, and it stays
+        again, _ = load_head(s, "busy")
+        assert find_rollback(s, again, key=None, named=again.id) is not None
+        assert not verify_store(s, ["busy"]).ok

@@ -78,14 +78,29 @@ def _incarnation(loaded: LoadedCheckpoint) -> str:
 
 
 def find_rollback(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, skipped: set[str] = frozenset(),
-                  high_water: HighWater | None = None) -> Rollback | None:
+                  high_water: HighWater | None = None, named: str | None = None) -> Rollback | None:
     """The rollback of ``loaded``'s branch, or None (see the module docstring).
 
     Args:
         loaded: the checkpoint about to be used (the verified head, or where a fallback landed).
         skipped: checkpoints a fallback skipped (they failed verification: not evidence).
         high_water: the high-water file to consult (with ``key`` only; None: the default one).
+        named: what the branch ref named when the caller read it (the head it loaded, or the one
+            a fallback went past), for a caller holding no lease (``verify``, ``ls``, ``status``):
+            a run may commit between that read and this check, and its newer record is the branch
+            moving on, not a rollback. So a rollback is reported only if the ref, read again
+            after the newer record was found, still names ``named``; else None (the next check
+            sees the ref as it then stands).
     """
+    found = _find(store, loaded, key=key, skipped=skipped, high_water=high_water)
+    if found is not None and named is not None and store.get_ref(loaded.record.task_id, loaded.row.branch) != named:
+        return None
+    return found
+
+
+def _find(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, skipped: set[str],
+          high_water: HighWater | None) -> Rollback | None:
+    """:func:`find_rollback` without the second look at the ref."""
     task_id, branch, seq = loaded.record.task_id, loaded.record.branch, loaded.record.seq
     ref_branch = loaded.row.branch
     # 1. the chain: verified records of the branch, newer than ``loaded``, descending from it
