@@ -276,6 +276,28 @@ def test_a_damaged_middle_page_list_is_read_when_used_and_a_resume_does_not_buil
         assert fallback is None and new_head.id != head.id
 
 
+def test_a_resume_from_a_lazy_load_says_it_healed_the_middle_page_list(url):
+    """The middle page list, damaged with its ditto copy intact, is read (and healed) by the runner
+    after a lazy load (what ``overnight resume`` hands it): the resume still says it self-healed,
+    as when the load itself read the list."""
+    from overnight.runtime.runner import Runner
+
+    with open_store(url) as s:
+        head, _ = load_head(s, "long")
+        listed = head.doc.done.middle.digest
+    with sqlite3.connect(url.removeprefix("sqlite://")) as db:
+        assert db.execute("UPDATE objects SET data = zeroblob(length(data)) WHERE digest = ?", (listed,)).rowcount
+    events = []
+    with open_store(url) as s:
+        known: set[str] = set()
+        loaded, fallback = load_head(s, "long", lazy_done=True, deep=False, verified=known)
+        assert loaded.healed == ()  # the list is not read by the load
+        Runner(_long_task("long"), s, handle_signals=False, max_steps=0, on_event=events.append,
+               head=(loaded, fallback, known)).run()
+    resume = next(e for e in events if e.kind == "resume")
+    assert listed[7:19] in (resume.detail or ""), resume.detail
+
+
 def test_the_drift_check_by_summary_reports_what_reading_every_entry_reports(tmp_path, monkeypatch):
     """A done page's summary stands for its entries: the drift check reads no entry when nothing
     a step read changed, and the report is the one the entries give either way."""

@@ -182,3 +182,25 @@ def test_a_reader_waits_for_a_store_another_process_is_creating(tmp_path):
     with pytest.raises(ConfigError):
         SQLiteStore(stale, read_only=True)
     assert time.monotonic() - started < 2
+
+
+def test_a_listing_of_every_object_ends_and_names_each_row_once_whatever_its_digest_holds(tmp_path, monkeypatch):
+    """Rows written by another SQLite client may hold a digest of another type (a BLOB sorts after
+    every TEXT) or an empty one; the listing pages on the rowid, so it still ends, and names every
+    row once -- ``verify --all`` then reports what it cannot verify."""
+    import overnight.store.sqlite as sq
+    from overnight.store.base import ObjectRecord
+
+    monkeypatch.setattr(sq, "_PAGE", 3)
+    path = tmp_path / "s.db"
+    with SQLiteStore(path) as s:
+        datas = [f"object {i}".encode() for i in range(7)]
+        s.put_objects(ObjectRecord(digest.sha256(d), "blob", len(d), "none", d) for d in datas)
+    with sqlite3.connect(path) as db:
+        for d in (b"sha256:" + b"b" * 64, ""):  # a BLOB digest; an empty one
+            db.execute("INSERT INTO objects (digest, kind, size, codec, data, stored_at_ms) VALUES (?, 'blob', 1, "
+                       "'none', x'00', 0)", (d,))
+    with SQLiteStore(path) as s:
+        listed = list(s.iter_object_digests())
+    assert len(listed) == 9 and len(set(listed)) == 9
+    assert {digest.sha256(d) for d in datas} | {"", "sha256:" + "b" * 64} == set(listed)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -402,10 +402,19 @@ class LoadedCheckpoint:
     blobs (``values``, format 3) read back in place."""
     lazy_done: bool = False
     """Loaded with ``lazy_done=True``: :attr:`state_tree`'s ``done`` is a :class:`DoneList`."""
+    heal_log: list[Heal] | None = field(default=None, repr=False, compare=False)
+    """The loading reader's list of heals, which grows when pages read later (a lazy load's done
+    pages and middle page list) come from ditto copies (:meth:`with_later_heals`)."""
 
     @property
     def id(self) -> str:
         return self.row.checkpoint_id
+
+    def with_later_heals(self) -> LoadedCheckpoint:
+        """This load with :attr:`healed` brought up to date: what its reader read from ditto copies
+        since it returned (done pages and the middle page list of a lazy load, read as used)."""
+        log = self.heal_log
+        return self if log is None or len(log) == len(self.healed) else replace(self, healed=tuple(log))
 
     @cached_property
     def artifacts(self) -> dict[str, ArtifactRef]:
@@ -801,7 +810,7 @@ def load_checkpoint(
                                **ids)
     loaded = LoadedCheckpoint(row=row, record=record, doc=doc, doc_tree=tree, todo_pages=todo_pages,
                               done_pages=done_pages, artifact_pages=artifact_pages, world=world,
-                              healed=tuple(healed or ()), data=data, lazy_done=lazy_done)
+                              healed=tuple(healed or ()), data=data, lazy_done=lazy_done, heal_log=healed)
 
     if check_artifacts:
         arts = loaded.artifacts

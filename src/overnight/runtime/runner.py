@@ -468,7 +468,7 @@ class Runner:
                     pass  # a damaged artifact: load the branch again, falling back past it
                 else:
                     self.chain.known |= known | seen
-                    return loaded, fallback
+                    return loaded.with_later_heals(), fallback  # pages read just now may have healed
         return load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known)
 
     def _reconcile_plan(self) -> None:

@@ -422,15 +422,16 @@ class PostgresStore(Closing):
                 self._insert_objects(cur, objects)
 
     def iter_object_digests(self) -> Iterator[str]:
-        # in digest order, a page at a time (keyset paging on the primary key), as SQLiteStore
-        after = ""
+        # in digest order, a page at a time (keyset paging on the primary key, COLLATE "C"): a
+        # listing of millions of objects holds one page in memory; the first page has no lower
+        # bound, so even a digest of '' is listed
+        page = self._read("SELECT digest FROM {s}.objects ORDER BY digest LIMIT %s", (_PAGE,))
         while True:
-            page = self._read("SELECT digest FROM {s}.objects WHERE digest > %s ORDER BY digest LIMIT %s",
-                              (after, _PAGE))
             yield from (r[0] for r in page)
             if len(page) < _PAGE:
                 return
-            after = page[-1][0]
+            page = self._read("SELECT digest FROM {s}.objects WHERE digest > %s ORDER BY digest LIMIT %s",
+                              (page[-1][0], _PAGE))
 
     def iter_object_stats(self) -> Iterator[ObjectStat]:
         rows = self._read(f"SELECT digest, octet_length(data), greatest(0, {_NOW_MS} - stored_at_ms) FROM {{s}}.objects")

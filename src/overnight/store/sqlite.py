@@ -601,12 +601,14 @@ class SQLiteStore(Closing):
         return added
 
     def iter_object_digests(self) -> Iterator[str]:
-        # in digest order, a page at a time (keyset paging on the primary key): a listing of
-        # millions of objects holds one page in memory, not every row
-        after = ""
+        # a page at a time, in row order (keyset paging on the rowid, which any row has whatever its
+        # digest holds -- another client's BLOB, '' or NULL): a listing of millions of objects
+        # holds one page in memory, not every row
+        after = 0
         while True:
-            page = self._read("SELECT digest FROM objects WHERE digest > ? ORDER BY digest LIMIT ?", (after, _PAGE))
-            yield from (r[0] for r in page)
+            page = self._read("SELECT rowid, digest FROM objects WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                              (after, _PAGE))
+            yield from (r[1] for r in page)
             if len(page) < _PAGE:
                 return
             after = page[-1][0]

@@ -349,8 +349,9 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
     # a task's rows are listed when its turn comes, so a check of many tasks holds one task's
     # records at a time (the progress bar's total then costs one more listing per task)
     listed = {tasks[0].task_id: store.list_checkpoints(tasks[0].task_id)} if len(tasks) == 1 else {}
-    total = sum(len(listed.get(t.task_id) or store.list_checkpoints(t.task_id)) for t in tasks) \
-        if on_progress is not None else 0
+    counted = {t.task_id: len(listed.get(t.task_id) or store.list_checkpoints(t.task_id)) for t in tasks} \
+        if on_progress is not None else {}
+    total = sum(counted.values())
     done = 0
     report.tasks = len(tasks)
     cores = os.cpu_count() or 1  # one core checks the records; the others hash in helpers
@@ -383,6 +384,7 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
 
     for task in tasks:
         rows = listed.pop(task.task_id, None) or store.list_checkpoints(task.task_id)
+        total += len(rows) - counted.get(task.task_id, len(rows))  # a run may have committed since
         by_id = {r.checkpoint_id: r for r in rows}
         if all_objects:
             records.update(by_id)
