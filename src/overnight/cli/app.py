@@ -65,7 +65,7 @@ def _version(value: bool) -> None:
 app = typer.Typer(
     name="overnight",
     help="Durable long-horizon agent tasks: verified checkpoints after every step, crash-safe resume.\n\n"
-    "Store: --store URL, else $OVERNIGHT_STORE, else sqlite://.overnight/overnight.db.\n\n" + EXIT_CODES_HELP,
+    "Store: --store URL, else $OVERNIGHT_STORE, else overnight.toml's [store] url, else\nsqlite://.overnight/overnight.db.\n\n" + EXIT_CODES_HELP,
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
@@ -440,7 +440,8 @@ def verify(
         render.err.print("[bold red]error:[/] name a TASK_ID or pass --all")
         raise typer.Exit(EXIT_USAGE)
     with failing():
-        with render.progress_bar("verifying", quiet=quiet or as_json) as update:
+        with render.progress_bar(("verifying checkpoints", "verifying every stored object"),
+                                 quiet=quiet or as_json) as update:
             rep = api.verify(task_id if not all_tasks else None, store=store, all_objects=all_tasks, on_progress=update,
                              repair=repair)
     ok = rep.ok if ignore_dangling else not rep.problems
@@ -449,7 +450,8 @@ def verify(
     else:
         render.out.print(
             f"{rep.tasks} task(s), {rep.checkpoints} checkpoint(s) ({rep.checkpoints_invalid} invalid), "
-            f"{rep.objects_checked} blob(s) verified ({render.human_bytes(rep.bytes_verified)}) in {rep.seconds:.2f} s"
+            f"{rep.objects_checked} object(s) verified, {render.human_bytes(rep.bytes_verified)} of artifact content "
+            f"hashed, in {rep.seconds:.2f} s"
             + (f"; {rep.dangling_objects} unreferenced object(s)" if all_tasks else "")
         )
         for task, heads in rep.heads.items():

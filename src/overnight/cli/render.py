@@ -259,17 +259,25 @@ class RunProgress:
 
 class progress_bar:  # noqa: N801 - used as a context manager like rich's
     """A determinate progress bar on stderr for long plumbing work (``verify``); yields
-    ``update(done, total)``."""
+    ``update(done, total)``. ``label`` names what is counted; several labels name phases, the
+    next one shown when the count starts again (``verify --all``: checkpoints, then objects)."""
 
-    def __init__(self, label: str, *, quiet: bool = False) -> None:
-        self.progress = _Silent() if quiet else _progress(("TextColumn", label), "BarColumn", "MofNCompleteColumn",
-                                                          "TimeElapsedColumn", transient=True)
+    def __init__(self, label: str | tuple[str, ...], *, quiet: bool = False) -> None:
+        self.labels = (label,) if isinstance(label, str) else label
+        self.progress = _Silent() if quiet else _progress(("TextColumn", "{task.description}"), "BarColumn",
+                                                          "MofNCompleteColumn", "TimeElapsedColumn", transient=True)
 
     def __enter__(self):
         self.progress.__enter__()
-        bar = self.progress.add_task("work", total=None)
+        bar = self.progress.add_task(self.labels[0], total=None)
+        phase, last = 0, 0
 
         def update(done: int, total: int) -> None:
+            nonlocal phase, last
+            if done < last and phase + 1 < len(self.labels):
+                phase += 1
+                self.progress.update(bar, description=self.labels[phase])
+            last = done
             self.progress.update(bar, completed=done, total=total)
 
         return update

@@ -272,10 +272,16 @@ def detect(
                 else:
                     unread.append((name, old, new))
         if unread:  # one row for the distributions no step declared: reported, nothing to recompute
-            more = " ..." if len(unread) > 3 else ""
-            item("deps", f"{len(unread)} installed distribution(s) no step reads",
-                 ", ".join(f"{n} {o}" for n, o, _ in unread[:3]) + more,
-                 ", ".join(f"{n} {v}" for n, _, v in unread[:3]) + more)
+            added = sum(o == MISSING for _, o, _ in unread)
+            removed = sum(v == MISSING for _, _, v in unread)
+            counts = ", ".join(f"{n} {what}" for n, what in ((added, "added"), (removed, "removed"),
+                                                          (len(unread) - added - removed, "changed")) if n)
+            more = f", and {len(unread) - 3} more" if len(unread) > 3 else ""
+
+            def change(n: str, o: str, v: str) -> str:
+                return f"+{n} {v}" if o == MISSING else f"-{n} {o}" if v == MISSING else f"{n} {o} -> {v}"
+            item("deps", f"{len(unread)} installed distribution(s) no step reads ({counts})",
+                 "as recorded", ", ".join(change(*u) for u in unread[:3]) + more)
         for name in sorted(set(recorded["deps"]["locks"]) | set(now["deps"]["locks"])):
             old, new = recorded["deps"]["locks"].get(name, MISSING), now["deps"]["locks"].get(name, MISSING)
             if old != new:
