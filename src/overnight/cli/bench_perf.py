@@ -17,7 +17,7 @@ def register(bench_app: typer.Typer) -> None:
     def bench_perf(
         out: Path = typer.Option(Path("bench-results"), "--out", help="Directory for perf.md, perf.json and "
                                  "the PNG plots (created if missing)."),
-        quick: bool = typer.Option(False, "--quick", help="Smaller sizes: ~20 s instead of ~5 min on 2 idle cores "
+        quick: bool = typer.Option(False, "--quick", help="Smaller sizes: 20-40 s instead of 5-8 min on 2 cores "
                                    "(the targets are judged at those sizes: a hint, not issue 14's figures)."),
         postgres: str = typer.Option(DEFAULT_POSTGRES, "--postgres",
                                      help="PostgreSQL server for the postgres systems (fresh schemas, dropped "
