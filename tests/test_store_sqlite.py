@@ -204,3 +204,20 @@ def test_a_listing_of_every_object_ends_and_names_each_row_once_whatever_its_dig
         listed = list(s.iter_object_digests())
     assert len(listed) == 9 and len(set(listed)) == 9
     assert {digest.sha256(d) for d in datas} | {"", "sha256:" + "b" * 64} == set(listed)
+
+
+def test_verify_all_reports_an_object_row_without_a_digest(tmp_path):
+    """A row another SQLite client wrote with a NULL digest (SQLite allows it in a TEXT primary
+    key): ``verify --all`` names it as a problem instead of failing or passing over it."""
+    from overnight.verify.fsck import verify_store
+
+    path = tmp_path / "s.db"
+    overnight.run(plan_task("t", 3, lambda ctx, i: i), f"sqlite://{path}", handle_signals=False)
+    with SQLiteStore(path) as s:
+        assert verify_store(s, all_objects=True).ok
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO objects (digest, kind, size, codec, data, stored_at_ms) "
+                   "VALUES (NULL, 'blob', 1, 'none', x'00', 0)")
+    with SQLiteStore(path) as s:
+        report = verify_store(s, all_objects=True)
+    assert not report.ok and any("no digest" in p.detail for p in report.problems), report.problems

@@ -475,6 +475,10 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                 found = [exc.message]
             report.problems.extend(Problem(None, None, "medium", detail) for detail in found)
         outside = {d for d in store.iter_object_digests() if d not in verified and d not in bad_objects}
+        if None in outside:  # a row another SQLite client wrote without a digest: nothing names it
+            outside.discard(None)
+            report.problems.append(Problem(None, None, "object", "an object row has no digest (NULL): it cannot be "
+                                           "verified or read; delete it"))
         unreferenced = sorted(outside)  # live: a record, or an object verified before this scan (not one of these)
 
         def live(d: str | None) -> bool:
