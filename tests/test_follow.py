@@ -287,6 +287,13 @@ def test_deps_drift_row_puts_old_and_new_in_their_columns():
                  sources={})
     [item] = rep.items
     assert (item.component, item.old, item.new) == ("deps", "alpha 1.0", "alpha 1.1")
+    grown = {**world, "deps": {"packages": {"alpha": "1.1", "gamma": "3.0", "delta": "4.0", "epsilon": "5.0"},
+                               "locks": {}}}  # beta removed, three added
+    [item] = detect(checkpoint_id=None, recorded=old, now=grown, done=[], step_versions={}, exports={}, salt=b"",
+                    sources={}).items
+    assert "(3 added, 1 removed, 1 changed)" in item.key, item.key
+    assert item.old.startswith("alpha 1.0, beta 2.0, delta not installed") and item.old.endswith("and 2 more")
+    assert item.new.startswith("alpha 1.1, beta not installed, delta 4.0"), item.new
 
 
 EPHEMERAL = '''

@@ -278,10 +278,11 @@ def detect(
                                                           (len(unread) - added - removed, "changed")) if n)
             more = f", and {len(unread) - 3} more" if len(unread) > 3 else ""
 
-            def change(n: str, o: str, v: str) -> str:
-                return f"+{n} {v}" if o == MISSING else f"-{n} {o}" if v == MISSING else f"{n} {o} -> {v}"
+            def version(name: str, v: str) -> str:
+                return f"{name} not installed" if v == MISSING else f"{name} {v}"
             item("deps", f"{len(unread)} installed distribution(s) no step reads ({counts})",
-                 "as recorded", ", ".join(change(*u) for u in unread[:3]) + more)
+                 ", ".join(version(n, o) for n, o, _ in unread[:3]) + more,
+                 ", ".join(version(n, v) for n, _, v in unread[:3]) + more)
         for name in sorted(set(recorded["deps"]["locks"]) | set(now["deps"]["locks"])):
             old, new = recorded["deps"]["locks"].get(name, MISSING), now["deps"]["locks"].get(name, MISSING)
             if old != new:
