@@ -221,3 +221,18 @@ def test_verify_all_reports_an_object_row_without_a_digest(tmp_path):
     with SQLiteStore(path) as s:
         report = verify_store(s, all_objects=True)
     assert not report.ok and any("no digest" in p.detail for p in report.problems), report.problems
+
+
+def test_verify_all_reports_an_object_row_with_a_non_ascii_digest(tmp_path):
+    """Another client's row whose digest is not ASCII (a bidi control among its characters) fails
+    verification by name; the check does not crash on it."""
+    from overnight.verify.fsck import verify_store
+
+    path = tmp_path / "s.db"
+    overnight.run(plan_task("t", 3, lambda ctx, i: i), f"sqlite://{path}", handle_signals=False)
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO objects (digest, kind, size, codec, data, stored_at_ms) "
+                   "VALUES (?, 'blob', 1, 'none', x'00', 0)", ("sha256:\u00e9\u202e",))
+    with SQLiteStore(path) as s:
+        report = verify_store(s, all_objects=True)
+    assert not report.ok and [p.object for p in report.problems] == ["sha256:\u00e9\u202e"], report.problems

@@ -51,7 +51,9 @@ _MAGIC = b"ditto 1 "
 
 def ditto_key(d: str) -> str:
     """The key a copy of object (or checkpoint) ``d`` is stored under."""
-    return digest.PREFIX + hashlib.sha256(DOMAIN + d.encode("ascii")).hexdigest()
+    # a digest is ASCII (the same bytes either way); another client's non-ASCII row gets a key too,
+    # so it fails verification by name instead of crashing the check
+    return digest.PREFIX + hashlib.sha256(DOMAIN + d.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def with_copies(digests: Iterable[str]) -> set[str]:
