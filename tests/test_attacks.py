@@ -385,21 +385,6 @@ def test_registered_defaultdict_factory_still_loads():
 # --- a run committing beside a check holding no lease is not a rollback ---------------------------
 
 
-def _counting_task() -> overnight.Task:
-    task = overnight.Task("busy", goal="a task that runs while it is checked", level="session")
-
-    @task.step
-    def plan(ctx):
-        ctx.add_step("work", position="end", i=0)
-
-    @task.step(planned=False)
-    def work(ctx, i):
-        ctx.state["i"] = i
-        ctx.add_step("work", position="end", i=i + 1)
-
-    return task
-
-
 def test_a_run_committing_while_verify_checks_is_not_reported_as_a_rollback(tmp_path):
     """``verify`` (and ``ls``, ``status``) read the branch ref, then look for newer records of the
     branch; a run that commits in between made its new record look like evidence that the ref had
@@ -409,12 +394,15 @@ def test_a_run_committing_while_verify_checks_is_not_reported_as_a_rollback(tmp_
     from overnight.store.sqlite import SQLiteStore
     from overnight.verify.fsck import verify_store
 
+    from _tasks import plan_task
+
     path = tmp_path / "s.db"
     url = f"sqlite://{path}"
-    overnight.run(_counting_task(), url, max_steps=3, handle_signals=False)
+    task = plan_task("busy", 10, lambda ctx, i: i)
+    overnight.run(task, url, max_steps=3, handle_signals=False)
 
     def one_more_step() -> None:
-        overnight.run(_counting_task(), url, max_steps=1, handle_signals=False)
+        overnight.run(task, url, max_steps=1, handle_signals=False)
 
     class CommitsDuringCheck(SQLiteStore):
         """A run commits one more step the first time a check asks for newer records."""

@@ -723,14 +723,17 @@ def load_checkpoint(
     n_done = -(-doc.done.count // DONE_PAGE)
     done_middle: Middle | None = None
 
+    def require_index(done_refs: list[DoneRef]) -> None:
+        if stored_format >= 4 and any(r.names is None or r.summary is None for r in done_refs):
+            raise SchemaError(f"{where} names a done page without its index (names, summary): format "
+                              f"{stored_format} requires them", **ids)
+
     def done_refs() -> list[DoneRef]:
         """Every done page's reference (the middle ones from the middle page list, read and
         checked), checked against the state's count and format."""
         nonlocal done_middle
         found, done_middle = refs("done", doc.done)
-        if stored_format >= 4 and any(r.names is None or r.summary is None for r in found):
-            raise SchemaError(f"{where} names a done page without its index (names, summary): format "
-                              f"{stored_format} requires them", **ids)
+        require_index(found)
         if len(found) != n_done:
             raise SchemaError(f"{where} has {len(found)} done pages; the state says {doc.done.count} "
                               f"entries in pages of {DONE_PAGE}", **ids)
@@ -768,9 +771,7 @@ def load_checkpoint(
         if len(inline) != 2 or n_done < 3:
             raise SchemaError(f"{where} done has a middle page list but {len(inline)} inline pages (not 2) "
                               f"for {doc.done.count} entries", **ids)
-        if stored_format >= 4 and any(r.names is None or r.summary is None for r in inline):
-            raise SchemaError(f"{where} names a done page without its index (names, summary): format "
-                              f"{stored_format} requires them", **ids)
+        require_index(inline)
         done_pages = DonePages(done_refs, doc.done.count, done_page, ends=(inline[0], inline[1]))
     else:
         done_pages = DonePages(done_refs(), doc.done.count, done_page)
