@@ -83,3 +83,47 @@ def test_a_damaged_head_is_marked_everywhere_and_verify_fails_until_it_is_gone(t
     assert report["ok"] is False and all(p["dangling"] for p in report["problems"])
     assert cli("verify", "dmg", "--store", url, "--ignore-dangling", cwd=tmp_path).returncode == 0
     assert shown["damaged"] >= 1  # the damage still shows
+
+
+def test_a_head_whose_artifact_bytes_changed_is_marked_as_a_resume_would_find_it(tmp_path):
+    """An artifact object of the head damaged in place (its bytes no longer hash to its digest, no
+    ditto copy): ``show`` (``valid: false``, counted in ``damaged``), ``log``, ``ls``, ``status``
+    and the dashboard say the head falls back -- what ``resume`` then does -- not that it is
+    healthy."""
+    import sqlite3
+
+    import httpx
+    from _ui import UiServer
+
+    from overnight.chain.ditto import ditto_key
+    from overnight.chain.read import load_head
+    from overnight.store import open_store
+
+    db = tmp_path / "s.db"  # where the dashboard helper opens the store
+    url = f"sqlite://{db}"
+    overnight.run(_task(), url)
+    with open_store(url) as s:
+        head, _ = load_head(s, "dmg")
+        target = head.artifacts["part-3.txt"].digest  # written by the last step alone
+    with sqlite3.connect(db) as con:
+        con.execute("DELETE FROM objects WHERE digest = ?", (ditto_key(target),))
+        data = con.execute("SELECT data FROM objects WHERE digest = ?", (target,)).fetchone()[0]
+        flipped = data[:-1] + bytes([data[-1] ^ 0x01])
+        assert con.execute("UPDATE objects SET data = ? WHERE digest = ?", (flipped, target)).rowcount == 1
+    bad = head.id[7:19]
+
+    shown = json.loads(cli("show", "dmg", "--store", url, "--json", cwd=tmp_path).stdout)
+    marked = {c["checkpoint_id"]: c for c in shown["chain"]}
+    assert marked[head.id]["valid"] is False and "part-3.txt" in marked[head.id]["problem"]
+    assert shown["damaged"] >= 1 and shown["fell_back"].startswith(f"fell back from {bad}")
+    log = json.loads(cli("log", "dmg", "--store", url, "--json", cwd=tmp_path).stdout)
+    assert any(e["checkpoint_id"] == head.id and e["valid"] is False for e in log)
+    (listed,) = json.loads(cli("ls", "--store", url, "--json", cwd=tmp_path).stdout)
+    assert listed["fell_back"].startswith(f"fell back from {bad}")
+    assert f"fell back from {bad}" in cli("status", "dmg", "--store", url, cwd=tmp_path).stdout
+    cat = cli("cat", "dmg", "part-3.txt", "--store", url, cwd=tmp_path)  # named: task, checkpoint, what to do
+    assert cat.returncode == 3 and "dmg" in cat.stderr and bad in cat.stderr and "--at CHECKPOINT" in cat.stderr
+    with UiServer(tmp_path) as srv:
+        task = httpx.get(srv.base + "/task.json", params={"id": "dmg"}).json()
+        assert "failed verification" in json.dumps(task), task
+    assert overnight.run(_task(), url).status == "complete"  # the resume falls back and redoes the step

@@ -97,7 +97,7 @@ def test_worker_runs_queued_tasks_and_ls_shows_them(tmp_path: Path, sqlite_url: 
     workers = json.loads(cli(tmp_path, "workers", "--store", sqlite_url, "--json", "--all").stdout)
     assert [(x["worker_id"], x["state"]) for x in workers] == [("solo", "stopped")]
     assert json.loads(cli(tmp_path, "workers", "--store", sqlite_url, "--json").stdout) == []  # live ones only
-    assert "no live worker (1 stopped or silent" in cli(tmp_path, "workers", "--store", sqlite_url).stderr
+    assert "no live worker (1 stopped, dead or silent" in cli(tmp_path, "workers", "--store", sqlite_url).stderr
     # rm takes the queue row too: no worker claims (and re-creates) the deleted task
     assert cli(tmp_path, "rm", ids[0], "--yes", "--store", sqlite_url).returncode == 0
     assert ids[0] not in queue_rows(sqlite_url) and set(ids[1:]) <= set(queue_rows(sqlite_url))
@@ -591,3 +591,31 @@ def test_a_workers_row_edited_by_hand_does_not_break_the_listing(tmp_path: Path,
         assert db.execute("UPDATE workers SET queues='notjson'").rowcount == 1
     res = cli(tmp_path, "workers", "--store", sqlite_url, "--json", "--all")
     assert res.returncode == 0 and json.loads(res.stdout)[0]["queues"] == ["notjson"], res.stderr
+
+
+def test_a_killed_worker_on_this_machine_is_listed_as_dead_at_once(tmp_path: Path, sqlite_url: str) -> None:
+    """``overnight workers`` after ``kill -9`` of a worker on this machine: ``dead`` (its pid no
+    longer runs), not ``running`` until 90 s pass; left out of the live list, kept by ``--all``."""
+    w = start_worker(tmp_path, sqlite_url, "--worker-id", "doomed", name="doomed")
+    try:
+        wait_until(lambda: "doomed" in cli(tmp_path, "workers", "--store", sqlite_url).stdout, 60, "the worker")
+    finally:
+        stop(w, signal.SIGKILL)
+    (row,) = json.loads(cli(tmp_path, "workers", "--store", sqlite_url, "--json", "--all").stdout)
+    assert row["state"] == "dead" and row["recorded_state"] == "running" and row["pid"] == w.pid
+    assert json.loads(cli(tmp_path, "workers", "--store", sqlite_url, "--json").stdout) == []
+
+
+@pytest.mark.slow
+def test_an_idle_exit_worker_waits_for_a_killed_workers_claim_and_runs_the_task(tmp_path: Path, sqlite_url: str) -> None:
+    """A worker started with ``--idle-exit`` right after another was killed does not exit while
+    the dead worker's claim runs out: it waits, then takes the task over and completes it."""
+    tid = _submit(tmp_path, sqlite_url, "--param", "steps=20", "--param", "sleep=0.2")["task_id"]
+    w = start_worker(tmp_path, sqlite_url, "--lease", "4", name="w1")
+    wait_until(lambda: len(side_log(tmp_path)) >= 2, 60, "two steps")
+    stop(w, signal.SIGKILL)
+    assert queue_rows(sqlite_url)[tid].status == "running"  # the dead worker's claim, not run out yet
+    w2 = start_worker(tmp_path, sqlite_url, "--idle-exit", "0.5", name="w2")
+    assert w2.wait(timeout=120) == 0
+    assert queue_rows(sqlite_url)[tid].status == "complete"
+    assert "--idle-exit waits: task" in (tmp_path / "w2.err").read_text()

@@ -136,7 +136,9 @@ def test_read_only_serves_no_action(site):
         tl = httpx.get(srv.base + "/task.json", params={"id": "report"}).json()["timeline"]
         r = httpx.post(srv.base + "/actions/fork", data={"csrf": csrf, "task": "report",
                                                          "at": tl[-1]["checkpoint_id"], "branch": "nope"})
-        assert r.status_code in (404, 405)
+        assert r.status_code == 403 and "read-only" in r.text  # refused, and said why
+        assert api.show("report", store=store_url(site)).branches.keys() == {"main"}  # nothing was forked
+        assert httpx.get(srv.base + "/rollback", params={"task": "report"}).status_code == 403
     # Ctrl-C (SIGINT) stopped it within 10 s (UiServer.stop kills it, -9, otherwise); uvicorn
     # re-raises the signal after a graceful shutdown, hence 130 (128 + SIGINT) on newer versions
     assert srv.proc.returncode in (0, 130)

@@ -27,6 +27,8 @@ from overnight.errors import (
     CheckpointNotFound,
     ConfigError,
     DigestMismatch,
+    IntegrityError,
+    NoValidCheckpoint,
     ObjectNotFound,
     OvernightError,
     TaskNotFound,
@@ -50,7 +52,7 @@ from overnight.ops import gc as collecting
 from overnight.ops.archive import ArchiveReport, RestoreReport, ensure_hot
 from overnight.chain.branches import LogEntry, MergeResult
 from overnight.ops.gc import GcReport, RmReport
-from overnight.chain.read import load_head
+from overnight.chain.read import head_problems, load_head
 from overnight.verify.drift import DriftReport
 from overnight.verify.fsck import VerifyReport, verify_store
 from overnight.chain.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
@@ -347,7 +349,7 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
         status, done, total, fell_back = "invalid", 0, 0, None
         if branch is not None:
             try:
-                loaded, fallback = load_head(s, t.task_id, branch, key=key, deep=False)
+                loaded, fallback = load_head(s, t.task_id, branch, key=key)  # as a resume checks it
                 done, total = loaded.doc.done.count, loaded.doc.done.count + loaded.doc.todo.count
                 status = "complete" if not loaded.doc.todo.count else "in progress"
                 fell_back = _fell_back(fallback)
@@ -449,22 +451,17 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
         hot = {r.checkpoint_id for r in s.hot.list_checkpoints(task_id)}
         rows = s.list_checkpoints(task_id)
         damaged = record_problems(s, rows, key=key)
-        for row in rows:
-            session = None
-            try:
-                session = parse_record(row, key=key).session.n
-            except OvernightError:
-                pass  # in damaged already
-            problem = damaged.get(row.checkpoint_id)
-            chain.append(ChainEntry(row.seq, row.checkpoint_id, row.branch, session, row.event, row.step,
-                                    row.created_at, row.stored_bytes, heads.get(row.checkpoint_id, []), problem is None,
-                                    problem, row.checkpoint_id not in hot, _raw_json(row.body) if raw else None))
+        # what a resume of each other branch would skip (e.g. an artifact whose bytes changed)
+        for cid, problem in head_problems(s, task_id, [b for b in refs if b != branch], key=key).items():
+            damaged.setdefault(cid, problem)
         status, done, total, todo, artifacts, fell_back, state = "invalid", 0, 0, [], {}, None, None
         main_head: Any = None
         if branch in refs:
             try:
-                loaded, fallback = load_head(s, task_id, branch, key=key, deep=False)
+                loaded, fallback = load_head(s, task_id, branch, key=key)  # as a resume checks it
                 fell_back = _fell_back(fallback)
+                for skip in fallback.skipped if fallback else ():
+                    damaged.setdefault(skip.checkpoint_id, f"{skip.error}: {skip.reason}")
                 st = loaded.doc
                 done, total = st.done.count, st.done.count + st.todo.count
                 todo = [e.name for e in loaded.state.todo]
@@ -475,8 +472,19 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
                 if raw:
                     state = _raw_json(BlobReader(s).get(loaded.record.state.digest, "the head's state"))
                 main_head = loaded if branch == "main" else None
+            except OvernightError as exc:
+                for skip in exc.fallback.skipped if isinstance(exc, NoValidCheckpoint) and exc.fallback else ():
+                    damaged.setdefault(skip.checkpoint_id, f"{skip.error}: {skip.reason}")
+        for row in rows:
+            session = None
+            try:
+                session = parse_record(row, key=key).session.n
             except OvernightError:
-                pass
+                pass  # in damaged already
+            problem = damaged.get(row.checkpoint_id)
+            chain.append(ChainEntry(row.seq, row.checkpoint_id, row.branch, session, row.event, row.step,
+                                    row.created_at, row.stored_bytes, heads.get(row.checkpoint_id, []), problem is None,
+                                    problem, row.checkpoint_id not in hot, _raw_json(row.body) if raw else None))
         return TaskReport(task_id, t.goal, t.entry, t.created_at, refs, status, done, total, todo, artifacts, chain,
                           sum(c.stored_bytes for c in chain), _usage(s, task_id, main_head), fell_back, len(damaged),
                           state)
@@ -611,7 +619,14 @@ def cat(task_id: str, artifact: str, *, store: Store | str | None = None, at: st
                 hint=(f"did you mean {' or '.join(close)}? " if close else "")
                 + "artifacts there: " + _some(sorted(loaded.artifacts)),
             )
-        return BlobReader(s).get(ref.digest, f"artifact {artifact!r}")
+        try:
+            return BlobReader(s).get(ref.digest, f"artifact {artifact!r}")
+        except IntegrityError as exc:  # named: which task and checkpoint, and what to do
+            exc.task_id, exc.checkpoint_id = task_id, loaded.id
+            exc.hint = exc.hint or (f"`overnight verify {task_id}` reports the damage; an earlier version: "
+                                    f"`overnight cat {task_id} {artifact} --at CHECKPOINT` (`overnight log "
+                                    f"{task_id}` lists them); a resume falls back past it")
+            raise
 
 
 # --- verify / log / fork / rollback / merge -----------------------------------------------------
@@ -750,7 +765,7 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
             return StatusReport(task_id, branch, "", -1, queued, 0, 0, [], [],
                                 drift_plan="not started: no checkpoint to compare with yet" if drift else None)
         key = signing_key_from_env()
-        loaded, fallback = load_head(s, task_id, branch, key=key, deep=False)
+        loaded, fallback = load_head(s, task_id, branch, key=key)  # as a resume checks it, artifacts hashed
         st = loaded.state
         accepted = list(loaded.record.fingerprint.accepted) if loaded.record.fingerprint else []
         rep = StatusReport(task_id, branch, loaded.id, loaded.record.seq,
@@ -791,7 +806,7 @@ def _coding_drift(rep: StatusReport, loaded: Any) -> bool:
                                                   for i in found.items])
     rep.drift_words = found.lines
     rep.drift_plan = ("a coding-agent task: nothing runs again on resume; task_resume (or the session-start hook) "
-                      "tells the agent what changed" if found.items else "nothing to do")
+                      "tells the agent what changed" if found.items else "no step to recompute")
     return True
 
 
@@ -847,7 +862,7 @@ def _predict(rep: StatusReport, s: Store, loaded: Any, task: Task, on_drift: str
     rep.will_run = [e["name"] for e in todo if e.get("previous") is None or e["previous"].get("direct")]
     rep.replayed = [e["name"] for e in todo if e.get("previous") is not None and not e["previous"].get("direct")
                     and e["name"] not in rep.may_run]
-    rep.drift_plan = "; ".join(plan) or "nothing to do"
+    rep.drift_plan = "; ".join(plan) or "no step to recompute"
 
 
 def env_export(task_id: str, *, store: Store | str | None = None, at: str | None = None, branch: str = "main") -> str:

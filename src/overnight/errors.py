@@ -39,6 +39,8 @@ first group that matches, in this order: store, drift, concurrency, integrity, l
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class OvernightError(Exception):
     """Base class of every error overnight raises."""
@@ -190,6 +192,10 @@ class ReplicaUnavailable(IntegrityError):
 
 class NoValidCheckpoint(IntegrityError):
     """No checkpoint on the branch passed verification; there is nothing safe to resume from."""
+
+    fallback: Any = None
+    """The :class:`~overnight.chain.read.Fallback` of the load that gave up: every checkpoint it
+    tried and why each failed (set by :func:`~overnight.chain.read.load_head`)."""
 
 
 class SessionCorrupt(IntegrityError):

@@ -26,7 +26,7 @@ from overnight.errors import BranchExists, ConfigError, MergeConflict, Overnight
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
 from overnight.chain.write import ChainWriter
-from overnight.chain.read import load_head
+from overnight.chain.read import head_problems, load_head
 from overnight.chain.integrity import LoadedCheckpoint, load_checkpoint, parse_record, record_problems
 from overnight.chain.reachability import lineage
 from overnight.chain.records import event
@@ -310,6 +310,8 @@ def history(store: Store, task_id: str, *, key: bytes | None = None) -> list[Log
         heads.setdefault(cid, []).append(b)
     entries: dict[str, LogEntry] = {}
     damaged = record_problems(store, rows, key=key)  # the record and the objects a load reads
+    for cid, problem in head_problems(store, task_id, store.list_refs(task_id), key=key).items():
+        damaged.setdefault(cid, problem)  # what a resume of a branch would skip (artifact content hashed)
     for r in rows:
         parents = [r.parent_id] if r.parent_id else []
         problem = damaged.get(r.checkpoint_id)

@@ -853,7 +853,8 @@ def record_problems(store: Store, rows: Iterable[CheckpointRow], *, key: bytes |
     """``checkpoint_id -> "ErrorKind: message"`` for every row of ``rows`` that does not verify:
     its record (digest, schema, signature), and the objects a load reads first -- the state
     document, its page lists, todo/done/artifact pages, stored values and the world fingerprint -- present and hashing to
-    their digests, and every artifact object present (artifact bytes are hashed by ``verify``). What ``show``, ``log`` and ``ls`` mark as
+    their digests, and every artifact object present (artifact bytes are hashed by ``verify``, and for
+    each branch head by :func:`~overnight.chain.read.head_problems`). What ``show``, ``log`` and ``ls`` mark as
     damaged. Each object is read and hashed once however many rows share it, and nothing is
     decoded beyond the state document's page references (a load would validate every page).
     """

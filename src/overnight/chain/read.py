@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from typing import Any
+from typing import Any, Iterable
 
 from overnight.errors import (
     BranchNotFound,
@@ -19,6 +19,7 @@ from overnight.errors import (
     FormatTooNew,
     IntegrityError,
     NoValidCheckpoint,
+    OvernightError,
     short_id,
 )
 from overnight.store.base import CheckpointRow, Store
@@ -149,12 +150,35 @@ def load_head(
             fallback.used_id = loaded.id
         return loaded, fallback
     assert fallback is not None
-    raise NoValidCheckpoint(
+    exc = NoValidCheckpoint(
         f"no checkpoint of task {task_id!r} on branch {branch!r} passes verification\n{fallback.describe()}",
         task_id=task_id,
         checkpoint_id=head,
         hint="run `overnight verify TASK_ID` for the full report",
     )
+    exc.fallback = fallback
+    raise exc
+
+
+def head_problems(store: Store, task_id: str, branches: Iterable[str], *, key: bytes | None = None) -> dict[str, str]:
+    """``checkpoint_id -> "ErrorKind: reason"`` of every checkpoint a resume of one of ``branches``
+    would skip: each head loaded as a resume loads it (:func:`load_head`, artifact content hashed),
+    and what its fallback skipped -- damage :func:`~overnight.chain.integrity.record_problems` does
+    not look for, such as an artifact whose bytes no longer hash to their digest. A branch with
+    nothing that verifies contributes the checkpoints it tried; one that cannot be read
+    (``TaskNotFound``, ``FormatTooNew``, a store error) contributes nothing: the caller reports it.
+    Costs one head load per branch, its artifacts read and hashed."""
+    out: dict[str, str] = {}
+    for branch in branches:
+        try:
+            _, fallback = load_head(store, task_id, branch, key=key)
+        except NoValidCheckpoint as exc:
+            fallback = exc.fallback
+        except OvernightError:
+            continue
+        for s in fallback.skipped if fallback is not None else ():
+            out.setdefault(s.checkpoint_id, f"{s.error}: {s.reason}")
+    return out
 
 
 _UNKNOWN: Any = object()

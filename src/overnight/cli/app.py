@@ -19,6 +19,7 @@ Exit codes (also in ``overnight --help`` and the README):
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional
@@ -42,6 +43,7 @@ from overnight.cli.common import (  # noqa: F401 (EXIT_* re-exported)
 )
 from overnight.cli.exits import report_run
 from overnight.errors import OvernightError
+from overnight.verify.drift import short_value
 
 def _usage_name(self: typer.core.TyperArgument) -> str:
     """An argument in a usage line as click and git write it -- ``TASK_ID``, ``[TASK_ID]`` -- not
@@ -107,8 +109,8 @@ def _model(spec: Optional[str], base_url: Optional[str]):
     return model_from_spec(spec or ("openai:default" if base_url else None), base_url=base_url)
 
 
-def _report_run(result: api.RunResult, *, quiet: bool) -> None:
-    code = report_run(result, quiet=quiet)  # shared with the framework-free `resume` (overnight.cli.main)
+def _report_run(result: api.RunResult, *, quiet: bool, resume_with: str | None = None) -> None:
+    code = report_run(result, quiet=quiet, resume_with=resume_with)  # shared with the framework-free `resume`
     if code:
         raise typer.Exit(code)
 
@@ -193,7 +195,9 @@ def resume(
 
 @app.command("ls")
 def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
-    """List the tasks in the store: status, steps done/total, branches, last checkpoint time.
+    """List the tasks in the store: status, steps done/total, branches, last checkpoint time. Each
+    head is checked as a resume checks it (its artifacts' bytes hashed): one that fails shows the
+    checkpoint a resume falls back to (`FELL BACK`).
     Without --store: the default store and the configured database and cloud media (where the
     router puts important and critical tasks)."""
     with failing():
@@ -236,7 +240,9 @@ def show(
 ) -> None:
     """Show a task's chain of checkpoints: seq, checkpoint id, session, step, time, size.
 
-    Invalid records (failed verification) are marked and kept for inspection."""
+    Invalid records (failed verification) are marked and kept for inspection -- with each branch
+    head checked as a resume checks it (its artifacts' bytes hashed), so a head a resume would
+    skip is marked too."""
     if raw and not as_json:
         render.err.print("[bold red]error:[/] --raw needs --json")
         raise typer.Exit(EXIT_USAGE)
@@ -340,7 +346,9 @@ def status(
 ) -> None:
     """Where a task stands; with --drift, what changed since its head (which package, file, env
     key, step version, model), which steps read it, what the drift policies would do on resume,
-    how the plan in the code differs from the stored one, and which steps the resume runs."""
+    how the plan in the code differs from the stored one, and which steps the resume runs. The
+    head is checked as a resume checks it (its artifacts' bytes hashed): `fell back from X to Y`
+    when a resume would skip it."""
     with failing():
         rep = api.status(task_id, store=store, branch=branch, drift=drift, entry=file, on_drift=on_drift,
                          model=_model(model, base_url))
@@ -372,7 +380,8 @@ def status(
                 render.out.print(f"on resume: {render.esc(rep.drift_plan)}")
         else:
             render.table("drift", ["component", "what", "was", "now", "read by"],
-                         [(i.component, i.key + (" (warning)" if i.warning else ""), _clip(i.old), _clip(i.new),
+                         [(i.component, i.key + (" (warning)" if i.warning else ""), _clip(short_value(i.old)),
+                           _clip(short_value(i.new)),
                            ", ".join(i.steps[:4]) + (" ..." if len(i.steps) > 4 else "")) for i in rep.drift.items])
             if rep.drift.dependents:
                 render.out.print("dependents: " + ", ".join(f"{render.esc(k)} (reads {render.esc(v)})"
@@ -517,8 +526,10 @@ def fork(
     (`overnight resume TASK_ID --branch NAME`) and never see each other's later checkpoints."""
     with failing():
         cid = api.fork(task_id, at, branch, store=store)
-    render.err.print(f"branch [bold]{render.esc(branch)}[/] created at {cid[7:19]}; "
-                     f"continue it with: overnight resume {render.esc(task_id)} --branch {render.esc(branch)}")
+    from overnight.runtime.outcome import resume_command
+
+    render.err.print(f"branch [bold]{render.esc(branch)}[/] created at {cid[7:19]}; continue it with: "
+                     + render.esc(resume_command(task_id, branch, store)))
 
 
 @app.command()
@@ -606,7 +617,15 @@ def demo(
         if not quiet:
             render.err.print(f"store:  [bold]{render.esc(result.store_url)}[/]  (task {render.esc(result.task_id)}; "
                              f"`overnight show {render.esc(result.task_id)}` lists its checkpoints)")
-    _report_run(result, quiet=quiet)
+    resume_with = None
+    if out_path != Path("report.md"):  # a plain `overnight resume` would export to ./report.md, the task's default
+        given = {"--package": package if package != "email" else None, "--out": str(out_path), "--task-id": task_id,
+                 "--store": store, "--model": model, "--base-url": base_url,
+                 "--model-latency-ms": str(latency_ms) if latency_ms else None,
+                 "--max-context-tokens": str(max_context_tokens) if max_context_tokens != 8000 else None,
+                 "--section-tokens": str(section_tokens) if section_tokens is not None else None}
+        resume_with = " ".join(["overnight demo", *(f"{k} {shlex.quote(v)}" for k, v in given.items() if v is not None)])
+    _report_run(result, quiet=quiet, resume_with=resume_with)
 
 
 app.add_typer(bench_app, name="bench")

@@ -61,9 +61,10 @@ def print_error(exc: OvernightError) -> int:
     return exit_code(exc)
 
 
-def report_run(result: "RunResult", *, quiet: bool) -> int:
+def report_run(result: "RunResult", *, quiet: bool, resume_with: str | None = None) -> int:
     """Print how a run ended (unless ``quiet``) and, when it can go on, the resume command (also
-    with ``quiet``); returns the exit code: 0 complete, 75 resumable, 1 otherwise."""
+    with ``quiet``: ``resume_with`` when given, else ``overnight resume ...``); returns the exit
+    code: 0 complete, 75 resumable, 1 otherwise."""
     if not quiet:
         kept = "resumable" if result.resumable or result.status == "complete" else \
             "NOT resumable: level ephemeral kept its checkpoints in this process only; running it again starts over"
@@ -83,8 +84,8 @@ def report_run(result: "RunResult", *, quiet: bool) -> int:
     if result.resumable:  # also with --quiet: where to go on is not progress chatter
         from overnight.runtime.outcome import resume_command
 
-        render.err.print("resume with: " + render.esc(resume_command(result.task_id, result.branch, result.store_url,
-                                                                     result.resume_file)))
+        render.err.print("resume with: " + render.esc(resume_with or resume_command(
+            result.task_id, result.branch, result.store_url, result.resume_file)))
         return EXIT_RESUMABLE
     if result.status != "complete":  # ephemeral: nothing left to resume
         return EXIT_FAILED

@@ -97,7 +97,9 @@ def worker(
     max_tasks: Optional[int] = typer.Option(None, "--max-tasks", min=1, help="Exit 0 after claiming N tasks and "
                                             "finishing them."),
     idle_exit: Optional[float] = typer.Option(None, "--idle-exit", metavar="SECONDS",
-                                              help="Exit 0 after this long with nothing to run."),
+                                              help="Exit 0 after this long with nothing to run -- and nothing "
+                                              "coming: it waits for a retry due within a lease and for a "
+                                              "killed worker's claim to run out, then runs that task."),
     worker_id: Optional[str] = typer.Option(None, "--worker-id", metavar="ID", help="Name in `overnight workers` "
                                             "(default HOST-PID)."),
     lease: float = typer.Option(30.0, "--lease", metavar="SECONDS", help="Lease of a claimed task; renewed every "
@@ -150,30 +152,36 @@ def workers(store: Optional[str] = StoreOpt,
             show_all: bool = typer.Option(False, "--all", "-a", help="Also workers that stopped or went silent."),
             as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")) -> None:
     """List live workers: id, host, pid, state, tasks held (as of its last heartbeat), started, last
-    heartbeat. --all adds the ones that exited cleanly (`stopped`) and those whose last heartbeat
-    is older than 90 s (`silent`: killed, or their machine gone -- their tasks are taken over once
-    their leases expire). --json has the same rows and `state` (and the one the worker last wrote,
-    `recorded_state`)."""
+    heartbeat. --all adds the ones that exited cleanly (`stopped`), those on this machine whose
+    process no longer runs (`dead`: killed -- seen at once, by its pid) and those whose last
+    heartbeat is older than 90 s (`silent`: killed, or their machine gone). A dead or silent
+    worker's tasks are taken over once their claims expire. --json has the same rows and `state`
+    (and the one the worker last wrote, `recorded_state`)."""
     from overnight import api
 
     try:
         rows = api.workers(store=store)
     except OvernightError as exc:
         _fail(exc)
-    from overnight.store.leases import now_ms
+    from overnight.store.leases import now_ms, process_gone
+    from overnight.store.queue import SILENT_AFTER_MS
 
     now = now_ms()
 
     def state(w: Any) -> str:
-        return "silent" if w.state != "stopped" and now - w.heartbeat_ms > 90_000 else w.state
+        if w.state == "stopped":
+            return w.state
+        if process_gone(w.host, w.pid, w.started_ms):
+            return "dead"
+        return "silent" if now - w.heartbeat_ms > SILENT_AFTER_MS else w.state
 
-    shown = rows if show_all else [w for w in rows if state(w) not in ("stopped", "silent")]
+    shown = rows if show_all else [w for w in rows if state(w) not in ("stopped", "dead", "silent")]
     if as_json:
         render.print_json([{**r.to_dict(), "state": state(r), "recorded_state": r.state} for r in shown])
         return
     if not shown:
         render.err.print("no worker has registered in this store yet (`overnight worker` starts one)" if not rows else
-                         f"no live worker ({len(rows)} stopped or silent: `overnight workers --all` lists them)")
+                         f"no live worker ({len(rows)} stopped, dead or silent: `overnight workers --all` lists them)")
         return
     render.table(None, ["worker", "host", "pid", "state", "held", "started", "heartbeat"],
                  [(w.worker_id, w.host, w.pid, state(w), f"{w.held}/{w.concurrency}",

@@ -36,7 +36,7 @@ from typing import Any
 from overnight.errors import ConfigError, OvernightError
 from overnight.store import open_store
 from overnight.store.leases import DEFAULT_TTL_MS, now_ms
-from overnight.store.queue import QueuedTask, WorkerRow
+from overnight.store.queue import SILENT_AFTER_MS, QueuedTask, WorkerRow
 from overnight.units import human_duration
 from overnight.store.queue_open import queue_for
 
@@ -184,7 +184,8 @@ class Worker:
         queues: queue names to claim from (default ``["default"]``).
         concurrency: children at most.
         max_tasks: exit after this many claims (and their children) -- None: no limit.
-        idle_exit_s: exit after this long with nothing running and nothing to claim.
+        idle_exit_s: exit after this long with nothing running, nothing to claim and nothing
+            coming (a retry due within a lease, a dead worker's claim running out: :meth:`_coming`).
         worker_id: a name for ``overnight workers`` (default ``HOST-PID``): 1-200 printable
             characters (ConfigError otherwise: it goes into log lines and the workers table).
         lease_ms: claim and task-lease TTL (heartbeat every third of it).
@@ -228,6 +229,7 @@ class Worker:
         self._idle: list[_Session] = []
         self._mp: Any = None
         self._again = False
+        self._said_waiting = False  # --idle-exit's wait for work coming is logged once
         self.stats = WorkerStats()
         self._children: dict[str, _Child] = {}
         self._signals = 0
@@ -236,6 +238,32 @@ class Worker:
         self._started_ms = now_ms()
 
     # -- store, with reconnects -------------------------------------------------------------------
+    def _coming(self) -> str | None:
+        """What this worker could claim soon although nothing is claimable now (``--idle-exit``
+        waits for it), or None: a task of its queues queued to start within a lease's length (a
+        retry's backoff), or claimed by a worker that is gone -- stopped, silent (:data:`~overnight.store.queue.
+        SILENT_AFTER_MS`), or on
+        this machine with its process no longer running
+        (:func:`~overnight.store.leases.process_gone`) -- whose claim has not run out yet. A
+        task claimed by a live worker is that worker's, not work coming."""
+        from overnight.store.leases import process_gone
+
+        q, now = self._q(), now_ms()
+        mine = [t for t in q.list() if t.queue in self.queues]
+        soon = [t for t in mine if t.status == "queued" and t.not_before_ms <= now + self.lease_ms]
+        if soon:
+            return f"task {soon[0].task_id} starts in {human_duration(max(0, soon[0].not_before_ms - now))}"
+        workers = {w.worker_id: w for w in q.workers()}
+        for t in mine:
+            if t.status != "running" or t.worker_id == self.worker_id or (t.claim_expires_ms or 0) <= now:
+                continue
+            w = workers.get(t.worker_id or "")
+            if w is None or w.state == "stopped" or now - w.heartbeat_ms > SILENT_AFTER_MS \
+                    or process_gone(w.host, w.pid, w.started_ms):
+                return (f"task {t.task_id}'s claim by gone worker {t.worker_id} runs out in "
+                        f"{human_duration(t.claim_expires_ms - now)}")
+        return None
+
     def _q(self) -> Any:
         if self._queue is None:
             self._store = open_store(self.store_url)
@@ -554,8 +582,13 @@ class Worker:
                 if self._children or claimed is not None:
                     idle_since = time.monotonic()
                 elif self.idle_exit_s is not None and time.monotonic() - idle_since >= self.idle_exit_s:
-                    LOG.info("nothing to run for %.0f s (--idle-exit): exiting", self.idle_exit_s)
-                    break
+                    waiting = self._coming()
+                    if waiting is None:
+                        LOG.info("nothing to run for %.0f s (--idle-exit): exiting", self.idle_exit_s)
+                        break
+                    if not self._said_waiting:
+                        LOG.info("--idle-exit waits: %s", waiting)
+                        self._said_waiting = True
                 if claimed is None and not self._again:
                     self._pause()
                 self._again = False

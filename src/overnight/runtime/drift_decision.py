@@ -95,7 +95,7 @@ class Decision:
                          + " (then the steps that read their output)")
         if self.accepted:
             parts.append(f"accepted {len(self.accepted)} drift(s)")
-        return "; ".join(parts) or "nothing to do"
+        return "; ".join(parts) or "no step to recompute"
 
 
 def decide(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, Any], policies: dict[str, str],

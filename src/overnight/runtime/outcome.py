@@ -86,14 +86,16 @@ def configured_store_url() -> str | None:
         return None
 
 
-def resume_command(task_id: str, branch: str, store_url: str, file: str | None = None) -> str:
-    """``overnight resume ID`` with ``--branch``/``--store`` when they are not the defaults, and
-    ``--file FILE`` when the store records no code location for the task."""
-    cmd = f"overnight resume {task_id}"
+def resume_command(task_id: str, branch: str, store_url: str | None, file: str | None = None) -> str:
+    """``overnight resume ID`` with ``--branch``/``--store`` when they are not the defaults
+    (``store_url`` None: the default store), and ``--file FILE`` when the store records no code
+    location for the task; every value shell-quoted when it needs it."""
+    cmd = f"overnight resume {shlex.quote(task_id)}"  # quoted: a name with a space or quote pastes as one word
     if branch != "main":
-        cmd += f" --branch {branch}"
-    if store_url != configured_store_url() and not store_url.startswith(("memory:", "replicated:")):
-        cmd += f" --store {store_url}"
+        cmd += f" --branch {shlex.quote(branch)}"
+    if store_url is not None and store_url != configured_store_url() \
+            and not store_url.startswith(("memory:", "replicated:")):
+        cmd += f" --store {shlex.quote(store_url)}"
     if file:
         cmd += f" --file {shlex.quote(file)}"
     return cmd

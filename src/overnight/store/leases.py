@@ -53,6 +53,27 @@ def _proc_start(pid: int) -> str | None:
     return stat[1] if stat else None
 
 
+def process_gone(host: str, pid: int, started_ms: int) -> bool:
+    """True only when the process ``pid`` on ``host``, started at ``started_ms`` (ms since the
+    epoch), provably no longer runs: ``host`` is this machine's name and, in its ``/proc``, that pid
+    is not running, is a zombie, or started more than 2 s after ``started_ms`` (a recycled pid).
+    Another host, this process, or no ``/proc``: False (the caller goes by heartbeat age). Used
+    for ``overnight workers``, whose rows carry host, pid and start time but not the boot or pid
+    namespace a lease holder records (:meth:`Holder.is_gone`)."""
+    if host != socket.gethostname() or pid == os.getpid() or not os.path.isdir("/proc/self"):
+        return False
+    stat = _proc_stat(pid)
+    if stat is None or stat[0] in ("Z", "X"):
+        return True
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            boot_s = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+        started_at_ms = (boot_s + int(stat[1]) / os.sysconf("SC_CLK_TCK")) * 1000
+    except (OSError, ValueError, StopIteration):
+        return False
+    return started_at_ms > started_ms + 2000
+
+
 def _boot_id() -> str | None:
     """This boot of this machine (Linux), so a pid from before a reboot is not looked up now."""
     try:

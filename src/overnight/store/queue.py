@@ -112,6 +112,11 @@ def row_to_task(row: tuple) -> QueuedTask:
     return QueuedTask(**values)
 
 
+SILENT_AFTER_MS = 90_000
+"""A worker whose last heartbeat is older than this is ``silent`` (killed, or its machine gone):
+three times the default lease (30 s), whose heartbeat comes every 10 s."""
+
+
 @dataclass
 class WorkerRow:
     """A worker process as ``overnight workers`` lists it.
@@ -208,5 +213,5 @@ def describe(row: QueuedTask | None, lease: Lease | None, *, complete: bool, now
     return "interrupted"
 
 
-__all__ = ["COLUMNS", "ClaimLost", "QueuedTask", "STATUSES", "WorkerRow", "backoff_ms", "describe",
-           "row_to_task", "row_to_worker"]
+__all__ = ["COLUMNS", "ClaimLost", "QueuedTask", "SILENT_AFTER_MS", "STATUSES", "WorkerRow", "backoff_ms",
+           "describe", "row_to_task", "row_to_worker"]

@@ -89,7 +89,7 @@ class DriftItem:
     warning: bool = False
 
     def describe(self) -> str:
-        what = f"{self.component}: {self.key}: {_short(self.old)} -> {_short(self.new)}"
+        what = f"{self.component}: {self.key}: {short_value(self.old)} -> {short_value(self.new)}"
         if self.warning:
             return what + " (warning only)"
         verb = "written by" if self.component == "artifacts" else "read by"
@@ -97,7 +97,10 @@ class DriftItem:
                        if self.steps else " (no step read it)")
 
 
-def _short(value: Any) -> str:
+def short_value(value: Any) -> str:
+    """A drift value as every report shows it: a keyed environment digest as ``env-hmac:<key id, 6
+    hex>:<digest, 8 hex>``, a content digest as ``sha256:<12 hex>`` (``tree:``, ``listing:``,
+    ``hmac-sha256:`` alike), anything else as it is."""
     text = str(value)
     if text.startswith("env-hmac:"):  # env-hmac:<key id>:<hex>: the key id and a prefix of the digest
         _, kid, tail = text.split(":", 2) if text.count(":") >= 2 else (text, "", "")

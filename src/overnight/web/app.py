@@ -349,6 +349,13 @@ def create_app(store: Store | str | None = None, *, read_only: bool = False, tok
     if not read_only:
         routes.append(Route("/rollback", d.page("rollback.html", d.rollback_confirm)))
         routes.append(Route("/actions/{kind}", d.action, methods=["POST"]))
+    else:  # said, not a bare 404: the action exists, this dashboard does not offer it
+        async def refused(request: Request) -> Response:
+            return PlainTextResponse("403: this dashboard is read-only (overnight ui --read-only): "
+                                     "no action runs from it; the CLI runs them", status_code=403)
+
+        routes.append(Route("/rollback", refused))
+        routes.append(Route("/actions/{kind}", refused, methods=["POST"]))
     routes.append(Mount("/static", StaticFiles(directory=str(resources.files("overnight.web") / "static")),
                         name="static"))
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: d.not_found},

@@ -7,7 +7,7 @@ same thing. Everything is read through :mod:`overnight.api` and the verify layer
 the CLI uses -- from one open store; nothing here writes.
 
 Records are verified as they are read (``parse_record``: schema, digest, signature; heads with
-``load_head``: state and pages too, falling back as a resume would). Checkpoints are immutable
+``load_head``: state, pages and artifact bytes too, falling back as a resume would). Checkpoints are immutable
 and addressed by their content, so what was learnt about one (its progress, whether its head
 verified) is kept in a :class:`HeadCache` keyed by checkpoint id; "Verify now" clears it.
 """
@@ -167,7 +167,7 @@ def _head_facts(s: Store, task_id: str, branch: str, head_id: str, cache: HeadCa
     facts: dict[str, Any] = {"verified": False, "problem": None, "done": 0, "todo": 0, "used": None,
                              "skipped": {}, "accepted_drift": 0}
     try:
-        loaded, fallback = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
+        loaded, fallback = load_head(s, task_id, branch, key=signing_key_from_env())  # artifacts hashed, once per head
         facts.update(verified=True, done=loaded.doc.done.count, todo=loaded.doc.todo.count, used=loaded.id,
                      accepted_drift=len(loaded.record.fingerprint.accepted) if loaded.record.fingerprint else 0)
         if fallback is not None:
