@@ -426,3 +426,69 @@ def test_a_run_committing_while_verify_checks_is_not_reported_as_a_rollback(tmp_
         again, _ = load_head(s, "busy")
         assert find_rollback(s, again, key=None, named=again.id) is not None
         assert not verify_store(s, ["busy"]).ok
+
+
+@pytest.mark.slow  # real CLI processes, several per store
+@pytest.mark.parametrize("signed", [False, True], ids=["nokey", "key"])
+def test_ref_moved_onto_another_branchs_older_record_is_a_rollback(store_url, project, signed):
+    """A fork's record is a genuine (signed) record, but of another branch: ``main`` moved onto
+    the fork made at "a done" would run b, c and d again. The chain check of the fork's branch
+    cannot see it; the store's newer records of ``main`` itself do."""
+    key = KEY if signed else None
+    env = {"RUNS_FILE": str(project / "runs.txt")}
+    cli("run", "job.py", "--store", store_url, cwd=project, key=key, **env)
+    chain = _chain(store_url)  # init, a, b, c, d
+    cli("fork", "job", "--at", chain[1][7:19], "--branch", "old", "--store", store_url, cwd=project, key=key, **env)
+    with open_store(store_url) as s:
+        fork_head = s.get_ref("job", "old")
+    _move_ref(store_url, fork_head)
+    r = cli("resume", "job", "--store", store_url, cwd=project, key=key, check=3, **env)
+    assert "rollback detected" in r.stderr and "another branch" in r.stderr, r.stderr
+    assert runs(project) == ["a", "b", "c", "d"]  # nothing ran again
+    assert "rolled back" in cli("status", "job", "--store", store_url, cwd=project, key=key, **env).stdout
+    cli("verify", "job", "--store", store_url, cwd=project, key=key, check=3, **env)
+    cli("resume", "job", "--store", store_url, "--branch", "old", cwd=project, key=key, **env)  # the fork itself: fine
+
+
+@pytest.mark.slow  # real CLI processes
+def test_ref_moved_onto_another_tasks_record_is_never_loaded_as_this_task(tmp_path, project):
+    """``job``'s ref moved onto the head of task ``other``: no view shows the other task's state as
+    ``job``'s, and a resume falls back to ``job``'s own newest checkpoint instead of running
+    ``job``'s steps on the other task's state."""
+    url = f"sqlite://{tmp_path / 'store.db'}"
+    env = {"RUNS_FILE": str(project / "runs.txt")}
+    (project / "other.py").write_text(JOB.replace('"job"', '"other"'))
+    cli("run", "job.py", "--store", url, "--max-steps", "2", cwd=project, check=75, **env)
+    cli("run", "other.py", "--store", url, cwd=project, **env)
+    with open_store(url) as s:
+        own, theirs = s.get_ref("job", "main"), s.get_ref("other", "main")
+        s.set_ref("job", "main", theirs, own)
+    status = cli("status", "job", "--store", url, cwd=project, **env)
+    assert f"fell back from {theirs[7:19]} to {own[7:19]}" in status.stdout, status.stdout
+    shown = json.loads(cli("show", "job", "--store", url, "--json", cwd=project, **env).stdout)
+    assert shown["done"] == 2 and shown["fell_back"].startswith(f"fell back from {theirs[7:19]}")
+    before = runs(project)
+    cli("resume", "job", "--store", url, cwd=project, **env)
+    assert runs(project)[len(before):] == ["c", "d"]  # job's own remaining steps, from job's own head
+
+
+@pytest.mark.slow  # real CLI processes
+@pytest.mark.parametrize("form", ["module", "path"])
+def test_a_module_of_a_virtualenv_inside_the_project_is_not_the_projects_code(tmp_path, project, form):
+    """The README's own setup puts ``.venv`` in the project: a store naming one of its installed
+    modules (e.g. a package's ``__main__``, which runs a CLI when imported) is refused like code
+    outside the project -- by module name and by path alike."""
+    site = project / ".venv" / "lib" / "python3.11" / "site-packages"
+    (site / "evilpkg").mkdir(parents=True)
+    (project / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    canary = tmp_path / "CANARY"
+    (site / "evilpkg" / "__init__.py").write_text("")
+    (site / "evilpkg" / "__main__.py").write_text(EVIL.format(task_id="job"))
+    url = f"sqlite://{tmp_path / 'store.db'}"
+    entry = "evilpkg.__main__:task" if form == "module" else f"{site / 'evilpkg' / '__main__.py'}:task"
+    _plant(url, "job", entry, tmp_path)
+    env = {"CANARY": str(canary), "PYTHONPATH": str(site)}
+    for args in (["resume", "job"], ["status", "job", "--drift"]):
+        r = cli(*args, "--store", url, cwd=project, check=3, **env)
+        assert not canary.exists(), f"{args}: the installed module ran"
+        assert "installed packages" in r.stderr and "--file" in r.stderr, r.stderr

@@ -286,3 +286,31 @@ def test_resume_and_cancel_from_the_ui_go_through_the_workers_queue(tmp_path):
     worker = run_cli(site, "worker", "--idle-exit", "2", env_extra={"UI_PARTS": "3", "UI_STEP_S": "0"})
     assert worker.returncode == 0, worker.stderr
     assert [t.status for t in api.ls(store=store_url(site))] == ["complete"]
+
+
+def test_hostile_artifact_names_make_links_and_safe_downloads(tmp_path):
+    """An artifact name with a lone surrogate, a bidi override or a path is stored as given: the
+    checkpoint page still renders (200, not 500), and a download's file name is its last part,
+    printable and without separators, in both forms of the header."""
+    import overnight
+
+    root = tmp_path / "s"
+    root.mkdir()
+    task = overnight.Task("hostile", goal="odd names")
+
+    @task.step
+    def write(ctx):
+        ctx.write_text("odd\ud800name.txt", "surrogate")
+        ctx.write_text("notes/\u202etxt.exe", "bidi")
+        ctx.write_text("../../etc/passwd", "path")
+
+    overnight.run(task, store_url(root))
+    with UiServer(root) as srv:
+        head = httpx.get(srv.base + "/task.json", params={"id": "hostile"}).json()["timeline"][0]["checkpoint_id"]
+        page = httpx.get(srv.base + "/checkpoint", params={"task": "hostile", "id": head})
+        assert page.status_code == 200, page.text[:500]
+        for name in ("notes/\u202etxt.exe", "../../etc/passwd"):
+            got = httpx.get(srv.base + "/artifact", params={"task": "hostile", "at": head, "name": name})
+            assert got.status_code == 200
+            disposition = got.headers["content-disposition"]
+            assert "%E2%80%AE" not in disposition and "%2F" not in disposition and ".." not in disposition.split("''")[1]

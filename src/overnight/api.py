@@ -354,7 +354,8 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
                 status = "complete" if not loaded.doc.todo.count else "in progress"
                 fell_back = _fell_back(fallback)
                 if find_rollback(s, loaded, key=key, skipped={k.checkpoint_id for k in fallback.skipped}
-                                 if fallback else set(), named=fallback.head_id if fallback else loaded.id) is not None:
+                                 if fallback else set(), named=fallback.head_id if fallback else loaded.id,
+                                 branch=branch) is not None:
                     status = "rolled back"  # the ref was moved back: `overnight status` / `verify` say from where
             except OvernightError:
                 status = "invalid"
@@ -772,7 +773,8 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
                            "complete" if not st.todo else "in progress", len(st.done), len(st.done) + len(st.todo),
                            [e.name for e in st.todo[:10]], accepted, fell_back=_fell_back(fallback))
         moved_back = find_rollback(s, loaded, key=key, skipped={k.checkpoint_id for k in fallback.skipped}
-                                   if fallback else set(), named=fallback.head_id if fallback else loaded.id)
+                                   if fallback else set(), named=fallback.head_id if fallback else loaded.id,
+                                   branch=branch)
         if moved_back is not None:
             rep.status, rep.rollback = "rolled back", moved_back.describe()
         else:

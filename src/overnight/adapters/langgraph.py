@@ -89,6 +89,7 @@ from overnight.store import open_store
 from overnight.store.base import Closing, CheckpointRow, Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter, ChunkCache
 from overnight.chain.write import ChainWriter, utc_now
+from overnight.chain.rollback import Rollback, newer_descendant
 from overnight.verify.drift import DriftReport, detect
 from overnight.verify.fingerprint import WorldSpec, world
 from overnight.chain.integrity import (
@@ -388,6 +389,13 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
                 rec = self._rec(task_id, row)
                 recs[cid] = rec
                 child, cid = cid, rec.parent
+        for branch, head in sorted(refs.items()):  # a ref moved back: newer records of it descend from its head
+            rec = recs[head]
+            newer = newer_descendant(self.store, task_id, rec.branch, head, rec.order[1], key=self.key)
+            if newer is not None:
+                if self.store.get_ref(task_id, branch) != head:
+                    return None  # it moved on while this was read: read the refs again
+                raise Rollback(task_id, branch, head, rec.order[1], newer[1], newer[0], "chain").error()
         records: dict[tuple[str, str], list[_Rec]] = {}
         for rec in recs.values():
             if rec.lg_id is not None:

@@ -72,6 +72,7 @@ from overnight.store.base import Closing, CallRecord, TaskRow
 from overnight.store.blobs import BlobReader
 from overnight.tokens import Tokenizer, tokenizer_for
 from overnight.chain.write import ChainWriter, utc_now
+from overnight.chain.rollback import refuse_rollback
 from overnight.chain.integrity import (
     BoundedPageCache,
     LoadedCheckpoint,
@@ -307,6 +308,7 @@ class OvernightSession(Closing):
             return head
         self._view = None
         loaded = self._verified(ref)
+        refuse_rollback(self._store, loaded, key=self._key, branch=BRANCH, named=ref)  # items lost otherwise
         if head is not None and loaded.record.parent_id == head.id:
             chain = head.chain  # the new head extends this object's: what its writer knows still holds
             chain.session_n = loaded.record.session.n

@@ -20,6 +20,7 @@ from overnight.errors import (
     IntegrityError,
     NoValidCheckpoint,
     OvernightError,
+    SchemaError,
     short_id,
 )
 from overnight.store.base import CheckpointRow, Store
@@ -122,9 +123,14 @@ def load_head(
         # a fresh set per attempt: only the objects of the checkpoint that loads reach ``verified``
         # (a writer trusts those as reachable from its branch; a skipped record's are not)
         seen: set[str] = set()
+        foreign = False
         try:
             loaded = load_checkpoint(store, cid, key=key, deep=deep, reader=HealingReader(store, seen),
                                      lazy_done=lazy_done)
+            if loaded.record.task_id != task_id:  # a ref moved onto another task's checkpoint
+                foreign = True
+                raise SchemaError(f"branch {branch!r} of task {task_id!r} names checkpoint {short_id(cid)}, a "
+                                  f"checkpoint of task {loaded.record.task_id!r}", task_id=task_id, checkpoint_id=cid)
         except FormatTooNew:
             # intact, but written by a newer overnight: falling back past it would let this run
             # commit over (and orphan) the newer work
@@ -132,7 +138,8 @@ def load_head(
         except (IntegrityError, CheckpointNotFound) as exc:
             try:
                 row = store.get_checkpoint(cid)
-                parent, seq, step = _trusted_parent(row, key)
+                # another task's record: neither its parent pointer nor its seq says anything of this task
+                parent, seq, step = (_UNKNOWN, None, None) if foreign else _trusted_parent(row, key)
                 if parent is _UNKNOWN:  # the record itself failed: its parent pointer (and seq) count for
                     # nothing; the index's seq and step serve only as labels in the report
                     parent, seq, step, broken = None, row.seq, row.step, True

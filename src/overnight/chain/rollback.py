@@ -36,7 +36,8 @@ from overnight.keys import HighWater, Mark
 class Rollback:
     """A ref found behind what was seen: ``head`` (what it names, or the checkpoint a fallback
     landed on), ``newer`` (a checkpoint of the branch further on), their ``seq``s, and ``source``:
-    ``"chain"`` (a newer verified record is in the store) or ``"high-water"`` (this machine saw it)."""
+    ``"chain"`` (a newer verified record is in the store), ``"other branch"`` (the ref names
+    another branch's record, older than one of its own) or ``"high-water"`` (this machine saw it)."""
 
     task_id: str
     branch: str
@@ -47,8 +48,10 @@ class Rollback:
     source: str
 
     def describe(self) -> str:
-        where = ("a newer verified record of the branch descends from it" if self.source == "chain"
-                 else "this machine has seen the branch at a newer signed head (high-water mark)")
+        where = {"chain": "a newer verified record of the branch descends from it",
+                 "other branch": "it is a checkpoint of another branch, and the store holds a newer verified "
+                                 "record of this one"}.get(
+            self.source, "this machine has seen the branch at a newer signed head (high-water mark)")
         return (f"branch {self.branch!r} of task {self.task_id!r} names checkpoint {short_id(self.head)} (seq "
                 f"{self.head_seq}), older than {short_id(self.newer)} (seq {self.newer_seq}): {where}")
 
@@ -78,11 +81,16 @@ def _incarnation(loaded: LoadedCheckpoint) -> str:
 
 
 def find_rollback(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, skipped: set[str] = frozenset(),
-                  high_water: HighWater | None = None, named: str | None = None) -> Rollback | None:
+                  high_water: HighWater | None = None, named: str | None = None,
+                  branch: str | None = None) -> Rollback | None:
     """The rollback of ``loaded``'s branch, or None (see the module docstring).
 
     Args:
         loaded: the checkpoint about to be used (the verified head, or where a fallback landed).
+        branch: the ref ``loaded`` was read through (None: the branch of its record). A ref may
+            name another branch's record (a kept diverged head, a rewritten history), but when
+            that record is older than a verified record of the ref's own branch, the ref was moved
+            back onto it: a rollback too (the chain check of the record's branch cannot see it).
         skipped: checkpoints a fallback skipped (they failed verification: not evidence).
         high_water: the high-water file to consult (with ``key`` only; None: the default one).
         named: what the branch ref named when the caller read it (the head it loaded, or the one
@@ -93,21 +101,44 @@ def find_rollback(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, 
             sees the ref as it then stands).
     """
     found = _find(store, loaded, key=key, skipped=skipped, high_water=high_water)
-    if found is not None and named is not None and store.get_ref(loaded.record.task_id, loaded.row.branch) != named:
+    if found is None and branch is not None and branch != loaded.record.branch:
+        found = _onto_other_branch(store, loaded, branch, key=key, skipped=skipped)
+    if found is not None and named is not None \
+            and store.get_ref(loaded.record.task_id, branch or loaded.row.branch) != named:
         return None
     return found
 
 
-def _find(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, skipped: set[str],
-          high_water: HighWater | None) -> Rollback | None:
-    """:func:`find_rollback` without the second look at the ref."""
-    task_id, branch, seq = loaded.record.task_id, loaded.record.branch, loaded.record.seq
-    ref_branch = loaded.row.branch
-    # 1. the chain: verified records of the branch, newer than ``loaded``, descending from it
-    # (the store's query returns those rows alone: the task's history is not listed)
+def _onto_other_branch(store: Store, loaded: LoadedCheckpoint, branch: str, *, key: bytes | None,
+                       skipped: set[str]) -> Rollback | None:
+    """Ref ``branch`` names ``loaded``, a record of another branch: the newest verified record of
+    ``branch`` itself with a higher ``seq``, if the store holds one (the ref stood there before)."""
+    task_id, seq = loaded.record.task_id, loaded.record.seq
+    best: tuple[int, str] | None = None
+    for row in store.checkpoints_after(task_id, branch, seq):
+        if row.branch != branch or row.seq <= seq or row.checkpoint_id in skipped:
+            continue
+        try:
+            record = parse_record(row, key=key)
+        except IntegrityError:
+            continue  # damaged or forged: never evidence
+        if record.branch == branch and record.task_id == task_id and record.seq > seq \
+                and (best is None or record.seq > best[0]):
+            best = (record.seq, row.checkpoint_id)
+    if best is None:
+        return None
+    return Rollback(task_id, branch, loaded.id, seq, best[1], best[0], "other branch")
+
+
+def newer_descendant(store: Store, task_id: str, branch: str, checkpoint_id: str, seq: int, *,
+                     key: bytes | None, skipped: set[str] = frozenset()) -> tuple[int, str] | None:
+    """``(seq, checkpoint id)`` of the newest record of ``branch`` that passes every record check
+    (with ``key``: its signature), has a ``seq`` above ``seq`` and descends from checkpoint
+    ``checkpoint_id`` -- the branch once stood further on -- or None. Records in ``skipped`` (a
+    fallback found them damaged) are no evidence. One store query (the rows after ``seq``)."""
     newer: dict[str, Any] = {}
-    for row in store.checkpoints_after(task_id, ref_branch, seq):
-        if row.branch != ref_branch or row.seq <= seq or row.checkpoint_id in skipped:
+    for row in store.checkpoints_after(task_id, branch, seq):
+        if row.branch != branch or row.seq <= seq or row.checkpoint_id in skipped:
             continue
         try:
             record = parse_record(row, key=key)
@@ -120,10 +151,20 @@ def _find(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, skipped:
             continue
         walk, hops = record, 0
         while walk is not None and hops <= len(newer):
-            if walk.parent_id == loaded.id:
+            if walk.parent_id == checkpoint_id:
                 best = (record.seq, cid)
                 break
             walk, hops = newer.get(walk.parent_id or ""), hops + 1
+    return best
+
+
+def _find(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, skipped: set[str],
+          high_water: HighWater | None) -> Rollback | None:
+    """:func:`find_rollback` without the second look at the ref."""
+    task_id, branch, seq = loaded.record.task_id, loaded.record.branch, loaded.record.seq
+    ref_branch = loaded.row.branch
+    # 1. the chain: verified records of the branch, newer than ``loaded``, descending from it
+    best = newer_descendant(store, task_id, ref_branch, loaded.id, seq, key=key, skipped=skipped)
     if best is not None:
         return Rollback(task_id, branch, loaded.id, seq, best[1], best[0], "chain")
     if key is None:
@@ -170,14 +211,31 @@ def see(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, force: boo
 
 
 def check(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, skipped: set[str] = frozenset(),
-          allow: bool = False) -> Rollback | None:
-    """:func:`find_rollback`, then raise the mark. Raises ``RollbackDetected`` unless ``allow``
-    (then the rollback found, if any, is returned and the mark lowered to ``loaded``)."""
-    found = find_rollback(store, loaded, key=key, skipped=skipped)
+          allow: bool = False, branch: str | None = None) -> Rollback | None:
+    """:func:`find_rollback` (``branch``: the ref ``loaded`` was read through), then raise the
+    mark. Raises ``RollbackDetected`` unless ``allow`` (then the rollback found, if any, is
+    returned and the mark lowered to ``loaded``)."""
+    found = find_rollback(store, loaded, key=key, skipped=skipped, branch=branch)
     if found is not None and not allow:
         raise found.error()
     see(store, loaded, key=key, force=found is not None)
     return found
 
 
-__all__ = ["Rollback", "check", "find_rollback", "see", "store_identity"]
+def refuse_rollback(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, branch: str, named: str,
+                    skipped: set[str] = frozenset()) -> None:
+    """For a reader that holds no lease (the adapters, the MCP tools): :func:`find_rollback` of
+    ``loaded``, read through ref ``branch`` when it named ``named``; raise its error if found, else
+    raise the high-water mark (:func:`see`). A writer committing meanwhile is the branch moving on,
+    not a rollback (``named``).
+
+    Raises:
+        RollbackDetected: the ref was moved back (the error names both checkpoints).
+    """
+    found = find_rollback(store, loaded, key=key, skipped=skipped, named=named, branch=branch)
+    if found is not None:
+        raise found.error()
+    see(store, loaded, key=key)
+
+
+__all__ = ["Rollback", "check", "find_rollback", "newer_descendant", "refuse_rollback", "see", "store_identity"]

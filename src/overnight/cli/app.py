@@ -512,7 +512,7 @@ def log_(
         what = e.row.step or ""
         bad = ("" if e.valid else f"  INVALID: {e.problem}") + (f"  [{e.healed}]" if e.healed else "")
         render.out.print(f"{line.ljust(width)}  {e.row.checkpoint_id[7:19]}  seq {e.row.seq:<4} {e.row.event:<{ev}} "
-                         f"{render.safe(what)}{heads}{bad}", markup=False)
+                         f"{render.safe(what)}{render.safe(heads)}{render.safe(bad)}", markup=False)
 
 
 @app.command()

@@ -58,6 +58,7 @@ from overnight.store.base import TaskRow
 from overnight.store.blobs import BlobWriter
 from overnight.chain.write import ChainWriter, utc_now
 from overnight.chain.read import Fallback, load_head
+from overnight.chain.rollback import refuse_rollback
 from overnight.chain.integrity import encode_state, signing_key_from_env
 from overnight.chain.records import artifact_ref, context_info, done_entry, event, initial_state
 
@@ -382,6 +383,8 @@ class CodingTasks:
             return tip
         seen: set[str] = set()
         loaded, fallback = load_head(s, task_id, branch, key=self.key, deep=deep, verified=seen)
+        refuse_rollback(s, loaded, key=self.key, branch=branch, named=fallback.head_id if fallback else loaded.id,
+                        skipped={k.checkpoint_id for k in fallback.skipped} if fallback else set())
         spec = loaded.doc.task.spec
         if spec.get("kind") != KIND:
             raise ConfigError(f"task {task_id!r} is not a coding-agent task (kind {spec.get('kind')!r})",

@@ -418,7 +418,8 @@ class Runner:
         repaired_back = self._repair.fallback(self.branch, loaded.id) if self._repair and fallback is None else None
         fallback = fallback or repaired_back  # the repair moved the ref back past what verifies on no medium
         accepted = rollback.check(self.store, loaded, key=self.key, allow=self.allow_rollback,
-                                  skipped={s.checkpoint_id for s in fallback.skipped} if fallback else set())
+                                  skipped={s.checkpoint_id for s in fallback.skipped} if fallback else set(),
+                                  branch=self.branch)
         if accepted is not None:
             self._emit("rollback", checkpoint_id=loaded.id, detail=f"accepted (--allow-rollback): {accepted.describe()}")
         if fallback is not None:

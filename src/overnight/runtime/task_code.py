@@ -127,8 +127,10 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def check_location(entry: str, *, task_id: str | None = None, root: Path | None = None) -> None:
-    """Refuse a code location read from stored data unless it lies inside the project root or
-    overnight's demo (``overnight demo``'s task; no other module of the package).
+    """Refuse a code location read from stored data unless it lies inside the project root --
+    not in a virtual environment or installed-packages folder under it (:func:`_installed_under`:
+    a ``.venv`` in the project holds every installed package, whose modules a store could name) --
+    or is overnight's demo (``overnight demo``'s task; no other module of the package).
 
     Raises:
         CodeLocationRefused: naming the location, where it resolved, and how to pass ``--file``.
@@ -139,8 +141,18 @@ def check_location(entry: str, *, task_id: str | None = None, root: Path | None 
     # of overnight's own package only the demo defines a task: no other module of it is imported
     # (nor any of its functions called) because a store names it
     demo = Path(__file__).resolve().parent.parent / "demo"
-    if where is not None and (_inside(where, base) or _inside(where, demo)):
+    if where is not None and _inside(where, demo):
         return
+    installed = _installed_under(where, base) if where is not None and _inside(where, base) else None
+    if where is not None and _inside(where, base) and installed is None:
+        return
+    if installed is not None:  # a virtualenv in the project holds every installed package: none is the project's
+        raise CodeLocationRefused(
+            f"task {task_id!r}: the store says its code is {entry} (resolves to {where}), inside {installed}: "
+            "installed packages, not the project's own code; overnight imports code only from the project or from "
+            "what you name", task_id=task_id, location=entry,
+            hint=f"name the code you trust: overnight resume {task_id} --file FILE.py[:NAME] "
+            "(also for `status --drift`)")
     resolved = f" (resolves to {where})" if where is not None else " (not found without importing it)"
     raise CodeLocationRefused(
         f"task {task_id!r}: the store says its code is {entry}{resolved}, outside the project {base}; overnight "
@@ -148,6 +160,19 @@ def check_location(entry: str, *, task_id: str | None = None, root: Path | None 
         "from what you name", task_id=task_id, location=entry,
         hint=f"run from the project folder, or name the code you trust: overnight resume {task_id} --file "
         "FILE.py[:NAME] (also for `status --drift`)")
+
+
+def _installed_under(where: Path, base: Path) -> Path | None:
+    """The folder of installed packages under ``base`` that holds ``where`` -- a virtual
+    environment (``pyvenv.cfg``), a conda environment (``conda-meta``) or a ``site-packages`` /
+    ``dist-packages`` folder -- or None. The project's own folders are looked at, not ``base``."""
+    for parent in where.parents:
+        if parent == base or not _inside(parent, base):
+            return None
+        if parent.name in ("site-packages", "dist-packages") or (parent / "pyvenv.cfg").is_file() \
+                or (parent / "conda-meta").is_dir():
+            return parent
+    return None
 
 
 def _load_module(path: Path) -> Any:

@@ -460,7 +460,8 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                                                f"branch {branch!r} names checkpoint {short_id(cid)}, which is missing"))
             else:
                 heads[branch] = "ok" if cid in valid else "invalid"
-                moved_back = find_rollback(store, head_loaded[cid], key=key, named=cid) if cid in valid else None
+                moved_back = find_rollback(store, head_loaded[cid], key=key, named=cid, branch=branch) \
+                    if cid in valid else None
                 if moved_back is not None:
                     heads[branch] = "rolled back"
                     report.problems.append(Problem(task.task_id, cid, "rollback", moved_back.describe()))

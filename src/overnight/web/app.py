@@ -56,7 +56,9 @@ def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(str(root)), autoescape=select_autoescape(default=True,
                       default_for_string=True), trim_blocks=True, lstrip_blocks=True)
     env.filters.update(bytes=human_bytes, age=_age, short=short_id, lane_colour=lane_colour,
-                       q=lambda v: quote(str(v), safe=""), shq=lambda v: shlex.quote(str(v)),
+                       # surrogatepass: a stored name with a lone surrogate still makes a link, not a 500
+                       q=lambda v: quote(str(v).encode("utf-8", "surrogatepass"), safe=""),
+                       shq=lambda v: shlex.quote(str(v)),
                        js=lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str))
     return env
 
@@ -299,8 +301,11 @@ class Dashboard:
         except OvernightError as exc:
             return self.error(request, exc, False)
         filename = "".join(c if c.isalnum() or c in "._-" else "_" for c in meta["name"])[-120:] or "artifact"
+        # the UTF-8 name too, but only its last part, without controls, bidi overrides or separators
+        shown = "".join(c for c in meta["name"].rsplit("/", 1)[-1] if c.isprintable() and c not in '\\"')[-120:]
+        utf8 = quote((shown or filename).encode("utf-8", "replace"), safe="")
         return Response(data, media_type="application/octet-stream", headers={
-            "Content-Disposition": f"attachment; filename=\"{filename}\"; filename*=UTF-8''{quote(meta['name'])}",
+            "Content-Disposition": f"attachment; filename=\"{filename}\"; filename*=UTF-8''{utf8}",
             "X-Content-Digest": meta["digest"]})
 
 
