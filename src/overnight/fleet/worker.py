@@ -36,7 +36,7 @@ from typing import Any
 from overnight.errors import ConfigError, OvernightError
 from overnight.store import open_store
 from overnight.store.leases import DEFAULT_TTL_MS, now_ms
-from overnight.store.queue import SILENT_AFTER_MS, QueuedTask, WorkerRow
+from overnight.store.queue import SILENT_AFTER_MS, QueuedTask, QueueRowInvalid, WorkerRow
 from overnight.units import human_duration
 from overnight.store.queue_open import queue_for
 
@@ -241,11 +241,11 @@ class Worker:
     def _coming(self) -> str | None:
         """What this worker could claim soon although nothing is claimable now (``--idle-exit``
         waits for it), or None: a task of its queues queued to start within a lease's length (a
-        retry's backoff), or claimed by a worker that is gone -- stopped, silent (:data:`~overnight.store.queue.
-        SILENT_AFTER_MS`), or on
-        this machine with its process no longer running
-        (:func:`~overnight.store.leases.process_gone`) -- whose claim has not run out yet. A
-        task claimed by a live worker is that worker's, not work coming."""
+        retry's backoff); a running task whose claim ran out within a lease's length (its task
+        lease, renewed with the claim, runs out moments later); or one claimed by a worker that is gone -- stopped, silent
+        (:data:`~overnight.store.queue.SILENT_AFTER_MS`), or on this machine with its process no
+        longer running (:func:`~overnight.store.leases.process_gone`). A task claimed by a live
+        worker is that worker's, not work coming."""
         from overnight.store.leases import process_gone
 
         q, now = self._q(), now_ms()
@@ -255,13 +255,17 @@ class Worker:
             return f"task {soon[0].task_id} starts in {human_duration(max(0, soon[0].not_before_ms - now))}"
         workers = {w.worker_id: w for w in q.workers()}
         for t in mine:
-            if t.status != "running" or t.worker_id == self.worker_id or (t.claim_expires_ms or 0) <= now:
+            if t.status != "running" or t.worker_id == self.worker_id:
+                continue
+            expires = t.claim_expires_ms or 0
+            if now - self.lease_ms < expires <= now:  # not one a live `overnight run` keeps from the queue for good
+                return f"task {t.task_id}'s claim ran out; its task lease runs out next"
+            if expires <= now:
                 continue
             w = workers.get(t.worker_id or "")
             if w is None or w.state == "stopped" or now - w.heartbeat_ms > SILENT_AFTER_MS \
                     or process_gone(w.host, w.pid, w.started_ms):
-                return (f"task {t.task_id}'s claim by gone worker {t.worker_id} runs out in "
-                        f"{human_duration(t.claim_expires_ms - now)}")
+                return f"task {t.task_id}'s claim by gone worker {t.worker_id} runs out in {human_duration(expires - now)}"
         return None
 
     def _q(self) -> Any:
@@ -481,9 +485,14 @@ class Worker:
         self._q().worker_beat(WorkerRow(self.worker_id, socket.gethostname(), os.getpid(), self._started_ms,
                                         now_ms(), self.queues, self.concurrency, len(self._children), state))
 
+    def _parked(self, error: QueueRowInvalid) -> None:
+        """A claim parked a queue row that does not decode (edited outside overnight) and went on."""
+        self.stats.parked += 1
+        LOG.warning("%s: parked failed (%s)", error.message, error.hint)
+
     def _claim(self) -> QueuedTask | None:
         t0 = time.perf_counter()
-        task = self._q().claim(self.worker_id, self.queues, self.lease_ms)
+        task = self._q().claim(self.worker_id, self.queues, self.lease_ms, on_parked=self._parked)
         if task is None:
             return None
         self.stats.claim_ms.append((time.perf_counter() - t0) * 1000)

@@ -25,6 +25,12 @@ taker (``LeaseLost``).
 
 Statuses (``QueuedTask.status``): ``queued`` / ``running`` / ``failed`` (``reason`` says why) /
 ``cancelled`` / ``complete``. Times are Unix milliseconds of the writing process's clock.
+
+A row edited outside overnight (``params`` that is not a JSON object, text in an integer column,
+bytes that are not UTF-8, a NULL ``task_id``) never stops a worker or a listing: :func:`row_to_task`
+refuses it with :class:`QueueRowInvalid` naming the row and the column; a claim parks such a row
+``failed`` with that reason and goes on with the next one; listings show it as such a ``failed`` row
+(:func:`listed_task`). After the cell is fixed, ``overnight retry TASK_ID`` queues it again.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from overnight.errors import ConcurrencyError
+from overnight.codec.canonical import MAX_DEPTH
+from overnight.errors import ConcurrencyError, SchemaError
 from overnight.store.base import Lease
 from overnight.store.leases import DEFAULT_TTL_MS, Holder, ended, now_ms
 from overnight.units import human_duration
@@ -43,6 +50,25 @@ STATUSES = ("queued", "running", "failed", "cancelled", "complete")
 
 class ClaimLost(ConcurrencyError):
     """This worker's claim on a task was taken over by another worker (its claim expired)."""
+
+
+class QueueRowInvalid(SchemaError):
+    """A queue row that cannot be decoded (edited outside overnight): a cell of the wrong type, text
+    that is not UTF-8, ``params`` that is not a JSON object of at most ``MAX_DEPTH`` levels, an
+    unknown ``status``, a NULL or empty ``task_id``.
+
+    Attributes:
+        row: how the row is named: its task id when readable (``task_id`` is then set too), else
+            ``seq N`` or ``rowid N``.
+        column: the first column that does not decode.
+        detail: what is wrong with it (no more than the start of the bad value).
+    """
+
+    def __init__(self, message: str, *, row: str, column: str, detail: str, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.row = row
+        self.column = column
+        self.detail = detail
 
 
 @dataclass
@@ -105,11 +131,132 @@ COLUMNS = ("task_id", "entry", "params", "queue", "priority", "seq", "submitted_
            "claimed_ms", "claim_expires_ms", "heartbeat_ms", "progress_head", "cancel_requested")
 
 
-def row_to_task(row: tuple) -> QueuedTask:
-    values = dict(zip(COLUMNS, row))
-    values["params"] = json.loads(values["params"]) if values["params"] else {}
+_TEXT = frozenset({"task_id", "entry", "params", "queue", "idempotency_key", "status", "reason", "worker_id",
+                   "host", "progress_head"})
+_NULLABLE = frozenset({"idempotency_key", "reason", "worker_id", "host", "pid", "claimed_ms", "claim_expires_ms",
+                       "heartbeat_ms", "progress_head"})
+
+
+def _short(value: Any) -> str:
+    text = ascii(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _cell(column: str, value: Any, text: bool, nullable: bool) -> str | None:
+    """What is wrong with one cell (None: nothing). Text columns hold ``str`` (``bytes``: a value
+    that is not UTF-8), integer columns ``int``."""
+    if value is None:
+        return None if nullable else "is NULL"
+    if text:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return f"is bytes {_short(bytes(value))}, not UTF-8 text"
+        return None if isinstance(value, str) else f"is not text ({type(value).__name__} {_short(value)})"
+    if type(value) is int:
+        return None
+    return f"is not an integer ({type(value).__name__} {_short(value)})"
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether ``value`` nests more than ``MAX_DEPTH`` containers (counted as the codec counts them,
+    ``params`` itself being the first): deeper params could never be stored by the runner. Iterative,
+    so no input exhausts the stack."""
+    todo = [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, (dict, list)):
+            if depth > MAX_DEPTH:
+                return True
+            todo.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
+def _params(text: str) -> tuple[Any, str | None]:
+    """``params`` decoded, and what is wrong with it (None: nothing)."""
+    if not text:
+        return {}, None
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return None, f"nests more than {MAX_DEPTH} levels"
+    except ValueError as exc:
+        return None, f"is not JSON ({exc})"
+    if not isinstance(value, dict):
+        return None, f"is not a JSON object ({type(value).__name__})"
+    if _too_deep(value):
+        return None, f"nests more than {MAX_DEPTH} levels"
+    return value, None
+
+
+def _decode(row: tuple, rowid: Any) -> tuple[dict[str, Any], QueueRowInvalid | None]:
+    """The row's cells that decode, and the error for the first one that does not."""
+    values: dict[str, Any] = {}
+    bad: tuple[str, str] | None = None
+    for column, value in zip(COLUMNS, row):
+        wrong = _cell(column, value, column in _TEXT, column in _NULLABLE)
+        if wrong is None and column == "params":
+            value, wrong = _params(value)
+        elif wrong is None and column == "task_id" and not value:
+            wrong = "is empty"
+        elif wrong is None and column == "status" and value not in STATUSES:
+            wrong = f"is {_short(value)}, not one of {', '.join(STATUSES)}"
+        if wrong is None:
+            values[column] = value
+        elif bad is None:
+            bad = (column, wrong)
+    if bad is None:
+        return values, None
+    task_id = values.get("task_id")
+    if task_id is not None:
+        name, what = repr(task_id), f"the queue row of task {task_id!r}"
+    else:
+        name = f"seq {values['seq']}" if "seq" in values else f"rowid {rowid}"
+        what = f"queue row {name}"
+    column, wrong = bad
+    retry = f"`overnight retry {task_id}`" if task_id is not None else "`overnight retry TASK_ID`"
+    return values, QueueRowInvalid(
+        f"{what} does not decode: column {column} {wrong}", row=name, column=column, detail=wrong, task_id=task_id,
+        hint=f"it was edited outside overnight; fix the cell in the queue table (or delete the row), then {retry} "
+        "queues it again")
+
+
+def row_to_task(row: tuple, *, rowid: Any = None) -> QueuedTask:
+    """Decode a queue row: the cells of :data:`COLUMNS` in order (text as ``str``, or ``bytes`` for a
+    value that is not UTF-8; integers as ``int``).
+
+    ``rowid``: the row's place in its table (SQLite's ``rowid``), naming it when neither its task id
+    nor its ``seq`` is readable.
+
+    Raises:
+        QueueRowInvalid: a cell does not decode (the error names the row and the column).
+    """
+    values, error = _decode(row, rowid)
+    if error is not None:
+        raise error
     values["cancel_requested"] = bool(values["cancel_requested"])
     return QueuedTask(**values)
+
+
+def parked_reason(error: QueueRowInvalid) -> str:
+    """The ``reason`` a row that does not decode is parked ``failed`` with (and listed with)."""
+    retry = f"`overnight retry {error.task_id}`" if error.task_id is not None else "`overnight retry`"
+    return f"malformed queue row: column {error.column} {error.detail}; fix it, then {retry}"
+
+
+def listed_task(row: tuple, *, rowid: Any = None) -> QueuedTask:
+    """:func:`row_to_task` for listings (``overnight ls`` / ``status``, the dashboard, a worker's
+    look at what is coming): never raises. A row that does not decode is shown ``failed`` with
+    :func:`parked_reason` (what a claim parks it as), its cells that decode kept, the rest at their
+    defaults; its ``task_id`` is ``(seq N)`` / ``(rowid N)`` when unreadable."""
+    values, error = _decode(row, rowid)
+    if error is None:
+        values["cancel_requested"] = bool(values["cancel_requested"])
+        return QueuedTask(**values)
+    task_id = error.task_id if error.task_id is not None else f"({error.row})"
+    keep = {k: v for k, v in values.items() if k in ("entry", "queue", "priority", "seq", "submitted_ms",
+                                                      "idempotency_key", "deaths", "attempts", "claim_token",
+                                                      "worker_id", "host", "progress_head")}
+    return QueuedTask(task_id=task_id, entry=keep.pop("entry", "?"), **keep, status="failed",
+                      reason=parked_reason(error))
 
 
 SILENT_AFTER_MS = 90_000
@@ -145,14 +292,31 @@ class WorkerRow:
 WORKER_COLUMNS = ("worker_id", "host", "pid", "started_ms", "heartbeat_ms", "queues", "concurrency", "held", "state")
 
 
-def row_to_worker(row: tuple) -> WorkerRow:
-    values = dict(zip(WORKER_COLUMNS, row))
-    try:
-        queues = json.loads(values["queues"])
-    except (ValueError, TypeError):
-        queues = None
-    # a row edited by hand shows what it holds rather than breaking `overnight workers`
-    values["queues"] = queues if isinstance(queues, list) else [str(values["queues"])]
+_WORKER_TEXT = frozenset({"worker_id", "host", "queues", "state"})
+
+
+def row_to_worker(row: tuple, *, rowid: Any = None) -> WorkerRow:
+    """Decode a ``workers`` row (the cells of ``WORKER_COLUMNS``, typed as :func:`row_to_task`'s).
+    Never raises: a row edited by hand shows what it holds rather than breaking ``overnight
+    workers``. A cell that does not decode reads ``?`` (text) or 0 (an integer), an unreadable
+    ``worker_id`` ``(rowid N)``, and ``state`` then says ``malformed (column C ...)``."""
+    values: dict[str, Any] = {}
+    bad: str | None = None
+    for column, value in zip(WORKER_COLUMNS, row):
+        text = column in _WORKER_TEXT
+        wrong = _cell(column, value, text, False)
+        if wrong is not None:
+            bad = bad or f"column {column} {wrong}"
+            value = f"(rowid {rowid})" if column == "worker_id" else "?" if text else 0
+        if column == "queues":
+            try:
+                queues = json.loads(value)
+            except (ValueError, RecursionError):
+                queues = None
+            value = [str(q) for q in queues] if isinstance(queues, list) else [value]
+        values[column] = value
+    if bad is not None:
+        values["state"] = f"malformed ({bad})"
     return WorkerRow(**values)
 
 
@@ -213,5 +377,5 @@ def describe(row: QueuedTask | None, lease: Lease | None, *, complete: bool, now
     return "interrupted"
 
 
-__all__ = ["COLUMNS", "ClaimLost", "QueuedTask", "SILENT_AFTER_MS", "STATUSES", "WorkerRow", "backoff_ms",
-           "describe", "row_to_task", "row_to_worker"]
+__all__ = ["COLUMNS", "ClaimLost", "QueueRowInvalid", "QueuedTask", "SILENT_AFTER_MS", "STATUSES", "WorkerRow",
+           "backoff_ms", "describe", "listed_task", "parked_reason", "row_to_task", "row_to_worker"]

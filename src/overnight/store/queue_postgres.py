@@ -24,8 +24,8 @@ import psycopg
 
 from overnight.store.leases import now_ms
 from overnight.store.postgres import parse_url
-from overnight.store.queue import COLUMNS, QueuedTask, row_to_task
-from overnight.store.queue_sql import SqlQueue
+from overnight.store.queue import COLUMNS, QueuedTask, QueueRowInvalid, parked_reason, row_to_task
+from overnight.store.queue_sql import PARK_AT_MOST, SqlQueue, log_parked
 
 CANCEL_CHANNEL = "overnight_cancel"
 """The ``NOTIFY`` channel of cancellations; the payload is ``["<schema>", "<task id>"]`` (JSON)."""
@@ -171,10 +171,37 @@ class PostgresQueue(SqlQueue):
         with self.store.transaction() as cur:
             yield cur
 
-    def claim(self, worker_id: str, queues: list[str], ttl_ms: int) -> QueuedTask | None:
+    def claim(self, worker_id: str, queues: list[str], ttl_ms: int,
+              on_parked: Callable[[QueueRowInvalid], None] | None = None) -> QueuedTask | None:
         """Claim the first runnable task of ``queues`` in one statement (the module docstring), or
         None. Not retried on a dead connection: the claim may have committed (the worker's loop
-        retries; a claim nobody runs expires after ``ttl_ms`` and is taken over)."""
+        retries; a claim nobody runs expires after ``ttl_ms`` and is taken over).
+
+        A claimed row that does not decode (:class:`~overnight.store.queue.QueueRowInvalid`) is
+        parked ``failed`` at once, fenced by the token of this claim (reason:
+        :func:`~overnight.store.queue.parked_reason`), ``on_parked(error)`` is called (default: a
+        warning on the ``overnight.queue`` logger) and the next row is claimed (at most
+        :data:`~overnight.store.queue_sql.PARK_AT_MOST` per call). Never raises QueueRowInvalid."""
+        for _ in range(PARK_AT_MOST):
+            found = self._claim_one(worker_id, queues, ttl_ms)
+            if found is None:
+                return None
+            try:
+                task = row_to_task(found[:-2])
+            except QueueRowInvalid as exc:
+                # task_id (the primary key) and claim_token are typed columns: always readable here
+                task_id, token = found[COLUMNS.index("task_id")], found[COLUMNS.index("claim_token")]
+                if self.finish(task_id, token, "failed", parked_reason(exc)):
+                    (on_parked or log_parked)(exc)
+                continue
+            task.taken_over = found[-2] == "running"
+            task.previous_worker = found[-1] if task.taken_over else None
+            return task
+        return None
+
+    def _claim_one(self, worker_id: str, queues: list[str], ttl_ms: int) -> tuple | None:
+        """The claim's one statement: the claimed row (:data:`COLUMNS`, then its status and worker
+        before the claim), or None."""
         now = now_ms()
         marks = ", ".join("?" * len(queues))
         sql = self._sql(
@@ -186,14 +213,8 @@ class PostgresQueue(SqlQueue):
             "attempts=q.attempts+1, claimed_ms=?, heartbeat_ms=?, claim_expires_ms=? FROM c WHERE q.task_id=c.task_id "
             f"RETURNING {', '.join(f'q.{c}' for c in COLUMNS)}, c.was, c.held_by")
         with self.store.connection() as conn:
-            found = conn.execute(sql, (*queues, now, now, now, worker_id, socket.gethostname(), now, now,
-                                       now + ttl_ms)).fetchone()
-        if found is None:
-            return None
-        task = row_to_task(found[:-2])
-        task.taken_over = found[-2] == "running"
-        task.previous_worker = found[-1] if task.taken_over else None
-        return task
+            return conn.execute(sql, (*queues, now, now, now, worker_id, socket.gethostname(), now, now,
+                                      now + ttl_ms)).fetchone()
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
         return self.store.fetch(sql, args)

@@ -2,14 +2,17 @@
 
 A subclass supplies the dialect: ``_tx()`` (one short write transaction yielding a cursor-like
 object with ``execute``), ``_read(sql, args)``, ``_sql(text)`` (placeholders ``?`` and the schema
-prefix ``{s}.``), ``LOCK`` (the claim's row-lock clause) and ``DDL``. Every statement after a
-claim is fenced by the claim token. No transaction is held while a task runs: a claim, a
+prefix ``{s}.``), ``LOCK`` (the claim's row-lock clause) and ``DDL``; and, for rows edited
+outside overnight, ``_expr`` / ``_cells`` (how a cell is selected so that reading it cannot fail,
+and decoded back) and ``ROWID`` (a row's name when its task id is unreadable). Every statement
+after a claim is fenced by the claim token. No transaction is held while a task runs: a claim, a
 heartbeat, a status change are each one transaction of a few statements.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Protocol
@@ -21,12 +24,19 @@ from overnight.store.queue import (
     WORKER_COLUMNS,
     ClaimLost,
     QueuedTask,
+    QueueRowInvalid,
     WorkerRow,
     backoff_ms,
+    listed_task,
+    parked_reason,
     row_to_task,
     row_to_worker,
 )
 
+LOG = logging.getLogger("overnight.queue")
+
+PARK_AT_MOST = 100
+"""Rows that do not decode one claim parks at most before it returns None (the next claim goes on)."""
 
 
 class CancelWatch(Protocol):
@@ -40,7 +50,12 @@ class CancelWatch(Protocol):
 
 
 _COLS = ", ".join(COLUMNS)
-_QCOLS = ", ".join(f"q.{c}" for c in COLUMNS)
+
+
+def log_parked(error: QueueRowInvalid) -> None:
+    """What a claim does with a row it parked when its caller passes no ``on_parked``: a warning on
+    the ``overnight.queue`` logger naming the row and the column."""
+    LOG.warning("parked %s failed: %s", error.row, error)
 
 
 class SqlQueue:
@@ -48,6 +63,9 @@ class SqlQueue:
 
     LOCK = ""
     DDL: tuple[str, ...] = ()
+    ROWID: str | None = None
+    """The column naming a row whatever its cells hold (SQLite's ``rowid``), or None: the task id
+    and ``seq`` name it (PostgreSQL's are typed and never NULL). :meth:`claim` needs one."""
     _ready: set[str] = set()
 
     def __init__(self, store: Any) -> None:
@@ -86,6 +104,29 @@ class SqlQueue:
     def _next_seq(self, cur: Any) -> Any:
         raise NotImplementedError
 
+    def _expr(self, column: str) -> str:
+        """SQL selecting ``column`` (a column reference) so that reading it cannot fail whatever the
+        cell holds; :meth:`_cells` decodes it. Here: the column itself (a typed schema)."""
+        return column
+
+    def _cells(self, row: tuple) -> tuple:
+        """The values of cells selected with :meth:`_expr`: ``str`` for text (``bytes`` for a value
+        that is not UTF-8 text), ``int`` for integers, None for NULL."""
+        return row
+
+    def _task_cols(self) -> str:
+        """The select list of a queue row (table alias ``q``): :data:`COLUMNS` through :meth:`_expr`,
+        then :attr:`ROWID` (NULL without one)."""
+        return ", ".join([*(self._expr(f"q.{c}") for c in COLUMNS), f"q.{self.ROWID}" if self.ROWID else "NULL"])
+
+    def _task(self, row: tuple) -> QueuedTask:
+        """A row selected with :meth:`_task_cols`, decoded. Raises QueueRowInvalid."""
+        return row_to_task(self._cells(row[:-1]), rowid=row[-1])
+
+    def _listed(self, row: tuple) -> QueuedTask:
+        """A row selected with :meth:`_task_cols` as listings show it (:func:`listed_task`; never raises)."""
+        return listed_task(self._cells(row[:-1]), rowid=row[-1])
+
     # submit ------------------------------------------------------------------------------------
     def submit(self, task: QueuedTask) -> tuple[QueuedTask, bool]:
         """Insert ``task`` as ``queued``; returns ``(row, created)``. An existing row with the same
@@ -102,15 +143,15 @@ class SqlQueue:
     def _submit_once(self, task: QueuedTask) -> tuple[QueuedTask, bool]:
         with self._tx() as cur:
             if task.idempotency_key is not None:
-                cur.execute(self._sql(f"SELECT {_COLS} FROM {{s}}.queue WHERE idempotency_key=?"),
+                cur.execute(self._sql(f"SELECT {self._task_cols()} FROM {{s}}.queue q WHERE idempotency_key=?"),
                             (task.idempotency_key,))
                 found = cur.fetchone()
                 if found is not None:
-                    return row_to_task(found), False
-            cur.execute(self._sql(f"SELECT {_COLS} FROM {{s}}.queue WHERE task_id=?"), (task.task_id,))
+                    return self._listed(found), False
+            cur.execute(self._sql(f"SELECT {self._task_cols()} FROM {{s}}.queue q WHERE task_id=?"), (task.task_id,))
             found = cur.fetchone()
             if found is not None:
-                return row_to_task(found), False
+                return self._listed(found), False
             now = now_ms()
             task.seq = self._next_seq(cur)
             task.submitted_ms = now
@@ -123,29 +164,52 @@ class SqlQueue:
         return task, True
 
     # claim ---------------------------------------------------------------------------------------
-    def claim(self, worker_id: str, queues: list[str], ttl_ms: int) -> QueuedTask | None:
-        """Claim the first runnable task of ``queues`` (see the module docstring), or None."""
+    def claim(self, worker_id: str, queues: list[str], ttl_ms: int,
+              on_parked: Callable[[QueueRowInvalid], None] | None = None) -> QueuedTask | None:
+        """Claim the first runnable task of ``queues`` (see the module docstring), or None.
+
+        A runnable row that does not decode (:class:`~overnight.store.queue.QueueRowInvalid`: edited
+        outside overnight) is parked ``failed`` in the same transaction, its reason naming the column
+        (:func:`~overnight.store.queue.parked_reason`), and the next row is tried (at most
+        :data:`PARK_AT_MOST` per call). ``on_parked(error)`` is called for each parked row once that
+        is committed (default: a warning on the ``overnight.queue`` logger). Never raises
+        QueueRowInvalid; raises what the store raises (StoreBusy, StoreUnavailable, ...)."""
+        assert self.ROWID is not None, "a claim names its row by ROWID"
         now = now_ms()
         marks = ", ".join("?" * len(queues))
+        parked: list[QueueRowInvalid] = []
+        task = None
         with self._tx() as cur:
-            cur.execute(self._sql(
-                f"SELECT {_QCOLS} FROM {{s}}.queue q WHERE q.queue IN ({marks}) AND "
-                "((q.status='queued' AND q.not_before_ms <= ?) OR (q.status='running' AND q.claim_expires_ms < ?)) "
-                f"AND NOT {self._lease_live()} ORDER BY q.priority DESC, q.seq LIMIT 1{self.LOCK}"),
-                (*queues, now, now, now))
-            found = cur.fetchone()
-            if found is None:
-                return None
-            task = row_to_task(found)
-            task.taken_over = task.status == "running"
-            task.previous_worker = task.worker_id if task.taken_over else None
-            task.status, task.claim_token, task.worker_id = "running", task.claim_token + 1, worker_id
-            task.host, task.pid, task.attempts = socket.gethostname(), None, task.attempts + 1
-            task.claimed_ms, task.heartbeat_ms, task.claim_expires_ms = now, now, now + ttl_ms
-            cur.execute(self._sql(
-                "UPDATE {s}.queue SET status='running', claim_token=?, worker_id=?, host=?, pid=NULL, attempts=?, "
-                "claimed_ms=?, heartbeat_ms=?, claim_expires_ms=? WHERE task_id=?"),
-                (task.claim_token, worker_id, task.host, task.attempts, now, now, now + ttl_ms, task.task_id))
+            for _ in range(PARK_AT_MOST):
+                cur.execute(self._sql(
+                    f"SELECT {self._task_cols()} FROM {{s}}.queue q WHERE q.queue IN ({marks}) AND "
+                    "((q.status='queued' AND q.not_before_ms <= ?) OR (q.status='running' AND q.claim_expires_ms < ?)) "
+                    f"AND NOT {self._lease_live()} ORDER BY q.priority DESC, q.seq LIMIT 1{self.LOCK}"),
+                    (*queues, now, now, now))
+                found = cur.fetchone()
+                if found is None:
+                    break
+                try:
+                    task = self._task(found)
+                except QueueRowInvalid as exc:
+                    # in the claim's transaction, on the row it locked: a holder of an expired claim on it
+                    # is fenced out by the status (every statement after a claim wants 'running')
+                    cur.execute(self._sql(f"UPDATE {{s}}.queue SET status='failed', reason=?, claim_expires_ms=0 "
+                                          f"WHERE {self.ROWID}=?"), (parked_reason(exc), found[-1]))
+                    parked.append(exc)
+                    continue
+                task.taken_over = task.status == "running"
+                task.previous_worker = task.worker_id if task.taken_over else None
+                task.status, task.claim_token, task.worker_id = "running", task.claim_token + 1, worker_id
+                task.host, task.pid, task.attempts = socket.gethostname(), None, task.attempts + 1
+                task.claimed_ms, task.heartbeat_ms, task.claim_expires_ms = now, now, now + ttl_ms
+                cur.execute(self._sql(
+                    "UPDATE {s}.queue SET status='running', claim_token=?, worker_id=?, host=?, pid=NULL, attempts=?, "
+                    f"claimed_ms=?, heartbeat_ms=?, claim_expires_ms=? WHERE {self.ROWID}=?"),
+                    (task.claim_token, worker_id, task.host, task.attempts, now, now, now + ttl_ms, found[-1]))
+                break
+        for error in parked:
+            (on_parked or log_parked)(error)
         return task
 
     def heartbeat(self, task_id: str, token: int, ttl_ms: int, pid: int | None = None) -> bool:
@@ -162,7 +226,7 @@ class SqlQueue:
             if cur.rowcount != 1:
                 raise ClaimLost(f"task {task_id!r}: this worker's claim (token {token}) was taken over", task_id=task_id,
                                 hint="its claim expired (a pause past the lease?); the other worker continues it")
-            cur.execute(self._sql("SELECT cancel_requested FROM {s}.queue WHERE task_id=?"), (task_id,))
+            cur.execute(self._sql("SELECT cancel_requested<>0 FROM {s}.queue WHERE task_id=?"), (task_id,))
             return bool(cur.fetchone()[0])
 
     def watch_cancel(self, task_id: str, on_cancel: Callable[[], None]) -> CancelWatch | None:
@@ -179,7 +243,7 @@ class SqlQueue:
     def cancel_requested(self, task_id: str, token: int) -> bool:
         """Whether ``overnight cancel`` asked this claim's session to stop (one read; the session
         asks after each step, so it stops at the next step boundary)."""
-        rows = self._read(self._sql("SELECT cancel_requested FROM {s}.queue WHERE task_id=? AND claim_token=?"),
+        rows = self._read(self._sql("SELECT cancel_requested<>0 FROM {s}.queue WHERE task_id=? AND claim_token=?"),
                           (task_id, token))
         return bool(rows and rows[0][0])
 
@@ -244,15 +308,20 @@ class SqlQueue:
 
     # people ------------------------------------------------------------------------------------
     def get(self, task_id: str) -> QueuedTask | None:
+        """The queue row of ``task_id``, or None. A row that does not decode is returned as
+        :func:`~overnight.store.queue.listed_task` shows it (``failed``, the reason naming the column)."""
         if self.absent:
             return None
-        rows = self._read(self._sql(f"SELECT {_COLS} FROM {{s}}.queue WHERE task_id=?"), (task_id,))
-        return row_to_task(rows[0]) if rows else None
+        rows = self._read(self._sql(f"SELECT {self._task_cols()} FROM {{s}}.queue q WHERE task_id=?"), (task_id,))
+        return self._listed(rows[0]) if rows else None
 
     def list(self) -> list[QueuedTask]:
+        """Every queue row in submission order; one that does not decode as
+        :func:`~overnight.store.queue.listed_task` shows it (never raises for a row's content)."""
         if self.absent:
             return []
-        return [row_to_task(r) for r in self._read(self._sql(f"SELECT {_COLS} FROM {{s}}.queue ORDER BY seq"))]
+        return [self._listed(r) for r in self._read(self._sql(f"SELECT {self._task_cols()} FROM {{s}}.queue q "
+                                                              "ORDER BY q.seq"))]
 
     def retry(self, task_id: str) -> QueuedTask:
         """Queue a ``failed`` or ``cancelled`` task again (deaths reset). Raises TaskNotFound."""
@@ -316,10 +385,13 @@ class SqlQueue:
                          w.concurrency, w.held, w.state))
 
     def workers(self) -> list[WorkerRow]:
+        """Every worker row, by id; a row edited by hand as :func:`~overnight.store.queue.row_to_worker`
+        shows it (never raises for a row's content)."""
         if self.absent:
             return []
-        return [row_to_worker(r) for r in self._read(self._sql(
-            f"SELECT {', '.join(WORKER_COLUMNS)} FROM {{s}}.workers ORDER BY worker_id"))]
+        cols = ", ".join([*(self._expr(f"w.{c}") for c in WORKER_COLUMNS), f"w.{self.ROWID}" if self.ROWID else "NULL"])
+        return [row_to_worker(self._cells(r[:-1]), rowid=r[-1]) for r in self._read(self._sql(
+            f"SELECT {cols} FROM {{s}}.workers w ORDER BY w.worker_id"))]
 
 
 __all__ = ["SqlQueue"]
