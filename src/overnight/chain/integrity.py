@@ -524,8 +524,54 @@ def _trimmed(prev_raw: bytes, prev: Page, raw: bytes) -> tuple[Any, Any] | None:
     return prev.tree[len(head):], prev.entries[len(head):]
 
 
+_NONE = type(None)
+_ROW_FIELDS: tuple[tuple[str, tuple[type, ...], str], ...] = (
+    ("checkpoint_id", (str,), "text"), ("task_id", (str,), "text"), ("parent_id", (str, _NONE), "text or null"),
+    ("branch", (str,), "text"), ("seq", (int,), "an integer"), ("created_at", (str,), "text"),
+    ("session", (str,), "text"), ("event", (str,), "text"), ("step", (str, _NONE), "text or null"),
+    ("body", (bytes,), "bytes"), ("signature", (str, _NONE), "text or null"), ("stored_bytes", (int,), "an integer"),
+)
+"""Each :class:`~overnight.store.base.CheckpointRow` field, the exact types it may hold, and how a
+message names them."""
+
+
+def _check_row_fields(row: CheckpointRow) -> None:
+    """Check that every field of a stored checkpoint row has exactly its declared type (``seq`` an
+    ``int``, not a ``bool``, a ``str`` or a float; ``body`` ``bytes``; ...), before anything is
+    computed from it.
+
+    A store that read a cell of the wrong type hands out a placeholder of a *subclass* of the
+    field's type carrying a ``damage`` attribute (``overnight.store.sqlite.DamagedInt`` and its
+    siblings) so that listings still work; the exact-type check refuses it here, with the store's
+    description of the cell.
+
+    Raises:
+        SchemaError: a field of the wrong type; the message names each such field (and what it
+            held), ``task_id``/``checkpoint_id`` name the row where they are text.
+    """
+    bad = []
+    for name, types, wanted in _ROW_FIELDS:
+        value = getattr(row, name)
+        if type(value) not in types:
+            bad.append(getattr(value, "damage", None) or f"its {name} is {type(value).__name__}, not {wanted}")
+    if bad:
+        cid = row.checkpoint_id if isinstance(row.checkpoint_id, str) else None
+        raise SchemaError(f"checkpoint {short_id(cid) if cid else repr(row.checkpoint_id)} row is damaged in the "
+                          f"store: {'; '.join(bad)}",
+                          task_id=row.task_id if isinstance(row.task_id, str) else None, checkpoint_id=cid,
+                          hint="another program wrote this row; the record is skipped (a load falls back past it); "
+                          "`overnight verify` lists every damaged record")
+
+
 def parse_record(row: CheckpointRow, *, key: bytes | None) -> CheckpointRecord:
-    """Checks 1-4 on a stored checkpoint row. Raises an :class:`IntegrityError` subclass."""
+    """Checks 1-4 on a stored checkpoint row: field types (:func:`_check_row_fields`), digest,
+    canonical form and schema, index columns, signature (with ``key``).
+
+    Raises:
+        IntegrityError: a subclass saying which check failed (SchemaError, DigestMismatch,
+            FormatTooNew, SignatureError) -- nothing else, whatever the row holds.
+    """
+    _check_row_fields(row)
     ids = {"task_id": row.task_id, "checkpoint_id": row.checkpoint_id}
     if digest.sha256(row.body) != row.checkpoint_id:
         raise DigestMismatch(f"checkpoint {short_id(row.checkpoint_id)} body does not match its digest", **ids)
@@ -556,6 +602,10 @@ def parse_record(row: CheckpointRow, *, key: bytes | None) -> CheckpointRecord:
                 hint="it was written without OVERNIGHT_SIGNING_KEY, or its signature was stripped",
                 **ids,
             )
+        if not row.signature.isascii():  # what hmac.compare_digest cannot even compare: forged or damaged
+            raise SignatureError(
+                f"checkpoint {short_id(row.checkpoint_id)} signature is not an hmac-sha256 digest (it holds "
+                "characters outside ASCII): forged or damaged", **ids)
         if not digest.verify_signature(key, row.body, row.signature):
             raise SignatureError(
                 f"checkpoint {short_id(row.checkpoint_id)} signature does not match (edited without the key, "

@@ -14,6 +14,12 @@ import zstandard
 from overnight.errors import DecodeError
 
 LEVEL = 3
+MAX_SIZE = 64 * 1024 * 1024
+"""The largest payload (bytes) a ``zstd`` object may claim. What overnight compresses is a chunk
+or a small blob (at most 32 KiB, :mod:`overnight.codec.chunking`), a tree payload, or a checkpoint
+record (a ditto copy's): this is thousands of times more, and it bounds the memory a decompression
+can take whatever a damaged or forged ``size`` (or frame header) says."""
+_STREAM_READ = 1024 * 1024  # bytes per read of a frame that does not say its content size
 _local = threading.local()
 
 
@@ -41,20 +47,55 @@ def compress(data: bytes) -> tuple[str, bytes]:
 
 
 def decompress(codec: str, data: bytes, size: int) -> bytes:
-    """Inverse of :func:`compress`; ``size`` is the expected uncompressed size in bytes (a bound).
+    """Inverse of :func:`compress`: the ``size`` bytes of payload that ``data`` encodes.
+
+    ``size`` is the stored object's claim, so it is a bound, never trusted as an allocation: a
+    claim above :data:`MAX_SIZE` is refused before anything is decompressed, a frame whose header
+    states another content size is refused before its output is allocated, and a frame without
+    one is decompressed a bounded piece at a time, stopping one byte past ``size``.
 
     Raises:
-        DecodeError: unknown codec, corrupt frame, or a size other than ``size``.
+        DecodeError: unknown codec, a ``size`` that is not a non-negative integer (or above
+            :data:`MAX_SIZE` for ``zstd``), data that is not bytes, a corrupt frame, or a payload
+            of another size than ``size``.
     """
+    if type(size) is not int or size < 0:
+        raise DecodeError(f"object size {size!r} is not a byte count")
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise DecodeError(f"object data is a {type(data).__name__}, not bytes")
     if codec == "none":
-        out = bytes(data)
-    elif codec == "zstd":
-        try:
-            out = _dctx().decompress(data, max_output_size=max(size, 1))
-        except zstandard.ZstdError as exc:
-            raise DecodeError(f"corrupt zstd frame: {exc}") from exc
-    else:
+        if len(data) != size:
+            raise DecodeError(f"object holds {len(data)} bytes, expected {size}")
+        return bytes(data)
+    if codec != "zstd":
         raise DecodeError(f"unknown object codec {codec!r} (written by a newer overnight?)")
+    if size > MAX_SIZE:
+        raise DecodeError(f"object claims {size} bytes, more than any object overnight writes ({MAX_SIZE})")
+    try:
+        declared = zstandard.frame_content_size(data)
+        if declared >= 0:  # the frame says its size (overnight's frames do): checked before allocating
+            if declared != size:
+                raise DecodeError(f"zstd frame holds {declared} bytes, expected {size}")
+            out = _dctx().decompress(data, max_output_size=max(size, 1))
+        else:
+            out = _bounded(data, size + 1)
+    except zstandard.ZstdError as exc:
+        raise DecodeError(f"corrupt zstd frame: {exc}") from exc
     if len(out) != size:
         raise DecodeError(f"object decompressed to {len(out)} bytes, expected {size}")
     return out
+
+
+def _bounded(data: bytes | bytearray | memoryview, limit: int) -> bytes:
+    """The output of the zstd frame ``data`` up to ``limit`` bytes (no more is produced), read
+    :data:`_STREAM_READ` bytes at a time: memory follows what the frame really holds."""
+    parts: list[bytes] = []
+    got = 0
+    with _dctx().stream_reader(data) as reader:
+        while got < limit:
+            part = reader.read(min(_STREAM_READ, limit - got))
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+    return b"".join(parts)

@@ -40,6 +40,7 @@ from typing import Any, ContextManager, Iterable, Iterator
 from overnight.errors import (
     CheckpointNotFound,
     ConfigError,
+    DigestMismatch,
     LeaseLost,
     StoreBusy,
     OutputNotWritable,
@@ -235,6 +236,122 @@ class _Connection(sqlite3.Connection):
         return super().executemany(sql, [_params(p) for p in seq])  # type: ignore[union-attr]
 
 
+# -- cells of the wrong type ---------------------------------------------------------------------
+#
+# SQLite keeps any value in any column: a TEXT column turns a number into text, an INTEGER column
+# keeps text that is not a number (and a real), a BLOB column keeps anything. So another client can
+# leave a cell of a type overnight never writes there (``UPDATE checkpoints SET seq='x'``), and
+# nothing read from such a row may reach code that relies on the types of the store protocol
+# (``bytes(row.data)`` of an integer allocates that many bytes; a text ``seq`` breaks every sort).
+# A cell of the wrong type is damage, like a flipped bit: every read checks the types it returns.
+# An object row that fails raises DigestMismatch naming the column (a read of it fails as a read of
+# a damaged object does: healed from its ditto copy, or the load falls back); a task row read by id
+# raises StoreCorrupt naming the column. A checkpoint row -- and a task row in a listing -- comes
+# back with a *placeholder* in each bad cell: a value of the column's type (so listings, sorts and
+# sums still work and one bad row does not hide the rest) carrying a ``damage`` attribute that
+# names the cell. Verification refuses a checkpoint row holding one
+# (:func:`overnight.chain.integrity.parse_record`), so the fallback machinery skips that record.
+
+_NONE = type(None)
+_TEXT: tuple[type, ...] = (str,)
+_OPT_TEXT: tuple[type, ...] = (str, _NONE)
+_INT: tuple[type, ...] = (int,)
+_REAL: tuple[type, ...] = (float, int)
+_BLOB: tuple[type, ...] = (bytes,)
+_WANTED = {_TEXT: "text", _OPT_TEXT: "text or NULL", _INT: "an integer", _REAL: "a number", _BLOB: "a blob"}
+_KIND = {int: "an integer", float: "a real", str: "text", bytes: "a blob", _NONE: "NULL"}
+
+
+class DamagedText(str):
+    """Placeholder of a text cell of the wrong type; :attr:`damage` says which cell held what."""
+
+    damage: str
+
+
+class DamagedInt(int):
+    """Placeholder of an integer cell of the wrong type; :attr:`damage` says which cell held what."""
+
+    damage: str
+
+
+class DamagedBytes(bytes):
+    """Placeholder of a blob cell of the wrong type; :attr:`damage` says which cell held what."""
+
+    damage: str
+
+
+def _placeholder(value: object, damage: str) -> object:
+    """``value`` (a str, int or bytes) as a :class:`DamagedText` / :class:`DamagedInt` /
+    :class:`DamagedBytes` whose ``damage`` is ``damage``."""
+    cls = DamagedText if isinstance(value, str) else DamagedInt if isinstance(value, int) else DamagedBytes
+    out = cls(value)  # type: ignore[arg-type]
+    out.damage = damage
+    return out
+
+
+def _cell(value: object) -> str:
+    """A cell's SQLite type and value, shortened, for a message: ``text 'x'``, ``a real 1.5``."""
+    kind = _KIND.get(type(value), type(value).__name__)
+    if value is None:
+        return kind
+    if isinstance(value, (str, bytes)) and len(value) > 24:
+        return f"{kind} of {len(value)} {'characters' if isinstance(value, str) else 'bytes'} ({value[:24]!r}...)"
+    return f"{kind} {value!r}"
+
+
+def _wrong_cells(table: str, columns: tuple[tuple[str, tuple[type, ...], object], ...], row: tuple) -> list[str]:
+    """What is wrong with the types of ``row`` (one row of ``table``, its cells in the order of
+    ``columns``: ``(name, accepted types, placeholder)``): ``["checkpoints.seq holds text 'x', not
+    an integer"]``, or ``[]`` when every cell has its column's type."""
+    return [f"{table}.{name} holds {_cell(v)}, not {_WANTED[types]}"
+            for (name, types, _), v in zip(columns, row) if type(v) not in types]
+
+
+def _typed(columns: tuple[tuple[str, tuple[type, ...], object], ...], row: tuple) -> bool:
+    """Does every cell of ``row`` have its column's type (the fast path of every read)?"""
+    for (_, types, _), v in zip(columns, row):
+        if type(v) not in types:
+            return False
+    return True
+
+
+def _quarantined(table: str, columns: tuple[tuple[str, tuple[type, ...], object], ...], row: tuple) -> tuple:
+    """``row`` with every cell of the wrong type replaced by its column's placeholder, marked with
+    what the cell held (see the comment above :class:`DamagedText`)."""
+    return tuple(v if type(v) in types else _placeholder(empty, f"{table}.{name} holds {_cell(v)}, not {_WANTED[types]}")
+                 for (name, types, empty), v in zip(columns, row))
+
+
+_OBJECT_COLUMNS = (("digest", _TEXT, ""), ("kind", _TEXT, ""), ("size", _INT, 0), ("codec", _TEXT, ""),
+                   ("data", _BLOB, b""))
+_CHECKPOINT_COLUMNS = (
+    ("checkpoint_id", _TEXT, ""), ("task_id", _TEXT, ""), ("parent_id", _OPT_TEXT, ""), ("branch", _TEXT, ""),
+    ("seq", _INT, -1), ("created_at", _TEXT, ""), ("session", _TEXT, ""), ("event", _TEXT, ""),
+    ("step", _OPT_TEXT, ""), ("body", _BLOB, b""), ("signature", _OPT_TEXT, ""), ("stored_bytes", _INT, 0),
+)
+"""Columns of ``checkpoints`` (``SELECT *`` order, which is :class:`CheckpointRow`'s). A bad
+``seq`` reads as -1: no record has it, so it never passes for a newer checkpoint."""
+_TASK_COLUMNS = (("task_id", _TEXT, ""), ("created_at", _TEXT, ""), ("goal", _TEXT, ""), ("entry", _OPT_TEXT, ""),
+                 ("spec", _BLOB, b""))
+_JOURNAL_COLUMNS = (("task_id", _TEXT, ""), ("checkpoint_id", _TEXT, ""), ("seq", _INT, 0), ("step_key", _TEXT, ""),
+                    ("step_name", _TEXT, ""), ("session", _TEXT, ""), ("started_at", _TEXT, ""),
+                    ("duration_ms", _REAL, 0), ("tokens_in", _INT, 0), ("tokens_out", _INT, 0))
+_CALL_COLUMNS = (("task_id", _TEXT, ""), ("step_key", _TEXT, ""), ("seq", _INT, 0), ("request_digest", _TEXT, ""),
+                 ("model", _TEXT, ""), ("response", _BLOB, b""), ("tokens_in", _INT, 0), ("tokens_out", _INT, 0),
+                 ("latency_ms", _REAL, 0), ("created_at", _TEXT, ""))
+_ARCHIVE_COLUMNS = (("archive_id", _TEXT, ""), ("task_id", _TEXT, ""), ("created_at", _TEXT, ""),
+                    ("location", _TEXT, ""), ("manifest", _BLOB, b""))
+_LEASE_COLUMNS = (("holder_id", _TEXT, ""), ("holder", _TEXT, ""), ("token", _INT, 0), ("expires_at_ms", _INT, 0))
+"""What :meth:`SQLiteStore.read_lease` selects. A lease row with a cell of the wrong type reads as
+no lease (as a garbled lease record does in the key-value stores): a lease only coordinates, and
+the commit's check of holder and token fences off whoever held it."""
+
+
+def _schema_version(value: object) -> int | None:
+    """``meta.schema_version`` as a number, or None when it is not decimal digits."""
+    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else None
+
+
 # primary result codes (sqlite.org/rescode.html); extended codes carry them in the low byte
 _SQLITE_PERM, _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = \
     3, 8, 10, 11, 13, 14, 26
@@ -354,7 +471,7 @@ class SQLiteStore(Closing):
                                 "--store / OVERNIGHT_STORE")
             time.sleep(0.05)
         db, row = opened
-        if row is None or not str(row[0]).isdigit():  # a store always has its version: damaged?
+        if row is None or _schema_version(row[0]) is None:  # a store always has its version: damaged?
             damage = [str(r[0]) for r in db.execute("PRAGMA quick_check(20)").fetchall()]
             if damage != ["ok"]:
                 db.close()
@@ -449,7 +566,15 @@ class SQLiteStore(Closing):
                 self._db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
                 version = 1
             else:
-                version = int(row[0])
+                version = _schema_version(row[0])
+                if version is None:  # as a read-only open reports it
+                    damage = [str(r[0]) for r in self._db.execute("PRAGMA quick_check(20)").fetchall()]
+                    if damage != ["ok"]:
+                        raise StoreCorrupt(f"store {self.path} is damaged: {'; '.join(damage)}",
+                                           hint=self._recover_hint())
+                    raise ConfigError(f"store {self.path} records schema version {row[0]!r}",
+                                      hint="is it an overnight SQLite store? point --store / OVERNIGHT_STORE at the "
+                                      "right file")
             if version > SCHEMA_VERSION:
                 raise StoreVersionError(
                     f"store {self.path} has schema version {row[0]}, written by a newer overnight "
@@ -553,6 +678,14 @@ class SQLiteStore(Closing):
         return set(wanted) - present
 
     def get_objects(self, digests: Iterable[str]) -> dict[str, ObjectRecord]:
+        """The stored objects among ``digests``: ``{digest: ObjectRecord}`` (a digest not stored
+        is absent).
+
+        Raises:
+            DigestMismatch: a row holds a cell of the wrong type (``objects.size`` as text,
+                ``objects.data`` as an integer, ...): the message names the column, and
+                ``object_digest`` the object.
+        """
         wanted = list(dict.fromkeys(digests))
         out: dict[str, ObjectRecord] = {}
         for i in range(0, len(wanted), _BATCH):
@@ -561,8 +694,18 @@ class SQLiteStore(Closing):
             for row in self._read(
                 f"SELECT digest, kind, size, codec, data FROM objects WHERE digest IN ({marks})", tuple(part)
             ):
-                out[row[0]] = ObjectRecord(row[0], row[1], row[2], row[3], bytes(row[4]))
+                if not _typed(_OBJECT_COLUMNS, row):
+                    raise self._damaged_object(row)
+                out[row[0]] = ObjectRecord(*row)
         return out
+
+    def _damaged_object(self, row: tuple) -> DigestMismatch:
+        """The error for an object row with a cell of the wrong type (named with its column)."""
+        d = row[0]
+        return DigestMismatch(
+            f"object {d} in store {self.path} is damaged: {'; '.join(_wrong_cells('objects', _OBJECT_COLUMNS, row))}",
+            object_digest=d, hint="another program wrote this row; `overnight verify --all` lists what else is "
+            "damaged, and a commit that stores the object again replaces the row")
 
     def put_objects(self, objects: Iterable[ObjectRecord]) -> None:
         objects = list(objects)
@@ -592,7 +735,8 @@ class SQLiteStore(Closing):
             row = (o.digest, o.kind, o.size, o.codec, o.data)
             stored = db.execute("SELECT digest, kind, size, codec, data FROM objects WHERE digest=?",
                                 (o.digest,)).fetchone()
-            if tuple(stored[:4]) + (bytes(stored[4]),) != row and is_damaged(self, o.digest):
+            # a row with a cell of the wrong type is damaged as it stands (never read to find out)
+            if not _typed(_OBJECT_COLUMNS, stored) or (tuple(stored) != row and is_damaged(self, o.digest)):
                 db.execute("UPDATE objects SET kind=?, size=?, codec=?, data=?, stored_at_ms=? WHERE digest=?",
                            (o.kind, o.size, o.codec, o.data, now, o.digest))
                 added += len(o.data)
@@ -614,9 +758,11 @@ class SQLiteStore(Closing):
             after = page[-1][0]
 
     def iter_object_stats(self) -> Iterator[ObjectStat]:
+        """Every object's digest, ``data`` length and age; a stored time that is not an integer
+        (another program's cell) counts as just stored, so ``gc`` keeps the object."""
         now = now_ms()
         for d, size, stored_at in self._read("SELECT digest, length(data), stored_at_ms FROM objects"):
-            yield ObjectStat(d, size, max(0, now - stored_at))
+            yield ObjectStat(d, size, max(0, now - stored_at) if type(stored_at) is int else 0)
 
     def delete_objects(self, digests: Iterable[str], *, min_age_ms: MinAge | None = None) -> int:
         wanted = list(dict.fromkeys(digests))
@@ -669,15 +815,17 @@ class SQLiteStore(Closing):
     def _insert_checkpoint_slow(db: sqlite3.Connection, cp: CheckpointRow, values: tuple) -> None:
         """The checkpoint row was not inserted: its parent is gone (ParentGone) or of another task
         (SchemaError), or a row with its id is stored -- kept if intact (the commit is a repeat),
-        replaced if damaged."""
+        replaced if damaged (its body does not hash to its id, or a cell has the wrong type)."""
         if cp.parent_id is not None:
             parent = db.execute("SELECT task_id FROM checkpoints WHERE checkpoint_id=?", (cp.parent_id,)).fetchone()
             check_parent(cp, parent[0] if parent is not None else None)
-        stored = db.execute("SELECT body FROM checkpoints WHERE checkpoint_id=?", (cp.checkpoint_id,)).fetchone()
+        stored = db.execute("SELECT * FROM checkpoints WHERE checkpoint_id=?", (cp.checkpoint_id,)).fetchone()
         if stored is None:  # OR IGNORE skipped another constraint (a NULL where none may be): raise it
             db.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", values)
-        elif bytes(stored[0]) != cp.body and digest.sha256(bytes(stored[0])) != cp.checkpoint_id:
-            # a damaged copy of this record (its body does not hash to its id): replace it
+        elif not _typed(_CHECKPOINT_COLUMNS, stored) or (
+                stored[9] != cp.body and digest.sha256(stored[9]) != cp.checkpoint_id):
+            # a damaged copy of this record (a cell of the wrong type, or a body that does not hash
+            # to its id): replace it
             db.execute("DELETE FROM checkpoints WHERE checkpoint_id=?", (cp.checkpoint_id,))
             db.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", values)
 
@@ -705,18 +853,30 @@ class SQLiteStore(Closing):
 
     @staticmethod
     def _row(row: tuple) -> CheckpointRow:
-        return CheckpointRow(
-            checkpoint_id=row[0], task_id=row[1], parent_id=row[2], branch=row[3], seq=row[4], created_at=row[5],
-            session=row[6], event=row[7], step=row[8], body=bytes(row[9]), signature=row[10], stored_bytes=row[11],
-        )
+        """A ``SELECT *`` row of ``checkpoints``; a cell of the wrong type comes back as a placeholder
+        that verification refuses (see :class:`DamagedText`), so the record is skipped, not loaded."""
+        if not _typed(_CHECKPOINT_COLUMNS, row):
+            row = _quarantined("checkpoints", _CHECKPOINT_COLUMNS, row)
+        return CheckpointRow(*row)
 
     def get_checkpoint(self, checkpoint_id: str) -> CheckpointRow:
+        """The stored row of ``checkpoint_id``. A cell of the wrong type comes back as a placeholder
+        carrying what the cell held (:class:`DamagedText`, :class:`DamagedInt`,
+        :class:`DamagedBytes`), which :func:`~overnight.chain.integrity.parse_record` refuses with
+        a SchemaError naming the column: the record fails verification (a load falls back past
+        it) instead of this read failing for every caller.
+
+        Raises:
+            CheckpointNotFound: no row with that id.
+        """
         rows = self._read("SELECT * FROM checkpoints WHERE checkpoint_id=?", (checkpoint_id,))
         if not rows:
             raise CheckpointNotFound(f"no checkpoint {checkpoint_id} in {self.url}", checkpoint_id=checkpoint_id)
         return self._row(rows[0])
 
     def list_checkpoints(self, task_id: str) -> list[CheckpointRow]:
+        """Every checkpoint row of ``task_id`` by ``seq``; a row with a cell of the wrong type is
+        listed with placeholders, as :meth:`get_checkpoint` returns it."""
         rows = self._read("SELECT * FROM checkpoints WHERE task_id=? ORDER BY seq, created_at, checkpoint_id", (task_id,))
         return [self._row(r) for r in rows]
 
@@ -781,19 +941,44 @@ class SQLiteStore(Closing):
     # -- tasks and journal ------------------------------------------------------------------
 
     def get_task(self, task_id: str) -> TaskRow:
+        """The row of ``task_id``.
+
+        Raises:
+            TaskNotFound: no such task.
+            StoreCorrupt: its row holds a cell of the wrong type (the message names the column), or
+                it has branches but no row while a row of ``tasks`` holds a NULL ``task_id``.
+        """
         rows = self._read("SELECT task_id, created_at, goal, entry, spec FROM tasks WHERE task_id=?", (task_id,))
         if not rows:
+            if self._read("SELECT 1 FROM refs WHERE task_id=? LIMIT 1", (task_id,)) \
+                    and self._read("SELECT 1 FROM tasks WHERE task_id IS NULL LIMIT 1"):
+                # its branches are here and a row lost its id: that row is most likely this task's
+                raise StoreCorrupt(f"store {self.path}: task {task_id!r} has branches but no task row, and a row of "
+                                   "the tasks table is damaged: tasks.task_id holds NULL, not text", task_id=task_id,
+                                   hint="another program wrote that row; resume a replicated task from another medium "
+                                   "(`overnight repair`), or " + self._recover_hint())
             raise TaskNotFound(f"no task {task_id!r} in {self.url}", task_id=task_id, hint="`overnight ls` lists the tasks")
         r = rows[0]
-        return TaskRow(r[0], r[1], r[2], r[3], bytes(r[4]))
+        if not _typed(_TASK_COLUMNS, r):
+            raise StoreCorrupt(f"store {self.path}: the row of task {task_id!r} is damaged: "
+                               f"{'; '.join(_wrong_cells('tasks', _TASK_COLUMNS, r))}", task_id=task_id,
+                               hint="another program wrote this row; resume a replicated task from another medium "
+                               "(`overnight repair`), or " + self._recover_hint())
+        return TaskRow(*r)
 
     def list_tasks(self) -> list[TaskRow]:
+        """Every task row, oldest first. A row with a cell of the wrong type (``tasks.spec`` as
+        text, a NULL ``task_id``) is listed with placeholders (empty, of the column's type, marked
+        as :meth:`get_checkpoint` marks them) rather than ending the listing of every task; reading
+        that task by id (:meth:`get_task`) raises StoreCorrupt naming the column."""
         rows = self._read("SELECT task_id, created_at, goal, entry, spec FROM tasks ORDER BY created_at, task_id")
-        return [TaskRow(r[0], r[1], r[2], r[3], bytes(r[4])) for r in rows]
+        return [TaskRow(*(r if _typed(_TASK_COLUMNS, r) else _quarantined("tasks", _TASK_COLUMNS, r))) for r in rows]
 
     def journal(self, task_id: str) -> list[JournalRow]:
+        """The task's journal rows by ``seq``. A row with a cell of the wrong type is left out: the
+        journal only indexes the checkpoints (which are the truth, and verified)."""
         rows = self._read("SELECT * FROM journal WHERE task_id=? ORDER BY seq", (task_id,))
-        return [JournalRow(*r) for r in rows]
+        return [JournalRow(*r) for r in rows if _typed(_JOURNAL_COLUMNS, r)]
 
     # -- call journal -----------------------------------------------------------------------
 
@@ -804,12 +989,16 @@ class SQLiteStore(Closing):
                         call.tokens_in, call.tokens_out, call.latency_ms, call.created_at))
 
     def calls(self, task_id: str, step_key: str | None = None) -> list[CallRecord]:
+        """The task's recorded model calls (of ``step_key`` only, if given), oldest first; a row
+        with a cell of the wrong type is left out (that call is made again, not replayed)."""
         if step_key is None:
             rows = self._read("SELECT * FROM calls WHERE task_id=? ORDER BY created_at, seq", (task_id,))
         else:
             rows = self._read("SELECT * FROM calls WHERE task_id=? AND step_key=? ORDER BY created_at, seq",
                               (task_id, step_key))
-        return [CallRecord(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), r[6], r[7], r[8], r[9]) for r in rows]
+        # a row with a cell of the wrong type is left out: its step calls the model again rather
+        # than replay a response nothing can vouch for
+        return [CallRecord(*r) for r in rows if _typed(_CALL_COLUMNS, r)]
 
     # -- archives ---------------------------------------------------------------------------
 
@@ -819,12 +1008,16 @@ class SQLiteStore(Closing):
                        (row.task_id, row.archive_id, row.created_at, row.location, row.manifest))
 
     def list_archives(self, task_id: str | None = None) -> list[ArchiveRow]:
+        """The archive catalog (of ``task_id`` only, if given), oldest first. A row with a cell of
+        the wrong type is listed with placeholders (its manifest empty, so reading it fails its
+        archive id as a damaged manifest does)."""
         cols = "archive_id, task_id, created_at, location, manifest"
         if task_id is None:
             rows = self._read(f"SELECT {cols} FROM archives ORDER BY created_at, archive_id")
         else:
             rows = self._read(f"SELECT {cols} FROM archives WHERE task_id=? ORDER BY created_at, archive_id", (task_id,))
-        return [ArchiveRow(r[0], r[1], r[2], r[3], bytes(r[4])) for r in rows]
+        return [ArchiveRow(*(r if _typed(_ARCHIVE_COLUMNS, r) else _quarantined("archives", _ARCHIVE_COLUMNS, r)))
+                for r in rows]
 
     def delete_archive(self, task_id: str, archive_id: str) -> None:
         with self._write() as db:
@@ -845,13 +1038,22 @@ class SQLiteStore(Closing):
             )
 
     def acquire_lease(self, task_id: str, branch: str, holder_id: str, holder: str, ttl_ms: int) -> Lease:
+        """Take the lease of ``task_id``/``branch`` for ``ttl_ms`` with the next fencing token; a
+        lease row with a cell of the wrong type counts as no lease (see :data:`_LEASE_COLUMNS`).
+
+        Raises:
+            TaskBusy: another live holder has it.
+        """
         with self._write() as db:
             now = now_ms()
             row = db.execute(
                 "SELECT holder_id, holder, token, expires_at_ms FROM leases WHERE task_id=? AND branch=?",
                 (task_id, branch),
             ).fetchone()
-            if row is not None and row[0] != holder_id and not can_take_over(row[1], row[3], now):
+            if row is not None and not _typed(_LEASE_COLUMNS, row):  # garbled: no lease (see _LEASE_COLUMNS)
+                row = (None, None, row[2] if type(row[2]) is int else 0, None)
+            if row is not None and row[0] is not None and row[0] != holder_id \
+                    and not can_take_over(row[1], row[3], now):
                 raise TaskBusy(
                     f"task {task_id!r} is busy (held by {describe_holder(row[1])}, "
                     f"lease expires in {(row[3] - now) / 1000:.0f} s)",
@@ -878,9 +1080,11 @@ class SQLiteStore(Closing):
         return Lease(lease.task_id, lease.branch, lease.holder_id, lease.holder, lease.token, expires)
 
     def read_lease(self, task_id: str, branch: str) -> Lease | None:
+        """The lease row of ``task_id``/``branch``, or None -- also when a cell of it has the wrong
+        type (see :data:`_LEASE_COLUMNS`)."""
         rows = self.query("SELECT holder_id, holder, token, expires_at_ms FROM leases WHERE task_id=? AND branch=?",
                           (task_id, branch))
-        return Lease(task_id, branch, *rows[0]) if rows else None
+        return Lease(task_id, branch, *rows[0]) if rows and _typed(_LEASE_COLUMNS, rows[0]) else None
 
     def release_lease(self, lease: Lease, outcome: str | None = None) -> None:
         # the row stays, expired and without a holder, so the next token is still one higher
