@@ -48,13 +48,19 @@ def register(bench_app: typer.Typer) -> None:
         # SIGTERM (a CI cancel, `timeout`) unwinds like Ctrl-C: scratch folders and schemas are removed
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         with failing("bench"):
-            # what the runs need, before any of them: a missing extra is named now, as `[bench]`
-            # (a store URL's missing driver would otherwise name `[postgres]` alone)
-            import importlib
+            # what the runs need, looked up (not imported: the storage run's peak memory is the
+            # process's) before any of them: a missing extra is named now, as `[bench]` (a store
+            # URL's missing driver would otherwise name `[postgres]` alone)
+            import importlib.util
 
             for module in ("matplotlib", "langgraph.checkpoint.sqlite", "agents",
                            *(() if no_postgres else ("psycopg", "langgraph.checkpoint.postgres"))):
-                importlib.import_module(module)
+                try:
+                    found = importlib.util.find_spec(module)
+                except ModuleNotFoundError:  # its parent package is missing
+                    found = None
+                if found is None:
+                    raise ModuleNotFoundError(f"No module named {module!r}", name=module)
             try:
                 report = run_perf(QUICK if quick else DEFAULT, postgres_url=None if no_postgres else postgres,
                                   directory=directory)
