@@ -492,3 +492,21 @@ def test_a_module_of_a_virtualenv_inside_the_project_is_not_the_projects_code(tm
         r = cli(*args, "--store", url, cwd=project, check=3, **env)
         assert not canary.exists(), f"{args}: the installed module ran"
         assert "installed packages" in r.stderr and "--file" in r.stderr, r.stderr
+
+
+@pytest.mark.slow  # real CLI processes, several per store
+def test_signed_ref_moved_onto_a_fork_with_main_s_newer_records_deleted_is_caught_by_the_high_water_mark(
+        store_url, project):
+    """As above, and the newer records of ``main`` deleted too: the store shows nothing newer,
+    but this machine saw ``main`` further on (its high-water mark of the ref's own branch)."""
+    env = {"RUNS_FILE": str(project / "runs.txt")}
+    cli("run", "job.py", "--store", store_url, cwd=project, key=KEY, **env)
+    chain = _chain(store_url)
+    cli("fork", "job", "--at", chain[1][7:19], "--branch", "old", "--store", store_url, cwd=project, key=KEY, **env)
+    with open_store(store_url) as s:
+        fork_head = s.get_ref("job", "old")
+        s.set_ref("job", "main", fork_head, chain[-1])
+        s.delete_checkpoints(chain[2:], orphans=True)
+    r = cli("resume", "job", "--store", store_url, cwd=project, key=KEY, check=3, **env)
+    assert "rollback detected" in r.stderr and "high-water" in r.stderr, r.stderr
+    assert runs(project) == ["a", "b", "c", "d"]

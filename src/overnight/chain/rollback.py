@@ -102,7 +102,7 @@ def find_rollback(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, 
     """
     found = _find(store, loaded, key=key, skipped=skipped, high_water=high_water)
     if found is None and branch is not None and branch != loaded.record.branch:
-        found = _onto_other_branch(store, loaded, branch, key=key, skipped=skipped)
+        found = _onto_other_branch(store, loaded, branch, key=key, skipped=skipped, high_water=high_water)
     if found is not None and named is not None \
             and store.get_ref(loaded.record.task_id, branch or loaded.row.branch) != named:
         return None
@@ -110,9 +110,11 @@ def find_rollback(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, 
 
 
 def _onto_other_branch(store: Store, loaded: LoadedCheckpoint, branch: str, *, key: bytes | None,
-                       skipped: set[str]) -> Rollback | None:
+                       skipped: set[str], high_water: HighWater | None) -> Rollback | None:
     """Ref ``branch`` names ``loaded``, a record of another branch: the newest verified record of
-    ``branch`` itself with a higher ``seq``, if the store holds one (the ref stood there before)."""
+    ``branch`` itself with a higher ``seq``, if the store holds one (the ref stood there before);
+    else, with ``key``, this machine's high-water mark of ``branch`` above ``loaded``'s ``seq``
+    (the newer records of ``branch`` were deleted too)."""
     task_id, seq = loaded.record.task_id, loaded.record.seq
     best: tuple[int, str] | None = None
     for row in store.checkpoints_after(task_id, branch, seq):
@@ -125,9 +127,15 @@ def _onto_other_branch(store: Store, loaded: LoadedCheckpoint, branch: str, *, k
         if record.branch == branch and record.task_id == task_id and record.seq > seq \
                 and (best is None or record.seq > best[0]):
             best = (record.seq, row.checkpoint_id)
-    if best is None:
+    if best is not None:
+        return Rollback(task_id, branch, loaded.id, seq, best[1], best[0], "other branch")
+    if key is None:
         return None
-    return Rollback(task_id, branch, loaded.id, seq, best[1], best[0], "other branch")
+    mark = (high_water or HighWater()).get(store_identity(store), task_id, branch)
+    if mark is None or mark.incarnation != _incarnation(loaded) or mark.seq <= seq or mark.checkpoint_id in skipped \
+            or _explained(store.list_checkpoints(task_id), loaded, mark, key):
+        return None
+    return Rollback(task_id, branch, loaded.id, seq, mark.checkpoint_id, mark.seq, "high-water")
 
 
 def newer_descendant(store: Store, task_id: str, branch: str, checkpoint_id: str, seq: int, *,
