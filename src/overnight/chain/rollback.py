@@ -116,19 +116,10 @@ def _onto_other_branch(store: Store, loaded: LoadedCheckpoint, branch: str, *, k
     else, with ``key``, this machine's high-water mark of ``branch`` above ``loaded``'s ``seq``
     (the newer records of ``branch`` were deleted too)."""
     task_id, seq = loaded.record.task_id, loaded.record.seq
-    best: tuple[int, str] | None = None
-    for row in store.checkpoints_after(task_id, branch, seq):
-        if row.branch != branch or row.seq <= seq or row.checkpoint_id in skipped:
-            continue
-        try:
-            record = parse_record(row, key=key)
-        except IntegrityError:
-            continue  # damaged or forged: never evidence
-        if record.branch == branch and record.task_id == task_id and record.seq > seq \
-                and (best is None or record.seq > best[0]):
-            best = (record.seq, row.checkpoint_id)
-    if best is not None:
-        return Rollback(task_id, branch, loaded.id, seq, best[1], best[0], "other branch")
+    newer = _verified_after(store, task_id, branch, seq, key=key, skipped=skipped)
+    if newer:
+        cid, record = max(newer.items(), key=lambda kv: kv[1].seq)
+        return Rollback(task_id, branch, loaded.id, seq, cid, record.seq, "other branch")
     if key is None:
         return None
     mark = (high_water or HighWater()).get(store_identity(store), task_id, branch)
@@ -138,21 +129,29 @@ def _onto_other_branch(store: Store, loaded: LoadedCheckpoint, branch: str, *, k
     return Rollback(task_id, branch, loaded.id, seq, mark.checkpoint_id, mark.seq, "high-water")
 
 
+def _verified_after(store: Store, task_id: str, branch: str, seq: int, *, key: bytes | None,
+                    skipped: set[str]) -> dict[str, Any]:
+    """``{checkpoint id: record}`` of the records of ``branch`` with a ``seq`` above ``seq`` that
+    pass every record check (digest, schema, index columns -- so their branch and seq are the
+    record's own -- and with ``key`` the signature), ``skipped`` left out. One store query."""
+    newer: dict[str, Any] = {}
+    for row in store.checkpoints_after(task_id, branch, seq):
+        if row.branch != branch or row.seq <= seq or row.checkpoint_id in skipped:
+            continue
+        try:
+            newer[row.checkpoint_id] = parse_record(row, key=key)
+        except IntegrityError:
+            continue  # damaged or forged: reported by fallback / verify, never evidence
+    return newer
+
+
 def newer_descendant(store: Store, task_id: str, branch: str, checkpoint_id: str, seq: int, *,
                      key: bytes | None, skipped: set[str] = frozenset()) -> tuple[int, str] | None:
     """``(seq, checkpoint id)`` of the newest record of ``branch`` that passes every record check
     (with ``key``: its signature), has a ``seq`` above ``seq`` and descends from checkpoint
     ``checkpoint_id`` -- the branch once stood further on -- or None. Records in ``skipped`` (a
     fallback found them damaged) are no evidence. One store query (the rows after ``seq``)."""
-    newer: dict[str, Any] = {}
-    for row in store.checkpoints_after(task_id, branch, seq):
-        if row.branch != branch or row.seq <= seq or row.checkpoint_id in skipped:
-            continue
-        try:
-            record = parse_record(row, key=key)
-        except IntegrityError:
-            continue  # damaged or forged: reported by fallback / verify, never evidence
-        newer[row.checkpoint_id] = record
+    newer = _verified_after(store, task_id, branch, seq, key=key, skipped=skipped)
     best: tuple[int, str] | None = None
     for cid, record in newer.items():
         if best is not None and record.seq <= best[0]:

@@ -29,10 +29,9 @@ the swap, its directory left to the next commit.
 Every write is durable when the call returns, and a crash at any instant leaves each file either
 absent, old or new -- never torn (temporary files, ``.tmp-*``, are ignored and can be deleted).
 
-**Reading.** :class:`FileStore` adds two rules to the algorithm: a record with a member of the wrong
-type (a ``seq`` that is text, a ref whose ``checkpoint_id`` is a number) is damaged, exactly like
-one that does not parse (see the comment above :func:`_wrong_members`); and a ``task`` record that
-no committed checkpoint backs -- written by a first commit killed before its ref swap -- is no task
+**Reading.** A record with a member of the wrong type is damaged like one that does not parse (the
+layout's decoders check the types: :mod:`overnight.store.layout`). A ``task`` record that no
+committed checkpoint backs -- written by a first commit killed before its ref swap -- is no task
 yet, as in a transactional store; the task's next first commit replaces it (:meth:`FileStore.commit`).
 
 **Stored time and deletion.** An object's stored time is its file's modification time; a commit
@@ -65,19 +64,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from overnight.store import layout
-from overnight.store.base import (
-    ArchiveRow,
-    CallRecord,
-    CheckpointRow,
-    Commit,
-    JournalRow,
-    Lease,
-    MinAge,
-    ObjectRecord,
-    TaskRow,
-    age_limit,
-)
-from overnight.errors import CheckpointNotFound, ConfigError, DecodeError, StoreBusy, TaskNotFound
+from overnight.store.base import Commit, MinAge, TaskRow, age_limit
+from overnight.errors import ConfigError, DecodeError, StoreBusy, TaskNotFound
 from overnight.store.keyed import KeyedStore
 from overnight.store.refusal import os_refusal, refusals
 
@@ -462,141 +450,15 @@ class FileContainer:
         self._pool.shutdown(wait=True)
 
 
-# -- records with members of the wrong type -------------------------------------------------------
-#
-# The layout's decoders (:mod:`overnight.store.layout`) check that a record parses and has its
-# members, not what the members hold. A record another program (or damage) left with a member of the
-# wrong type -- a checkpoint header whose ``seq`` is ``"2"`` or whose ``checkpoint_id`` is a number,
-# a ref whose ``checkpoint_id`` or ``branch`` is not a string, an object claiming 2**70 bytes -- must
-# not reach code that relies on the types of the store protocol: a text ``seq`` breaks every sort of
-# a task's history, a number where an id belongs every lookup. So this store checks the type (and,
-# for integers, the range) of every member it hands out, and a record that fails is treated exactly
-# as one whose header does not parse: a checkpoint record is unreadable (skipped by listings, not
-# found by id, so a load falls back past it and verification reports it), a ref or task record
-# raises StoreCorrupt naming its key, an object comes back with kind ``"unreadable"`` (which blob
-# verification reports as corrupt), a lease, call or archive record is ignored as a garbled one is.
-
-_NONE = type(None)
-_TEXT: tuple[type, ...] = (str,)
-_OPT_TEXT: tuple[type, ...] = (str, _NONE)
-_INT: tuple[type, ...] = (int,)
-_NUMBER: tuple[type, ...] = (int, float)
-_BYTES: tuple[type, ...] = (bytes,)
-_WANTED = {_TEXT: "a string", _OPT_TEXT: "a string or null", _INT: "an integer", _NUMBER: "a number",
-           _BYTES: "bytes"}
-_INT64 = 2**63
-"""Every integer member lies in ``[-2**63, 2**63)``: what SQLite and PostgreSQL hold, so a record
-this store returns can be copied to any other medium (repair, replicas)."""
-
-_Fields = tuple[tuple[str, tuple[type, ...]], ...]
-_CHECKPOINT_FIELDS: _Fields = (
-    ("checkpoint_id", _TEXT), ("task_id", _TEXT), ("parent_id", _OPT_TEXT), ("branch", _TEXT), ("seq", _INT),
-    ("created_at", _TEXT), ("session", _TEXT), ("event", _TEXT), ("step", _OPT_TEXT), ("body", _BYTES),
-    ("signature", _OPT_TEXT), ("stored_bytes", _INT))
-_JOURNAL_FIELDS: _Fields = (
-    ("task_id", _TEXT), ("checkpoint_id", _TEXT), ("seq", _INT), ("step_key", _TEXT), ("step_name", _TEXT),
-    ("session", _TEXT), ("started_at", _TEXT), ("duration_ms", _NUMBER), ("tokens_in", _INT), ("tokens_out", _INT))
-_TASK_FIELDS: _Fields = (("task_id", _TEXT), ("created_at", _TEXT), ("goal", _TEXT), ("entry", _OPT_TEXT),
-                         ("spec", _BYTES))
-_REF_FIELDS: _Fields = (("task_id", _TEXT), ("branch", _TEXT), ("checkpoint_id", _OPT_TEXT), ("fence", _INT))
-_LEASE_FIELDS: _Fields = (("task_id", _TEXT), ("branch", _TEXT), ("holder_id", _TEXT), ("holder", _TEXT),
-                          ("token", _INT), ("expires_at_ms", _INT))
-_CALL_FIELDS: _Fields = (
-    ("task_id", _TEXT), ("step_key", _TEXT), ("seq", _INT), ("request_digest", _TEXT), ("model", _TEXT),
-    ("response", _BYTES), ("tokens_in", _INT), ("tokens_out", _INT), ("latency_ms", _NUMBER), ("created_at", _TEXT))
-_ARCHIVE_FIELDS: _Fields = (("archive_id", _TEXT), ("task_id", _TEXT), ("created_at", _TEXT), ("location", _TEXT),
-                            ("manifest", _BYTES))
-
-
-def _wrong_members(get: Callable[[str], Any], fields: _Fields) -> list[str]:
-    """What is wrong with the members ``get(name)`` returns for each of ``fields`` (``(name,
-    accepted types)``; exact types: a ``bool`` is not an integer): ``["seq is str, not an
-    integer"]``, or ``[]``."""
-    bad = []
-    for name, types in fields:
-        value = get(name)
-        if type(value) not in types:
-            bad.append(f"{name} is {type(value).__name__}, not {_WANTED[types]}")
-        elif type(value) is int and not -_INT64 <= value < _INT64:
-            bad.append(f"{name} {value} is out of range")
-    return bad
-
-
-def _checked(what: str, record: Any, fields: _Fields) -> None:
-    """Raise DecodeError when an attribute of ``record`` named in ``fields`` has the wrong type."""
-    bad = _wrong_members(lambda name: getattr(record, name), fields)
-    if bad:
-        raise DecodeError(f"{what} record has members of the wrong type: {'; '.join(bad)}")
-
-
-def _decode_checkpoint(data: bytes) -> tuple[CheckpointRow, list[JournalRow]]:
-    """:func:`overnight.store.layout.decode_checkpoint`, and every member of the row and of its
-    journal rows of its declared type. Returns ``(row, journal rows)``.
-
-    Raises:
-        DecodeError: the record does not parse, lacks a member, or has one of the wrong type.
-    """
-    row, journal = layout.decode_checkpoint(data)
-    _checked("checkpoint", row, _CHECKPOINT_FIELDS)
-    for j in journal:
-        _checked("checkpoint journal", j, _JOURNAL_FIELDS)
-    return row, journal
-
-
-def _decode_task(data: bytes) -> TaskRow:
-    """:func:`overnight.store.layout.decode_task` with member types checked.
-
-    Raises:
-        DecodeError: the record does not parse, lacks a member, or has one of the wrong type.
-    """
-    row = layout.decode_task(data)
-    _checked("task", row, _TASK_FIELDS)
-    return row
-
-
-def _decode_ref(data: bytes) -> dict[str, Any]:
-    """:func:`overnight.store.layout.decode_ref` with member types checked: ``{"task_id": str,
-    "branch": str, "checkpoint_id": str | None, "fence": int, ...}``.
-
-    Raises:
-        DecodeError: the record does not parse, lacks a member, or has one of the wrong type.
-    """
-    ref = layout.decode_ref(data)
-    bad = _wrong_members(ref.get, _REF_FIELDS)
-    if bad:
-        raise DecodeError(f"ref record has members of the wrong type: {'; '.join(bad)}")
-    return ref
-
-
-def _decode_object(digest: str, data: bytes) -> ObjectRecord:
-    """:func:`overnight.store.layout.decode_object`, and a ``size`` that is a byte count
-    (``0 <= size < 2**63``); a record whose header fails comes back with kind ``"unreadable"``
-    (as one whose header does not parse), which blob verification reports as corrupt."""
-    obj = layout.decode_object(digest, data)
-    if obj.kind != "unreadable" and not 0 <= obj.size < _INT64:
-        return ObjectRecord(digest, "unreadable", len(data), "none", data)
-    return obj
-
-
-_DECODERS: dict[Callable[[bytes], Any], Callable[[bytes], Any]] = {
-    layout.decode_ref: _decode_ref,
-    layout.decode_task: _decode_task,
-}
-"""The layout's decoders that :meth:`FileStore._decoded` replaces by their type-checking twins."""
-
-
 class FileStore(KeyedStore):
     """:class:`~overnight.store.base.Store` in a directory (see the module docstring).
 
-    On top of the key-value algorithm (:class:`~overnight.store.keyed.KeyedStore`), it
-
-    * treats a record with a member of the wrong type as damaged, like one that does not parse (see
-      the comment above :func:`_wrong_members`);
-    * hides a task whose ``task`` record was written by a first commit that never reached its
-      commit point (the process was killed between writing its records and swapping the ref): no
-      ref names a checkpoint of it and its index is empty. SQLite writes the task row and its
-      first checkpoint in one transaction, so there such a task does not exist either; the next
-      first commit of that task replaces the leftover record (:meth:`commit`).
+    On top of the key-value algorithm (:class:`~overnight.store.keyed.KeyedStore`), it hides a
+    task whose ``task`` record was written by a first commit that never reached its commit point
+    (the process was killed between writing its records and swapping the ref): no ref names a
+    checkpoint of it and its index is empty. SQLite writes the task row and its first checkpoint in
+    one transaction, so there such a task does not exist either; the next first commit of that
+    task replaces the leftover record (:meth:`commit`).
 
     Args:
         path: the store's directory; created when missing. An existing non-empty directory that is
@@ -618,97 +480,6 @@ class FileStore(KeyedStore):
             container.close()
             raise
 
-    # -- records checked for member types -----------------------------------------------------
-
-    def _decoded(self, decode: Any, key: str, data: bytes) -> Any:
-        """``decode(data)`` -- a ref or task decoder replaced by its type-checking twin
-        (:data:`_DECODERS`) -- or StoreCorrupt naming the record's key."""
-        return super()._decoded(_DECODERS.get(decode, decode), key, data)
-
-    def get_objects(self, digests: Iterable[str]) -> dict[str, ObjectRecord]:
-        """The stored objects among ``digests``: ``{digest: ObjectRecord}`` (a digest not stored
-        is absent). A record whose header does not parse or holds a ``size`` that is not a byte
-        count comes back with kind ``"unreadable"``: reading it as a blob raises DigestMismatch.
-
-        Raises:
-            StoreError: the disk refused the read (see :mod:`overnight.store.refusal`).
-        """
-        keys = {layout.object_key(d): d for d in dict.fromkeys(digests)}
-        return {keys[k]: _decode_object(keys[k], data) for k, data in self._c.read_many(keys).items()}
-
-    def _read_checkpoints(self, checkpoint_ids: Iterable[str]) -> list[tuple[CheckpointRow, list[JournalRow]]]:
-        keys = [layout.checkpoint_key(c) for c in dict.fromkeys(checkpoint_ids)]
-        out = []
-        for data in self._c.read_many(keys).values():
-            try:
-                out.append(_decode_checkpoint(data))
-            except DecodeError:
-                continue  # an unreadable record: verification of the chain reports it as missing
-        return out
-
-    def get_checkpoint(self, checkpoint_id: str) -> CheckpointRow:
-        """The stored record of ``checkpoint_id``.
-
-        Raises:
-            CheckpointNotFound: no such record, or one that is unreadable (its header does not
-                parse, lacks a member or has one of the wrong type): a load falls back past it,
-                and verification reports it.
-        """
-        got = self._c.read(layout.checkpoint_key(checkpoint_id))
-        if got is not None:
-            try:
-                return _decode_checkpoint(got[0])[0]
-            except DecodeError:
-                pass
-        raise CheckpointNotFound(f"no checkpoint {checkpoint_id} in {self.url}", checkpoint_id=checkpoint_id)
-
-    def _parent_task(self, cp: CheckpointRow) -> str | None:
-        got = self._c.read(layout.checkpoint_key(cp.parent_id or ""))
-        if got is None:
-            return None
-        try:
-            return _decode_checkpoint(got[0])[0].task_id
-        except DecodeError:
-            return cp.task_id  # damaged: counts as cp's own task (verification reports it)
-
-    def _read_lease(self, task_id: str, branch: str) -> tuple[Lease | None, str | None]:
-        lease, version = super()._read_lease(task_id, branch)
-        if lease is not None and _wrong_members(lambda name: getattr(lease, name), _LEASE_FIELDS):
-            return None, version  # garbled: no lease (the ref's fence keeps commits safe)
-        return lease, version
-
-    def calls(self, task_id: str, step_key: str | None = None) -> list[CallRecord]:
-        """Recorded model calls of the task (of one step with ``step_key``), oldest first; an
-        unreadable record (a member of the wrong type included) is left out: that call is made
-        again (the journal only saves cost)."""
-        base = layout.calls_dir(task_id)
-        steps = [layout.name(step_key)] if step_key is not None else self._c.list(base)
-        keys = [f"{base}/{s}/{n}" for s in steps for n in self._c.list(f"{base}/{s}")]
-        out = []
-        for data in self._c.read_many(keys).values():
-            try:
-                call = layout.decode_call(data)
-                _checked("call", call, _CALL_FIELDS)
-            except (DecodeError, KeyError, TypeError):  # decode_call lets a missing member through as these
-                continue
-            out.append(call)
-        return sorted(out, key=lambda c: (c.created_at, c.seq))
-
-    def list_archives(self, task_id: str | None = None) -> list[ArchiveRow]:
-        """Archive catalog rows of one task (or of every task), oldest first; an unreadable row
-        (a member of the wrong type included) is left out."""
-        folder = layout.ARCHIVES if task_id is None else layout.archive_dir(task_id)
-        rows = []
-        for data in self._c.read_many([key for key, _, _ in self._c.stats(folder)]).values():
-            try:
-                row = layout.decode_archive(data)
-                _checked("archive", row, _ARCHIVE_FIELDS)
-            except DecodeError:
-                continue
-            if task_id is None or row.task_id == task_id:
-                rows.append(row)
-        return sorted(rows, key=lambda r: (r.created_at, r.archive_id))
-
     # -- tasks whose first commit never landed ------------------------------------------------
 
     def _ever_committed(self, task_id: str) -> bool:
@@ -720,7 +491,7 @@ class FileStore(KeyedStore):
         folder = layout.refs_dir(task_id)
         for data in self._c.read_many([f"{folder}/{n}" for n in self._c.list(folder)]).values():
             try:
-                if _decode_ref(data)["checkpoint_id"] is not None:
+                if layout.decode_ref(data)["checkpoint_id"] is not None:
                     return True
             except DecodeError:
                 return True
@@ -730,7 +501,7 @@ class FileStore(KeyedStore):
         """The error for a task whose ``task`` record (``data``) a first commit wrote before it was
         interrupted: the hint says how to start it (again)."""
         try:
-            entry = _decode_task(data).entry
+            entry = layout.decode_task(data).entry
         except DecodeError:
             entry = None
         again = (f"`overnight run {shlex.quote(entry)} --store {shlex.quote(self.url)}`" if entry else
@@ -756,7 +527,7 @@ class FileStore(KeyedStore):
                                hint="`overnight ls` lists the tasks")
         if not self._ever_committed(task_id):
             raise self._never_committed(task_id, got[0])
-        return self._decoded(_decode_task, key, got[0])
+        return self._decoded(layout.decode_task, key, got[0])
 
     def list_tasks(self) -> list[TaskRow]:
         """Every task, oldest first (by ``created_at``, then id). A task record that is unreadable
@@ -766,7 +537,7 @@ class FileStore(KeyedStore):
         tasks = []
         for data in self._c.read_many(keys).values():
             try:
-                row = _decode_task(data)
+                row = layout.decode_task(data)
             except DecodeError:
                 continue
             if self._ever_committed(row.task_id):

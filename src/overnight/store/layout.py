@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from typing import Any, Callable
 
 from overnight.codec.canonical import dumps_sorted, from_tree, loads, to_tree
 from overnight.errors import DecodeError
@@ -146,8 +146,12 @@ def encode_call(call: CallRecord) -> bytes:
 
 
 def decode_call(data: bytes) -> CallRecord:
-    head, payload = _split(data)
-    return CallRecord(**{f: head[f] for f in _CALL_FIELDS}, response=payload)
+    try:
+        head, payload = _split(data)
+        call = CallRecord(**{f: head[f] for f in _CALL_FIELDS}, response=payload)
+    except (KeyError, TypeError) as exc:
+        raise DecodeError(f"call record is malformed ({exc})") from exc
+    return _checked("call", call, _CALL_TYPES)
 ARCHIVES = "archives"
 
 
@@ -168,6 +172,75 @@ def digest_of_object_key(key: str) -> str | None:
 
 
 # -- records ------------------------------------------------------------------------------------
+
+# -- records with members of the wrong type -------------------------------------------------------
+#
+# Every decoder below checks that a record parses, has its members, and what the members hold. A
+# record another program (or damage) left with a member of the
+# wrong type -- a checkpoint header whose ``seq`` is ``"2"`` or whose ``checkpoint_id`` is a number,
+# a ref whose ``checkpoint_id`` or ``branch`` is not a string, an object claiming 2**70 bytes -- must
+# not reach code that relies on the types of the store protocol: a text ``seq`` breaks every sort of
+# a task's history, a number where an id belongs every lookup. So each decoder checks the type (and,
+# for integers, the range) of every member, and a record that fails is a DecodeError like one whose
+# header does not parse; the key-value stores (file://, s3://) then treat it so: a checkpoint record is unreadable (skipped by listings, not
+# found by id, so a load falls back past it and verification reports it), a ref or task record
+# raises StoreCorrupt naming its key, an object comes back with kind ``"unreadable"`` (which blob
+# verification reports as corrupt), a lease, call or archive record is ignored as a garbled one is.
+
+_NONE = type(None)
+_TEXT: tuple[type, ...] = (str,)
+_OPT_TEXT: tuple[type, ...] = (str, _NONE)
+_INT: tuple[type, ...] = (int,)
+_NUMBER: tuple[type, ...] = (int, float)
+_BYTES: tuple[type, ...] = (bytes,)
+_WANTED = {_TEXT: "a string", _OPT_TEXT: "a string or null", _INT: "an integer", _NUMBER: "a number",
+           _BYTES: "bytes"}
+_INT64 = 2**63
+"""Every integer member lies in ``[-2**63, 2**63)``: what SQLite and PostgreSQL hold, so a record
+a store returns can be copied to any other medium (repair, replicas)."""
+
+_Fields = tuple[tuple[str, tuple[type, ...]], ...]
+_CHECKPOINT_TYPES: _Fields = (
+    ("checkpoint_id", _TEXT), ("task_id", _TEXT), ("parent_id", _OPT_TEXT), ("branch", _TEXT), ("seq", _INT),
+    ("created_at", _TEXT), ("session", _TEXT), ("event", _TEXT), ("step", _OPT_TEXT), ("body", _BYTES),
+    ("signature", _OPT_TEXT), ("stored_bytes", _INT))
+_JOURNAL_TYPES: _Fields = (
+    ("task_id", _TEXT), ("checkpoint_id", _TEXT), ("seq", _INT), ("step_key", _TEXT), ("step_name", _TEXT),
+    ("session", _TEXT), ("started_at", _TEXT), ("duration_ms", _NUMBER), ("tokens_in", _INT), ("tokens_out", _INT))
+_TASK_TYPES: _Fields = (("task_id", _TEXT), ("created_at", _TEXT), ("goal", _TEXT), ("entry", _OPT_TEXT),
+                         ("spec", _BYTES))
+_REF_TYPES: _Fields = (("task_id", _TEXT), ("branch", _TEXT), ("checkpoint_id", _OPT_TEXT), ("fence", _INT))
+_LEASE_TYPES: _Fields = (("task_id", _TEXT), ("branch", _TEXT), ("holder_id", _TEXT), ("holder", _TEXT),
+                          ("token", _INT), ("expires_at_ms", _INT))
+_CALL_TYPES: _Fields = (
+    ("task_id", _TEXT), ("step_key", _TEXT), ("seq", _INT), ("request_digest", _TEXT), ("model", _TEXT),
+    ("response", _BYTES), ("tokens_in", _INT), ("tokens_out", _INT), ("latency_ms", _NUMBER), ("created_at", _TEXT))
+_ARCHIVE_TYPES: _Fields = (("archive_id", _TEXT), ("task_id", _TEXT), ("created_at", _TEXT), ("location", _TEXT),
+                            ("manifest", _BYTES))
+
+
+def _wrong_members(get: Callable[[str], Any], fields: _Fields) -> list[str]:
+    """What is wrong with the members ``get(name)`` returns for each of ``fields`` (``(name,
+    accepted types)``; exact types: a ``bool`` is not an integer): ``["seq is str, not an
+    integer"]``, or ``[]``."""
+    bad = []
+    for name, types in fields:
+        value = get(name)
+        if type(value) not in types:
+            bad.append(f"{name} is {type(value).__name__}, not {_WANTED[types]}")
+        elif type(value) is int and not -_INT64 <= value < _INT64:
+            bad.append(f"{name} {value} is out of range")
+    return bad
+
+
+def _checked(what: str, record: Any, fields: _Fields) -> Any:
+    """``record``, or DecodeError when an attribute of it named in ``fields`` has the wrong type."""
+    bad = _wrong_members(lambda name: getattr(record, name), fields)
+    if bad:
+        raise DecodeError(f"{what} record has members of the wrong type: {'; '.join(bad)}")
+    return record
+
+
 
 
 def _json(fields: dict[str, Any]) -> bytes:
@@ -212,9 +285,12 @@ def decode_object(digest: str, data: bytes) -> ObjectRecord:
     kind ``"unreadable"``, which blob verification reports as corrupt (never loaded)."""
     try:
         head, payload = _split(data)
-        return ObjectRecord(digest, str(head["kind"]), int(head["size"]), str(head["codec"]), payload)
-    except (DecodeError, KeyError, TypeError, ValueError):
-        return ObjectRecord(digest, "unreadable", len(data), "none", data)
+        size = head["size"]
+        if type(size) is int and 0 <= size < _INT64:  # a byte count, never 2**70 to allocate
+            return ObjectRecord(digest, str(head["kind"]), size, str(head["codec"]), payload)
+    except (DecodeError, KeyError, TypeError):
+        pass
+    return ObjectRecord(digest, "unreadable", len(data), "none", data)
 
 
 _JOURNAL_FIELDS = ("task_id", "checkpoint_id", "seq", "step_key", "step_name", "session", "started_at",
@@ -241,7 +317,9 @@ def decode_checkpoint(data: bytes) -> tuple[CheckpointRow, list[JournalRow]]:
         journal = [JournalRow(**{f: j[f] for f in _JOURNAL_FIELDS}) for j in h["journal"]]
     except (KeyError, TypeError) as exc:
         raise DecodeError(f"checkpoint record is malformed ({exc})") from exc
-    return row, journal
+    for j in journal:
+        _checked("checkpoint journal", j, _JOURNAL_TYPES)
+    return _checked("checkpoint", row, _CHECKPOINT_TYPES), journal
 
 
 def encode_archive(row: ArchiveRow) -> bytes:
@@ -253,9 +331,10 @@ def decode_archive(data: bytes) -> ArchiveRow:
     """Raises :class:`DecodeError` when the record is unreadable."""
     try:
         h, manifest = _split(data)
-        return ArchiveRow(h["archive_id"], h["task_id"], h["created_at"], h["location"], manifest)
+        row = ArchiveRow(h["archive_id"], h["task_id"], h["created_at"], h["location"], manifest)
     except (KeyError, TypeError) as exc:
         raise DecodeError(f"archive record is malformed ({exc})") from exc
+    return _checked("archive", row, _ARCHIVE_TYPES)
 
 
 def encode_task(task: TaskRow) -> bytes:
@@ -266,9 +345,10 @@ def encode_task(task: TaskRow) -> bytes:
 def decode_task(data: bytes) -> TaskRow:
     try:
         h, spec = _split(data)
-        return TaskRow(h["task_id"], h["created_at"], h["goal"], h["entry"], spec)
+        row = TaskRow(h["task_id"], h["created_at"], h["goal"], h["entry"], spec)
     except (KeyError, TypeError) as exc:
         raise DecodeError(f"task record is malformed ({exc})") from exc
+    return _checked("task", row, _TASK_TYPES)
 
 
 def encode_ref(task_id: str, branch: str, checkpoint_id: str | None, fence: int, updated_at_ms: int) -> bytes:
@@ -281,6 +361,9 @@ def decode_ref(data: bytes) -> dict[str, Any]:
     ref = _unjson(data)
     if "checkpoint_id" not in ref or not isinstance(ref.get("fence"), int):
         raise DecodeError(f"ref record is malformed: {ref!r}")
+    bad = _wrong_members(ref.get, _REF_TYPES)
+    if bad:
+        raise DecodeError(f"ref record has members of the wrong type: {'; '.join(bad)}")
     return ref
 
 
@@ -293,6 +376,7 @@ def encode_lease(lease: Lease) -> bytes:
 def decode_lease(data: bytes) -> Lease:
     try:
         h = _unjson(data)
-        return Lease(h["task_id"], h["branch"], h["holder_id"], h["holder"], h["token"], h["expires_at_ms"])
+        lease = Lease(h["task_id"], h["branch"], h["holder_id"], h["holder"], h["token"], h["expires_at_ms"])
     except (KeyError, TypeError) as exc:
         raise DecodeError(f"lease record is malformed ({exc})") from exc
+    return _checked("lease", lease, _LEASE_TYPES)
