@@ -306,3 +306,28 @@ def test_the_hook_fast_path_imports_no_cli_framework(project) -> None:
     for heavy in ("typer", "rich", "click", "overnight.runtime.runner", "overnight.tokens"):
         assert heavy not in imported, heavy
     assert head(repo, tid).record.event.step == "stop"
+
+
+def test_session_start_in_a_moved_project_checks_it_there_and_says_it_moved(project, tmp_path: Path) -> None:
+    """The project folder moved (copied, the old one deleted): the hooks work on the folder the
+    pointer was found in -- drift is checked there, nothing is created at the recorded path --
+    and the context tells the agent the project moved."""
+    repo, tid, transcript = project
+    new = tmp_path / "elsewhere" / "proj"
+    shutil.copytree(repo, new, symlinks=True)
+    shutil.rmtree(repo)
+    store = {"OVERNIGHT_STORE": f"sqlite://{new / '.overnight' / 'overnight.db'}"}  # the pointer names the old one
+    out = hook("claude-code", "session-start", stdin=payload("session_start_compact.json", new, transcript), cwd=new,
+               extra_env=store)
+    assert out.returncode == 0, out.stderr
+    text = json.loads(out.stdout)["hookSpecificOutput"]["additionalContext"]
+    assert f"project moved: recorded at {repo}, now {new}" in text and "no drift" in text, text
+    assert "no longer a git work tree" not in text
+    out = hook("claude-code", "session-start", stdin=payload("session_start_startup.json", new, transcript), cwd=new,
+               extra_env=store)
+    line = json.loads(out.stdout)["hookSpecificOutput"]["additionalContext"]
+    assert f"project moved: recorded at {repo}, now {new}" in line and "changed since" not in line, line
+    assert "\n" not in line
+    out = hook("claude-code", "stop", stdin=payload("stop.json", new, transcript), cwd=new, extra_env=store)
+    assert out.returncode == 0, out.stderr
+    assert not repo.exists()

@@ -183,9 +183,10 @@ def _session_start(payload: dict[str, Any], loc: tuple[Path, str, str, str | Non
         else:
             r = tasks.status(task_id, branch=branch)
             cp = r.control
+            moved = f"; {cp.moved_line()}" if cp.project_moved else ""
             text = (f"overnight: the project's current task is {task_id} ({cp.goal!r}; {len(cp.done)} done, "
-                    f"{len(cp.todo)} todo{'; the project changed since its last checkpoint' if r.drift.lines else ''}). "
-                    f"Call task_resume to load it before working on it.")
+                    f"{len(cp.todo)} todo{'; the project changed since its last checkpoint' if r.drift.lines else ''}"
+                    f"{moved}). Call task_resume to load it before working on it.")
     return Outcome("session-start", True, f"control point of {task_id} loaded", context=text,
                    checkpoint_id=r.control.checkpoint_id, task_id=task_id)
 

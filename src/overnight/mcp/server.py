@@ -200,6 +200,8 @@ def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKE
                  f"{len(cp.artifacts)} artifacts; head {short_id(cp.checkpoint_id)} seq {cp.seq} at {cp.created_at[:19]}",
                  f"goal: {cp.goal}", f"branches: {', '.join(branches)}",
                  "drift: " + ("; ".join(r.drift.lines) if r.drift.lines else "none")]
+        if cp.project_moved:
+            lines.insert(2, cp.moved_line())
         if cp.todo:
             lines.append("next: " + cp.todo[0])
         return "\n".join(lines), {**r.to_json(), "branches": branches}

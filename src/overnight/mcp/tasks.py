@@ -29,6 +29,15 @@ why                    ``event``: ``init`` (task_start), ``step`` (task_checkpoi
 Every commit moves the branch by compare-and-swap; when another process (a hook beside the server)
 moved it first, the change is applied again to the new head, so no acknowledged update is lost.
 A commit is durable when the call returns.
+
+**The project root is this process's, never the store's.** Every file operation -- reading an
+artifact's file, hashing the world (git, lock files, declared inputs), writing the project's
+current-task pointer -- happens in :attr:`CodingTasks.project`, the folder the agent works in. The
+``project`` recorded in the spec is informational: a store is data, and whoever can write it (a
+shared PostgreSQL schema, an S3 bucket, a copied SQLite file) must not choose which folder is
+read or written. The same holds for a project moved or copied: the task follows the folder it is
+resumed in, and the control point says ``project moved: recorded at OLD, now NEW``. The other
+stored spec fields the world uses are checked before use (:meth:`CodingTasks._world_args`).
 """
 
 from __future__ import annotations
@@ -39,13 +48,14 @@ import re
 import secrets
 import uuid
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable
 
 from overnight.codec.canonical import dumps_sorted, from_tree, loads, to_tree
 from overnight.errors import (
     BranchNotFound,
     ConfigError,
+    SchemaError,
     StaleHead,
     TaskNotFound,
     short_id,
@@ -98,6 +108,7 @@ class ControlPoint:
     created_at: str
     goal: str
     project: str
+    """The project root every file operation uses: this process's (:attr:`CodingTasks.project`)."""
     plan: list[str]
     done: list[str]
     todo: list[str]
@@ -107,6 +118,18 @@ class ControlPoint:
     """``name -> size`` in bytes."""
     compactions: int
     session: int
+    recorded_project: str | None = None
+    """The project the task's spec records (where it was started), as printable text (control
+    characters escaped); None when the spec records none, or not as a string. Informational only."""
+    project_moved: bool = False
+    """The recorded project differs from :attr:`project`: the folder was moved or copied, or the
+    task was started in another project."""
+
+    def moved_line(self) -> str | None:
+        """``project moved: recorded at OLD, now NEW`` when :attr:`project_moved`, else None."""
+        if not self.project_moved:
+            return None
+        return f"project moved: recorded at {self.recorded_project}, now {printable(self.project, 1000)}"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -155,6 +178,16 @@ class Resumed:
         return {"control": self.control.to_json(), "drift": self.drift.to_json(), "fallback": self.fallback}
 
 
+def printable(value: Any, limit: int = 300) -> str:
+    """One line of printable text for a stored value shown to an agent: lone surrogates, control
+    characters and line breaks escaped (as ``overnight log`` does, :func:`overnight.cli.render.safe`,
+    which the hooks must not import), at most ``limit`` characters."""
+    text = "" if value is None else str(value)
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit] + "[...]"
+
+
 def approx_tokens(text: str) -> int:
     """``ceil(UTF-8 bytes / 4)``: the token estimate hooks use (loading a vocabulary costs more than
     a hook's whole budget); the server counts with the real tokenizer."""
@@ -173,13 +206,16 @@ def render_control_point(cp: ControlPoint, *, drift_report: CodingDrift | None =
                          budget_tokens: int = 1500, count: Callable[[str], int] = approx_tokens) -> str:
     """The control point as compact text within ``budget_tokens`` (as ``count`` counts them).
 
-    Kept whole: the header, goal, drift and fallback lines. Then, as the budget allows: the todo
+    Kept whole: the header, goal, project-moved, drift and fallback lines. Then, as the budget allows: the todo
     list (first items first), the last summary, decisions and done items (newest first), artifacts;
     whatever does not fit is replaced by a line saying how many were left out and which tool shows them.
     """
     head = [f"Task {cp.task_id} (branch {cp.branch}; checkpoint {short_id(cp.checkpoint_id)}, seq {cp.seq}, "
-            f"{cp.created_at[:16].replace('T', ' ')} UTC; project {cp.project})",
+            f"{cp.created_at[:16].replace('T', ' ')} UTC; project {printable(cp.project, 1000)})",
             f"Goal: {cp.goal}"]
+    moved = cp.moved_line()
+    if moved:
+        head.append(f"NOTE: {moved} (files are read and drift is checked here)")
     if fallback:
         head.append(f"WARNING: {fallback}")
     if drift_report is not None:
@@ -300,6 +336,15 @@ def _clean(items: list[str] | None, what: str, task_id: str | None) -> list[str]
     return out
 
 
+def _encodable(path: str) -> bool:
+    """Can ``path`` be a file name here (``os.fsencode`` takes it)?"""
+    try:
+        os.fsencode(path)
+    except UnicodeError:
+        return False
+    return True
+
+
 def _todo_entry(name: str) -> dict[str, Any]:
     return todo_entry(name, AGENT_FN, {}, None)
 
@@ -317,7 +362,10 @@ class CodingTasks:
         store: store URL (or a :class:`~overnight.store.Store`); None: the default store, its
             relative path taken against the project root.
         project: a directory in the project (default: the current directory); the project root is
-            its git top level, else the directory itself.
+            its git top level, else the directory itself. It is the root of every file operation
+            on every task -- artifact files, the world fingerprint, the current-task pointer --
+            whatever project a task's stored spec names: a store is data, and must not choose
+            which folder is read or written (module docstring).
         key: HMAC signing key (default ``$OVERNIGHT_SIGNING_KEY``).
         session_id: stamped on every checkpoint (default: a fresh id per process).
         exact_root: ``project`` is the project root already (the hooks know it from the pointer):
@@ -325,7 +373,9 @@ class CodingTasks:
 
     Raises (from the methods): :class:`~overnight.errors.TaskNotFound`, ``BranchNotFound``,
     ``CheckpointNotFound``, ``ArtifactNotFound``, ``ConfigError`` (bad argument, a path outside the
-    project, a task that is not a coding-agent task), ``IntegrityError`` (nothing verifies),
+    project, a task that is not a coding-agent task), ``IntegrityError`` (nothing verifies;
+    ``SchemaError``: the stored spec's ``inputs``, ``env`` or ``salt`` is not what ``task_start``
+    writes -- e.g. an input outside the project -- so the store was changed by someone else),
     ``StoreBusy``, ``StaleHead`` (the branch kept moving under :data:`COMMIT_ATTEMPTS` tries).
     """
 
@@ -368,8 +418,63 @@ class CodingTasks:
     def _spec(self, state: dict[str, Any]) -> dict[str, Any]:
         return state["task"]["spec"]
 
-    def _root(self, spec: dict[str, Any]) -> Path:
-        return Path(spec.get("project") or self.project)
+    def _recorded_project(self, spec: dict[str, Any]) -> tuple[str | None, bool]:
+        """``(the spec's project as printable text or None, whether it differs from ours)``.
+
+        Only compared as a string, never opened or resolved: it is stored data (module docstring);
+        a value that is not a string is unknown."""
+        raw = spec.get("project")
+        if not isinstance(raw, str) or not raw:
+            return None, False
+        return printable(raw), raw != str(self.project)
+
+    def _world_args(self, spec: dict[str, Any], task_id: str | None) -> tuple[list[str], list[str], bytes]:
+        """``(inputs, env, salt)`` of a spec for :func:`~overnight.verify.coding_world.world`, checked.
+
+        They are stored data: each input must be a project-relative path that stays inside the
+        project (no absolute path, no ``..``, no parent folder that is a symlink leading out --
+        ``task_start`` never records one), each env entry a string, the salt hex. Compared as
+        strings first; only this project's own folders are resolved.
+
+        Raises:
+            SchemaError: a field is not what ``task_start`` writes (the store was changed).
+            ConfigError: an input's folder in the project is now a symlink leading outside it.
+        """
+        def bad(what: str) -> SchemaError:
+            return SchemaError(f"task {task_id!r}: its stored spec {what}; task_start never records that, so the "
+                               "store was changed by someone else: nothing was read or written",
+                               task_id=task_id, hint="check the store (task_verify, `overnight verify`) and start a "
+                               "new task with task_start")
+
+        inputs, env, salt = spec.get("inputs", []), spec.get("env", []), spec.get("salt", "")
+        if not isinstance(inputs, list) or not all(isinstance(p, str) for p in inputs):
+            raise bad("'inputs' is not a list of paths")
+        if not isinstance(env, list) or not all(isinstance(n, str) for n in env):
+            raise bad("'env' is not a list of variable names")
+        if not isinstance(salt, str):
+            raise bad("'salt' is not a string")
+        try:
+            salt_bytes = bytes.fromhex(salt)
+        except ValueError:
+            raise bad(f"'salt' {printable(salt, 40)!r} is not hex") from None
+        root = self.project
+        for p in inputs:
+            if not p or "\0" in p or not _encodable(p) or PurePosixPath(p).is_absolute() or Path(p).is_absolute() \
+                    or ".." in PurePosixPath(p).parts:
+                raise bad(f"declares the input {printable(p, 120)!r}, which is not a path inside the project")
+            full = root / p
+            if full == root:
+                continue
+            try:
+                parent = full.parent.resolve()
+            except (OSError, RuntimeError) as exc:
+                raise ConfigError(f"the folder of input {printable(p, 120)!r} cannot be resolved: {exc}",
+                                  task_id=task_id) from None
+            if parent != root and root not in parent.parents:
+                raise ConfigError(f"input {printable(p, 120)!r} is outside the project {root}: a folder on its way "
+                                  "is a symlink leading out of it", task_id=task_id,
+                                  hint="replace the symlink with the folder, or start a new task")
+        return list(inputs), list(env), salt_bytes
 
     def _tip(self, task_id: str, branch: str, *, deep: bool = False) -> _Tip:
         s = self.store()
@@ -390,6 +495,7 @@ class CodingTasks:
             raise ConfigError(f"task {task_id!r} is not a coding-agent task (kind {spec.get('kind')!r})",
                               task_id=task_id, hint="the task_* tools work on tasks made by task_start; use the "
                               "overnight CLI for others")
+        self._world_args(spec, task_id)  # refuse a forged spec before anything is read or written
         chain = ChainWriter(s, task_id, branch, key=self.key, session_id=self.session_id,
                             session_n=loaded.record.session.n)
         chain.start_from(loaded, fallback)
@@ -399,20 +505,26 @@ class CodingTasks:
         return tip
 
     def control_point(self, tip: _Tip, task_id: str, branch: str) -> ControlPoint:
+        """The control point of ``tip``; ``project`` is this process's root, ``recorded_project``
+        the spec's (informational)."""
         st = tip.state
         spec = self._spec(st)
         data = from_tree(st["data"], "state.data") if st["data"] is not None else {}
+        plan = spec.get("plan")
+        recorded, moved = self._recorded_project(spec)
         return ControlPoint(
             task_id=task_id, branch=branch, checkpoint_id=tip.chain.head or "", seq=tip.chain.seq,
-            created_at=tip.created_at, goal=st["task"]["goal"], project=str(self._root(spec)),
-            plan=list(spec.get("plan", [])), done=[d["name"] for d in st["done"]], todo=[t["name"] for t in st["todo"]],
+            created_at=tip.created_at, goal=st["task"]["goal"], project=str(self.project),
+            plan=[p for p in plan if isinstance(p, str)] if isinstance(plan, list) else [],
+            done=[d["name"] for d in st["done"]], todo=[t["name"] for t in st["todo"]],
             decisions=list(data.get("decisions", [])), summary=st["context"]["summary"],
             artifacts={n: a["size"] for n, a in st["artifacts"].items()}, compactions=st["context"]["compactions"],
-            session=tip.chain.session_n)
+            session=tip.chain.session_n, recorded_project=recorded, project_moved=moved)
 
-    def _world(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return world(self._root(spec), inputs=list(spec.get("inputs", [])), env=list(spec.get("env", [])),
-                     salt=bytes.fromhex(spec.get("salt", "")))
+    def _world(self, spec: dict[str, Any], task_id: str | None) -> dict[str, Any]:
+        """The world now, of this process's project (never the spec's recorded one)."""
+        inputs, env, salt = self._world_args(spec, task_id)
+        return world(self.project, inputs=inputs, env=env, salt=salt)
 
     # -- task_start -----------------------------------------------------------------------------
 
@@ -431,7 +543,7 @@ class CodingTasks:
         span = None
         if expected_span is not None:
             span = parse_span(expected_span)
-        rel_inputs = [self._relative(p, None)[0] for p in (inputs or [])]
+        rel_inputs = [self._relative(p)[0] for p in (inputs or [])]
         env = _clean(env, "env", task_id) or []
         slug = _SLUG.sub("-", goal.lower()).strip("-")[:40].strip("-") or "task"
         task_id = task_id or f"code.{slug}.{secrets.token_hex(3)}"
@@ -445,7 +557,7 @@ class CodingTasks:
                               data=to_tree({"decisions": []}, "state.data"))
         chain = ChainWriter(s, task_id, "main", key=self.key, session_id=self.session_id, session_n=1)
         writer = chain.blob_writer()
-        fp, now_world = self._fingerprint(writer, spec)
+        fp, now_world = self._fingerprint(writer, spec, task_id)
         row = TaskRow(task_id, utc_now(), goal.strip(), None, dumps_sorted(spec))
         chain.commit(state, event("init", detail=f"task_start: {len(plan)} planned items"), writer=writer,
                      task_row=row, fingerprint=fp)
@@ -454,20 +566,24 @@ class CodingTasks:
             write_pointer(self.project, task_id, "main", s.url)
         return self.control_point(tip, task_id, "main")
 
-    def _fingerprint(self, writer: BlobWriter, spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        now = self._world(spec)
+    def _fingerprint(self, writer: BlobWriter, spec: dict[str, Any],
+                     task_id: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        now = self._world(spec, task_id)
         raw = encode_state(now)
         return {"world": {"digest": writer.put(raw), "size": len(raw)}, "exports": {}, "accepted": []}, now
 
     # -- task_checkpoint ------------------------------------------------------------------------
 
-    def _relative(self, path: str, root: Path | None) -> tuple[str, Path]:
-        """``(project-relative posix path, resolved path)`` of a file inside the project.
+    def _relative(self, path: str) -> tuple[str, Path]:
+        """``(project-relative posix path, resolved path)`` of a file inside the project -- this
+        process's root (:attr:`project`), never a root read from the store.
 
         Raises ConfigError for a path outside the project (symlinks resolved) or not a file."""
-        root = (root or self.project).resolve()
+        root = self.project.resolve()
         if not isinstance(path, str) or not path:
             raise ConfigError("a path must be a non-empty string")
+        if "\0" in path or not _encodable(path):
+            raise ConfigError(f"path {printable(path, 120)!r} is not a file name (a NUL or an unpaired surrogate)")
         p = Path(path)
         full = (p if p.is_absolute() else root / p).resolve()
         if full != root and root not in full.parents:
@@ -521,13 +637,12 @@ class CodingTasks:
             tip = self._tip(task_id, branch)
             old = tip.state
             spec = self._spec(old)
-            root = self._root(spec)
             chain = tip.chain
             writer = chain.blob_writer()
             arts = dict(old["artifacts"])
             added = []
             for a in artifacts or []:
-                name, data, text = self._artifact(a, root, task_id)
+                name, data, text = self._artifact(a, task_id)
                 ref = artifact_ref(writer.put(data), len(data), text=text, step=None)
                 if arts.get(name) != ref:
                     added.append(name)
@@ -556,7 +671,7 @@ class CodingTasks:
                                old_ctx["compactions"] + (1 if compaction else 0), old_ctx["messages"], old_ctx["tokens"])
             state = {**old, "todo": todo_list, "done": done_list, "artifacts": dict(sorted(arts.items())),
                      "data": to_tree(data, "state.data"), "context": ctx}
-            fp, now_world = self._fingerprint(writer, spec)
+            fp, now_world = self._fingerprint(writer, spec, task_id)
             if state == old and now_world == tip.world and not compaction:
                 return CheckpointResult(task_id, branch, chain.head or "", chain.seq, len(done_list), len(todo_list),
                                         [], unchanged=True)
@@ -585,14 +700,14 @@ class CodingTasks:
         raise StaleHead(f"task {task_id!r} branch {branch!r} kept moving under {COMMIT_ATTEMPTS} attempts to commit",
                         task_id=task_id, hint="another process writes this task at a high rate; retry")
 
-    def _artifact(self, a: ArtifactIn | dict[str, Any], root: Path, task_id: str) -> tuple[str, bytes, bool]:
+    def _artifact(self, a: ArtifactIn | dict[str, Any], task_id: str) -> tuple[str, bytes, bool]:
         if isinstance(a, dict):
             a = ArtifactIn(**a)
         if (a.text is None) == (a.path is None):
             raise ConfigError("an artifact needs exactly one of text and path", task_id=task_id,
                               hint='e.g. {"name": "plan.md", "text": "..."} or {"path": "src/parser.py"}')
         if a.path is not None:
-            rel, full = self._relative(a.path, root)
+            rel, full = self._relative(a.path)
             if not full.is_file():
                 raise ConfigError(f"artifact path {a.path!r} is not a file in the project", task_id=task_id)
             data = full.read_bytes()
@@ -615,24 +730,26 @@ class CodingTasks:
     def resume(self, task_id: str, *, branch: str = "main", make_current: bool = True) -> Resumed:
         """The control point of the branch head -- verified deeply (every artifact blob hashed); a
         damaged head falls back to the newest checkpoint that verifies -- and the drift of the
-        project since it. Makes it the project's current task."""
+        project since it. Makes it the project's current task.
+
+        The project is this process's (:attr:`project`): drift is measured there and the pointer
+        written there, whatever folder the task records (a moved project, or a task started in
+        another one: ``control.project_moved`` says so)."""
         tip = self._tip(task_id, branch, deep=True)
+        return self._resumed(tip, task_id, branch, make_current=make_current)
+
+    def _resumed(self, tip: _Tip, task_id: str, branch: str, *, make_current: bool) -> Resumed:
         cp = self.control_point(tip, task_id, branch)
-        spec = self._spec(tip.state)
-        d = drift(self._root(spec), tip.world, self._world(spec), checkpoint_id=cp.checkpoint_id, todo=cp.todo,
-                  salt=bytes.fromhex(spec.get("salt", "")))
+        inputs, env, salt = self._world_args(self._spec(tip.state), task_id)
+        now = world(self.project, inputs=inputs, env=env, salt=salt)
+        d = drift(self.project, tip.world, now, checkpoint_id=cp.checkpoint_id, todo=cp.todo, salt=salt)
         if make_current:
-            write_pointer(self._root(spec), task_id, branch, self.store().url)
+            write_pointer(self.project, task_id, branch, self.store().url)
         return Resumed(cp, d, tip.fallback.describe() if tip.fallback else None)
 
     def status(self, task_id: str, *, branch: str = "main") -> Resumed:
         """As :meth:`resume` without the deep artifact check and without changing the current task."""
-        tip = self._tip(task_id, branch)
-        cp = self.control_point(tip, task_id, branch)
-        spec = self._spec(tip.state)
-        d = drift(self._root(spec), tip.world, self._world(spec), checkpoint_id=cp.checkpoint_id, todo=cp.todo,
-                  salt=bytes.fromhex(spec.get("salt", "")))
-        return Resumed(cp, d, tip.fallback.describe() if tip.fallback else None)
+        return self._resumed(self._tip(task_id, branch), task_id, branch, make_current=False)
 
     # -- task_list --------------------------------------------------------------------------------
 
@@ -656,7 +773,7 @@ class CodingTasks:
             refs = s.list_refs(t.task_id)
             head = refs.get("main") or next(iter(refs.values()), None)
             updated = s.get_checkpoint(head).created_at if head else None
-            out.append({"task_id": t.task_id, "goal": t.goal, "project": spec.get("project"),
+            out.append({"task_id": t.task_id, "goal": t.goal, "project": self._recorded_project(spec)[0],
                         "created_at": t.created_at, "branches": sorted(refs), "head": head, "updated_at": updated,
                         "current": t.task_id == current})
         return sorted(out, key=lambda r: r["updated_at"] or "", reverse=True)
