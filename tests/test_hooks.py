@@ -331,3 +331,104 @@ def test_session_start_in_a_moved_project_checks_it_there_and_says_it_moved(proj
     out = hook("claude-code", "stop", stdin=payload("stop.json", new, transcript), cwd=new, extra_env=store)
     assert out.returncode == 0, out.stderr
     assert not repo.exists()
+
+
+def _old_pointer(repo: Path, tid: str, store: Path) -> None:
+    """The pointer as overnight wrote it before stores in the project were named relative to it:
+    the store's absolute path, no ``root``."""
+    (repo / ".overnight" / "current-task").write_text(
+        json.dumps({"task_id": tid, "branch": "main", "store": f"sqlite://{store}"}) + "\n")
+
+
+def _count(db: Path) -> int:
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("fmt", ["as-written", "old-absolute"])
+def test_hooks_in_a_moved_project_use_the_store_that_moved_with_it(project, tmp_path: Path, fmt: str) -> None:
+    """``mv proj elsewhere/proj`` with no OVERNIGHT_STORE: the hooks find the task in the store that
+    moved with the project (the pointer names it relative to the project; an old pointer's absolute
+    path is followed to the same place under the new root) and create nothing at the old path."""
+    repo, tid, transcript = project
+    if fmt == "old-absolute":
+        _old_pointer(repo, tid, repo / ".overnight" / "overnight.db")
+    before = head(repo, tid)
+    new = tmp_path / "elsewhere" / "proj"
+    new.parent.mkdir()
+    shutil.move(repo, new)
+    out = hook("claude-code", "session-start", stdin=payload("session_start_compact.json", new, transcript), cwd=new)
+    assert out.returncode == 0, out.stderr
+    text = json.loads(out.stdout)["hookSpecificOutput"]["additionalContext"]
+    assert text.startswith("overnight: this session continues") and tid in text, text
+    assert f"project moved: recorded at {repo}, now {new}" in text
+    out = hook("claude-code", "pre-compact", stdin=payload("pre_compact.json", new, transcript), cwd=new)
+    assert "systemMessage" in json.loads(out.stdout), out.stdout
+    after = head(new, tid)
+    assert after.record.event.kind == "compaction" and after.record.parent_id == before.id
+    assert not repo.exists()  # no store, no folder created at the old path
+
+
+@pytest.mark.parametrize("fmt", ["as-written", "old-absolute"])
+def test_hooks_in_a_copied_project_commit_to_the_copys_store_never_the_originals(project, tmp_path: Path,
+                                                                                 fmt: str) -> None:
+    """``cp -r proj copy`` (the original stays): a hook in the copy commits to the copy's store; the
+    original's store is not touched -- also when the pointer is an old one naming the original's
+    store by its absolute path."""
+    repo, tid, transcript = project
+    if fmt == "old-absolute":
+        _old_pointer(repo, tid, repo / ".overnight" / "overnight.db")
+    original = repo / ".overnight" / "overnight.db"
+    copy = tmp_path / "copy"
+    shutil.copytree(repo, copy, symlinks=True)
+    n, original_head = _count(original), head(repo, tid).id
+    out = hook("claude-code", "pre-compact", stdin=payload("pre_compact.json", copy, transcript), cwd=copy)
+    assert "systemMessage" in json.loads(out.stdout), out.stdout
+    out = hook("claude-code", "stop", stdin=payload("stop.json", copy, transcript), cwd=copy)
+    assert out.returncode == 0, out.stderr
+    assert _count(copy / ".overnight" / "overnight.db") > n
+    assert head(copy, tid).record.event.kind in ("compaction", "step")
+    assert _count(original) == n and head(repo, tid).id == original_head
+
+
+def test_an_old_pointer_to_a_store_that_is_gone_is_a_typed_error_and_creates_nothing(project, tmp_path: Path) -> None:
+    """An old-format pointer (absolute path) whose store no longer exists anywhere: every hook says
+    which pointer names which missing store (pre-compact blocks the compaction) and creates nothing;
+    one in a copy made without its store does not fall back to the original's store."""
+    repo, tid, transcript = project
+    gone = tmp_path / "old" / "proj" / ".overnight" / "overnight.db"
+    _old_pointer(repo, tid, gone)
+    (repo / ".overnight" / "overnight.db").rename(tmp_path / "kept.db")  # neither the old nor the same place here
+    pointer = repo / ".overnight" / "current-task"
+    reason = _blocked(hook("claude-code", "pre-compact", stdin=payload("pre_compact.json", repo, transcript), cwd=repo))
+    assert str(pointer) in reason and str(gone) in reason and "does not exist" in reason, reason
+    assert "task_resume" in reason and "OVERNIGHT_STORE" in reason and tid in reason
+    out = hook("claude-code", "session-start", stdin=payload("session_start_compact.json", repo, transcript), cwd=repo)
+    text = json.loads(out.stdout)["hookSpecificOutput"]["additionalContext"]
+    assert "could not load" in text and str(pointer) in text, text
+    assert hook("claude-code", "stop", stdin=payload("stop.json", repo, transcript), cwd=repo).returncode == 1
+    assert not (tmp_path / "old").exists() and not (repo / ".overnight" / "overnight.db").exists()
+    from overnight.errors import OvernightError, StoreUnavailable
+    from overnight.mcp.tasks import pointer_store, read_pointer
+
+    with pytest.raises(StoreUnavailable) as err:
+        pointer_store(*read_pointer(repo))
+    assert isinstance(err.value, OvernightError) and err.value.location == str(gone)
+
+    # a copy of a project made without its store: its old pointer names the original's store,
+    # which exists -- but is the original's (its own pointer names the same task): refused
+    (repo / ".overnight" / "overnight.db").unlink(missing_ok=True)
+    (tmp_path / "kept.db").rename(repo / ".overnight" / "overnight.db")
+    _old_pointer(repo, tid, repo / ".overnight" / "overnight.db")
+    copy = tmp_path / "copy"
+    shutil.copytree(repo, copy, symlinks=True, ignore=shutil.ignore_patterns("overnight.db*"))
+    n = _count(repo / ".overnight" / "overnight.db")
+    reason = _blocked(hook("claude-code", "pre-compact", stdin=payload("pre_compact.json", copy, transcript), cwd=copy))
+    assert str(copy / ".overnight" / "current-task") in reason and "belongs to the project" in reason, reason
+    assert _count(repo / ".overnight" / "overnight.db") == n
+    assert not (copy / ".overnight" / "overnight.db").exists()

@@ -608,3 +608,39 @@ def test_a_moved_project_resumes_against_its_new_location(repo: Path, tmp_path: 
     assert st.drift.lines == [] and st.control.project == str(new)
     assert not repo.exists()  # nothing written at the old path (no .overnight/ pointer there)
     assert json_of(new / ".overnight" / "current-task")["task_id"] == tid
+
+
+def test_the_pointer_names_a_store_in_the_project_relative_to_it(repo: Path, tmp_path: Path) -> None:
+    """``task_start`` records a store inside the project relative to the project root (so it stays
+    right when the folder moves), one outside it by its absolute path; ``task_resume`` rewrites an
+    old pointer (absolute path) that way."""
+    import json
+    import shutil
+
+    from overnight.errors import ConfigError
+    from overnight.mcp.tasks import CodingTasks, pointer_store, read_pointer
+
+    inside = repo / ".overnight" / "overnight.db"
+    with CodingTasks(f"sqlite://{inside}", project=repo) as t:
+        tid = t.start("Rewrite the parser").task_id
+    pointer = repo / ".overnight" / "current-task"
+    assert json_of(pointer) == {"task_id": tid, "branch": "main", "store": "sqlite://.overnight/overnight.db",
+                                "root": str(repo)}
+    assert pointer_store(*read_pointer(repo / "src")) == f"sqlite://{inside}"
+    pointer.write_text(json.dumps({"task_id": tid, "branch": "main", "store": f"sqlite://{inside}"}))  # old format
+    assert pointer_store(*read_pointer(repo)) == f"sqlite://{inside}"
+    with CodingTasks(f"sqlite://{inside}", project=repo) as t:
+        t.resume(tid)
+    assert json_of(pointer)["store"] == "sqlite://.overnight/overnight.db"
+    outside = tmp_path / "stores" / "shared.db"
+    with CodingTasks(f"sqlite://{outside}", project=repo) as t:
+        other = t.start("Another task").task_id
+    assert json_of(pointer) == {"task_id": other, "branch": "main", "store": f"sqlite://{outside}", "root": str(repo)}
+    # the shared store stays the one named wherever the project goes
+    moved = tmp_path / "moved"
+    shutil.move(repo, moved)
+    assert pointer_store(*read_pointer(moved)) == f"sqlite://{outside}"
+    # a pointer is data: a value of the wrong type is refused, not used
+    (moved / ".overnight" / "current-task").write_text(json.dumps({"task_id": other, "store": 7}))
+    with pytest.raises(ConfigError, match="store is not a non-empty string"):
+        read_pointer(moved)

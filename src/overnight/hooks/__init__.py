@@ -21,7 +21,8 @@ points. The command reads the event's JSON on stdin (``session_id``, ``transcrip
 because the MCP server never sees that id (MCP has no notion of the agent's conversation), a
 session id changes on every ``/clear`` and on resume while the task goes on, and the project
 directory is the one thing the server, the hooks and the agent share; the pointer also names the
-store the task lives in, so a hook finds a task started with ``overnight mcp --store URL``. Two
+store the task lives in, so a hook finds a task started with ``overnight mcp --store URL`` (a store
+inside the project is named relative to it, so a moved or copied project finds its own). Two
 agents working on one checkout at the same time share it: give each its own worktree (or
 ``OVERNIGHT_TASK``). No current task: every hook does nothing.
 
@@ -82,8 +83,11 @@ class Outcome:
 
 
 def _locate(payload: dict[str, Any], store: str | None) -> tuple[Path, str, str, str | None] | None:
-    """``(project root, task id, branch, store URL)`` of the current task, or None."""
-    from overnight.mcp.tasks import read_pointer
+    """``(project root, task id, branch, store URL)`` of the current task, or None. The store: ``store``
+    (``--store``), else ``$OVERNIGHT_STORE``, else the pointer's, resolved against the root the
+    pointer was found in (:func:`~overnight.mcp.tasks.pointer_store`: a moved or copied project
+    uses its own store; a missing one is a StoreUnavailable, never created)."""
+    from overnight.mcp.tasks import pointer_store, read_pointer
 
     cwd = payload.get("cwd") or os.getcwd()
     found = read_pointer(cwd)
@@ -95,7 +99,8 @@ def _locate(payload: dict[str, Any], store: str | None) -> tuple[Path, str, str,
     task_id = task or pointer["task_id"]
     branch = os.environ.get("OVERNIGHT_BRANCH") or (pointer.get("branch") if pointer.get("task_id") == task_id
                                                     else None) or "main"
-    return root, task_id, branch, store or os.environ.get("OVERNIGHT_STORE") or pointer.get("store")
+    store = store or os.environ.get("OVERNIGHT_STORE") or (pointer_store(root, pointer) if found else None)
+    return root, task_id, branch, store
 
 
 def read_transcript(path: str | None) -> tuple[bytes, list[Any]]:
@@ -206,7 +211,8 @@ def handle(event: str, payload: dict[str, Any], *, store: str | None = None) -> 
                            "to save, no checkpoint committed", task_id=loc[1], skipped=True)
         return _checkpoint(event, payload, loc)
     except Exception as exc:  # noqa: BLE001 - reported to the agent in its own terms by the caller
-        return Outcome(event, False, _describe(exc), task_id=loc[1] if loc else None, error=exc)
+        return Outcome(event, False, _describe(exc), task_id=loc[1] if loc else getattr(exc, "task_id", None),
+                       error=exc)
 
 
 def _describe(exc: BaseException) -> str:

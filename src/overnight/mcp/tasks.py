@@ -57,6 +57,7 @@ from overnight.errors import (
     ConfigError,
     SchemaError,
     StaleHead,
+    StoreUnavailable,
     TaskNotFound,
     short_id,
 )
@@ -73,15 +74,17 @@ from overnight.chain.integrity import encode_state, signing_key_from_env
 from overnight.chain.records import artifact_ref, context_info, done_entry, event, initial_state
 
 __all__ = ["KIND", "POINTER", "ArtifactIn", "CheckpointResult", "CodingTasks", "ControlPoint", "Resumed",
-           "read_pointer", "render_control_point", "write_pointer"]
+           "pointer_store", "read_pointer", "render_control_point", "write_pointer"]
 
 
 AGENT_FN = "agent"
 """``fn`` of the todo and done entries of a coding-agent task (no step function runs them)."""
 
 POINTER = Path(".overnight") / "current-task"
-"""The project's current task, relative to the project root: JSON ``{"task_id", "branch", "store"}``,
-written by ``task_start`` and ``task_resume``, read by the hooks (module :mod:`overnight.hooks`)."""
+"""The project's current task, relative to the project root: JSON ``{"task_id", "branch", "store",
+"root"}``, written by ``task_start`` and ``task_resume`` (:func:`write_pointer`: a store in the
+project recorded relative to it), read by the hooks (module :mod:`overnight.hooks`;
+:func:`pointer_store` resolves the store)."""
 
 COMMIT_ATTEMPTS = 20
 _SLUG = re.compile(r"[^a-z0-9]+")
@@ -259,8 +262,12 @@ def render_control_point(cp: ControlPoint, *, drift_report: CodingDrift | None =
 
 
 def read_pointer(start: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
-    """``(project root, {"task_id", "branch", "store"})`` from the nearest :data:`POINTER` at or
-    above ``start`` (as git finds ``.git``), or None when there is none."""
+    """``(project root, {"task_id", "branch", "store", "root"})`` from the nearest :data:`POINTER`
+    at or above ``start`` (as git finds ``.git``), or None when there is none. ``store`` is as
+    written (relative for a store in the project): :func:`pointer_store` resolves it.
+
+    The file is data (a copied or edited project carries whatever it says): a value of the wrong
+    type is a ConfigError, never used."""
     p = Path(start).resolve()
     for d in (p, *p.parents):
         f = d / POINTER
@@ -273,20 +280,133 @@ def read_pointer(start: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None
                               hint="call task_start or task_resume again to rewrite it") from exc
         if not isinstance(data, dict) or not isinstance(data.get("task_id"), str):
             raise ConfigError(f"{f} does not name a task", hint="call task_start or task_resume again to rewrite it")
+        for field in ("branch", "store", "root"):
+            if not isinstance(data.get(field, ""), str) or data.get(field) == "":
+                raise ConfigError(f"{f}: {field} is not a non-empty string",
+                                  hint="call task_start or task_resume again to rewrite it", task_id=data["task_id"])
         return d, data
     return None
 
 
+def _local_store(url: str) -> tuple[str, Path] | None:
+    """``(prefix, path)`` of a store URL naming a local path (``sqlite://PATH``, ``file://PATH`` or
+    a bare path; prefix ``sqlite://``, ``file://`` or ``""``); None for a server or a bucket."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "", Path(url)
+    if scheme.lower() in ("sqlite", "file") and rest:
+        return f"{scheme}://", Path(rest)
+    return None
+
+
 def write_pointer(root: Path, task_id: str, branch: str, store_url: str) -> None:
-    """Make ``task_id``/``branch`` the project's current task (atomically: write, then rename)."""
+    """Make ``task_id``/``branch`` the project's current task (atomically: write, then rename).
+
+    A store inside the project (the default ``.overnight/overnight.db``) is recorded relative to
+    ``root`` (``sqlite://.overnight/overnight.db``), so the pointer stays right when the project
+    folder is moved or copied (the store goes with it); a store outside it (or a server) as given.
+    ``root`` is recorded too: it marks this format (:func:`pointer_store`)."""
+    root = Path(root).resolve()
+    local = _local_store(store_url)
+    if local is not None:
+        path = Path(os.path.abspath(local[1]))  # a Store's own URL may be relative to the cwd
+        store_url = local[0] + str(path)
+        if path != root and path.is_relative_to(root):
+            store_url = local[0] + path.relative_to(root).as_posix()
     d = root / POINTER.parent
     d.mkdir(parents=True, exist_ok=True)
     ignore = d / ".gitignore"
     if not ignore.exists():  # the store and the pointer are not the project's source
         ignore.write_text("*\n", "utf-8")
     tmp = d / f".current-task.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"task_id": task_id, "branch": branch, "store": store_url}) + "\n", "utf-8")
+    tmp.write_text(json.dumps({"task_id": task_id, "branch": branch, "store": store_url, "root": str(root)}) + "\n",
+                   "utf-8")
     os.replace(tmp, root / POINTER)
+
+
+def _owner_pointer(path: Path, root: Path, task_id: str) -> Path | None:
+    """The :data:`POINTER` of another project, above ``path``, that names ``task_id`` too: ``path``
+    is that project's store (``root`` is a copy of it), or None."""
+    for d in path.parents:
+        f = d / POINTER
+        if d != root and f.is_file():
+            try:
+                data = json.loads(f.read_text("utf-8"))
+            except (OSError, ValueError):
+                return None
+            return f if isinstance(data, dict) and data.get("task_id") == task_id else None
+    return None
+
+
+def pointer_store(root: Path, pointer: dict[str, Any]) -> str | None:
+    """The store URL of a pointer :func:`read_pointer` found in the project root ``root``: absolute,
+    naming a store that exists; None when the pointer names none (the default store then).
+
+    The rule, for a local store (``sqlite://``, ``file://``, a bare path; a server URL is used as
+    written):
+
+    1. a relative path (what :func:`write_pointer` writes for a store in the project) is taken
+       against ``root``, wherever the project has been moved or copied to;
+    2. an absolute path inside ``root`` is used as written;
+    3. an absolute path outside ``root`` in a pointer that records its ``root`` (this format) is
+       a store outside the project, shared by design: used as written -- unless it lies inside
+       the recorded root (a hand-made pointer), then it is taken as rule 1 with its path relative
+       to that root;
+    4. an absolute path outside ``root`` in an old pointer (no ``root``: every path absolute) was
+       most likely written in the project's old folder (moved or copied since): if the current
+       project has a store at the same path relative to some folder above the recorded one (the
+       longest such tail first: ``.../old/app/.overnight/overnight.db`` -> ``.overnight/overnight.db``),
+       that one is used -- the project's own store, moved or copied with it, so a copy's
+       checkpoints go to the copy's store, never to the original's. Else the recorded path,
+       unless a project above it has its own pointer naming the same task (the recorded store
+       is that project's, of which this one is a copy without its store): StoreUnavailable.
+
+    A store that does not exist is never created from a pointer (a stale one would leave an empty
+    store at the old path): StoreUnavailable naming the pointer file and the missing store.
+    """
+    url = pointer.get("store")
+    if url is None:
+        return None
+    task_id = pointer.get("task_id")
+    f = root / POINTER
+    hint = (f"call task_resume(task_id={task_id!r}) with the server run in this project to point it at the task's "
+            "store, or set OVERNIGHT_STORE (or pass --store) to the store the task lives in")
+    local = _local_store(url)
+    if local is None:
+        return url
+    prefix, path = local
+    written = pointer.get("root")
+    if not path.is_absolute():
+        chosen = root / path
+    else:
+        path = Path(os.path.normpath(path))
+        chosen = path  # rule 2, and rule 3 for a store outside the project
+        if path.is_relative_to(root):
+            pass
+        elif written is not None:
+            old = Path(os.path.normpath(written))
+            if old.is_absolute() and path.is_relative_to(old):
+                chosen = root / path.relative_to(old)
+        else:  # rule 4
+            for above in reversed(path.parents[:-1]):  # longest tail first; never the file system root
+                if (root / path.relative_to(above)).exists():
+                    chosen = root / path.relative_to(above)
+                    break
+            else:
+                owner = _owner_pointer(path, root, task_id) if path.exists() else None
+                if owner is not None:
+                    raise StoreUnavailable(
+                        f"the current-task pointer {f} names the store {path}, which belongs to the project at "
+                        f"{owner.parent.parent} (its pointer names the same task; this project at {root} looks like "
+                        "a copy of it made without its store): not used, so this project's checkpoints do not land "
+                        "in the other project's store",
+                        location=str(path), task_id=task_id, hint=hint)
+    chosen = Path(os.path.normpath(chosen))
+    if not chosen.exists():
+        raise StoreUnavailable(f"the current-task pointer {f} names the store {prefix}{chosen}, which does not "
+                               "exist (the project moved or was copied without it?); nothing was created",
+                               location=str(chosen), task_id=task_id, hint=hint)
+    return f"{prefix}{chosen}"
 
 
 def resolve_store_url(store: str | None, root: Path) -> str:
