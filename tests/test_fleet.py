@@ -611,7 +611,9 @@ def test_an_idle_exit_worker_waits_for_a_killed_workers_claim_and_runs_the_task(
     """A worker started with ``--idle-exit`` right after another was killed does not exit while
     the dead worker's claim runs out: it waits, then takes the task over and completes it."""
     tid = _submit(tmp_path, sqlite_url, "--param", "steps=20", "--param", "sleep=0.2")["task_id"]
-    w = start_worker(tmp_path, sqlite_url, "--lease", "4", name="w1")
+    # a lease long enough that the dead worker's claim (heartbeat every third of it) outlives the
+    # second worker's start on a loaded machine (~2-4 s at load 7 on 2 cores): else there is no wait
+    w = start_worker(tmp_path, sqlite_url, "--lease", "9", name="w1")
     wait_until(lambda: len(side_log(tmp_path)) >= 2, 60, "two steps")
     stop(w, signal.SIGKILL)
     assert queue_rows(sqlite_url)[tid].status == "running"  # the dead worker's claim, not run out yet

@@ -122,7 +122,7 @@ def _queued_only(s: Store, task_id: str) -> str | None:
         row = q.get(task_id) if q is not None else None
     except OvernightError:
         return None
-    return describe(row, None, complete=False) if row is not None else None
+    return describe(row, None, complete=False, now=s.clock_ms()) if row is not None else None
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|hr|d|day|days|w|week|weeks)?\s*$")
@@ -339,6 +339,7 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
     """:class:`TaskSummary` of every task in ``s`` not in ``seen`` (which gains them)."""
     key = signing_key_from_env()
     out = []
+    now = s.clock_ms()  # one reading of the clock leases are judged by, for every task listed
     for t in s.list_tasks():
         if t.task_id in seen:
             continue
@@ -360,7 +361,7 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
             except OvernightError:
                 status = "invalid"
         if status in ("in progress", "complete"):  # who holds it: running / stalled / queued / failed ...
-            status = task_status(s, t.task_id, complete=status == "complete") or status
+            status = task_status(s, t.task_id, complete=status == "complete", now=now) or status
         out.append(TaskSummary(t.task_id, t.goal, status, done, total, sorted(refs), len(rows),
                                max((r.created_at for r in rows), default=None), t.created_at,
                                store_location(s.url), _damaged_records(rows, key), fell_back))
@@ -368,7 +369,7 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
     for row in q.list() if q is not None else []:  # submitted, not started yet
         if row.task_id not in seen:
             seen.add(row.task_id)
-            out.append(TaskSummary(row.task_id, f"({row.entry})", describe(row, None, complete=False), 0, 0, [], 0,
+            out.append(TaskSummary(row.task_id, f"({row.entry})", describe(row, None, complete=False, now=now), 0, 0, [], 0,
                                    None, "", store_location(s.url)))
     return out
 
@@ -1237,6 +1238,14 @@ def workers(*, store: Store | str | None = None) -> list[Any]:
     return _queue_call(store, lambda q: q.workers())
 
 
+def clock_ms(*, store: Store | str | None = None) -> int:
+    """Now, in Unix ms, by the clock the store's leases, claims and worker heartbeats are set by
+    (:meth:`~overnight.store.base.LeaseStore.clock_ms`: PostgreSQL's server clock, else this
+    machine's), for judging their ages as the workers do."""
+    with _opened(store, read_only=True) as s:
+        return s.clock_ms()
+
+
 def retry(task_id: str, *, store: Store | str | None = None) -> Any:
     """Queue a ``failed`` or ``cancelled`` task again. Raises TaskNotFound when it was never submitted."""
     return _queue_call(store, lambda q: q.retry(task_id))
@@ -1247,9 +1256,10 @@ def cancel(task_id: str, *, store: Store | str | None = None) -> Any:
     return _queue_call(store, lambda q: q.cancel(task_id))
 
 
-def task_state(task_id: str, *, store: Store, complete: bool) -> str | None:
+def task_state(task_id: str, *, store: Store, complete: bool, now: int | None = None) -> str | None:
     """What ``overnight ls`` says of a task from its queue row and task lease (``queued``,
     ``running (worker W on HOST, heartbeat N s ago)``, ``stalled (...)``, ``interrupted``, ``failed
     (REASON)``, ``cancelled``, ``complete``), or None for a store kind without a queue.
-    ``complete``: its verified head has nothing left to do."""
-    return task_status(store, task_id, complete=complete)
+    ``complete``: its verified head has nothing left to do; ``now``: Unix ms by the store's clock
+    (default: read from it, :func:`clock_ms`)."""
+    return task_status(store, task_id, complete=complete, now=now)

@@ -161,12 +161,12 @@ def workers(store: Optional[str] = StoreOpt,
 
     try:
         rows = api.workers(store=store)
+        now = api.clock_ms(store=store)  # heartbeats are written by the store's clock
     except OvernightError as exc:
         _fail(exc)
-    from overnight.store.leases import now_ms, process_gone
+    from overnight.store.leases import process_gone
     from overnight.store.queue import SILENT_AFTER_MS
 
-    now = now_ms()
 
     def state(w: Any) -> str:
         if w.state == "stopped":

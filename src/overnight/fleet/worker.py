@@ -235,7 +235,7 @@ class Worker:
         self._signals = 0
         self._store: Any = None
         self._queue: Any = None
-        self._started_ms = now_ms()
+        self._started_ms = now_ms()  # this machine's clock: process_gone compares it with the pid's start
 
     # -- store, with reconnects -------------------------------------------------------------------
     def _coming(self) -> str | None:
@@ -248,7 +248,8 @@ class Worker:
         worker is that worker's, not work coming."""
         from overnight.store.leases import process_gone
 
-        q, now = self._q(), now_ms()
+        q = self._q()
+        now = q.clock_ms()  # the clock claims and worker heartbeats are set by
         mine = [t for t in q.list() if t.queue in self.queues]
         soon = [t for t in mine if t.status == "queued" and t.not_before_ms <= now + self.lease_ms]
         if soon:
@@ -389,7 +390,7 @@ class Worker:
                 continue
             if code == EXIT_STORE_GONE:  # the store went away under the session: not the task's fault
                 self._store_retry(lambda q: q.release(child.task.task_id, child.task.claim_token,
-                                                      not_before_ms=now_ms() + int(self.backoff_s * 1000)))
+                                                      not_before_ms=q.clock_ms() + int(self.backoff_s * 1000)))
                 continue
             if code == EXIT_STOPPED or (code == -signal.SIGTERM and self.stopping):
                 # the worker's own stop reached it while it started: nothing committed, not a death
@@ -448,7 +449,7 @@ class Worker:
                     row = q.get(task.task_id)
                     LOG.warning("task %s: %s (death %s of %d in a row); queued again%s", task.task_id, reason,
                                 row.deaths if row else "?", self.max_deaths,
-                                f" in {human_duration(row.not_before_ms - now_ms())}" if row else "")
+                                f" in {human_duration(row.not_before_ms - q.clock_ms())}" if row else "")
                 return
             except ConfigError:
                 raise
@@ -483,7 +484,8 @@ class Worker:
     # -- the loop ----------------------------------------------------------------------------------
     def _beat(self, state: str = "running") -> None:
         self._q().worker_beat(WorkerRow(self.worker_id, socket.gethostname(), os.getpid(), self._started_ms,
-                                        now_ms(), self.queues, self.concurrency, len(self._children), state))
+                                        0, self.queues, self.concurrency, len(self._children), state))  # 0: worker_beat
+        # sets the heartbeat by the store's clock
 
     def _parked(self, error: QueueRowInvalid) -> None:
         """A claim parked a queue row that does not decode (edited outside overnight) and went on."""
@@ -520,11 +522,13 @@ class Worker:
             ConfigError: the id is in use (the message names its host and pid).
         """
         try:
-            rows = [w for w in self._q().workers() if w.worker_id == self.worker_id]
+            q = self._q()
+            rows = [w for w in q.workers() if w.worker_id == self.worker_id]
+            now = q.clock_ms()
         except OvernightError:
             return  # the store is away: the loop retries it; the check is a courtesy
         for w in rows:
-            if w.state == "stopped" or now_ms() - w.heartbeat_ms > self.lease_ms or (w.host, w.pid) == (
+            if w.state == "stopped" or now - w.heartbeat_ms > self.lease_ms or (w.host, w.pid) == (
                     socket.gethostname(), os.getpid()):
                 continue
             if w.host == socket.gethostname():
@@ -535,7 +539,7 @@ class Worker:
                 except PermissionError:
                     pass
             raise ConfigError(f"worker id {self.worker_id!r} is in use by pid {w.pid} on {w.host} (heartbeat "
-                              f"{(now_ms() - w.heartbeat_ms) / 1000:.0f} s ago)",
+                              f"{(now - w.heartbeat_ms) / 1000:.0f} s ago)",
                               hint="give each worker its own --worker-id (the default, HOST-PID, is unique)")
 
     def run(self) -> int:

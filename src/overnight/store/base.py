@@ -478,6 +478,15 @@ class LeaseStore(Protocol):
         normally (complete, interrupted, stopped)."""
         ...
 
+    def clock_ms(self) -> int:
+        """Now, in Unix milliseconds, by the clock this store judges leases and queue claims by --
+        the one every ``expires_at_ms``, ``claim_expires_ms`` and ``not_before_ms`` it keeps is
+        set and compared with. PostgreSQL: the server's clock (one query), so workers whose own
+        clocks disagree never take a live holder's lease or claim early, nor lose their own to a
+        clock running behind. The others: this machine's clock (an SQLite or ``file://`` store
+        is written from one host; on S3 each writer's clock, which must be kept in sync)."""
+        ...
+
 
 
 @runtime_checkable

@@ -586,6 +586,10 @@ class KeyedStore(Closing):
             if self._c.swap(key, layout.encode_lease(released), version) is not None:
                 return
 
+    def clock_ms(self) -> int:
+        """Now, in Unix ms, by this machine's clock (``file://``: one host; S3: each writer's own, to be kept in sync)."""
+        return now_ms()
+
     # -- housekeeping -----------------------------------------------------------------------
 
     def stored_bytes(self) -> int:

@@ -264,6 +264,10 @@ class MemoryStore(Closing):
                 self._leases[(lease.task_id, lease.branch)] = Lease(lease.task_id, lease.branch, "",
                                                                     released_holder(outcome), held.token, 0)
 
+    def clock_ms(self) -> int:
+        """Now, in Unix ms, by this machine's clock (one process)."""
+        return now_ms()
+
     # housekeeping
     def stored_bytes(self) -> int:
         with self._lock:

@@ -66,7 +66,9 @@ from overnight.store.leases import can_take_over, describe_holder, now_ms, relea
 from overnight.store.refusal import unreachable
 
 DEFAULT_SCHEMA = "overnight"
-_NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"  # the server's clock, in ms
+NOW_MS_SQL = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+"""SQL: now by the server's clock, in Unix ms -- what leases, queue claims and object stored times
+are set and judged by (:meth:`PostgresStore.clock_ms`)."""
 _OUR_PARAMS = ("schema", "pool_max", "busy_timeout_ms")
 _PAGE = 10_000  # digests per page of a listing of every object
 T = TypeVar("T")
@@ -397,7 +399,7 @@ class PostgresStore(Closing):
             if not present:
                 break
             # refresh: the row lock held until this commit ends keeps a concurrent gc off it
-            cur.execute(self._sql(f"UPDATE {{s}}.objects SET stored_at_ms = {_NOW_MS} WHERE digest = ANY(%s) "
+            cur.execute(self._sql(f"UPDATE {{s}}.objects SET stored_at_ms = {NOW_MS_SQL} WHERE digest = ANY(%s) "
                                   "RETURNING digest"), (present,))
             refreshed = {r[0] for r in cur.fetchall()}
             rest.extend(refreshed)
@@ -434,7 +436,7 @@ class PostgresStore(Closing):
                               (page[-1][0], _PAGE))
 
     def iter_object_stats(self) -> Iterator[ObjectStat]:
-        rows = self._read(f"SELECT digest, octet_length(data), greatest(0, {_NOW_MS} - stored_at_ms) FROM {{s}}.objects")
+        rows = self._read(f"SELECT digest, octet_length(data), greatest(0, {NOW_MS_SQL} - stored_at_ms) FROM {{s}}.objects")
         for digest, size, age in rows:
             yield ObjectStat(digest, int(size), int(age))
 
@@ -451,7 +453,7 @@ class PostgresStore(Closing):
                 else:
                     # the age test is in the WHERE clause: re-checked on a row a commit refreshed meanwhile
                     cur.execute(self._sql(f"DELETE FROM {{s}}.objects WHERE digest = ANY(%s) AND "
-                                          f"stored_at_ms <= {_NOW_MS} - %s RETURNING octet_length(data)"),
+                                          f"stored_at_ms <= {NOW_MS_SQL} - %s RETURNING octet_length(data)"),
                                 (part, int(age_limit(min_age_ms))))
                 freed += sum(int(r[0]) for r in cur.fetchall())
         return freed
@@ -723,11 +725,12 @@ class PostgresStore(Closing):
         with self._tx() as cur:
             # the row exists from the first acquisition on (a released lease keeps its token)
             cur.execute(self._sql("INSERT INTO {s}.leases VALUES (%s, %s, '', '', 0, 0) ON CONFLICT DO NOTHING"), key)
-            cur.execute(self._sql("SELECT holder_id, holder, token, expires_at_ms FROM {s}.leases "
+            # judged by the server's clock, as every holder's expiry was set: a client whose clock
+            # runs ahead must not take a live lease early (nor one running behind lose its own)
+            cur.execute(self._sql(f"SELECT holder_id, holder, token, expires_at_ms, {NOW_MS_SQL} FROM {{s}}.leases "
                                   "WHERE task_id=%s AND branch=%s FOR UPDATE"), key)
-            cur_holder_id, cur_holder, token, expires = cur.fetchone()
+            cur_holder_id, cur_holder, token, expires, now = cur.fetchone()
             cur_holder_id, cur_holder = _s(cur_holder_id), _s(cur_holder)
-            now = now_ms()
             if cur_holder_id not in ("", holder_id) and not can_take_over(cur_holder, expires, now):
                 raise TaskBusy(
                     f"task {task_id!r} is busy (held by {describe_holder(cur_holder)}, "
@@ -742,11 +745,11 @@ class PostgresStore(Closing):
         return Lease(task_id, branch, holder_id, holder, token + 1, now + ttl_ms)
 
     def renew_lease(self, lease: Lease, ttl_ms: int) -> Lease:
-        expires = now_ms() + ttl_ms
         with self._tx() as cur:
             self._check_lease(cur, lease)
-            cur.execute(self._sql("UPDATE {s}.leases SET expires_at_ms=%s WHERE task_id=%s AND branch=%s"),
-                        (expires, _b(lease.task_id), _b(lease.branch)))
+            cur.execute(self._sql(f"UPDATE {{s}}.leases SET expires_at_ms={NOW_MS_SQL} + %s WHERE task_id=%s AND branch=%s "
+                                  "RETURNING expires_at_ms"), (ttl_ms, _b(lease.task_id), _b(lease.branch)))
+            expires = cur.fetchone()[0]
         return Lease(lease.task_id, lease.branch, lease.holder_id, lease.holder, lease.token, expires)
 
     def read_lease(self, task_id: str, branch: str) -> Lease | None:
@@ -763,6 +766,11 @@ class PostgresStore(Closing):
                                   "WHERE task_id=%s AND branch=%s AND holder_id=%s AND token=%s"),
                         (_b(released_holder(outcome)) if outcome else b"", _b(lease.task_id), _b(lease.branch),
                          _b(lease.holder_id), lease.token))
+
+    def clock_ms(self) -> int:
+        """Now, in Unix ms, by the PostgreSQL server's clock (one query): what leases and queue
+        claims in this store are set and judged by, whatever each client's clock says."""
+        return int(self._read(f"SELECT {NOW_MS_SQL}")[0][0])
 
     # -- housekeeping -----------------------------------------------------------------------
 

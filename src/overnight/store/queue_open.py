@@ -31,12 +31,15 @@ def queue_for(store: Any) -> Any | None:
     return None
 
 
-def task_status(store: Any, task_id: str, *, complete: bool) -> str:
+def task_status(store: Any, task_id: str, *, complete: bool, now: int | None = None) -> str:
     """:func:`describe` for a task of ``store``: its queue row (on a store with a queue) and its
     task lease on ``main`` (every store: a plain ``overnight run`` holds one), so running, stalled,
-    interrupted and failed read the same with or without workers."""
+    interrupted and failed read the same with or without workers. ``now``: Unix ms by the store's
+    clock (default: ``store.clock_ms()``, the clock its leases and claims are set by; a listing of
+    many tasks reads it once)."""
     q = queue_for(store)
-    return describe(q.get(task_id) if q is not None else None, store.read_lease(task_id, "main"), complete=complete)
+    return describe(q.get(task_id) if q is not None else None, store.read_lease(task_id, "main"), complete=complete,
+                    now=store.clock_ms() if now is None else now)
 
 
 __all__ = ["queue_for", "task_status"]

@@ -22,8 +22,7 @@ from typing import Any, Callable, Iterator
 
 import psycopg
 
-from overnight.store.leases import now_ms
-from overnight.store.postgres import parse_url
+from overnight.store.postgres import NOW_MS_SQL, parse_url
 from overnight.store.queue import COLUMNS, QueuedTask, QueueRowInvalid, parked_reason, row_to_task
 from overnight.store.queue_sql import PARK_AT_MOST, SqlQueue, log_parked
 
@@ -201,20 +200,20 @@ class PostgresQueue(SqlQueue):
 
     def _claim_one(self, worker_id: str, queues: list[str], ttl_ms: int) -> tuple | None:
         """The claim's one statement: the claimed row (:data:`COLUMNS`, then its status and worker
-        before the claim), or None."""
-        now = now_ms()
+        before the claim), or None. Claims, retries and leases are judged by the server's clock
+        (``n.t``), as they were set: a worker whose clock runs ahead takes no live claim early."""
         marks = ", ".join("?" * len(queues))
         sql = self._sql(
-            f"WITH c AS (SELECT q.task_id, q.status AS was, q.worker_id AS held_by FROM {{s}}.queue q "
-            f"WHERE q.queue IN ({marks}) AND ((q.status='queued' AND q.not_before_ms <= ?) OR "
-            f"(q.status='running' AND q.claim_expires_ms < ?)) AND NOT {self._lease_live()} "
+            f"WITH n AS (SELECT {NOW_MS_SQL} AS t), "
+            f"c AS (SELECT q.task_id, q.status AS was, q.worker_id AS held_by FROM {{s}}.queue q, n "
+            f"WHERE q.queue IN ({marks}) AND ((q.status='queued' AND q.not_before_ms <= n.t) OR "
+            f"(q.status='running' AND q.claim_expires_ms < n.t)) AND NOT {self._lease_live('n.t')} "
             f"ORDER BY q.priority DESC, q.seq LIMIT 1{self.LOCK}) "
             "UPDATE {s}.queue q SET status='running', claim_token=q.claim_token+1, worker_id=?, host=?, pid=NULL, "
-            "attempts=q.attempts+1, claimed_ms=?, heartbeat_ms=?, claim_expires_ms=? FROM c WHERE q.task_id=c.task_id "
-            f"RETURNING {', '.join(f'q.{c}' for c in COLUMNS)}, c.was, c.held_by")
+            "attempts=q.attempts+1, claimed_ms=n.t, heartbeat_ms=n.t, claim_expires_ms=n.t + ? FROM c, n "
+            f"WHERE q.task_id=c.task_id RETURNING {', '.join(f'q.{c}' for c in COLUMNS)}, c.was, c.held_by")
         with self.store.connection() as conn:
-            return conn.execute(sql, (*queues, now, now, now, worker_id, socket.gethostname(), now, now,
-                                      now + ttl_ms)).fetchone()
+            return conn.execute(sql, (*queues, worker_id, socket.gethostname(), ttl_ms)).fetchone()
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
         return self.store.fetch(sql, args)
@@ -241,10 +240,14 @@ class PostgresQueue(SqlQueue):
     def _has_table(self) -> bool:
         return self._read(self.store.sql("SELECT to_regclass('{s}.workers') IS NOT NULL"))[0][0]
 
-    def _lease_live(self) -> str:
+    def _lease_live(self, now: str = "?") -> str:
         return self.store.sql(
             "EXISTS (SELECT 1 FROM {s}.leases l WHERE l.task_id=convert_to(q.task_id, 'UTF8') "
-            "AND l.branch=convert_to('main', 'UTF8') AND l.holder_id<>''::bytea AND l.expires_at_ms > ?)")
+            f"AND l.branch=convert_to('main', 'UTF8') AND l.holder_id<>''::bytea AND l.expires_at_ms > {now})")
+
+    def _now(self, cur: Any) -> int:
+        cur.execute(f"SELECT {NOW_MS_SQL}")
+        return int(cur.fetchone()[0])
 
     def _enc(self, text: str) -> object:
         return text.encode()

@@ -97,9 +97,20 @@ class SqlQueue:
     def _has_table(self) -> bool:
         raise NotImplementedError
 
-    def _lease_live(self) -> str:
-        """SQL: the task lease of ``q.task_id`` on ``main`` is held and not expired (one ``?``: now)."""
+    def _lease_live(self, now: str = "?") -> str:
+        """SQL: the task lease of ``q.task_id`` on ``main`` is held and not expired at ``now`` (SQL;
+        default one ``?``)."""
         raise NotImplementedError
+
+    def _now(self, cur: Any) -> int:
+        """Now, in Unix ms, by the store's clock (:meth:`clock_ms`), inside the transaction ``cur``."""
+        return now_ms()
+
+    def clock_ms(self) -> int:
+        """Now, in Unix ms, by the clock this queue's claims, retries and worker heartbeats are set
+        and judged by: the store's (:meth:`~overnight.store.base.LeaseStore.clock_ms`; PostgreSQL:
+        the server's, so workers on machines whose clocks disagree judge the same claims alike)."""
+        return self.store.clock_ms()
 
     def _next_seq(self, cur: Any) -> Any:
         raise NotImplementedError
@@ -152,7 +163,7 @@ class SqlQueue:
             found = cur.fetchone()
             if found is not None:
                 return self._listed(found), False
-            now = now_ms()
+            now = self._now(cur)
             task.seq = self._next_seq(cur)
             task.submitted_ms = now
             task.status = "queued"
@@ -175,11 +186,11 @@ class SqlQueue:
         is committed (default: a warning on the ``overnight.queue`` logger). Never raises
         QueueRowInvalid; raises what the store raises (StoreBusy, StoreUnavailable, ...)."""
         assert self.ROWID is not None, "a claim names its row by ROWID"
-        now = now_ms()
         marks = ", ".join("?" * len(queues))
         parked: list[QueueRowInvalid] = []
         task = None
         with self._tx() as cur:
+            now = self._now(cur)
             for _ in range(PARK_AT_MOST):
                 cur.execute(self._sql(
                     f"SELECT {self._task_cols()} FROM {{s}}.queue q WHERE q.queue IN ({marks}) AND "
@@ -218,8 +229,8 @@ class SqlQueue:
         Raises:
             ClaimLost: the claim token changed (another worker took the task over) or the task
                 is no longer running."""
-        now = now_ms()
         with self._tx() as cur:
+            now = self._now(cur)
             cur.execute(self._sql("UPDATE {s}.queue SET heartbeat_ms=?, claim_expires_ms=?, pid=COALESCE(?, pid) "
                                   "WHERE task_id=? AND claim_token=? AND status='running'"),
                         (now, now + ttl_ms, pid, task_id, token))
@@ -259,7 +270,8 @@ class SqlQueue:
                             (status, reason))
 
     def release(self, task_id: str, token: int, not_before_ms: int = 0) -> bool:
-        """Put a claimed task back ``queued`` (a graceful stop; a task busy elsewhere)."""
+        """Put a claimed task back ``queued`` (a graceful stop; a task busy elsewhere), to start
+        not before ``not_before_ms`` (Unix ms by :meth:`clock_ms`; 0: at once)."""
         return self._fenced(task_id, token, "status='queued', claim_expires_ms=0, not_before_ms=?", (not_before_ms,))
 
     def record_death(self, task: QueuedTask, head: str | None, reason: str, *, base_s: float,
@@ -278,7 +290,7 @@ class SqlQueue:
             return "failed" if ok else ""
         ok = self._fenced(task.task_id, task.claim_token,
                           "status='queued', reason=?, deaths=?, progress_head=?, claim_expires_ms=0, not_before_ms=?",
-                          (reason, deaths, head, now_ms() + backoff_ms(deaths, base_s)))
+                          (reason, deaths, head, self.clock_ms() + backoff_ms(deaths, base_s)))
         return "queued" if ok else ""
 
     def expire_dead_lease(self, task_id: str) -> bool:
@@ -289,7 +301,7 @@ class SqlQueue:
         from overnight.store.leases import Holder
 
         lease = self.store.read_lease(task_id, "main")
-        if lease is None or lease.holder_id == "" or lease.expires_at_ms <= now_ms():
+        if lease is None or lease.holder_id == "" or lease.expires_at_ms <= self.clock_ms():
             return False
         holder = Holder.from_json(lease.holder)
         if holder is None or not holder.is_gone():
@@ -376,8 +388,10 @@ class SqlQueue:
 
     # workers -----------------------------------------------------------------------------------
     def worker_beat(self, w: WorkerRow) -> None:
-        """Insert or update a worker's row (its heartbeat)."""
+        """Insert or update a worker's row (its heartbeat). ``w.heartbeat_ms`` is set to now by the
+        store's clock (:meth:`clock_ms`), as the listings judge it."""
         with self._tx() as cur:
+            w.heartbeat_ms = self._now(cur)
             cur.execute(self._sql("DELETE FROM {s}.workers WHERE worker_id=?"), (w.worker_id,))
             cur.execute(self._sql(f"INSERT INTO {{s}}.workers ({', '.join(WORKER_COLUMNS)}) VALUES "
                                   f"({', '.join('?' * len(WORKER_COLUMNS))})"),

@@ -1095,6 +1095,10 @@ class SQLiteStore(Closing):
                 (released_holder(outcome), lease.task_id, lease.branch, lease.holder_id, lease.token),
             )
 
+    def clock_ms(self) -> int:
+        """Now, in Unix ms, by this machine's clock: an SQLite store is written from one host."""
+        return now_ms()
+
     # -- housekeeping -----------------------------------------------------------------------
 
     def check_medium(self) -> list[str]:

@@ -82,7 +82,7 @@ def derive_status(*, verified: bool, problem: str | None, done: int, todo: int, 
     Args:
         last_age_s: seconds since the newest checkpoint (None: none).
         leases: the task's lease rows, or None when the store cannot list them.
-        now: Unix time in ms (default: now).
+        now: Unix time in ms by the store's clock (``store.clock_ms()``; default: this machine's).
     """
     if not verified:
         return Status("failed", problem or "no checkpoint verifies")
@@ -244,6 +244,7 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
     "pages": n, "filter": {...}}``.
     """
     now = time.time()
+    clock = s.clock_ms()  # the clock leases and claims are set by (PostgreSQL: the server's), read once
     out, counts, damaged = [], {k: 0 for k in STATUSES}, 0
     needle = (q or "").strip().lower()
     for t in s.list_tasks():
@@ -255,8 +256,8 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
         last_age = age_s(chain["last_at"], now) if chain["last_at"] else None
         st = derive_status(verified=facts["verified"], problem=facts["problem"], done=facts["done"],
                            todo=facts["todo"], steps_committed=chain["steps"], last_age_s=last_age,
-                           leases=api.leases(t.task_id, store=s))
-        real = api.task_state(t.task_id, store=s, complete=facts["todo"] == 0) if facts["verified"] else None
+                           leases=api.leases(t.task_id, store=s), now=clock)
+        real = api.task_state(t.task_id, store=s, complete=facts["todo"] == 0, now=clock) if facts["verified"] else None
         if real is not None:  # the queue and the task lease say it, not the checkpoints' age
             name = real.split(" ", 1)[0]
             st = Status(name, real[len(name):].strip(" ()") or None, source="queue")
