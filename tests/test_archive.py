@@ -242,6 +242,122 @@ def test_a_damaged_pack_is_detected_and_never_loaded(tmp_path):
     store.close()
 
 
+def _claiming(n: int) -> bytes:
+    """A small zstd frame whose header claims ``n`` content bytes (its 4-byte size field rewritten)."""
+    frame = zstandard.ZstdCompressor(write_content_size=True).compress(b"\0" * 100_000)
+    fhd = frame[4]  # frame header descriptor: bits 7-6 size field width, bit 5 single segment, 1-0 dict id width
+    assert fhd >> 6 == 2
+    at = 5 + (0 if fhd & 0x20 else 1) + (0, 1, 2, 4)[fhd & 3]
+    forged = frame[:at] + n.to_bytes(4, "little") + frame[at + 4:]
+    assert zstandard.frame_content_size(forged) == n
+    return forged
+
+
+def _zeros(n: int, *, stated: bool) -> bytes:
+    """``n`` zero bytes as one zstd frame (its size in the header or not), compressed a MiB at a time."""
+    cctx = zstandard.ZstdCompressor(write_content_size=stated)
+    cobj = cctx.compressobj(size=n if stated else -1)
+    block = bytes(1 << 20)
+    out = [cobj.compress(block) for _ in range(n >> 20)]
+    return b"".join([*out, cobj.flush()])
+
+
+@pytest.mark.slow  # real CLI processes, a 2 GiB bomb compressed
+@pytest.mark.parametrize("bomb", ["claims-4GB", "expands-2GiB-stated", "expands-2GiB-unstated"])
+def test_a_manifest_bomb_is_a_typed_error_within_bounded_memory(tmp_path, bomb):
+    """A catalog row (hot) and archive row (cold) whose manifest frame claims, or expands to,
+    gigabytes: reading it -- under a 1 GiB address-space limit -- is a DigestMismatch naming the
+    archive, never a MemoryError or that much memory; ``show`` still lists the hot history and
+    ``restore --cold`` fails typed, with no traceback."""
+    import resource
+    import sqlite3
+
+    hot_url, cold_url = f"sqlite://{tmp_path / 'hot.db'}", f"file://{tmp_path / 'cold'}"
+    with open_store(hot_url) as store:
+        run(store, make_task("g", n=4), max_steps=5)
+        archive_id = api.archive("g", cold=cold_url, keep_last=1, store=store, grace=0).archive_id
+    frame = {"claims-4GB": lambda: _claiming(0xF000_0000),
+             "expands-2GiB-stated": lambda: _zeros(2 << 30, stated=True),
+             "expands-2GiB-unstated": lambda: _zeros(2 << 30, stated=False)}[bomb]()
+    assert len(frame) < 1 << 20
+    with sqlite3.connect(tmp_path / "hot.db") as db:
+        assert db.execute("UPDATE archives SET manifest=?", (frame,)).rowcount == 1
+    (row_file,) = [f for f in (tmp_path / "cold" / "archives").rglob("*") if f.is_file()]
+    header = row_file.read_bytes().partition(b"\n")[0]
+    os.chmod(row_file, 0o644)
+    row_file.write_bytes(header + b"\n" + frame)
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    def proc(argv):
+        env = {k: v for k, v in os.environ.items() if k not in ("OVERNIGHT_STORE", "OVERNIGHT_SIGNING_KEY")}
+        env["COLUMNS"] = "300"
+        r = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300, preexec_fn=limited)
+        assert "Traceback" not in r.stderr and "MemoryError" not in r.stderr, r.stderr
+        return r
+
+    script = ("import sys\nfrom overnight.store import open_store\nfrom overnight.store.compose.pack import manifest_of\n"
+              "from overnight.errors import OvernightError\n"
+              "for url in sys.argv[1:]:\n"
+              "    with open_store(url) as s:\n"
+              "        (row,) = s.list_archives('g')\n"
+              "        try:\n"
+              "            manifest_of(row)\n"
+              "        except OvernightError as exc:\n"
+              "            print(type(exc).__name__, exc.message)\n")
+    read = proc(["-c", script, hot_url, cold_url])
+    assert read.returncode == 0, read.stderr
+    lines = read.stdout.splitlines()
+    assert len(lines) == 2 and all(line.startswith("DigestMismatch ") and archive_id in line for line in lines), lines
+    assert all("manifest" in line for line in lines), lines
+    show = proc(["-m", "overnight", "show", "g", "--store", hot_url])
+    assert show.returncode == 0, show.stderr
+    restore = proc(["-m", "overnight", "restore", "g", "--cold", cold_url, "--store", hot_url])
+    assert restore.returncode == 3 and archive_id in restore.stderr, restore.stderr
+
+
+def test_a_manifest_too_large_to_read_back_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    from overnight.store.compose import pack
+
+    hot_url, cold = f"sqlite://{tmp_path / 'hot.db'}", tmp_path / "cold"
+    with open_store(hot_url) as store:
+        run(store, make_task("g", n=4), max_steps=5)
+        before = {r.checkpoint_id for r in store.list_checkpoints("g")}
+    monkeypatch.setattr(pack, "MAX_MANIFEST_SIZE", 1000)
+    with pytest.raises(ConfigError, match="more than the 1000 one archive run may write") as err:
+        api.archive("g", cold=f"file://{cold}", keep_last=1, store=hot_url, grace=0)
+    assert "--keep-last" in (err.value.hint or "")
+    assert not cold.exists() and hot_ids(hot_url) == before
+
+
+def test_a_pack_entry_whose_frame_claims_gigabytes_is_damage_not_an_allocation(tmp_path):
+    """A codec-``none`` entry is decompressed within its size, as any object (MAX_SIZE): under a
+    1 GiB address-space limit, a frame claiming 4 GB -- with the entry saying so too, or not --
+    is a DigestMismatch naming the entry, not a MemoryError."""
+    import resource
+
+    (tmp_path / "frame").write_bytes(_claiming(0xF000_0000))
+    script = ("import sys\nfrom pathlib import Path\nfrom overnight.errors import DigestMismatch\n"
+              "from overnight.store.compose.pack import PackEntry, read_entry\n"
+              "frame = Path(sys.argv[1]).read_bytes()\n"
+              "for size in (0xF0000000, 100000):\n"
+              "    try:\n"
+              "        read_entry(frame, PackEntry('sha256:' + '0' * 64, 'blob', size, 'none', 0, len(frame)))\n"
+              "    except DigestMismatch as exc:\n"
+              "        print('DigestMismatch', exc.message)\n")
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "frame")], capture_output=True, text=True,
+                       timeout=120, preexec_fn=limited)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and all(line.startswith("DigestMismatch pack entry sha256:000") for line in lines), lines
+
+
 def test_restore_from_the_cold_store_after_losing_the_catalog(tmp_path):
     hot_url, cold_url = f"sqlite://{tmp_path / 'hot.db'}", f"file://{tmp_path / 'cold'}"
     store = open_store(hot_url)

@@ -227,6 +227,22 @@ def test_a_checkpoint_header_with_a_member_of_the_wrong_type_is_a_damaged_record
     _ok(cli("resume", "t5", "--store", url, cwd=cwd), 0)  # falls back past it (or heals it from its copy)
 
 
+@pytest.mark.parametrize("members", [{"created_at": 12}, {"goal": None}, {"task_id": ["t5"]}],
+                         ids=["created_at-int", "goal-null", "task_id-list"])
+def test_verify_all_reports_a_task_record_with_a_member_of_the_wrong_type(pristine, tmp_path, members):
+    """``verify t5`` refuses the record (StoreCorrupt naming its key); ``verify --all``, whose
+    listing of the tasks leaves that record out, reports it too and exits 3."""
+    cwd, url = _copy(pristine, tmp_path)
+    _edit_header(cwd / "st" / "tasks" / "t5" / "task", **members)
+    one = cli("verify", "t5", "--store", url, cwd=cwd)
+    _ok(one, 3)
+    assert "tasks/t5/task" in one.stderr
+    every = cli("verify", "--all", "--store", url, cwd=cwd)
+    _ok(every, 3)
+    assert "tasks/t5/task" in every.stdout and "other: main ok" in every.stdout, every.stdout
+    _ok(cli("verify", "other", "--store", url, cwd=cwd), 0)
+
+
 def test_a_journal_row_with_a_member_of_the_wrong_type_is_a_damaged_record(pristine, tmp_path):
     cwd, url = _copy(pristine, tmp_path)
     path = _head_record(cwd / "st")

@@ -178,3 +178,138 @@ def test_urls():
                 "s3://bkt/x?endpoint_url=127.0.0.1:9000", "s3://bkt/a//b"):
         with pytest.raises(ConfigError):
             open_store(bad)
+
+
+# -- a process killed inside a new task's first commit ------------------------------------------
+
+FIRST_COMMIT_TASK = '''
+import overnight
+
+task = overnight.Task("t5", goal="three steps", data={"n": 0})
+
+
+@task.step
+def a(ctx):
+    ctx.state["n"] += 1
+
+
+@task.step
+def b(ctx):
+    ctx.state["n"] += 1
+    ctx.write_text("out.txt", "hello")
+
+
+@task.step
+def c(ctx):
+    return ctx.state["n"]
+'''
+
+# Runs the real CLI (``python -m overnight ARGS``) in this process, SIGKILLing it at a chosen
+# instant of the first commit of task t5 (argv[1]) on an s3:// store:
+#   task-created: right after the PutObject of the task record returned (the checkpoint record and
+#                 the ref may not be written yet: the commit's records go up side by side);
+#   ref-swap:     just before the ref's conditional PutObject onto a checkpoint (the commit point:
+#                 every record of the commit written, the ref not moved).
+S3_KILLER = r'''
+import os, signal, sys, runpy
+
+from overnight.store import s3
+
+mode = sys.argv[1]
+real_create, real_swap = s3.S3Container._create, s3.S3Container.swap
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def create(self, key, data):
+    out = real_create(self, key, data)
+    if mode == "task-created" and key == "tasks/t5/task":
+        die()
+    return out
+
+
+def swap(self, key, data, expected):
+    if mode == "ref-swap" and key == "tasks/t5/refs/main" and b'"checkpoint_id":"' in data:
+        die()  # not the lease's fence raise (checkpoint_id null)
+    return real_swap(self, key, data, expected)
+
+
+s3.S3Container._create, s3.S3Container.swap = create, swap
+sys.argv = ["overnight", *sys.argv[2:]]
+runpy.run_module("overnight", run_name="__main__", alter_sys=True)
+'''
+
+
+@pytest.mark.slow  # real CLI processes against the S3 server
+@pytest.mark.parametrize("when", ["task-created", "ref-swap"])
+def test_a_run_killed_inside_its_first_s3_commit_is_started_by_the_next_run(s3_endpoint, tmp_path, when):
+    """What ``file://`` does (``tests/test_file_store_faults.py``), on ``s3://``: the records a
+    killed first commit left are no task; ``resume`` says to run it, the next ``run`` starts it."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from _procs import cli, env
+
+    (tmp_path / "t5.py").write_text(FIRST_COMMIT_TASK)
+    (tmp_path / "killer.py").write_text(S3_KILLER)
+    url = _url(s3_endpoint)
+    prefix = parse_url(url)["prefix"]
+    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    killed = subprocess.run([sys.executable, "killer.py", when, "run", "t5.py", "--store", url], cwd=tmp_path,
+                            env=env(), capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    # the kill landed where it was aimed: the task record is there, no ref names a checkpoint
+    leftover = client.get_object(Bucket=S3_BUCKET, Key=f"{prefix}tasks/t5/task")["Body"].read()
+    ref = json.loads(client.get_object(Bucket=S3_BUCKET, Key=f"{prefix}tasks/t5/refs/main")["Body"].read())
+    assert ref["checkpoint_id"] is None and ref["fence"] >= 1
+
+    def ok(proc, *codes):
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert proc.returncode in codes, (proc.returncode, proc.stdout, proc.stderr)
+        return proc
+
+    resumed = ok(cli("resume", "t5", "--store", url, cwd=tmp_path), 2)
+    assert "overnight run t5.py" in resumed.stderr and "no branch" not in resumed.stderr
+    assert "t5" not in ok(cli("ls", "--store", url, cwd=tmp_path), 0).stdout
+    run = ok(cli("run", "t5.py", "--store", url, cwd=tmp_path), 0)
+    assert "created task t5" in run.stderr
+    ok(cli("verify", "t5", "--store", url, cwd=tmp_path), 0)
+    listed = ok(cli("ls", "--store", url, cwd=tmp_path), 0)
+    assert "t5" in listed.stdout and "complete" in listed.stdout
+    ok(cli("resume", "t5", "--store", url, cwd=tmp_path), 0)
+    # the registration is the one of the run that committed, not the interrupted run's leftover
+    assert client.get_object(Bucket=S3_BUCKET, Key=f"{prefix}tasks/t5/task")["Body"].read() != leftover
+
+
+def test_the_records_of_an_interrupted_first_s3_commit_are_no_task_and_the_next_commit_replaces_them(s3_endpoint):
+    """The state the kill leaves, written through the container as a first commit writes it: a
+    lease's fence on the ref, the task and checkpoint records, no ref move."""
+    from overnight.errors import TaskNotFound
+    from overnight.store import layout
+
+    store = S3Store(_url(s3_endpoint))
+    lease = store.acquire_lease("t", "main", "h1", "{}", 60_000)
+    old_task = TaskRow("t", "2026-11-30T00:00:00+00:00", "old goal", "old.py:task", b"{}")
+    lost = _row("t", None, 0, "the interrupted run's")
+    store._c.create_many({layout.task_key("t"): layout.encode_task(old_task),
+                          layout.checkpoint_key(lost.checkpoint_id): layout.encode_checkpoint(lost, 0, [])})
+    assert store.read_lease("t", "main").token == lease.token and store.get_ref("t", "main") is None
+    with pytest.raises(TaskNotFound) as err:
+        store.get_task("t")
+    assert "overnight run old.py:task" in (err.value.hint or "")
+    assert store.list_tasks() == [] and store.list_refs("t") == {} and store.list_checkpoints("t") == []
+
+    new_task = TaskRow("t", "2026-11-30T00:00:05+00:00", "new goal", "new.py:task", b"{}")
+    first = _row("t", None, 0)
+    store.commit(Commit(first, None, [], [], lease, new_task))
+    assert store.get_task("t") == new_task
+    assert [t.task_id for t in store.list_tasks()] == ["t"]
+    assert store.get_ref("t", "main") == first.checkpoint_id
+    # a task whose every branch was deleted stays a task (its index remembers the old heads)
+    store.set_ref("t", "main", None, first.checkpoint_id)
+    assert store.get_task("t") == new_task and [t.task_id for t in store.list_tasks()] == ["t"]
+    store.close()

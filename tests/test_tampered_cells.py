@@ -27,6 +27,7 @@ import zstandard
 
 from overnight.chain.ditto import ditto_key
 from overnight.codec.compress import decompress
+from overnight.codec.digest import sha256 as digest_of
 from overnight.errors import DecodeError
 
 KEY = "tampered-cells-signing-key"
@@ -192,6 +193,56 @@ def test_a_damaged_object_row_with_a_sound_copy_is_healed_and_a_write_replaces_i
     assert cli("verify", "job", "--store", "sqlite://store.db", cwd=project).returncode == 0
 
 
+def _writes_big(task_id: str, content: bytes):
+    import overnight
+
+    task = overnight.Task(task_id, goal="one large artifact", level="session", deps=[])
+
+    @task.step
+    def write(ctx):
+        ctx.write_artifact("big.bin", content)
+
+    return task
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("size", "'x'"), ("size", "1.5"), ("data", "-1"), ("data", "'abc'"), ("data", "9223372036854775807"),
+    ("kind", "7"),
+], ids=lambda v: str(v))
+def test_a_commit_reusing_an_object_whose_cell_has_the_wrong_type_heals_it(tmp_path, column, value):
+    """A writer looks up the chunks of a large new blob before staging them (``BlobWriter._sound``);
+    a stored chunk whose row has a cell of the wrong type reads as a damaged object (DigestMismatch
+    from ``get_objects``), so it is staged again -- the commit succeeds and replaces the row -- and
+    the intact chunks of the same lookup are still reused."""
+    import random
+
+    import overnight
+    from overnight import api
+    from overnight.store.blobs import BlobReader
+    from overnight.store.sqlite import SQLiteStore
+
+    url = f"sqlite://{tmp_path / 'store.db'}"
+    content = random.Random(7).randbytes(1_000_000)
+    assert overnight.run(_writes_big("one", content), url, handle_signals=False).status == "complete"
+    with SQLiteStore(tmp_path / "store.db") as store:
+        parts = BlobReader(store).reachable(digest_of(content))
+    chunk = parts[-1]
+    with sqlite3.connect(tmp_path / "store.db") as db:
+        db.execute("DELETE FROM objects WHERE digest=?", (ditto_key(chunk),))
+        (original,) = db.execute("SELECT data FROM objects WHERE digest=?", (chunk,)).fetchone()
+        assert db.execute(f"UPDATE objects SET {column}={value} WHERE digest=?", (chunk,)).rowcount == 1
+    assert not api.verify(store=url, all_objects=True).ok
+
+    # another task commits the same content: the lookup meets the damaged chunk
+    assert overnight.run(_writes_big("two", content), url, handle_signals=False).status == "complete"
+    with sqlite3.connect(tmp_path / "store.db") as db:
+        assert db.execute("SELECT kind, size, data FROM objects WHERE digest=?", (chunk,)).fetchone()[2] == original
+    report = api.verify(store=url, all_objects=True)
+    assert report.ok and not report.problems, report.problems
+    with SQLiteStore(tmp_path / "store.db") as store:
+        assert BlobReader(store).get(digest_of(content)) == content
+
+
 # -- task rows ------------------------------------------------------------------------------------
 
 
@@ -212,6 +263,29 @@ def test_a_task_cell_of_the_wrong_type_is_a_typed_error_and_ls_still_lists_the_s
         r = cli(*args, "--store", "sqlite://store.db", cwd=project)
         _no_traceback(r, args[0])
         assert r.returncode == 3 and f"tasks.{column} holds {held}" in r.stderr, f"{args}: {r.stderr}"
+
+
+@pytest.mark.parametrize(("column", "value", "held"), [
+    ("spec", "'abc'", "text"), ("spec", "-1", "an integer"), ("spec", "1.5", "a real"), ("task_id", "NULL", "NULL"),
+], ids=lambda v: str(v))
+def test_verify_all_reports_a_task_cell_of_the_wrong_type_as_verify_task_does(
+        pristine, tmp_path, column, value, held):
+    """``verify job`` refuses the row (StoreCorrupt naming the cell); ``verify --all`` -- which
+    lists the tasks, and gets this row with placeholders -- reports the same cell and exits 3.
+    (The text columns turn a number into text, and a blob there is read as text: only ``spec``
+    and a NULL ``task_id`` can hold another type.)"""
+    project = _copy(pristine, tmp_path)
+    with sqlite3.connect(project / "store.db") as db:
+        assert db.execute(f"UPDATE tasks SET {column}={value}").rowcount == 1
+    every = cli("verify", "--all", "--store", "sqlite://store.db", cwd=project)
+    _no_traceback(every, "verify --all")
+    assert every.returncode == 3 and f"tasks.{column} holds {held}" in every.stdout, every.stdout + every.stderr
+    as_json = cli("verify", "--all", "--json", "--store", "sqlite://store.db", cwd=project)
+    assert as_json.returncode == 3
+    report = json.loads(as_json.stdout)
+    assert report["ok"] is False
+    assert [p["check"] for p in report["problems"]] == ["task"]
+    assert f"tasks.{column} holds {held}" in report["problems"][0]["detail"]
 
 
 # -- signatures -----------------------------------------------------------------------------------

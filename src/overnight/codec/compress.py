@@ -86,6 +86,38 @@ def decompress(codec: str, data: bytes, size: int) -> bytes:
     return out
 
 
+def decompress_frame(data: bytes, limit: int, what: str = "the data") -> bytes:
+    """The payload of the zstd frame ``data``, whose size is stored nowhere else (an archive
+    manifest), bounded by ``limit`` bytes as :func:`decompress` bounds an object by its ``size``:
+    a frame whose header states more than ``limit`` is refused before its output is allocated,
+    and one that does not state its size is decompressed a bounded piece at a time, stopping one
+    byte past ``limit`` -- memory follows ``limit``, never what the frame claims or expands to.
+
+    Raises:
+        DecodeError: data that is not bytes, a corrupt frame, or a payload larger than ``limit``
+            (the message names ``what``).
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise DecodeError(f"{what} is a {type(data).__name__}, not bytes")
+    try:
+        declared = zstandard.frame_content_size(data)
+        if declared > limit:
+            raise DecodeError(f"{what} claims {declared} bytes, more than the {limit} it may hold")
+        if declared >= 0:
+            return _dctx().decompress(data, max_output_size=max(declared, 1))
+        parts: list[bytes] = []
+        got = 0
+        with _dctx().stream_reader(data) as reader:
+            while part := reader.read(_STREAM_READ):
+                got += len(part)
+                if got > limit:  # refused before the pieces are joined: at most ``limit`` bytes held
+                    raise DecodeError(f"{what} expands to more than the {limit} bytes it may hold")
+                parts.append(part)
+        return b"".join(parts)
+    except zstandard.ZstdError as exc:
+        raise DecodeError(f"{what} is not a valid zstd frame ({exc})") from exc
+
+
 def _bounded(data: bytes | bytearray | memoryview, limit: int) -> bytes:
     """The output of the zstd frame ``data`` up to ``limit`` bytes (no more is produced), read
     :data:`_STREAM_READ` bytes at a time: memory follows what the frame really holds."""

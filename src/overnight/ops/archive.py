@@ -141,8 +141,9 @@ def archive(store: TieredStore, task_id: str, *, cold: str, keep_last: int | Non
     """Move the task's history beyond the policy to the cold store ``cold`` (see the module docstring).
 
     Raises:
-        ConfigError: not exactly one of ``keep_last`` / ``older_than_s``, ``keep_last`` < 1, or
-            ``cold`` is the hot store.
+        ConfigError: not exactly one of ``keep_last`` / ``older_than_s``, ``keep_last`` < 1,
+            ``cold`` is the hot store, or the run's manifest would exceed
+            :data:`~overnight.store.compose.pack.MAX_MANIFEST_SIZE` (nothing was written).
         TaskNotFound: no such task. TaskBusy: a live run holds one of its branches.
         TaskChanged: a branch moved or appeared meanwhile (nothing was removed from hot).
         DigestMismatch: the pack read back from the cold store differs (nothing was removed).
@@ -218,17 +219,16 @@ def _pack(store: TieredStore, report: ArchiveReport, new: list[CheckpointRow], r
         found = hot.get_objects(wanted[i : i + 500])
         objects.extend(found[d] for d in wanted[i : i + 500] if d in found)
     pack, entries = build_pack(objects)
-    cold_store = store.cold(location, create=True)
-    pack_ref = None
-    if entries:
-        pack_record = ObjectRecord(_sha(pack), "blob", len(pack), "none", pack)
-        cold_store.put_objects([pack_record])
-        pack_ref = {"digest": pack_record.digest, "size": len(pack)}
+    pack_record = ObjectRecord(_sha(pack), "blob", len(pack), "none", pack) if entries else None
+    pack_ref = {"digest": pack_record.digest, "size": len(pack)} if pack_record is not None else None
     ids = {r.checkpoint_id for r in new}
     manifest = Manifest(task_id=task_id, created_at=utc_now(), source=absolute_url(hot.url), pack=pack_ref,
                         policy=policy, checkpoints=new, journal=[j for j in hot.journal(task_id) if j.checkpoint_id in ids],
                         objects=entries, previous=[r.archive_id for r, _ in earlier])
-    cold_row = archive_row(manifest, absolute_url(hot.url))
+    cold_row = archive_row(manifest, absolute_url(hot.url))  # a manifest too large to read back: refused here
+    cold_store = store.cold(location, create=True)
+    if pack_record is not None:
+        cold_store.put_objects([pack_record])
     cold_store.put_archive(cold_row)
     # read it all back from the cold store before anything leaves hot
     if entries:

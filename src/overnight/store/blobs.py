@@ -40,7 +40,7 @@ from typing import Iterable
 
 from overnight.codec import chunking, compress, digest
 from overnight.codec.canonical import dumps_sorted, loads
-from overnight.errors import DecodeError, DigestMismatch, MissingObject, OvernightError
+from overnight.errors import DecodeError, DigestMismatch, IntegrityError, MissingObject, OvernightError
 from overnight.store.base import ObjectRecord, Store
 
 MAX_TREE_DEPTH = 4
@@ -95,11 +95,19 @@ class BlobWriter:
     def _sound(self, digests: list[str]) -> set[str]:
         """Which of ``digests`` are stored intact: known, staged, or fetched and verified now (one
         query; those go in :attr:`reused`). Only plain ``blob`` objects are checked here; a stored
-        tree is rebuilt from its chunks."""
+        tree is rebuilt from its chunks.
+
+        A damaged stored object is not sound, and so is staged again (the commit heals it): one
+        that does not decompress or hash to its digest, and one the store refuses to read as
+        damaged -- an :class:`~overnight.errors.IntegrityError` from ``get_objects``, as SQLite
+        raises for a row with a cell of the wrong type (the query is then made again one digest
+        at a time, so the intact objects among them are still reused). Whatever else the store
+        raises (unreachable, busy) is raised.
+        """
         todo = [d for d in dict.fromkeys(digests)
                 if d not in self.known and d not in self.objects and d not in self.reused]
         if todo:
-            for d, obj in self.store.get_objects(todo).items():
+            for d, obj in self._stored(todo).items():
                 if obj.kind != "blob":
                     continue
                 try:
@@ -108,6 +116,19 @@ class BlobWriter:
                 except DecodeError:
                     pass  # damaged: staged again below, and the commit heals it
         return {d for d in digests if d in self.known or d in self.objects or d in self.reused}
+
+    def _stored(self, digests: list[str]) -> dict[str, ObjectRecord]:
+        """``store.get_objects(digests)`` without the objects the store refuses to read as damaged
+        (IntegrityError): those are left out, as if not stored, and written again by the commit."""
+        try:
+            return self.store.get_objects(digests)
+        except IntegrityError:
+            if len(digests) == 1:
+                return {}
+        out: dict[str, ObjectRecord] = {}
+        for d in digests:
+            out.update(self._stored([d]))
+        return out
 
     def _stage(self, d: str, kind: str, payload: bytes) -> None:
         codec, data = compress.compress(payload)

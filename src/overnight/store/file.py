@@ -32,7 +32,8 @@ absent, old or new -- never torn (temporary files, ``.tmp-*``, are ignored and c
 **Reading.** A record with a member of the wrong type is damaged like one that does not parse (the
 layout's decoders check the types: :mod:`overnight.store.layout`). A ``task`` record that no
 committed checkpoint backs -- written by a first commit killed before its ref swap -- is no task
-yet, as in a transactional store; the task's next first commit replaces it (:meth:`FileStore.commit`).
+yet, as in a transactional store; the task's next first commit replaces it
+(:meth:`~overnight.store.keyed.KeyedStore.commit`, shared with ``s3://``).
 
 **Stored time and deletion.** An object's stored time is its file's modification time; a commit
 that finds an object already there refreshes it with ``utime``. Deleting with a minimum age is
@@ -55,6 +56,7 @@ import functools
 import hashlib
 import os
 import shlex
+import stat
 import threading
 import time
 import uuid
@@ -63,9 +65,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from overnight.store import layout
-from overnight.store.base import Commit, MinAge, TaskRow, age_limit
-from overnight.errors import ConfigError, DecodeError, StoreBusy, TaskNotFound
+from overnight.store.base import MinAge, age_limit
+from overnight.errors import ConfigError, StoreBusy, StoreCorrupt
 from overnight.store.keyed import KeyedStore
 from overnight.store.refusal import os_refusal, refusals
 
@@ -73,6 +74,17 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 _TMP = ".tmp-"
 _NO_LINK = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK}
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a link as the last component: ELOOP (Linux, macOS)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_READ = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0)  # a planted FIFO never blocks a read
+
+_PLANTED = b'{"overnight":"a symbolic link or special file in the store, not followed: damage"}\n'
+"""What reading a key that is a symbolic link or not a regular file (a FIFO, device, socket,
+folder), or a key under a folder that is a link, returns instead of following it: bytes that no
+record decoder accepts, so the entry is damage like a file that does not parse -- a ref or task
+record raises StoreCorrupt naming its key, a checkpoint record is skipped (the load falls back,
+``verify`` reports it), an object reads as kind ``"unreadable"`` and is healed by the next write of
+it. Never the content of a file outside the store."""
 
 try:
     import fcntl
@@ -93,9 +105,10 @@ def _version(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _fsync(path: Path) -> None:
-    """``fsync`` a file or a directory, by path."""
-    fd = os.open(path, os.O_RDONLY)
+def _fsync(path: Path, follow: bool = False) -> None:
+    """``fsync`` a file or a directory, by path; a link there is not followed (ELOOP) unless
+    ``follow`` (the store's root and the folders above it: the user named them)."""
+    fd = os.open(path, _READ if not follow else _READ & ~_NOFOLLOW)
     try:
         os.fsync(fd)
     finally:
@@ -105,13 +118,20 @@ def _fsync(path: Path) -> None:
 def _medium(*, writing: bool) -> Callable[[_F], _F]:
     """A container method whose ``OSError`` from the disk (full, read-only, permission denied, a
     folder gone) is raised as the typed :class:`~overnight.errors.StoreError` (see
-    :mod:`overnight.store.refusal`), never as a raw traceback."""
+    :mod:`overnight.store.refusal`), never as a raw traceback; a symbolic link met where
+    ``O_NOFOLLOW`` refuses one (ELOOP) as :class:`~overnight.errors.StoreCorrupt` naming it."""
 
     def wrap(fn: _F) -> _F:
         @functools.wraps(fn)
         def call(self: "FileContainer", *args: Any, **kwargs: Any) -> Any:
             with refusals(str(self.root), writing=writing):
-                return fn(self, *args, **kwargs)
+                try:
+                    return fn(self, *args, **kwargs)
+                except OSError as exc:
+                    if exc.errno != errno.ELOOP:
+                        raise
+                    where = exc.filename if isinstance(exc.filename, (str, os.PathLike)) else self.root
+                    raise self._planted(Path(where)) from exc
 
         return call  # type: ignore[return-value]
 
@@ -120,6 +140,21 @@ def _medium(*, writing: bool) -> Callable[[_F], _F]:
 
 class FileContainer:
     """A directory as a :class:`~overnight.store.keyed.Container` (see the module docstring).
+
+    **Links are never followed inside the store.** Whoever can write the store can plant a
+    symbolic link (``objects/ab -> ~/notes``, a ref -> ``/etc/passwd``); overnight must still not read,
+    write, rename or delete anything outside it. So every file under the root is opened with
+    ``O_NOFOLLOW`` (reads, temporary files, lock files, fsyncs), and every folder under the root is
+    checked with ``lstat`` before it is read or written through -- once per process, remembered in
+    a set, so a commit costs no more system calls than before (a delete checks its folders again).
+    A key that is a link or not a regular file, or that lies under a folder that is a link, reads
+    as damage (:data:`_PLANTED`: a ref raises StoreCorrupt naming it, a checkpoint record is
+    skipped, an object is ``"unreadable"``); a write into such a folder, or a listing of it, raises
+    :class:`~overnight.errors.StoreCorrupt` naming the folder; a delete removes a link itself,
+    never what it points to. The root itself may be a link (``~/store -> /mnt/disk/store``): the
+    user named it. Limit: a folder swapped for a link *after* this process checked it is noticed
+    by the next delete or the next process, not by reads and writes meanwhile (paths, not
+    ``openat`` descriptors, so that each file keeps one name the tests and the power-cut model see).
 
     Args:
         root: the store's directory; created (with parents) when missing.
@@ -134,10 +169,11 @@ class FileContainer:
         self.busy_timeout_ms = busy_timeout_ms
         self._dirs: set[Path] = set()  # folders under root whose entries this process saw made durable
         self._dirs_lock = threading.Lock()
+        self._real: set[Path] = set()  # folders under root this process saw to be folders, not links (_folder)
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="overnight-file")
         self._opened = False
         try:
-            self._sync_all({d.parent for d in self._mkdir(root)})
+            self._sync_all({d.parent for d in self._mkdir(root)}, follow=True)
         except OSError as exc:
             typed = os_refusal(exc, str(root), writing=True)
             raise (typed or ConfigError(f"cannot create store directory {root}: {exc}")) from exc
@@ -151,8 +187,9 @@ class FileContainer:
         return self.root / key if key else self.root
 
     def _mkdir(self, path: Path) -> list[Path]:
-        """Create ``path`` and its missing parents; returns the folders created, outermost first.
-        Their entries are not durable yet (:meth:`_unknown_parents`)."""
+        """Create ``path`` (the root: links followed, the user named it) and its missing parents;
+        returns the folders created, outermost first. Their entries are not durable yet
+        (:meth:`_unknown_parents`). Folders under the root: :meth:`_folder`."""
         missing = []
         p = path
         while p not in self._dirs and not p.is_dir():
@@ -169,6 +206,47 @@ class FileContainer:
             created.append(d)
         return created
 
+    def _folder(self, folder: Path, *, create: bool = False, fresh: bool = False) -> bool:
+        """Is ``folder`` (the root or a folder under it) there, it and every folder between it and
+        the root a real folder? True, or False when one is missing or is a file (nothing is stored
+        under it); ``create`` makes the missing ones instead. A symbolic link among them is never
+        followed: :class:`~overnight.errors.StoreCorrupt` naming it. A folder seen real is
+        remembered (``lstat`` once per folder and process); ``fresh`` checks again (before a delete)."""
+        if not fresh and folder in self._real:
+            return True
+        chain = []
+        p = folder
+        while p != self.root and p != p.parent and (fresh or p not in self._real):
+            chain.append(p)
+            p = p.parent
+        for d in reversed(chain):
+            try:
+                mode = os.lstat(d).st_mode
+            except FileNotFoundError:
+                if not create:
+                    return False
+                try:
+                    os.mkdir(d)
+                    mode = stat.S_IFDIR
+                except FileExistsError:  # another writer made it a moment ago (or planted something)
+                    mode = os.lstat(d).st_mode
+            if stat.S_ISLNK(mode):
+                raise self._planted(d)
+            if not stat.S_ISDIR(mode):
+                if create:
+                    raise NotADirectoryError(errno.ENOTDIR, "a file where the store keeps a folder", str(d))
+                return False
+            self._real.add(d)
+        return True
+
+    def _planted(self, path: Path) -> StoreCorrupt:
+        """The error for a symbolic link met where the store keeps its own folders and files."""
+        return StoreCorrupt(
+            f"store {self.root}: {path} is a symbolic link; overnight never follows a link inside a store, so "
+            "nothing was read or written through it",
+            hint=f"someone with write access to the store put it there (or a copy kept links): see where it points "
+            f"(`ls -l {shlex.quote(str(path))}`), remove it, then run `overnight verify --all`")
+
     def _unknown_parents(self, folders: Iterable[Path]) -> set[Path]:
         """The parent of each of ``folders`` not yet known durable, and its parent in turn if that one
         is not either, up to the root: what to fsync so that the folders' own entries are durable
@@ -183,7 +261,7 @@ class FileContainer:
     def _write_temp(self, folder: Path, data: bytes) -> Path:
         """A new temporary file in ``folder`` holding ``data``, not yet fsynced."""
         tmp = folder / f"{_TMP}{uuid.uuid4().hex}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
         try:
             view = memoryview(data)
             while view:
@@ -192,15 +270,16 @@ class FileContainer:
             os.close(fd)
         return tmp
 
-    def _sync_all(self, paths: Iterable[Path]) -> None:
+    def _sync_all(self, paths: Iterable[Path], *, follow: bool = False) -> None:
         """``fsync`` every file or directory in ``paths``, side by side (the first on this thread, the
         others on the pool): the file system commits them together, so the batch waits about as
-        long as one."""
+        long as one. Links are not followed, but for the root (``follow``: nor for any path, which
+        then lies at or above the root)."""
         first, *rest = list(paths) or [None]
-        futures = [self._pool.submit(_fsync, p) for p in rest]
+        futures = [self._pool.submit(_fsync, p, follow or p == self.root) for p in rest]
         try:
             if first is not None:
-                _fsync(first)
+                _fsync(first, follow or first == self.root)
         finally:
             wait(futures)
         for f in futures:
@@ -209,11 +288,31 @@ class FileContainer:
     # -- reads ------------------------------------------------------------------------------
 
     def _read_bytes(self, key: str) -> bytes | None:
+        """The key's bytes; None when it does not exist; :data:`_PLANTED` when it is a link or not
+        a regular file, or a folder on its way is a link (never followed)."""
+        path = self._path(key)
         try:
-            with open(self._path(key), "rb") as fh:
-                return fh.read()
+            if not self._folder(path.parent):
+                return None
+            fd = os.open(path, _READ)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except StoreCorrupt:
+            return _PLANTED
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return _PLANTED
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return _PLANTED
+            chunks = []
+            while chunk := os.read(fd, st.st_size + 1 if not chunks else 1 << 20):
+                chunks.append(chunk)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        finally:
+            os.close(fd)
 
     @_medium(writing=False)
     def read(self, key: str) -> tuple[bytes, str] | None:
@@ -226,14 +325,29 @@ class FileContainer:
         found = self._pool.map(self._read_bytes, keys) if len(keys) > 16 else map(self._read_bytes, keys)
         return {k: d for k, d in zip(keys, found) if d is not None}
 
+    def _exists(self, path: Path) -> bool:
+        """Is there a key at ``path``: a file, or a link or special file (damage, read as such), also
+        when a folder on its way is a link? A folder is no key."""
+        try:
+            if not self._folder(path.parent):
+                return False
+            return not stat.S_ISDIR(os.lstat(path).st_mode)
+        except StoreCorrupt:
+            return True
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
     @_medium(writing=False)
     def exists_many(self, keys: Iterable[str]) -> set[str]:
-        return {k for k in keys if self._path(k).is_file()}
+        return {k for k in keys if self._exists(self._path(k))}
 
     @_medium(writing=False)
     def list(self, prefix: str) -> list[str]:
+        folder = self._path(prefix)
         try:
-            return sorted(n for n in os.listdir(self._path(prefix)) if not n.startswith(_TMP))
+            if not self._folder(folder):  # a link: StoreCorrupt, its entries are not the store's
+                return []
+            return sorted(n for n in os.listdir(folder) if not n.startswith(_TMP))
         except (FileNotFoundError, NotADirectoryError):
             return []
 
@@ -241,24 +355,31 @@ class FileContainer:
     def occupied(self, prefix: str) -> bool:
         """Does the folder ``prefix`` hold a key or a sub-folder (temporary files aside)? Stops at
         the first one: no listing of a large folder."""
+        folder = self._path(prefix)
         try:
-            with os.scandir(self._path(prefix)) as entries:
+            if not self._folder(folder):
+                return False
+            with os.scandir(folder) as entries:
                 return any(not e.name.startswith(_TMP) for e in entries)
         except (FileNotFoundError, NotADirectoryError):
             return False
 
     def size(self) -> int:
         total = 0
-        for folder, _, files in os.walk(self.root):
+        for folder, _, files in os.walk(self.root):  # links to folders are not walked into
             for f in files:
                 try:
-                    total += os.stat(os.path.join(folder, f)).st_size
+                    total += os.lstat(os.path.join(folder, f)).st_size
                 except FileNotFoundError:
                     continue
         return total
 
     def stats(self, prefix: str) -> Iterator[tuple[str, int, int]]:
+        """A link to a folder is never walked into; a link to a file (or a dangling one) is listed as
+        a key: damage, which a delete removes itself."""
         base = self._path(prefix)
+        if not self._folder(base):  # a link: StoreCorrupt
+            return
         now = time.time()
         for folder, dirs, files in os.walk(base):
             dirs.sort()
@@ -267,7 +388,7 @@ class FileContainer:
                 if f.startswith(_TMP):
                     continue
                 try:
-                    st = os.stat(os.path.join(folder, f))
+                    st = os.lstat(os.path.join(folder, f))
                 except FileNotFoundError:
                     continue
                 key = f if rel == "." else f"{rel}/{f}"
@@ -277,9 +398,13 @@ class FileContainer:
     def refresh(self, keys: Iterable[str]) -> set[str]:
         gone = set()
         for key in keys:
+            path = self._path(key)
             try:
-                os.utime(self._path(key))
-            except FileNotFoundError:
+                if not self._folder(path.parent):  # a link on the way: StoreCorrupt
+                    gone.add(key)
+                    continue
+                os.utime(path, follow_symlinks=False)  # a link's own time, never its target's
+            except (FileNotFoundError, NotADirectoryError):
                 gone.add(key)
         return gone
 
@@ -287,13 +412,20 @@ class FileContainer:
     def delete(self, keys: Iterable[str], *, min_age_ms: MinAge | None = None) -> dict[str, int]:
         freed: dict[str, int] = {}
         folders: set[Path] = set()
-        for key in dict.fromkeys(keys):
-            path = self._path(key)
+        paths = {key: self._path(key) for key in keys}
+        # every folder checked again, before anything is removed: one that became a link since this
+        # process last looked is StoreCorrupt, and nothing is deleted through it
+        there = {folder: self._folder(folder, fresh=True) for folder in {p.parent for p in paths.values()}}
+        for key, path in paths.items():
+            if not there[path.parent]:
+                continue
             try:
-                st = os.stat(path)
+                st = os.lstat(path)
             except (FileNotFoundError, NotADirectoryError):
                 continue
-            if min_age_ms is None:
+            if stat.S_ISDIR(st.st_mode):
+                continue  # a folder where a key belongs: not the store's to remove
+            if min_age_ms is None or not stat.S_ISREG(st.st_mode):  # a link: removed itself, never followed
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
@@ -308,10 +440,10 @@ class FileContainer:
                 os.rename(path, tomb)  # from here on a writer's refresh fails and it writes anew
             except FileNotFoundError:
                 continue
-            st = os.stat(tomb)
+            st = os.lstat(tomb)
             if (time.time() - st.st_mtime) * 1000 < age_limit(min_age_ms):  # refreshed just before the rename
                 try:
-                    os.link(tomb, path)
+                    os.link(tomb, path, follow_symlinks=False)
                 except FileExistsError:
                     pass  # a writer already wrote it again
                 os.unlink(tomb)
@@ -336,7 +468,7 @@ class FileContainer:
         except OSError as exc:
             if exc.errno not in _NO_LINK:
                 raise
-        if path.exists():
+        if os.path.lexists(path):
             return False
         os.rename(tmp, path)
         return True
@@ -350,16 +482,18 @@ class FileContainer:
         pending: list[Path] = []  # every temporary file written; those not renamed are removed at the end
 
         def temp(path: Path, data: bytes) -> Path:
-            self._mkdir(path.parent)
             pending.append(self._write_temp(path.parent, data))
             return pending[-1]
 
         paths = {k: self._path(k) for k in items}
         later = {self._path(k): data for k, data in (then or {}).items()}
+        target = self._path(swap[0]) if swap is not None else None
+        for folder in {p.parent for p in [*paths.values(), *later, *([target] if target is not None else [])]}:
+            self._folder(folder, create=True)  # a link among them: StoreCorrupt before anything is written
         try:
-            new = {k: temp(path, items[k]) for k, path in paths.items() if not path.exists()}
-            later_tmp = {path: temp(path, data) for path, data in later.items() if not path.exists()}
-            swap_tmp = temp(self._path(swap[0]), swap[1]) if swap is not None else None
+            new = {k: temp(path, items[k]) for k, path in paths.items() if not os.path.lexists(path)}
+            later_tmp = {path: temp(path, data) for path, data in later.items() if not os.path.lexists(path)}
+            swap_tmp = temp(target, swap[1]) if swap is not None and target is not None else None
             self._sync_all(pending)
             created = {k for k, tmp in new.items() if self._link(tmp, paths[k])}
             # the folders of names that already existed too (another writer's link may not be durable
@@ -393,8 +527,8 @@ class FileContainer:
             current = self._read_bytes(key)
             if (None if current is None else _version(current)) != expected:
                 return None
-            os.replace(tmp, target)
-            _fsync(target.parent)
+            os.replace(tmp, target)  # a link there is replaced itself, never followed
+            _fsync(target.parent, target.parent == self.root)
         return _version(data)
 
     @_medium(writing=True)
@@ -415,8 +549,8 @@ class FileContainer:
         if not plock.acquire(timeout=self.busy_timeout_ms / 1000):
             raise self._busy(key)
         try:
-            self._mkdir(lock_path.parent)
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._folder(lock_path.parent, create=True)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644)  # a link: ELOOP
             try:
                 delay = 0.0005
                 while True:
@@ -453,12 +587,11 @@ class FileContainer:
 class FileStore(KeyedStore):
     """:class:`~overnight.store.base.Store` in a directory (see the module docstring).
 
-    On top of the key-value algorithm (:class:`~overnight.store.keyed.KeyedStore`), it hides a
-    task whose ``task`` record was written by a first commit that never reached its commit point
-    (the process was killed between writing its records and swapping the ref): no ref names a
-    checkpoint of it and its index is empty. SQLite writes the task row and its first checkpoint in
-    one transaction, so there such a task does not exist either; the next first commit of that
-    task replaces the leftover record (:meth:`commit`).
+    The key-value algorithm (:class:`~overnight.store.keyed.KeyedStore`) on a directory; as on
+    every keyed store, a task whose ``task`` record was written by a first commit that never
+    reached its commit point (the process was killed between writing its records and swapping the
+    ref) is no task, and the next first commit of that task replaces the leftover record
+    (see :mod:`overnight.store.keyed`).
 
     Args:
         path: the store's directory; created when missing. An existing non-empty directory that is
@@ -479,102 +612,3 @@ class FileStore(KeyedStore):
         except BaseException:
             container.close()
             raise
-
-    # -- tasks whose first commit never landed ------------------------------------------------
-
-    def _ever_committed(self, task_id: str) -> bool:
-        """Has a ref of the task ever named a checkpoint? True when its index has an entry (a
-        commit or ref move indexes the ref's old value before moving it) or a ref names one now --
-        or a ref cannot be read (damage: the task stays visible, so verification reports it)."""
-        if self._files.occupied(layout.index_dir(task_id)):
-            return True
-        folder = layout.refs_dir(task_id)
-        for data in self._c.read_many([f"{folder}/{n}" for n in self._c.list(folder)]).values():
-            try:
-                if layout.decode_ref(data)["checkpoint_id"] is not None:
-                    return True
-            except DecodeError:
-                return True
-        return False
-
-    def _never_committed(self, task_id: str, data: bytes) -> TaskNotFound:
-        """The error for a task whose ``task`` record (``data``) a first commit wrote before it was
-        interrupted: the hint says how to start it (again)."""
-        try:
-            entry = layout.decode_task(data).entry
-        except DecodeError:
-            entry = None
-        again = (f"`overnight run {shlex.quote(entry)} --store {shlex.quote(self.url)}`" if entry else
-                 "run its code again (`overnight run FILE.py`)")
-        return TaskNotFound(
-            f"task {task_id!r} in {self.url} has no checkpoint: the run that created it was stopped before its "
-            "first commit completed, so nothing of it was kept", task_id=task_id,
-            hint=f"start it with {again}; `overnight ls` lists the tasks")
-
-    def get_task(self, task_id: str) -> TaskRow:
-        """The task's registration.
-
-        Raises:
-            TaskNotFound: no such task -- or only the ``task`` record of a first commit that never
-                completed (no checkpoint of the task was ever committed): the hint says to run it.
-            StoreCorrupt: its record is unreadable (a member of the wrong type included); the
-                message names the record's key.
-        """
-        key = layout.task_key(task_id)
-        got = self._c.read(key)
-        if got is None:
-            raise TaskNotFound(f"no task {task_id!r} in {self.url}", task_id=task_id,
-                               hint="`overnight ls` lists the tasks")
-        if not self._ever_committed(task_id):
-            raise self._never_committed(task_id, got[0])
-        return self._decoded(layout.decode_task, key, got[0])
-
-    def list_tasks(self) -> list[TaskRow]:
-        """Every task, oldest first (by ``created_at``, then id). A task record that is unreadable
-        (a member of the wrong type included), or that a first commit wrote without ever completing
-        (see :meth:`get_task`), is left out."""
-        keys = [f"tasks/{n}/task" for n in self._c.list("tasks")]
-        tasks = []
-        for data in self._c.read_many(keys).values():
-            try:
-                row = layout.decode_task(data)
-            except DecodeError:
-                continue
-            if self._ever_committed(row.task_id):
-                tasks.append(row)
-        return sorted(tasks, key=lambda t: (t.created_at, t.task_id.encode("utf-8", "surrogatepass")))
-
-    def commit(self, commit: Commit) -> int:
-        """Commit a checkpoint (:meth:`overnight.store.base.ChainStore.commit`). A first commit
-        (``commit.task`` set) that finds the ``task`` record an interrupted first commit left --
-        no checkpoint of the task committed -- replaces that record with its own before writing
-        (compare-and-swap; the record is otherwise written once), so the task's registration is
-        the one of the commit that created it, as in a transactional store.
-
-        Returns the bytes the commit added.
-
-        Raises:
-            StaleHead, LeaseLost, ParentGone, SchemaError: as every store (nothing is committed).
-            StoreBusy: a lock stayed held by another process.
-        """
-        if commit.task is not None:
-            self._replace_leftover_task(commit)
-        return super().commit(commit)
-
-    def _replace_leftover_task(self, commit: Commit) -> None:
-        """Put the record of ``commit.task`` in place of a ``task`` record no committed checkpoint
-        backs -- only when the commit can land (its expected head is the ref's, its lease holds),
-        so that a commit refused for a stale head or a lost lease writes nothing here either."""
-        task = commit.task
-        assert task is not None
-        key = layout.task_key(task.task_id)
-        got = self._c.read(key)
-        data = layout.encode_task(task)
-        if got is None or got[0] == data or self._ever_committed(task.task_id):
-            return
-        current, fence, _ = self._read_ref(commit.checkpoint.task_id, commit.checkpoint.branch)
-        if current != commit.expected_head:
-            return  # the commit fails with StaleHead
-        if commit.lease is not None:
-            self._check_lease(commit.lease, fence)  # LeaseLost, as the commit would raise it
-        self._c.swap(key, data, got[1])  # None: another writer replaced it a moment ago; its record stands

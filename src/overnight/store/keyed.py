@@ -47,11 +47,20 @@ commit checks that its parent record exists, a checkpoint of the same task, befo
 (:func:`~overnight.store.base.check_parent`).
 Deleting a task removes its refs first, then its checkpoint records and index, archive rows and
 leases, and its task record last, so an interrupted ``rm`` leaves a task that ``rm`` can finish.
+
+**A first commit cut short.** A new task's first commit writes its ``task`` record in step 2, so a
+process killed before step 3 leaves a task record that no committed checkpoint backs (no ref names
+a checkpoint of it, its index is empty). That is no task yet -- as in a transactional store, which
+writes the task row and the first checkpoint in one transaction: :meth:`KeyedStore.get_task` raises
+:class:`~overnight.errors.TaskNotFound` saying to run it, listings leave it out, and the task's next
+first commit replaces the leftover record with its own (:meth:`KeyedStore.commit`).
 """
 
 from __future__ import annotations
 
+import shlex
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Iterator, Protocol
 
 from overnight.errors import (
@@ -115,6 +124,11 @@ class Container(Protocol):
 
     def list(self, prefix: str) -> list[str]:
         """Names of the keys and sub-folders directly under the folder ``prefix``."""
+        ...
+
+    def occupied(self, prefix: str) -> bool:
+        """Does the folder ``prefix`` hold any key? Stops at the first one (no listing of a large
+        folder)."""
         ...
 
     def stats(self, prefix: str) -> Iterator[tuple[str, int, int]]:
@@ -316,6 +330,19 @@ class KeyedStore(Closing):
     # -- checkpoints and refs ---------------------------------------------------------------
 
     def commit(self, commit: Commit) -> int:
+        """Commit a checkpoint (:meth:`overnight.store.base.ChainStore.commit`, in the order of the
+        module docstring). A first commit (``commit.task`` set) that finds the ``task`` record an
+        interrupted first commit left -- no checkpoint of the task committed -- replaces that
+        record with its own before writing (compare-and-swap; the record is otherwise written
+        once), so the task's registration is the one of the commit that created it, as in a
+        transactional store.
+
+        Returns the bytes the commit added.
+
+        Raises:
+            StaleHead, LeaseLost, ParentGone, SchemaError: as every store (nothing is committed).
+            StoreBusy: a compare-and-swap kept losing, or (``file://``) a lock stayed held.
+        """
         cp = commit.checkpoint
         current, fence, version = self._read_ref(cp.task_id, cp.branch)
         if commit.lease is not None:
@@ -324,6 +351,8 @@ class KeyedStore(Closing):
             raise stale_head(cp.task_id, cp.branch, commit.expected_head, current)
         if cp.parent_id is not None:
             check_parent(cp, self._parent_task(cp))
+        if commit.task is not None:
+            self._replace_leftover_task(commit.task)
         staged = self._encoded(commit.objects)
         items, written, refreshed = self._stage(staged)
         new = set(items)
@@ -484,21 +513,80 @@ class KeyedStore(Closing):
 
     # -- tasks and journal ------------------------------------------------------------------
 
+    def _ever_committed(self, task_id: str) -> bool:
+        """Has a ref of the task ever named a checkpoint? True when its index has an entry (a
+        commit or ref move indexes the ref's old value before moving it) or a ref names one now --
+        or a ref cannot be read (damage: the task stays visible, so verification reports it)."""
+        if self._c.occupied(layout.index_dir(task_id)):
+            return True
+        folder = layout.refs_dir(task_id)
+        for data in self._c.read_many([f"{folder}/{n}" for n in self._c.list(folder)]).values():
+            try:
+                if layout.decode_ref(data)["checkpoint_id"] is not None:
+                    return True
+            except DecodeError:
+                return True
+        return False
+
+    def _never_committed(self, task_id: str, data: bytes) -> TaskNotFound:
+        """The error for a task whose ``task`` record (``data``) a first commit wrote before it was
+        interrupted: the hint says how to start it (again)."""
+        try:
+            entry = layout.decode_task(data).entry
+        except DecodeError:
+            entry = None
+        again = (f"`overnight run {shlex.quote(entry)} --store {shlex.quote(self.url)}`" if entry else
+                 "run its code again (`overnight run FILE.py`)")
+        return TaskNotFound(
+            f"task {task_id!r} in {self.url} has no checkpoint: the run that created it was stopped before its "
+            "first commit completed, so nothing of it was kept", task_id=task_id,
+            hint=f"start it with {again}; `overnight ls` lists the tasks")
+
+    def _replace_leftover_task(self, task: TaskRow) -> None:
+        """Put the record of ``task`` in place of a ``task`` record no committed checkpoint backs
+        (called by :meth:`commit` once the commit's head and lease checked out, so that a commit
+        refused for a stale head or a lost lease writes nothing here either)."""
+        key = layout.task_key(task.task_id)
+        got = self._c.read(key)
+        data = layout.encode_task(task)
+        if got is None or got[0] == data or self._ever_committed(task.task_id):
+            return
+        self._c.swap(key, data, got[1])  # None: another writer replaced it a moment ago; its record stands
+
     def get_task(self, task_id: str) -> TaskRow:
+        """The task's registration.
+
+        Raises:
+            TaskNotFound: no such task -- or only the ``task`` record of a first commit that never
+                completed (no checkpoint of the task was ever committed): the hint says to run it.
+            StoreCorrupt: its record is unreadable (a member of the wrong type included); the
+                message names the record's key.
+        """
         key = layout.task_key(task_id)
         got = self._c.read(key)
         if got is None:
             raise TaskNotFound(f"no task {task_id!r} in {self.url}", task_id=task_id, hint="`overnight ls` lists the tasks")
+        if not self._ever_committed(task_id):
+            raise self._never_committed(task_id, got[0])
         return self._decoded(layout.decode_task, key, got[0])
 
     def list_tasks(self) -> list[TaskRow]:
+        """Every task, oldest first (by ``created_at``, then id). A task record that is unreadable
+        (a member of the wrong type included), or that a first commit wrote without ever completing
+        (see :meth:`get_task`), is left out."""
         keys = [f"tasks/{n}/task" for n in self._c.list("tasks")]
-        tasks = []
+        rows = []
         for data in self._c.read_many(keys).values():
             try:
-                tasks.append(layout.decode_task(data))
+                rows.append(layout.decode_task(data))
             except DecodeError:
                 continue
+        if len(rows) > 1:  # one or two container calls a task (a round trip each on S3): side by side
+            with ThreadPoolExecutor(max_workers=min(16, len(rows)), thread_name_prefix="overnight-tasks") as pool:
+                committed = list(pool.map(self._ever_committed, [t.task_id for t in rows]))
+        else:
+            committed = [self._ever_committed(t.task_id) for t in rows]
+        tasks = [t for t, ok in zip(rows, committed) if ok]
         return sorted(tasks, key=lambda t: (t.created_at, t.task_id.encode("utf-8", "surrogatepass")))
 
     def journal(self, task_id: str) -> list[JournalRow]:
@@ -591,6 +679,20 @@ class KeyedStore(Closing):
         return now_ms()
 
     # -- housekeeping -----------------------------------------------------------------------
+
+    def check_medium(self) -> list[str]:
+        """What is wrong below what the ``Store`` protocol lists, run by ``overnight verify --all``:
+        each ``task`` record that does not decode (a member of the wrong type included), which
+        :meth:`list_tasks` leaves out and :meth:`get_task` refuses -- one line each, naming its
+        key. ``[]`` when there is none."""
+        keys = [f"tasks/{n}/task" for n in self._c.list("tasks")]
+        found = []
+        for key, data in sorted(self._c.read_many(keys).items()):
+            try:
+                self._decoded(layout.decode_task, key, data)
+            except StoreCorrupt as exc:
+                found.append(f"{exc.message}; its task is not listed and cannot be read")
+        return found
 
     def stored_bytes(self) -> int:
         """Bytes of every record and object under the store's root (their sizes, not disk blocks)."""

@@ -260,6 +260,11 @@ class S3Container:
             names.extend(o["Key"][len(full):] for o in page.get("Contents", []))
         return sorted(n for n in names if n)
 
+    def occupied(self, prefix: str) -> bool:
+        """Does the folder ``prefix`` hold any key? One ``ListObjectsV2`` of at most one key."""
+        page = self._call(self.client.list_objects_v2, Prefix=self._key(prefix + "/" if prefix else ""), MaxKeys=1)
+        return bool(page.get("Contents"))
+
     def size(self) -> int:
         total = 0
         for page in self._pages(Prefix=self.prefix):

@@ -96,6 +96,23 @@ class VerifyReport:
         return not any(not p.dangling for p in self.problems)
 
 
+_TASK_FIELDS: tuple[tuple[str, tuple[type, ...], str], ...] = (
+    ("task_id", (str,), "text"), ("created_at", (str,), "text"), ("goal", (str,), "text"),
+    ("entry", (str, type(None)), "text or null"), ("spec", (bytes,), "bytes"),
+)
+"""Each :class:`~overnight.store.base.TaskRow` field and the exact types it may hold."""
+
+
+def _task_row_damage(task: Any) -> list[str]:
+    """What is wrong with the types of a listed task row: a store that read a cell of the wrong
+    type lists the row with a placeholder of a *subclass* of the field's type carrying a
+    ``damage`` attribute (``overnight.store.sqlite.DamagedText`` and its siblings), which reading
+    the task by id refuses (StoreCorrupt naming the column). ``[]`` when every field is sound."""
+    return [getattr(value, "damage", None) or f"its {name} is {type(value).__name__}, not {wanted}"
+            for name, types, wanted in _TASK_FIELDS
+            if type(value := getattr(task, name)) not in types]
+
+
 def _index_mismatches(row: Any, record: Any) -> list[str]:
     """Index columns of a stored checkpoint row that differ from its verified record (the columns
     are not covered by the digest: ``ls``/``log`` read them, loading never trusts them)."""
@@ -320,8 +337,15 @@ def verify_store(
     store, which a helper can open again; 0: threads only. A helper that cannot start or dies leaves its
     batches to the calling thread.
 
+    A task row whose fields do not have their types (a store that read a cell of the wrong type
+    lists it with placeholders) is a problem (check ``"task"``) naming what each cell held, and
+    with ``all_objects`` the store's ``check_medium`` (when it has one) reports what it finds
+    below the records -- for a key-value store, a task record that does not parse, which listings
+    leave out -- so checking every task finds what reading each one by id would refuse.
+
     Raises:
         TaskNotFound: a named task does not exist.
+        StoreCorrupt: a named task's row or record is damaged.
     """
     t0 = time.perf_counter()
     report = VerifyReport()
@@ -383,6 +407,14 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                 report.problems.append(Problem(task_id, cid, what, detail, d))
 
     for task in tasks:
+        damage = _task_row_damage(task)
+        if damage:  # what reading it by id (``verify TASK``) refuses with StoreCorrupt
+            named = task.task_id if type(task.task_id) is str else None
+            which = f"the row of task {named!r}" if named is not None else "a row of the tasks table"
+            report.problems.append(Problem(named, None, "task", f"{which} is damaged in the store: {'; '.join(damage)} "
+                                           "(reading the task fails until the row is restored)"))
+            if named is None:  # no id to find its checkpoints by
+                continue
         rows = listed.pop(task.task_id, None) or store.list_checkpoints(task.task_id)
         total += len(rows) - counted.get(task.task_id, len(rows))  # a run may have committed since
         by_id = {r.checkpoint_id: r for r in rows}

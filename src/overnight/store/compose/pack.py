@@ -29,13 +29,18 @@ from typing import Any, Iterable
 
 import zstandard
 
-from overnight.codec import digest
+from overnight.codec import compress, digest
 from overnight.codec.canonical import dumps_sorted, from_tree, loads, to_tree
-from overnight.errors import DecodeError, DigestMismatch, FormatTooNew
+from overnight.errors import ConfigError, DecodeError, DigestMismatch, FormatTooNew
 from overnight.store.base import ArchiveRow, CheckpointRow, JournalRow, ObjectRecord
 
 MANIFEST_FORMAT = 1
 LEVEL = 3  # zstd level of the frames written for codec-"none" objects and of the manifest
+MAX_MANIFEST_SIZE = 256 * 1024 * 1024
+"""The largest manifest (bytes, uncompressed) an archive run writes and a read decompresses. A
+manifest holds each archived record whole, about 3 KB a checkpoint with its object entries, so
+this is some 80,000 checkpoints in one run; it bounds the memory a read takes whatever a damaged
+or forged manifest frame claims or expands to (:func:`~overnight.codec.compress.decompress_frame`)."""
 
 
 @dataclass(frozen=True)
@@ -120,14 +125,11 @@ def read_entry(pack: bytes, entry: PackEntry) -> ObjectRecord:
         raise DigestMismatch(f"pack entry {entry.digest} lies outside the pack", object_digest=entry.digest)
     if entry.codec == "zstd":
         return ObjectRecord(entry.digest, entry.kind, entry.size, "zstd", frame)
-    try:
-        payload = zstandard.ZstdDecompressor().decompress(frame, max_output_size=max(entry.size, 1))
-    except zstandard.ZstdError as exc:
-        raise DigestMismatch(f"pack entry {entry.digest} is not a valid zstd frame ({exc})",
-                             object_digest=entry.digest) from exc
-    if len(payload) != entry.size:
-        raise DigestMismatch(f"pack entry {entry.digest} holds {len(payload)} bytes, expected {entry.size}",
-                             object_digest=entry.digest)
+    try:  # bounded by the entry's size, as any object (a frame's own size claim is not trusted)
+        payload = compress.decompress("zstd", frame, entry.size)
+    except DecodeError as exc:
+        raise DigestMismatch(f"pack entry {entry.digest} is not a zstd frame of its {entry.size!r} bytes "
+                             f"({exc.message})", object_digest=entry.digest) from exc
     return ObjectRecord(entry.digest, entry.kind, entry.size, "none", payload)
 
 
@@ -185,24 +187,40 @@ def decode_manifest(data: bytes, where: str = "archive manifest") -> Manifest:
 
 
 def archive_row(m: Manifest, location: str) -> ArchiveRow:
-    """The catalog row for a manifest; ``location`` names the other store (see :class:`ArchiveRow`)."""
+    """The catalog row for a manifest; ``location`` names the other store (see :class:`ArchiveRow`).
+
+    Raises:
+        ConfigError: the manifest is larger than :data:`MAX_MANIFEST_SIZE`, so no read would
+            accept it (the hint says to archive the task in several runs).
+    """
     data = encode_manifest(m)
+    if len(data) > MAX_MANIFEST_SIZE:
+        raise ConfigError(f"the archive of {len(m.checkpoints)} checkpoints of task {m.task_id!r} needs a manifest of "
+                          f"{len(data)} bytes, more than the {MAX_MANIFEST_SIZE} one archive run may write",
+                          task_id=m.task_id, hint="archive the oldest history first, in several runs: a larger "
+                          "--keep-last (or a longer --older-than), then the one you want")
     return ArchiveRow(digest.sha256(data), m.task_id, m.created_at, location, _compressor().compress(data))
 
 
 def manifest_of(row: ArchiveRow) -> Manifest:
-    """The manifest of a catalog row, checked against its archive id.
+    """The manifest of a catalog row, checked against its archive id. Its frame is decompressed
+    within :data:`MAX_MANIFEST_SIZE` (:func:`~overnight.codec.compress.decompress_frame`): a frame
+    claiming or expanding to more is refused before that much memory is taken.
 
     Raises:
-        DigestMismatch: the manifest does not hash to the archive id (damaged).
+        DigestMismatch: the manifest is not a zstd frame, is larger than :data:`MAX_MANIFEST_SIZE`,
+            or does not hash to the archive id (damaged or forged); the message names the archive.
         FormatTooNew / DecodeError: see :func:`decode_manifest`.
     """
+    where = f"archive {row.archive_id} of task {row.task_id!r}"
     try:
-        data = zstandard.ZstdDecompressor().decompress(row.manifest)
-    except zstandard.ZstdError as exc:
-        raise DigestMismatch(f"archive {row.archive_id} of task {row.task_id!r}: manifest is not a zstd frame",
-                             task_id=row.task_id, object_digest=row.archive_id) from exc
+        data = compress.decompress_frame(row.manifest, MAX_MANIFEST_SIZE, "its manifest")
+    except DecodeError as exc:
+        raise DigestMismatch(f"{where}: {exc.message}", task_id=row.task_id, object_digest=row.archive_id,
+                             hint="this archive row is damaged or forged; where the other store of the archive (the "
+                             "cold store, or the hot catalog) holds a sound copy, `overnight restore TASK --cold "
+                             "URL` reads it from there") from exc
     if digest.sha256(data) != row.archive_id:
         raise DigestMismatch(f"archive {row.archive_id} of task {row.task_id!r}: manifest does not match its id",
                              task_id=row.task_id, object_digest=row.archive_id)
-    return decode_manifest(data, f"archive {row.archive_id}")
+    return decode_manifest(data, where)
