@@ -432,3 +432,31 @@ def test_an_old_pointer_to_a_store_that_is_gone_is_a_typed_error_and_creates_not
     assert str(copy / ".overnight" / "current-task") in reason and "belongs to the project" in reason, reason
     assert _count(repo / ".overnight" / "overnight.db") == n
     assert not (copy / ".overnight" / "overnight.db").exists()
+
+
+def test_the_pointers_store_wins_over_overnight_store(project, tmp_path: Path) -> None:
+    """``export OVERNIGHT_STORE=postgresql://...`` for a fleet must not break the hooks of a project
+    whose task lives in its own store: the pointer says where the task is; the variable is the
+    fallback (no pointer, or the pointer's store gone)."""
+    repo, tid, transcript = project
+    elsewhere = {"OVERNIGHT_STORE": f"sqlite://{tmp_path / 'fleet.db'}"}
+    before = head(repo, tid).record.seq
+    ok = hook("claude-code", "pre-compact", stdin=payload("pre_compact.json", repo, transcript), cwd=repo,
+              extra_env=elsewhere)
+    assert ok.returncode == 0 and '"decision":"block"' not in ok.stdout.replace(" ", ""), ok.stdout + ok.stderr
+    assert head(repo, tid).record.seq == before + 1  # committed into the project's store
+    assert not (tmp_path / "fleet.db").exists()  # the variable's store was neither used nor created
+
+
+def test_stop_does_not_reopen_an_item_the_agent_checkpointed_as_done(project) -> None:
+    """The agent's TodoWrite list can lag an explicit ``task_checkpoint(done=[...])``: the Stop
+    hook mirroring it must not put the finished item back on the todo list (never on both lists)."""
+    repo, tid, transcript = project
+    with CodingTasks(f"sqlite://{repo / '.overnight' / 'overnight.db'}", project=repo) as t:
+        t.checkpoint(tid, done=["Write the tokenizer"])  # still in_progress in the transcript's last TodoWrite
+    out = hook("claude-code", "stop", stdin=payload("stop.json", repo, transcript), cwd=repo)
+    assert out.returncode == 0, out.stderr
+    state = head(repo, tid).state
+    done, todo = [d.name for d in state.done], [t.name for t in state.todo]
+    assert "Write the tokenizer" in done and "Write the tokenizer" not in todo, (done, todo)
+    assert todo == ["Run the tests"] and "Read src/parser.py" in done

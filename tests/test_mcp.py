@@ -475,16 +475,18 @@ def test_a_task_reads_and_writes_only_the_project_it_is_used_in(repo: Path, tmp_
         tid = other.start("Someone else's task", plan=["x"], make_current=False).task_id
     assert _tree(secrets) == before
     with CodingTasks(f"sqlite://{store}", project=repo) as t:
+        res = t.resume(tid)
+        text = render_control_point(res.control, drift_report=res.drift)
         with pytest.raises(ConfigError, match="not a file in the project"):  # not the recorded folder's file
             t.checkpoint(tid, artifacts=[{"path": "secret.txt"}])
         (repo / "secret.txt").write_text("this project's file\n")
         r = t.checkpoint(tid, artifacts=[{"path": "secret.txt"}])
         assert r.artifacts_added == ["files/secret.txt"]
         assert t.artifact(tid, "files/secret.txt") == b"this project's file\n"
-        res = t.resume(tid)
-        text = render_control_point(res.control, drift_report=res.drift)
+        after = t.status(tid).control
     assert res.control.project == str(repo) and res.control.recorded_project == str(secrets)
     assert res.control.project_moved and f"project moved: recorded at {secrets}, now {repo}" in text
+    assert after.recorded_project == str(repo) and not after.project_moved  # the checkpoint here recorded it
     assert json_of(repo / ".overnight" / "current-task")["task_id"] == tid
     assert _tree(secrets) == before  # no .overnight/ written there, nothing else either
     s = SQLiteStore(store)
@@ -595,6 +597,12 @@ def test_a_moved_project_resumes_against_its_new_location(repo: Path, tmp_path: 
     new = tmp_path / "moved" / "proj"
     shutil.copytree(repo, new, symlinks=True)
     shutil.rmtree(repo)
+    # `overnight status --drift` in the moved project measures there too (a fresh process, its cwd)
+    out = subprocess.run([*CLI, "status", tid, "--drift", "--store", f"sqlite://{new / '.overnight' / 'overnight.db'}"],
+                         cwd=new / "src", env=env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"measured in {new}" in out.stdout and "removed" not in out.stdout and "git work tree" not in out.stdout, \
+        out.stdout
     with CodingTasks(f"sqlite://{new / '.overnight' / 'overnight.db'}", project=new) as t:
         res = t.resume(tid)
         assert not res.drift.lines, res.drift.lines
@@ -606,6 +614,7 @@ def test_a_moved_project_resumes_against_its_new_location(repo: Path, tmp_path: 
         assert t.artifact(tid, "files/src/parser.py") == b"def parse(s):\n    return list(s)\n"
         st = t.status(tid)
     assert st.drift.lines == [] and st.control.project == str(new)
+    assert not st.control.project_moved  # the checkpoint made here recorded the new folder: said once
     assert not repo.exists()  # nothing written at the old path (no .overnight/ pointer there)
     assert json_of(new / ".overnight" / "current-task")["task_id"] == tid
 
@@ -644,3 +653,15 @@ def test_the_pointer_names_a_store_in_the_project_relative_to_it(repo: Path, tmp
     (moved / ".overnight" / "current-task").write_text(json.dumps({"task_id": other, "store": 7}))
     with pytest.raises(ConfigError, match="store is not a non-empty string"):
         read_pointer(moved)
+
+
+def test_overnight_resume_of_a_coding_task_says_the_agent_continues_it(repo: Path) -> None:
+    from overnight.mcp.tasks import CodingTasks
+
+    store = repo / ".overnight" / "overnight.db"
+    with CodingTasks(f"sqlite://{store}", project=repo) as t:
+        tid = t.start("Rewrite the parser", plan=["edit src/parser.py"]).task_id
+    out = subprocess.run([*CLI, "resume", tid, "--store", f"sqlite://{store}"], cwd=repo, env=env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "coding-agent task" in out.stderr and "task_resume" in out.stderr, out.stderr
+    assert "--file" not in out.stderr

@@ -741,6 +741,13 @@ def _no_code(row: Any, action: str) -> ConfigError:
         return ConfigError(f"task {row.task_id!r} is an OpenAI Agents SDK session stored by OvernightSession: it has "
                            f"no overnight steps to {action}", task_id=row.task_id,
                            hint="open it again with OvernightSession(session_id, store=...)")
+    from overnight.verify.coding_world import KIND
+
+    if isinstance(spec, dict) and spec.get("kind") == KIND:
+        return ConfigError(f"task {row.task_id!r} is a coding-agent task (MCP tools / hooks): it has no overnight "
+                           f"steps to {action}", task_id=row.task_id,
+                           hint="the agent continues it: task_resume (or the session-start hook) loads its control "
+                           "point; `overnight status TASK --drift` shows what changed")
     return ConfigError(f"task {row.task_id!r} has no recorded code location; cannot {action} it without its code",
                        task_id=row.task_id, hint="pass --file FILE.py[:NAME] (the file defining the task; it is "
                        "imported, so its top-level code runs)")
@@ -801,13 +808,19 @@ def _coding_drift(rep: StatusReport, loaded: Any) -> bool:
     spec = loaded.state_tree["task"]["spec"]
     if not isinstance(spec, dict) or spec.get("kind") != coding_world.KIND:
         return False
-    root, salt = Path(spec.get("project") or "."), bytes.fromhex(spec.get("salt", ""))
-    now = coding_world.world(root, inputs=list(spec.get("inputs", [])), env=list(spec.get("env", [])), salt=salt)
+    # the project is the one this command runs in, as for the MCP server and the hooks -- never the
+    # folder the store records (stored data must not choose what is read; a moved project follows)
+    root = coding_world.project_root(Path.cwd())
+    inputs, env, salt = coding_world.world_args(spec, root, rep.task_id)
+    now = coding_world.world(root, inputs=inputs, env=env, salt=salt)
     found = coding_world.drift(root, loaded.world, now, checkpoint_id=loaded.id,
                                todo=[t.name for t in loaded.state.todo], salt=salt)
     rep.drift = DriftReport(found.checkpoint_id, [DriftItem(i["component"], i["key"], i["old"], i["new"])
                                                   for i in found.items])
-    rep.drift_words = found.lines
+    recorded = spec.get("project")
+    moved = ([f"measured in {coding_world.printable(root, 1000)} (this directory's project); the task records "
+              f"{coding_world.printable(recorded, 1000)}"] if isinstance(recorded, str) and recorded != str(root) else [])
+    rep.drift_words = moved + found.lines
     rep.drift_plan = ("a coding-agent task: nothing runs again on resume; task_resume (or the session-start hook) "
                       "tells the agent what changed" if found.items else "no step to recompute")
     return True

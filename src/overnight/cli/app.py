@@ -376,6 +376,8 @@ def status(
     if rep.drift is not None:
         if not rep.drift.items:
             render.out.print("[green]no drift[/]")
+            for line in rep.drift_words:  # a coding task measured in a project that moved: says where
+                render.out.print(f"- {render.esc(line)}")
             if rep.plan_change:
                 render.out.print(f"on resume: {render.esc(rep.drift_plan)}")
         else:

@@ -51,8 +51,8 @@ hook_app = typer.Typer(help="Hooks for coding agents: checkpoint before a compac
 claude_app = typer.Typer(help="Claude Code hooks: the hook JSON on stdin, Claude Code's JSON on stdout.",
                          no_args_is_help=True)
 hook_app.add_typer(claude_app, name="claude-code")
-HookStoreOpt = typer.Option(None, "--store", "-s", help="Store URL (default: $OVERNIGHT_STORE, else the store the "
-                            "current-task pointer names).")
+HookStoreOpt = typer.Option(None, "--store", "-s", help="Store URL (default: the store the current-task pointer "
+                            "names, else $OVERNIGHT_STORE).")
 
 
 @claude_app.command("pre-compact")

@@ -84,9 +84,13 @@ class Outcome:
 
 def _locate(payload: dict[str, Any], store: str | None) -> tuple[Path, str, str, str | None] | None:
     """``(project root, task id, branch, store URL)`` of the current task, or None. The store: ``store``
-    (``--store``), else ``$OVERNIGHT_STORE``, else the pointer's, resolved against the root the
+    (``--store``), else the store the pointer names for that task, resolved against the root the
     pointer was found in (:func:`~overnight.mcp.tasks.pointer_store`: a moved or copied project
-    uses its own store; a missing one is a StoreUnavailable, never created)."""
+    uses its own store; a missing one is a StoreUnavailable, never created), else
+    ``$OVERNIGHT_STORE``. The pointer wins over the variable: ``task_start``/``task_resume`` wrote
+    where this task lives, while the variable is a machine-wide default (often a fleet's PostgreSQL
+    store) that need not hold it; the variable is used when the pointer's store is missing."""
+    from overnight.errors import StoreUnavailable
     from overnight.mcp.tasks import pointer_store, read_pointer
 
     cwd = payload.get("cwd") or os.getcwd()
@@ -99,8 +103,14 @@ def _locate(payload: dict[str, Any], store: str | None) -> tuple[Path, str, str,
     task_id = task or pointer["task_id"]
     branch = os.environ.get("OVERNIGHT_BRANCH") or (pointer.get("branch") if pointer.get("task_id") == task_id
                                                     else None) or "main"
-    store = store or os.environ.get("OVERNIGHT_STORE") or (pointer_store(root, pointer) if found else None)
-    return root, task_id, branch, store
+    env_store = os.environ.get("OVERNIGHT_STORE") or None
+    if store is None and found and pointer.get("task_id") == task_id:
+        try:
+            store = pointer_store(root, pointer)
+        except StoreUnavailable:
+            if env_store is None:
+                raise
+    return root, task_id, branch, store or env_store
 
 
 def read_transcript(path: str | None) -> tuple[bytes, list[Any]]:

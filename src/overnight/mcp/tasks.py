@@ -36,7 +36,8 @@ current-task pointer -- happens in :attr:`CodingTasks.project`, the folder the a
 ``project`` recorded in the spec is informational: a store is data, and whoever can write it (a
 shared PostgreSQL schema, an S3 bucket, a copied SQLite file) must not choose which folder is
 read or written. The same holds for a project moved or copied: the task follows the folder it is
-resumed in, and the control point says ``project moved: recorded at OLD, now NEW``. The other
+resumed in, and the control point says ``project moved: recorded at OLD, now NEW`` until the next
+checkpoint made there records the new folder. The other
 stored spec fields the world uses are checked before use (:meth:`CodingTasks._world_args`).
 """
 
@@ -48,20 +49,20 @@ import re
 import secrets
 import uuid
 from dataclasses import asdict, dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from overnight.codec.canonical import dumps_sorted, from_tree, loads, to_tree
 from overnight.errors import (
     BranchNotFound,
     ConfigError,
-    SchemaError,
     StaleHead,
     StoreUnavailable,
     TaskNotFound,
     short_id,
 )
-from overnight.verify.coding_world import KIND, CodingDrift, drift, project_root, world
+from overnight.verify.coding_world import KIND, CodingDrift, drift, printable, project_root, world, world_args
+from overnight.verify.coding_world import encodable as _encodable
 from overnight.runtime.task import CRITICALITY, parse_span, step_key, todo_entry
 from overnight.store import Store, default_store_url, open_store
 from overnight.store import exists as store_exists
@@ -179,16 +180,6 @@ class Resumed:
 
     def to_json(self) -> dict[str, Any]:
         return {"control": self.control.to_json(), "drift": self.drift.to_json(), "fallback": self.fallback}
-
-
-def printable(value: Any, limit: int = 300) -> str:
-    """One line of printable text for a stored value shown to an agent: lone surrogates, control
-    characters and line breaks escaped (as ``overnight log`` does, :func:`overnight.cli.render.safe`,
-    which the hooks must not import), at most ``limit`` characters."""
-    text = "" if value is None else str(value)
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    text = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
-    return text if len(text) <= limit else text[:limit] + "[...]"
 
 
 def approx_tokens(text: str) -> int:
@@ -456,15 +447,6 @@ def _clean(items: list[str] | None, what: str, task_id: str | None) -> list[str]
     return out
 
 
-def _encodable(path: str) -> bool:
-    """Can ``path`` be a file name here (``os.fsencode`` takes it)?"""
-    try:
-        os.fsencode(path)
-    except UnicodeError:
-        return False
-    return True
-
-
 def _todo_entry(name: str) -> dict[str, Any]:
     return todo_entry(name, AGENT_FN, {}, None)
 
@@ -549,52 +531,8 @@ class CodingTasks:
         return printable(raw), raw != str(self.project)
 
     def _world_args(self, spec: dict[str, Any], task_id: str | None) -> tuple[list[str], list[str], bytes]:
-        """``(inputs, env, salt)`` of a spec for :func:`~overnight.verify.coding_world.world`, checked.
-
-        They are stored data: each input must be a project-relative path that stays inside the
-        project (no absolute path, no ``..``, no parent folder that is a symlink leading out --
-        ``task_start`` never records one), each env entry a string, the salt hex. Compared as
-        strings first; only this project's own folders are resolved.
-
-        Raises:
-            SchemaError: a field is not what ``task_start`` writes (the store was changed).
-            ConfigError: an input's folder in the project is now a symlink leading outside it.
-        """
-        def bad(what: str) -> SchemaError:
-            return SchemaError(f"task {task_id!r}: its stored spec {what}; task_start never records that, so the "
-                               "store was changed by someone else: nothing was read or written",
-                               task_id=task_id, hint="check the store (task_verify, `overnight verify`) and start a "
-                               "new task with task_start")
-
-        inputs, env, salt = spec.get("inputs", []), spec.get("env", []), spec.get("salt", "")
-        if not isinstance(inputs, list) or not all(isinstance(p, str) for p in inputs):
-            raise bad("'inputs' is not a list of paths")
-        if not isinstance(env, list) or not all(isinstance(n, str) for n in env):
-            raise bad("'env' is not a list of variable names")
-        if not isinstance(salt, str):
-            raise bad("'salt' is not a string")
-        try:
-            salt_bytes = bytes.fromhex(salt)
-        except ValueError:
-            raise bad(f"'salt' {printable(salt, 40)!r} is not hex") from None
-        root = self.project
-        for p in inputs:
-            if not p or "\0" in p or not _encodable(p) or PurePosixPath(p).is_absolute() or Path(p).is_absolute() \
-                    or ".." in PurePosixPath(p).parts:
-                raise bad(f"declares the input {printable(p, 120)!r}, which is not a path inside the project")
-            full = root / p
-            if full == root:
-                continue
-            try:
-                parent = full.parent.resolve()
-            except (OSError, RuntimeError) as exc:
-                raise ConfigError(f"the folder of input {printable(p, 120)!r} cannot be resolved: {exc}",
-                                  task_id=task_id) from None
-            if parent != root and root not in parent.parents:
-                raise ConfigError(f"input {printable(p, 120)!r} is outside the project {root}: a folder on its way "
-                                  "is a symlink leading out of it", task_id=task_id,
-                                  hint="replace the symlink with the folder, or start a new task")
-        return list(inputs), list(env), salt_bytes
+        """:func:`~overnight.verify.coding_world.world_args` of ``spec`` in this process's project."""
+        return world_args(spec, self.project, task_id)
 
     def _tip(self, task_id: str, branch: str, *, deep: bool = False) -> _Tip:
         s = self.store()
@@ -741,7 +679,9 @@ class CodingTasks:
             blobs: more artifacts as ``name -> bytes`` (the hooks' transcripts).
             step, detail: the event's step name and detail (``overnight log`` shows them).
             skip_known_done: leave out ``done`` items already on the done list (a hook mirroring an
-                agent's whole todo list, finished items included, at every turn).
+                agent's whole todo list, finished items included, at every turn), and ``todo`` items
+                that are done and no longer on the stored todo list (the agent's list lags an
+                explicit ``done``; a repeated item of the same name is added with ``todo`` by the agent).
             compaction: a ``compaction`` event: the context was summarised; the session count moves on.
             session_id: the agent session stamped on the checkpoint (default: this process's).
 
@@ -780,6 +720,9 @@ class CodingTasks:
             names = _unique([d for d in done or [] if not (skip_known_done and d in known)], known)
             done_list += [_done_entry(n, chain.seq + 1, session_n, now) for n in names]
             if todo is not None:
+                if skip_known_done:  # a mirrored list may lag an explicit task_checkpoint(done=[...]): an item
+                    stored = {t["name"] for t in old["todo"]}  # done and off the todo list stays done
+                    finished |= {t for t in todo if t in known and t not in stored}
                 todo_list = [_todo_entry(n) for n in _unique([t for t in todo if t not in finished], set())]
             else:
                 todo_list = [t for t in old["todo"] if t["name"] not in finished]
@@ -791,6 +734,8 @@ class CodingTasks:
                                old_ctx["compactions"] + (1 if compaction else 0), old_ctx["messages"], old_ctx["tokens"])
             state = {**old, "todo": todo_list, "done": done_list, "artifacts": dict(sorted(arts.items())),
                      "data": to_tree(data, "state.data"), "context": ctx}
+            if spec.get("project") != str(self.project):  # moved or copied: the task now lives here, and
+                state["task"] = {**old["task"], "spec": {**spec, "project": str(self.project)}}  # says so once
             fp, now_world = self._fingerprint(writer, spec, task_id)
             if state == old and now_world == tip.world and not compaction:
                 return CheckpointResult(task_id, branch, chain.head or "", chain.seq, len(done_list), len(todo_list),

@@ -31,9 +31,10 @@ import os
 import re
 import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from overnight.errors import ConfigError, SchemaError
 from overnight.verify.fingerprint import LOCK_FILES as PY_LOCK_FILES
 from overnight.verify.fingerprint import LOCK_GLOBS, MISSING, digest_path, keyed, runtime
 
@@ -157,6 +158,74 @@ def lock_files(root: Path) -> dict[str, str]:
     for pattern in LOCK_GLOBS:
         found.update({p.name: digest_path(p) for p in sorted(root.glob(pattern)) if p.is_file()})
     return dict(sorted(found.items()))
+
+
+def printable(value: Any, limit: int = 300) -> str:
+    """One line of printable text for a stored value shown to an agent or a person: lone
+    surrogates, control characters and line breaks escaped (as ``overnight log`` does with
+    :func:`overnight.cli.render.safe`, which this layer -- and the hooks -- must not import), at
+    most ``limit`` characters."""
+    text = "" if value is None else str(value)
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit] + "[...]"
+
+
+def encodable(path: str) -> bool:
+    """Can ``path`` be a file name here (``os.fsencode`` takes it)?"""
+    try:
+        os.fsencode(path)
+    except UnicodeError:
+        return False
+    return True
+
+
+def world_args(spec: dict[str, Any], root: Path, task_id: str | None) -> tuple[list[str], list[str], bytes]:
+    """``(inputs, env, salt)`` of a coding task's stored spec for :func:`world` in the project ``root``, checked.
+
+    They are stored data: each input must be a project-relative path that stays inside the
+    project (no absolute path, no ``..``, no parent folder that is a symlink leading out --
+    ``task_start`` never records one), each env entry a string, the salt hex. Compared as
+    strings first; only this project's own folders are resolved.
+
+    Raises:
+        SchemaError: a field is not what ``task_start`` writes (the store was changed).
+        ConfigError: an input's folder in the project is now a symlink leading outside it.
+    """
+    def bad(what: str) -> SchemaError:
+        return SchemaError(f"task {task_id!r}: its stored spec {what}; task_start never records that, so the "
+                           "store was changed by someone else: nothing was read or written",
+                           task_id=task_id, hint="check the store (task_verify, `overnight verify`) and start a "
+                           "new task with task_start")
+
+    inputs, env, salt = spec.get("inputs", []), spec.get("env", []), spec.get("salt", "")
+    if not isinstance(inputs, list) or not all(isinstance(p, str) for p in inputs):
+        raise bad("'inputs' is not a list of paths")
+    if not isinstance(env, list) or not all(isinstance(n, str) for n in env):
+        raise bad("'env' is not a list of variable names")
+    if not isinstance(salt, str):
+        raise bad("'salt' is not a string")
+    try:
+        salt_bytes = bytes.fromhex(salt)
+    except ValueError:
+        raise bad(f"'salt' {printable(salt, 40)!r} is not hex") from None
+    for p in inputs:
+        if not p or "\0" in p or not encodable(p) or PurePosixPath(p).is_absolute() or Path(p).is_absolute() \
+                or ".." in PurePosixPath(p).parts:
+            raise bad(f"declares the input {printable(p, 120)!r}, which is not a path inside the project")
+        full = root / p
+        if full == root:
+            continue
+        try:
+            parent = full.parent.resolve()
+        except (OSError, RuntimeError) as exc:
+            raise ConfigError(f"the folder of input {printable(p, 120)!r} cannot be resolved: {exc}",
+                              task_id=task_id) from None
+        if parent != root and root not in parent.parents:
+            raise ConfigError(f"input {printable(p, 120)!r} is outside the project {root}: a folder on its way "
+                              "is a symlink leading out of it", task_id=task_id,
+                              hint="replace the symlink with the folder, or start a new task")
+    return list(inputs), list(env), salt_bytes
 
 
 def world(root: Path, *, inputs: list[str] = (), env: list[str] = (), salt: bytes = b"") -> dict[str, Any]:  # type: ignore[assignment]
