@@ -577,6 +577,24 @@ def test_a_worker_id_in_use_by_a_live_worker_is_refused(tmp_path: Path, sqlite_u
     assert again.returncode == 0, again.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("medium", ["sqlite", "postgres"])
+def test_workers_started_at_once_with_one_id_get_it_once(tmp_path: Path, medium: str, request) -> None:
+    """The id check and the registration are one transaction: of four workers started together with
+    one ``--worker-id``, exactly one runs; the others are refused (exit 2) -- not two rows in one."""
+    if medium == "sqlite":
+        store = request.getfixturevalue("sqlite_url")
+    else:
+        url, schema = request.getfixturevalue("pg_schema")
+        store = f"{url}?schema={schema}"
+    procs = [start_worker(tmp_path, store, "--worker-id", "race", "--idle-exit", "6", name=f"r{i}") for i in range(4)]
+    codes = [p.wait(timeout=180) for p in procs]
+    assert sorted(codes) == [0, 2, 2, 2], (codes, [(tmp_path / f"r{i}.err").read_text()[-300:] for i in range(4)])
+    for i, code in enumerate(codes):
+        if code == 2:
+            assert "worker id 'race' is in use by pid" in (tmp_path / f"r{i}.err").read_text()
+
+
 @pytest.mark.parametrize("bad", ["a\nb", "\x1b[31mred", "   ", "x" * 201])
 def test_a_worker_id_that_is_not_a_name_is_refused(tmp_path: Path, sqlite_url: str, bad: str) -> None:
     res = cli(tmp_path, "worker", "--store", sqlite_url, "--worker-id", bad, "--idle-exit", "1")

@@ -514,32 +514,39 @@ class Worker:
         return task
 
     def _id_free(self) -> None:
-        """Refuse a ``worker_id`` that a live worker uses (``overnight workers`` would show one row
-        for two workers, and each would overwrite the other's). Live: not ``stopped``, a heartbeat
-        within the lease, and on this host a process that still runs.
+        """Register this worker's row, refusing a ``worker_id`` that a live worker uses
+        (``overnight workers`` would show one row for two workers, and each would overwrite the
+        other's). Live: not ``stopped``, a heartbeat within the lease, and on this host a process
+        that still runs. Atomic (:meth:`~overnight.store.queue_sql.SqlQueue.register_worker`): of
+        two workers started at once with one id, one is refused.
 
         Raises:
             ConfigError: the id is in use (the message names its host and pid).
         """
-        try:
-            q = self._q()
-            rows = [w for w in q.workers() if w.worker_id == self.worker_id]
-            now = q.clock_ms()
-        except OvernightError:
-            return  # the store is away: the loop retries it; the check is a courtesy
-        for w in rows:
-            if w.state == "stopped" or now - w.heartbeat_ms > self.lease_ms or (w.host, w.pid) == (
-                    socket.gethostname(), os.getpid()):
-                continue
-            if w.host == socket.gethostname():
+        here = socket.gethostname()
+
+        def live(w: WorkerRow, now: int) -> bool:
+            if w.state == "stopped" or now - w.heartbeat_ms > self.lease_ms or (w.host, w.pid) == (here, os.getpid()):
+                return False
+            if w.host == here:
                 try:
                     os.kill(w.pid, 0)
                 except ProcessLookupError:
-                    continue  # that worker died on this host
+                    return False  # that worker died on this host
                 except PermissionError:
                     pass
-            raise ConfigError(f"worker id {self.worker_id!r} is in use by pid {w.pid} on {w.host} (heartbeat "
-                              f"{(now - w.heartbeat_ms) / 1000:.0f} s ago)",
+            return True
+
+        try:
+            q = self._q()
+            held = q.register_worker(WorkerRow(self.worker_id, here, os.getpid(), self._started_ms, 0, self.queues,
+                                               self.concurrency, 0, "running"), live)
+            now = q.clock_ms()
+        except OvernightError:
+            return  # the store is away: the loop retries it; the check is a courtesy
+        if held is not None:
+            raise ConfigError(f"worker id {self.worker_id!r} is in use by pid {held.pid} on {held.host} (heartbeat "
+                              f"{max(0, now - held.heartbeat_ms) / 1000:.0f} s ago)",
                               hint="give each worker its own --worker-id (the default, HOST-PID, is unique)")
 
     def run(self) -> int:

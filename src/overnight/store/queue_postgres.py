@@ -148,6 +148,7 @@ class PostgresQueue(SqlQueue):
     """The queue in an open :class:`~overnight.store.postgres.PostgresStore` (same schema, same pool)."""
 
     LOCK = " FOR UPDATE OF q SKIP LOCKED"
+    LOCK_ROW = " FOR UPDATE"
     DDL = (
         "SELECT pg_advisory_xact_lock(hashtext('overnight.queue.ddl'))",
         """CREATE TABLE IF NOT EXISTS {s}.queue (

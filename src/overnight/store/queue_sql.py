@@ -398,6 +398,40 @@ class SqlQueue:
                         (w.worker_id, w.host, w.pid, w.started_ms, w.heartbeat_ms, json.dumps(w.queues),
                          w.concurrency, w.held, w.state))
 
+    def register_worker(self, w: WorkerRow, live: Callable[[WorkerRow, int], bool]) -> WorkerRow | None:
+        """Write the row of a worker that starts, unless a worker ``live(row, now)`` holds its id:
+        that row is returned and nothing is written; None once ``w`` is registered (its heartbeat
+        set by :meth:`clock_ms`). One write transaction, so of two workers started at once with one
+        id exactly one gets it (PostgreSQL: the second insert meets the first's primary key and the
+        check runs again). Raises what the store raises (StoreBusy, StoreUnavailable)."""
+        cols = ", ".join([*(self._expr(f"w.{c}") for c in WORKER_COLUMNS), f"w.{self.ROWID}" if self.ROWID else "NULL"])
+        for attempt in (1, 2):
+            try:
+                with self._tx() as cur:
+                    now = self._now(cur)
+                    cur.execute(self._sql(f"SELECT {cols} FROM {{s}}.workers w WHERE w.worker_id=?{self.LOCK_ROW}"),
+                                (w.worker_id,))
+                    found = cur.fetchone()
+                    if found is not None:
+                        held = row_to_worker(self._cells(found[:-1]), rowid=found[-1])
+                        if live(held, now):
+                            return held
+                    w.heartbeat_ms = now
+                    cur.execute(self._sql("DELETE FROM {s}.workers WHERE worker_id=?"), (w.worker_id,))
+                    cur.execute(self._sql(f"INSERT INTO {{s}}.workers ({', '.join(WORKER_COLUMNS)}) VALUES "
+                                          f"({', '.join('?' * len(WORKER_COLUMNS))})"),
+                                (w.worker_id, w.host, w.pid, w.started_ms, w.heartbeat_ms, json.dumps(w.queues),
+                                 w.concurrency, w.held, w.state))
+                return None
+            except Exception as exc:  # noqa: BLE001 - the dialect's unique-violation error, by name
+                if attempt == 2 or type(exc).__name__ not in ("UniqueViolation", "IntegrityError"):
+                    raise
+        return None  # pragma: no cover - the loop returns or raises
+
+    LOCK_ROW = ""
+    """The clause locking a selected row for the transaction (PostgreSQL ``FOR UPDATE``; SQLite's
+    write transaction holds the database)."""
+
     def workers(self) -> list[WorkerRow]:
         """Every worker row, by id; a row edited by hand as :func:`~overnight.store.queue.row_to_worker`
         shows it (never raises for a row's content)."""
