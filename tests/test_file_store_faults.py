@@ -31,7 +31,7 @@ from overnight.store import layout
 from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, TaskRow
 from overnight.store.file import FileStore
 
-from _procs import cli, env
+from _procs import CLI, cli, env
 
 TASK = '''
 import overnight
@@ -125,6 +125,9 @@ def test_a_run_killed_inside_its_first_commit_is_started_by_the_next_run(tmp_pat
     _ok(resumed, 2)
     assert "overnight run t5.py" in resumed.stderr and "no branch" not in resumed.stderr
     _ok(cli("ls", "--store", url, cwd=cwd), 0)
+    if when == "ref-swap":  # `overnight rm` removes what is left (an rm killed near its end leaves the same)
+        _ok(cli("rm", "t5", "--yes", "--store", url, cwd=cwd), 0)
+        assert not (root / "tasks" / "t5").exists() or not any((root / "tasks" / "t5").rglob("task"))
 
     run = cli("run", "t5.py", "--store", url, cwd=cwd)
     _ok(run, 0)
@@ -310,3 +313,42 @@ def test_call_and_archive_records_with_a_member_of_the_wrong_type_are_left_out(t
         _edit_header(root / layout.archive_key("t", archives[1].archive_id), created_at=None)
         assert store.calls("t") == [calls[0]]
         assert store.list_archives("t") == [archives[0]] and store.list_archives() == [archives[0]]
+
+
+def test_a_task_record_naming_another_task_than_its_folder_is_damage(tmp_path):
+    """A ``task`` record rewritten to name another task must not show that task with this one's
+    history, nor hide this one silently: it is left out of listings, reading it by id is
+    StoreCorrupt, and ``verify --all`` reports it."""
+    cwd = _project(tmp_path)
+    url = f"file://{tmp_path / 'st'}"
+    _ok(cli("run", "t5.py", "--store", url, cwd=cwd), 0)
+    key = tmp_path / "st" / "tasks" / "t5" / "task"
+    key.write_bytes(key.read_bytes().replace(b'"t5"', b'"t6"'))
+    listed = cli("ls", "--store", url, cwd=cwd)
+    assert "t6" not in listed.stdout
+    _ok(cli("show", "t5", "--store", url, cwd=cwd), 3)
+    checked = cli("verify", "--all", "--store", url, cwd=cwd)
+    _ok(checked, 3)
+    assert "names task 't6'" in checked.stdout + checked.stderr
+
+
+def test_planted_index_names_and_sparse_records_are_damage_not_crashes(tmp_path):
+    """A file named ``%ZZ`` planted in a task's index (no name overnight writes) is ignored, not a
+    traceback; a sparse 4 GB file planted as a ref reads as damage without allocating its size."""
+    import resource
+
+    cwd = _project(tmp_path)
+    url = f"file://{tmp_path / 'st'}"
+    _ok(cli("run", "t5.py", "--store", url, cwd=cwd), 0)
+    (tmp_path / "st" / "tasks" / "t5" / "checkpoints" / "%ZZ").write_bytes(b"x\n")
+    for args in (["ls"], ["show", "t5"], ["verify", "--all"], ["gc", "--apply"]):
+        _ok(cli(*args, "--store", url, cwd=cwd), 0)
+    ref = tmp_path / "st" / "tasks" / "t5" / "refs" / "main"
+    ref.unlink()
+    with open(ref, "wb") as fh:
+        fh.truncate(4 << 30)  # no disk blocks
+    limit = 1 << 30  # the command would need 4 GB to read it whole
+    listed = subprocess.run([*CLI, "show", "t5", "--store", url], cwd=cwd, env=env(), capture_output=True, text=True,
+                            timeout=120, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    _ok(listed, 3)
+    assert "refs/main" in listed.stderr

@@ -351,3 +351,53 @@ def test_decompress_refuses_a_size_or_data_of_the_wrong_type_with_a_decode_error
     """What another store backend hands over unchecked is refused by the codec itself, typed."""
     with pytest.raises(DecodeError):
         decompress(codec, data, size)
+
+
+# -- text cells that are not UTF-8 ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_tasks(tmp_path_factory) -> Path:
+    """A store holding tasks ``job`` and ``other``, both complete."""
+    base = _made(tmp_path_factory.mktemp("tampered") / "two", None)
+    (base / "other.py").write_text(JOB.replace('Task("job"', 'Task("other"').replace("three steps", "other goal"))
+    assert cli("run", "other.py", "--store", "sqlite://store.db", cwd=base).returncode == 0
+    with sqlite3.connect(base / "store.db") as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return base
+
+
+@pytest.mark.slow  # real CLI processes
+@pytest.mark.parametrize("sql", [
+    "UPDATE tasks SET goal=x'ff' WHERE task_id='job'",
+    "UPDATE tasks SET goal=CAST(x'ff' AS TEXT) WHERE task_id='job'",
+    "UPDATE refs SET checkpoint_id=x'ff' WHERE task_id='job'",
+    "UPDATE refs SET branch=x'ff' WHERE task_id='job'",
+    "UPDATE checkpoints SET step=x'ff' WHERE checkpoint_id=(SELECT checkpoint_id FROM refs WHERE task_id='job')",
+], ids=["tasks.goal", "tasks.goal-text", "refs.checkpoint_id", "refs.branch", "checkpoints.step"])
+def test_a_text_cell_that_is_not_utf8_is_damage_of_that_row_not_of_the_store(two_tasks, tmp_path, sql):
+    """Decoding one cell failed the whole query ("store is damaged: Could not decode to UTF-8"):
+    ``ls``, ``verify --all`` and ``repair --salvage`` exited 3 for the store, and the salvaged copy
+    failed the same way. Now the cell is damage of its row, named by table and column."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("job.py", "other.py", "store.db"):
+        shutil.copy(two_tasks / name, project / name)
+    with sqlite3.connect(project / "store.db") as db:
+        assert db.execute(sql).rowcount == 1
+    store = "sqlite://store.db"
+    ls = cli("ls", "--store", store, cwd=project)
+    _no_traceback(ls, "ls")
+    assert ls.returncode == 0 and "other goal" in ls.stdout and "job" in ls.stdout, ls.stdout + ls.stderr
+    every = cli("verify", "--all", "--store", store, cwd=project)
+    _no_traceback(every, "verify --all")
+    assert every.returncode == 3 and "other: main ok" in every.stdout, every.stdout + every.stderr
+    assert "not UTF-8" in every.stdout or "refs." in every.stdout, every.stdout
+    resume = cli("resume", "other", "--store", store, cwd=project)
+    _no_traceback(resume, "resume")
+    assert resume.returncode == 0, resume.stderr
+    salvage = cli("repair", "--salvage", "store.db", cwd=project)
+    _no_traceback(salvage, "repair --salvage")
+    assert salvage.returncode == 0, salvage.stdout + salvage.stderr
+    salvaged = cli("verify", "--all", "--store", "sqlite://store.salvaged.db", cwd=project)
+    assert salvaged.returncode == 0 and "other: main ok" in salvaged.stdout, salvaged.stdout + salvaged.stderr

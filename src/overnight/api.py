@@ -1123,8 +1123,16 @@ def rm(task_id: str, *, store: Store | str | None = None, dry_run: bool = False,
         TaskBusy: a live process holds one of its branches (``force=True`` deletes anyway).
     """
     with _opened(store, task_id=task_id, write=True) as s:
-        s.get_task(task_id)
         grace_s = parse_duration(grace, "--grace") or 0.0
+        try:
+            s.get_task(task_id)
+        except TaskNotFound as exc:
+            if not getattr(exc, "leftover", False):
+                raise
+            # only the records of a first commit (or of an rm) cut short: no checkpoint, nothing to keep
+            if not dry_run:
+                s.delete_task(task_id)
+            return collecting.RmReport(task_id, applied=not dry_run, grace_s=grace_s)
         if dry_run:
             return collecting.remove_task(s, task_id, apply=False, grace_s=grace_s, on_progress=on_progress)
         with _all_leases(s, task_id, force):

@@ -89,8 +89,14 @@ def _locate(payload: dict[str, Any], store: str | None) -> tuple[Path, str, str,
     uses its own store; a missing one is a StoreUnavailable, never created), else
     ``$OVERNIGHT_STORE``. The pointer wins over the variable: ``task_start``/``task_resume`` wrote
     where this task lives, while the variable is a machine-wide default (often a fleet's PostgreSQL
-    store) that need not hold it; the variable is used when the pointer's store is missing."""
-    from overnight.errors import StoreUnavailable
+    store) that need not hold it; the variable is used when the pointer's store is missing.
+
+    The pointer is data a repository can carry: its store is used only when it lies inside the
+    project or this user's own ``task_start``/``task_resume`` confirmed it on this machine (the rule:
+    :func:`~overnight.mcp.tasks.pointer_store`); else a ConfigError -- nothing is committed to that
+    store and no text from it reaches the agent -- unless ``--store`` or ``$OVERNIGHT_STORE`` (the
+    user's own choices, always trusted) names the store to use instead."""
+    from overnight.errors import ConfigError, StoreUnavailable
     from overnight.mcp.tasks import pointer_store, read_pointer
 
     cwd = payload.get("cwd") or os.getcwd()
@@ -107,7 +113,7 @@ def _locate(payload: dict[str, Any], store: str | None) -> tuple[Path, str, str,
     if store is None and found and pointer.get("task_id") == task_id:
         try:
             store = pointer_store(root, pointer)
-        except StoreUnavailable:
+        except (StoreUnavailable, ConfigError):  # missing, or outside the project and not confirmed here
             if env_store is None:
                 raise
     return root, task_id, branch, store or env_store

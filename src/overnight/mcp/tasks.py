@@ -75,7 +75,8 @@ from overnight.chain.integrity import encode_state, signing_key_from_env
 from overnight.chain.records import artifact_ref, context_info, done_entry, event, initial_state
 
 __all__ = ["KIND", "POINTER", "ArtifactIn", "CheckpointResult", "CodingTasks", "ControlPoint", "Resumed",
-           "pointer_store", "read_pointer", "render_control_point", "write_pointer"]
+           "confirm_pointer", "pointer_confirmed", "pointer_store", "read_pointer", "render_control_point",
+           "write_pointer"]
 
 
 AGENT_FN = "agent"
@@ -296,11 +297,17 @@ def write_pointer(root: Path, task_id: str, branch: str, store_url: str) -> None
     A store inside the project (the default ``.overnight/overnight.db``) is recorded relative to
     ``root`` (``sqlite://.overnight/overnight.db``), so the pointer stays right when the project
     folder is moved or copied (the store goes with it); a store outside it (or a server) as given.
-    ``root`` is recorded too: it marks this format (:func:`pointer_store`)."""
+    ``root`` is recorded too: it marks this format (:func:`pointer_store`).
+
+    A store outside the project (another folder, a server, a bucket) is also *confirmed*: the
+    ``(project root, task id, store URL)`` triple is recorded in this user's state folder
+    (:func:`confirm_pointer`), because the pointer file itself is data any repository can carry
+    and :func:`pointer_store` uses such a store only when this machine wrote it."""
     root = Path(root).resolve()
+    confirm = _canonical_store(store_url)
     local = _local_store(store_url)
     if local is not None:
-        path = Path(os.path.abspath(local[1]))  # a Store's own URL may be relative to the cwd
+        path = Path(local[1]).resolve()  # relative to the cwd, and through symlinks (a copy must not keep the link)
         store_url = local[0] + str(path)
         if path != root and path.is_relative_to(root):
             store_url = local[0] + path.relative_to(root).as_posix()
@@ -313,6 +320,109 @@ def write_pointer(root: Path, task_id: str, branch: str, store_url: str) -> None
     tmp.write_text(json.dumps({"task_id": task_id, "branch": branch, "store": store_url, "root": str(root)}) + "\n",
                    "utf-8")
     os.replace(tmp, root / POINTER)
+    if not _inside(confirm, root):
+        confirm_pointer(root, task_id, confirm)
+
+
+CONFIRMED_FILE = "confirmed-pointers.json"
+"""The per-user file (in :func:`~overnight.keys.state_dir`) of the current-task pointers this user's
+own ``task_start``/``task_resume`` wrote with a store outside the project: JSON ``{"version": 1,
+"entries": [{"key", "root", "task_id", "store"}]}``, ``key`` the SHA-256 of the exact triple (the
+``store`` shown has its password masked)."""
+CONFIRMED_MAX = 200
+"""Entries kept in :data:`CONFIRMED_FILE` (the newest; an older pointer needs ``task_resume`` again)."""
+
+
+def _canonical_store(url: str) -> str:
+    """``url`` as compared in :data:`CONFIRMED_FILE`: a local store as its absolute, resolved path
+    (symbolic links followed), anything else as written."""
+    local = _local_store(url)
+    if local is None:
+        return url
+    return local[0] + str(Path(os.path.abspath(local[1])).resolve())
+
+
+def _inside(url: str, root: Path) -> bool:
+    """Whether ``url`` (canonical, :func:`_canonical_store`) is a local store inside ``root``."""
+    local = _local_store(url)
+    return local is not None and Path(local[1]).resolve().is_relative_to(Path(root).resolve())
+
+
+def _confirm_key(root: str | os.PathLike, task_id: str, url: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps([str(Path(os.path.normpath(root))), task_id, url]).encode("utf-8")).hexdigest()
+
+
+def _confirmed_entries(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return []  # missing or damaged: nothing confirmed (a pointer then needs task_resume again)
+    entries = data.get("entries") if isinstance(data, dict) else None
+    return [e for e in entries if isinstance(e, dict) and isinstance(e.get("key"), str)] if isinstance(entries, list) else []
+
+
+def _masked(url: str) -> str:
+    """``url`` for a message: a password (``user:PASSWORD@``, ``password=...``) shown as ``***``."""
+    from overnight.config import mask_password
+
+    return re.sub(r"(?i)(password=)[^&;]*", r"\1***", mask_password(url))
+
+
+def confirm_pointer(root: Path, task_id: str, store_url: str) -> None:
+    """Record that this user pointed the project ``root`` at ``task_id`` in ``store_url`` (a store
+    outside the project): :data:`CONFIRMED_FILE`, written atomically (a temporary file, then a
+    rename), the newest :data:`CONFIRMED_MAX` entries kept. A state folder that cannot be written
+    is not an error here: the hooks then refuse that store and say how to fix it."""
+    from overnight.keys import state_dir
+
+    url = _canonical_store(store_url)
+    key = _confirm_key(Path(root).resolve(), task_id, url)
+    path = state_dir() / CONFIRMED_FILE
+    entries = [e for e in _confirmed_entries(path) if e["key"] != key]
+    entries.append({"key": key, "root": str(Path(root).resolve()), "task_id": task_id, "store": _masked(url)})
+    tmp = path.with_name(f".{CONFIRMED_FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump({"version": 1, "entries": entries[-CONFIRMED_MAX:]}, out)
+            out.write("\n")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def pointer_confirmed(roots: Iterable[str | os.PathLike], task_id: str, store_url: str) -> bool:
+    """Whether :func:`confirm_pointer` recorded ``task_id`` in ``store_url`` for one of ``roots``."""
+    from overnight.keys import state_dir
+
+    url = _canonical_store(store_url)
+    keys = {_confirm_key(r, task_id, url) for r in roots}
+    return any(e["key"] in keys for e in _confirmed_entries(state_dir() / CONFIRMED_FILE))
+
+
+def _trusted(root: Path, pointer: dict[str, Any], url: str) -> str:
+    """``url`` when :func:`pointer_store` may use it for ``pointer`` (found in ``root``): a local
+    store inside ``root`` (resolved: neither ``..`` nor a symbolic link leads out), or a triple this
+    user confirmed (:func:`pointer_confirmed`) for ``root`` or for the root the pointer records (a
+    project moved since); else ConfigError -- nothing is read from or written to that store."""
+    canonical = _canonical_store(url)
+    if _inside(canonical, root):
+        return url
+    task_id = pointer.get("task_id")
+    roots = [root] + ([pointer["root"]] if os.path.isabs(pointer.get("root") or "") else [])
+    if isinstance(task_id, str) and pointer_confirmed(roots, task_id, canonical):
+        return url
+    shown = repr(task_id)[:80]
+    raise ConfigError(
+        f"the current-task pointer {root / POINTER} names the store {_masked(canonical)} outside the project "
+        f"at {root}, which this machine never pointed it at (the pointer may come from the repository: a file "
+        f"committed to it or edited by hand): not used for task {shown}, nothing was read from or written to it",
+        hint=f"if that is your task's store, call task_resume(task_id={shown}) with the MCP server run in this "
+             "project (which confirms it for this machine), or pass --store / set OVERNIGHT_STORE to the store "
+             "the task lives in")
 
 
 def _owner_pointer(path: Path, root: Path, task_id: str) -> Path | None:
@@ -354,9 +464,24 @@ def pointer_store(root: Path, pointer: dict[str, Any]) -> str | None:
 
     A store that does not exist is never created from a pointer (a stale one would leave an empty
     store at the old path): StoreUnavailable naming the pointer file and the missing store.
+
+    **Trust.** The pointer is a file in the project, so a repository can carry one (committed past
+    ``.overnight/.gitignore``) naming its author's store -- a hook would then send the user's
+    transcripts there and put its goal text into the agent's context. So the store chosen above is
+    used only when it is (a) a local store inside ``root`` (its resolved path: a ``..`` or a
+    symbolic link leading out does not count), or (b) confirmed by this user on this machine:
+    :func:`write_pointer` (``task_start``/``task_resume``) recorded the ``(root, task id, store)``
+    triple in :data:`CONFIRMED_FILE`, for ``root`` or for the ``root`` the pointer records (a
+    project moved since). Else ConfigError, the password in the URL masked, the hint naming
+    ``task_resume``, ``--store`` and ``$OVERNIGHT_STORE`` (the user's own choices, always trusted:
+    the caller uses them instead). A pointer naming no store stands for the default store, which
+    an ``overnight.toml`` in the project may name: checked the same way unless ``$OVERNIGHT_STORE``
+    is set.
     """
     url = pointer.get("store")
-    if url is None:
+    if url is None:  # a hand-made pointer: the default store, which an overnight.toml may name
+        if not os.environ.get("OVERNIGHT_STORE"):
+            _trusted(root, pointer, resolve_store_url(None, root))
         return None
     task_id = pointer.get("task_id")
     f = root / POINTER
@@ -364,7 +489,7 @@ def pointer_store(root: Path, pointer: dict[str, Any]) -> str | None:
             "store, or set OVERNIGHT_STORE (or pass --store) to the store the task lives in")
     local = _local_store(url)
     if local is None:
-        return url
+        return _trusted(root, pointer, url)
     prefix, path = local
     written = pointer.get("root")
     if not path.is_absolute():
@@ -397,7 +522,7 @@ def pointer_store(root: Path, pointer: dict[str, Any]) -> str | None:
         raise StoreUnavailable(f"the current-task pointer {f} names the store {prefix}{chosen}, which does not "
                                "exist (the project moved or was copied without it?); nothing was created",
                                location=str(chosen), task_id=task_id, hint=hint)
-    return f"{prefix}{chosen}"
+    return _trusted(root, pointer, f"{prefix}{chosen}")
 
 
 def resolve_store_url(store: str | None, root: Path) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overnight.errors import ConfigError, StoreCorrupt
+from overnight.store.sqlite import NotUTF8, _decoded, _row
 
 _ROWID_TABLES = ("objects", "tasks", "checkpoints", "calls")
 _KEYED_TABLES = {"refs": ("task_id", "branch"), "journal": ("checkpoint_id", "step_key"),
@@ -111,6 +112,11 @@ def copy_rows(source: Path, target: Path) -> SalvageCopy:
     # tolerate a schema naming root pages past the end of a truncated file (SQLite otherwise
     # refuses the whole schema as malformed); nothing is written: the connection is read-only
     src.execute("PRAGMA writable_schema=ON")
+    # a text cell that is not UTF-8 (another client's ``x'ff'``) reads as NotUTF8 instead of
+    # failing the lookup or the scan, and its row is left behind (below): copied, it would be as
+    # damaged in the new file
+    src.text_factory = _decoded
+    src.row_factory = _row
     out = SalvageCopy(str(source), str(target))
     try:
         try:
@@ -131,6 +137,9 @@ def copy_rows(source: Path, target: Path) -> SalvageCopy:
                     rows = (_rowid_rows if table in _ROWID_TABLES else _keyed_rows)(src, table, cols, out)
                     marks = ", ".join("?" * len(cols))
                     for row in rows:
+                        if any(type(v) is NotUTF8 for v in row):
+                            out.errors[table] = out.errors.get(table, 0) + 1
+                            continue
                         try:
                             dst.execute(f"INSERT OR IGNORE INTO {table} ({', '.join(cols)}) VALUES ({marks})", row)
                         except sqlite3.Error:  # a garbled value in a typed column: that row is lost

@@ -65,6 +65,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
+from overnight.codec.compress import MAX_SIZE
 from overnight.store.base import MinAge, age_limit
 from overnight.errors import ConfigError, StoreBusy, StoreCorrupt
 from overnight.store.keyed import KeyedStore
@@ -85,6 +86,11 @@ record decoder accepts, so the entry is damage like a file that does not parse -
 record raises StoreCorrupt naming its key, a checkpoint record is skipped (the load falls back,
 ``verify`` reports it), an object reads as kind ``"unreadable"`` and is healed by the next write of
 it. Never the content of a file outside the store."""
+
+_MAX_FILE = MAX_SIZE + (1 << 20)
+"""The largest file this store writes (an object of :data:`~overnight.codec.compress.MAX_SIZE`
+bytes compressed, with room for zstd's frame and the header): a larger one was planted (a sparse
+4 GB file costs no disk) and reads as damage, never as an allocation of its size."""
 
 try:
     import fcntl
@@ -305,8 +311,8 @@ class FileContainer:
             raise
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return _PLANTED
+            if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_FILE:
+                return _PLANTED  # a record or object of that size was never written here (a sparse plant)
             chunks = []
             while chunk := os.read(fd, st.st_size + 1 if not chunks else 1 << 20):
                 chunks.append(chunk)

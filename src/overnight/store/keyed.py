@@ -409,7 +409,13 @@ class KeyedStore(Closing):
         """Ids of the task's committed checkpoints: its index plus its current heads."""
         folder = layout.index_dir(task_id)
         names = self._c.list(folder)
-        ids = {layout.unname(n) for n in names if not n.startswith("~")}
+        ids = set()
+        for n in names:
+            if not n.startswith("~"):
+                try:
+                    ids.add(layout.unname(n))
+                except DecodeError:
+                    continue  # a file planted in the index names no checkpoint (gc and rm leave it)
         hashed = [f"{folder}/{n}" for n in names if n.startswith("~")]
         ids.update(data.decode("utf-8", "surrogatepass") for data in self._c.read_many(hashed).values())
         ids.update(self.list_refs(task_id).values())
@@ -537,10 +543,13 @@ class KeyedStore(Closing):
             entry = None
         again = (f"`overnight run {shlex.quote(entry)} --store {shlex.quote(self.url)}`" if entry else
                  "run its code again (`overnight run FILE.py`)")
-        return TaskNotFound(
+        exc = TaskNotFound(
             f"task {task_id!r} in {self.url} has no checkpoint: the run that created it was stopped before its "
-            "first commit completed, so nothing of it was kept", task_id=task_id,
-            hint=f"start it with {again}; `overnight ls` lists the tasks")
+            "first commit completed (or an `overnight rm` of it before it ended), so nothing of it was kept",
+            task_id=task_id, hint=f"start it with {again}, or remove what is left with `overnight rm`; "
+            "`overnight ls` lists the tasks")
+        exc.leftover = True  # type: ignore[attr-defined]  # `overnight rm` removes what is left (api.rm)
+        return exc
 
     def _replace_leftover_task(self, task: TaskRow) -> None:
         """Put the record of ``task`` in place of a ``task`` record no committed checkpoint backs
@@ -568,7 +577,12 @@ class KeyedStore(Closing):
             raise TaskNotFound(f"no task {task_id!r} in {self.url}", task_id=task_id, hint="`overnight ls` lists the tasks")
         if not self._ever_committed(task_id):
             raise self._never_committed(task_id, got[0])
-        return self._decoded(layout.decode_task, key, got[0])
+        row = self._decoded(layout.decode_task, key, got[0])
+        if row.task_id != task_id:
+            raise StoreCorrupt(f"the task record {key} in {self.url} names task {row.task_id!r}, not {task_id!r}: "
+                               "it was changed outside overnight",
+                               hint="`overnight verify --all` lists what else is damaged")
+        return row
 
     def list_tasks(self) -> list[TaskRow]:
         """Every task, oldest first (by ``created_at``, then id). A task record that is unreadable
@@ -576,11 +590,13 @@ class KeyedStore(Closing):
         (see :meth:`get_task`), is left out."""
         keys = [f"tasks/{n}/task" for n in self._c.list("tasks")]
         rows = []
-        for data in self._c.read_many(keys).values():
+        for key, data in self._c.read_many(keys).items():
             try:
-                rows.append(layout.decode_task(data))
+                row = layout.decode_task(data)
             except DecodeError:
                 continue
+            if layout.task_key(row.task_id) == key:  # a record naming another task than its folder is damage
+                rows.append(row)
         if len(rows) > 1:  # one or two container calls a task (a round trip each on S3): side by side
             with ThreadPoolExecutor(max_workers=min(16, len(rows)), thread_name_prefix="overnight-tasks") as pool:
                 committed = list(pool.map(self._ever_committed, [t.task_id for t in rows]))
@@ -689,9 +705,13 @@ class KeyedStore(Closing):
         found = []
         for key, data in sorted(self._c.read_many(keys).items()):
             try:
-                self._decoded(layout.decode_task, key, data)
+                row = self._decoded(layout.decode_task, key, data)
             except StoreCorrupt as exc:
                 found.append(f"{exc.message}; its task is not listed and cannot be read")
+                continue
+            if layout.task_key(row.task_id) != key:
+                found.append(f"the task record {key} names task {row.task_id!r}, another task than its folder's; "
+                             "its task is not listed and cannot be read")
         return found
 
     def stored_bytes(self) -> int:

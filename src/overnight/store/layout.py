@@ -70,19 +70,30 @@ def name(text: str) -> str:
 
 
 def unname(encoded: str) -> str:
-    """The string :func:`name` encoded (not for hashed names, which start with ``~``)."""
+    """The string :func:`name` encoded (not for hashed names, which start with ``~``).
+
+    Raises:
+        DecodeError: ``encoded`` is no name :func:`name` writes (a file planted in the store: a
+            ``%`` not followed by two hex digits, a character that is not ASCII).
+    """
     if encoded == "%":
         return ""
     out = bytearray()
     i = 0
-    while i < len(encoded):
-        if encoded[i] == "%":
-            out.append(int(encoded[i + 1 : i + 3], 16))
-            i += 3
-        else:
-            out.extend(encoded[i].encode("ascii"))
-            i += 1
-    return out.decode("utf-8", "surrogatepass")
+    try:
+        while i < len(encoded):
+            if encoded[i] == "%":
+                pair = encoded[i + 1 : i + 3]
+                if len(pair) != 2 or not all(c in "0123456789abcdefABCDEF" for c in pair):
+                    raise DecodeError(f"{encoded[:80]!r} is not an encoded name ('%' followed by {pair!r})")
+                out.append(int(pair, 16))
+                i += 3
+            else:
+                out.extend(encoded[i].encode("ascii"))
+                i += 1
+        return out.decode("utf-8", "surrogatepass")
+    except (ValueError, UnicodeError) as exc:
+        raise DecodeError(f"{encoded[:80]!r} is not an encoded name ({exc})") from None
 
 
 def _digest_key(folder: str, digest: str) -> str:

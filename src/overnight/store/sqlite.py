@@ -222,8 +222,22 @@ def _row(cursor: sqlite3.Cursor, row: tuple) -> tuple:
         return row  # bytes only in blob columns (a checkpoint's body, an object's data): as they are
     try:
         return tuple(v.decode("utf-8", "surrogatepass") if type(v) is bytes and t else v for v, t in zip(row, text))
-    except UnicodeDecodeError as exc:  # not written by overnight: reported as SQLite's own bad text is
-        raise sqlite3.OperationalError(f"Could not decode to UTF-8 a text column ({exc.reason})") from exc
+    except UnicodeDecodeError:  # not written by overnight: that cell is damage, not the whole query's
+        return tuple(_decoded(v) if type(v) is bytes and t else v for v, t in zip(row, text))
+
+
+class NotUTF8(bytes):
+    """A text cell another client left holding bytes that are not UTF-8 (``x'ff'``, or text that
+    SQLite cannot decode): kept as its bytes, so the type checks of every read (see the comment
+    above :class:`DamagedText`) report the cell as damage -- naming table and column -- instead of
+    one cell failing the whole query."""
+
+
+def _decoded(value: bytes) -> str | bytes:
+    try:
+        return value.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return NotUTF8(value)
 
 
 class _Connection(sqlite3.Connection):
@@ -259,7 +273,8 @@ _INT: tuple[type, ...] = (int,)
 _REAL: tuple[type, ...] = (float, int)
 _BLOB: tuple[type, ...] = (bytes,)
 _WANTED = {_TEXT: "text", _OPT_TEXT: "text or NULL", _INT: "an integer", _REAL: "a number", _BLOB: "a blob"}
-_KIND = {int: "an integer", float: "a real", str: "text", bytes: "a blob", _NONE: "NULL"}
+_KIND = {int: "an integer", float: "a real", str: "text", bytes: "a blob", _NONE: "NULL",
+         NotUTF8: "bytes that are not UTF-8"}
 
 
 class DamagedText(str):
@@ -341,6 +356,17 @@ _CALL_COLUMNS = (("task_id", _TEXT, ""), ("step_key", _TEXT, ""), ("seq", _INT, 
                  ("latency_ms", _REAL, 0), ("created_at", _TEXT, ""))
 _ARCHIVE_COLUMNS = (("archive_id", _TEXT, ""), ("task_id", _TEXT, ""), ("created_at", _TEXT, ""),
                     ("location", _TEXT, ""), ("manifest", _BLOB, b""))
+_REF_COLUMNS = (("branch", _TEXT, ""), ("checkpoint_id", _TEXT, ""))
+"""What :meth:`SQLiteStore.list_refs` selects."""
+
+
+def _damaged_ref(row: tuple) -> tuple:
+    """A ref row with a cell of the wrong type: a sound branch name is kept, and the rest reads as
+    :class:`DamagedText` whose text (and ``damage``) names the cell, so messages about the branch
+    or its head say what is wrong."""
+    damage = "; ".join(_wrong_cells("refs", _REF_COLUMNS, row))
+    head = _placeholder(f"damaged:{damage}", damage)
+    return (row[0] if type(row[0]) is str else head, head)
 _LEASE_COLUMNS = (("holder_id", _TEXT, ""), ("holder", _TEXT, ""), ("token", _INT, 0), ("expires_at_ms", _INT, 0))
 """What :meth:`SQLiteStore.read_lease` selects. A lease row with a cell of the wrong type reads as
 no lease (as a garbled lease record does in the key-value stores): a lease only coordinates, and
@@ -651,7 +677,20 @@ class SQLiteStore(Closing):
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self._lock:
             try:
-                return self._db.execute(sql, args).fetchall()
+                try:
+                    return self._db.execute(sql, args).fetchall()
+                except sqlite3.OperationalError as exc:
+                    if not str(exc).startswith("Could not decode to UTF-8"):
+                        raise
+                # a text cell another client left that is not UTF-8 (``CAST(x'ff' AS TEXT)``):
+                # read again decoding each text cell on its own, so that cell reads as NotUTF8
+                # (damage the type checks name) instead of failing the whole query; only then,
+                # so valid rows keep the C decoder
+                self._db.text_factory = _decoded
+                try:
+                    return self._db.execute(sql, args).fetchall()
+                finally:
+                    self._db.text_factory = str
             except sqlite3.Error as exc:
                 raise self._translate(exc) from exc
 
@@ -886,11 +925,18 @@ class SQLiteStore(Closing):
         return [self._row(r) for r in rows]
 
     def get_ref(self, task_id: str, branch: str) -> str | None:
+        """Raises StoreCorrupt when the ref's row holds a cell of the wrong type (naming it)."""
         rows = self._read("SELECT checkpoint_id FROM refs WHERE task_id=? AND branch=?", (task_id, branch))
+        if rows and type(rows[0][0]) is not str:
+            return _damaged_ref((branch, rows[0][0]))[1]
         return rows[0][0] if rows else None
 
     def list_refs(self, task_id: str) -> dict[str, str]:
-        return dict(self._read("SELECT branch, checkpoint_id FROM refs WHERE task_id=? ORDER BY branch", (task_id,)))
+        """A ref row with a cell of the wrong type (not UTF-8, say) names, as branch and as head,
+        a :class:`DamagedText` saying which cell held what: no checkpoint has that id, so the
+        branch reads as one whose head is missing (``verify`` reports it, loads fall back)."""
+        rows = self._read("SELECT branch, checkpoint_id FROM refs WHERE task_id=? ORDER BY branch", (task_id,))
+        return dict(r if _typed(_REF_COLUMNS, r) else _damaged_ref(r) for r in rows)
 
     def set_ref(self, task_id: str, branch: str, new: str | None, expected: str | None) -> None:
         with self._write() as db:
