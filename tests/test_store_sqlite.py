@@ -128,28 +128,29 @@ def test_verify_reports_an_edited_index_column(tmp_path):
     assert "step column" in problem.detail
 
 
-def test_a_text_column_that_is_not_utf8_is_store_corrupt_not_a_raw_sqlite_error(tmp_path):
+def test_a_text_column_that_is_not_utf8_is_damage_of_its_row_not_a_raw_sqlite_error(tmp_path):
+    """Bytes that are not UTF-8 where SQLite promises text damage their row (named by table and
+    column), not the whole store: ``verify --all`` reports it, ``ls`` still lists, no traceback."""
     db = tmp_path / "s.db"
     overnight.run(_task(), f"sqlite://{db}")
-    with sqlite3.connect(db) as conn:  # bytes that are not UTF-8 where SQLite promises text
+    with sqlite3.connect(db) as conn:
         conn.execute("UPDATE checkpoints SET created_at = CAST(x'32303236ff' AS TEXT)")
-    for args in (["verify", "--all"], ["ls"]):
-        proc = subprocess.run([sys.executable, "-m", "overnight", *args, "--store", f"sqlite://{db}"],
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 3 and "is damaged" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-    with pytest.raises(StoreCorrupt):
-        with SQLiteStore(db) as store:
-            store.list_checkpoints("damage")
+    checked = subprocess.run([sys.executable, "-m", "overnight", "verify", "--all", "--store", f"sqlite://{db}"],
+                             capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 3 and "not UTF-8" in checked.stdout + checked.stderr, checked.stdout + checked.stderr
+    listed = subprocess.run([sys.executable, "-m", "overnight", "ls", "--store", f"sqlite://{db}"],
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode in (0, 3) and "Traceback" not in checked.stderr + listed.stderr, listed.stderr
 
 
-def test_a_blob_that_is_not_utf8_in_a_text_column_is_store_corrupt(tmp_path):
+def test_a_blob_that_is_not_utf8_in_a_text_column_is_damage_of_its_row(tmp_path):
     db = tmp_path / "s.db"
     overnight.run(_task(), f"sqlite://{db}")
     with sqlite3.connect(db) as conn:  # a BLOB where overnight keeps text (a lease's holder)
         assert conn.execute("UPDATE leases SET holder = x'fffe00'").rowcount
     proc = subprocess.run([sys.executable, "-m", "overnight", "ls", "--store", f"sqlite://{db}"],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 3 and "is damaged" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and "damage" in proc.stdout and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_a_reader_waits_for_a_store_another_process_is_creating(tmp_path):
