@@ -18,6 +18,30 @@ from overnight.store.sqlite import SQLiteStore
 
 CLI = [sys.executable, "-m", "overnight"]
 
+THREE_STEPS = '''
+import overnight
+
+task = overnight.Task("t5", goal="three steps", data={"n": 0})
+
+
+@task.step
+def a(ctx):
+    ctx.state["n"] += 1
+
+
+@task.step
+def b(ctx):
+    ctx.state["n"] += 1
+    ctx.write_text("out.txt", "hello")
+
+
+@task.step
+def c(ctx):
+    return ctx.state["n"]
+'''
+"""A task file (``t5``: three steps, one artifact) for the store-fault tests, which kill it or
+plant files around it."""
+
 
 def env() -> dict[str, str]:
     e = dict(os.environ)

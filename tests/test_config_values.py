@@ -54,3 +54,12 @@ def test_good_values_load_and_the_cli_refuses_bad_ones_with_exit_2(tmp_path, mon
                           text=True, env=env, timeout=60)
     assert done.returncode == 2
     assert "router.session_hours = -3.0" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_store_urls_in_messages_hide_a_password_in_the_userinfo_or_a_parameter():
+    from overnight.config import mask_password
+
+    assert mask_password("postgresql://u:hunter2@db/x?schema=s") == "postgresql://u:***@db/x?schema=s"
+    assert mask_password("postgresql://db/x?schema=s&password=hunter2&sslmode=require") == \
+        "postgresql://db/x?schema=s&password=***&sslmode=require"
+    assert mask_password("postgresql://db/x?PASSWORD=hunter2") == "postgresql://db/x?PASSWORD=***"

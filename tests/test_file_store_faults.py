@@ -31,29 +31,7 @@ from overnight.store import layout
 from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, TaskRow
 from overnight.store.file import FileStore
 
-from _procs import CLI, cli, env
-
-TASK = '''
-import overnight
-
-task = overnight.Task("t5", goal="three steps", data={"n": 0})
-
-
-@task.step
-def a(ctx):
-    ctx.state["n"] += 1
-
-
-@task.step
-def b(ctx):
-    ctx.state["n"] += 1
-    ctx.write_text("out.txt", "hello")
-
-
-@task.step
-def c(ctx):
-    return ctx.state["n"]
-'''
+from _procs import CLI, THREE_STEPS, cli, env
 
 # Runs the real CLI (``python -m overnight ARGS``) in this process, SIGKILLing it at a chosen
 # instant of the first commit of task t5 (argv[1]):
@@ -100,7 +78,7 @@ def _ok(proc: subprocess.CompletedProcess, *codes: int) -> None:
 
 
 def _project(tmp_path: Path) -> Path:
-    (tmp_path / "t5.py").write_text(TASK)
+    (tmp_path / "t5.py").write_text(THREE_STEPS)
     return tmp_path
 
 
@@ -184,7 +162,7 @@ def test_the_records_of_an_interrupted_first_commit_are_no_task_and_the_next_com
 def pristine(tmp_path_factory) -> Path:
     """A file:// store holding t5, complete, plus another complete task."""
     cwd = _project(tmp_path_factory.mktemp("pristine"))
-    (cwd / "other.py").write_text(TASK.replace('"t5"', '"other"'))
+    (cwd / "other.py").write_text(THREE_STEPS.replace('"t5"', '"other"'))
     for f in ("t5.py", "other.py"):
         _ok(cli("run", f, "--store", f"file://{cwd / 'st'}", cwd=cwd), 0)
     return cwd

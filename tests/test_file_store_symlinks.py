@@ -34,29 +34,7 @@ from overnight.store import layout
 from overnight.store.base import CheckpointRow, Commit, ObjectRecord, TaskRow
 from overnight.store.file import FileStore
 
-from _procs import cli
-
-TASK = '''
-import overnight
-
-task = overnight.Task("t5", goal="three steps", data={"n": 0})
-
-
-@task.step
-def a(ctx):
-    ctx.state["n"] += 1
-
-
-@task.step
-def b(ctx):
-    ctx.state["n"] += 1
-    ctx.write_text("out.txt", "hello")
-
-
-@task.step
-def c(ctx):
-    return ctx.state["n"]
-'''
+from _procs import THREE_STEPS, cli
 
 
 def _ok(proc: subprocess.CompletedProcess, *codes: int) -> None:
@@ -84,7 +62,7 @@ def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
 def _project(tmp_path: Path) -> Path:
     cwd = tmp_path / "project"
     cwd.mkdir()
-    (cwd / "t5.py").write_text(TASK)
+    (cwd / "t5.py").write_text(THREE_STEPS)
     return cwd
 
 

@@ -182,28 +182,6 @@ def test_urls():
 
 # -- a process killed inside a new task's first commit ------------------------------------------
 
-FIRST_COMMIT_TASK = '''
-import overnight
-
-task = overnight.Task("t5", goal="three steps", data={"n": 0})
-
-
-@task.step
-def a(ctx):
-    ctx.state["n"] += 1
-
-
-@task.step
-def b(ctx):
-    ctx.state["n"] += 1
-    ctx.write_text("out.txt", "hello")
-
-
-@task.step
-def c(ctx):
-    return ctx.state["n"]
-'''
-
 # Runs the real CLI (``python -m overnight ARGS``) in this process, SIGKILLing it at a chosen
 # instant of the first commit of task t5 (argv[1]) on an s3:// store:
 #   task-created: right after the PutObject of the task record returned (the checkpoint record and
@@ -252,9 +230,9 @@ def test_a_run_killed_inside_its_first_s3_commit_is_started_by_the_next_run(s3_e
     import subprocess
     import sys
 
-    from _procs import cli, env
+    from _procs import THREE_STEPS, cli, env
 
-    (tmp_path / "t5.py").write_text(FIRST_COMMIT_TASK)
+    (tmp_path / "t5.py").write_text(THREE_STEPS)
     (tmp_path / "killer.py").write_text(S3_KILLER)
     url = _url(s3_endpoint)
     prefix = parse_url(url)["prefix"]

@@ -143,8 +143,9 @@ STORE_KEYS = ("store.url", "media.local", "media.database", "media.cloud")
 
 
 def mask_password(url: str) -> str:
-    """``scheme://user:PASSWORD@host/...`` with the password shown as ``***`` (for messages)."""
-    return re.sub(r"^([^/]*//[^/@:]*:)[^/@]*@", r"\1***@", url)
+    """``scheme://user:PASSWORD@host/...`` and ``...?password=PASSWORD`` (a libpq parameter) with
+    the password shown as ``***`` (for messages)."""
+    return re.sub(r"(?i)([?&;]password=)[^&;]*", r"\1***", re.sub(r"^([^/]*//[^/@:]*:)[^/@]*@", r"\1***@", url))
 
 
 def _anchored(url: str, folder: Path) -> str:

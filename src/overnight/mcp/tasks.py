@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from overnight.codec.canonical import dumps_sorted, from_tree, loads, to_tree
+from overnight.config import mask_password
 from overnight.errors import (
     BranchNotFound,
     ConfigError,
@@ -304,11 +305,10 @@ def write_pointer(root: Path, task_id: str, branch: str, store_url: str) -> None
     (:func:`confirm_pointer`), because the pointer file itself is data any repository can carry
     and :func:`pointer_store` uses such a store only when this machine wrote it."""
     root = Path(root).resolve()
-    confirm = _canonical_store(store_url)
-    local = _local_store(store_url)
+    confirm = store_url = _canonical_store(store_url)  # relative to the cwd, and through symlinks (a copy
+    local = _local_store(store_url)  # must not keep a link to the original's store)
     if local is not None:
-        path = Path(local[1]).resolve()  # relative to the cwd, and through symlinks (a copy must not keep the link)
-        store_url = local[0] + str(path)
+        path = Path(local[1])
         if path != root and path.is_relative_to(root):
             store_url = local[0] + path.relative_to(root).as_posix()
     d = root / POINTER.parent
@@ -363,13 +363,6 @@ def _confirmed_entries(path: Path) -> list[dict[str, Any]]:
     return [e for e in entries if isinstance(e, dict) and isinstance(e.get("key"), str)] if isinstance(entries, list) else []
 
 
-def _masked(url: str) -> str:
-    """``url`` for a message: a password (``user:PASSWORD@``, ``password=...``) shown as ``***``."""
-    from overnight.config import mask_password
-
-    return re.sub(r"(?i)(password=)[^&;]*", r"\1***", mask_password(url))
-
-
 def confirm_pointer(root: Path, task_id: str, store_url: str) -> None:
     """Record that this user pointed the project ``root`` at ``task_id`` in ``store_url`` (a store
     outside the project): :data:`CONFIRMED_FILE`, written atomically (a temporary file, then a
@@ -381,7 +374,7 @@ def confirm_pointer(root: Path, task_id: str, store_url: str) -> None:
     key = _confirm_key(Path(root).resolve(), task_id, url)
     path = state_dir() / CONFIRMED_FILE
     entries = [e for e in _confirmed_entries(path) if e["key"] != key]
-    entries.append({"key": key, "root": str(Path(root).resolve()), "task_id": task_id, "store": _masked(url)})
+    entries.append({"key": key, "root": str(Path(root).resolve()), "task_id": task_id, "store": mask_password(url)})
     tmp = path.with_name(f".{CONFIRMED_FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -417,7 +410,7 @@ def _trusted(root: Path, pointer: dict[str, Any], url: str) -> str:
         return url
     shown = repr(task_id)[:80]
     raise ConfigError(
-        f"the current-task pointer {root / POINTER} names the store {_masked(canonical)} outside the project "
+        f"the current-task pointer {root / POINTER} names the store {mask_password(canonical)} outside the project "
         f"at {root}, which this machine never pointed it at (the pointer may come from the repository: a file "
         f"committed to it or edited by hand): not used for task {shown}, nothing was read from or written to it",
         hint=f"if that is your task's store, call task_resume(task_id={shown}) with the MCP server run in this "

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overnight.errors import ConfigError, StoreCorrupt
-from overnight.store.sqlite import NotUTF8, _decoded, _row
+from overnight.store.sqlite import NotUTF8, read_cells_as_stored
 
 _ROWID_TABLES = ("objects", "tasks", "checkpoints", "calls")
 _KEYED_TABLES = {"refs": ("task_id", "branch"), "journal": ("checkpoint_id", "step_key"),
@@ -115,8 +115,7 @@ def copy_rows(source: Path, target: Path) -> SalvageCopy:
     # a text cell that is not UTF-8 (another client's ``x'ff'``) reads as NotUTF8 instead of
     # failing the lookup or the scan, and its row is left behind (below): copied, it would be as
     # damaged in the new file
-    src.text_factory = _decoded
-    src.row_factory = _row
+    read_cells_as_stored(src)
     out = SalvageCopy(str(source), str(target))
     try:
         try:

@@ -391,12 +391,16 @@ class SqlQueue:
         """Insert or update a worker's row (its heartbeat). ``w.heartbeat_ms`` is set to now by the
         store's clock (:meth:`clock_ms`), as the listings judge it."""
         with self._tx() as cur:
-            w.heartbeat_ms = self._now(cur)
-            cur.execute(self._sql("DELETE FROM {s}.workers WHERE worker_id=?"), (w.worker_id,))
-            cur.execute(self._sql(f"INSERT INTO {{s}}.workers ({', '.join(WORKER_COLUMNS)}) VALUES "
-                                  f"({', '.join('?' * len(WORKER_COLUMNS))})"),
-                        (w.worker_id, w.host, w.pid, w.started_ms, w.heartbeat_ms, json.dumps(w.queues),
-                         w.concurrency, w.held, w.state))
+            self._put_worker(cur, w, self._now(cur))
+
+    def _put_worker(self, cur: Any, w: WorkerRow, now: int) -> None:
+        """Replace the row of ``w``, its heartbeat ``now`` (by :meth:`clock_ms`), inside ``cur``."""
+        w.heartbeat_ms = now
+        cur.execute(self._sql("DELETE FROM {s}.workers WHERE worker_id=?"), (w.worker_id,))
+        cur.execute(self._sql(f"INSERT INTO {{s}}.workers ({', '.join(WORKER_COLUMNS)}) VALUES "
+                              f"({', '.join('?' * len(WORKER_COLUMNS))})"),
+                    (w.worker_id, w.host, w.pid, w.started_ms, w.heartbeat_ms, json.dumps(w.queues),
+                     w.concurrency, w.held, w.state))
 
     def register_worker(self, w: WorkerRow, live: Callable[[WorkerRow, int], bool]) -> WorkerRow | None:
         """Write the row of a worker that starts, unless a worker ``live(row, now)`` holds its id:
@@ -416,12 +420,7 @@ class SqlQueue:
                         held = row_to_worker(self._cells(found[:-1]), rowid=found[-1])
                         if live(held, now):
                             return held
-                    w.heartbeat_ms = now
-                    cur.execute(self._sql("DELETE FROM {s}.workers WHERE worker_id=?"), (w.worker_id,))
-                    cur.execute(self._sql(f"INSERT INTO {{s}}.workers ({', '.join(WORKER_COLUMNS)}) VALUES "
-                                          f"({', '.join('?' * len(WORKER_COLUMNS))})"),
-                                (w.worker_id, w.host, w.pid, w.started_ms, w.heartbeat_ms, json.dumps(w.queues),
-                                 w.concurrency, w.held, w.state))
+                    self._put_worker(cur, w, now)
                 return None
             except Exception as exc:  # noqa: BLE001 - the dialect's unique-violation error, by name
                 if attempt == 2 or type(exc).__name__ not in ("UniqueViolation", "IntegrityError"):

@@ -240,6 +240,14 @@ def _decoded(value: bytes) -> str | bytes:
         return NotUTF8(value)
 
 
+def read_cells_as_stored(conn: sqlite3.Connection) -> None:
+    """Make ``conn`` read rows as the store does, for a reader of a damaged file (``repair
+    --salvage``): a text cell that is not UTF-8 comes back as :class:`NotUTF8` instead of failing
+    the statement, bytes stored in a text column as the text they hold."""
+    conn.text_factory = _decoded
+    conn.row_factory = _row
+
+
 class _Connection(sqlite3.Connection):
     """Every caller string round-trips exactly, lone surrogates included (see :func:`_param`)."""
 
@@ -925,7 +933,8 @@ class SQLiteStore(Closing):
         return [self._row(r) for r in rows]
 
     def get_ref(self, task_id: str, branch: str) -> str | None:
-        """Raises StoreCorrupt when the ref's row holds a cell of the wrong type (naming it)."""
+        """The head, or None; a cell of the wrong type reads as the :class:`DamagedText` of
+        :meth:`list_refs` (no checkpoint has that id: the load falls back, ``verify`` reports it)."""
         rows = self._read("SELECT checkpoint_id FROM refs WHERE task_id=? AND branch=?", (task_id, branch))
         if rows and type(rows[0][0]) is not str:
             return _damaged_ref((branch, rows[0][0]))[1]
