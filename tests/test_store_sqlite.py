@@ -153,6 +153,19 @@ def test_a_blob_that_is_not_utf8_in_a_text_column_is_damage_of_its_row(tmp_path)
     assert proc.returncode == 0 and "damage" in proc.stdout and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_an_object_digest_that_is_not_utf8_is_reported_by_verify_all(tmp_path):
+    """An object row whose digest another client set to bytes that are not text is one problem of
+    ``verify --all`` (exit 3), not a traceback (found by the randomized salvage test)."""
+    db = tmp_path / "s.db"
+    overnight.run(_task(), f"sqlite://{db}")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE objects SET digest = CAST(x'736861ff' AS TEXT) WHERE rowid = (SELECT MAX(rowid) FROM objects)")
+    checked = subprocess.run([sys.executable, "-m", "overnight", "verify", "--all", "--store", f"sqlite://{db}"],
+                             capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 3 and "Traceback" not in checked.stderr, checked.stderr
+    assert "a digest that is not text" in checked.stdout + checked.stderr, checked.stdout
+
+
 def test_a_reader_waits_for_a_store_another_process_is_creating(tmp_path):
     """The file of a new store exists before its schema commits: a reading command that opens it
     in that moment (``overnight ls`` / the dashboard polling while ``overnight run`` starts) waits

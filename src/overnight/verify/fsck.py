@@ -508,9 +508,10 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                 found = [exc.message]
             report.problems.extend(Problem(None, None, "medium", detail) for detail in found)
         outside = {d for d in store.iter_object_digests() if d not in verified and d not in bad_objects}
-        if None in outside:  # a row another SQLite client wrote without a digest: nothing names it
-            outside.discard(None)
-            report.problems.append(Problem(None, None, "object", "an object row has no digest (NULL): it cannot be "
+        for odd in [d for d in outside if type(d) is not str]:  # a row another SQLite client wrote without a
+            outside.discard(odd)  # digest, or with bytes that are not text: nothing names it
+            held = "no digest (NULL)" if odd is None else f"a digest that is not text ({bytes(odd)[:40]!r})"
+            report.problems.append(Problem(None, None, "object", f"an object row has {held}: it cannot be "
                                            "verified or read; delete it"))
         unreferenced = sorted(outside)  # live: a record, or an object verified before this scan (not one of these)
 
