@@ -239,12 +239,24 @@ def test_a_journal_row_with_a_member_of_the_wrong_type_is_a_damaged_record(prist
 @pytest.mark.parametrize("members", [{"checkpoint_id": 7}, {"branch": ["main"]}, {"branch": 1}],
                          ids=["checkpoint_id-int", "branch-list", "branch-int"])
 def test_a_ref_with_a_member_of_the_wrong_type_is_store_corrupt_naming_it(pristine, tmp_path, members):
+    """Reading the branch is StoreCorrupt naming the ref; listings show the task as ``invalid``
+    and go on; ``verify`` reports the ref as a problem (exit 3)."""
     cwd, url = _copy(pristine, tmp_path)
     _edit_ref(cwd / "st", **members)
-    for cmd in (["ls"], ["status", "t5"], ["show", "t5"], ["verify", "t5"], ["verify", "--all"], ["resume", "t5"]):
+    for cmd in (["status", "t5"], ["resume", "t5"]):
         proc = cli(*cmd, "--store", url, cwd=cwd)
         _ok(proc, 3)  # StoreCorrupt, as for a ref that does not parse
         assert "tasks/t5/refs/main" in proc.stderr and "wrong type" in proc.stderr
+    for cmd in (["verify", "t5"], ["verify", "--all"]):
+        proc = cli(*cmd, "--store", url, cwd=cwd)
+        _ok(proc, 3)
+        assert "tasks/t5/refs/main" in proc.stdout + proc.stderr and "wrong type" in proc.stdout + proc.stderr
+    for cmd in (["ls"], ["show", "t5"]):
+        proc = cli(*cmd, "--store", url, cwd=cwd)
+        _ok(proc, 0)
+        assert "invalid" in proc.stdout, (cmd, proc.stdout)
+    listed = cli("ls", "--store", url, cwd=cwd)
+    assert "other" in listed.stdout  # the other task is still listed
     _ok(cli("status", "other", "--store", url, cwd=cwd), 0)
 
 
@@ -311,16 +323,20 @@ def test_a_task_record_naming_another_task_than_its_folder_is_damage(tmp_path):
 
 
 def test_planted_index_names_and_sparse_records_are_damage_not_crashes(tmp_path):
-    """A file named ``%ZZ`` planted in a task's index (no name overnight writes) is ignored, not a
-    traceback; a sparse 4 GB file planted as a ref reads as damage without allocating its size."""
+    """A file named ``%ZZ`` planted in a task's index (no name overnight writes) is no traceback:
+    listings and gc ignore it, ``verify --all`` reports it; a sparse 4 GB file planted as a ref reads
+    as damage without allocating its size."""
     import resource
 
     cwd = _project(tmp_path)
     url = f"file://{tmp_path / 'st'}"
     _ok(cli("run", "t5.py", "--store", url, cwd=cwd), 0)
     (tmp_path / "st" / "tasks" / "t5" / "checkpoints" / "%ZZ").write_bytes(b"x\n")
-    for args in (["ls"], ["show", "t5"], ["verify", "--all"], ["gc", "--apply"]):
+    for args in (["ls"], ["show", "t5"], ["gc", "--apply"]):
         _ok(cli(*args, "--store", url, cwd=cwd), 0)
+    checked = cli("verify", "--all", "--store", url, cwd=cwd)
+    _ok(checked, 3)
+    assert "%ZZ" in checked.stdout + checked.stderr
     ref = tmp_path / "st" / "tasks" / "t5" / "refs" / "main"
     ref.unlink()
     with open(ref, "wb") as fh:
@@ -328,5 +344,10 @@ def test_planted_index_names_and_sparse_records_are_damage_not_crashes(tmp_path)
     limit = 1 << 30  # the command would need 4 GB to read it whole
     listed = subprocess.run([*CLI, "show", "t5", "--store", url], cwd=cwd, env=env(), capture_output=True, text=True,
                             timeout=120, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
-    _ok(listed, 3)
-    assert "refs/main" in listed.stderr
+    _ok(listed, 0)  # shown as invalid, its 4 GB never read
+    assert "invalid" in listed.stdout
+    status = subprocess.run([*CLI, "status", "t5", "--store", url], cwd=cwd, env=env(), capture_output=True,
+                            text=True, timeout=120,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    _ok(status, 3)
+    assert "refs/main" in status.stderr

@@ -52,8 +52,10 @@ _MAGIC = b"ditto 1 "
 def ditto_key(d: str) -> str:
     """The key a copy of object (or checkpoint) ``d`` is stored under."""
     # a digest is ASCII (the same bytes either way); another client's non-ASCII row gets a key too,
-    # so it fails verification by name instead of crashing the check
-    return digest.PREFIX + hashlib.sha256(DOMAIN + d.encode("utf-8", "surrogatepass")).hexdigest()
+    # so it fails verification by name instead of crashing the check -- and so does a digest cell
+    # that is not text at all (SQLite's NotUTF8, bytes): its own bytes
+    raw = bytes(d) if isinstance(d, (bytes, bytearray)) else d.encode("utf-8", "surrogatepass")
+    return digest.PREFIX + hashlib.sha256(DOMAIN + raw).hexdigest()
 
 
 def with_copies(digests: Iterable[str]) -> set[str]:
@@ -226,7 +228,7 @@ class HealingReader(CopyReader):
                 return call()
             except IntegrityError as exc:
                 d = getattr(exc, "object_digest", None)
-                if d is None:
+                if not isinstance(d, str):  # no digest named (or a damaged cell, not a digest): nothing to heal
                     raise
                 if d in self._override:  # the copy itself did not reassemble: refuse it
                     del self._override[d]

@@ -46,6 +46,22 @@ old checkpoint.
 
 ``grace`` (default 1 hour) must exceed the longest commit plus the clock difference between the
 machines involved; ``grace=0`` is for a store no one is writing to.
+
+Damage that hides references
+----------------------------
+
+Marking needs every live checkpoint. On ``file://`` and ``s3://`` a damaged ref, index entry or
+task record hides some (the ref's head, the history the index records, every checkpoint of a task
+no listing shows), and nothing says which objects those need; on ``sqlite://`` a ``refs``,
+``tasks`` or ``checkpoints`` row whose key or link cell cannot be read (bytes that are not UTF-8,
+say) does the same. So gc refuses (StoreCorrupt naming the entry or row, nothing deleted) until it
+is restored or removed: :func:`_refuse_hidden_damage`, one rule fed by each store's
+``damaged_entries``.
+
+An interrupted ``--apply`` leaks nothing: a store deletes a checkpoint's record before the index
+entry by which gc finds it (:meth:`overnight.store.keyed.KeyedStore.delete_checkpoints`), so the
+next run finds and deletes every record the killed one left (at worst an index entry naming no
+record stays: a few bytes, skipped by listings, removed by ``rm``), and objects are found by listing.
 """
 
 from __future__ import annotations
@@ -55,7 +71,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
-from overnight.errors import ConfigError
+from overnight.errors import ConfigError, StoreCorrupt
 from overnight.store.base import CheckpointRow, MinAge, Store
 from overnight.store.compose.pack import manifest_of
 from overnight.store.compose.tiered import TieredStore, tiered
@@ -177,6 +193,9 @@ def collect(
 
     Raises:
         TaskNotFound: ``task_id`` does not exist.
+        StoreCorrupt: a ``file://`` or ``s3://`` store holds a damaged ref, index entry or task
+            record, or a ``sqlite://`` store such a row (:func:`_refuse_hidden_damage`: nothing is
+            deleted).
         FormatTooNew: a checkpoint was written by a newer overnight (nothing is deleted).
         ConfigError: a negative ``keep_last``, ``older_than_s`` or ``grace_s``.
     """
@@ -191,6 +210,7 @@ def collect(
     # 1. mark: list everything first (T0), then read what the remaining checkpoints need
     if task_id is not None:
         hot.get_task(task_id)
+    _refuse_hidden_damage(hot)
     tasks = [t.task_id for t in hot.list_tasks()]
     rows = {t: hot.list_checkpoints(t) for t in tasks}
     doomed: dict[str, list[CheckpointRow]] = {}
@@ -264,6 +284,41 @@ def collect(
     return report
 
 
+def _hidden_damage(hot: Store) -> list[str]:
+    """The store's entries whose references cannot be read (``damaged_entries`` of a key-value
+    store or of SQLite, one line each naming the key or row; ``[]`` for a store without them)."""
+    found = getattr(hot, "damaged_entries", None)
+    return found() if found is not None else []
+
+
+def _refuse_hidden_damage(hot: Store) -> None:
+    """Raise StoreCorrupt when the store holds an entry whose references cannot be read.
+
+    On a key-value store (``file://``, ``s3://``) a damaged ref, index entry or task record --
+    garbage bytes, a planted link, a name overnight never writes -- hides what it references: the
+    ref's head, the history the index records, every checkpoint of a task that is not listed; on
+    SQLite a ``refs`` row with a cell that cannot be read (its head lists as a placeholder no
+    checkpoint has: every checkpoint of the task looked dangling), a ``tasks`` row whose id cannot
+    be read, a ``checkpoints`` row whose id, task or parent cannot be read. Any
+    object, and (for a damaged ref) any checkpoint of that task, may be one of them, and gc cannot
+    tell which. Sweeping the rest would delete what the entry keeps alive once it is restored, so
+    gc refuses -- dry run included, which shows what ``--apply`` would do -- naming every such
+    entry (the store's ``damaged_entries``, which ``overnight verify --all`` reports too), and
+    deletes nothing until it is restored or removed. Listings and ``verify --all`` go on past it.
+
+    Raises:
+        StoreCorrupt: the first line names the entry; ``hint`` says how to go on.
+    """
+    damage = _hidden_damage(hot)
+    if damage:
+        more = f" (and {len(damage) - 1} more)" if len(damage) > 1 else ""
+        raise StoreCorrupt(
+            f"gc deletes nothing while the store holds an entry it cannot read, which may keep checkpoints and "
+            f"objects alive: {damage[0]}{more}",
+            hint="`overnight verify --all` lists every damaged entry; restore each from a backup or replica "
+            "(`overnight repair`), or remove it (a planted link or file; `overnight rm` of its task), then run gc again")
+
+
 def _delete_objects(hot: Store, candidates: dict, min_age_ms: MinAge) -> dict[str, int]:
     """Delete candidates one batch at a time; returns ``{digest: bytes}`` of those deleted.
 
@@ -318,6 +373,9 @@ def remove_task(store: Store, task_id: str, *, apply: bool = True, grace_s: floa
 
     The caller holds the task's leases (``overnight rm`` refuses while a live process holds one).
     Objects stored less than ``grace_s`` seconds ago stay (another task may be committing them).
+    While the store holds an entry whose references cannot be read (:func:`_refuse_hidden_damage`)
+    no object is known to be this task's alone: the task is deleted, every object stays (``gc``
+    takes them once the damage is repaired).
 
     Raises:
         TaskNotFound: no such task.
@@ -338,6 +396,8 @@ def remove_task(store: Store, task_id: str, *, apply: bool = True, grace_s: floa
                          | {r.checkpoint_id for r in others})
     stats = {s.digest: s for s in hot.iter_object_stats()}
     candidates = {d: stats[d] for d in mine if d in stats and d not in marked}
+    if _hidden_damage(hot):  # a task no listing shows may need any of them: the task goes, its objects stay
+        candidates = {}
     rep.objects_unreferenced = len(candidates)
     if apply:
         hot.delete_task(task_id)

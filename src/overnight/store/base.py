@@ -261,6 +261,31 @@ MinAge = Union[int, Callable[[], int]]
 when the store asks (the age a caller keeps grows while it waits for the store's lock)."""
 
 
+# Placeholders of damaged cells or entries: a value of the expected type (so listings, sorts and
+# sums still work and one bad row does not hide the rest) carrying a ``damage`` attribute that names
+# the cell or key. The SQLite store reads a cell of the wrong type as one; the keyed stores list an
+# unreadable ref as a DamagedText. Verification refuses a record holding one.
+
+
+class DamagedText(str):
+    """Placeholder of a text cell of the wrong type or an unreadable keyed-store ref; :attr:`damage`
+    says which cell or key held what."""
+
+    damage: str
+
+
+class DamagedInt(int):
+    """Placeholder of an integer cell of the wrong type; :attr:`damage` says which cell held what."""
+
+    damage: str
+
+
+class DamagedBytes(bytes):
+    """Placeholder of a blob cell of the wrong type; :attr:`damage` says which cell held what."""
+
+    damage: str
+
+
 def age_limit(min_age_ms: MinAge | None) -> int | None:
     """``min_age_ms`` as a number of ms, calling it if it is a callable; None stays None."""
     return min_age_ms() if callable(min_age_ms) else min_age_ms

@@ -65,9 +65,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from overnight.codec.compress import MAX_SIZE
 from overnight.store.base import MinAge, age_limit
 from overnight.errors import ConfigError, StoreBusy, StoreCorrupt
+from overnight.store import layout
 from overnight.store.keyed import KeyedStore
 from overnight.store.refusal import os_refusal, refusals
 
@@ -79,18 +79,13 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a link as the last component: ELOOP 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _READ = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0)  # a planted FIFO never blocks a read
 
-_PLANTED = b'{"overnight":"a symbolic link or special file in the store, not followed: damage"}\n'
+_PLANTED = layout.DAMAGED
 """What reading a key that is a symbolic link or not a regular file (a FIFO, device, socket,
-folder), or a key under a folder that is a link, returns instead of following it: bytes that no
-record decoder accepts, so the entry is damage like a file that does not parse -- a ref or task
-record raises StoreCorrupt naming its key, a checkpoint record is skipped (the load falls back,
-``verify`` reports it), an object reads as kind ``"unreadable"`` and is healed by the next write of
-it. Never the content of a file outside the store."""
-
-_MAX_FILE = MAX_SIZE + (1 << 20)
-"""The largest file this store writes (an object of :data:`~overnight.codec.compress.MAX_SIZE`
-bytes compressed, with room for zstd's frame and the header): a larger one was planted (a sparse
-4 GB file costs no disk) and reads as damage, never as an allocation of its size."""
+folder), or a key under a folder that is a link, or a file larger than
+:data:`~overnight.store.layout.MAX_KEY_BYTES` (a sparse 4 GB plant costs no disk), returns instead
+of following or reading it (:data:`~overnight.store.layout.DAMAGED`, shared with ``s3://``): damage
+like a file that does not parse. Never the content of a file outside the store, never an
+allocation of a planted size."""
 
 try:
     import fcntl
@@ -311,7 +306,7 @@ class FileContainer:
             raise
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_FILE:
+            if not stat.S_ISREG(st.st_mode) or st.st_size > layout.MAX_KEY_BYTES:
                 return _PLANTED  # a record or object of that size was never written here (a sparse plant)
             chunks = []
             while chunk := os.read(fd, st.st_size + 1 if not chunks else 1 << 20):

@@ -48,6 +48,16 @@ commit checks that its parent record exists, a checkpoint of the same task, befo
 Deleting a task removes its refs first, then its checkpoint records and index, archive rows and
 leases, and its task record last, so an interrupted ``rm`` leaves a task that ``rm`` can finish.
 
+**Damage is the entry's, not the store's.** A ref, index entry or task record that cannot be read
+-- garbage bytes, a link or special file planted in its place or in place of its folder
+(``file://``), an object larger than any record (:data:`~overnight.store.layout.MAX_KEY_BYTES`) --
+fails the reads of that entry (StoreCorrupt naming its key), never a listing of every task:
+:meth:`KeyedStore.list_refs` lists a damaged ref with a placeholder head, a task's checkpoints
+are listed without a damaged index entry, and :meth:`KeyedStore.check_medium` (``verify --all``)
+names each one. What such an entry references is unknown, so ``gc`` deletes nothing while there
+is one (:meth:`KeyedStore.damaged_entries`), and no checkpoint of a task whose ref is damaged is
+deleted (:meth:`KeyedStore.delete_checkpoints`).
+
 **A first commit cut short.** A new task's first commit writes its ``task`` record in step 2, so a
 process killed before step 3 leaves a task record that no committed checkpoint backs (no ref names
 a checkpoint of it, its index is empty). That is no task yet -- as in a transactional store, which
@@ -77,10 +87,24 @@ from overnight.errors import (
 from overnight.store import layout
 from overnight.store.blobs import is_damaged
 from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, JournalRow, TaskRow
-from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectStat, check_parent, stale_head
+from overnight.store.base import Closing, DamagedText, Lease, MinAge, ObjectRecord, ObjectStat, check_parent, stale_head
 from overnight.store.leases import can_take_over, describe_holder, now_ms, released_holder
 
 _SWAP_RETRIES = 50  # lease/fence swaps that lose a race re-read and retry this many times
+
+
+def _damaged(key: str, damage: str) -> DamagedText:
+    """The placeholder :meth:`KeyedStore.list_refs` lists for a ref it cannot read: the text
+    ``damaged:<key>`` (no checkpoint id or branch looks like it), ``damage`` the message naming
+    the key."""
+    out = DamagedText(f"damaged:{key}")
+    out.damage = damage
+    return out
+
+
+def _is_damaged(value: str) -> bool:
+    """Is ``value`` a placeholder of :func:`_damaged`?"""
+    return isinstance(value, DamagedText)
 
 
 class Container(Protocol):
@@ -226,7 +250,9 @@ class KeyedStore(Closing):
         try:
             return decode(data)
         except DecodeError as exc:
-            raise StoreCorrupt(f"{self.url}: the record at {key} is unreadable ({exc.message})",
+            why = ("it is a symbolic link, a special file or larger than any record, so it was not read"
+                   if data == layout.DAMAGED else exc.message)
+            raise StoreCorrupt(f"{self.url}: the record at {key} is unreadable ({why})",
                                hint="restore it from a replica (`overnight repair`) or a backup; `overnight verify "
                                "--all` lists what else is damaged") from exc
 
@@ -405,20 +431,44 @@ class KeyedStore(Closing):
                 pass
         raise CheckpointNotFound(f"no checkpoint {checkpoint_id} in {self.url}", checkpoint_id=checkpoint_id)
 
-    def _committed_ids(self, task_id: str) -> set[str]:
-        """Ids of the task's committed checkpoints: its index plus its current heads."""
-        folder = layout.index_dir(task_id)
-        names = self._c.list(folder)
-        ids = set()
+    def _index(self, folder: str) -> tuple[set[str], list[str], list[str]]:
+        """``(ids, damage, foreign)`` of the index folder ``folder`` (``tasks/<T>/checkpoints``):
+        the ids its entries name; one line per damaged entry -- a hashed entry (``~`` + SHA-256)
+        whose bytes are not the id hashing to its name (garbage, a link), a link in place of the
+        folder (its entries are not the store's) --, which may hide a committed checkpoint; and
+        one line per file under a name :func:`~overnight.store.layout.name` never writes (planted:
+        it names no checkpoint and hides none, so ``gc`` and ``rm`` leave it). The listing goes
+        on without them; :meth:`damaged_entries` and :meth:`check_medium` report them."""
+        try:
+            names = self._c.list(folder)
+        except StoreCorrupt as exc:
+            return set(), [exc.message], []
+        ids, damage, foreign = set(), [], []
         for n in names:
             if not n.startswith("~"):
                 try:
                     ids.add(layout.unname(n))
-                except DecodeError:
-                    continue  # a file planted in the index names no checkpoint (gc and rm leave it)
-        hashed = [f"{folder}/{n}" for n in names if n.startswith("~")]
-        ids.update(data.decode("utf-8", "surrogatepass") for data in self._c.read_many(hashed).values())
-        ids.update(self.list_refs(task_id).values())
+                except DecodeError as exc:
+                    foreign.append(f"{self.url}: the index entry {folder}/{n} is no name overnight writes "
+                                   f"({exc.message}): it names no checkpoint; remove it")
+        hashed = {f"{folder}/{n}": n for n in names if n.startswith("~")}
+        for key, data in self._c.read_many(hashed).items():
+            try:
+                cid = data.decode("utf-8", "surrogatepass")
+            except UnicodeDecodeError:
+                cid = None
+            if cid is not None and layout.name(cid) == hashed[key]:
+                ids.add(cid)
+            else:
+                damage.append(f"{self.url}: the index entry {key} is unreadable (it does not hold the checkpoint id "
+                              "its name is the hash of)")
+        return ids, damage, foreign
+
+    def _committed_ids(self, task_id: str) -> set[str]:
+        """Ids of the task's committed checkpoints: its index plus its current heads (a damaged
+        index entry or ref left out: :meth:`damaged_entries`)."""
+        ids = self._index(layout.index_dir(task_id))[0]
+        ids.update(c for c in self.list_refs(task_id).values() if not _is_damaged(c))
         return ids
 
     def _committed(self, task_id: str) -> list[tuple[CheckpointRow, list[JournalRow]]]:
@@ -438,13 +488,41 @@ class KeyedStore(Closing):
         return self._read_ref(task_id, branch)[0]
 
     def list_refs(self, task_id: str) -> dict[str, str]:
-        keys = [f"{layout.refs_dir(task_id)}/{n}" for n in self._c.list(layout.refs_dir(task_id))]
-        out = {}
+        """The task's branches and their heads. A ref the store cannot read -- a record that does
+        not decode, a link or special file in place of the record or of the ``refs`` folder -- is
+        listed as the SQLite store lists a ref row with a cell of the wrong type: with a
+        :class:`~overnight.store.base.DamagedText` head (``damaged:<key>``, its ``damage`` the
+        StoreCorrupt message naming the key; no checkpoint has that id), under the branch its key
+        names (a ``damaged:`` placeholder too for a damaged folder). So one damaged ref does not
+        end a listing of every task (``ls``, ``verify --all``); reading that branch (``get_ref``, a
+        load, a commit) raises StoreCorrupt naming the key, and ``gc`` refuses to run
+        (:meth:`damaged_entries`)."""
+        return self._refs(layout.refs_dir(task_id))[0]
+
+    def _refs(self, folder: str) -> tuple[dict[str, str], list[str]]:
+        """``(branch -> head, damage)`` of the refs folder ``folder`` (see :meth:`list_refs`): one
+        line per damaged ref, naming its key."""
+        try:
+            names = self._c.list(folder)
+        except StoreCorrupt as exc:
+            return {_damaged(folder, exc.message): _damaged(folder, exc.message)}, [exc.message]
+        keys = {f"{folder}/{n}": n for n in names}
+        out: dict[str, str] = {}
+        damage = []
         for key, data in self._c.read_many(keys).items():
-            ref = self._decoded(layout.decode_ref, key, data)
+            try:
+                ref = self._decoded(layout.decode_ref, key, data)
+            except StoreCorrupt as exc:
+                damage.append(exc.message)
+                try:
+                    branch = layout.unname(keys[key])  # a label only: the record, which names it, is unreadable
+                except DecodeError:
+                    branch = keys[key]
+                out[branch] = _damaged(key, exc.message)
+                continue
             if ref["checkpoint_id"] is not None:
                 out[ref["branch"]] = ref["checkpoint_id"]
-        return dict(sorted(out.items()))
+        return dict(sorted(out.items())), damage
 
     def set_ref(self, task_id: str, branch: str, new: str | None, expected: str | None) -> None:
         current, fence, version = self._read_ref(task_id, branch)
@@ -469,11 +547,25 @@ class KeyedStore(Closing):
             self._c.create_many(self._index_entries(task_id, [r.checkpoint_id for r in rows if r.task_id == task_id]))
 
     def delete_checkpoints(self, checkpoint_ids: Iterable[str], *, orphans: bool = False) -> int:
+        """Delete checkpoint records (:meth:`overnight.store.base.Store.delete_checkpoints`: never
+        a branch head, nor, unless ``orphans``, a parent of a checkpoint that stays). Each record
+        goes before its index entry, so a delete killed midway leaves nothing that ``gc`` cannot
+        find again. Returns the body bytes freed.
+
+        Raises:
+            StoreCorrupt: a ref of the task cannot be read (it may name any of them: nothing of
+                that task is deleted); the message names the ref's key.
+        """
         found = {row.checkpoint_id: row for row, _ in self._read_checkpoints(checkpoint_ids)}
         freed = 0
         for task_id in dict.fromkeys(r.task_id for r in found.values()):
             doomed = {c for c, r in found.items() if r.task_id == task_id}
-            doomed -= set(self.list_refs(task_id).values())
+            heads, damage = self._refs(layout.refs_dir(task_id))
+            if damage and doomed:  # a ref that cannot be read may name any of them
+                raise StoreCorrupt(f"not deleting checkpoints of task {task_id!r}: {damage[0]}", task_id=task_id,
+                                   hint="restore or remove the damaged ref first; `overnight verify --all` lists "
+                                   "what is damaged")
+            doomed -= set(heads.values())
             if not orphans and doomed:
                 rows = [r for r, _ in self._committed(task_id)]
                 while True:
@@ -481,9 +573,12 @@ class KeyedStore(Closing):
                     if not keep:
                         break
                     doomed -= keep
-            # the index entry first: an interrupted delete leaves at worst an unlisted record
-            self._c.delete([layout.index_key(task_id, c) for c in doomed])
+            # the records first, their index entries after: the index is how gc finds a task's
+            # records, so a delete killed in between leaves records it still finds (and deletes on
+            # its next run) or index entries naming no record (listings skip them; `rm` removes
+            # them) -- never a record nothing lists (the other order leaked it for good)
             self._c.delete([layout.checkpoint_key(c) for c in doomed])
+            self._c.delete([layout.index_key(task_id, c) for c in doomed])
             freed += sum(len(found[c].body) for c in doomed)
         return freed
 
@@ -523,10 +618,14 @@ class KeyedStore(Closing):
         """Has a ref of the task ever named a checkpoint? True when its index has an entry (a
         commit or ref move indexes the ref's old value before moving it) or a ref names one now --
         or a ref cannot be read (damage: the task stays visible, so verification reports it)."""
-        if self._c.occupied(layout.index_dir(task_id)):
+        try:
+            if self._c.occupied(layout.index_dir(task_id)):
+                return True
+            folder = layout.refs_dir(task_id)
+            names = self._c.list(folder)
+        except StoreCorrupt:  # a link in place of its index or refs folder
             return True
-        folder = layout.refs_dir(task_id)
-        for data in self._c.read_many([f"{folder}/{n}" for n in self._c.list(folder)]).values():
+        for data in self._c.read_many([f"{folder}/{n}" for n in names]).values():
             try:
                 if layout.decode_ref(data)["checkpoint_id"] is not None:
                     return True
@@ -696,13 +795,34 @@ class KeyedStore(Closing):
 
     # -- housekeeping -----------------------------------------------------------------------
 
+    def damaged_entries(self) -> list[str]:
+        """Entries under ``tasks/`` whose references cannot be read, one line each naming its key
+        (``[]`` when there is none): a ``task`` record that does not decode (a member of the wrong
+        type included, a link) or names another task than its folder -- :meth:`list_tasks` leaves
+        that task out, :meth:`get_task` refuses it --, a damaged ref (:meth:`list_refs`), a damaged
+        index entry or index folder (:meth:`_index`).
+
+        Each may keep checkpoints alive that no listing shows -- a ref's head, the history an
+        index entry records, every checkpoint of an unlisted task -- and so the objects those
+        need: ``gc`` deletes nothing while there is one (:func:`overnight.ops.gc.collect`).
+        ``verify --all`` reports them (:meth:`check_medium`)."""
+        return self._entries()[0]
+
     def check_medium(self) -> list[str]:
-        """What is wrong below what the ``Store`` protocol lists, run by ``overnight verify --all``:
-        each ``task`` record that does not decode (a member of the wrong type included), which
-        :meth:`list_tasks` leaves out and :meth:`get_task` refuses -- one line each, naming its
-        key. ``[]`` when there is none."""
-        keys = [f"tasks/{n}/task" for n in self._c.list("tasks")]
-        found = []
+        """What is wrong below what the ``Store`` protocol lists, run by ``overnight verify --all``,
+        one line each naming its key (``[]`` when nothing is): :meth:`damaged_entries`, then the
+        files planted in a task's index under a name overnight never writes (:meth:`_index`)."""
+        damage, foreign = self._entries()
+        return damage + foreign
+
+    def _entries(self) -> tuple[list[str], list[str]]:
+        """``(damaged_entries, foreign index names)``, in one pass over ``tasks/``."""
+        try:
+            folders = self._c.list("tasks")
+        except StoreCorrupt as exc:
+            return [exc.message], []
+        keys = [f"tasks/{n}/task" for n in folders]
+        found, foreign = [], []
         for key, data in sorted(self._c.read_many(keys).items()):
             try:
                 row = self._decoded(layout.decode_task, key, data)
@@ -712,7 +832,12 @@ class KeyedStore(Closing):
             if layout.task_key(row.task_id) != key:
                 found.append(f"the task record {key} names task {row.task_id!r}, another task than its folder's; "
                              "its task is not listed and cannot be read")
-        return found
+        for n in folders:
+            found += self._refs(f"tasks/{n}/refs")[1]
+            _, damage, planted = self._index(f"tasks/{n}/checkpoints")
+            found += damage
+            foreign += planted
+        return list(dict.fromkeys(found)), foreign  # a link in place of a task folder: once, not per folder under it
 
     def stored_bytes(self) -> int:
         """Bytes of every record and object under the store's root (their sizes, not disk blocks)."""

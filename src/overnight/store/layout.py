@@ -39,12 +39,27 @@ import re
 from typing import Any, Callable
 
 from overnight.codec.canonical import dumps_sorted, from_tree, loads, to_tree
+from overnight.codec.compress import MAX_SIZE
 from overnight.errors import DecodeError
 from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, JournalRow, Lease, ObjectRecord, TaskRow
 
 LAYOUT_VERSION = 2
 META_KEY = "overnight.json"
 MAX_NAME = 120  # encoded bytes; longer names are hashed (file systems allow 255 per component)
+
+MAX_KEY_BYTES = MAX_SIZE + (1 << 20)
+"""The largest value a key-value store writes under one key (an object of
+:data:`~overnight.codec.compress.MAX_SIZE` bytes compressed, with room for zstd's frame and the
+header; every other record is smaller). A larger file or S3 object was planted (a sparse 4 GB file
+costs no disk): both containers check the size *before* reading and read it as :data:`DAMAGED`,
+never as an allocation of its size."""
+
+DAMAGED = b'{"overnight":"a symbolic link, special file or oversized key in the store, not read: damage"}\n'
+"""What a container returns for a key it refuses to read -- a symbolic link or special file
+(``file://``), a value larger than :data:`MAX_KEY_BYTES` (``file://`` and ``s3://``): bytes no record
+decoder accepts, so the key is damage like one that does not parse -- a ref or task record raises
+StoreCorrupt naming its key, a checkpoint record is skipped (the load falls back, ``verify`` reports
+it), an object reads as kind ``"unreadable"`` and is healed by the next write of it."""
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789._-")

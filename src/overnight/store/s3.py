@@ -64,6 +64,7 @@ import botocore.exceptions
 from overnight.store.base import MinAge, age_limit
 from overnight.errors import ConfigError
 from overnight.store.refusal import unreachable
+from overnight.store import layout
 from overnight.store.keyed import KeyedStore
 
 MULTIPART_THRESHOLD = 8 * 1024 * 1024  # objects larger than this go up in parts
@@ -213,6 +214,11 @@ class S3Container:
     # -- reads ------------------------------------------------------------------------------
 
     def read(self, key: str) -> tuple[bytes, str] | None:
+        """``(data, ETag)``, None when the key does not exist. An object larger than
+        :data:`~overnight.store.layout.MAX_KEY_BYTES` (the response's ``ContentLength``, checked
+        before the body is read) was never written by this store: it reads as
+        :data:`~overnight.store.layout.DAMAGED`, as the same plant does on ``file://``, and its body
+        is never downloaded (no allocation of a planted size)."""
         try:
             r = self._call(self.client.get_object, Key=self._key(key))
         except botocore.exceptions.ClientError as exc:
@@ -220,7 +226,10 @@ class S3Container:
                 return None
             raise
         with r["Body"] as body:
-            return body.read(), r["ETag"]
+            if int(r.get("ContentLength") or 0) > layout.MAX_KEY_BYTES:
+                return layout.DAMAGED, r["ETag"]
+            data = body.read(layout.MAX_KEY_BYTES + 1)  # a server that sends more than it announced
+            return (layout.DAMAGED if len(data) > layout.MAX_KEY_BYTES else data), r["ETag"]
 
     def _map(self, fn: Callable[[str], Any], keys: list[str]) -> list[Any]:
         return list(self._pool.map(fn, keys)) if len(keys) > 1 else [fn(k) for k in keys]

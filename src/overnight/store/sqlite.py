@@ -54,6 +54,7 @@ from overnight.errors import (
 )
 from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, JournalRow, TaskRow
 from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectStat, age_limit, check_parent, stale_head
+from overnight.store.base import DamagedBytes, DamagedInt, DamagedText
 from overnight.codec import digest
 from overnight.store.blobs import is_damaged
 from overnight.store.leases import can_take_over, describe_holder, now_ms, released_holder
@@ -248,14 +249,71 @@ def read_cells_as_stored(conn: sqlite3.Connection) -> None:
     conn.row_factory = _row
 
 
-class _Connection(sqlite3.Connection):
-    """Every caller string round-trips exactly, lone surrogates included (see :func:`_param`)."""
+def _undecodable(exc: UnicodeDecodeError) -> sqlite3.DatabaseError:
+    """The SQLite error whose *message* Python could not decode. SQLite quotes damaged file
+    contents in some messages (``malformed database schema (<the damaged schema row's name>)``);
+    when those bytes are not UTF-8, the sqlite3 module raises a bare UnicodeDecodeError in place of
+    the error. Returned as the corruption error it is, so every caller's translation makes it
+    StoreCorrupt (never a traceback)."""
+    raw = exc.object if isinstance(exc.object, (bytes, bytearray)) else b""
+    err = sqlite3.DatabaseError(f"database disk image is malformed: {bytes(raw).decode('utf-8', 'backslashreplace')}")
+    err.sqlite_errorcode = _SQLITE_CORRUPT  # type: ignore[attr-defined]
+    err.sqlite_errorname = "SQLITE_CORRUPT"  # type: ignore[attr-defined]
+    return err
+
+
+class _Cursor(sqlite3.Cursor):
+    """Raises a SQLite error whose message is not UTF-8 as the corruption error it is (:func:`_undecodable`)."""
 
     def execute(self, sql: str, parameters: object = (), /) -> sqlite3.Cursor:  # type: ignore[override]
-        return super().execute(sql, _params(parameters))
+        try:
+            return super().execute(sql, parameters)  # type: ignore[arg-type]
+        except UnicodeDecodeError as exc:
+            raise _undecodable(exc) from exc
 
     def executemany(self, sql: str, seq: object, /) -> sqlite3.Cursor:  # type: ignore[override]
-        return super().executemany(sql, [_params(p) for p in seq])  # type: ignore[union-attr]
+        try:
+            return super().executemany(sql, seq)  # type: ignore[arg-type]
+        except UnicodeDecodeError as exc:
+            raise _undecodable(exc) from exc
+
+    def fetchone(self) -> Any:
+        try:
+            return super().fetchone()
+        except UnicodeDecodeError as exc:
+            raise _undecodable(exc) from exc
+
+    def fetchmany(self, size: int | None = None) -> list[Any]:
+        try:
+            return super().fetchmany(self.arraysize if size is None else size)
+        except UnicodeDecodeError as exc:
+            raise _undecodable(exc) from exc
+
+    def fetchall(self) -> list[Any]:
+        try:
+            return super().fetchall()
+        except UnicodeDecodeError as exc:
+            raise _undecodable(exc) from exc
+
+    def __next__(self) -> Any:
+        try:
+            return super().__next__()
+        except UnicodeDecodeError as exc:
+            raise _undecodable(exc) from exc
+
+
+class _Connection(sqlite3.Connection):
+    """Every caller string round-trips exactly, lone surrogates included (see :func:`_param`); a
+    SQLite error whose message is not UTF-8 is the corruption error it is (:class:`_Cursor`)."""
+
+    def cursor(self, factory: Any = _Cursor) -> sqlite3.Cursor:  # type: ignore[override]
+        return super().cursor(factory)
+
+    def execute(self, sql: str, parameters: object = (), /) -> sqlite3.Cursor:  # type: ignore[override]
+        return self.cursor().execute(sql, _params(parameters))
+
+    def executemany(self, sql: str, seq: object, /) -> sqlite3.Cursor:  # type: ignore[override]
+        return self.cursor().executemany(sql, [_params(p) for p in seq])  # type: ignore[union-attr]
 
 
 # -- cells of the wrong type ---------------------------------------------------------------------
@@ -283,24 +341,6 @@ _BLOB: tuple[type, ...] = (bytes,)
 _WANTED = {_TEXT: "text", _OPT_TEXT: "text or NULL", _INT: "an integer", _REAL: "a number", _BLOB: "a blob"}
 _KIND = {int: "an integer", float: "a real", str: "text", bytes: "a blob", _NONE: "NULL",
          NotUTF8: "bytes that are not UTF-8"}
-
-
-class DamagedText(str):
-    """Placeholder of a text cell of the wrong type; :attr:`damage` says which cell held what."""
-
-    damage: str
-
-
-class DamagedInt(int):
-    """Placeholder of an integer cell of the wrong type; :attr:`damage` says which cell held what."""
-
-    damage: str
-
-
-class DamagedBytes(bytes):
-    """Placeholder of a blob cell of the wrong type; :attr:`damage` says which cell held what."""
-
-    damage: str
 
 
 def _placeholder(value: object, damage: str) -> object:
@@ -366,6 +406,30 @@ _ARCHIVE_COLUMNS = (("archive_id", _TEXT, ""), ("task_id", _TEXT, ""), ("created
                     ("location", _TEXT, ""), ("manifest", _BLOB, b""))
 _REF_COLUMNS = (("branch", _TEXT, ""), ("checkpoint_id", _TEXT, ""))
 """What :meth:`SQLiteStore.list_refs` selects."""
+_FULL_REF_COLUMNS = (("task_id", _TEXT, ""), *_REF_COLUMNS)
+"""A whole ``refs`` row (what :meth:`SQLiteStore.damaged_entries` checks)."""
+_LINK_COLUMNS = (("checkpoint_id", _TEXT, ""), ("task_id", _TEXT, ""), ("parent_id", _OPT_TEXT, ""))
+"""The cells of a ``checkpoints`` row that listings and lineage follow."""
+
+
+def _digest_cell(value: object) -> Any:
+    """An ``objects.digest`` cell as listings yield it: text, NULL and bytes (:class:`NotUTF8`, a
+    blob) as they are; a number (a damaged page can leave one) as the :class:`DamagedBytes` of its
+    decimal text, so whoever reports the row shows it as bytes (``bytes()`` of an integer would
+    allocate that many) and no lookup by it matches a row."""
+    if value is None or isinstance(value, (str, bytes)):
+        return value
+    return _placeholder(str(value).encode("ascii", "backslashreplace"), f"objects.digest holds {_cell(value)}, not text")
+
+
+def _schema_lacks(exc: sqlite3.Error) -> bool:
+    """Did a statement name a table or column the file's schema does not have?"""
+    return isinstance(exc, sqlite3.OperationalError) and str(exc).startswith(("no such table", "no such column"))
+
+
+def _named(value: object) -> str:
+    """A cell naming a row in a message: its text quoted, else what it holds."""
+    return repr(value) if type(value) is str else f"({_cell(value)})"
 
 
 def _damaged_ref(row: tuple) -> tuple:
@@ -506,7 +570,11 @@ class SQLiteStore(Closing):
             time.sleep(0.05)
         db, row = opened
         if row is None or _schema_version(row[0]) is None:  # a store always has its version: damaged?
-            damage = [str(r[0]) for r in db.execute("PRAGMA quick_check(20)").fetchall()]
+            try:
+                damage = [str(r[0]) for r in db.execute("PRAGMA quick_check(20)").fetchall()]
+            except sqlite3.Error as exc:
+                db.close()
+                raise self._unreadable(exc) from exc
             if damage != ["ok"]:
                 db.close()
                 raise StoreCorrupt(f"store {self.path} is damaged: {'; '.join(damage)}", hint=self._recover_hint())
@@ -574,7 +642,8 @@ class SQLiteStore(Closing):
 
     def _unreadable(self, exc: sqlite3.Error) -> Exception:
         """A file SQLite cannot open: damaged (StoreCorrupt), full, or not a SQLite file (ConfigError)."""
-        typed = self._translate(exc)
+        # a file without overnight's tables, met on open, is not an overnight store (ConfigError below)
+        typed = exc if _schema_lacks(exc) else self._translate(exc)
         if typed is not exc and "not a database" not in str(exc):
             return typed
         if (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == _SQLITE_CANTOPEN:
@@ -651,6 +720,12 @@ class SQLiteStore(Closing):
                                     hint="check the disk or share (dmesg, mount), then run the command again")
         if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "malformed" in str(exc) or "decode to UTF-8" in str(exc):
             return StoreCorrupt(f"store {self.path} is damaged: {exc}",
+                                hint="resume a replicated task from another medium (`overnight repair`), or "
+                                + self._recover_hint())
+        if _schema_lacks(exc):
+            # the store's own statements name only what its schema (checked on open) has: a damaged
+            # schema page (a bit flip in a column's name) or another program changed the schema
+            return StoreCorrupt(f"store {self.path} is damaged: its schema lacks what overnight wrote ({exc})",
                                 hint="resume a replicated task from another medium (`overnight repair`), or "
                                 + self._recover_hint())
         return exc
@@ -738,19 +813,40 @@ class SQLiteStore(Closing):
         for i in range(0, len(wanted), _BATCH):
             part = wanted[i : i + _BATCH]
             marks = ",".join("?" * len(part))
+            asked = set(part)
             for row in self._read(
                 f"SELECT digest, kind, size, codec, data FROM objects WHERE digest IN ({marks})", tuple(part)
             ):
                 if not _typed(_OBJECT_COLUMNS, row):
-                    raise self._damaged_object(row)
-                out[row[0]] = ObjectRecord(*row)
+                    raise self._damaged_object(row, self._asked_for(row, part))
+                if row[0] in asked:  # else a damaged index led to another row: the one asked for is missing
+                    out[row[0]] = ObjectRecord(*row)
         return out
 
-    def _damaged_object(self, row: tuple) -> DigestMismatch:
-        """The error for an object row with a cell of the wrong type (named with its column)."""
-        d = row[0]
+    def _asked_for(self, row: tuple, part: list[str]) -> str:
+        """Which of ``part`` the damaged object ``row`` was found under. Usually its own digest; but a
+        damaged page can leave the index entry of digest D pointing at a row whose digest cell now
+        reads otherwise (bytes that are not UTF-8, other text): that row *is* D's, damaged, and the
+        error must name D -- the digest callers heal from its ditto copy or report -- never the
+        garbled cell (not text, so not a digest; :class:`NotUTF8`). Asked one digest at a time,
+        only on this error path."""
+        if type(row[0]) is str and row[0] in part:
+            return row[0]
+        for d in part:
+            found = self._read("SELECT digest, kind, size, codec, data FROM objects WHERE digest=?", (d,))
+            if found and (found[0][0] != d or not _typed(_OBJECT_COLUMNS, found[0])):
+                return d
+        return next(iter(part))  # pragma: no cover - the row came from a lookup of one of them
+
+    def _damaged_object(self, row: tuple, d: str | None = None) -> DigestMismatch:
+        """The error for an object row with a cell of the wrong type (named with its column);
+        ``d``: the digest it was read under (default: its digest cell, when that is text)."""
+        if d is None:
+            d = row[0] if type(row[0]) is str else "(a row whose digest is not text)"
+        stored = "" if type(row[0]) is str and row[0] == d else f" (the row found under it has digest cell {_cell(row[0])})"
         return DigestMismatch(
-            f"object {d} in store {self.path} is damaged: {'; '.join(_wrong_cells('objects', _OBJECT_COLUMNS, row))}",
+            f"object {d} in store {self.path} is damaged{stored}: "
+            f"{'; '.join(_wrong_cells('objects', _OBJECT_COLUMNS, row))}",
             object_digest=d, hint="another program wrote this row; `overnight verify --all` lists what else is "
             "damaged, and a commit that stores the object again replaces the row")
 
@@ -799,7 +895,7 @@ class SQLiteStore(Closing):
         while True:
             page = self._read("SELECT rowid, digest FROM objects WHERE rowid > ? ORDER BY rowid LIMIT ?",
                               (after, _PAGE))
-            yield from (r[1] for r in page)
+            yield from (_digest_cell(r[1]) for r in page)
             if len(page) < _PAGE:
                 return
             after = page[-1][0]
@@ -809,7 +905,7 @@ class SQLiteStore(Closing):
         (another program's cell) counts as just stored, so ``gc`` keeps the object."""
         now = now_ms()
         for d, size, stored_at in self._read("SELECT digest, length(data), stored_at_ms FROM objects"):
-            yield ObjectStat(d, size, max(0, now - stored_at) if type(stored_at) is int else 0)
+            yield ObjectStat(_digest_cell(d), size, max(0, now - stored_at) if type(stored_at) is int else 0)
 
     def delete_objects(self, digests: Iterable[str], *, min_age_ms: MinAge | None = None) -> int:
         wanted = list(dict.fromkeys(digests))
@@ -1156,16 +1252,60 @@ class SQLiteStore(Closing):
 
     # -- housekeeping -----------------------------------------------------------------------
 
+    def damaged_entries(self) -> list[str]:
+        """Rows whose references cannot be read, one line each naming the row (``[]`` when there
+        is none): a ``refs`` row with a cell of the wrong type (bytes that are not UTF-8, say --
+        :meth:`list_refs` lists its head as a placeholder no checkpoint has, or, when the damaged
+        cell is ``task_id``, its task shows no such branch at all), a ``tasks`` row whose
+        ``task_id`` is not text (its task's refs and checkpoints are listed under no task), a
+        ``checkpoints`` row whose ``checkpoint_id``, ``task_id`` or ``parent_id`` is of the wrong
+        type (the lineage through it is cut, or the row is listed under no task).
+
+        Each may keep checkpoints alive that no listing shows -- a branch head, the ancestors of a
+        record, every checkpoint of a task --, and so the objects those need: ``gc`` deletes
+        nothing while there is one (:func:`overnight.ops.gc._refuse_hidden_damage`, the rule the
+        key-value stores' :meth:`~overnight.store.keyed.KeyedStore.damaged_entries` feed too);
+        ``verify --all`` reports each as the damaged ref, task or checkpoint row it is. Reads every
+        ref and task row and three cells of every checkpoint row."""
+        found = [line for _, line in self._damaged_refs()]
+        for (task_id,) in self._read("SELECT task_id FROM tasks"):
+            if type(task_id) is not str:
+                found.append(f"a tasks row in store {self.path} cannot be read: tasks.task_id holds {_cell(task_id)}, "
+                             "not text; its task is not listed, nor its branches and checkpoints")
+        # every row: a cell that is not UTF-8 is still of SQLite type text, so no WHERE finds it
+        for row in self._read("SELECT checkpoint_id, task_id, parent_id FROM checkpoints"):
+            if not _typed(_LINK_COLUMNS, row):
+                found.append(f"the checkpoints row {_named(row[0])} of task {_named(row[1])} in store {self.path} "
+                             f"cannot be read: {'; '.join(_wrong_cells('checkpoints', _LINK_COLUMNS, row))}; the "
+                             "lineage through it is cut")
+        return found
+
+    def _damaged_refs(self) -> list[tuple[tuple, str]]:
+        """``(row, line)`` of each ``refs`` row with a cell of the wrong type (see :meth:`damaged_entries`)."""
+        out = []
+        for row in self._read("SELECT task_id, branch, checkpoint_id FROM refs"):
+            if not _typed(_FULL_REF_COLUMNS, row):
+                out.append((row, f"the ref row of task {_named(row[0])}, branch {_named(row[1])} in store {self.path} "
+                                 f"cannot be read: {'; '.join(_wrong_cells('refs', _FULL_REF_COLUMNS, row))}; the "
+                                 "checkpoints it keeps alive are unknown"))
+        return out
+
     def check_medium(self) -> list[str]:
         """SQLite's own check of the file (``PRAGMA quick_check``: pages, b-trees, free lists --
-        the level below overnight's records), run by ``overnight verify --all``. Returns what it
-        reports as wrong, ``[]`` when the file is sound."""
+        the level below overnight's records), run by ``overnight verify --all``, and the ``refs``
+        rows whose ``task_id`` cannot be read (they belong to no task, so no check of a task finds
+        them; :meth:`damaged_entries`). Returns what is wrong, ``[]`` when the file is sound."""
         try:
             rows = self._read("PRAGMA quick_check(100)")
         except StoreCorrupt as exc:
             return [exc.message]
         found = [str(r[0]) for r in rows if str(r[0]) != "ok"]
-        return [f"SQLite file {self.path}: {line}" for line in found]
+        out = [f"SQLite file {self.path}: {line}" for line in found]
+        try:  # a ref row whose task_id is damaged belongs to no task, so no check of a task reports it
+            out += [line for row, line in self._damaged_refs() if type(row[0]) is not str]
+        except StoreCorrupt as exc:
+            out.append(exc.message)
+        return out
 
     def stored_bytes(self) -> int:
         """Size of the database file after folding the WAL into it (``wal_checkpoint(TRUNCATE)``)."""

@@ -70,7 +70,8 @@ class VerifyReport:
             chunks, chunk indexes; with ``all_objects`` every stored object).
         bytes_verified: bytes of artifact content hashed (the reassembled size of each artifact).
         seconds: wall time of the check.
-        heads: ``task -> branch -> "ok" | "invalid" | "missing"``.
+        heads: ``task -> branch -> "ok" | "invalid" | "missing"`` (missing also when the ref itself
+            cannot be read: ``problems`` names it).
     """
 
     tasks: int = 0
@@ -106,7 +107,7 @@ _TASK_FIELDS: tuple[tuple[str, tuple[type, ...], str], ...] = (
 def _task_row_damage(task: Any) -> list[str]:
     """What is wrong with the types of a listed task row: a store that read a cell of the wrong
     type lists the row with a placeholder of a *subclass* of the field's type carrying a
-    ``damage`` attribute (``overnight.store.sqlite.DamagedText`` and its siblings), which reading
+    ``damage`` attribute (``overnight.store.base.DamagedText`` and its siblings), which reading
     the task by id refuses (StoreCorrupt naming the column). ``[]`` when every field is sound."""
     return [getattr(value, "damage", None) or f"its {name} is {type(value).__name__}, not {wanted}"
             for name, types, wanted in _TASK_FIELDS
@@ -340,8 +341,11 @@ def verify_store(
     A task row whose fields do not have their types (a store that read a cell of the wrong type
     lists it with placeholders) is a problem (check ``"task"``) naming what each cell held, and
     with ``all_objects`` the store's ``check_medium`` (when it has one) reports what it finds
-    below the records -- for a key-value store, a task record that does not parse, which listings
-    leave out -- so checking every task finds what reading each one by id would refuse.
+    below the records -- for a key-value store, a task record that does not parse (which listings
+    leave out), a damaged index entry, a file planted in an index -- so checking every task finds
+    what reading each one by id would refuse. A ref the store cannot read (listed with a
+    placeholder carrying ``damage``: SQLite's damaged row, a damaged ``file://``/``s3://`` ref) is a
+    problem (check ``"ref"``) naming it, and every other task is still checked.
 
     Raises:
         TaskNotFound: a named task does not exist.
@@ -486,7 +490,11 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                 p.dangling = True
         heads = {}
         for branch, cid in refs.items():
-            if cid not in by_id:
+            damage = getattr(cid, "damage", None)  # a ref the store cannot read (a placeholder naming it)
+            if damage is not None:
+                heads[branch] = "missing"
+                report.problems.append(Problem(task.task_id, None, "ref", f"branch {branch!r} cannot be read: {damage}"))
+            elif cid not in by_id:
                 heads[branch] = "missing"
                 report.problems.append(Problem(task.task_id, cid, "ref",
                                                f"branch {branch!r} names checkpoint {short_id(cid)}, which is missing"))
@@ -506,11 +514,12 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                 found = medium()
             except IntegrityError as exc:
                 found = [exc.message]
-            report.problems.extend(Problem(None, None, "medium", detail) for detail in found)
+            seen = " ".join(p.detail for p in report.problems if p.check == "ref")  # a damaged ref: reported once
+            report.problems.extend(Problem(None, None, "medium", detail) for detail in found if detail not in seen)
         outside = {d for d in store.iter_object_digests() if d not in verified and d not in bad_objects}
         for odd in [d for d in outside if type(d) is not str]:  # a row another SQLite client wrote without a
             outside.discard(odd)  # digest, or with bytes that are not text: nothing names it
-            held = "no digest (NULL)" if odd is None else f"a digest that is not text ({bytes(odd)[:40]!r})"
+            held = "no digest (NULL)" if odd is None else f"a digest that is not text ({repr(odd)[:60]})"
             report.problems.append(Problem(None, None, "object", f"an object row has {held}: it cannot be "
                                            "verified or read; delete it"))
         unreferenced = sorted(outside)  # live: a record, or an object verified before this scan (not one of these)
