@@ -213,8 +213,18 @@ def _session_start(payload: dict[str, Any], loc: tuple[Path, str, str, str | Non
 
 
 def handle(event: str, payload: dict[str, Any], *, store: str | None = None) -> Outcome:
-    """Run one hook event on the current task; never raises (a failure is ``Outcome.ok=False``)."""
-    event = event_name(event)
+    """Run one hook event on the current task; never raises (a failure is ``Outcome.ok=False``).
+    The outcome's ``message``, ``context`` and ``task_id`` have their lone surrogates escaped
+    (:func:`~overnight.verify.coding_world.utf8_safe`): stored text may hold them, and what the
+    hook prints must be UTF-8 (a strict stdout would fail on them)."""
+    from overnight.verify.coding_world import utf8_safe
+
+    out = _handle(event_name(event), payload, store)
+    out.message, out.context, out.task_id = utf8_safe(out.message), utf8_safe(out.context), utf8_safe(out.task_id)
+    return out
+
+
+def _handle(event: str, payload: dict[str, Any], store: str | None) -> Outcome:
     loc = None
     try:
         loc = _locate(payload, store)

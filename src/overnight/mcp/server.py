@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field, model_validator
 from overnight.errors import ConfigError, OvernightError, TaskNotFound, short_id
 from overnight.mcp.budget import CONTINUATION_TOKENS, read_part
 from overnight.mcp.tasks import ArtifactIn, CodingTasks, read_pointer, render_control_point
+from overnight.verify.coding_world import utf8_safe
 
 try:
     from mcp.server.mcpserver import MCPServer
@@ -98,8 +99,12 @@ def _error_text(exc: BaseException) -> str:
             "check the store (`overnight verify --all`) and retry")
 
 
-def _result(text: str, data: dict[str, Any]) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
+def _result(text: str, data: dict[str, Any] | None = None, *, is_error: bool = False) -> CallToolResult:
+    """A tool result. Every string in it has its lone surrogates escaped (:func:`utf8_safe`): stored
+    values (a forged spec, a non-UTF-8 file name git reports) may hold them, and the SDK cannot
+    send them (it stops answering)."""
+    return CallToolResult(content=[TextContent(type="text", text=utf8_safe(text))],
+                          structured_content=utf8_safe(data), is_error=is_error)
 
 
 def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKENS) -> MCPServer:
@@ -124,7 +129,7 @@ def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKE
                     _suggest(tasks, exc)
                 # returned, not raised: the SDK would log a raised error as a traceback on stderr
                 log.info("%s failed: %s", fn.__name__, type(exc).__name__)
-                return CallToolResult(content=[TextContent(type="text", text=_error_text(exc))], is_error=True)
+                return _result(_error_text(exc), is_error=True)
             return _result(text, data)
 
         wrapper.__signature__ = inspect.signature(fn, eval_str=True).replace(  # type: ignore[attr-defined]

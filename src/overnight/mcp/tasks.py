@@ -47,6 +47,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,7 +63,19 @@ from overnight.errors import (
     TaskNotFound,
     short_id,
 )
-from overnight.verify.coding_world import KIND, CodingDrift, drift, printable, project_root, world, world_args
+from overnight.verify.coding_world import (
+    KIND,
+    MAX_ENTRIES,
+    CodingDrift,
+    drift,
+    env_problem,
+    input_problem,
+    printable,
+    project_root,
+    unique_inputs,
+    world,
+    world_args,
+)
 from overnight.verify.coding_world import encodable as _encodable
 from overnight.runtime.task import CRITICALITY, parse_span, step_key, todo_entry
 from overnight.store import Store, default_store_url, open_store
@@ -456,7 +469,10 @@ def pointer_store(root: Path, pointer: dict[str, Any]) -> str | None:
        is that project's, of which this one is a copy without its store): StoreUnavailable.
 
     A store that does not exist is never created from a pointer (a stale one would leave an empty
-    store at the old path): StoreUnavailable naming the pointer file and the missing store.
+    store at the old path): StoreUnavailable naming the pointer file and the missing store. Nor is
+    a path that exists but holds no store (:func:`_is_store`: an empty file or folder, which
+    opening would initialise): StoreUnavailable too, once the store is trusted (below), nothing
+    created or changed there.
 
     **Trust.** The pointer is a file in the project, so a repository can carry one (committed past
     ``.overnight/.gitignore``) naming its author's store -- a hook would then send the user's
@@ -472,14 +488,17 @@ def pointer_store(root: Path, pointer: dict[str, Any]) -> str | None:
     is set.
     """
     url = pointer.get("store")
-    if url is None:  # a hand-made pointer: the default store, which an overnight.toml may name
-        if not os.environ.get("OVERNIGHT_STORE"):
-            _trusted(root, pointer, resolve_store_url(None, root))
-        return None
     task_id = pointer.get("task_id")
     f = root / POINTER
     hint = (f"call task_resume(task_id={task_id!r}) with the server run in this project to point it at the task's "
             "store, or set OVERNIGHT_STORE (or pass --store) to the store the task lives in")
+    if url is None:  # a hand-made pointer: the default store, which an overnight.toml may name
+        if not os.environ.get("OVERNIGHT_STORE"):
+            default = _trusted(root, pointer, resolve_store_url(None, root))
+            local = _local_store(default)
+            if local is not None and local[1].exists():  # a missing one is a TaskNotFound when opened
+                _refuse_non_store(local[0], local[1], f, task_id, hint)
+        return None
     local = _local_store(url)
     if local is None:
         return _trusted(root, pointer, url)
@@ -515,7 +534,42 @@ def pointer_store(root: Path, pointer: dict[str, Any]) -> str | None:
         raise StoreUnavailable(f"the current-task pointer {f} names the store {prefix}{chosen}, which does not "
                                "exist (the project moved or was copied without it?); nothing was created",
                                location=str(chosen), task_id=task_id, hint=hint)
-    return _trusted(root, pointer, f"{prefix}{chosen}")
+    trusted = _trusted(root, pointer, f"{prefix}{chosen}")
+    _refuse_non_store(prefix, chosen, f, task_id, hint)
+    return trusted
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite database file (https://sqlite.org/fileformat.html, 1.3)."""
+
+
+def _is_store(prefix: str, path: Path) -> bool:
+    """Whether the local ``path`` holds an overnight store already, judged without creating or
+    changing anything: for ``file://`` a folder with the layout marker
+    (:data:`overnight.store.layout.META_KEY`, written when the store is made); for ``sqlite://``
+    or a bare path a regular file that starts with :data:`SQLITE_HEADER` (a new store's file has it
+    before its first commit). An empty file or folder -- which opening would make a store of -- is not."""
+    from overnight.store.layout import META_KEY
+
+    try:
+        if prefix.lower().startswith("file"):
+            return path.is_dir() and (path / META_KEY).is_file()
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device is never opened
+            return False
+        with open(path, "rb") as fh:
+            return fh.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    except OSError:
+        return False
+
+
+def _refuse_non_store(prefix: str, path: Path, pointer_file: Path, task_id: Any, hint: str) -> None:
+    """StoreUnavailable when the local store ``path`` a pointer names exists but is no store
+    (:func:`_is_store`): a pointer only ever opens a store that exists, so nothing is created there."""
+    if not _is_store(prefix, path):
+        what = "folder" if path.is_dir() else "file"
+        raise StoreUnavailable(f"the current-task pointer {pointer_file} names the store {prefix}{path}, which is "
+                               f"a {what} but not an overnight store (empty, or something else): not opened, nothing "
+                               "was created or changed there", location=str(path), task_id=task_id, hint=hint)
 
 
 def resolve_store_url(store: str | None, root: Path) -> str:
@@ -700,7 +754,7 @@ class CodingTasks:
     def _world(self, spec: dict[str, Any], task_id: str | None) -> dict[str, Any]:
         """The world now, of this process's project (never the spec's recorded one)."""
         inputs, env, salt = self._world_args(spec, task_id)
-        return world(self.project, inputs=inputs, env=env, salt=salt)
+        return world(self.project, inputs=inputs, env=env, salt=salt, task_id=task_id)
 
     # -- task_start -----------------------------------------------------------------------------
 
@@ -709,7 +763,12 @@ class CodingTasks:
               task_id: str | None = None, make_current: bool = True) -> ControlPoint:
         """Create a task and commit its first checkpoint (event ``init``); the plan becomes the todo
         list. ``inputs``: project files whose changes count as drift; ``env``: variable names
-        recorded as keyed digests. Makes it the project's current task (:data:`POINTER`)."""
+        recorded as keyed digests (at most :data:`~overnight.verify.coding_world.MAX_ENTRIES` of
+        each; repeats count once). Makes it the project's current task (:data:`POINTER`).
+
+        Raises ConfigError for a bad argument: an empty goal, an input outside the project or longer
+        than PATH_MAX, an env name that is not printable text (what the stored spec is later held to:
+        :func:`~overnight.verify.coding_world.world_args`)."""
         if not isinstance(goal, str) or not goal.strip():
             raise ConfigError("goal must be a non-empty string", hint="one sentence saying what the task is for",
                               task_id=task_id)
@@ -719,8 +778,7 @@ class CodingTasks:
         span = None
         if expected_span is not None:
             span = parse_span(expected_span)
-        rel_inputs = [self._relative(p)[0] for p in (inputs or [])]
-        env = _clean(env, "env", task_id) or []
+        rel_inputs, env = self._declared(inputs, env, task_id)
         slug = _SLUG.sub("-", goal.lower()).strip("-")[:40].strip("-") or "task"
         task_id = task_id or f"code.{slug}.{secrets.token_hex(3)}"
         s = self.store(create=True)
@@ -741,6 +799,34 @@ class CodingTasks:
         if make_current:
             write_pointer(self.project, task_id, "main", s.url)
         return self.control_point(tip, task_id, "main")
+
+    def _declared(self, inputs: list[str] | None, env: list[str] | None,
+                  task_id: str | None) -> tuple[list[str], list[str]]:
+        """``(inputs, env)`` of ``task_start`` as the spec records them: inputs project-relative
+        (:meth:`_relative`), repeats dropped (first kept), each held to the rules
+        :func:`~overnight.verify.coding_world.world_args` checks the stored spec with.
+
+        Raises ConfigError naming the entry and the field."""
+        if inputs is not None and (isinstance(inputs, str) or not all(isinstance(p, str) for p in inputs)):
+            raise ConfigError("inputs must be a list of paths", task_id=task_id)
+        env = list(dict.fromkeys(_clean(env, "env", task_id) or []))
+        for field, n in (("inputs", len(set(inputs or []))), ("env", len(env))):
+            if n > MAX_ENTRIES:
+                raise ConfigError(f"{field} has {n} entries, more than {MAX_ENTRIES}", task_id=task_id,
+                                  hint="declare the folder that holds the files (one input covers its whole tree)"
+                                  if field == "inputs" else "declare only the variables the task depends on")
+        for n in env:
+            problem = env_problem(n)
+            if problem:
+                raise ConfigError(f"env: the variable name {printable(n, 120)!r} {problem}", task_id=task_id)
+        rel = []
+        for p in dict.fromkeys(inputs or []):
+            r = self._relative(p)[0]
+            problem = input_problem(r)
+            if problem:
+                raise ConfigError(f"inputs: the path {printable(p, 120)!r} {problem}", task_id=task_id)
+            rel.append(r)
+        return unique_inputs(rel), env
 
     def _fingerprint(self, writer: BlobWriter, spec: dict[str, Any],
                      task_id: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -924,7 +1010,7 @@ class CodingTasks:
     def _resumed(self, tip: _Tip, task_id: str, branch: str, *, make_current: bool) -> Resumed:
         cp = self.control_point(tip, task_id, branch)
         inputs, env, salt = self._world_args(self._spec(tip.state), task_id)
-        now = world(self.project, inputs=inputs, env=env, salt=salt)
+        now = world(self.project, inputs=inputs, env=env, salt=salt, task_id=task_id)
         d = drift(self.project, tip.world, now, checkpoint_id=cp.checkpoint_id, todo=cp.todo, salt=salt)
         if make_current:
             write_pointer(self.project, task_id, branch, self.store().url)

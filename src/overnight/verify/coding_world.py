@@ -52,6 +52,24 @@ GIT_TIMEOUT_S = 10.0
 KIND = "coding-agent-task"
 """``spec["kind"]`` of a task written by the MCP server or the hooks (:mod:`overnight.mcp.tasks`)."""
 
+MAX_ENTRIES = 1000
+"""At most this many distinct ``inputs`` and at most this many ``env`` names in a coding task's spec
+(``task_start`` refuses more, :func:`world_args` refuses a stored spec with more). Every checkpoint
+-- each tool call, each hook, within the hooks' 45 s deadline -- hashes every input again, and the
+agent writes the lists out in one ``task_start`` call (~10 tokens a path: 1,000 entries are ~10,000
+tokens of arguments). A task that depends on more files declares their folder: one input covers a
+whole tree. No process environment holds a thousand variables a task could depend on."""
+
+MAX_ENTRY_BYTES = 4096
+"""Longest ``inputs`` path and ``env`` name, in bytes (the file system encoding, UTF-8): PATH_MAX
+on Linux (``<linux/limits.h>``; macOS and the BSDs allow 1,024) -- the kernel refuses a longer
+path (ENAMETOOLONG), so no input longer than that can be hashed. POSIX sets no limit on a
+variable's name; the same bound keeps a forged one from filling the agent's context."""
+
+MAX_NAME_BYTES = 255
+"""Longest component of an ``inputs`` path, in bytes: NAME_MAX of Linux, macOS and the BSDs (ext4,
+APFS, XFS, btrfs; NTFS allows 255 UTF-16 units) -- a longer file name cannot exist."""
+
 
 def _git(root: Path, *args: str) -> str | None:
     """``git -C root ARGS`` stdout, or None when git is missing, fails or ``root`` is no work tree."""
@@ -180,16 +198,79 @@ def encodable(path: str) -> bool:
     return True
 
 
+def utf8_safe(value: Any) -> Any:
+    """``value`` with every lone surrogate (``"\\udc80"``) of its strings escaped as text
+    (``\\udc80``), so it encodes as UTF-8: a str, or the dicts, lists and tuples of a JSON-like tree
+    (keys included), rebuilt; any other value unchanged. Everything else -- line breaks included --
+    is kept (:func:`printable` makes one line). For what goes out to an agent: the MCP SDK does not
+    survive a lone surrogate in a result, and a hook's stdout is strict UTF-8."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {utf8_safe(k): utf8_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(utf8_safe(v) for v in value)
+    return value
+
+
+def input_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a declared input -- a project-relative path inside the project, as
+    ``task_start`` records one -- or None. Checks the text only (nothing is read): not empty, no
+    NUL, a file name here (:func:`encodable`), not absolute, no ``..``, at most
+    :data:`MAX_ENTRY_BYTES` bytes with components of at most :data:`MAX_NAME_BYTES`."""
+    if not path or "\0" in path or not encodable(path) or PurePosixPath(path).is_absolute() \
+            or Path(path).is_absolute() or ".." in PurePosixPath(path).parts:
+        return "is not a path inside the project"
+    if len(os.fsencode(path)) > MAX_ENTRY_BYTES:
+        return f"is longer than {MAX_ENTRY_BYTES} bytes (PATH_MAX), so it is no file's path"
+    if any(len(os.fsencode(part)) > MAX_NAME_BYTES for part in PurePosixPath(path).parts):
+        return f"has a component longer than {MAX_NAME_BYTES} bytes (NAME_MAX), so it is no file's path"
+    return None
+
+
+def env_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a declared environment variable name, or None: it must be non-empty
+    printable text (no control character, line break, NUL or lone surrogate: ``str.isprintable``)
+    of at most :data:`MAX_ENTRY_BYTES` bytes of UTF-8."""
+    if not name:
+        return "is empty"
+    if not name.isprintable():
+        return "has a control character or a lone surrogate"
+    if len(name.encode("utf-8")) > MAX_ENTRY_BYTES:
+        return f"is longer than {MAX_ENTRY_BYTES} bytes"
+    return None
+
+
+def unique_inputs(paths: list[str]) -> list[str]:
+    """``paths`` without repeats, first spelling kept, in order: ``a``, ``./a``, ``a/`` and
+    ``a//.`` name one path (compared as ``PurePosixPath``)."""
+    seen: set[PurePosixPath] = set()
+    out = []
+    for p in dict.fromkeys(paths):
+        key = PurePosixPath(p)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
 def world_args(spec: dict[str, Any], root: Path, task_id: str | None) -> tuple[list[str], list[str], bytes]:
     """``(inputs, env, salt)`` of a coding task's stored spec for :func:`world` in the project ``root``, checked.
 
     They are stored data: each input must be a project-relative path that stays inside the
-    project (no absolute path, no ``..``, no parent folder that is a symlink leading out --
-    ``task_start`` never records one), each env entry a string, the salt hex. Compared as
-    strings first; only this project's own folders are resolved.
+    project (:func:`input_problem`: no absolute path, no ``..``, no path longer than PATH_MAX; and
+    no parent folder that is a symlink leading out -- ``task_start`` never records one), each env
+    entry a printable name (:func:`env_problem`), the salt hex. Repeated entries count once
+    (:func:`unique_inputs`; the order is kept); more than :data:`MAX_ENTRIES` distinct ones is an
+    error. Compared as strings first; only this project's own folders are resolved.
 
     Raises:
-        SchemaError: a field is not what ``task_start`` writes (the store was changed).
+        SchemaError: a field is not what ``task_start`` writes (the store was changed); the message
+            names the task and the field, the value escaped (:func:`printable`).
         ConfigError: an input's folder in the project is now a symlink leading outside it.
     """
     def bad(what: str) -> SchemaError:
@@ -209,34 +290,60 @@ def world_args(spec: dict[str, Any], root: Path, task_id: str | None) -> tuple[l
         salt_bytes = bytes.fromhex(salt)
     except ValueError:
         raise bad(f"'salt' {printable(salt, 40)!r} is not hex") from None
+    env = list(dict.fromkeys(env))
+    if len(env) > MAX_ENTRIES:
+        raise bad(f"'env' names {len(env)} variables, more than {MAX_ENTRIES}")
+    for n in env:
+        problem = env_problem(n)
+        if problem:
+            raise bad(f"'env' has the variable name {printable(n, 120)!r}, which {problem}")
+    inputs = list(dict.fromkeys(inputs))
+    if len(inputs) > MAX_ENTRIES:
+        raise bad(f"'inputs' declares {len(inputs)} paths, more than {MAX_ENTRIES}")
+    inputs = unique_inputs(inputs)
     for p in inputs:
-        if not p or "\0" in p or not encodable(p) or PurePosixPath(p).is_absolute() or Path(p).is_absolute() \
-                or ".." in PurePosixPath(p).parts:
-            raise bad(f"declares the input {printable(p, 120)!r}, which is not a path inside the project")
+        problem = input_problem(p)
+        if problem:
+            raise bad(f"'inputs' declares the input {printable(p, 120)!r}, which {problem}")
         full = root / p
         if full == root:
             continue
         try:
             parent = full.parent.resolve()
         except (OSError, RuntimeError) as exc:
-            raise ConfigError(f"the folder of input {printable(p, 120)!r} cannot be resolved: {exc}",
+            raise ConfigError(f"the folder of input {printable(p, 120)!r} cannot be resolved: {printable(exc)}",
                               task_id=task_id) from None
         if parent != root and root not in parent.parents:
-            raise ConfigError(f"input {printable(p, 120)!r} is outside the project {root}: a folder on its way "
-                              "is a symlink leading out of it", task_id=task_id,
+            raise ConfigError(f"input {printable(p, 120)!r} is outside the project {printable(root, 1000)}: a folder "
+                              "on its way is a symlink leading out of it", task_id=task_id,
                               hint="replace the symlink with the folder, or start a new task")
-    return list(inputs), list(env), salt_bytes
+    return inputs, env, salt_bytes
 
 
-def world(root: Path, *, inputs: list[str] = (), env: list[str] = (), salt: bytes = b"") -> dict[str, Any]:  # type: ignore[assignment]
+def world(root: Path, *, inputs: list[str] = (), env: list[str] = (), salt: bytes = b"",  # type: ignore[assignment]
+          task_id: str | None = None) -> dict[str, Any]:
     """The world fingerprint of a coding task now: a :class:`~overnight.chain.records.WorldDoc` tree
-    (module docstring). ``inputs`` are project-relative paths, ``env`` variable names."""
+    (module docstring). ``inputs`` are project-relative paths, ``env`` variable names (both as
+    :func:`world_args` returns them).
+
+    Raises:
+        ConfigError: a declared input exists but cannot be read (permissions, an I/O error); the
+            message names the input and ``task_id``.
+    """
+    hashed = {}
+    for p in sorted(inputs):
+        try:
+            hashed[p] = digest_path(root / p)
+        except OSError as exc:
+            raise ConfigError(f"task {task_id!r}: its declared input {printable(p, 120)!r} cannot be "
+                              f"read: {printable(exc.strerror or exc)}", task_id=task_id,
+                              hint="make the file readable, or start a new task without it") from None
     return {
         "format": 1,
         "code": {"task": "1", "steps": {}, "git": git_state(root)},
         "deps": {"packages": {}, "locks": lock_files(root)},
         "env": {**runtime(), "vars": {n: keyed(salt, n, os.environ.get(n)) for n in sorted(env)}},
-        "inputs": {p: digest_path(root / p) for p in sorted(inputs)},
+        "inputs": hashed,
     }
 
 
@@ -280,7 +387,9 @@ def _plural(n: int, word: str) -> str:
 
 
 def _some(names: list[str], limit: int = 6) -> str:
-    return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+    """The first ``limit`` of ``names`` (file paths from git or a spec), escaped (:func:`printable`)."""
+    return ", ".join(printable(n, 200) for n in names[:limit]) + (f" (+{len(names) - limit} more)"
+                                                                  if len(names) > limit else "")
 
 
 def _commits(root: Path, old: str, new: str) -> tuple[str, list[str]]:
@@ -324,11 +433,12 @@ def drift(root: Path, recorded: dict[str, Any] | None, now: dict[str, Any], *, c
         out.items.append({"component": "code", "key": "git", "old": rg.get("head"), "new": None})
     elif rg is not None and ng is not None:
         if rg["branch"] != ng["branch"]:
-            out.lines.append(f"branch changed: {rg['branch'] or '(detached)'} -> {ng['branch'] or '(detached)'}")
+            out.lines.append(f"branch changed: {printable(rg['branch'] or '(detached)', 200)} -> "
+                             f"{printable(ng['branch'] or '(detached)', 200)}")
             out.items.append({"component": "code", "key": "git branch", "old": rg["branch"], "new": ng["branch"]})
         if rg["head"] != ng["head"] and ng["head"] and rg["head"]:
             how, files = _commits(root, rg["head"], ng["head"])
-            on = f" ({ng['branch']})" if ng["branch"] else ""
+            on = f" ({printable(ng['branch'], 200)})" if ng["branch"] else ""
             out.lines.append(f"HEAD{on} {how}"
                              + (f", changing {_plural(len(files), 'file')}: {_some(files)}" if files else ""))
             out.items.append({"component": "code", "key": "git HEAD", "old": rg["head"], "new": ng["head"]})
@@ -358,16 +468,17 @@ def drift(root: Path, recorded: dict[str, Any] | None, now: dict[str, Any], *, c
         if it.key.startswith("lock file "):
             name = it.key[len("lock file "):]
             state = "appeared" if it.old == MISSING else "was removed" if it.new == MISSING else "changed"
-            locks.append(f"{name} {state}")
+            locks.append(f"{printable(name, 200)} {state}")
             changed.add(name)
         elif it.component == "inputs":
             state = "was removed" if it.new == MISSING else "changed"
-            inputs.append(f"{it.key} {state}")
+            inputs.append(f"{printable(it.key, 200)} {state}")
             changed.add(it.key)
         elif it.component == "env":
-            env.append(f"{it.key} {it.old} -> {it.new}" if it.key in ("python", "implementation", "platform")
-                       else f"{it.key} changed" if "unset" not in (it.old, it.new)
-                       else f"{it.key} {'was unset' if it.new == 'unset' else 'was set'}")
+            key = printable(it.key, 200)
+            env.append(f"{key} {it.old} -> {it.new}" if it.key in ("python", "implementation", "platform")
+                       else f"{key} changed" if "unset" not in (it.old, it.new)
+                       else f"{key} {'was unset' if it.new == 'unset' else 'was set'}")
     if locks:
         out.lines.append("; ".join(locks) + " (dependencies may differ: reinstall before running tests)")
     if inputs:
