@@ -64,8 +64,8 @@ def submit(
     queue: str = typer.Option("default", "--queue", help="Queue name (workers choose theirs with --queue)."),
     priority: int = typer.Option(0, "--priority", help="Higher runs first; equal priorities in submission order."),
     not_before: Optional[str] = typer.Option(None, "--not-before", metavar="TIME",
-                                             help="Not before: ISO 8601 (UTC unless it has an offset), +30m / +2h, "
-                                             "or Unix seconds."),
+                                             help="Not before: ISO 8601 (UTC unless it has an offset), +30m / +2h "
+                                             "(from now by the store's clock), or Unix seconds."),
     idempotency_key: Optional[str] = typer.Option(None, "--idempotency-key", metavar="KEY",
                                                   help="A second submit with the same key returns the first task."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
@@ -161,17 +161,19 @@ def workers(store: Optional[str] = StoreOpt,
 
     try:
         rows = api.workers(store=store)
-        now = api.clock_ms(store=store)  # heartbeats are written by the store's clock
+        now = api.clock_ms(store=store)  # starts and heartbeats are written by the store's clock
     except OvernightError as exc:
         _fail(exc)
-    from overnight.store.leases import process_gone
-    from overnight.store.queue import SILENT_AFTER_MS
+    from overnight.store.leases import now_ms
+    from overnight.store.queue import SILENT_AFTER_MS, worker_process_gone
+
+    offset = now_ms() - now  # this machine's clock minus the store's: a pid's start is by this machine's
 
 
     def state(w: Any) -> str:
         if w.state == "stopped":
             return w.state
-        if process_gone(w.host, w.pid, w.started_ms):
+        if worker_process_gone(w, offset):
             return "dead"
         return "silent" if now - w.heartbeat_ms > SILENT_AFTER_MS else w.state
 

@@ -411,7 +411,6 @@ def main(argv: list[str], store: Any = None) -> int:
     from overnight.errors import (LeaseLost, OvernightError, StaleHead, StepFailed, StoreBusy, StoreError,
                                   TaskBusy)
     from overnight.runtime.runner import Runner
-    from overnight.store.leases import now_ms
     from overnight.store.queue import ClaimLost
     from overnight.store.queue_open import queue_for
 
@@ -502,7 +501,8 @@ def main(argv: list[str], store: Any = None) -> int:
     except TaskBusy:
         stop.set()
         try:
-            q.release(task_id, token, not_before_ms=now_ms() + ttl_ms)
+            # a lease later by the clock claims are judged by (PostgreSQL: the server's), not this machine's
+            q.release(task_id, token, not_before_ms=q.clock_ms() + ttl_ms)
         except StoreError:
             return EXIT_STORE_GONE
         return 0

@@ -13,49 +13,61 @@ import hashlib
 import re
 import json
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 from overnight.codec.canonical import dumps
 from overnight.errors import ConfigError
 from overnight.runtime.task_code import _is_path, _split, load_task
 from overnight.runtime.task import Task
 from overnight.store import open_store
+from overnight.store.leases import now_ms
 from overnight.store.queue import QueuedTask
 from overnight.store.queue_open import queue_for
 
 
-def parse_time(value: str | float | int | datetime | None) -> int:
+def parse_time(value: str | float | int | datetime | None, *, clock: Callable[[], int] = now_ms) -> int:
     """``--not-before``: ISO 8601 (``2026-12-02T06:00``, UTC unless it has an offset), ``+30m``
     / ``+2h`` / ``+45s`` from now, or Unix seconds. Returns Unix milliseconds (0 for None).
 
+    ``clock``: now, in Unix ms, that a relative time counts from -- :func:`submit` passes the
+    store's (:meth:`~overnight.store.base.LeaseStore.clock_ms`), by which claims are judged, so a
+    machine whose clock is off queues a task to start when it says; it is read only for a
+    relative time. An absolute time is kept as given.
+
     Raises: ConfigError for anything else."""
+    at, relative = _read_time(value)
+    return clock() + at if relative else at
+
+
+def _read_time(value: str | float | int | datetime | None) -> tuple[int, bool]:
+    """``(ms, relative)``: what :func:`parse_time` reads, without reading a clock -- Unix ms, or
+    with ``relative`` the span in ms from now (``+30m``). Raises ConfigError."""
     from overnight.runtime.task import parse_span
-    from overnight.store.leases import now_ms
 
     if value is None:
-        return 0
+        return 0, False
     if isinstance(value, datetime):
         dt = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-        return int(dt.timestamp() * 1000)
+        return int(dt.timestamp() * 1000), False
     if isinstance(value, (int, float)):
         try:
-            return int(value * 1000)
+            return int(value * 1000), False
         except (OverflowError, ValueError) as exc:
             raise ConfigError(f"--not-before {value!r} is not a time between 1970 and 9999") from exc
     text = value.strip()
     if text.startswith("+"):
         try:
-            return now_ms() + int((parse_span(text[1:]) or 0) * 1000)
+            return int((parse_span(text[1:]) or 0) * 1000), True
         except Exception as exc:  # noqa: BLE001 - SpecError: re-raised as a usage error
             raise ConfigError(f"cannot read --not-before {value!r}", hint="use +30m, +2h, ISO 8601 or Unix seconds") from exc
     try:
-        return int(float(text) * 1000)
+        return int(float(text) * 1000), False
     except ValueError:
         pass
     except OverflowError as exc:
         raise ConfigError(f"--not-before {value!r} is not a time between 1970 and 9999") from exc
     try:
-        return parse_time(datetime.fromisoformat(text))
+        return _read_time(datetime.fromisoformat(text))
     except ValueError as exc:
         raise ConfigError(f"cannot read --not-before {value!r}", hint="use +30m, +2h, ISO 8601 or Unix seconds") from exc
 
@@ -107,10 +119,19 @@ def _check_fields(queue: str, priority: int, idempotency_key: str | None) -> Non
                           hint="e.g. a request id or a digest of what the submission is for")
 
 
+def _check_not_before(value: Any, ms: int) -> None:
+    """Raises ConfigError when ``ms`` (read from ``--not-before`` ``value``) is before 1970 or after 9999."""
+    if not 0 <= ms < _YEAR_10000_MS:
+        raise ConfigError(f"--not-before {value!r} is not a time between 1970 and 9999")
+
+
 def submit(entry: str, *, store: Any = None, task_id: str | None = None, params: dict[str, Any] | None = None,
            queue: str = "default", priority: int = 0, not_before: str | float | datetime | None = None,
            idempotency_key: str | None = None) -> tuple[QueuedTask, bool]:
     """Queue the task defined at ``entry`` (``FILE.py[:TASK]`` or ``module:attr``).
+
+    ``not_before``: see :func:`parse_time`; a relative time (``+30m``) counts from now by the
+    store's clock, which claims are judged by (PostgreSQL: the server's), not this machine's.
 
     Returns ``(row, created)``: ``created`` is False when the idempotency key (or the task id)
     was already submitted -- the earlier row is returned and nothing is queued twice.
@@ -127,11 +148,10 @@ def submit(entry: str, *, store: Any = None, task_id: str | None = None, params:
     _check_fields(queue, priority, idempotency_key)
     task = load_task(entry)
     location = code_location(entry, task)
-    not_before_ms = parse_time(not_before)
-    if not 0 <= not_before_ms < _YEAR_10000_MS:
-        raise ConfigError(f"--not-before {not_before!r} is not a time between 1970 and 9999")
+    at, relative = _read_time(not_before)  # read (and refused) before the store is opened
+    _check_not_before(not_before, at)
     row = QueuedTask(task_id=task_id or default_id(task, params), entry=location, params=params, queue=queue,
-                     priority=int(priority), not_before_ms=not_before_ms, idempotency_key=idempotency_key)
+                     priority=int(priority), not_before_ms=at, idempotency_key=idempotency_key)
     Task(id=row.task_id, goal=task.goal)  # the id must be a valid task id (SpecError otherwise)
     s = store if hasattr(store, "commit") else open_store(store)
     try:
@@ -139,6 +159,9 @@ def submit(entry: str, *, store: Any = None, task_id: str | None = None, params:
         if q is None:
             raise ConfigError(f"store {s.url} has no queue; workers need an sqlite:// or postgresql:// store",
                               hint="pass --store sqlite://PATH or --store postgresql://HOST/DB")
+        if relative:  # from now by the clock claims are judged by (PostgreSQL: the server's), not this machine's
+            row.not_before_ms = q.clock_ms() + at
+            _check_not_before(not_before, row.not_before_ms)
         return q.submit(row)
     finally:
         if s is not store:

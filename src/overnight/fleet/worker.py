@@ -36,7 +36,7 @@ from typing import Any
 from overnight.errors import ConfigError, OvernightError
 from overnight.store import open_store
 from overnight.store.leases import DEFAULT_TTL_MS, now_ms
-from overnight.store.queue import SILENT_AFTER_MS, QueuedTask, QueueRowInvalid, WorkerRow
+from overnight.store.queue import SILENT_AFTER_MS, QueuedTask, QueueRowInvalid, WorkerRow, worker_process_gone
 from overnight.units import human_duration
 from overnight.store.queue_open import queue_for
 
@@ -235,7 +235,7 @@ class Worker:
         self._signals = 0
         self._store: Any = None
         self._queue: Any = None
-        self._started_ms = now_ms()  # this machine's clock: process_gone compares it with the pid's start
+        self._started_ms = 0  # set by the store's clock when the row is first written (register_worker)
 
     # -- store, with reconnects -------------------------------------------------------------------
     def _coming(self) -> str | None:
@@ -244,12 +244,11 @@ class Worker:
         retry's backoff); a running task whose claim ran out within a lease's length (its task
         lease, renewed with the claim, runs out moments later); or one claimed by a worker that is gone -- stopped, silent
         (:data:`~overnight.store.queue.SILENT_AFTER_MS`), or on this machine with its process no
-        longer running (:func:`~overnight.store.leases.process_gone`). A task claimed by a live
+        longer running (:func:`~overnight.store.queue.worker_process_gone`). A task claimed by a live
         worker is that worker's, not work coming."""
-        from overnight.store.leases import process_gone
-
         q = self._q()
         now = q.clock_ms()  # the clock claims and worker heartbeats are set by
+        offset = now_ms() - now  # this machine's clock minus it, for process_gone
         mine = [t for t in q.list() if t.queue in self.queues]
         soon = [t for t in mine if t.status == "queued" and t.not_before_ms <= now + self.lease_ms]
         if soon:
@@ -265,7 +264,7 @@ class Worker:
                 continue
             w = workers.get(t.worker_id or "")
             if w is None or w.state == "stopped" or now - w.heartbeat_ms > SILENT_AFTER_MS \
-                    or process_gone(w.host, w.pid, w.started_ms):
+                    or worker_process_gone(w, offset):
                 return f"task {t.task_id}'s claim by gone worker {t.worker_id} runs out in {human_duration(expires - now)}"
         return None
 
@@ -483,9 +482,10 @@ class Worker:
 
     # -- the loop ----------------------------------------------------------------------------------
     def _beat(self, state: str = "running") -> None:
-        self._q().worker_beat(WorkerRow(self.worker_id, socket.gethostname(), os.getpid(), self._started_ms,
-                                        0, self.queues, self.concurrency, len(self._children), state))  # 0: worker_beat
-        # sets the heartbeat by the store's clock
+        row = WorkerRow(self.worker_id, socket.gethostname(), os.getpid(), self._started_ms, 0, self.queues,
+                        self.concurrency, len(self._children), state)
+        self._q().worker_beat(row)  # sets the heartbeat (and a start of 0) by the store's clock
+        self._started_ms = row.started_ms
 
     def _parked(self, error: QueueRowInvalid) -> None:
         """A claim parked a queue row that does not decode (edited outside overnight) and went on."""
@@ -539,8 +539,10 @@ class Worker:
 
         try:
             q = self._q()
-            held = q.register_worker(WorkerRow(self.worker_id, here, os.getpid(), self._started_ms, 0, self.queues,
-                                               self.concurrency, 0, "running"), live)
+            row = WorkerRow(self.worker_id, here, os.getpid(), self._started_ms, 0, self.queues, self.concurrency, 0,
+                            "running")
+            held = q.register_worker(row, live)
+            self._started_ms = row.started_ms  # by the store's clock once registered (else still 0)
             now = q.clock_ms()
         except OvernightError:
             return  # the store is away: the loop retries it; the check is a courtesy

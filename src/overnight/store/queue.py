@@ -24,7 +24,8 @@ the runner) is what every checkpoint commit checks, so a paused holder can never
 taker (``LeaseLost``).
 
 Statuses (``QueuedTask.status``): ``queued`` / ``running`` / ``failed`` (``reason`` says why) /
-``cancelled`` / ``complete``. Times are Unix milliseconds of the writing process's clock.
+``cancelled`` / ``complete``. Times are Unix milliseconds by the store's clock
+(:meth:`~overnight.store.base.LeaseStore.clock_ms`: PostgreSQL's server clock, else this machine's).
 
 A row edited outside overnight (``params`` that is not a JSON object, text in an integer column,
 bytes that are not UTF-8, a NULL ``task_id``) never stops a worker or a listing: :func:`row_to_task`
@@ -42,7 +43,7 @@ from typing import Any
 from overnight.codec.canonical import MAX_DEPTH
 from overnight.errors import ConcurrencyError, SchemaError
 from overnight.store.base import Lease
-from overnight.store.leases import DEFAULT_TTL_MS, Holder, ended, now_ms
+from overnight.store.leases import DEFAULT_TTL_MS, Holder, ended, now_ms, process_gone
 from overnight.units import human_duration
 
 STATUSES = ("queued", "running", "failed", "cancelled", "complete")
@@ -270,7 +271,8 @@ class WorkerRow:
 
     Attributes:
         worker_id: ``--worker-id`` or ``HOST-PID``.
-        host, pid: where it runs. started_ms, heartbeat_ms: when it started / last beat.
+        host, pid: where it runs. started_ms, heartbeat_ms: when it registered / last beat, by the
+            store's clock (:meth:`~overnight.store.base.LeaseStore.clock_ms`), as listings judge them.
         queues: the queues it claims from. concurrency: children at most.
         held: tasks it runs now. state: ``running`` / ``stopping`` / ``stopped``.
     """
@@ -287,6 +289,16 @@ class WorkerRow:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def worker_process_gone(w: WorkerRow, offset_ms: int) -> bool:
+    """Whether the process of worker ``w`` provably no longer runs
+    (:func:`~overnight.store.leases.process_gone`: a worker on this machine only; elsewhere False).
+
+    ``w.started_ms`` is by the store's clock, the pid's start by this machine's: ``offset_ms`` is
+    this machine's clock minus the store's (``now_ms() - clock_ms()``, the store's read first, so
+    a slow read errs towards "still runs"), to compare the two on one clock."""
+    return process_gone(w.host, w.pid, w.started_ms + offset_ms)
 
 
 WORKER_COLUMNS = ("worker_id", "host", "pid", "started_ms", "heartbeat_ms", "queues", "concurrency", "held", "state")
@@ -378,4 +390,5 @@ def describe(row: QueuedTask | None, lease: Lease | None, *, complete: bool, now
 
 
 __all__ = ["COLUMNS", "ClaimLost", "QueueRowInvalid", "QueuedTask", "SILENT_AFTER_MS", "STATUSES", "WorkerRow",
-           "backoff_ms", "describe", "listed_task", "parked_reason", "row_to_task", "row_to_worker"]
+           "backoff_ms", "describe", "listed_task", "parked_reason", "row_to_task", "row_to_worker",
+           "worker_process_gone"]

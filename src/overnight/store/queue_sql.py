@@ -389,13 +389,17 @@ class SqlQueue:
     # workers -----------------------------------------------------------------------------------
     def worker_beat(self, w: WorkerRow) -> None:
         """Insert or update a worker's row (its heartbeat). ``w.heartbeat_ms`` is set to now by the
-        store's clock (:meth:`clock_ms`), as the listings judge it."""
+        store's clock (:meth:`clock_ms`), as the listings judge it; so is ``w.started_ms`` when it
+        is 0 (a worker's first write)."""
         with self._tx() as cur:
             self._put_worker(cur, w, self._now(cur))
 
     def _put_worker(self, cur: Any, w: WorkerRow, now: int) -> None:
-        """Replace the row of ``w``, its heartbeat ``now`` (by :meth:`clock_ms`), inside ``cur``."""
+        """Replace the row of ``w``, its heartbeat ``now`` (by :meth:`clock_ms`), inside ``cur``; a
+        ``started_ms`` of 0 (not yet registered) is set to ``now`` too, so ``overnight workers``
+        ages it by the clock it reads (a worker whose own clock is off shows its true age)."""
         w.heartbeat_ms = now
+        w.started_ms = w.started_ms or now
         cur.execute(self._sql("DELETE FROM {s}.workers WHERE worker_id=?"), (w.worker_id,))
         cur.execute(self._sql(f"INSERT INTO {{s}}.workers ({', '.join(WORKER_COLUMNS)}) VALUES "
                               f"({', '.join('?' * len(WORKER_COLUMNS))})"),
@@ -404,10 +408,10 @@ class SqlQueue:
 
     def register_worker(self, w: WorkerRow, live: Callable[[WorkerRow, int], bool]) -> WorkerRow | None:
         """Write the row of a worker that starts, unless a worker ``live(row, now)`` holds its id:
-        that row is returned and nothing is written; None once ``w`` is registered (its heartbeat
-        set by :meth:`clock_ms`). One write transaction, so of two workers started at once with one
-        id exactly one gets it (PostgreSQL: the second insert meets the first's primary key and the
-        check runs again). Raises what the store raises (StoreBusy, StoreUnavailable)."""
+        that row is returned and nothing is written; None once ``w`` is registered (its heartbeat,
+        and its ``started_ms`` when 0, set by :meth:`clock_ms`). One write transaction, so of two
+        workers started at once with one id exactly one gets it (PostgreSQL: the second insert
+        meets the first's primary key and the check runs again). Raises what the store raises (StoreBusy, StoreUnavailable)."""
         cols = ", ".join([*(self._expr(f"w.{c}") for c in WORKER_COLUMNS), f"w.{self.ROWID}" if self.ROWID else "NULL"])
         for attempt in (1, 2):
             try:
