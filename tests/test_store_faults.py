@@ -501,3 +501,15 @@ def test_an_endpoint_that_is_not_s3_is_a_typed_error_not_a_traceback(tmp_path, s
     assert done.returncode == exit_code, done.stderr
     assert "Traceback" not in done.stderr and "ClientError" not in done.stderr
     assert "S3" in done.stderr or "s3://" in done.stderr
+
+
+def test_a_postgres_database_that_does_not_exist_is_a_config_error_not_an_unreachable_server(pg_schema):
+    """The server answered and refused the database name: the hint says to create it or fix the
+    URL, not to check that the server runs (a new user was sent to `pg_isready`)."""
+    from overnight.errors import ConfigError
+
+    server, _ = pg_schema
+    base = server.rsplit("/", 1)[0]
+    with pytest.raises(ConfigError, match="nosuchdb_overnight") as err:
+        open_store(f"{base}/nosuchdb_overnight?schema=x")
+    assert "createdb" in err.value.hint and "pg_isready" not in err.value.hint

@@ -38,6 +38,7 @@ Deletion against concurrent commits, by row locks (every time is the server's cl
 
 from __future__ import annotations
 
+import re
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, ContextManager, Iterable, Iterator, TypeVar
@@ -64,6 +65,10 @@ from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, 
 from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectStat, age_limit, check_parent, stale_head
 from overnight.store.leases import can_take_over, describe_holder, now_ms, released_holder
 from overnight.store.refusal import unreachable
+
+_MISSING = re.compile(r'FATAL:\s+(database|role) "([^"]*)" does not exist')
+"""libpq's startup refusal for a database or user the server does not have (PostgreSQL's
+``3D000``/``28000`` messages, which psycopg raises without a sqlstate)."""
 
 DEFAULT_SCHEMA = "overnight"
 NOW_MS_SQL = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
@@ -205,6 +210,11 @@ class PostgresStore(Closing):
             first.append(conn)  # the pool's first connection: one connection (one server backend) per open
         except psycopg.OperationalError as exc:
             detail = f"cannot connect to PostgreSQL at {where}: {' '.join(str(exc).split())}"
+            missing = _MISSING.search(str(exc))
+            if missing is not None:  # the server answered (libpq gives no sqlstate for a refused startup)
+                raise ConfigError(detail, hint=f"the server answered: the {missing[1]} {missing[2]!r} in the URL does "
+                                  "not exist; " + ("create it (`createdb -h HOST NAME`)" if missing[1] == "database"
+                                                   else "use an existing user") + " or fix the URL") from exc
             if exc.sqlstate is None:  # no answer from a server (refused, timed out, unknown host)
                 raise unreachable(mask_password(url), detail,
                                   hint="is the server running, and the host and port right? `pg_isready -h HOST "
