@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -50,6 +51,21 @@ def env() -> dict[str, str]:
     e["PYTHONUNBUFFERED"] = "1"
     e["COLUMNS"] = "200"
     return e
+
+
+def run_limited(argv: list[str], *, cwd: Path, limit_bytes: int = 1 << 30, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``python ARGV`` with its address space capped at ``limit_bytes`` (RLIMIT_AS), so an
+    allocation of a planted size fails the process instead of the machine; asserts it ended without
+    a traceback or MemoryError (the bound must refuse the input before any allocation)."""
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+    e = {k: v for k, v in os.environ.items() if k not in ("OVERNIGHT_STORE", "OVERNIGHT_SIGNING_KEY")}
+    e["COLUMNS"] = "300"
+    r = subprocess.run([sys.executable, *argv], cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout,
+                       preexec_fn=limited)
+    assert "Traceback" not in r.stderr and "MemoryError" not in r.stderr, r.stderr[-2000:]
+    return r
 
 
 def cli(*args: str, cwd: Path, timeout: float = 60, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -18,6 +18,7 @@ import uuid
 
 import pytest
 import zstandard
+from _procs import run_limited
 from conftest import S3_BUCKET
 from test_gc import big, make_task, run
 
@@ -269,7 +270,6 @@ def test_a_manifest_bomb_is_a_typed_error_within_bounded_memory(tmp_path, bomb):
     gigabytes: reading it -- under a 1 GiB address-space limit -- is a DigestMismatch naming the
     archive, never a MemoryError or that much memory; ``show`` still lists the hot history and
     ``restore --cold`` fails typed, with no traceback."""
-    import resource
     import sqlite3
 
     hot_url, cold_url = f"sqlite://{tmp_path / 'hot.db'}", f"file://{tmp_path / 'cold'}"
@@ -287,16 +287,8 @@ def test_a_manifest_bomb_is_a_typed_error_within_bounded_memory(tmp_path, bomb):
     os.chmod(row_file, 0o644)
     row_file.write_bytes(header + b"\n" + frame)
 
-    def limited():
-        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-
     def proc(argv):
-        env = {k: v for k, v in os.environ.items() if k not in ("OVERNIGHT_STORE", "OVERNIGHT_SIGNING_KEY")}
-        env["COLUMNS"] = "300"
-        r = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=300, preexec_fn=limited)
-        assert "Traceback" not in r.stderr and "MemoryError" not in r.stderr, r.stderr
-        return r
+        return run_limited(argv, cwd=tmp_path)
 
     script = ("import sys\nfrom overnight.store import open_store\nfrom overnight.store.compose.pack import manifest_of\n"
               "from overnight.errors import OvernightError\n"
@@ -336,8 +328,6 @@ def test_a_pack_entry_whose_frame_claims_gigabytes_is_damage_not_an_allocation(t
     """A codec-``none`` entry is decompressed within its size, as any object (MAX_SIZE): under a
     1 GiB address-space limit, a frame claiming 4 GB -- with the entry saying so too, or not --
     is a DigestMismatch naming the entry, not a MemoryError."""
-    import resource
-
     (tmp_path / "frame").write_bytes(_claiming(0xF000_0000))
     script = ("import sys\nfrom pathlib import Path\nfrom overnight.errors import DigestMismatch\n"
               "from overnight.store.compose.pack import PackEntry, read_entry\n"
@@ -348,12 +338,8 @@ def test_a_pack_entry_whose_frame_claims_gigabytes_is_damage_not_an_allocation(t
               "    except DigestMismatch as exc:\n"
               "        print('DigestMismatch', exc.message)\n")
 
-    def limited():
-        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-
-    r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "frame")], capture_output=True, text=True,
-                       timeout=120, preexec_fn=limited)
-    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    r = run_limited(["-c", script, str(tmp_path / "frame")], cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 2 and all(line.startswith("DigestMismatch pack entry sha256:000") for line in lines), lines
 

@@ -7,13 +7,10 @@ Python objects; every manifest an archive run writes still reads, whatever its s
 
 from __future__ import annotations
 
-import os
-import resource
-import subprocess
-import sys
 
 import pytest
 import zstandard
+from _procs import run_limited
 from _tasks import plan_task
 from test_gc import make_task, run
 
@@ -118,16 +115,8 @@ def test_a_planted_manifest_is_damage_of_that_archive_within_bounded_memory(tmp_
         with open_store(url) as s:
             s.put_archive(row)
 
-    def limited():
-        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-
     def proc(argv):
-        env = {k: v for k, v in os.environ.items() if k not in ("OVERNIGHT_STORE", "OVERNIGHT_SIGNING_KEY")}
-        env["COLUMNS"] = "300"
-        r = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=300, preexec_fn=limited)
-        assert "Traceback" not in r.stderr and "MemoryError" not in r.stderr, r.stderr[-2000:]
-        return r
+        return run_limited(argv, cwd=tmp_path)
 
     script = ("import sys\nfrom overnight.store import open_store\n"
               "from overnight.store.compose.pack import manifest_of\nfrom overnight.errors import OvernightError\n"

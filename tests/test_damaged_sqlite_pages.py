@@ -25,31 +25,13 @@ from pathlib import Path
 
 import pytest
 
+from test_tampered_cells import JOB  # the same three-step task
+
 from overnight.chain.ditto import HealingReader, ditto_key
 from overnight.chain.read import load_head
 from overnight.errors import DigestMismatch
 from overnight.store.sqlite import NotUTF8, SQLiteStore
 
-JOB = '''\
-import overnight
-task = overnight.Task("job", goal="three steps", level="session", deps=[])
-
-def _work(ctx, name):
-    ctx.write_text(f"{name}.txt", f"{name}\\n" * 50)
-    ctx.state[name] = len(ctx.state)
-
-@task.step
-def a(ctx):
-    _work(ctx, "a")
-
-@task.step
-def b(ctx):
-    _work(ctx, "b")
-
-@task.step
-def c(ctx):
-    _work(ctx, "c")
-'''
 
 STORE = "sqlite://store.db"
 READING = (["ls"], ["show", "job"], ["log", "job"], ["status", "job"], ["verify", "--all"])
