@@ -251,10 +251,11 @@ def show(
     if as_json:
         render.print_json(rep)
         return
-    render.out.print(f"[bold]{render.esc(rep.task_id)}[/]: {render.esc(rep.goal)}")
+    render.out.print(f"[bold]{render.esc(rep.task_id, one_line=True)}[/]: {render.esc(rep.goal, one_line=True)}")
     render.out.print(f"status: {render.esc(render.safe(rep.status).replace(chr(10), ' '))}, {rep.done}/{rep.total} "
                      f"steps; stored {render.human_bytes(rep.stored_bytes)}")  # a failure's reason is stored data
-    render.out.print("branches: " + ", ".join(f"{render.esc(b)} -> {c[7:15]}" for b, c in rep.branches.items()))
+    render.out.print("branches: " + ", ".join(f"{render.esc(b, one_line=True)} -> {c[7:15]}"
+                                              for b, c in rep.branches.items()))
     u = rep.usage
     if u.get("calls"):
         priced = u.get("cost_usd") is not None
@@ -265,7 +266,7 @@ def show(
             render.out.print(render.esc("  for a cost estimate, set [prices] in overnight.toml"))
     if rep.todo:
         more = f" (+{len(rep.todo) - 5} more)" if len(rep.todo) > 5 else ""
-        render.out.print("todo: " + ", ".join(render.esc(n) for n in rep.todo[:5]) + more)
+        render.out.print("todo: " + ", ".join(render.esc(n, one_line=True) for n in rep.todo[:5]) + more)
     if rep.fell_back:
         render.out.print(f"[yellow]head {render.esc(rep.fell_back)}[/]")
     if rep.damaged:
@@ -619,13 +620,18 @@ def demo(
         if not quiet:
             render.err.print(f"store:  [bold]{render.esc(result.store_url)}[/]  (task {render.esc(result.task_id)}; "
                              f"`overnight show {render.esc(result.task_id)}` lists its checkpoints)")
+    # every option that changes what the run does, as given (not --max-steps, --events, --quiet: this run's
+    # limits and output). A plain `overnight resume` rebuilds the task with make_task's defaults (report.md,
+    # the 8,000-token window, no --on-drift ...): with any of them given, the resume command is this one again.
+    given = {"--package": package if package != "email" else None,
+             "--out": str(out_path) if out_path != Path("report.md") else None, "--task-id": task_id,
+             "--store": store, "--model": model, "--base-url": base_url,
+             "--model-latency-ms": f"{latency_ms:g}" if latency_ms else None,
+             "--max-context-tokens": str(max_context_tokens) if max_context_tokens != 8000 else None,
+             "--section-tokens": str(section_tokens) if section_tokens is not None else None,
+             "--on-drift": on_drift}
     resume_with = None
-    if out_path != Path("report.md"):  # a plain `overnight resume` would export to ./report.md, the task's default
-        given = {"--package": package if package != "email" else None, "--out": str(out_path), "--task-id": task_id,
-                 "--store": store, "--model": model, "--base-url": base_url,
-                 "--model-latency-ms": str(latency_ms) if latency_ms else None,
-                 "--max-context-tokens": str(max_context_tokens) if max_context_tokens != 8000 else None,
-                 "--section-tokens": str(section_tokens) if section_tokens is not None else None}
+    if any(v is not None for v in given.values()):
         resume_with = " ".join(["overnight demo", *(f"{k} {shlex.quote(v)}" for k, v in given.items() if v is not None)])
     _report_run(result, quiet=quiet, resume_with=resume_with)
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Optional
 
@@ -26,7 +27,8 @@ def mcp_(
                                            "tasks this server keeps (default: the current one; its git top level)."),
     http: bool = typer.Option(False, "--http", help="Serve streamable HTTP at /mcp instead of stdio."),
     host: str = typer.Option("127.0.0.1", "--host", help="HTTP: address to bind (loopback unless you mean it)."),
-    port: int = typer.Option(8765, "--port", min=1, max=65535, help="HTTP: port."),
+    port: int = typer.Option(8766, "--port", min=1, max=65535, help="HTTP: port (not the dashboard's: "
+                             "`overnight ui` and this server run side by side)."),
     token: Optional[str] = typer.Option(None, "--token", envvar="OVERNIGHT_MCP_TOKEN",
                                         help="HTTP: bearer token every request must carry (default: a random one, "
                                         "printed on stderr)."),
@@ -41,7 +43,27 @@ def mcp_(
         render.err.print(f"[bold red]error:[/] {render.esc(exc)}")
         raise typer.Exit(EXIT_USAGE)
     with failing():
+        if http:
+            _check_port(host, port)
         serve(store=store, project=str(project) if project else None, http=http, host=host, port=port, token=token)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Refuse a port another process listens on before the server starts, as one typed error
+    (uvicorn would only log it and exit 3 after the server had announced its URL). Bound as uvicorn
+    binds (``SO_REUSEADDR``), then released for it."""
+    import socket
+
+    bare = host.strip("[]")
+    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((bare, port))
+        except OSError as exc:
+            what = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+            raise ConfigError(f"cannot listen on {host}:{port}: {what}",
+                              hint="pick another --port (the default is 8766; `overnight ui` uses 8765)") from exc
 
 
 hook_app = typer.Typer(help="Hooks for coding agents: checkpoint before a compaction and at the end of a turn, put "

@@ -85,25 +85,28 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
         t.add_column(c, justify=(justify or {}).get(c, "left"), overflow="fold",  # type: ignore[arg-type]
                      no_wrap=c in keep)
     for r in rows:
-        t.add_row(*[Text(safe(v)) for v in r])
+        t.add_row(*[Text(safe(v, one_line=True)) for v in r])  # a line break in stored text would split a row
     _console("out").print(t)
 
 
-def safe(value: Any) -> str:
-    """Printable text for any stored value (lone surrogates and control characters escaped)."""
+def safe(value: Any, *, one_line: bool = False) -> str:
+    """Printable text for any stored value (lone surrogates and control characters escaped, bidi
+    controls such as U+202E and U+2066-U+2069 included: ``str.isprintable`` is false for them);
+    ``one_line``: line breaks too (a table cell, a goal on its line)."""
     text = "" if value is None else str(value)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return "".join(c if c.isprintable() or c in " \n" else repr(c)[1:-1] for c in text)
+    kept = " " if one_line else " \n"
+    return "".join(c if c.isprintable() or c in kept else repr(c)[1:-1] for c in text)
 
 
-def esc(value: Any) -> str:
+def esc(value: Any, *, one_line: bool = False) -> str:
     """:func:`safe` text escaped for rich markup (``[i=4]`` in a step name is text, not a style)."""
     from rich.markup import escape
 
-    return escape(safe(value))
+    return escape(safe(value, one_line=one_line))
 
 
 _NOTES = {

@@ -335,7 +335,7 @@ def _version() -> str:
 
 
 def run(*, store: str | None = None, project: str | None = None, http: bool = False, host: str = "127.0.0.1",
-        port: int = 8765, token: str | None = None, budget_tokens: int = DEFAULT_BUDGET_TOKENS) -> None:
+        port: int = 8766, token: str | None = None, budget_tokens: int = DEFAULT_BUDGET_TOKENS) -> None:
     """Serve until the client disconnects (stdio) or the process is stopped (HTTP).
 
     HTTP (streamable HTTP at ``/mcp``) binds to ``host`` (127.0.0.1 unless asked otherwise) and

@@ -262,44 +262,27 @@ def _undecodable(exc: UnicodeDecodeError) -> sqlite3.DatabaseError:
     return err
 
 
+def _decoding(method: Any) -> Any:
+    """``method`` of a cursor, raising a SQLite error whose message is not UTF-8 as the corruption
+    error it is (:func:`_undecodable`) instead of a bare UnicodeDecodeError."""
+    @functools.wraps(method)
+    def call(self: Any, *args: Any) -> Any:
+        try:
+            return method(self, *args)
+        except UnicodeDecodeError as exc:
+            raise _undecodable(exc) from exc
+    return call
+
+
 class _Cursor(sqlite3.Cursor):
     """Raises a SQLite error whose message is not UTF-8 as the corruption error it is (:func:`_undecodable`)."""
 
-    def execute(self, sql: str, parameters: object = (), /) -> sqlite3.Cursor:  # type: ignore[override]
-        try:
-            return super().execute(sql, parameters)  # type: ignore[arg-type]
-        except UnicodeDecodeError as exc:
-            raise _undecodable(exc) from exc
-
-    def executemany(self, sql: str, seq: object, /) -> sqlite3.Cursor:  # type: ignore[override]
-        try:
-            return super().executemany(sql, seq)  # type: ignore[arg-type]
-        except UnicodeDecodeError as exc:
-            raise _undecodable(exc) from exc
-
-    def fetchone(self) -> Any:
-        try:
-            return super().fetchone()
-        except UnicodeDecodeError as exc:
-            raise _undecodable(exc) from exc
-
-    def fetchmany(self, size: int | None = None) -> list[Any]:
-        try:
-            return super().fetchmany(self.arraysize if size is None else size)
-        except UnicodeDecodeError as exc:
-            raise _undecodable(exc) from exc
-
-    def fetchall(self) -> list[Any]:
-        try:
-            return super().fetchall()
-        except UnicodeDecodeError as exc:
-            raise _undecodable(exc) from exc
-
-    def __next__(self) -> Any:
-        try:
-            return super().__next__()
-        except UnicodeDecodeError as exc:
-            raise _undecodable(exc) from exc
+    execute = _decoding(sqlite3.Cursor.execute)
+    executemany = _decoding(sqlite3.Cursor.executemany)
+    fetchone = _decoding(sqlite3.Cursor.fetchone)
+    fetchmany = _decoding(sqlite3.Cursor.fetchmany)
+    fetchall = _decoding(sqlite3.Cursor.fetchall)
+    __next__ = _decoding(sqlite3.Cursor.__next__)
 
 
 class _Connection(sqlite3.Connection):
