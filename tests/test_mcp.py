@@ -665,3 +665,16 @@ def test_overnight_resume_of_a_coding_task_says_the_agent_continues_it(repo: Pat
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "coding-agent task" in out.stderr and "task_resume" in out.stderr, out.stderr
     assert "--file" not in out.stderr
+
+
+def test_a_new_task_id_keeps_the_goals_words_accents_dropped_never_cut_mid_word(repo: Path, tmp_path: Path) -> None:
+    """A coding task's id reads as its goal: accented letters become their ASCII letters (a task
+    id is ASCII), and a long goal is cut at a word boundary, not in the middle of a word."""
+    from overnight.mcp.tasks import CodingTasks
+
+    with CodingTasks(f"sqlite://{tmp_path / 's.db'}", project=repo) as t:
+        accented = t.start("Réécrire l'API de facturation", plan=["a"]).task_id
+        long = t.start("Fix the flaky test in the payments service module before the release", plan=["a"],
+                       make_current=False).task_id
+    assert accented.startswith("code.reecrire-l-api-de-facturation."), accented
+    assert long.startswith("code.fix-the-flaky-test-in-the-payments."), long

@@ -48,6 +48,7 @@ import os
 import re
 import secrets
 import stat
+import unicodedata
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -104,6 +105,18 @@ project recorded relative to it), read by the hooks (module :mod:`overnight.hook
 
 COMMIT_ATTEMPTS = 20
 _SLUG = re.compile(r"[^a-z0-9]+")
+
+
+def _slug(goal: str) -> str:
+    """The readable part of a new coding task's id: the goal's words in ASCII (accents dropped,
+    ``"Réécrire l'API"`` -> ``reecrire-l-api``; a task id is ASCII), joined by ``-``, at most 40
+    characters, cut at a word boundary when one is in the second half; ``task`` when nothing is left."""
+    ascii_goal = unicodedata.normalize("NFKD", goal).encode("ascii", "ignore").decode("ascii")
+    slug = _SLUG.sub("-", ascii_goal.lower()).strip("-")
+    if len(slug) > 40:
+        cut = slug[:41].rfind("-")
+        slug = slug[:cut] if cut >= 20 else slug[:40]
+    return slug.strip("-") or "task"
 
 
 @dataclass
@@ -779,7 +792,7 @@ class CodingTasks:
         if expected_span is not None:
             span = parse_span(expected_span)
         rel_inputs, env = self._declared(inputs, env, task_id)
-        slug = _SLUG.sub("-", goal.lower()).strip("-")[:40].strip("-") or "task"
+        slug = _slug(goal)
         task_id = task_id or f"code.{slug}.{secrets.token_hex(3)}"
         s = self.store(create=True)
         spec = {"kind": KIND, "project": str(self.project), "plan": plan, "expected_span_s": span,

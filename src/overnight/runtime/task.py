@@ -132,7 +132,8 @@ class Task:
     """A long-horizon task: what it is for, how long it should take, and its steps.
 
     Args:
-        id: unique id in the store (letters, digits, ``._-``, 1-200 characters).
+        id: unique id in the store (ASCII letters and digits, ``._-``, 1-200 characters, starting
+            with a letter or digit).
         goal: one line saying what the task produces.
         expected_span: how long it should take (``"3h"``, ``"2d"``, hours as a number, timedelta).
         criticality: ``"normal"``, ``"important"`` or ``"critical"``.
@@ -192,7 +193,8 @@ class Task:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", self.id):
             raise SpecError(f"invalid task id {self.id!r}", missing=["id"],
-                            hint="use 1-200 letters, digits, '.', '_' or '-', starting with a letter or digit")
+                            hint="use 1-200 ASCII letters (a-z, A-Z), digits, '.', '_' or '-', "
+                            "starting with a letter or digit")
         self.criticality_explicit = self.criticality is not None
         self.criticality = self.criticality or "normal"
         if self.criticality not in CRITICALITY:
