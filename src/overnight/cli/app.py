@@ -36,6 +36,7 @@ from overnight.cli.common import (  # noqa: F401 (EXIT_* re-exported)
     JsonOpt,
     PlainQuietOpt,
     StoreOpt,
+    check_python_entry,
     exit_code as _exit_code,
     fail as _fail,
     failing,
@@ -141,6 +142,7 @@ def run(
     exit is 1.
     """
     with failing():
+        check_python_entry(file, "run")
         result = _run_with_progress(
             lambda p: api.run(file, store=store, branch=branch, max_steps=max_steps, on_event=p, on_drift=on_drift,
                               model=_model(model, base_url), max_context_tokens=max_context_tokens),

@@ -45,6 +45,28 @@ def fail(exc: OvernightError) -> None:
     raise typer.Exit(print_error(exc))
 
 
+def check_python_entry(entry: str, command: str) -> None:
+    """Refuse a task definition that names a file which is not Python (``overnight submit README.md``)
+    before it is imported as a module named ``README``: a file that exists, or a path with a suffix,
+    other than ``.py``. ``MODULE:ATTR`` and a missing ``FILE.py`` go on to the library's own errors.
+
+    Raises ConfigError (exit 2)."""
+    from pathlib import Path
+
+    from overnight.errors import ConfigError
+
+    head, sep, tail = entry.rpartition(":")
+    target = head if sep and head and tail.isidentifier() else entry
+    if not target or target.endswith(".py"):
+        return
+    path = Path(target).expanduser()
+    pathlike = "/" in target or "\\" in target
+    if path.is_file() or (pathlike and path.suffix and not path.is_dir()):
+        raise ConfigError(f"{target} is not a Python file; {command} takes FILE.py[:TASK] or module:attr",
+                          hint="name the .py file that defines the task (overnight.Task), e.g. "
+                          f"`overnight {command} examples/api_report.py`")
+
+
 def need_extra(exc: ImportError, extras: str) -> NoReturn:
     """Exit 2 saying which extra a command needs (``extras``: ``bench``, ``langgraph,bench``, ...)."""
     render.err.print(f"[bold red]error:[/] {render.esc(exc)}; install the extra: "

@@ -76,8 +76,10 @@ def submit(
 
     Example: overnight submit examples/report.py --param topic=storage --priority 5"""
     from overnight import api
+    from overnight.cli.common import check_python_entry
 
     try:
+        check_python_entry(entry, "submit")
         row, created = api.submit(entry, store=store, task_id=task_id, params=_params(params, param), queue=queue,
                                   priority=priority, not_before=not_before, idempotency_key=idempotency_key)
     except OvernightError as exc:

@@ -38,9 +38,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 EVENTS = ("pre-compact", "session-start", "stop")
 ALIASES = {"precompact": "pre-compact", "pre_compact": "pre-compact", "sessionstart": "session-start",
@@ -166,6 +167,32 @@ def agent_todos(entries: list[Any]) -> tuple[list[str], list[str]] | None:
     return None
 
 
+@contextmanager
+def _suggesting(tasks: Any, task_id: str) -> Iterator[None]:
+    """A ``TaskNotFound`` for the current task gains where its id came from and "did you mean" the
+    stored task ids closest to it (``difflib``, as the CLI and the MCP server suggest): a mistyped
+    ``$OVERNIGHT_TASK`` is the usual cause."""
+    from overnight.errors import TaskNotFound
+
+    try:
+        yield
+    except TaskNotFound as exc:
+        if exc.task_id not in (None, task_id) or "did you mean" in (exc.hint or ""):
+            raise
+        import difflib
+
+        try:
+            ids = [t.task_id for t in tasks.store().list_tasks()]
+        except Exception:  # noqa: BLE001 - a suggestion is a courtesy, never a second error
+            ids = []
+        close = difflib.get_close_matches(task_id, ids, n=3, cutoff=0.6)
+        origin = ("$OVERNIGHT_TASK" if os.environ.get("OVERNIGHT_TASK") == task_id
+                  else "the current-task pointer (.overnight/current-task)")
+        exc.hint = (f"did you mean {' or '.join(close)}? " if close else "") + \
+            f"{origin} names task {task_id!r}, which is not in this store; `overnight ls` lists the tasks"
+        raise
+
+
 def _checkpoint(event: str, payload: dict[str, Any], loc: tuple[Path, str, str, str | None]) -> Outcome:
     from overnight.mcp.tasks import CodingTasks
 
@@ -182,7 +209,7 @@ def _checkpoint(event: str, payload: dict[str, Any], loc: tuple[Path, str, str, 
         what = f"transcript {len(entries)} lines, {len(raw)} bytes"
     trigger = payload.get("trigger")
     detail = f"{'compaction' if event == 'pre-compact' else 'turn ended'}{f' ({trigger})' if trigger else ''}: {what}"
-    with CodingTasks(store, project=root, session_id=session, exact_root=True) as tasks:
+    with CodingTasks(store, project=root, session_id=session, exact_root=True) as tasks, _suggesting(tasks, task_id):
         r = tasks.checkpoint(task_id, branch=branch, todo=todo, done=done, skip_known_done=True, blobs=blobs,
                              step=event, compaction=event == "pre-compact", session_id=session, detail=detail)
     return Outcome(event, True, r.describe(), checkpoint_id=r.checkpoint_id, task_id=task_id)
@@ -193,7 +220,7 @@ def _session_start(payload: dict[str, Any], loc: tuple[Path, str, str, str | Non
 
     root, task_id, branch, store = loc
     source = payload.get("source") or "startup"
-    with CodingTasks(store, project=root, exact_root=True) as tasks:
+    with CodingTasks(store, project=root, exact_root=True) as tasks, _suggesting(tasks, task_id):
         if source in ("compact", "resume"):
             r = tasks.resume(task_id, branch=branch, make_current=False)
             text = ("overnight: this session continues a durable task. Its control point (the last verified "
