@@ -1,13 +1,16 @@
 """The dashboard's ASGI application: :func:`create_app` builds it on one open store.
 
 Every page is a GET that renders :mod:`overnight.web.queries` data with a Jinja2 template;
-``PAGE.json`` returns the same data. Actions (fork, rollback, verify) are POSTs carrying the
-CSRF token, and exist only without ``read_only``. Security rules (``overnight ui --help``):
+``PAGE.json`` returns the same data. Actions (fork, rollback, verify, resume, cancel) are POSTs
+carrying the CSRF token, and exist only without ``read_only``; resume and cancel are refused (409)
+where the task's state leaves nothing to do (:func:`~overnight.web.queries.task_actions`). Security
+rules (``overnight ui --help``):
 
 * a token, when set, is required on every request (``Authorization: Bearer``, the
   ``overnight_ui_token`` cookie, or ``?token=`` once, which sets the cookie); without it: 401;
 * on a loopback bind only ``Host: 127.0.0.1 / localhost / [::1]`` is served (DNS rebinding);
-* templates autoescape everything; the SVG charts are built by ElementTree (escaped); a strict
+* templates autoescape everything, and show a bidi control character in stored text written out,
+  never raw (:mod:`overnight.web.text`); the SVG charts are built by ElementTree (escaped); a strict
   Content-Security-Policy allows only the packaged script and stylesheet;
 * artifacts are served as ``application/octet-stream`` attachments, never rendered; no request
   reads a file except the packaged static assets -- data comes only through the store API.
@@ -25,6 +28,7 @@ from typing import Any, Callable
 from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
@@ -39,6 +43,7 @@ from overnight.errors import ConcurrencyError, ConfigError, NotFound, OvernightE
 from overnight.store.base import Store
 from overnight.web import queries
 from overnight.web.svg import branch_graph, growth_chart, lane_colour
+from overnight.web.text import BIDI, BIDI_REFS, bidi_visible, user_text
 
 COOKIE = "overnight_ui_token"
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
@@ -51,11 +56,21 @@ def _age(seconds: float | None) -> str:
     return "-" if seconds is None else human_duration(seconds * 1000)
 
 
+def _no_raw_bidi(value: Any) -> Any:
+    """Every ``{{ }}`` output: a bidi control character the templates did not pass through
+    :func:`user_text` (a hidden form value that must send the name back unchanged) is served as a
+    character reference -- the same document, but never a raw control character in the bytes."""
+    if not isinstance(value, str) or not BIDI.search(value):
+        return value
+    return Markup((value if isinstance(value, Markup) else str(escape(value))).translate(BIDI_REFS))
+
+
 def _environment() -> Environment:
     root = resources.files("overnight.web") / "templates"
     env = Environment(loader=FileSystemLoader(str(root)), autoescape=select_autoescape(default=True,
-                      default_for_string=True), trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(bytes=human_bytes, age=_age, short=short_id, lane_colour=lane_colour,
+                      default_for_string=True), trim_blocks=True, lstrip_blocks=True, finalize=_no_raw_bidi)
+    env.filters.update(bytes=human_bytes, age=_age, short=short_id, lane_colour=lane_colour, u=user_text,
+                       ua=bidi_visible,
                        # surrogatepass: a stored name with a lone surrogate still makes a link, not a 500
                        q=lambda v: quote(str(v).encode("utf-8", "surrogatepass"), safe=""),
                        shq=lambda v: shlex.quote(str(v)),
@@ -137,6 +152,12 @@ class Dashboard:
             api.suggest(exc, self.store)
         data = {"error": type(exc).__name__, "message": exc.message, "hint": getattr(exc, "hint", None)}
         return self.json(data, status) if as_json else self.html("error.html", data, request, status)
+
+    def refused(self, request: Request, task_id: str, refusal: dict[str, str]) -> Response:
+        """A 409 page for an action the task's state refuses (:func:`queries.task_actions`): what
+        and why, what to do instead, and a link back to the task."""
+        data = {"error": "Refused", "message": refusal["message"], "hint": refusal.get("hint"), "task_id": task_id}
+        return self.html("error.html", data, request, 409)
 
     def page(self, template: str, build: Callable[[Request], dict[str, Any]]) -> Callable:
         async def view(request: Request) -> Response:
@@ -266,12 +287,22 @@ class Dashboard:
                                                        store=self.store), request)
                 self.cache.clear()
                 return RedirectResponse(f"/task?id={quote(task_id, safe='')}", 303)
+            if kind in ("resume", "cancel"):  # refused as the task page says (the buttons it leaves out)
+                gate = await _threaded(lambda _: queries.task_actions(self.store, self.cache, task_id), request)
+                if gate[kind] is not None:
+                    return self.refused(request, task_id, gate[kind])
             if kind == "resume":  # queued for the workers; nothing of the task is imported here
                 await _threaded(lambda _: api.enqueue(task_id, store=self.store), request)
                 self.cache.clear()
                 return RedirectResponse(f"/task?id={quote(task_id, safe='')}", 303)
             if kind == "cancel":  # a task the workers run (its queue row); one run in a terminal: Ctrl-C there
-                await _threaded(lambda _: api.cancel(task_id, store=self.store), request)
+                try:
+                    await _threaded(lambda _: api.cancel(task_id, store=self.store), request)
+                except TaskNotFound:  # its queue row went meanwhile (overnight rm)
+                    gate = await _threaded(lambda _: queries.task_actions(self.store, self.cache, task_id), request)
+                    if gate["cancel"] is None:
+                        raise
+                    return self.refused(request, task_id, gate["cancel"])
                 self.cache.clear()
                 return RedirectResponse(f"/task?id={quote(task_id, safe='')}", 303)
             if kind == "verify":

@@ -28,6 +28,7 @@ from overnight.config import load as load_config
 from overnight.errors import OvernightError, short_id
 from overnight.store.task_location import recorded_route
 from overnight.store.base import CheckpointRow, Lease, Store
+from overnight.store.queue_open import queue_for
 from overnight.store.blobs import BlobReader
 from overnight.store.leases import can_take_over, describe_holder, ended, now_ms
 from overnight.chain.read import load_head
@@ -464,7 +465,66 @@ def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_pa
         "graph": _graph(rows, refs, lanes, merges),
         # every call the task made, compactions included (as `overnight show` counts them)
         "tokens_in": sum(c.tokens_in for c in calls), "tokens_out": sum(c.tokens_out for c in calls),
+        "actions": task_actions(s, cache, task_id),
     }
+
+
+# --- what the task page's actions may do -------------------------------------------------------
+
+
+CANCELLABLE = ("queued", "running")
+"""Queue row statuses a cancel acts on (``overnight cancel``); any other has nothing to cancel."""
+
+
+def task_actions(s: Store, cache: HeadCache, task_id: str) -> dict[str, Any]:
+    """Whether "Resume on the workers" and "Cancel" apply to ``task_id`` now, read in one place for
+    the task page (which shows only the buttons that apply) and the POSTs (which refuse the others).
+
+    Returns ``{"queue": status of its workers' queue row (None: never submitted, or a store
+    without a queue), "has_queue": the store has one, "complete": its main head verifies with
+    nothing left to do, "resume": None or the refusal, "cancel": None or the refusal}``; a
+    refusal is ``{"message", "hint"}``. Resume is refused for a complete task (as ``overnight
+    resume`` of it runs no step); cancel for a task without a ``queued`` or ``running`` queue row
+    (a task run in a terminal stops with Ctrl-C there).
+
+    Raises:
+        TaskNotFound: no such task.
+    """
+    s.get_task(task_id)
+    refs = s.list_refs(task_id)
+    complete = False
+    if "main" in refs:
+        facts = _head_facts(s, task_id, "main", refs["main"], cache)
+        complete = facts["verified"] and facts["todo"] == 0
+    q = queue_for(s)
+    row = None
+    if q is not None:
+        try:
+            row = q.get(task_id)
+        except OvernightError:  # an unreadable queue row: nothing to act on from here
+            row = None
+    queue = row.status if row is not None else None
+    resume = None
+    if complete:
+        resume = {"message": f"task {task_id!r} is complete: nothing to resume (every step is done)",
+                  "hint": "a resume of it runs no step unless its world drifted since (see Drift preview; "
+                          f"then `overnight resume {task_id}` recomputes what changed, or `overnight resume {task_id} "
+                          "--submit` has a worker do it); to run steps again, fork it at an earlier checkpoint "
+                          "(timeline > open > Fork) or roll a branch back"}
+    terminal = (f"a task run in a terminal (`overnight run` / `overnight resume`) stops with Ctrl-C in that "
+                f"terminal; cancel acts on a task queued for `overnight worker` (`overnight resume {task_id} "
+                f"--submit`)")
+    cancel = None
+    if q is None:
+        cancel = {"message": f"task {task_id!r} is not on the workers' queue: this store ({s.url}) has none, "
+                             "nothing to cancel here", "hint": terminal}
+    elif queue is None:
+        cancel = {"message": f"task {task_id!r} is not on the workers' queue (it was never submitted to them): "
+                             "nothing to cancel here", "hint": terminal}
+    elif queue not in CANCELLABLE:
+        cancel = {"message": f"task {task_id!r} is already {queue} on the workers' queue: nothing to cancel",
+                  "hint": terminal}
+    return {"queue": queue, "has_queue": q is not None, "complete": complete, "resume": resume, "cancel": cancel}
 
 
 # --- checkpoint page ---------------------------------------------------------------------------

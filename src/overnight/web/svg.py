@@ -11,6 +11,7 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from overnight.units import human_bytes as _human
+from overnight.web.text import bidi_visible
 
 PALETTE = ("#2563eb", "#d97706", "#059669", "#db2777", "#7c3aed", "#0891b2", "#65a30d", "#dc2626")
 """Lane colours, by lane index modulo their number (the timeline's branch dots use the same)."""
@@ -57,11 +58,13 @@ def branch_graph(graph: dict[str, Any], *, width: int = 1000) -> str:
                  f"L{x_of(fk['to_seq']):.1f},{y_of(fk['to_lane']):.1f}",
             "stroke": lane_colour(fk["to_lane"]), "stroke-width": "2", "fill": "none",
             "class": "fork" if fk in graph["forks"] else "merge"})
-        ET.SubElement(path, "title").text = (f"fork of {fk['branch']} at seq {fk['from_seq']}" if "branch" in fk
+        ET.SubElement(path, "title").text = (f"fork of {bidi_visible(fk['branch'])} at seq {fk['from_seq']}"
+                                             if "branch" in fk
                                              else f"merge at seq {fk['to_seq']}")
     for ln in lanes:
         y, colour = y_of(ln["lane"]), lane_colour(ln["lane"])
-        label = ln["branch"] if len(ln["branch"]) <= 14 else ln["branch"][:13] + "…"
+        name = bidi_visible(ln["branch"])  # a bidi control in a name is drawn written out, not applied
+        label = name if len(name) <= 14 else name[:13] + "…"
         ET.SubElement(svg, "text", {"x": "4", "y": f"{y + 4:.1f}", "font-size": "12", "fill": colour}).text = label
         ET.SubElement(svg, "line", {"x1": f"{x_of(ln['from']):.1f}", "x2": f"{x_of(ln['to']):.1f}",
                                     "y1": f"{y:.1f}", "y2": f"{y:.1f}", "stroke": colour, "stroke-width": "4",
@@ -69,7 +72,7 @@ def branch_graph(graph: dict[str, Any], *, width: int = 1000) -> str:
         head = ET.SubElement(svg, "circle", {"cx": f"{x_of(ln['to']):.1f}", "cy": f"{y:.1f}", "r": "6",
                                              "fill": "#fff", "stroke": colour, "stroke-width": "3",
                                              "class": "head"})
-        ET.SubElement(head, "title").text = f"{ln['branch']}: head at seq {ln['to']}"
+        ET.SubElement(head, "title").text = f"{name}: head at seq {ln['to']}"
     return ET.tostring(svg, encoding="unicode")
 
 
@@ -95,6 +98,6 @@ def growth_chart(series: list[dict[str, Any]], *, width: int = 900, height: int 
         pts = " ".join(f"{x_of(x):.1f},{y_of(y):.1f}" for x, y in s["points"])
         line = ET.SubElement(svg, "polyline", {"points": pts, "fill": "none", "stroke": lane_colour(i),
                                                "stroke-width": "2"})
-        ET.SubElement(line, "title").text = f"{s['task_id']}: {_human(s['points'][-1][1])}"
+        ET.SubElement(line, "title").text = f"{bidi_visible(s['task_id'])}: {_human(s['points'][-1][1])}"
     return ET.tostring(svg, encoding="unicode")
 
