@@ -678,3 +678,30 @@ def test_a_new_task_id_keeps_the_goals_words_accents_dropped_never_cut_mid_word(
                        make_current=False).task_id
     assert accented.startswith("code.reecrire-l-api-de-facturation."), accented
     assert long.startswith("code.fix-the-flaky-test-in-the-payments."), long
+
+
+def test_tools_without_a_branch_follow_the_branch_task_resume_made_current(repo: Path, tmp_path: Path) -> None:
+    """After ``task_resume(branch=B)`` -- which makes B the current branch, where the hooks
+    checkpoint -- ``task_checkpoint``, ``artifact_read``, ``task_status`` and ``task_resume`` of
+    that task without a branch act on B, not on main; naming a branch still wins."""
+    store = tmp_path / "s.db"
+
+    async def body(a: Agent) -> None:
+        _, started = await a.call("task_start", {"goal": "Try two tokenizers", "plan": ["pick one"]})
+        tid = started["task_id"]
+        await a.call("task_checkpoint", {"task_id": tid, "artifacts": [{"name": "notes.md", "text": "on main"}]})
+        await a.call("task_fork", {"task_id": tid, "branch": "regex"})
+        await a.call("task_resume", {"task_id": tid, "branch": "regex"})
+        _, c = await a.call("task_checkpoint", {"task_id": tid, "artifacts": [{"name": "notes.md", "text": "on regex"}]})
+        assert c["branch"] == "regex", c
+        text, _ = await a.call("artifact_read", {"name": "notes.md"})
+        assert text == "on regex"
+        _, st = await a.call("task_status", {"task_id": tid})
+        assert st["control"]["branch"] == "regex" and st["control"]["checkpoint_id"] == c["checkpoint_id"], st
+        text, _ = await a.call("artifact_read", {"task_id": tid, "name": "notes.md", "at": "main"})
+        assert text == "on main"
+        await a.call("task_resume", {"task_id": tid, "branch": "main"})
+        text, _ = await a.call("artifact_read", {"task_id": tid, "name": "notes.md"})
+        assert text == "on main"
+
+    asyncio.run(session(repo, store, body))

@@ -71,6 +71,8 @@ TaskId = Annotated[str, Field(description="The task id task_start returned (task
 OptTaskId = Annotated[str | None, Field(description="The task id; default: the project's current task "
                                         "(the last one started or resumed here).")]
 Branch = Annotated[str, Field(description="Branch of the task's history (task_fork makes new ones).")]
+OptBranch = Annotated[str | None, Field(description="Branch of the task's history (task_fork makes new ones); "
+                                       "default: main, or the branch task_resume made current for this task.")]
 Items = list[str] | None
 
 
@@ -147,6 +149,17 @@ def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKE
                               hint="call task_start, or pass task_id (task_list shows the tasks)")
         return found[1]["task_id"], found[1].get("branch")
 
+    def branch_of(task_id: str, branch: str | None) -> str:
+        """``branch`` if given; else the branch the project's current-task pointer names when it
+        names this task (``task_resume(branch=...)`` moved it there, and the hooks checkpoint
+        there too); else ``main``."""
+        if branch:
+            return branch
+        found = read_pointer(tasks.project)
+        if found is not None and found[1].get("task_id") == task_id:
+            return found[1].get("branch") or "main"
+        return "main"
+
     def task_start(goal: Annotated[str, Field(description="What the task is for, in one sentence.")],
                    plan: Annotated[Items, Field(description="The planned items, in order: the first todo list.")] = None,
                    expected_span: Annotated[str | None, Field(description="How long it should take: '90m', '3h', '2d'.")] = None,
@@ -173,12 +186,12 @@ def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKE
                         decisions: Annotated[Items, Field(description="Decisions taken, with their reason.")] = None,
                         artifacts: Annotated[list[Artifact] | None, Field(description="Text or project files to store "
                                                                           "(content-addressed).")] = None,
-                        branch: Branch = "main") -> tuple[str, dict[str, Any]]:
+                        branch: OptBranch = None) -> tuple[str, dict[str, Any]]:
         """Commit a verified checkpoint of the task's control point (done, todo, notes, decisions,
         artifacts) and of the repository's world (HEAD, branch, edited files, lock files). Durable
         when this returns."""
         arts = [ArtifactIn(a.name, a.text, a.path) for a in artifacts or []]
-        r = tasks.checkpoint(task_id, branch=branch, done=done, todo=todo, notes=notes, decisions=decisions,
+        r = tasks.checkpoint(task_id, branch=branch_of(task_id, branch), done=done, todo=todo, notes=notes, decisions=decisions,
                              artifacts=arts)
         return r.describe(), r.to_json()
 
@@ -187,8 +200,8 @@ def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKE
         """Load the task's newest checkpoint that verifies (every artifact hashed) and report what
         changed in the repository since: the control point to continue from, and the drift in words
         (commits, edited files, lock files, env; todo items that mention changed files)."""
-        tid, b = current(task_id)
-        r = tasks.resume(tid, branch=branch or b or "main")
+        tid, _ = current(task_id)
+        r = tasks.resume(tid, branch=branch_of(tid, branch))
         text = render_control_point(r.control, drift_report=r.drift, fallback=r.fallback, budget_tokens=budget_tokens,
                                     count=count)
         return text, r.to_json()
@@ -197,8 +210,8 @@ def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKE
             description="Branch (default: main, or the current task's branch).")] = None) -> tuple[str, dict[str, Any]]:
         """Where the task stands: counts, head checkpoint, branches and drift since the head (no
         deep artifact check; does not change the current task)."""
-        tid, b = current(task_id)
-        r = tasks.status(tid, branch=branch or b or "main")
+        tid, _ = current(task_id)
+        r = tasks.status(tid, branch=branch_of(tid, branch))
         cp = r.control
         branches = sorted(tasks.store().list_refs(tid))
         lines = [f"{tid} ({cp.branch}): {len(cp.done)} done, {len(cp.todo)} todo, {len(cp.decisions)} decisions, "
@@ -272,7 +285,7 @@ def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKE
     def artifact_read(task_id: OptTaskId = None, name: Annotated[str, Field(description="Artifact name "
                                                                           "(task_resume lists them).")] = "",
                       at: Annotated[str | None, Field(description="Checkpoint id/prefix or branch; default: the "
-                                                      "head of main.")] = None,
+                                                      "head of the current task's branch (main).")] = None,
                       offset: Annotated[int, Field(ge=0, description="First byte to return (the next_offset of "
                                                    "the previous call).")] = 0,
                       max_bytes: Annotated[int, Field(ge=1, le=1_000_000, description="At most this many bytes.")] = 16_000,
@@ -280,7 +293,7 @@ def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKE
         tid, _ = current(task_id)
         if not name:
             raise ConfigError("artifact_read needs a name", task_id=tid, hint="task_resume lists the artifacts")
-        data = tasks.artifact(tid, name, at=at)
+        data = tasks.artifact(tid, name, at=at, branch=branch_of(tid, None))
         part = read_part(data, offset, max_bytes, budget_tokens=max(budget_tokens - CONTINUATION_TOKENS, 1),
                          count=count)
         text = part.text
