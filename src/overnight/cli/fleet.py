@@ -156,9 +156,11 @@ def workers(store: Optional[str] = StoreOpt,
     """List live workers: id, host, pid, state, tasks held (as of its last heartbeat), started, last
     heartbeat. --all adds the ones that exited cleanly (`stopped`), those on this machine whose
     process no longer runs (`dead`: killed -- seen at once, by its pid) and those whose last
-    heartbeat is older than 90 s (`silent`: killed, or their machine gone). A dead or silent
-    worker's tasks are taken over once their claims expire. --json has the same rows and `state`
-    (and the one the worker last wrote, `recorded_state`)."""
+    heartbeat is older than 90 s (`silent`: killed, or their machine gone). Such a worker runs
+    nothing: its held reads `—` with the count its last heartbeat recorded, and its tasks are taken
+    over once their claims expire. --json has the same rows and `state` (and the one the worker last
+    wrote, `recorded_state`; `held` as its last heartbeat recorded it; `alive`: false for a stopped,
+    dead or silent worker)."""
     from overnight import api
 
     try:
@@ -171,7 +173,6 @@ def workers(store: Optional[str] = StoreOpt,
 
     offset = now_ms() - now  # this machine's clock minus the store's: a pid's start is by this machine's
 
-
     def state(w: Any) -> str:
         if w.state == "stopped":
             return w.state
@@ -179,16 +180,28 @@ def workers(store: Optional[str] = StoreOpt,
             return "dead"
         return "silent" if now - w.heartbeat_ms > SILENT_AFTER_MS else w.state
 
-    shown = rows if show_all else [w for w in rows if state(w) not in ("stopped", "dead", "silent")]
+    states = {id(w): state(w) for w in rows}  # one pid check per worker
+
+    def alive(w: Any) -> bool:
+        return states[id(w)] not in ("stopped", "dead", "silent")
+
+    def held(w: Any) -> str:
+        if alive(w):
+            return f"{w.held}/{w.concurrency}"
+        # a gone worker runs nothing: its count is the one its last heartbeat wrote, not what it holds now
+        return "—" if w.state == "stopped" or not w.held else f"— (last seen {w.held}/{w.concurrency})"
+
+    shown = rows if show_all else [w for w in rows if alive(w)]
     if as_json:
-        render.print_json([{**r.to_dict(), "state": state(r), "recorded_state": r.state} for r in shown])
+        render.print_json([{**r.to_dict(), "state": states[id(r)], "recorded_state": r.state, "alive": alive(r)}
+                           for r in shown])
         return
     if not shown:
         render.err.print("no worker has registered in this store yet (`overnight worker` starts one)" if not rows else
                          f"no live worker ({len(rows)} stopped, dead or silent: `overnight workers --all` lists them)")
         return
     render.table(None, ["worker", "host", "pid", "state", "held", "started", "heartbeat"],
-                 [(w.worker_id, w.host, w.pid, state(w), f"{w.held}/{w.concurrency}",
+                 [(w.worker_id, w.host, w.pid, states[id(w)], held(w),
                    f"{human_duration(now - w.started_ms)} ago", f"{human_duration(now - w.heartbeat_ms)} ago")
                   for w in shown])
 

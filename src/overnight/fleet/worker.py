@@ -74,6 +74,28 @@ def _status(code: int | None) -> str:
     return f"killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
 
 
+_NO_QUEUE = ("file", "s3", "memory")
+"""Store URL schemes without a queue (:func:`~overnight.store.queue_open.queue_for` returns None
+for the stores they open)."""
+
+
+def _no_queue(url: str) -> ConfigError:
+    return ConfigError(f"store {url} has no queue; workers need sqlite:// or postgresql://",
+                       hint="pass --store sqlite://PATH (workers on this machine) or --store "
+                       "postgresql://HOST/DB?schema=NAME (workers on many)")
+
+
+def _check_queue_kind(url: str) -> None:
+    """Refuse a store URL whose kind has no queue before anything starts (nothing logged, no
+    session started, no store folder made).
+
+    Raises:
+        ConfigError: ``file://``, ``s3://`` or ``memory://``."""
+    scheme, sep, _ = str(url).partition("://")
+    if sep and scheme.lower() in _NO_QUEUE:
+        raise _no_queue(url)
+
+
 class _Session:
     """A session process from the fork server (:func:`overnight.fleet.child.serve`) that runs this
     worker's tasks one at a time, with the ``Popen`` methods the worker uses for the one it runs."""
@@ -208,6 +230,7 @@ class Worker:
             raise ConfigError(f"--lease must be at least 0.3 s, got {lease_ms} ms")
         if session_tasks < 1:
             raise ConfigError(f"--session-tasks must be at least 1, got {session_tasks}")
+        _check_queue_kind(store_url)
         self.store_url = store_url
         self.queues = list(queues or ["default"])
         self.concurrency = concurrency
@@ -275,7 +298,7 @@ class Worker:
             if q is None:
                 self._store.close()
                 self._store = None
-                raise ConfigError(f"store {self.store_url} has no queue; workers need sqlite:// or postgresql://")
+                raise _no_queue(self.store_url)
             self._queue = q
         return self._queue
 
@@ -410,10 +433,18 @@ class Worker:
             row = self._q().get(task_id)
         except OvernightError:
             return  # only a progress line: the store being away is logged where it matters
-        if row is not None:
+        if row is None:
+            self._said_removed(task_id)
+        else:
             self.stats.parked += row.status == "failed"  # a step failed for good, or its code cannot be imported
             LOG.log(logging.WARNING if row.status == "failed" else logging.INFO, "task %s %s%s", task_id, row.status,
                     f": {row.reason}" if row.reason and row.status == "failed" else "")
+
+    def _said_removed(self, task_id: str) -> None:
+        """Log that a task this worker ran is gone from the store (``overnight rm --force`` while it
+        ran): its session stopped at the lost lease, and there is no queue row left to update."""
+        LOG.warning("task %s was removed from the store while it ran (`overnight rm`): its session stopped; "
+                    "no queue row left, nothing more runs for it", task_id)
 
     def _store_retry(self, fn: Any) -> Any:
         """``fn(queue)``, retried with a backoff while the store is unreachable (not after a second
@@ -444,6 +475,8 @@ class Worker:
                 if status == "failed":
                     self.stats.parked += 1
                     LOG.warning("task %s parked failed after %s", task.task_id, reason)
+                elif status == "" and q.get(task.task_id) is None:  # the claim is lost: its row is gone
+                    self._said_removed(task.task_id)
                 elif status == "queued":
                     row = q.get(task.task_id)
                     LOG.warning("task %s: %s (death %s of %d in a row); queued again%s", task.task_id, reason,
@@ -544,6 +577,8 @@ class Worker:
             held = q.register_worker(row, live)
             self._started_ms = row.started_ms  # by the store's clock once registered (else still 0)
             now = q.clock_ms()
+        except ConfigError:
+            raise  # a store without a queue, a bad URL: before anything starts or is logged
         except OvernightError:
             return  # the store is away: the loop retries it; the check is a courtesy
         if held is not None:
