@@ -1,6 +1,5 @@
 """Worker UX found by a fresh user (round 30), end to end with real processes and real stores:
-a killed worker's `held` in `overnight workers`, `overnight resume` of a task a worker runs,
-`overnight rm --force` of a task a worker runs, and `overnight worker` on a store without a queue."""
+a killed worker's `held` in `overnight workers`, `overnight rm --force` of a task a worker runs, and `overnight worker` on a store without a queue."""
 
 from __future__ import annotations
 
