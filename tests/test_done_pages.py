@@ -10,10 +10,13 @@ still checks every page; and a writer continuing from it keeps the stored pages 
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
 import overnight
+from overnight.api import resume as api_resume
 from overnight.chain.ditto import ditto_key
 from overnight.chain.integrity import DoneList, load_checkpoint
 from overnight.chain.read import load_head
@@ -232,12 +235,20 @@ def test_a_resume_checks_every_done_page_before_its_first_step(tmp_path):
     assert short == (1, 1) and long == (5, 5), long
 
 
-def test_a_resume_does_not_build_on_a_damaged_middle_done_page(url):
+@pytest.mark.parametrize("checked_before", [False, True])
+def test_a_resume_does_not_build_on_a_damaged_middle_done_page(url, checked_before):
     """A page listed in the state's middle page list, damaged and with no ditto copy to heal it:
-    the resume falls back past it instead of committing new checkpoints that name it."""
+    the resume falls back past it instead of committing new checkpoints that name it -- also when
+    this machine checked the page before (then it is hashed, not parsed)."""
+    from overnight.chain.checked import check_done_pages
+    from overnight.store.blobs import BlobReader
+
     with open_store(url) as s:
         head, _ = load_head(s, "long")
         middle = head.done_pages.refs[1].digest
+        if checked_before:
+            lazy, _ = load_head(s, "long", lazy_done=True)
+            check_done_pages(lazy, BlobReader(s), "long", "main")
     with sqlite3.connect(url.removeprefix("sqlite://")) as db:
         db.execute("DELETE FROM objects WHERE digest = ?", (ditto_key(middle),))
         assert db.execute("UPDATE objects SET data = zeroblob(length(data)) WHERE digest = ?", (middle,)).rowcount
@@ -347,15 +358,17 @@ def test_the_drift_check_by_summary_reports_what_reading_every_entry_reports(tmp
         [f"work[i={i}]" for i in range(0, DONE_PAGE + 5, 7)] + [f"work[i={i}]" for i in range(0, DONE_PAGE + 5, 5)])
 
 
-def _child_with_state(s, head, doc) -> str:
+def _child_with_state(s, head, doc, blobs=()) -> str:
     """Commit, as the head's child, a checkpoint whose state document is ``doc`` (built by hand:
-    digests valid, canonical bytes; no signing key)."""
+    digests valid, canonical bytes; no signing key), with ``blobs`` (bytes) stored alongside."""
     from overnight.codec import digest
     from overnight.codec.canonical import dumps, dumps_sorted
     from overnight.store.base import CheckpointRow, Commit
     from overnight.store.blobs import BlobWriter
 
     writer = BlobWriter(s)
+    for blob in blobs:
+        writer.put(blob)
     raw = dumps(doc)
     record = {**loads(head.row.body), "parent_id": head.id, "seq": head.record.seq + 1,
               "state": {"digest": writer.put(raw), "size": len(raw)}}
@@ -435,3 +448,112 @@ def test_a_dropped_load_is_freed_without_the_cycle_collector(url, lazy):
             if enabled:
                 gc.enable()
 
+
+
+# --- what a resume checks again: pages this machine checked before are hashed, not parsed --------
+
+
+class _CountingAdapter:
+    """A done-page schema that counts the pages (or appended parts of pages) it validates."""
+
+    def __init__(self, adapter):
+        self.adapter, self.calls = adapter, 0
+
+    def validate_python(self, tree):
+        self.calls += 1
+        return self.adapter.validate_python(tree)
+
+
+def _parsed_by_the_check(url: str, monkeypatch) -> int:
+    """How many done pages the check before a resume's first step parses and validates, on the
+    branch head of task ``grow`` loaded as ``overnight resume`` loads it (done pages lazily)."""
+    from overnight.chain import integrity
+    from overnight.chain.checked import check_done_pages
+    from overnight.store.blobs import BlobReader
+
+    counting = _CountingAdapter(integrity._DONE_PAGE)
+    monkeypatch.setattr(integrity, "_DONE_PAGE", counting)
+    with open_store(url) as s:
+        head, _ = load_head(s, "grow", lazy_done=True)
+        check_done_pages(head, BlobReader(s), "grow", "main")
+    monkeypatch.setattr(integrity, "_DONE_PAGE", counting.adapter)
+    return counting.calls
+
+
+@pytest.fixture
+def grown(tmp_path, monkeypatch):
+    """A task of five done pages (``grow``, code in a file so ``overnight.resume`` finds it), and
+    this test's own state folder (the cache of checked pages starts empty)."""
+    monkeypatch.setenv("OVERNIGHT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grow_task.py").write_text(
+        "import overnight\n"
+        "task = overnight.Task('grow', goal='a chain that keeps growing', level='durable')\n\n"
+        "@task.step\ndef plan(ctx):\n    ctx.add_step('work', position='end', i=0)\n\n"
+        "@task.step(planned=False)\ndef work(ctx, i):\n    ctx.state['n'] = i\n"
+        "    ctx.add_step('work', position='end', i=i + 1)\n    return i\n")
+    url = f"sqlite://{tmp_path / 'g.db'}"
+    made = subprocess.run([sys.executable, "-m", "overnight", "run", "grow_task.py", "--store", url, "--quiet",
+                           "--max-steps", str(4 * DONE_PAGE + 10)], cwd=tmp_path, capture_output=True, text=True)
+    assert made.returncode == 75, made.stderr  # stopped at --max-steps, the code location recorded
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import grow_task
+
+    yield url, grow_task.task
+    sys.modules.pop("grow_task", None)
+
+
+def test_a_second_resume_parses_only_the_done_pages_this_machine_has_not_checked(grown, monkeypatch):
+    """Whether a page matches its index depends on its reference alone (digest and index): once
+    checked on this machine, a later resume hashes that page (it is still read: a damaged page is
+    not built on) without parsing it again -- only the last page, which each commit extends."""
+    from overnight.chain.checked import cache_path
+
+    url, task = grown
+    assert not cache_path("grow", "main").exists()
+    assert _parsed_by_the_check(url, monkeypatch) == 5 and cache_path("grow", "main").exists()
+    assert _parsed_by_the_check(url, monkeypatch) == 0  # the same head: every reference checked before
+    store = CountingStore(url.removeprefix("sqlite://"))
+    with open_store(url) as s:
+        head, _ = load_head(s, "grow")
+        pages = {r.digest for r in head.done_pages.refs}
+    result = api_resume("grow", store=store, max_steps=1)
+    assert result.fallback is None and result.steps_run == 1
+    assert pages <= set(store.read)  # every page still read (and hashed) before the first step
+    assert _parsed_by_the_check(url, monkeypatch) == 1  # the last page, extended by that commit
+
+
+def test_a_forged_index_is_found_however_warm_the_cache(grown, monkeypatch):
+    """A middle page list rewritten with a wrong index (rehashed, no signing key) is refused by the
+    resume even after this machine checked the real one: its references are other bytes."""
+    from overnight.codec import digest
+    from overnight.codec.canonical import dumps
+    from overnight.store.blobs import BlobReader
+
+    url, task = grown
+    assert _parsed_by_the_check(url, monkeypatch) == 5
+    with open_store(url) as s:
+        head, _ = load_head(s, "grow")
+        doc = loads(BlobReader(s).get(head.record.state.digest))
+        middle = loads(BlobReader(s).get(doc["done"]["middle"]["digest"]))
+        middle[0] = {**middle[0], "names": middle[0]["names"][8:] + middle[0]["names"][:8]}  # right tags, wrong order
+        raw = dumps(middle)
+        listed = {"digest": digest.sha256(raw), "size": len(raw)}
+        forged = _child_with_state(s, head, {**doc, "done": {**doc["done"], "middle": listed}}, blobs=[raw])
+    result = api_resume("grow", store=url, max_steps=1)
+    assert result.fallback is not None and any(c.checkpoint_id == forged for c in result.fallback.skipped)
+    assert result.steps_run == 1
+
+
+@pytest.mark.parametrize("cache", ["garbage", "other format"])
+def test_a_damaged_cache_of_checked_pages_means_every_page_is_checked_again(grown, monkeypatch, cache):
+    """The cache is an optimisation: unreadable or of another format, every page is parsed and
+    checked, and the file is written again for the next resume."""
+    from overnight.chain.checked import cache_path
+
+    url, _ = grown
+    path = cache_path("grow", "main")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\x00{not json" if cache == "garbage" else '{"format": 99, "state_format": 4, "refs": []}')
+    assert _parsed_by_the_check(url, monkeypatch) == 5
+    assert _parsed_by_the_check(url, monkeypatch) == 0  # written again: the next resume uses it

@@ -198,3 +198,46 @@ def test_bench_resume_cli_times_the_process_at_each_length_and_writes_its_files(
     bad = subprocess.run([sys.executable, "-m", "overnight", "bench", "resume", "--chain", "5,2"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "ascending" in bad.stderr
+
+
+# --- what a resume imports before its first step --------------------------------------------------
+
+DEFERRED = ("overnight.verify.fsck", "overnight.verify.content_proc", "overnight.ops.archive", "overnight.ops.gc",
+            "overnight.ops.repair", "overnight.store.memory",
+            "tomllib", "concurrent.futures", "pickle")
+"""Modules ``overnight resume`` of a one-medium task does not need before its first step, imported
+only by the commands (or the rare paths: a fallback into archived history, a replicated task,
+an ``overnight.toml``) that use them (``overnight bench resume``)."""
+
+SEEN = '''
+import json, os, sys
+import overnight
+
+task = overnight.Task("imports", goal="say what was imported before a step ran", level="durable")
+
+@task.step
+def a(ctx):
+    ctx.state["n"] = 1
+
+@task.step
+def b(ctx):
+    with open(os.environ["SEEN_FILE"], "w") as f:
+        json.dump(sorted(sys.modules), f)
+'''
+
+
+def test_resume_to_its_first_step_leaves_the_other_commands_modules_unimported(tmp_path):
+    (tmp_path / "seen.py").write_text(SEEN)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "SEEN_FILE": str(tmp_path / "seen.json")}
+    env.pop("OVERNIGHT_STORE", None)
+    env.pop("OVERNIGHT_CONFIG", None)
+    url = f"sqlite://{tmp_path / 's.db'}"
+    made = subprocess.run([sys.executable, "-m", "overnight", "run", "seen.py", "--store", url, "--max-steps", "1", "-q"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 75, made.stderr
+    resumed = subprocess.run([sys.executable, "-m", "overnight", "resume", "imports", "--store", url, "-q"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    seen = set(json.loads((tmp_path / "seen.json").read_text()))
+    assert "overnight.runtime.runner" in seen and "overnight.api" in seen  # the resume path, not something else
+    assert sorted(seen.intersection(DEFERRED)) == []

@@ -15,7 +15,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from overnight.codec import digest
 from overnight.codec.canonical import from_tree
@@ -31,6 +31,7 @@ from overnight.errors import (
     NoValidCheckpoint,
     ObjectNotFound,
     OvernightError,
+    TaskBusy,
     TaskNotFound,
     short_id,
 )
@@ -43,20 +44,22 @@ from overnight.store import Store, default_store_url, open_store
 from overnight.store import exists as store_exists
 from overnight.store import location as store_location
 from overnight.store.blobs import BlobReader
+from overnight.store.base import DEFAULT_GRACE_S
 from overnight.store.queue import describe
 from overnight.store.queue_open import queue_for, task_status
 from overnight.store.compose.tiered import TieredStore
-from overnight.chain import branches as branching
-from overnight.ops import archive as archiving
-from overnight.ops import gc as collecting
-from overnight.ops.archive import ArchiveReport, RestoreReport, ensure_hot
-from overnight.chain.branches import LogEntry, MergeResult
-from overnight.ops.gc import GcReport, RmReport
 from overnight.chain.read import head_problems, load_head
 from overnight.verify.drift import DriftReport
-from overnight.verify.fsck import VerifyReport, verify_store
 from overnight.chain.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
 from overnight.chain.rollback import find_rollback
+
+# Branches, gc, archive and fsck are imported by the functions that use them: a resume, which
+# imports this module, needs none of them before its first step (tests/test_resume_cost.py).
+if TYPE_CHECKING:
+    from overnight.chain.branches import LogEntry, MergeResult
+    from overnight.ops.archive import ArchiveReport, RestoreReport
+    from overnight.ops.gc import GcReport, RmReport
+    from overnight.verify.fsck import VerifyReport
 
 
 @contextmanager
@@ -117,12 +120,41 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
 
 def _queued_only(s: Store, task_id: str) -> str | None:
     """The queue status of a task that was submitted but has no checkpoint yet, else None."""
+    row = _queue_row(s, task_id)
+    return describe(row, None, complete=False, now=s.clock_ms()) if row is not None else None
+
+
+def _queue_row(s: Store, task_id: str) -> Any | None:
+    """The queue row of ``task_id`` (:class:`~overnight.store.queue.QueuedTask`), or None: never
+    submitted, a store kind without a queue, or the queue unreadable."""
     try:
         q = queue_for(s)
-        row = q.get(task_id) if q is not None else None
+        return q.get(task_id) if q is not None else None
     except OvernightError:
         return None
-    return describe(row, None, complete=False, now=s.clock_ms()) if row is not None else None
+
+
+def _command(verb: str, task_id: str, s: Store) -> str:
+    """``overnight VERB ID`` with ``--store`` when ``s`` is not the default store, quoted as
+    :func:`~overnight.runtime.outcome.resume_command` quotes it."""
+    from overnight.runtime.outcome import resume_command
+
+    return f"overnight {verb} " + resume_command(task_id, "main", getattr(s, "url", None))[len("overnight resume "):]
+
+
+def _held_by_worker(s: Store, task_id: str, branch: str, exc: TaskBusy, then: str) -> TaskBusy:
+    """``exc`` -- a :class:`TaskBusy` taking the lease of ``task_id``/``branch`` -- naming the worker
+    when the holder is one running the task from the queue (its row ``running``, claimed by a
+    worker), with what a user can do: wait for it, or ``overnight cancel`` it (it stops at its next
+    step boundary) and then ``then``. Otherwise ``exc`` as it is."""
+    row = _queue_row(s, task_id) if branch == "main" else None  # workers run the main branch
+    if row is None or row.status != "running" or not row.worker_id:
+        return exc
+    return TaskBusy(
+        f"task {task_id!r} is busy: worker {row.worker_id} on {row.host} is running it (queue {row.queue!r})",
+        task_id=task_id, holder=exc.holder,
+        hint=f"wait for the worker to finish it (`{_command('status', task_id, s)}` shows its progress), or "
+        f"`{_command('cancel', task_id, s)}` to stop it at its next step boundary, then {then}")
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|hr|d|day|days|w|week|weeks)?\s*$")
@@ -237,9 +269,15 @@ def resume(
                                 spec=spec)
         if task is None:
             raise _no_code(row, "resume")
-        return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift,
-                      model=model, max_context_tokens=max_context_tokens, code_moved=entry is not None,
-                      allow_rollback=allow_rollback, head=head).run()
+        try:
+            return Runner(task, s, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift,
+                          model=model, max_context_tokens=max_context_tokens, code_moved=entry is not None,
+                          allow_rollback=allow_rollback, head=head).run()
+        except TaskBusy as exc:  # a worker running it from the queue: say which, and `overnight cancel`
+            told = _held_by_worker(s, task_id, branch, exc, f"`{_command('resume', task_id, s)}` runs it here")
+            if told is exc:
+                raise
+            raise told from exc
 
 
 def _spec_of(loaded: Any) -> dict[str, Any] | None:
@@ -643,6 +681,8 @@ def verify(task_id: str | None = None, *, store: Store | str | None = None, all_
     Raises:
         TaskNotFound: ``task_id`` does not exist.
     """
+    from overnight.verify.fsck import verify_store
+
     with _opened(store, task_id=task_id, read_only=not repair, write=repair) as s:
         return verify_store(s, [task_id] if task_id else None, key=signing_key_from_env(),
                             all_objects=all_objects, on_progress=on_progress, repair=repair)
@@ -650,6 +690,8 @@ def verify(task_id: str | None = None, *, store: Store | str | None = None, all_
 
 def log(task_id: str, *, store: Store | str | None = None) -> list[LogEntry]:
     """The task's history, all branches, newest first, with a graph column (``git log --graph``)."""
+    from overnight.chain import branches as branching
+
     with _opened(store, task_id=task_id, read_only=True) as s:
         s.get_task(task_id)
         return branching.history(s, task_id, key=signing_key_from_env())
@@ -658,6 +700,9 @@ def log(task_id: str, *, store: Store | str | None = None) -> list[LogEntry]:
 def fork(task_id: str, at: str, branch: str, *, store: Store | str | None = None) -> str:
     """Create ``branch`` at checkpoint ``at`` (id, unique prefix, or branch name); returns the new
     branch's first checkpoint id. Raises ``BranchExists``, ``CheckpointNotFound``, ``IntegrityError``."""
+    from overnight.chain import branches as branching
+    from overnight.ops.archive import ensure_hot
+
     with _opened(store, task_id=task_id, write=True) as s:
         s.get_task(task_id)
         cid = resolve_checkpoint(s, task_id, at)
@@ -668,6 +713,9 @@ def fork(task_id: str, at: str, branch: str, *, store: Store | str | None = None
 def rollback(task_id: str, to: str, *, branch: str = "main", store: Store | str | None = None) -> str:
     """Give ``branch`` a new head with the state of its ancestor ``to``; the newer checkpoints stay
     in the history. Raises ``TaskBusy`` while a run holds the branch."""
+    from overnight.chain import branches as branching
+    from overnight.ops.archive import ensure_hot
+
     with _opened(store, task_id=task_id, write=True) as s:
         s.get_task(task_id)
         cid = resolve_checkpoint(s, task_id, to)
@@ -679,6 +727,8 @@ def merge(task_id: str, source: str, *, into: str = "main", prefer: str | None =
           store: Store | str | None = None) -> MergeResult:
     """Merge branch ``source`` into ``into`` (union of done steps; three-way for artifacts and
     state). Raises ``MergeConflict`` listing both sides unless ``prefer`` is ``ours``/``theirs``."""
+    from overnight.chain import branches as branching
+
     with _opened(store, task_id=task_id, write=True) as s:
         s.get_task(task_id)
         return branching.merge(s, task_id, source, into=into, prefer=prefer, key=signing_key_from_env())
@@ -1030,6 +1080,8 @@ def salvage(path: str | Path, *, into: str | Path | None = None) -> SalvageRepor
                 if refs.get(branch) not in ids:  # the ref row, or the checkpoint it named, was lost
                     s.set_ref(t.task_id, branch, cid, refs.get(branch))
                     restored[f"{t.task_id}/{branch}"] = cid
+        from overnight.verify.fsck import verify_store
+
         report = verify_store(s, None, key=key, all_objects=True)
     return SalvageReport(copied.source, copied.target, copied.rows, copied.errors, restored, report)
 
@@ -1064,7 +1116,7 @@ def _configured_task_ids(cfg: Config) -> list[str]:
 
 def gc(*, store: Store | str | None = None, apply: bool = False, keep_last: int | None = None,
        older_than: str | float | None = None, task_id: str | None = None,
-       grace: str | float = collecting.DEFAULT_GRACE_S,
+       grace: str | float = DEFAULT_GRACE_S,
        on_progress: Callable[[int, int], None] | None = None) -> GcReport:
     """Find -- and with ``apply=True`` delete -- dangling checkpoints (on no live branch's
     lineage) and objects no remaining checkpoint needs. A dry run by default.
@@ -1079,6 +1131,8 @@ def gc(*, store: Store | str | None = None, apply: bool = False, keep_last: int 
     Raises:
         TaskNotFound, ConfigError; FormatTooNew when a checkpoint is from a newer overnight.
     """
+    from overnight.ops import gc as collecting
+
     with _opened(store, read_only=not apply) as s:
         return collecting.collect(s, apply=apply, keep_last=keep_last,
                                   older_than_s=parse_duration(older_than, "--older-than"), task_id=task_id,
@@ -1089,7 +1143,6 @@ def gc(*, store: Store | str | None = None, apply: bool = False, keep_last: int 
 def _all_leases(s: Store, task_id: str, force: bool) -> Iterator[None]:
     """Hold every branch's lease (and main's) for the block; ``TaskBusy`` names a live holder
     unless ``force``."""
-    from overnight.errors import TaskBusy
     from overnight.store.leases import DEFAULT_TTL_MS, Holder
 
     holder = Holder.current()
@@ -1100,6 +1153,10 @@ def _all_leases(s: Store, task_id: str, force: bool) -> Iterator[None]:
                 held.append(s.acquire_lease(task_id, b, holder.id, holder.to_json(), DEFAULT_TTL_MS * 20))
             except TaskBusy as exc:
                 if not force:
+                    by_worker = _held_by_worker(s, task_id, b, exc, f"`{_command('rm', task_id, s)}`; or pass "
+                                                "--force to delete the task under the worker")
+                    if by_worker is not exc:
+                        raise by_worker from exc
                     raise TaskBusy(exc.message, task_id=task_id, holder=exc.holder,
                                    hint="stop that run first, or pass --force to delete the task under it") from exc
         yield
@@ -1112,31 +1169,54 @@ def _all_leases(s: Store, task_id: str, force: bool) -> Iterator[None]:
 
 
 def rm(task_id: str, *, store: Store | str | None = None, dry_run: bool = False, force: bool = False,
-       grace: str | float = collecting.DEFAULT_GRACE_S,
+       grace: str | float = DEFAULT_GRACE_S,
        on_progress: Callable[[int, int], None] | None = None) -> RmReport:
     """Delete a task -- its record, branches, leases, checkpoints, journal, archive catalog rows and
     queue row (a submitted task) -- and then the objects no other task needs (those stored less than ``grace`` ago stay for
     ``gc``). A cold store it was archived to is not touched.
 
+    A task that was submitted but has no checkpoint yet (queued, or parked ``failed`` before its
+    first commit) is removed too: its queue row goes, so no worker runs it; the report has no
+    checkpoint and its ``queue_status`` says what the row was.
+
     Raises:
-        TaskNotFound: no such task.
+        TaskNotFound: no such task (neither stored nor submitted).
         TaskBusy: a live process holds one of its branches (``force=True`` deletes anyway).
     """
+    from overnight.ops import gc as collecting
+
     with _opened(store, task_id=task_id, write=True) as s:
         grace_s = parse_duration(grace, "--grace") or 0.0
+        queued = _queue_row(s, task_id)
+        status = queued.status if queued is not None else None
         try:
             s.get_task(task_id)
+            stored = True
         except TaskNotFound as exc:
-            if not getattr(exc, "leftover", False):
+            if not getattr(exc, "leftover", False) and queued is None:
                 raise
-            # only the records of a first commit (or of an rm) cut short: no checkpoint, nothing to keep
-            if not dry_run:
-                s.delete_task(task_id)
-            return collecting.RmReport(task_id, applied=not dry_run, grace_s=grace_s)
+            # only the records of a first commit (or of an rm) cut short, or a submitted task no
+            # worker has committed yet: no checkpoint, nothing to keep
+            stored = False
         if dry_run:
-            return collecting.remove_task(s, task_id, apply=False, grace_s=grace_s, on_progress=on_progress)
+            if not stored:
+                return collecting.RmReport(task_id, applied=False, grace_s=grace_s, queue_status=status)
+            report = collecting.remove_task(s, task_id, apply=False, grace_s=grace_s, on_progress=on_progress)
+            report.queue_status = status
+            return report
+        # under the leases: no worker starts (or commits) it while it goes
         with _all_leases(s, task_id, force):
-            report = collecting.remove_task(s, task_id, apply=True, grace_s=grace_s, on_progress=on_progress)
+            try:
+                s.get_task(task_id)  # again: a worker may have made its first commit since
+                stored = True
+            except TaskNotFound:
+                stored = False
+            if stored:
+                report = collecting.remove_task(s, task_id, apply=True, grace_s=grace_s, on_progress=on_progress)
+            else:
+                s.delete_task(task_id)
+                report = collecting.RmReport(task_id, applied=True, grace_s=grace_s)
+            report.queue_status = status
             q = queue_for(s)
             if q is not None:  # a submitted task: no worker may claim (and so re-create) it again
                 q.delete(task_id)
@@ -1144,7 +1224,7 @@ def rm(task_id: str, *, store: Store | str | None = None, dry_run: bool = False,
 
 
 def archive(task_id: str, *, cold: str, store: Store | str | None = None, keep_last: int | None = None,
-            older_than: str | float | None = None, grace: str | float = collecting.DEFAULT_GRACE_S,
+            older_than: str | float | None = None, grace: str | float = DEFAULT_GRACE_S,
             on_progress: Callable[[int, int], None] | None = None) -> ArchiveReport:
     """Move the task's history beyond ``keep_last`` checkpoints per branch (or older than
     ``older_than``) into the cold store ``cold``, packed; heads and everything a kept checkpoint
@@ -1153,6 +1233,8 @@ def archive(task_id: str, *, cold: str, store: Store | str | None = None, keep_l
     Raises:
         ConfigError, TaskNotFound, TaskBusy (a run holds a branch), TaskChanged.
     """
+    from overnight.ops import archive as archiving
+
     with _opened(store, task_id=task_id, write=True) as s:
         return archiving.archive(s, task_id, cold=cold, keep_last=keep_last,
                                  older_than_s=parse_duration(older_than, "--older-than"),
@@ -1167,6 +1249,8 @@ def restore(task_id: str, *, store: Store | str | None = None, cold: str | None 
     Raises:
         TaskNotFound; MissingObject / DigestMismatch for a missing or damaged pack.
     """
+    from overnight.ops import archive as archiving
+
     with _opened(store, task_id=task_id, write=True) as s:
         return archiving.restore(s, task_id, cold=cold, on_progress=on_progress)
 

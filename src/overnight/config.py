@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -265,6 +264,8 @@ def load(start: Path | None = None) -> Config:
     cfg = Config(dict(DEFAULTS), {k: "default" for k in DEFAULTS})
     path = find_file(start)
     if path is not None:
+        import tomllib  # only with a file to read (2-3 ms of a start-up without one)
+
         try:
             data = _flatten(tomllib.loads(path.read_text(encoding="utf-8")))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

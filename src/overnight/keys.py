@@ -72,6 +72,24 @@ class EnvKey:
     source: str  # "signing key" | the key file's path
 
 
+def write_cache_file(path: Path, doc: Any) -> None:
+    """Atomically replace ``path`` (in the per-user state folder, created mode 0700) with ``doc`` as
+    compact JSON, mode 0600 -- for caches, whose loss only costs the next process a recomputation:
+    an ``OSError`` is ignored, and nothing is fsynced."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, separators=(",", ":"))
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
 def _env_key(key: bytes, source: str) -> EnvKey:
     kid = hmac.new(key, b"overnight.env-key-id", hashlib.sha256).hexdigest()[:16]
     return EnvKey(key, kid, source)

@@ -21,9 +21,12 @@ and, in this process, **load + verify head** (:func:`~overnight.chain.read.load_
 store, ``lazy_done``: record, state document, todo and artifact pages, world fingerprint -- the done
 pages are read and verified when used, so this is what ``ls``, the resume's look-up of the task's
 code and the runner pay: its memo look-up of a step, its plan check and its drift check go by the
-done pages' verified index, record format 4) and **load + verify every done page** (the same with
-every done page read and verified: what ``verify`` and a format-3 head cost, and what the runner
-read before its session until format 4) -- the parts that would grow with the chain. Each child's peak resident memory is recorded
+done pages' verified index, record format 4), **load + what a resume checks** (the same, then
+what the runner checks before its first step, :func:`~overnight.chain.checked.check_done_pages`:
+every done page hashed, and parsed and checked against its index unless this machine checked that
+page reference before -- the cache the timed resumes filled) and **load + verify every done page**
+(every done page read, parsed and verified: what ``verify`` and a format-3 head cost, and what
+the runner did before its session until 2026-12-03) -- the parts that would grow with the chain. Each child's peak resident memory is recorded
 too (``rss_mb``: ``VmHWM`` as the child reports it -- ``wait4``'s ``ru_maxrss`` would include this
 process's size, :mod:`overnight.bench.memory`).
 
@@ -46,9 +49,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from overnight.bench import memory
 from overnight.errors import BenchFailed, ConfigError
@@ -86,7 +90,10 @@ def work(ctx, i):
     return {{"i": i}}
 '''
 
-PROBES = ("resume to first step", "bare import", "load + verify head", "load + verify every done page")
+CHECKED = "load + what a resume checks"
+"""The probe of the head's load with what the runner checks before its first step
+(:func:`~overnight.chain.checked.check_done_pages`), pages this machine checked before hashed only."""
+PROBES = ("resume to first step", "bare import", "load + verify head", CHECKED, "load + verify every done page")
 CPU_PROBES = ("resume to first step (cpu)", "bare import (cpu)")
 BASELINE = "baseline resume"
 """The probe of ``baseline=``: the same resume run by another overnight's source."""
@@ -133,14 +140,14 @@ class ResumeProcessBench:
                  "length; ms",
                  "",
                  "| chain (checkpoints) | resume to first step | bare `import overnight` | resume over import | "
-                 "resume / import | CPU: resume over import | load + verify head | load + verify every done page | "
-                 "resume peak RSS, MB |",
-                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                 "resume / import | CPU: resume over import | load + verify head | load + what a resume checks | "
+                 "load + verify every done page | resume peak RSS, MB |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for n in self.lengths:
             r, i = self.median("resume to first step", n), self.median("bare import", n)
             lines.append(f"| {self.checkpoints[n]:,} | {r:.0f} | {i:.0f} | {self.over_import(n):.0f} | {r / i:.1f}x | "
                          f"{self.over_import(n, cpu=True):.0f} | {self.median('load + verify head', n):.1f} | "
-                         f"{self.median('load + verify every done page', n):.1f} | "
+                         f"{self.median(CHECKED, n):.1f} | {self.median('load + verify every done page', n):.1f} | "
                          f"{self.peak_rss('resume to first step', n):.0f} |")
         if BASELINE in self.samples_ms:
             lines += ["", "against the baseline's resume, pair by pair (this / baseline)", "",
@@ -175,7 +182,7 @@ class ResumeProcessBench:
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         xs = [self.checkpoints[n] for n in self.lengths]
-        for probe, style in zip(PROBES, ("o-", "s--", "^-", "v-")):
+        for probe, style in zip(PROBES, ("o-", "s--", "^-", "<-", "v-")):
             ax.plot(xs, [self.median(probe, n) for n in self.lengths], style, label=probe)
         ax.plot(xs, [max(self.over_import(n), 0.1) for n in self.lengths], "d:", label="resume over import")
         for probe in CPU_PROBES:  # the same processes' CPU time: steadier than wall time under load
@@ -191,6 +198,20 @@ class ResumeProcessBench:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+@contextmanager
+def _state_dir(path: Path) -> Iterator[None]:
+    """``$OVERNIGHT_STATE_DIR`` set to ``path`` in this process meanwhile (then as it was)."""
+    saved = os.environ.get("OVERNIGHT_STATE_DIR")
+    os.environ["OVERNIGHT_STATE_DIR"] = str(path)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("OVERNIGHT_STATE_DIR", None)
+        else:
+            os.environ["OVERNIGHT_STATE_DIR"] = saved
 
 
 def _cli(directory: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -242,6 +263,8 @@ def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *
     if reps < 1:
         raise ConfigError(f"reps must be at least 1, got {reps}")
     from overnight.store import open_store
+    from overnight.store.blobs import BlobReader
+    from overnight.chain.checked import check_done_pages
     from overnight.chain.read import load_head
 
     directory = Path(directory).resolve()
@@ -284,13 +307,16 @@ def run_resume_process_bench(lengths: tuple[int, ...] = (10, 100, 1000, 5000), *
                     result.samples_ms.setdefault(probe, {})[n] = [w for w, _, _ in runs]
                     result.samples_ms.setdefault(probe + " (cpu)", {})[n] = [c for _, c, _ in runs]
                     result.rss_mb.setdefault(probe, {})[n] = [m for _, _, m in runs]
-            for probe, lazy in (("load + verify head", True), ("load + verify every done page", False)):
-                load_head(store, TASK_ID, "main", lazy_done=lazy)
+            for probe, lazy in (("load + verify head", True), (CHECKED, True), ("load + verify every done page", False)):
                 loads = []
-                for _ in range(reps):
+                for i in range(reps + 1):  # the first: a warm-up
                     t0 = time.perf_counter()
-                    load_head(store, TASK_ID, "main", lazy_done=lazy)
-                    loads.append((time.perf_counter() - t0) * 1000)
+                    loaded, _ = load_head(store, TASK_ID, "main", lazy_done=lazy)
+                    if probe == CHECKED:  # with the children's cache of checked pages, filled by their resumes
+                        with _state_dir(directory / "state"):
+                            check_done_pages(loaded, BlobReader(store), TASK_ID, "main")
+                    if i:
+                        loads.append((time.perf_counter() - t0) * 1000)
                 result.samples_ms[probe][n] = loads
             if store.get_checkpoint(store.get_ref(TASK_ID, "main")).seq + 1 != have:
                 raise BenchFailed("a timed resume committed a step: it did not stop at its first step")

@@ -93,8 +93,8 @@ def judge(report: Any) -> list[Target]:
     if process is not None:
         first, last = process.lengths[0], process.lengths[-1]
         for probe, label in (("load + verify head", "load + verify head, done pages read as used (lazy)"),
-                             ("load + verify every done page", "load + verify head, every done page (what a "
-                                                               "resume checks before its first step)")):
+                             ("load + what a resume checks", "load + verify head, with what a resume checks before "
+                              "its first step (every done page hashed; parsed unless checked on this machine)")):
             at_last = process.median(probe, last)
             add(4, f"{label}, at {last:,} checkpoints (SQLite)", at_last, 5.0, ms)
             add(4, f"{label}: {last:,} checkpoints / {first:,}", at_last / process.median(probe, first), 2.0, _ratio)

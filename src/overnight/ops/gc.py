@@ -72,15 +72,11 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 from overnight.errors import ConfigError, StoreCorrupt
-from overnight.store.base import CheckpointRow, MinAge, Store
+from overnight.store.base import DEFAULT_GRACE_S, CheckpointRow, MinAge, Store
 from overnight.store.compose.pack import manifest_of
 from overnight.store.compose.tiered import TieredStore, tiered
 from overnight.chain.ditto import with_copies
 from overnight.chain.reachability import Reach, Unreadable, lineage
-
-DEFAULT_GRACE_S = 3600.0
-"""Objects younger than this (seconds) are never collected: the longest a commit may take."""
-
 
 @dataclass
 class TaskGc:
@@ -350,6 +346,8 @@ class RmReport:
         objects_unreferenced: objects only this task needed.
         objects_deleted, object_bytes: of those, deleted (older than ``grace``), and their bytes.
         objects_young: of those, kept because stored less than ``grace`` ago (``gc`` takes them later).
+        queue_status: the status of its queue row (``queued``, ``running``, ``failed``, ...) when it
+            was submitted -- the row goes with it -- else None (set by :func:`overnight.api.rm`).
     """
 
     task_id: str
@@ -365,6 +363,7 @@ class RmReport:
     objects_young: int = 0
     unreadable: list[Unreadable] = field(default_factory=list)
     seconds: float = 0.0
+    queue_status: str | None = None
 
 
 def remove_task(store: Store, task_id: str, *, apply: bool = True, grace_s: float = DEFAULT_GRACE_S,

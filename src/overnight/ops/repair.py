@@ -30,7 +30,7 @@ from overnight.errors import (
 )
 from overnight.store.base import CheckpointRow, Commit, Store, TaskRow
 from overnight.store.compose.damaged import DamagedMedium
-from overnight.store.compose.replicated import ReplicatedStore
+from overnight.store.compose.replicated import ReplicatedStore, replicated_under
 from overnight.chain.branches import check_branch_name
 from overnight.chain.read import Fallback, Skipped, load_head
 from overnight.chain.integrity import LoadedCheckpoint, load_checkpoint
@@ -382,8 +382,7 @@ def _repair_medium(src: Store, dst: Store, task_row: TaskRow, lineage: list[Chec
 
 def _replicated(store: Any) -> ReplicatedStore | None:
     """The replicated store under ``store`` (a tiered wrapper's hot store), if it is one."""
-    inner = getattr(store, "hot", store)
-    return inner if isinstance(inner, ReplicatedStore) else None
+    return replicated_under(store)
 
 
 def set_aside_damaged_media(store: Any, task_id: str) -> list[str]:

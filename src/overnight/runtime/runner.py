@@ -19,8 +19,8 @@ from __future__ import annotations
 from overnight.runtime import recompute
 from overnight.runtime.step import StepRun, encode_results, state_after
 from overnight.runtime.lease import Abandon, LeaseKeeper, StopSignals
-from overnight.ops.repair import RepairReport, repair_before_resume, set_aside_damaged_media
 from overnight.chain.integrity import verify_artifacts
+from overnight.chain.checked import check_done_pages
 
 import inspect
 import logging
@@ -28,7 +28,7 @@ import os
 import time
 import traceback
 import uuid
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from overnight.codec.canonical import dumps as canonical_dumps
 from overnight.codec.canonical import from_tree, to_tree
@@ -60,7 +60,7 @@ from overnight.runtime.drift_decision import Decision, decide, policies_for, wor
 from overnight.store.task_location import Route, locate, open_routed
 from overnight.runtime.router import route as route_task
 from overnight.store.compose.tiered import TieredStore, tiered
-from overnight.ops.archive import ensure_hot
+from overnight.store.compose.replicated import replicated_under
 from overnight.chain.branches import check_branch_name
 from overnight.chain import rollback
 from overnight.chain.write import ChainWriter, utc_now
@@ -71,6 +71,9 @@ from overnight.chain.integrity import LoadedCheckpoint, encode_state, load_check
 from overnight.chain.records import event, initial_state
 from overnight.runtime.outcome import RunEvent, RunResult, configured_store_url, resume_command
 from overnight.runtime.state import Context, SessionState
+
+if TYPE_CHECKING:
+    from overnight.ops.repair import RepairReport
 
 
 LOG = logging.getLogger("overnight.runner")
@@ -423,6 +426,9 @@ class Runner:
         if accepted is not None:
             self._emit("rollback", checkpoint_id=loaded.id, detail=f"accepted (--allow-rollback): {accepted.describe()}")
         if fallback is not None:
+            # imported only here: a resume's first step does not need it (tests/test_resume_cost.py)
+            from overnight.ops.archive import ensure_hot
+
             ensure_hot(self.store, self.task.id, loaded.id)  # fell back into archived history: bring it back
         self.state = SessionState.of(loaded.state_tree)
         self.chain.start_from(loaded, None if repaired_back else fallback)
@@ -453,23 +459,30 @@ class Runner:
 
     def _head_loaded(self) -> tuple[LoadedCheckpoint, Fallback | None]:
         """The branch head, verified: the one the caller loaded (``head=``) if the ref still names
-        what it loaded, else loaded now (:func:`~overnight.chain.read.load_head`)."""
+        what it loaded, else loaded now with its done pages read as used; then every done page
+        checked (:func:`~overnight.chain.checked.check_done_pages`: the memo look-up and the drift
+        check go by the pages' index) and every artifact hashed, once. Anything damaged there:
+        loaded again in full (:func:`~overnight.chain.read.load_head`), falling back past it."""
         pre, self._preloaded = self._preloaded, None
-        if pre is not None:
+        if pre is not None and self.store.get_ref(self.task.id, self.branch) != (
+                pre[1].head_id if pre[1] else pre[0].id):
+            pre = None  # the ref moved since the caller loaded it
+        if pre is None:
+            known: set[str] = set()
+            loaded, fallback = load_head(self.store, self.task.id, self.branch, key=self.key, deep=False,
+                                         verified=known, lazy_done=True)
+        else:
             loaded, fallback, known = pre
-            if self.store.get_ref(self.task.id, self.branch) == (fallback.head_id if fallback else loaded.id):
-                seen: set[str] = set()
-                try:
-                    # every done page, checked against its index (the memo look-up and the drift
-                    # check go by the index; the caller may have loaded it with lazy_done), then
-                    # the deep check, once
-                    list(loaded.done_pages)
-                    verify_artifacts(loaded, BlobReader(self.store, seen))
-                except IntegrityError:
-                    pass  # a damaged artifact: load the branch again, falling back past it
-                else:
-                    self.chain.known |= known | seen
-                    return loaded.with_later_heals(), fallback  # pages read just now may have healed
+        seen: set[str] = set()
+        try:
+            reader = BlobReader(self.store, seen)
+            check_done_pages(loaded, reader, self.task.id, self.branch)
+            verify_artifacts(loaded, reader)
+        except IntegrityError:
+            pass  # a damaged page or artifact: load the branch again, falling back past it
+        else:
+            self.chain.known |= known | seen
+            return loaded.with_later_heals(), fallback  # pages read just now may have healed
         return load_head(self.store, self.task.id, self.branch, key=self.key, verified=self.chain.known)
 
     def _reconcile_plan(self) -> None:
@@ -494,6 +507,9 @@ class Runner:
             self._emit("drift", detail=found.describe() + "\n-> " + decision.describe())
         if decision.rollback_to is not None:
             target = decision.rollback_to
+            # imported only here: a resume's first step does not need it (tests/test_resume_cost.py)
+            from overnight.ops.archive import ensure_hot
+
             ensure_hot(self.store, self.task.id, target.id)
             self.state = SessionState.of(target.state_tree)
             self._accepted = list(target.record.fingerprint.accepted) if target.record.fingerprint else []
@@ -515,11 +531,20 @@ class Runner:
     def _set_aside_damaged(self) -> None:
         """A replicated task whose primary (or another medium) is damaged: its files moved aside
         (:func:`~overnight.ops.repair.set_aside_damaged_media`), rebuilt by :meth:`_repair_media`."""
+        if replicated_under(self.store) is None:  # one medium: nothing to set aside (ops.repair not imported)
+            return
+        from overnight.ops.repair import set_aside_damaged_media
+
         set_aside_damaged_media(self.store, self.task.id)
 
     def _repair_media(self) -> None:
         """A replicated task: every medium brought up to the newest verifiable head before one is
         read (:func:`~overnight.ops.repair.repair_before_resume`)."""
+        if replicated_under(self.store) is None:  # one medium: nothing to repair (ops.repair not imported)
+            self._repair = None
+            return
+        from overnight.ops.repair import repair_before_resume
+
         self._repair = repair = repair_before_resume(self.store, self.task.id, key=self.key)
         if repair is not None and (repair.repaired or any(m.status != "ok" for m in repair.media)):
             self._emit("repair", detail=repair.describe())

@@ -256,6 +256,10 @@ class Commit:
     task: TaskRow | None = None
 
 
+DEFAULT_GRACE_S = 3600.0
+"""Objects younger than this (seconds) are never collected (``gc``, ``rm``, ``archive``): the longest
+a commit may take between storing its objects and naming them."""
+
 MinAge = Union[int, Callable[[], int]]
 """A minimum age in ms for :meth:`Store.delete_objects`: a number, or a callable that returns it
 when the store asks (the age a caller keeps grows while it waits for the store's lock)."""

@@ -34,7 +34,6 @@ from overnight.store.base import Store
 from overnight.store.compose.damaged import DamagedMedium
 from overnight.store.compose.replicated import ReplicatedStore
 from overnight.store.compose.tiered import TieredStore, tiered
-from overnight.store.memory import MemoryStore
 
 Heal = Callable[[ReplicatedStore, str], Any]
 """``heal(replicated, task_id)``: bring every medium of a replicated task to its newest verified
@@ -79,6 +78,9 @@ def open_routed(route: Route, task_id: str, *, read_only: bool = False) -> Any:
         StoreCorrupt: the single medium of a one-medium route is damaged.
     """
     if route.level == "ephemeral" or not route.urls:
+        # imported only here: a resume of a stored task never needs it
+        from overnight.store.memory import MemoryStore
+
         return MemoryStore(f"ephemeral-{task_id}")
     if len(route.urls) == 1:
         return open_store(route.urls[0], read_only=read_only)

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from overnight.keys import state_dir
+from overnight.keys import state_dir, write_cache_file
 
 CACHE_FILE = "distributions.json"
 """Name of the cache file in the per-user state folder."""
@@ -96,22 +96,6 @@ def _read(path: Path, key: str) -> dict[str, str] | None:
     return dict(packages)
 
 
-def _write(path: Path, key: str, packages: dict[str, str]) -> None:
-    """Atomically replace the cache file; a failure is ignored (the cache is an optimisation)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"format": CACHE_FORMAT, "key": key, "packages": packages}, f, separators=(",", ":"))
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-
-
 def cached_distributions(scan: Callable[[], dict[str, str]]) -> dict[str, str]:
     """``scan()`` -- the full read of the installed distributions -- unless this process or the cache
     file already holds its result under the current :func:`path_key`; a fresh result is written
@@ -124,7 +108,7 @@ def cached_distributions(scan: Callable[[], dict[str, str]]) -> dict[str, str]:
         if found is None:
             scans += 1
             found = scan()
-            _write(cache_path(), key, found)
+            write_cache_file(cache_path(), {"format": CACHE_FORMAT, "key": key, "packages": found})
         _memo.clear()
         _memo[key] = found
     return dict(found)

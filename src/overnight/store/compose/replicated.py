@@ -138,3 +138,9 @@ class ReplicatedStore(Closing):
 
     def __repr__(self) -> str:
         return f"ReplicatedStore({self.names})"
+
+
+def replicated_under(store: object) -> ReplicatedStore | None:
+    """The replicated store under ``store`` (a tiered wrapper's hot store), if it is one."""
+    inner = getattr(store, "hot", store)
+    return inner if isinstance(inner, ReplicatedStore) else None
