@@ -100,7 +100,8 @@ def test_a_planted_manifest_is_damage_of_that_archive_within_bounded_memory(tmp_
     """A forged archive row (hot catalog and cold store) whose manifest -- a few KB of zstd --
     expands to tens of MiB of ``{}``/``[]``/``"ab"``/``1.5``: under a 1 GiB address-space limit
     (the parse took 1.1-1.5 GB before), reading it is a DigestMismatch naming that archive;
-    ``show`` and ``verify --all`` still see the task and its sound archive; ``restore --cold``
+    ``show`` and ``verify --all`` still see the task and its sound archive (``verify`` reports the
+    forged row as a problem of check ``archive``, exit 3); ``restore --cold``
     fails typed, naming the forged archive, with no traceback."""
     hot_url, cold_url = f"sqlite://{tmp_path / 'hot.db'}", f"file://{tmp_path / 'cold'}"
     with open_store(hot_url) as store:
@@ -137,8 +138,10 @@ def test_a_planted_manifest_is_damage_of_that_archive_within_bounded_memory(tmp_
     assert [line for line in lines if line.startswith("ok ")] == [f"ok {sound.archive_id} {len(sound.archived)}"] * 2
     show = proc(["-m", "overnight", "show", "g", "--store", hot_url])
     assert show.returncode == 0 and "archived" in show.stdout, show.stderr
+    # verify still checks the task through its sound archive, and reports the forged row (exit 3)
     check = proc(["-m", "overnight", "verify", "--all", "--store", hot_url])
-    assert check.returncode == 0 and "g: main ok" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 3 and "g: main ok" in check.stdout, check.stdout + check.stderr
+    assert "archive" in check.stdout and row.archive_id in check.stdout, check.stdout
     restore = proc(["-m", "overnight", "restore", "g", "--cold", cold_url, "--store", hot_url])
     assert restore.returncode == 3 and row.archive_id in restore.stderr, restore.stderr
 

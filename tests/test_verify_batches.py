@@ -42,7 +42,7 @@ def _damage(path, d: str) -> None:
         db.execute("UPDATE objects SET data=? WHERE digest=?", (bytes([data[0] ^ 1]) + data[1:], d))
 
 
-def test_a_damaged_chunk_among_many_batches_is_found_and_named(tmp_path):
+def test_a_damaged_chunk_among_many_batches_is_found_and_named(tmp_path, monkeypatch):
     path = tmp_path / "s.db"
     overnight.run(_task(100, 30_000), f"sqlite://{path}", handle_signals=False)
     store = open_url(f"sqlite://{path}")
@@ -58,15 +58,20 @@ def test_a_damaged_chunk_among_many_batches_is_found_and_named(tmp_path):
     _damage(path, chunks[len(chunks) // 2])
 
     reports = [verify_store(store, all_objects=True, workers=w, processes=p) for w, p in ((1, 0), (4, 0), (2, 2))]
+    from overnight.verify import fsck
+
+    monkeypatch.setattr(fsck, "_HELPER_DEPTH", 1)  # helpers behind: the calling thread checks batches too
+    reports.append(verify_store(store, all_objects=True, workers=2, processes=2))
     for report in reports:
         assert not report.ok
         named = [p for p in report.problems if chunks[len(chunks) // 2] in p.detail]
         assert {p.check for p in named} == {"artifact 'a/0077.txt'", "object"}, report.problems
         assert report.bytes_verified == clean.bytes_verified - victim.size  # every other artifact hashed
         assert report.objects_invalid == 2  # the chunk, and the artifact made of it
-    a, b, c = ([(p.task_id, p.checkpoint_id, p.check, p.detail) for p in r.problems] for r in reports)
-    assert sorted(a, key=repr) == sorted(b, key=repr) == sorted(c, key=repr)  # the same on 1 thread, 4, 2 processes
-    assert reports[0].checkpoints_invalid == reports[1].checkpoints_invalid == reports[2].checkpoints_invalid >= 1
+    a, b, c, d = ([(p.task_id, p.checkpoint_id, p.check, p.detail) for p in r.problems] for r in reports)
+    assert sorted(a, key=repr) == sorted(b, key=repr) == sorted(c, key=repr) == sorted(d, key=repr)  # 1 thread, 4, 2 processes
+    assert reports[0].checkpoints_invalid == reports[1].checkpoints_invalid == reports[2].checkpoints_invalid \
+        == reports[3].checkpoints_invalid >= 1
 
 
 def test_content_checked_in_helper_processes_counts_what_threads_count(tmp_path, monkeypatch):
@@ -88,6 +93,8 @@ def test_content_checked_in_helper_processes_counts_what_threads_count(tmp_path,
     assert summary(verify_store(store, ["many"], processes=1)) == summary(verify_store(store, ["many"], processes=0))
     import overnight.verify.fsck as fsck
 
+    monkeypatch.setattr(fsck, "_HELPER_DEPTH", 1)  # most batches checked on the calling thread, beside the helpers
+    assert summary(verify_store(store, all_objects=True, processes=2)) == threads
     monkeypatch.setattr(fsck, "reopen_url", lambda s: f"sqlite://{tmp_path / 'no-such-store.db'}")
     assert summary(verify_store(store, all_objects=True, processes=2)) == threads
 

@@ -446,7 +446,9 @@ def verify(
     verifies is reported as healable; --repair rewrites it from the copy and lists it as healed.
 
     Records: digest, canonical form, format, schema, signature; chain links; state and artifact
-    blobs, hashed chunk by chunk. Exit 0 when everything verifies, 3 on any problem -- a damaged
+    blobs, hashed chunk by chunk; the task's archive catalog rows (--all: every row): each
+    manifest, and its pack and copy of the row in the cold store (check "archive").
+    Exit 0 when everything verifies, 3 on any problem -- a damaged
     record that no branch uses any more (skipped by a fallback) included, unless --ignore-dangling. --all checks
     one store (default: the local one); a configured database or cloud medium is checked with
     --store URL. A TASK_ID is looked up on every configured medium."""

@@ -811,9 +811,25 @@ class KeyedStore(Closing):
     def check_medium(self) -> list[str]:
         """What is wrong below what the ``Store`` protocol lists, run by ``overnight verify --all``,
         one line each naming its key (``[]`` when nothing is): :meth:`damaged_entries`, then the
-        files planted in a task's index under a name overnight never writes (:meth:`_index`)."""
+        files planted in a task's index under a name overnight never writes (:meth:`_index`), then
+        the archive catalog records that do not decode (:meth:`list_archives` leaves them out)."""
         damage, foreign = self._entries()
-        return damage + foreign
+        return damage + foreign + self._damaged_archives()
+
+    def _damaged_archives(self) -> list[str]:
+        """One line per record under ``archives/`` that does not decode, naming its key."""
+        found = []
+        try:
+            records = self._c.read_many([k for k, _, _ in self._c.stats(layout.ARCHIVES)])
+        except StoreCorrupt as exc:
+            return [exc.message]
+        for key, data in sorted(records.items()):
+            try:
+                self._decoded(layout.decode_archive, key, data)
+            except StoreCorrupt as exc:
+                found.append(f"{exc.message}; this archive catalog row is not listed (its archived history cannot "
+                             "be read through it)")
+        return found
 
     def _entries(self) -> tuple[list[str], list[str]]:
         """``(damaged_entries, foreign index names)``, in one pass over ``tasks/``."""

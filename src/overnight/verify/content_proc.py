@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
 import sys
-import threading
-from concurrent.futures import Future
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from overnight.store.base import Store
+# what only the parent uses is imported where it is used: a helper starts importing no more than it runs
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from overnight.store.base import Store
 
 BatchResult = tuple[dict[str, int], list[str], dict[str, str]]
 """``(size in bytes of each blob that verified, every digest verified, copy key -> original)``."""
@@ -42,19 +42,18 @@ def reopen_url(store: Store) -> str | None:
     reopened elsewhere as the same store: an in-process store (``memory://``), a composed one
     (replicas, fault injection) or a remote object store (each helper would pay its own
     connection set-up to save little)."""
-    from overnight.store.compose.tiered import TieredStore
-    from overnight.store.file import FileStore
-    from overnight.store.sqlite import SQLiteStore
+    def is_a(module: str, name: str) -> bool:  # a store of a class exists only once its module is
+        found = sys.modules.get(module)  # imported: nothing is imported here just to compare types
+        return found is not None and type(store) is getattr(found, name, None)
 
-    if type(store) is TieredStore:  # what the CLI opens: helpers check its hot store; an object only
-        return reopen_url(store.hot)  # archived is not confirmed by them and is checked here instead
-    if type(store) is SQLiteStore:
-        return f"sqlite://{store.path.resolve()}"
-    if type(store) is FileStore:
-        return f"file://{store.path.resolve()}"
-    postgres = sys.modules.get("overnight.store.postgres")  # a PostgresStore exists only once it is imported
-    if postgres is not None and type(store) is postgres.PostgresStore:
-        return store.url
+    if is_a("overnight.store.compose.tiered", "TieredStore"):  # what the CLI opens: helpers check its hot
+        return reopen_url(store.hot)  # type: ignore[attr-defined]  # store; an object only archived is checked here
+    if is_a("overnight.store.sqlite", "SQLiteStore"):
+        return f"sqlite://{store.path.resolve()}"  # type: ignore[attr-defined]
+    if is_a("overnight.store.file", "FileStore"):
+        return f"file://{store.path.resolve()}"  # type: ignore[attr-defined]
+    if is_a("overnight.store.postgres", "PostgresStore"):
+        return store.url  # type: ignore[attr-defined]
     return None
 
 
@@ -70,7 +69,11 @@ class Helper:
     """
 
     def __init__(self, url: str, context: str) -> None:
-        src = str(Path(__file__).resolve().parents[2])  # where this overnight is imported from
+        import subprocess
+        import threading
+
+        here = os.path.realpath(__file__)  # .../src/overnight/verify/content_proc.py
+        src = os.path.dirname(os.path.dirname(os.path.dirname(here)))  # where this overnight is imported from
         path = os.environ.get("PYTHONPATH", "")
         env = {**os.environ, "PYTHONPATH": src + (os.pathsep + path if path else "")}
         self.proc = subprocess.Popen([sys.executable, "-m", "overnight.verify.content_proc", context],
@@ -88,7 +91,14 @@ class Helper:
         self._reader = threading.Thread(target=self._read, name="overnight-verify-helper", daemon=True)
         self._reader.start()
 
+    @property
+    def pending(self) -> int:
+        """Batches sent and not answered yet."""
+        return len(self._pending)
+
     def submit(self, digests: list[str]) -> Future:
+        from concurrent.futures import Future
+
         future: Future = Future()
         with self._lock:
             if not self.alive:
@@ -133,6 +143,8 @@ class Helper:
             self.proc.stdin.close()
         except (OSError, ValueError):
             pass
+        import subprocess
+
         try:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:

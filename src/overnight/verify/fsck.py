@@ -32,6 +32,7 @@ from overnight.codec.compress import decompress
 from overnight.codec.digest import from_raw
 from overnight.errors import CheckpointNotFound, DecodeError, IntegrityError, OvernightError, short_id
 from overnight.store.base import CheckpointRow, ObjectRecord, Store
+from overnight.store.blobs import ChunkCache
 from overnight.chain.ditto import CopyReader, HealingReader, rewrite_record
 from overnight.chain.integrity import BoundedPageCache, PageCache, load_checkpoint
 from overnight.chain.reachability import lineage
@@ -41,6 +42,21 @@ from overnight.verify.content_proc import Helper, HelperGone, reopen_url
 
 _AHEAD = 64
 """Checkpoints whose state documents and new pages are fetched ahead together (:class:`_Prefetched`)."""
+
+_BATCH_BYTES = 2_000_000
+"""Bytes of content (the sizes known when queued) after which a batch is sent even with fewer
+than ``batch`` digests: a batch of large artifacts is checked in a few ms, so a helper never
+holds much that the calling thread would wait for at the end of a task."""
+
+_HELPER_DEPTH = 3
+"""Batches waiting at most in a helper process's pipe: a batch beyond is checked on the calling
+thread, which so takes over the content the helpers cannot keep up with (on a busy machine, or
+while they start) instead of waiting for it at the end."""
+
+_PAGE_CHUNKS = 1024 * 1024
+"""Bytes of verified chunk payloads the calling thread's reader keeps (:class:`~overnight.store.blobs.ChunkCache`):
+consecutive versions of a chunked page (a done page growing by one entry a step) share all but
+their last chunks, each read, decompressed and hashed once per run instead of once per version."""
 
 _HELPERS_AFTER = 4_000_000
 """Bytes of content queued (artifacts' sizes) after which helper processes start by default: a
@@ -125,13 +141,16 @@ def _index_mismatches(row: Any, record: Any) -> list[str]:
 
 class _ContentCheck:
     """Object content checks beside the record checks: digests are queued, checked in batches of
-    ``batch`` (one store call each, :meth:`~overnight.store.blobs.BlobReader.verify_many`), and
-    the results handed back on the calling thread, which checks the records meanwhile. The batches
-    go to helper processes when :meth:`start_helpers` started any (:mod:`overnight.verify.content_proc`:
-    each its own interpreter, so the content check runs on another core whatever the GIL), else to
-    ``workers`` threads (decompression and SHA-256 release the GIL, the rest does not). At most
-    ``2 * workers`` batches (8 per helper) are in flight, and results are taken as they come, so
-    memory stays bounded whatever the store's size.
+    ``batch`` digests or :data:`_BATCH_BYTES` of content (one store call each,
+    :meth:`~overnight.store.blobs.BlobReader.verify_many`), and the results handed back on the
+    calling thread, which checks the records meanwhile. The batches go to helper processes when
+    :meth:`start_helpers` started any (:mod:`overnight.verify.content_proc`: each its own
+    interpreter, so the content check runs on another core whatever the GIL) -- a batch the
+    helpers have no room for (:data:`_HELPER_DEPTH` waiting each) is checked on the calling thread
+    right away, the same call, so neither side waits for the other -- else to ``workers`` threads
+    (decompression and SHA-256 release the GIL, the rest does not). At most ``2 * workers``
+    batches are in flight, and results are taken as they come, so memory stays bounded whatever
+    the store's size.
 
     A digest that fails in a batch (or whose helper died) is verified again on the calling thread
     with the healing reader -- exactly the one-object path of a plain ``verify`` -- which heals it
@@ -148,6 +167,7 @@ class _ContentCheck:
         self._plan: tuple[str, int] | None = None
         self._start_at = 0
         self._queued_bytes = 0
+        self._batch_bytes = 0
         self._turn = 0
         self.copy_of: dict[str, str] = {}
         """Copy key -> original, for the copy objects the helpers verified."""
@@ -186,15 +206,21 @@ class _ContentCheck:
         if self._plan is not None and self._queued_bytes >= self._start_at:
             self._start()
         self.queued[d] = context
-        if len(self.queued) >= self.batch:
+        self._batch_bytes += size
+        if len(self.queued) >= self.batch or self._batch_bytes >= _BATCH_BYTES:
             self._submit()
 
     def _submit(self) -> None:
-        part, self.queued = self.queued, {}
+        part, self.queued, self._batch_bytes = self.queued, {}, 0
         helpers = [h for h in self.helpers if h.alive]
         if helpers:
             self._turn += 1
-            future = helpers[self._turn % len(helpers)].submit(list(part))
+            helper = helpers[self._turn % len(helpers)]
+            if helper.pending < _HELPER_DEPTH:
+                future = helper.submit(list(part))
+            else:  # the helpers are behind: this thread checks the batch itself rather than wait
+                future = Future()
+                future.set_result(self.fast.verify_many(part, "verify"))
         else:
             future = self.pool.submit(self.fast.verify_many, part, "verify")
         self.in_flight.append((part, future))
@@ -242,18 +268,25 @@ class _Prefetched:
     still hashes and parses what it reads, and an object not fetched ahead (or a wrong hint: the
     records are not verified yet) is read from the store as usual. Everything else is the store's."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, chunks: ChunkCache | None = None) -> None:
         self._store = store
+        self.chunks = chunks
+        """The loading reader's chunk cache: chunks it holds are not fetched ahead."""
         self._ahead: dict[str, ObjectRecord] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
     def get_objects(self, digests: Iterable[str]) -> dict[str, ObjectRecord]:
-        wanted = list(digests)
         ahead = self._ahead
-        out = {d: ahead[d] for d in wanted if d in ahead}
-        rest = [d for d in wanted if d not in out]
+        out: dict[str, ObjectRecord] = {}
+        rest = []
+        for d in digests:
+            obj = ahead.get(d)
+            if obj is None:
+                rest.append(d)
+            else:
+                out[d] = obj
         if rest:
             out.update(self._store.get_objects(rest))
         return out
@@ -282,9 +315,10 @@ class _Prefetched:
                 continue
         ahead = self._ahead = self._store.get_objects(d for d in states if isinstance(d, str))
         wanted = set(worlds)
-        for obj in ahead.values():
+        for obj in list(ahead.values()):
             try:
-                doc = orjson.loads(decompress(obj.codec, obj.data, obj.size))
+                payload = self._unpacked(obj)
+                doc = orjson.loads(payload)
                 wanted.update(ref["digest"] for part in ("todo", "done", "artifacts") for ref in doc[part]["pages"])
             except (DecodeError, orjson.JSONDecodeError, KeyError, TypeError):
                 continue
@@ -295,21 +329,31 @@ class _Prefetched:
             ahead.update(found)
             trees = list(found.values())
 
-    @staticmethod
-    def _parts(objects: list[ObjectRecord]) -> set[str]:
+    def _unpacked(self, obj: ObjectRecord) -> bytes:
+        """The payload of ``obj``, decompressed; the object fetched ahead becomes the same object
+        holding it as it is (codec ``none``), so the load does not decompress it again (it still
+        hashes it: a payload is only ever what the stored bytes decompress to)."""
+        payload = decompress(obj.codec, obj.data, obj.size)
+        if obj.codec != "none":
+            self._ahead[obj.digest] = ObjectRecord(obj.digest, obj.kind, obj.size, "none", payload)
+        return payload
+
+    def _parts(self, objects: list[ObjectRecord]) -> set[str]:
         """The chunk index named by each ``tree`` object and the chunks named by each chunk index
-        (a ``blob`` of 32-byte digests) in ``objects`` -- hints, like the rest."""
+        (a ``blob`` of 32-byte digests) in ``objects`` that the chunk cache does not hold -- hints,
+        like the rest."""
         out: set[str] = set()
         for obj in objects:
             try:
-                payload = decompress(obj.codec, obj.data, obj.size)
+                payload = self._unpacked(obj)
                 if obj.kind == "tree":
                     out.add(orjson.loads(payload)["index"])
                 elif len(payload) % 32 == 0:
                     out.update(from_raw(payload[i:i + 32]) for i in range(0, len(payload), 32))
             except (DecodeError, orjson.JSONDecodeError, KeyError, TypeError):
                 continue
-        return {d for d in out if isinstance(d, str)}
+        held = self.chunks.get_many(out) if self.chunks is not None else {}
+        return {d for d in out if isinstance(d, str) and d not in held}
 
 
 def verify_store(
@@ -347,6 +391,13 @@ def verify_store(
     placeholder carrying ``damage``: SQLite's damaged row, a damaged ``file://``/``s3://`` ref) is a
     problem (check ``"ref"``) naming it, and every other task is still checked.
 
+    On a :class:`~overnight.store.compose.tiered.TieredStore` (every command's), each archive catalog
+    row of the tasks checked (no ``task_ids``: every row, a task's that is gone from hot too) that
+    :meth:`~overnight.store.compose.tiered.TieredStore.catalog_problems` finds damaged -- its manifest
+    does not decode or check, is of another task, or its cold store cannot be read, lacks its pack or
+    its copy of the row -- is a problem (check ``"archive"``, ``object`` = the archive id) naming
+    the task and the archive.
+
     Raises:
         TaskNotFound: a named task does not exist.
         StoreCorrupt: a named task's row or record is damaged.
@@ -354,8 +405,10 @@ def verify_store(
     t0 = time.perf_counter()
     report = VerifyReport()
     verified: set[str] = set()
-    fetched = _Prefetched(store)
+    chunks = ChunkCache(_PAGE_CHUNKS)
+    fetched = _Prefetched(store, chunks)
     reader = HealingReader(fetched, verified, write_back=repair)  # type: ignore[arg-type]
+    reader.chunks = chunks
     content = _ContentCheck(reader, workers or min(4, os.cpu_count() or 1))
     try:
         _verify(fetched, task_ids, key, all_objects, on_progress, repair, report, reader, content, processes)
@@ -382,6 +435,10 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
     total = sum(counted.values())
     done = 0
     report.tasks = len(tasks)
+    catalog = getattr(store, "catalog_problems", None)  # a TieredStore's archive catalog (and cold side)
+    if catalog is not None:
+        for task_id, archive_id, detail in catalog(task_ids):
+            report.problems.append(Problem(task_id, None, "archive", detail, archive_id))
     cores = os.cpu_count() or 1  # one core checks the records; the others hash in helpers
     helpers = processes if processes is not None else min(content.workers, cores - 1)
     content.start_helpers(reopen_url(store._store), helpers, after_bytes=0 if processes is not None else _HELPERS_AFTER)
@@ -461,7 +518,8 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                         continue  # a page seen in an earlier checkpoint: its artifacts are checked
                     artifact_pages_checked.add(page.ref["digest"])
                     for name, art in page.entries.items():
-                        blob(task.task_id, row.checkpoint_id, art.digest, f"artifact {name!r}", art.size)
+                        if art.digest not in verified:  # (what blob() skips first: most entries of a page)
+                            blob(task.task_id, row.checkpoint_id, art.digest, f"artifact {name!r}", art.size)
                 parent = row.parent_id
                 if parent is not None:
                     p = by_id.get(parent)

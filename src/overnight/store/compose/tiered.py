@@ -126,6 +126,74 @@ class TieredStore(Closing):
         """Re-read the catalog after a miss, unless it was read within :data:`CATALOG_TTL_S`."""
         self._catalog()
 
+    def catalog_problems(self, task_ids: Iterable[str] | None = None, *,
+                         cold: bool = True) -> list[tuple[str | None, str, str]]:
+        """What is wrong with the archive catalog, read again from the hot store (nothing cached):
+        ``(task_id, archive_id, message)`` per damaged row of ``task_ids`` (default: every row), the
+        message naming the archive. ``overnight verify`` reports each as a problem (check ``archive``).
+
+        A row is damaged when a cell has the wrong type, when its manifest does not decode or check
+        (:func:`~overnight.store.compose.pack.manifest_of`: damaged, forged, hashing to another
+        archive id), or when the manifest is of another task than the row's. With ``cold`` (cheap: no
+        pack is read) also when its cold store cannot be opened or listed, its pack is missing there,
+        or the cold store's copy of the row (what ``restore --cold`` rebuilds a lost catalog from) is
+        missing or damaged. A pack that is there but damaged is found by reading what it holds
+        (``verify`` of the task's archived checkpoints, ``verify --all --store COLD``).
+        """
+        if task_ids is None:
+            rows = self.hot.list_archives()
+        else:
+            rows = [r for t in dict.fromkeys(task_ids) for r in self.hot.list_archives(t)]
+        out: list[tuple[str | None, str, str]] = []
+        cold_rows: dict[tuple[str, str], dict[str, ArchiveRow]] = {}
+        for row in rows:
+            task = row.task_id if type(row.task_id) is str else None
+            aid = row.archive_id
+            damage = [d for d in (getattr(v, "damage", None) for v in (aid, row.task_id, row.created_at, row.location,
+                                                                          row.manifest)) if d]
+            if damage:
+                out.append((task, aid, (f"archive {aid or '(no id)'} of task {task!r}: its catalog row is damaged "
+                                        f"({'; '.join(damage)})")))
+                continue
+            try:
+                m = manifest_of(row)
+            except OvernightError as exc:
+                out.append((task, aid, exc.message))
+                continue
+            if m.task_id != row.task_id:
+                out.append((task, aid, (f"archive {aid} is filed under task {row.task_id!r} but its manifest is "
+                                        f"of task {m.task_id!r} (a forged or misplaced catalog row)")))
+                continue
+            problem = self._cold_problem(row, m, cold_rows) if cold else None
+            if problem is not None:
+                out.append((task, aid, problem))
+        return out
+
+    def _cold_problem(self, row: ArchiveRow, m: Manifest,
+                      listed: dict[tuple[str, str], dict[str, ArchiveRow]]) -> str | None:
+        """What is wrong with the cold side of a sound catalog row (see :meth:`catalog_problems`),
+        or None; ``listed`` caches the cold stores' rows per ``(location, task)``."""
+        where = f"archive {row.archive_id} of task {row.task_id!r}"
+        try:
+            store = self.cold(row.location)
+            if m.pack is not None and store.missing_objects([m.pack["digest"]]):
+                return f"{where}: its pack {m.pack['digest']} is missing from the cold store {row.location}"
+            key = (row.location, row.task_id)
+            if key not in listed:
+                listed[key] = {r.archive_id: r for r in store.list_archives(row.task_id)}
+            copy = listed[key].get(row.archive_id)
+        except OvernightError as exc:
+            return f"{where}: its cold store {row.location} cannot be read ({exc.message})"
+        if copy is None:
+            return (f"{where}: the cold store {row.location} holds no copy of its row (a lost catalog could not be "
+                    "rebuilt from there)")
+        if copy.manifest != row.manifest:
+            try:
+                manifest_of(copy)
+            except OvernightError as exc:
+                return f"{where}: the cold store {row.location} holds a damaged copy of its row ({exc.message})"
+        return None
+
     def archives(self, task_id: str) -> list[tuple[ArchiveRow, Manifest]]:
         """The task's archive runs in the hot catalog, oldest first, with their manifests."""
         self._catalog(refresh=True)
