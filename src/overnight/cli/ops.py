@@ -96,13 +96,20 @@ def rm(
     quiet: bool = PlainQuietOpt,
 ) -> None:
     """Delete a task: its checkpoints, branches, leases, journal, archive catalog and queue row, then the
-    objects no other task needs. Asks first (--yes to skip); refuses while a run holds the task
-    (--force to override). A cold store it was archived to is not touched."""
+    objects no other task needs. A submitted task no worker has started (no checkpoint yet) goes too:
+    its queue row, so no worker runs it. Asks first (--yes to skip); refuses while a run or a worker
+    holds the task (--force to override; `overnight cancel` stops a worker's run). A cold store it
+    was archived to is not touched."""
     with failing():
         plan = api.rm(task_id, store=store, dry_run=True, grace=grace)
         if not yes:
-            question = (f"delete task {render.safe(task_id)!r}: {plan.checkpoints} checkpoint(s), branches "
-                        f"{', '.join(plan.branches) or 'none'}, {plan.objects_unreferenced} object(s) only it uses?")
+            if plan.queue_status is not None and not plan.checkpoints:
+                question = (f"delete submitted task {render.safe(task_id)!r} ({plan.queue_status}, no checkpoint "
+                            "yet) from the queue?")
+            else:
+                question = (f"delete task {render.safe(task_id)!r}: {plan.checkpoints} checkpoint(s), branches "
+                            f"{', '.join(plan.branches) or 'none'}, {plan.objects_unreferenced} object(s) only it "
+                            "uses" + (f", its queue row ({plan.queue_status})" if plan.queue_status else "") + "?")
             if not sys.stdin.isatty():
                 render.err.print(f"[bold red]error:[/] {render.esc(question)} -- not confirmed (no terminal); "
                                  "pass --yes")
@@ -114,6 +121,10 @@ def rm(
             rep = api.rm(task_id, store=store, force=force, grace=grace, on_progress=update)
     if as_json:
         render.print_json(rep)
+        return
+    if rep.queue_status is not None and not rep.checkpoints:
+        render.err.print(f"deleted submitted task [bold]{render.esc(task_id)}[/] ({render.esc(rep.queue_status)}, no "
+                         "checkpoint yet): removed from the queue")
         return
     render.err.print(
         f"deleted task [bold]{render.esc(task_id)}[/]: {rep.checkpoints} checkpoint(s) "

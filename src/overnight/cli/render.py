@@ -263,12 +263,17 @@ class RunProgress:
 class progress_bar:  # noqa: N801 - used as a context manager like rich's
     """A determinate progress bar on stderr for long plumbing work (``verify``); yields
     ``update(done, total)``. ``label`` names what is counted; several labels name phases, the
-    next one shown when the count starts again (``verify --all``: checkpoints, then objects)."""
+    next one shown when the count starts again (``verify --all``: checkpoints, then objects).
+
+    Shown only on an interactive terminal: the bar is transient (erased when done), so a file or
+    pipe would get nothing of it but the line break rich ends a non-interactive display with -- a
+    blank first line before the command's own messages."""
 
     def __init__(self, label: str | tuple[str, ...], *, quiet: bool = False) -> None:
         self.labels = (label,) if isinstance(label, str) else label
-        self.progress = _Silent() if quiet else _progress(("TextColumn", "{task.description}"), "BarColumn",
-                                                          "MofNCompleteColumn", "TimeElapsedColumn", transient=True)
+        shown = not quiet and _console("err").is_interactive
+        self.progress = _progress(("TextColumn", "{task.description}"), "BarColumn", "MofNCompleteColumn",
+                                  "TimeElapsedColumn", transient=True) if shown else _Silent()
 
     def __enter__(self):
         self.progress.__enter__()

@@ -1,0 +1,194 @@
+"""A user's round of CLI problems around the queue and the plumbing's stderr, each driven as the user
+met it: real ``python -m overnight`` processes -- workers included -- against real SQLite files and
+PostgreSQL schemas; nothing is mocked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _fleet import cli, project, queue_rows, start_worker, stop, store_url, wait_until
+from _procs import CLI, env
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: Any, tmp_path: Path) -> str:
+    return store_url(request, tmp_path)
+
+
+def _has_checkpoint(url: str, task_id: str) -> bool:
+    from overnight.store import open_store
+
+    s = open_store(url)
+    try:
+        return s.get_ref(task_id, "main") is not None
+    finally:
+        s.close()
+
+
+def _stderr_to_file(tmp_path: Path, name: str, *args: str) -> tuple[int, str]:
+    path = tmp_path / f"{name}.err"
+    with open(path, "wb") as fh:
+        rc = subprocess.run([*CLI, *args], check=False, cwd=tmp_path, env={**env(), "SIDE_LOG": str(tmp_path / "side.log")},
+                            stdout=subprocess.DEVNULL, stderr=fh, timeout=120).returncode
+    return rc, path.read_text(encoding="utf-8")
+
+
+# 1. `overnight resume TASK` of a task a worker runs: the hint names the worker and `overnight cancel`
+
+
+def test_resume_of_a_task_a_worker_runs_names_the_worker_and_cancel(tmp_path: Path) -> None:
+    project(tmp_path)
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    assert cli(tmp_path, "submit", "tasks/chaos.py", "--id", "busy", "--store", url,
+               "--param", "steps=400", "--param", "sleep=0.05").returncode == 0
+    w = start_worker(tmp_path, url, "--worker-id", "night-shift")
+    try:
+        wait_until(lambda: _has_checkpoint(url, "busy") and queue_rows(url)["busy"].status == "running", 60,
+                   "the worker to start the task")
+        # the fast path (`resume ID --store URL`) and the full CLI (`--events`) say the same
+        for extra in ([], ["--events", str(tmp_path / "ev.jsonl")]):
+            out = cli(tmp_path, "resume", "busy", "--store", url, *extra)
+            assert out.returncode == 4, out.stderr
+            assert "Traceback" not in out.stderr
+            assert "worker night-shift" in out.stderr, out.stderr
+            assert f"overnight cancel busy --store {url}" in out.stderr, out.stderr
+            assert "Ctrl-C / kill" not in out.stderr, out.stderr
+        # `overnight rm` of it says the same
+        out = cli(tmp_path, "rm", "busy", "--store", url, "--yes")
+        assert out.returncode == 4, out.stderr
+        assert "worker night-shift" in out.stderr and f"overnight cancel busy --store {url}" in out.stderr
+        assert "--force" in out.stderr
+        # the hint's advice works: cancel, then resume here
+        assert cli(tmp_path, "cancel", "busy", "--store", url).returncode == 0
+        wait_until(lambda: queue_rows(url)["busy"].status == "cancelled", 60, "the worker to stop the task")
+        out = cli(tmp_path, "resume", "busy", "--store", url, "--max-steps", "1", "-q")
+        assert out.returncode == 75, out.stderr
+    finally:
+        stop(w)
+        w.wait(30)
+
+
+SLOW = """
+import time
+import overnight
+
+task = overnight.Task("slow", goal="holds its lease for a while", level="durable")
+
+@task.step
+def plan(ctx):
+    for i in range(600):
+        ctx.add_step("work", i=i)
+
+@task.step(planned=False)
+def work(ctx, i: int):
+    time.sleep(0.1)
+"""
+
+
+def test_a_task_a_plain_run_holds_keeps_the_plain_hint_and_rm_says_so_on_its_first_line(tmp_path: Path) -> None:
+    """No worker runs it (no queue row): the holder is a plain `overnight run`, there is no worker
+    to name nor anything to cancel; rm's refusal, raised under its progress bar, is stderr's first line."""
+    (tmp_path / "overnight.toml").write_text("")
+    (tmp_path / "slow.py").write_text(SLOW)
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    with open(tmp_path / "run.err", "wb") as log:
+        run = subprocess.Popen([*CLI, "run", "slow.py", "--store", url, "-q"], cwd=tmp_path, env=env(),
+                               stdout=log, stderr=log)
+    try:
+        wait_until(lambda: _has_checkpoint(url, "slow"), 60, "the run to start")
+        out = cli(tmp_path, "resume", "slow", "--store", url)
+        assert out.returncode == 4, out.stderr
+        assert "is busy (held by pid" in out.stderr and "overnight cancel" not in out.stderr, out.stderr
+        rc, err = _stderr_to_file(tmp_path, "rm-busy", "rm", "slow", "--store", url, "--yes")
+        assert rc == 4 and err.startswith("error: task 'slow' is busy"), repr(err)
+        assert "\x1b" not in err and "\n\n" not in err
+    finally:
+        stop(run)
+        run.wait(30)
+
+
+# 2. `overnight rm TASK` of a submitted task without a checkpoint removes it
+
+
+def test_rm_of_a_submitted_task_removes_its_queue_row(tmp_path: Path, store: str) -> None:
+    project(tmp_path)
+    out = cli(tmp_path, "submit", "tasks/chaos.py", "--id", "later", "--store", store)
+    assert out.returncode == 0, out.stderr
+    # without --yes and no terminal: the question says what would go, nothing goes
+    out = cli(tmp_path, "rm", "later", "--store", store)
+    assert out.returncode == 2, out.stderr
+    assert "submitted" in out.stderr and "queued" in out.stderr and "--yes" in out.stderr, out.stderr
+    assert "later" in queue_rows(store)
+    out = cli(tmp_path, "rm", "later", "--store", store, "--yes")
+    assert out.returncode == 0, out.stderr
+    assert "no task" not in out.stderr
+    assert "deleted submitted task later" in out.stderr and "queued" in out.stderr, out.stderr
+    assert "later" not in queue_rows(store)
+    # it is gone: a worker never runs it, and a second rm says there is no such task
+    out = cli(tmp_path, "rm", "later", "--store", store, "--yes")
+    assert out.returncode == 2 and "no task 'later'" in out.stderr, out.stderr
+    out = cli(tmp_path, "worker", "--store", store, "--idle-exit", "0.5", "--max-tasks", "1")
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "side.log").exists()
+
+
+def test_rm_of_a_failed_submitted_task_json(tmp_path: Path) -> None:
+    """A task parked ``failed`` before its first checkpoint (its code is not found) is removed too;
+    --json reports its queue status."""
+    project(tmp_path)
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    assert cli(tmp_path, "submit", "tasks/chaos.py", "--id", "gone", "--store", url).returncode == 0
+    (tmp_path / "tasks" / "chaos.py").unlink()
+    assert cli(tmp_path, "worker", "--store", url, "--idle-exit", "0.5", "--max-tasks", "1").returncode == 0
+    assert queue_rows(url)["gone"].status == "failed"
+    out = cli(tmp_path, "rm", "gone", "--store", url, "--yes", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["applied"] is True and doc["checkpoints"] == 0 and doc["queue_status"] == "failed"
+    assert "gone" not in queue_rows(url)
+
+
+def test_rm_of_a_stored_task_reports_its_queue_status_and_unknown_ids_stay_unknown(tmp_path: Path) -> None:
+    project(tmp_path)
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    assert cli(tmp_path, "run", "tasks/chaos.py", "--store", url, "-q").returncode == 0
+    out = cli(tmp_path, "rm", "chaos", "--store", url, "--yes", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["checkpoints"] >= 1 and doc["queue_status"] is None
+    out = cli(tmp_path, "rm", "nothing-here", "--store", url, "--yes")
+    assert out.returncode == 2 and "no task 'nothing-here'" in out.stderr
+    # a file:// store has no queue: an unknown id is still just unknown, a stored task goes as before
+    files = f"file://{tmp_path / 'files'}"
+    assert cli(tmp_path, "run", "tasks/chaos.py", "--store", files, "-q").returncode == 0
+    out = cli(tmp_path, "rm", "nothing-here", "--store", files, "--yes")
+    assert out.returncode == 2 and "no task 'nothing-here'" in out.stderr, out.stderr
+    out = cli(tmp_path, "rm", "chaos", "--store", files, "--yes", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["queue_status"] is None
+
+
+# 3. rm / gc / verify with stderr redirected: no stray blank line, no control characters
+
+
+def test_plumbing_stderr_has_no_blank_line_when_redirected(tmp_path: Path) -> None:
+    project(tmp_path)
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    assert cli(tmp_path, "run", "tasks/chaos.py", "--store", url, "-q").returncode == 0
+
+    rc, err = _stderr_to_file(tmp_path, "verify", "verify", "chaos", "--store", url)
+    assert rc == 0 and err == "", repr(err)
+    rc, err = _stderr_to_file(tmp_path, "verify-all", "verify", "--all", "--store", url)
+    assert rc == 0 and err == "", repr(err)
+    rc, err = _stderr_to_file(tmp_path, "gc", "gc", "--store", url)
+    assert rc == 0 and err.startswith("dry run: nothing deleted"), repr(err)
+    rc, err = _stderr_to_file(tmp_path, "rm", "rm", "chaos", "--store", url, "--yes")
+    assert rc == 0 and err.startswith("deleted task chaos"), repr(err)
+    for name in ("verify", "verify-all", "gc", "rm"):
+        text = (tmp_path / f"{name}.err").read_text(encoding="utf-8")
+        assert "\x1b" not in text and "\r" not in text and "\n\n" not in text, (name, text)
