@@ -545,6 +545,62 @@ def test_a_forged_index_is_found_however_warm_the_cache(grown, monkeypatch):
     assert result.steps_run == 1
 
 
+def test_a_page_checked_as_the_last_is_not_taken_for_a_full_middle_page(grown, monkeypatch):
+    """The cache vouches for a page against its reference, not for where a head puts it: a forged
+    child (rehashed, no signing key) whose middle page list names an earlier head's last page --
+    checked on this machine, genuine, 10 entries -- where 64 belong is refused as a cold machine
+    refuses it, and nothing is built on it."""
+    from overnight.codec import digest
+    from overnight.codec.canonical import dumps
+    from overnight.store.blobs import BlobReader
+
+    url, task = grown
+    with open_store(url) as s:
+        before, _ = load_head(s, "grow")
+        short = loads(BlobReader(s).get(before.record.state.digest))["done"]["pages"][1]  # the last page then
+    assert _parsed_by_the_check(url, monkeypatch) == 5  # every reference of that head checked and cached
+    assert api_resume("grow", store=url, max_steps=1).steps_run == 1  # the last page grows: another page
+    with open_store(url) as s:
+        head, _ = load_head(s, "grow")
+        doc = loads(BlobReader(s).get(head.record.state.digest))
+        middle = loads(BlobReader(s).get(doc["done"]["middle"]["digest"]))
+        assert short["digest"] not in {r["digest"] for r in [*middle, *doc["done"]["pages"]]}
+        middle[-1] = short
+        raw = dumps(middle)
+        listed = {"digest": digest.sha256(raw), "size": len(raw)}
+        forged = _child_with_state(s, head, {**doc, "done": {**doc["done"], "middle": listed}}, blobs=[raw])
+    result = api_resume("grow", store=url, max_steps=1)
+    assert result.fallback is not None and any(c.checkpoint_id == forged for c in result.fallback.skipped)
+    with open_store(url) as s:
+        assert load_head(s, "grow")[1] is None  # the new head does not build on the forgery
+
+
+@pytest.mark.parametrize("plant", ["fifo", "device", "deep", "huge", "folder"])
+def test_a_hostile_cache_file_is_no_cache(grown, monkeypatch, plant):
+    """The cache file is in the user's own folder, but whatever stands there -- a FIFO (which would
+    block an open), a link to an endless device, JSON nested too deep to parse, a file over the
+    size cap, a folder -- means every page is checked in full, at once and without an error."""
+    import os
+
+    from overnight.chain.checked import MAX_CACHE_BYTES, cache_path
+
+    url, _ = grown
+    path = cache_path("grow", "main")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if plant == "fifo":
+        os.mkfifo(path)
+    elif plant == "device":
+        path.symlink_to("/dev/zero")
+    elif plant == "deep":
+        path.write_text("[" * 200_000)
+    elif plant == "huge":
+        with open(path, "wb") as f:
+            f.truncate(MAX_CACHE_BYTES + 1)
+    else:
+        path.mkdir()
+    assert _parsed_by_the_check(url, monkeypatch) == 5
+
+
 @pytest.mark.parametrize("cache", ["garbage", "other format"])
 def test_a_damaged_cache_of_checked_pages_means_every_page_is_checked_again(grown, monkeypatch, cache):
     """The cache is an optimisation: unreadable or of another format, every page is parsed and

@@ -26,6 +26,7 @@ import hmac
 import json
 import os
 import secrets
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,32 @@ class EnvKey:
     key: bytes
     key_id: str
     source: str  # "signing key" | the key file's path
+
+
+def read_cache_file(path: Path, max_bytes: int) -> Any:
+    """The JSON document in a cache file of the per-user state folder, or None when there is none
+    that can be trusted to be one: missing, not a regular file (a FIFO, a device, a folder -- opened
+    without blocking, links followed), larger than ``max_bytes``, unreadable, not UTF-8 JSON, or
+    nested too deep to parse. Never raises: a cache's loss only costs a recomputation."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+            return None
+        parts, size = [], 0
+        while size <= max_bytes and (part := os.read(fd, max_bytes + 1 - size)):
+            parts.append(part)
+            size += len(part)
+        if size > max_bytes:
+            return None
+        return json.loads(b"".join(parts).decode("utf-8"))
+    except (OSError, ValueError, RecursionError, MemoryError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def write_cache_file(path: Path, doc: Any) -> None:

@@ -34,20 +34,22 @@ File shape (JSON): ``{"format": 1, "state_format": N, "refs": ["<64 hex>", ...]}
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from overnight.codec.canonical import dumps
 from overnight.chain.integrity import LoadedCheckpoint
 from overnight.chain.records import DoneRef
 from overnight.errors import OvernightError
-from overnight.keys import state_dir, write_cache_file
+from overnight.keys import read_cache_file, state_dir, write_cache_file
 from overnight.store.blobs import BlobReader
 
 CACHE_DIR = "checked"
 """Folder, in the per-user state folder, of the files of checked done page references."""
 CACHE_FORMAT = 1
 """Version of a file's shape; another version is ignored (every page checked in full)."""
+MAX_CACHE_BYTES = 4 << 20
+"""A cache file larger than this (bytes) is ignored: ~65 bytes a done page, so 4 MiB is ~4 million
+checkpoints' worth."""
 
 
 def cache_path(task_id: str, branch: str) -> Path:
@@ -63,10 +65,7 @@ def ref_key(ref: DoneRef) -> str:
 
 
 def _recall(path: Path, state_format: int) -> set[str]:
-    try:
-        doc = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError):
-        return set()
+    doc = read_cache_file(path, MAX_CACHE_BYTES)
     if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT or doc.get("state_format") != state_format:
         return set()
     refs = doc.get("refs")
@@ -94,7 +93,11 @@ def check_done_pages(loaded: LoadedCheckpoint, reader: BlobReader, task_id: str,
     path = cache_path(task_id, branch)
     known = _recall(path, loaded.doc.format)
     keys = [ref_key(r) for r in refs]
-    seen = [i for i, k in enumerate(keys) if k in known]
+    # what the cache vouches for is the page against its own reference; where the page sits is
+    # this head's: a page checked as another head's last page (fewer entries) named here in the
+    # middle must hold what this position holds -- its index says how many entries it has
+    seen = [i for i, k in enumerate(keys)
+            if k in known and refs[i].names is not None and len(refs[i].names) == 8 * pages.size(i)]
     if seen:
         try:
             sizes, errors = reader.verify_many([refs[i].digest for i in seen], f"{task_id} done pages")

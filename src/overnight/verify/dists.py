@@ -27,12 +27,14 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from overnight.keys import state_dir, write_cache_file
+from overnight.keys import read_cache_file, state_dir, write_cache_file
 
 CACHE_FILE = "distributions.json"
 """Name of the cache file in the per-user state folder."""
 CACHE_FORMAT = 1
 """Version of the cache file's shape; another version is ignored (read afresh)."""
+MAX_CACHE_BYTES = 16 << 20
+"""A cache file larger than this (bytes) is ignored (read afresh): a map of ~100,000 distributions."""
 _SUFFIXES = (".dist-info", ".egg-info")
 
 scans = 0
@@ -83,10 +85,7 @@ def path_key() -> str:
 
 
 def _read(path: Path, key: str) -> dict[str, str] | None:
-    try:
-        doc = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError):
-        return None
+    doc = read_cache_file(path, MAX_CACHE_BYTES)
     if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT or doc.get("key") != key:
         return None
     packages = doc.get("packages")
