@@ -15,6 +15,8 @@ import sqlite3
 import subprocess
 import sys
 
+import pytest
+
 from test_gc import make_task, run
 
 from overnight import api
@@ -166,3 +168,165 @@ def test_an_undecodable_catalog_record_of_a_file_hot_store_is_reported_by_verify
     assert code == 3, text
     found = [p for p in report["problems"] if p["check"] == "medium" and archive_id[7:] in p["detail"]]
     assert len(found) == 1 and "archive catalog row" in found[0]["detail"], report["problems"]
+
+
+# -- a cold store that cannot be opened; cold-store passwords ---------------------------------------
+
+SECRET = "TopSecretPW"
+
+
+def _with_password(server: str) -> tuple[str, str]:
+    """The test server's URL with a password in it (its own, or one a trusting server ignores):
+    ``(url, password)``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(server)
+    secret = parts.password or SECRET
+    netloc = f"{parts.username or 'postgres'}:{secret}@{parts.hostname}:{parts.port or 5432}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)), secret
+
+
+def _archived_runs(tmp_path) -> tuple[str, dict[str, list[str]]]:
+    """Tasks g (archived twice: two catalog rows at the same cold store) and h (never archived):
+    ``(hot url, archive id -> the checkpoints it moved out of hot)``."""
+    hot_url, cold_url = f"sqlite://{tmp_path / 'hot.db'}", f"file://{tmp_path / 'cold'}"
+    runs = {}
+    with open_store(hot_url) as store:
+        run(store, make_task("g", n=3), max_steps=3)
+        rep = api.archive("g", cold=cold_url, keep_last=1, store=store, grace=0)
+        runs[rep.archive_id] = rep.archived
+        run(store, make_task("g", n=6), max_steps=6)
+        rep = api.archive("g", cold=cold_url, keep_last=1, store=store, grace=0)
+        runs[rep.archive_id] = rep.archived
+        run(store, make_task("h", n=4), max_steps=5)
+    assert len(runs) == 2 and all(runs.values()), runs
+    return hot_url, runs
+
+
+def _relocate(tmp_path, location: str) -> None:
+    with sqlite3.connect(tmp_path / "hot.db") as db:
+        assert db.execute("UPDATE archives SET location=?", (location,)).rowcount == 2
+
+
+@pytest.mark.parametrize("where", ["moved", "not a store", "not a database", "postgres role"])
+def test_a_cold_store_that_cannot_be_opened_is_reported_and_every_other_task_verified(tmp_path, where, request):
+    """The cold store of g's archives is gone (moved away), or the catalog names a folder or file
+    that is no store, or a PostgreSQL role that does not exist: verify reports each archive once
+    and each archived checkpoint once (check ``archive``), verifies h and g's hot checkpoints, exits
+    3 -- before, it stopped with exit 2 at the first archived checkpoint and verified nothing else."""
+    hot_url, runs = _archived_runs(tmp_path)
+    location = f"file://{tmp_path / 'cold'}"
+    if where == "moved":
+        (tmp_path / "cold").rename(tmp_path / "cold-moved")
+    elif where == "not a store":
+        (tmp_path / "etc").mkdir()
+        (tmp_path / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+        location = f"file://{tmp_path / 'etc'}"
+    elif where == "not a database":
+        (tmp_path / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+        location = f"sqlite://{tmp_path / 'passwd'}"
+    else:
+        url, secret = _with_password(request.getfixturevalue("postgres_url"))
+        location = url.replace("://", "://overnight_no_such_role_", 1) + "?schema=overnight_t_none"
+    if where != "moved":
+        _relocate(tmp_path, location)
+    archived = {cid: aid for aid, cids in runs.items() for cid in cids}
+
+    for args in (["--all"], ["g"]):
+        code, report, text = _verify(tmp_path, hot_url, *args)
+        assert code == 3, (args, text)
+        problems = report["problems"]
+        assert all(p["task_id"] == "g" and p["check"] == "archive" for p in problems), problems
+        catalog = sorted(p["object"] for p in problems if p["checkpoint_id"] is None)
+        assert catalog == sorted(runs), problems  # each archive once, as before
+        per_checkpoint = [p for p in problems if p["checkpoint_id"] is not None]
+        assert sorted(p["checkpoint_id"] for p in per_checkpoint) == sorted(archived), problems  # each once
+        for p in per_checkpoint:
+            assert p["object"] == archived[p["checkpoint_id"]] and p["checkpoint_id"][7:19] in p["detail"], p
+            assert "cannot be opened" in p["detail"] and "cold store" in p["detail"], p
+        assert report["checkpoints_invalid"] == len(archived)
+        assert report["heads"]["g"] == {"main": "ok"}
+        if args == ["--all"]:
+            assert report["heads"]["h"] == {"main": "ok"}  # the other task was verified
+            assert report["tasks"] == 2
+        if where == "postgres role":
+            assert secret not in text and secret not in json.dumps(report) and "***@" in text
+    code, report, _ = _verify(tmp_path, hot_url, "h")
+    assert code == 0 and not report["problems"]
+
+
+def test_a_cold_store_that_cannot_be_opened_is_tried_a_bounded_number_of_times(tmp_path, monkeypatch):
+    """However many archives and archived checkpoints name it, verify tries to open an unopenable
+    cold store at most twice a run (the catalog check, then the checkpoints), not once a read."""
+    from overnight.store.compose import tiered
+
+    hot_url, runs = _archived_runs(tmp_path)
+    (tmp_path / "cold").rename(tmp_path / "cold-moved")
+    tries = []
+    real = tiered.open_existing
+
+    def counted(url):
+        tries.append(url)
+        return real(url)
+
+    monkeypatch.setattr(tiered, "open_existing", counted)
+    report = api.verify(store=hot_url)
+    archived = sum(len(c) for c in runs.values())
+    assert len([p for p in report.problems if p.checkpoint_id is not None]) == archived
+    assert report.heads == {"g": {"main": "ok"}, "h": {"main": "ok"}}
+    assert 1 <= len(tries) <= 2, tries
+    tries.clear()
+    report = api.verify("g", store=hot_url)
+    assert len(report.problems) == archived + len(runs) and 1 <= len(tries) <= 2, tries
+
+
+def _pg_cold(tmp_path, pg_schema) -> tuple[str, str, str, str]:
+    """Tasks g and h in a hot SQLite store, and a PostgreSQL cold store URL with a password in it:
+    ``(hot url, cold url, password, server url)``."""
+    server, schema = pg_schema
+    url, secret = _with_password(server)
+    hot_url = f"sqlite://{tmp_path / 'hot.db'}"
+    with open_store(hot_url) as store:
+        for task in ("g", "h"):
+            run(store, make_task(task, n=4), max_steps=5)
+    return hot_url, f"{url}?schema={schema}", secret, server
+
+
+def test_archive_never_prints_the_cold_store_password(tmp_path, pg_schema):
+    """``archive`` to a PostgreSQL cold store whose URL has a password reports where it archived
+    to (text and JSON) with the password masked (``user:***@``)."""
+    hot_url, cold_url, secret, _ = _pg_cold(tmp_path, pg_schema)
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, "-m", "overnight", *args, "--store", hot_url], check=False,
+                              capture_output=True, text=True, env={**os.environ, "COLUMNS": "250"}, cwd=tmp_path,
+                              timeout=300)
+        assert done.returncode == 0 and secret not in done.stdout + done.stderr, done
+        return done
+
+    text = cli("archive", "g", "--cold", cold_url, "--keep-last", "1", "--grace", "0").stderr
+    assert "archived" in text and ":***@" in text, text
+    shown = json.loads(cli("archive", "h", "--cold", cold_url, "--keep-last", "1", "--grace", "0", "--json").stdout)
+    assert shown["cold"].startswith("postgresql://") and ":***@" in shown["cold"] and shown["archived"], shown
+    assert _verify(tmp_path, hot_url, "--all")[0] == 0
+
+
+def test_verify_of_a_lost_pack_never_prints_the_cold_store_password(tmp_path, pg_schema):
+    """The packs are lost from a PostgreSQL cold store whose URL has a password: ``verify`` names
+    the cold store with the password masked, in text and JSON."""
+    hot_url, cold_url, secret, server = _pg_cold(tmp_path, pg_schema)
+    for task in ("g", "h"):
+        api.archive(task, cold=cold_url, keep_last=1, store=hot_url, grace=0)
+    assert _verify(tmp_path, hot_url, "--all")[0] == 0
+
+    import psycopg
+
+    with psycopg.connect(server, autocommit=True) as conn:
+        assert conn.execute(f'DELETE FROM "{pg_schema[1]}".objects').rowcount >= 2
+    for args in (["--all"], ["g"]):
+        code, report, text = _verify(tmp_path, hot_url, *args)
+        assert code == 3, text
+        problems = [p for p in _archive_problems(report) if p["checkpoint_id"] is None]
+        assert len(problems) == (2 if args == ["--all"] else 1), problems
+        assert all("missing from the cold store" in p["detail"] for p in problems), problems
+        assert secret not in text and secret not in json.dumps(report) and ":***@" in text, text

@@ -37,7 +37,7 @@ from overnight.store.base import ArchiveRow, CheckpointRow, Lease, ObjectRecord,
 from overnight.store.blobs import BlobReader
 from overnight.store.leases import Holder
 from overnight.store.compose.pack import Manifest, archive_row, build_pack, manifest_of, read_entry
-from overnight.store.compose.tiered import TieredStore, absolute_url, tiered
+from overnight.store.compose.tiered import TieredStore, absolute_url, shown, tiered
 from overnight.chain.write import utc_now
 from overnight.ops.gc import DEFAULT_GRACE_S, _delete_objects, pack_roots
 from overnight.chain.reachability import Reach, Unreadable, first_parent_chain, lineage
@@ -52,6 +52,7 @@ class ArchiveReport:
     """Result of :func:`archive`.
 
     Attributes:
+        cold: the cold store's URL (made absolute), with any password in it masked (``***``).
         archive_id: the run's archive id (None when nothing new was packed).
         archived: ids of the checkpoints moved out of hot.
         kept: checkpoints of the task that stay in hot.
@@ -160,10 +161,10 @@ def archive(store: TieredStore, task_id: str, *, cold: str, keep_last: int | Non
     hot = store.hot
     location = absolute_url(cold)
     if location == absolute_url(hot.url):
-        raise ConfigError(f"the cold store {cold!r} is the hot store", task_id=task_id,
+        raise ConfigError(f"the cold store {shown(cold)!r} is the hot store", task_id=task_id,
                           hint="archive to another store (s3://BUCKET/PREFIX, file://DIR)")
     hot.get_task(task_id)
-    report = ArchiveReport(task_id, location)
+    report = ArchiveReport(task_id, shown(location))  # a report is printed and logged: no password in it
     refs = hot.list_refs(task_id)
     with _Leases(hot, task_id, sorted(refs)) as leases:
         refs = hot.list_refs(task_id)  # as they are now that no run holds a branch
@@ -236,7 +237,7 @@ def _pack(store: TieredStore, report: ArchiveReport, new: list[CheckpointRow], r
         by_digest = {o.digest: o for o in objects}
         for e in entries:
             if read_entry(back, e) != by_digest[e.digest]:
-                raise DigestMismatch(f"object {e.digest} read back from the cold store {location} differs from "
+                raise DigestMismatch(f"object {e.digest} read back from the cold store {shown(location)} differs from "
                                      "the hot copy; nothing was removed from the hot store", task_id=task_id,
                                      object_digest=e.digest)
     hot_row = archive_row(manifest, location)

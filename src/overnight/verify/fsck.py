@@ -139,6 +139,49 @@ def _index_mismatches(row: Any, record: Any) -> list[str]:
     return [name for name, value in expected.items() if getattr(row, name) != value]
 
 
+def _archived_only(store: Any, task_id: str, down: dict[str, str | None]) -> dict[str, tuple[str, str]]:
+    """On a :class:`~overnight.store.compose.tiered.TieredStore`: ``checkpoint id -> (archive id,
+    cold store location)`` of the task's archived checkpoints that are not in hot (loading them
+    reads their archive's pack). ``down`` caches, per location, why its cold store cannot be
+    opened (None: it opens), so each is tried once a run whatever the number of checkpoints."""
+    hot = getattr(store, "hot", None)
+    rows = hot.list_archives(task_id) if getattr(store, "archived_rows", None) is not None else []
+    if not rows:  # (the task's own catalog rows: a store without archives pays one small query a task)
+        return {}
+    from overnight.store.compose.pack import manifest_of
+    from overnight.store.compose.tiered import shown
+
+    out: dict[str, tuple[str, str]] = {}
+    for row in rows:
+        if type(row.location) is not str or getattr(row.manifest, "damage", None):  # (a damaged cell's placeholder)
+            continue  # a damaged catalog row: a problem of check "archive" already, as are the next ones
+        try:
+            m = manifest_of(row)
+        except (OvernightError, TypeError, ValueError):
+            continue
+        if m.task_id != task_id:
+            continue
+        if row.location not in down:
+            try:
+                store.cold(row.location)
+                down[row.location] = None
+            except OvernightError as exc:
+                down[row.location] = f"cannot be opened ({shown(row.location, exc.message)})"
+        for cp in m.checkpoints:
+            out.setdefault(cp.checkpoint_id, (row.archive_id, row.location))
+    for row in hot.list_checkpoints(task_id):
+        out.pop(row.checkpoint_id, None)
+    return out
+
+
+def _cold_down(task_id: str, cid: str, archive_id: str, location: str, why: str) -> Problem:
+    """The problem of an archived checkpoint whose archive's cold store cannot be opened or read."""
+    from overnight.store.compose.tiered import shown
+
+    return Problem(task_id, cid, "archive", f"checkpoint {short_id(cid)} is in archive {archive_id}, whose cold store "
+                   f"{shown(location)} {shown(location, why)}: it cannot be loaded or verified", archive_id)
+
+
 class _ContentCheck:
     """Object content checks beside the record checks: digests are queued, checked in batches of
     ``batch`` digests or :data:`_BATCH_BYTES` of content (one store call each,
@@ -443,6 +486,7 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
     helpers = processes if processes is not None else min(content.workers, cores - 1)
     content.start_helpers(reopen_url(store._store), helpers, after_bytes=0 if processes is not None else _HELPERS_AFTER)
     waiting: dict[str, list[tuple[str, str, str]]] = {}  # queued digest -> (task, checkpoint, what) using it
+    cold_down: dict[str, str | None] = {}  # cold store location -> why it cannot be used (None: it can)
 
     def blob(task_id: str, cid: str, d: str, what: str, size: int = 0) -> None:
         if d in verified:
@@ -488,20 +532,31 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
         refs = store.list_refs(task.task_id)
         head_loaded: dict[str, Any] = {}
         problems_start = len(report.problems)
+        archived = _archived_only(store, task.task_id, cold_down)  # checkpoint -> (archive id, its cold store)
         for i, row in enumerate(rows):
             if i >= ahead:  # the next rows' state documents and new pages, in two store calls
-                ahead = i + _AHEAD
-                store.ahead(rows[i:ahead], pages)
+                ahead = i + _AHEAD  # (not those whose cold store is down: each would try it again)
+                store.ahead([r for r in rows[i:ahead] if not cold_down.get(archived.get(r.checkpoint_id, ("", ""))[1])]
+                            if archived else rows[i:ahead], pages)
             report.checkpoints += 1
             if key is None and row.signature:
                 report.signatures_unchecked += 1
+            cold = archived.get(row.checkpoint_id)
+            loaded = None
             try:
-                loaded = load_checkpoint(store, row.checkpoint_id, key=key, deep=False, reader=reader, pages=pages,
-                                         check_artifacts=False, row=row)
+                if cold is not None and cold_down.get(cold[1]):  # reported, not loaded: its cold store is down
+                    report.problems.append(_cold_down(task.task_id, row.checkpoint_id, *cold, cold_down[cold[1]]))
+                else:
+                    loaded = load_checkpoint(store, row.checkpoint_id, key=key, deep=False, reader=reader, pages=pages,
+                                             check_artifacts=False, row=row)
             except (IntegrityError, CheckpointNotFound) as exc:
                 report.problems.append(Problem(task.task_id, row.checkpoint_id, "record",
                                                f"{type(exc).__name__}: {exc.message}"))
-                loaded = None
+            except OvernightError as exc:  # an archived one's cold store failed during the run: the rest of it too
+                if cold is None:
+                    raise
+                cold_down[cold[1]] = f"cannot be read ({exc.message})"
+                report.problems.append(_cold_down(task.task_id, row.checkpoint_id, *cold, cold_down[cold[1]]))
             if loaded is not None:
                 if row.checkpoint_id in refs.values():
                     head_loaded[row.checkpoint_id] = loaded

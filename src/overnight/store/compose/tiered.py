@@ -56,6 +56,15 @@ def absolute_url(url: str) -> str:
     return url
 
 
+def shown(url: str, text: str | None = None) -> str:
+    """``url`` for messages, a password in it masked (``postgresql://user:***@host/db``); with
+    ``text``: ``text`` with every occurrence of ``url`` masked so (an error message naming it)."""
+    from overnight.config import mask_password
+
+    masked = mask_password(url)
+    return masked if text is None else text.replace(url, masked)
+
+
 def open_existing(url: str) -> Store:
     """Open a cold store, refusing to create a ``file://`` / ``sqlite://`` one that is missing."""
     from overnight.store import open_store
@@ -63,7 +72,7 @@ def open_existing(url: str) -> Store:
     scheme, sep, rest = url.partition("://")
     path = rest if sep and scheme.lower() in ("file", "sqlite") else (url if not sep else None)
     if path is not None and not os.path.exists(path):
-        raise ConfigError(f"cold store {url} does not exist", hint="mount or move it back, or pass "
+        raise ConfigError(f"cold store {shown(url)} does not exist", hint="mount or move it back, or pass "
                           "`overnight restore --cold URL` with where it is now")
     return open_store(url)
 
@@ -146,6 +155,7 @@ class TieredStore(Closing):
             rows = [r for t in dict.fromkeys(task_ids) for r in self.hot.list_archives(t)]
         out: list[tuple[str | None, str, str]] = []
         cold_rows: dict[tuple[str, str], dict[str, ArchiveRow]] = {}
+        unopened: dict[str, str] = {}  # a cold store that cannot be opened: tried once a call
         for row in rows:
             task = row.task_id if type(row.task_id) is str else None
             aid = row.archive_id
@@ -164,34 +174,43 @@ class TieredStore(Closing):
                 out.append((task, aid, (f"archive {aid} is filed under task {row.task_id!r} but its manifest is "
                                         f"of task {m.task_id!r} (a forged or misplaced catalog row)")))
                 continue
-            problem = self._cold_problem(row, m, cold_rows) if cold else None
+            problem = self._cold_problem(row, m, cold_rows, unopened) if cold else None
             if problem is not None:
                 out.append((task, aid, problem))
         return out
 
-    def _cold_problem(self, row: ArchiveRow, m: Manifest,
-                      listed: dict[tuple[str, str], dict[str, ArchiveRow]]) -> str | None:
+    def _cold_problem(self, row: ArchiveRow, m: Manifest, listed: dict[tuple[str, str], dict[str, ArchiveRow]],
+                      unopened: dict[str, str]) -> str | None:
         """What is wrong with the cold side of a sound catalog row (see :meth:`catalog_problems`),
-        or None; ``listed`` caches the cold stores' rows per ``(location, task)``."""
+        or None; ``listed`` caches the cold stores' rows per ``(location, task)``, ``unopened`` why a
+        location could not be opened (so it is tried once). Messages name the location with any
+        password masked."""
         where = f"archive {row.archive_id} of task {row.task_id!r}"
+        loc = shown(row.location)
+        if row.location in unopened:
+            return f"{where}: its cold store {loc} cannot be read ({unopened[row.location]})"
         try:
-            store = self.cold(row.location)
+            try:
+                store = self.cold(row.location)
+            except OvernightError as exc:
+                unopened[row.location] = shown(row.location, exc.message)
+                raise
             if m.pack is not None and store.missing_objects([m.pack["digest"]]):
-                return f"{where}: its pack {m.pack['digest']} is missing from the cold store {row.location}"
+                return f"{where}: its pack {m.pack['digest']} is missing from the cold store {loc}"
             key = (row.location, row.task_id)
             if key not in listed:
                 listed[key] = {r.archive_id: r for r in store.list_archives(row.task_id)}
             copy = listed[key].get(row.archive_id)
         except OvernightError as exc:
-            return f"{where}: its cold store {row.location} cannot be read ({exc.message})"
+            return f"{where}: its cold store {loc} cannot be read ({shown(row.location, exc.message)})"
         if copy is None:
-            return (f"{where}: the cold store {row.location} holds no copy of its row (a lost catalog could not be "
+            return (f"{where}: the cold store {loc} holds no copy of its row (a lost catalog could not be "
                     "rebuilt from there)")
         if copy.manifest != row.manifest:
             try:
                 manifest_of(copy)
             except OvernightError as exc:
-                return f"{where}: the cold store {row.location} holds a damaged copy of its row ({exc.message})"
+                return f"{where}: the cold store {loc} holds a damaged copy of its row ({exc.message})"
         return None
 
     def archives(self, task_id: str) -> list[tuple[ArchiveRow, Manifest]]:
