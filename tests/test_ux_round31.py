@@ -192,3 +192,61 @@ def test_plumbing_stderr_has_no_blank_line_when_redirected(tmp_path: Path) -> No
     for name in ("verify", "verify-all", "gc", "rm"):
         text = (tmp_path / f"{name}.err").read_text(encoding="utf-8")
         assert "\x1b" not in text and "\r" not in text and "\n\n" not in text, (name, text)
+
+
+def test_the_hint_for_a_submitted_task_without_a_checkpoint_names_its_store(tmp_path: Path) -> None:
+    """`overnight log ID --store URL` of a task submitted but not started: the hint's commands carry
+    the same `--store`, so pasting them reaches the queue the task is in."""
+    project(tmp_path)
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    assert cli(tmp_path, "submit", "tasks/chaos.py", "--id", "waiting", "--store", url).returncode == 0
+    out = cli(tmp_path, "log", "waiting", "--store", url)
+    assert out.returncode == 2, out.stderr
+    flat = " ".join(out.stderr.split())
+    assert f"overnight status waiting --store {url}" in flat and f"overnight worker --store {url}" in flat, out.stderr
+
+
+def test_a_table_on_a_pipe_keeps_each_row_on_one_line(tmp_path: Path) -> None:
+    """`overnight ls | grep ID` finds the whole row: on a pipe (no `$COLUMNS`) a table row is never
+    folded, however long its goal; a `--store` hint names the store it was given."""
+    (tmp_path / "long.py").write_text(
+        "import overnight\n"
+        f"task = overnight.Task('long-row', goal={'a goal that goes on ' * 20!r})\n"
+        "@task.step\ndef a(ctx):\n    ctx.state['x'] = 1\n")
+    url = f"sqlite://{tmp_path / 's.db'}"
+    assert cli(tmp_path, "run", "long.py", "--store", url, "-q").returncode == 0
+    run_env = {k: v for k, v in env().items() if k != "COLUMNS"}
+    out = subprocess.run([*CLI, "ls", "--store", url], cwd=tmp_path, env=run_env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    row = [line for line in out.stdout.splitlines() if "long-row" in line]
+    assert len(row) == 1 and row[0].rstrip().endswith("a goal that goes on"), out.stdout
+    assert len(out.stdout.splitlines()) == 3  # the header, its rule, the one row
+    missing = cli(tmp_path, "status", "long-rwo", "--store", url)
+    assert missing.returncode == 2 and f"overnight ls --store {url}" in " ".join(missing.stderr.split())
+
+
+def test_rm_of_a_task_a_worker_just_claimed_is_refused_not_left_to_be_recreated(tmp_path: Path, store: str) -> None:
+    """Between a worker's claim and its session's lease there is no lease to find: `rm` then used
+    to delete the queue row and report success while the session went on to create and run the
+    task. Now the row goes only while no live claim holds it: a claimed task is refused (exit 4,
+    naming the worker), and `--force` deletes it anyway."""
+    from overnight.store import open_store
+    from overnight.store.queue_open import queue_for
+
+    project(tmp_path)
+    url = store
+    assert cli(tmp_path, "submit", "tasks/chaos.py", "--id", "claimed", "--store", url).returncode == 0
+    s = open_store(url)
+    try:
+        row = queue_for(s).claim("night-shift", ["default"], 60_000)  # as a worker does, its session not started
+        assert row is not None and row.task_id == "claimed"
+    finally:
+        s.close()
+    out = cli(tmp_path, "rm", "claimed", "--store", url, "--yes")
+    assert out.returncode == 4, out.stderr
+    assert "worker night-shift" in out.stderr and "overnight cancel claimed" in " ".join(out.stderr.split())
+    assert queue_rows(url)["claimed"].status == "running"  # nothing removed
+    forced = cli(tmp_path, "rm", "claimed", "--store", url, "--yes", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "claimed" not in queue_rows(url)

@@ -100,10 +100,12 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
     mistyped command) in front of ``exc.hint``."""
     if not exc.task_id:
         return
+    if exc.hint and "`overnight ls`" in exc.hint:  # the listing of this store, not of the default one
+        exc.hint = exc.hint.replace("`overnight ls`", f"`{_command('ls', None, s)}`")
     queued = _queued_only(s, exc.task_id)
     if queued is not None:  # submitted, not started: no task row, no checkpoint yet
-        exc.hint = (f"it is submitted but has no checkpoint yet: {queued}; `overnight status {exc.task_id}` "
-                    "shows its queue state, `overnight worker` runs it")
+        exc.hint = (f"it is submitted but has no checkpoint yet: {queued}; `{_command('status', exc.task_id, s)}` "
+                    f"shows its queue state, `{_command('worker', None, s)}` runs it")
         return
     try:
         ids = [t.task_id for t in s.list_tasks()]
@@ -134,12 +136,14 @@ def _queue_row(s: Store, task_id: str) -> Any | None:
         return None
 
 
-def _command(verb: str, task_id: str, s: Store) -> str:
-    """``overnight VERB ID`` with ``--store`` when ``s`` is not the default store, quoted as
-    :func:`~overnight.runtime.outcome.resume_command` quotes it."""
+def _command(verb: str, task_id: str | None, s: Store) -> str:
+    """``overnight VERB ID`` (``overnight VERB`` without ``task_id``) with ``--store`` when ``s`` is
+    not the default store, quoted as :func:`~overnight.runtime.outcome.resume_command` quotes it."""
     from overnight.runtime.outcome import resume_command
 
-    return f"overnight {verb} " + resume_command(task_id, "main", getattr(s, "url", None))[len("overnight resume "):]
+    options = resume_command("-", "main", getattr(s, "url", None))[len("overnight resume -"):]  # " --store URL"
+    ident = "" if task_id is None else " " + resume_command(task_id, "main", None)[len("overnight resume "):]
+    return f"overnight {verb}{ident}{options}"
 
 
 def _held_by_worker(s: Store, task_id: str, branch: str, exc: TaskBusy, then: str) -> TaskBusy:
@@ -1206,6 +1210,16 @@ def rm(task_id: str, *, store: Store | str | None = None, dry_run: bool = False,
             return report
         # under the leases: no worker starts (or commits) it while it goes
         with _all_leases(s, task_id, force):
+            # the queue row first, unless a worker claimed it meanwhile (its session is starting: it
+            # would create the task again once these leases go): no worker may claim it again
+            q = queue_for(s)
+            if q is not None and not q.delete(task_id, unless_claimed=not force) and not force:
+                claimed = _queue_row(s, task_id)
+                if claimed is not None:
+                    busy = TaskBusy(f"task {task_id!r} was claimed by a worker: its session is starting",
+                                    task_id=task_id, hint="`overnight cancel` it, or pass --force")
+                    raise _held_by_worker(s, task_id, "main", busy, f"`{_command('rm', task_id, s)}`; or pass "
+                                          "--force to delete the task under the worker") from None
             try:
                 s.get_task(task_id)  # again: a worker may have made its first commit since
                 stored = True
@@ -1217,9 +1231,6 @@ def rm(task_id: str, *, store: Store | str | None = None, dry_run: bool = False,
                 s.delete_task(task_id)
                 report = collecting.RmReport(task_id, applied=True, grace_s=grace_s)
             report.queue_status = status
-            q = queue_for(s)
-            if q is not None:  # a submitted task: no worker may claim (and so re-create) it again
-                q.delete(task_id)
             return report
 
 
@@ -1313,7 +1324,11 @@ def enqueue(task_id: str, *, store: Store | str | None = None, branch: str = "ma
     """Queue a stored task for the workers instead of resuming it here (``overnight resume
     --submit``, the dashboard's resume). The code location and params are those its verified head
     records -- nothing is imported here; the worker that claims it checks them again. Returns
-    ``(QueuedTask, queued_now)`` (False: it was queued or running already).
+    ``(QueuedTask, queued_now)`` (False: it was queued or running already, or it is complete).
+
+    A task whose verified head is complete is not queued (a worker would run nothing): the row
+    returned says ``complete`` (its queue row, settled ``complete`` when it was parked ``failed`` or
+    ``cancelled``; a row made up for it when it was never submitted). A queued or running row stays.
 
     Raises:
         TaskNotFound / BranchNotFound; IntegrityError when nothing verifies; ConfigError when the
@@ -1335,6 +1350,12 @@ def enqueue(task_id: str, *, store: Store | str | None = None, branch: str = "ma
         if q is None:
             raise ConfigError(f"store {s.url} has no queue; workers need an sqlite:// or postgresql:// store")
         params = from_tree(spec["params"], "task params") if "params" in spec else {}
+        if not loaded.doc.todo.count:  # complete: nothing for a worker to run
+            q.settle(task_id, "complete")
+            row = q.get(task_id)
+            if row is not None and row.status in ("queued", "running", "complete"):
+                return row, False
+            return QueuedTask(task_id=task_id, entry=entry, params=dict(params), status="complete"), False
         return q.requeue(QueuedTask(task_id=task_id, entry=entry, params=dict(params)))
 
 
@@ -1352,7 +1373,9 @@ def clock_ms(*, store: Store | str | None = None) -> int:
 
 
 def retry(task_id: str, *, store: Store | str | None = None) -> Any:
-    """Queue a ``failed`` or ``cancelled`` task again. Raises TaskNotFound when it was never submitted."""
+    """Queue a ``failed`` or ``cancelled`` task again; any other row is returned as it is (a
+    ``complete``, ``queued`` or ``running`` one: nothing queued). Raises TaskNotFound when it was
+    never submitted."""
     return _queue_call(store, lambda q: q.retry(task_id))
 
 

@@ -171,7 +171,8 @@ def resume(
 ) -> None:
     """Resume a stored task from the latest head of its branch (never an older checkpoint,
     unless the head fails verification: then the newest valid one, with a report). With --submit,
-    queue it for the workers instead (a failed, cancelled or finished queue row is queued again).
+    queue it for the workers instead (a failed or cancelled queue row is queued again; a task
+    already complete is not: it says so and exits 0).
 
     A ref moved back behind a newer verified checkpoint of the branch -- or, with a signing key,
     behind the newest signed head this machine has seen -- is refused (RollbackDetected, exit 3)
@@ -183,6 +184,9 @@ def resume(
     if submit:
         with failing():
             row, now = api.enqueue(task_id, store=store, branch=branch)
+        if not now and row.status == "complete":  # as `overnight cancel` of a complete task says
+            render.out.print(f"{render.esc(task_id)}: already complete, nothing to queue")
+            return
         render.out.print(f"{render.esc(task_id)}: {'queued' if now else render.esc(row.status) + ' already'} "
                          f"(code {render.esc(row.entry)}); `overnight worker` runs it")
         return

@@ -207,14 +207,17 @@ def workers(store: Optional[str] = StoreOpt,
 
 
 def retry(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optional[str] = StoreOpt) -> None:
-    """Queue a failed (or cancelled) task again; its death count starts over."""
+    """Queue a failed (or cancelled) task again; its death count starts over. A task already
+    complete, queued or running is left as it is (it says so and exits 0, as `overnight cancel` of
+    a finished task does)."""
     from overnight import api
 
     try:
         row = api.retry(task_id, store=store)
     except OvernightError as exc:
         _fail(exc)
-    render.out.print(f"{render.esc(task_id)}: {row.status}")
+    render.out.print(f"{render.esc(task_id)}: " + ("queued" if row.status == "queued" else
+                                                   f"already {row.status}, nothing to queue"))
 
 
 def cancel(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optional[str] = StoreOpt) -> None:

@@ -130,7 +130,7 @@ def rm(
         f"deleted task [bold]{render.esc(task_id)}[/]: {rep.checkpoints} checkpoint(s) "
         f"({render.human_bytes(rep.checkpoint_bytes)}), {rep.objects_deleted} object(s) "
         f"({render.human_bytes(rep.object_bytes)})"
-        + (f"; {rep.objects_young} younger than the grace period left for `overnight gc`" if rep.objects_young else ""))
+        + _young_note(rep.objects_young, rep.grace_s))
     _unreadable_note(rep.unreadable)
 
 
@@ -166,7 +166,17 @@ def archive_(
            f"{render.human_bytes(rep.pack_bytes)})" if rep.archive_id else "")
         + f"; {rep.kept} kept in hot; freed {render.human_bytes(rep.checkpoint_bytes + rep.object_bytes)} "
         f"({rep.objects_deleted} object(s))"
-        + (f"; {rep.objects_young} younger than the grace period left for `overnight gc`" if rep.objects_young else ""))
+        + _young_note(rep.objects_young, grace))
+
+
+def _young_note(young: int, grace: str | float) -> str:
+    """What ``rm`` and ``archive`` left of the objects only they freed: those stored less than the
+    grace period ago (a commit in flight may still name them), and when ``gc`` takes them."""
+    if not young:
+        return ""
+    seconds = grace if isinstance(grace, (int, float)) else api.parse_duration(grace, "--grace")
+    return (f"; {young} object(s) stored less than {render.human_duration(seconds * 1000)} ago kept (the grace period): "
+            "`overnight gc --apply` deletes them once they are older")
 
 
 def restore(

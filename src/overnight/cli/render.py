@@ -14,7 +14,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from overnight.units import human_bytes  # noqa: F401 (re-exported)
+from overnight.units import human_bytes, human_duration  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -75,7 +75,8 @@ def report(result: Any, as_json: bool) -> None:
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, justify: dict[str, str] | None = None,
           no_wrap: Iterable[str] = ()) -> None:
     """A table on stdout; columns named in ``no_wrap`` keep their width (ids, times, sizes), the
-    others fold when the terminal is narrow."""
+    others fold when the terminal is narrow. On a pipe or file (without ``$COLUMNS``) a row is never
+    folded: each stays on one line, however wide, so ``grep`` finds it whole."""
     from rich.table import Table
     from rich.text import Text
 
@@ -86,7 +87,18 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
                      no_wrap=c in keep)
     for r in rows:
         t.add_row(*[Text(safe(v, one_line=True)) for v in r])  # a line break in stored text would split a row
-    _console("out").print(t)
+    console = _console("out")
+    if not sys.stdout.isatty() and "COLUMNS" not in os.environ:  # a pipe or file: one line per row, for grep
+        from rich.measure import Measurement
+
+        wide = console.options.update_width(1 << 16)
+        saved, console.width = console.width, max(Measurement.get(console, wide, t).maximum, 1)
+        try:
+            console.print(t, crop=False)
+        finally:
+            console.width = saved
+        return
+    console.print(t)
 
 
 def safe(value: Any, *, one_line: bool = False) -> str:

@@ -28,6 +28,7 @@ import os
 import time
 import traceback
 import uuid
+import warnings
 from typing import TYPE_CHECKING, Any, Callable
 
 from overnight.codec.canonical import dumps as canonical_dumps
@@ -35,6 +36,7 @@ from overnight.codec.canonical import from_tree, to_tree
 from overnight.errors import (
     ArtifactNotFound,
     ConfigError,
+    DriftAbort,
     EncodeError,
     LeaseLost,
     OutputNotWritable,
@@ -570,11 +572,13 @@ class Runner:
         if self.handle_signals:
             signals.install()
         first: BaseException | None = None
+        result: RunResult | None = None
         try:
             self._set_aside_damaged()  # the lease is taken on the primary: it must be readable
             self._keeper = LeaseKeeper(self.store, self.task.id, self.branch, self.lease_ttl_ms, self._on_lease_lost)
             self._keeper.acquire()
-            return self._session()
+            result = self._session()
+            return result
         except StoreError as exc:  # the disk or server said no: name the task it happened to
             if exc.task_id is None:
                 exc.task_id = self.task.id
@@ -587,9 +591,37 @@ class Runner:
             if self._keeper is not None:
                 self._keeper.release(first)
                 self._keeper = None
+                self._settle_queue(result, first)
             if self._own_wrapper:
                 self.store.close()  # the hot store too when this run opened it
             signals.restore()
+
+    def _settle_queue(self, result: RunResult | None, first: BaseException | None) -> None:
+        """A run of the main branch that ended ``complete``, or ``failed`` for good (a step failed
+        after its retries, drift the policy aborts on): the task's queue row, when it is parked
+        ``failed`` or ``cancelled`` (a run here after `overnight cancel`, or after a worker parked
+        it), takes this outcome -- the latest run's outcome is what `overnight status` / `ls`, the
+        dashboard and the workers read (:func:`~overnight.store.queue_open.settle_run`). A row a
+        worker holds (``running``) or will claim (``queued``) is left alone, and so is every row
+        after a run that stopped early. Never hides the run's outcome: a failure here is a warning."""
+        if self.branch != "main" or self.level == "ephemeral":
+            return
+        if result is not None and result.status == "complete":
+            status, reason = "complete", None
+        elif isinstance(first, (StepFailed, DriftAbort)):
+            status, reason = "failed", first.message if isinstance(first, StepFailed) else \
+                f"{type(first).__name__}: {first.message}"
+        else:
+            return
+        try:
+            from overnight.store.queue_open import settle_run
+
+            settle_run(self.store, self.task.id, status, reason)
+        except Exception as exc:  # noqa: BLE001 - reported, never raised over the run's outcome
+            why = exc.message if isinstance(exc, OvernightError) else str(exc)
+            warnings.warn(f"task {self.task.id!r} ended {status}, but its queue row could not be updated "
+                          f"({type(exc).__name__}: {why}); `overnight status` may still show it as before",
+                          RuntimeWarning, stacklevel=2)
 
     def _session(self) -> RunResult:
         created, fallback = self._start()

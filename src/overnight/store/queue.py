@@ -349,11 +349,16 @@ def describe(row: QueuedTask | None, lease: Lease | None, *, complete: bool, now
     that failed for good: :func:`~overnight.store.leases.ended`), ``cancelled``, ``queued`` (``queued (retry in
     N s)``), ``running (worker W on HOST, heartbeat N s ago)`` (``running (pid P on HOST, ...)``
     for a plain ``overnight run``), ``stalled (lease expired N s ago; ...)``, ``interrupted``.
+    ``complete`` wins over a parked row: a run outside the workers (``overnight resume`` after
+    ``overnight cancel``, or after a worker parked it ``failed``) that finished the task is its latest
+    outcome (such a run also settles the row: :meth:`~overnight.store.queue_sql.SqlQueue.settle`).
     """
     now = now_ms() if now is None else now
+    if complete:  # the latest run finished it: a row parked before (failed, cancelled) is history
+        return "complete"
     if row is not None and row.status in ("failed", "cancelled"):
         return f"failed ({row.reason})" if row.status == "failed" else "cancelled"
-    if complete or (row is not None and row.status == "complete"):
+    if row is not None and row.status == "complete":
         return "complete"
     held = lease is not None and lease.holder_id != ""
     gone = held and (lambda h: h is not None and h.is_gone())(Holder.from_json(lease.holder))  # type: ignore[union-attr]

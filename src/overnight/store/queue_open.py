@@ -9,9 +9,10 @@ from typing import Any
 from overnight.store.queue import describe
 
 
-def queue_for(store: Any) -> Any | None:
+def queue_for(store: Any, *, create: bool = True) -> Any | None:
     """The queue of a store (its hot store when tiered): a :class:`~overnight.store.queue_sqlite.SQLiteQueue`
-    or :class:`~overnight.store.queue_postgres.PostgresQueue`, or None for a store kind without one."""
+    or :class:`~overnight.store.queue_postgres.PostgresQueue`, or None for a store kind without one.
+    ``create=False``: its tables are not created when missing (the queue is then empty, ``absent``)."""
     base = getattr(store, "hot", store)
     base = getattr(base, "primary", base)
     from overnight.store.sqlite import SQLiteStore
@@ -19,7 +20,7 @@ def queue_for(store: Any) -> Any | None:
     if isinstance(base, SQLiteStore):
         from overnight.store.queue_sqlite import SQLiteQueue
 
-        return SQLiteQueue(base)
+        return SQLiteQueue(base, create=create)
     try:
         from overnight.store.postgres import PostgresStore
     except ImportError:
@@ -27,7 +28,7 @@ def queue_for(store: Any) -> Any | None:
     if isinstance(base, PostgresStore):
         from overnight.store.queue_postgres import PostgresQueue
 
-        return PostgresQueue(base)
+        return PostgresQueue(base, create=create)
     return None
 
 
@@ -42,4 +43,14 @@ def task_status(store: Any, task_id: str, *, complete: bool, now: int | None = N
                     now=store.clock_ms() if now is None else now)
 
 
-__all__ = ["queue_for", "task_status"]
+def settle_run(store: Any, task_id: str, status: str, reason: str | None = None) -> bool:
+    """After a run of ``task_id``'s main branch outside the workers (``overnight run`` / ``resume``)
+    ended ``complete`` or ``failed`` (``reason``): its queue row, when one is parked ``failed`` or
+    ``cancelled``, takes that outcome (:meth:`~overnight.store.queue_sql.SqlQueue.settle`), so
+    ``overnight status`` / ``ls``, the dashboard and the workers all see the latest run's outcome.
+    Creates no queue where there is none. True when a row changed."""
+    q = queue_for(store, create=False)
+    return q is not None and q.settle(task_id, status, reason)
+
+
+__all__ = ["queue_for", "settle_run", "task_status"]

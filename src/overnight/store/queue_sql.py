@@ -68,14 +68,14 @@ class SqlQueue:
     and ``seq`` name it (PostgreSQL's are typed and never NULL). :meth:`claim` needs one."""
     _ready: set[str] = set()
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, *, create: bool = True) -> None:
         self.store = store
         self.absent = False
         key = f"{type(self).__name__}:{store.url}"
         if key in SqlQueue._ready or self._has_table():
             return
-        if getattr(store, "read_only", False):
-            self.absent = True  # nothing was ever submitted here; a reader creates nothing
+        if getattr(store, "read_only", False) or not create:
+            self.absent = True  # nothing was ever submitted here; a reader (or ``create=False``) creates nothing
             return
         with self._tx() as cur:
             for stmt in self.DDL:
@@ -343,6 +343,20 @@ class SqlQueue:
                         (task_id,))
         return self._must(task_id)
 
+    def settle(self, task_id: str, status: str, reason: str | None = None) -> bool:
+        """Record the outcome of a run outside the workers (``overnight run`` / ``resume`` here) on
+        the task's queue row when that row is parked -- ``failed`` or ``cancelled``, which no worker
+        claims -- so the row says what the latest run did: ``complete``, or ``failed`` with
+        ``reason``. A ``queued`` or ``running`` row is left to the workers (a claimed one is theirs,
+        and a worker that claims a complete task marks it complete). True when a row changed."""
+        parked = "task_id=? AND status IN ('failed', 'cancelled')"
+        if self.absent or not self._read(self._sql(f"SELECT 1 FROM {{s}}.queue WHERE {parked}"), (task_id,)):
+            return False  # a read first: a worker's own run (its row `running`) takes no write lock here
+        with self._tx() as cur:
+            cur.execute(self._sql("UPDATE {s}.queue SET status=?, reason=?, deaths=0, cancel_requested=0, "
+                                  f"claim_expires_ms=0 WHERE {parked}"), (status, reason, task_id))
+            return cur.rowcount == 1
+
     def requeue(self, task: QueuedTask) -> tuple[QueuedTask, bool]:
         """Queue a stored task for the workers (``overnight resume --submit``, the dashboard's
         resume): a new row from ``task``, or -- when a row exists -- ``failed``, ``cancelled`` and
@@ -370,13 +384,20 @@ class SqlQueue:
                 self._notify_cancel(cur, task_id)
         return self._must(task_id)
 
-    def delete(self, task_id: str) -> bool:
+    def delete(self, task_id: str, *, unless_claimed: bool = False) -> bool:
         """Remove the task's queue row (``overnight rm``, which holds the task's leases): no worker
-        claims it again. True when there was one."""
+        claims it again. True when there was one (and it went). ``unless_claimed``: not while a
+        worker's claim on it is live -- ``running``, its claim not expired by the store's clock
+        (:meth:`_now`) -- in one statement, so a claim made since the caller looked is seen:
+        False then, and the row stays."""
         if self.absent:
             return False
         with self._tx() as cur:
-            cur.execute(self._sql("DELETE FROM {s}.queue WHERE task_id=?"), (task_id,))
+            if unless_claimed:
+                cur.execute(self._sql("DELETE FROM {s}.queue WHERE task_id=? AND NOT (status='running' "
+                                      "AND claim_expires_ms>?)"), (task_id, self._now(cur)))
+            else:
+                cur.execute(self._sql("DELETE FROM {s}.queue WHERE task_id=?"), (task_id,))
             return cur.rowcount > 0
 
     def _must(self, task_id: str) -> QueuedTask:

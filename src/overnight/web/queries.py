@@ -508,8 +508,8 @@ def task_actions(s: Store, cache: HeadCache, task_id: str) -> dict[str, Any]:
     if complete:
         resume = {"message": f"task {task_id!r} is complete: nothing to resume (every step is done)",
                   "hint": "a resume of it runs no step unless its world drifted since (see Drift preview; "
-                          f"then `overnight resume {task_id}` recomputes what changed, or `overnight resume {task_id} "
-                          "--submit` has a worker do it); to run steps again, fork it at an earlier checkpoint "
+                          f"then `overnight resume {task_id}` recomputes what changed here; the workers are "
+                          "given no complete task); to run steps again, fork it at an earlier checkpoint "
                           "(timeline > open > Fork) or roll a branch back"}
     terminal = (f"a task run in a terminal (`overnight run` / `overnight resume`) stops with Ctrl-C in that "
                 f"terminal; cancel acts on a task queued for `overnight worker` (`overnight resume {task_id} "
