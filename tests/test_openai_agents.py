@@ -30,6 +30,7 @@ from overnight.api import log, rollback  # noqa: E402
 from overnight.errors import ConfigError, EncodeError, SessionCorrupt  # noqa: E402
 from overnight.runtime.session import summary_tokens  # noqa: E402
 from overnight.store import open_store  # noqa: E402
+from overnight.store.sqlite import SQLiteStore  # noqa: E402
 
 set_tracing_disabled(True)
 
@@ -236,6 +237,120 @@ def test_concurrent_adds_lose_nothing(tmp_path):
     for k in range(4):  # each writer's items in the order it added them
         mine = [x for x in items if x.startswith(f"{k}-")]
         assert mine == [f"{k}-{i}" for i in range(10)]
+
+
+
+class _FirstCommitLandsBetween(SQLiteStore):
+    """A real SQLite store whose first ``get_task`` lets another session's first commit land
+    before it answers: the window between a first use's ref read (no ref yet) and its task read,
+    held open."""
+
+    def __init__(self, path: Path, other: OvernightSession) -> None:
+        super().__init__(path)
+        self.other, self.fired = other, False
+
+    def get_task(self, task_id):
+        if not self.fired:
+            self.fired = True
+            run(self.other.add_items([msg("user", "theirs")]))
+        return super().get_task(task_id)
+
+
+def test_first_use_while_another_writer_creates_the_session(tmp_path):
+    # the first commit of another writer lands between this one's ref read and its task read
+    db = tmp_path / "a.db"
+    with OvernightSession("raced", store=f"sqlite://{db}") as other:
+        store = _FirstCommitLandsBetween(db, other)
+        with OvernightSession("raced", store=store) as s:
+            run(s.add_items([msg("user", "mine")]))
+            assert store.fired
+            assert [i["content"] for i in run(s.get_items())] == ["theirs", "mine"]
+        store.close()
+    # a session task whose branch is really gone is still refused, naming the branch
+    store = open_store(f"sqlite://{db}")
+    task = session_task_id("raced")
+    store.set_ref(task, "main", None, store.get_ref(task, "main"))
+    with pytest.raises(ConfigError, match="has no branch 'main'"):
+        run(OvernightSession("raced", store=store).get_items())
+    store.close()
+
+
+def _first_use(s: OvernightSession, k: int) -> None:
+    """One writer's first use of a session others are creating: writer 0 adds at once, the
+    others read until they see it -- each read a first use racing writer 0's first commit (the
+    Session protocol's ``get_items`` is ``_get_items`` run in a worker thread; called directly, a
+    read takes microseconds and the race is probed thousands of times a round) -- then add."""
+    if k:
+        while not s._get_items(None):
+            pass
+    run(s.add_items([msg("user", f"{k}")]))
+
+
+def test_concurrent_first_uses_lose_nothing(tmp_path):
+    # rounds of 3 threads, each with its own store object, using a new session at once (the first
+    # round also on a new store); before the fix a reader that saw no ref, then the task, raised
+    rounds, n = 40, 3
+    url = f"sqlite://{tmp_path}/a.db"
+    stores = [open_store(url) for _ in range(n)]
+    for r in range(rounds):
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(n)
+
+        def use(k: int) -> None:
+            try:
+                s = OvernightSession(f"first-{r}", store=stores[k])
+                barrier.wait(60)
+                _first_use(s, k)
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=use, args=(k,)) for k in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, (r, errors)
+        items = run(OvernightSession(f"first-{r}", store=stores[0]).get_items())
+        assert items[0]["content"] == "0" and sorted(i["content"] for i in items) == [str(k) for k in range(n)]
+    for store in stores:
+        store.close()
+
+
+def test_concurrent_first_uses_in_processes(tmp_path):
+    # the same across 2 processes, meeting at a file barrier every round (round 0 on a new store)
+    rounds, n = 30, 2
+    url = f"sqlite://{tmp_path}/a.db"
+    code = ("import asyncio, os, sys\n"
+            "from overnight.adapters.openai_agents import OvernightSession\n"
+            "from overnight.store import open_store\n"
+            "url, d, k, rounds, n = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])\n"
+            "store = open_store(url)\n"
+            "def one(r):\n"
+            "    s = OvernightSession(f'first-{r}', store=store)\n"
+            "    open(f'{d}/ready-{r}-{k}', 'w').close()\n"
+            "    while not all(os.path.exists(f'{d}/ready-{r}-{j}') for j in range(n)):\n"
+            "        if os.path.exists(f'{d}/failed'):\n"  # the other process failed: do not wait for it
+            "            sys.exit('the other process failed')\n"
+            "        os.sched_yield()\n"
+            "    while k and not s._get_items(None):\n"  # as _first_use
+            "        pass\n"
+            "    asyncio.run(s.add_items([{'role': 'user', 'content': str(k)}]))\n"
+            "try:\n"
+            "    for r in range(rounds):\n"
+            "        one(r)\n"
+            "except BaseException:\n"
+            "    open(f'{d}/failed', 'w').close()\n"
+            "    raise\n"
+            "store.close()\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, url, str(tmp_path), str(k), str(rounds), str(n)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+             for k in range(n)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    with open_store(url) as store:
+        for r in range(rounds):
+            items = run(OvernightSession(f"first-{r}", store=store).get_items())
+            assert items[0]["content"] == "0" and sorted(i["content"] for i in items) == [str(k) for k in range(n)]
 
 
 def _damage_object(db: Path, digest: str) -> None:

@@ -301,6 +301,12 @@ class OvernightSession(Closing):
                 self._store.get_task(self.task_id)
             except TaskNotFound:
                 return None
+            # Every store makes a task visible only with its first checkpoint's ref (one
+            # transaction; the keyed stores hide a task no ref ever named), so the task seen here
+            # may be a concurrent writer's first commit landed since the ref was read: read the
+            # ref again. Still none: the branch was deleted (or the task is not a session).
+            ref = self._store.get_ref(self.task_id, BRANCH)
+        if ref is None:
             raise ConfigError(f"task {self.task_id!r} in {self._store.url} has no branch {BRANCH!r}",
                               task_id=self.task_id, hint=f"`overnight log {self.task_id}` shows its branches")
         head = self._view
