@@ -250,3 +250,85 @@ def test_rm_of_a_task_a_worker_just_claimed_is_refused_not_left_to_be_recreated(
     forced = cli(tmp_path, "rm", "claimed", "--store", url, "--yes", "--force")
     assert forced.returncode == 0, forced.stderr
     assert "claimed" not in queue_rows(url)
+
+
+def test_verify_repair_says_what_it_could_not_heal(tmp_path: Path) -> None:
+    """`verify --repair` of damage with no verified ditto copy (an artifact's bytes): the same
+    problems as `verify`, and a line saying nothing could rewrite them and what a resume does."""
+    import sqlite3
+
+    from overnight.chain.ditto import ditto_key
+    from overnight.chain.read import load_head
+    from overnight.store import open_store
+
+    (tmp_path / "art.py").write_text(
+        "import overnight\n"
+        "task = overnight.Task('art', goal='writes an artifact')\n"
+        "@task.step\ndef a(ctx):\n    ctx.write_text('notes.md', 'some notes ' * 200)\n")
+    url = f"sqlite://{tmp_path / 's.db'}"
+    assert cli(tmp_path, "run", "art.py", "--store", url, "-q").returncode == 0
+    with open_store(url) as s:
+        head, _ = load_head(s, "art")
+        d = head.artifacts["notes.md"].digest
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        db.execute("DELETE FROM objects WHERE digest = ?", (ditto_key(d),))
+        assert db.execute("UPDATE objects SET data = zeroblob(length(data)) WHERE digest = ?", (d,)).rowcount
+    out = cli(tmp_path, "verify", "art", "--store", url, "--repair")
+    assert out.returncode == 3, out.stderr
+    flat = " ".join(out.stderr.split())
+    assert "no verified ditto copy" in flat and "falls back" in flat, out.stderr
+    plain = cli(tmp_path, "verify", "art", "--store", url)
+    assert plain.returncode == 3 and "ditto copy" not in plain.stderr  # only --repair says it
+
+
+def test_a_ctrl_c_on_a_worker_reads_as_the_workers_stop_in_its_log(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) on a worker: each session gets it as SIGTERM, and the worker's log says the
+    worker's stop reached the session, not a bare SIGTERM nobody sent."""
+    import signal
+
+    project(tmp_path)
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    assert cli(tmp_path, "submit", "tasks/chaos.py", "--id", "stopme", "--store", url,
+               "--param", "steps=30", "--param", "sleep=0.3").returncode == 0
+    w = start_worker(tmp_path, url)
+    try:
+        wait_until(lambda: _has_checkpoint(url, "stopme") and queue_rows(url)["stopme"].status == "running", 60,
+                   "the worker to start the task")
+        w.send_signal(signal.SIGINT)
+        assert w.wait(timeout=60) == 0
+    finally:
+        stop(w)
+    log = (tmp_path / "w.err").read_text(errors="replace")
+    assert "task stopme: the worker's stop reached this session (SIGTERM" in log, log[-2000:]
+
+
+def test_log_and_show_say_a_rollback_was_an_automatic_fallback(tmp_path: Path) -> None:
+    """A resume that fell back past damage commits a `rollback` record: `log`, `show` and their JSON
+    say it was an automatic fallback, so it does not read as someone's `overnight rollback`."""
+    import sqlite3
+
+    from overnight.chain.ditto import ditto_key
+    from overnight.chain.read import load_head
+    from overnight.store import open_store
+
+    (tmp_path / "two.py").write_text(
+        "import overnight\n"
+        "task = overnight.Task('two', goal='two steps')\n"
+        "@task.step\ndef a(ctx):\n    ctx.write_text('a.md', 'first ' * 300)\n"
+        "@task.step\ndef b(ctx):\n    ctx.write_text('b.md', 'second ' * 300)\n")
+    url = f"sqlite://{tmp_path / 's.db'}"
+    assert cli(tmp_path, "run", "two.py", "--store", url, "-q").returncode == 0
+    with open_store(url) as s:
+        head, _ = load_head(s, "two")
+        d = head.artifacts["b.md"].digest
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        db.execute("DELETE FROM objects WHERE digest = ?", (ditto_key(d),))
+        assert db.execute("UPDATE objects SET data = zeroblob(length(data)) WHERE digest = ?", (d,)).rowcount
+    assert cli(tmp_path, "resume", "two", "--store", url, "-q").returncode == 0
+    log = cli(tmp_path, "log", "two", "--store", url)
+    line = next(x for x in log.stdout.splitlines() if " rollback" in x)
+    assert "(automatic fallback)" in line, log.stdout
+    show = cli(tmp_path, "show", "two", "--store", url)
+    assert "automatic fallback" in show.stdout, show.stdout
+    entries = json.loads(cli(tmp_path, "log", "two", "--store", url, "--json").stdout)
+    assert [e["rollback"] for e in entries if e["event"] == "rollback"] == ["automatic fallback"]

@@ -52,6 +52,7 @@ from overnight.chain.read import head_problems, load_head
 from overnight.verify.drift import DriftReport
 from overnight.chain.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
 from overnight.chain.rollback import find_rollback
+from overnight.chain.records import rollback_kind
 
 # Branches, gc, archive and fsck are imported by the functions that use them: a resume, which
 # imports this module, needs none of them before its first step (tests/test_resume_cost.py).
@@ -436,6 +437,9 @@ class ChainEntry:
     record: Any = None
     """``show --raw``: the checkpoint record as stored (its body parsed as JSON; a body that does
     not parse: its text), whether or not it verifies."""
+    why: str | None = None
+    """A ``rollback`` record's kind (:func:`~overnight.chain.records.rollback_kind`); None for other
+    events and for a record that does not verify."""
 
 
 @dataclass
@@ -520,15 +524,17 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
                 for skip in exc.fallback.skipped if isinstance(exc, NoValidCheckpoint) and exc.fallback else ():
                     damaged.setdefault(skip.checkpoint_id, f"{skip.error}: {skip.reason}")
         for row in rows:
-            session = None
+            session = why = None
             try:
-                session = parse_record(row, key=key).session.n
+                record = parse_record(row, key=key)
+                session = record.session.n
+                why = rollback_kind(record.event)
             except OvernightError:
                 pass  # in damaged already
             problem = damaged.get(row.checkpoint_id)
             chain.append(ChainEntry(row.seq, row.checkpoint_id, row.branch, session, row.event, row.step,
                                     row.created_at, row.stored_bytes, heads.get(row.checkpoint_id, []), problem is None,
-                                    problem, row.checkpoint_id not in hot, _raw_json(row.body) if raw else None))
+                                    problem, row.checkpoint_id not in hot, _raw_json(row.body) if raw else None, why))
         return TaskReport(task_id, t.goal, t.entry, t.created_at, refs, status, done, total, todo, artifacts, chain,
                           sum(c.stored_bytes for c in chain), _usage(s, task_id, main_head), fell_back, len(damaged),
                           state)

@@ -29,7 +29,7 @@ from overnight.chain.write import ChainWriter
 from overnight.chain.read import head_problems, load_head
 from overnight.chain.integrity import LoadedCheckpoint, load_checkpoint, parse_record, record_problems
 from overnight.chain.reachability import lineage
-from overnight.chain.records import event
+from overnight.chain.records import event, rollback_kind
 
 
 def _writer(store: Store, base: LoadedCheckpoint, branch: str, key: bytes | None, ref_head: str | None) -> ChainWriter:
@@ -299,6 +299,8 @@ class LogEntry:
     graph: str = ""
     healed: str | None = None
     """What the load before this checkpoint read from ditto copies (``self-healed: ...``), if anything."""
+    why: str | None = None
+    """A ``rollback`` record's kind (:func:`~overnight.chain.records.rollback_kind`), else None."""
 
 
 def history(store: Store, task_id: str, *, key: bytes | None = None) -> list[LogEntry]:
@@ -315,17 +317,18 @@ def history(store: Store, task_id: str, *, key: bytes | None = None) -> list[Log
     for r in rows:
         parents = [r.parent_id] if r.parent_id else []
         problem = damaged.get(r.checkpoint_id)
-        healed = None
+        healed = why = None
         try:
             rec = parse_record(r, key=key)
             if rec.event.kind == "merge" and rec.event.ref:
                 parents.append(rec.event.ref)
             detail = rec.event.detail or ""
             healed = detail[detail.index("self-healed:"):] if "self-healed:" in detail else None
+            why = rollback_kind(rec.event)
         except OvernightError:
             pass  # in damaged already
         entries[r.checkpoint_id] = LogEntry(r, parents, heads.get(r.checkpoint_id, []), problem is None, problem,
-                                            healed=healed)
+                                            healed=healed, why=why)
     order = _topo_newest_first(entries)
     _draw(order)
     return order

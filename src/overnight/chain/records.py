@@ -93,6 +93,15 @@ class Event(_Strict):
     detail: str | None
 
 
+def rollback_kind(ev: Event) -> str | None:
+    """What a ``rollback`` event was, from its detail (written by the runner and ``overnight
+    rollback``): ``automatic fallback`` (a resume went back past damage), ``accepted rollback``
+    (``resume --allow-rollback``) or ``rollback`` (``overnight rollback``); None for other events."""
+    if ev.kind != "rollback":
+        return None
+    return next((k for k in ("automatic fallback", "accepted rollback") if (ev.detail or "").startswith(k)), "rollback")
+
+
 def event(kind: str, *, step: str | None = None, key: str | None = None, ref: str | None = None,
           detail: str | None = None) -> dict[str, Any]:
     """An :class:`Event` as stored (every member present), validated.

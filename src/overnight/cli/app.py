@@ -281,6 +281,7 @@ def show(
     # branch column only when there are several, notes only when a record has one
     several = len(rep.branches) > 1 or any(c.branch != "main" for c in rep.chain)
     notes = [("<- " + ",".join(c.heads) if c.heads else "") + (" archived" if c.archived else "")
+             + (f" ({c.why})" if c.why and c.why != "rollback" else "")
              + ("" if c.valid else f" INVALID: {c.problem}") for c in rep.chain]
     rows = [(c.seq, c.checkpoint_id[7:15]) + ((c.branch,) if several else ())
             + (c.session if c.session is not None else "?", c.event, " ".join(filter(None, [c.step, note.strip()])),
@@ -488,6 +489,11 @@ def verify(
                              "fallback; `overnight show` marks them; exit 3 unless --ignore-dangling):")
             for p in dangling[:10]:
                 render.out.print(f"  {(p.checkpoint_id or '')[7:19]}: {render.esc(p.detail)}")
+        if repair and broken:
+            render.err.print(f"[yellow]--repair[/] rewrote {len(rep.healed)} object(s) or record(s); the "
+                             f"{len(broken)} problem(s) above have no verified ditto copy to rewrite them from: "
+                             "`overnight resume` falls back past a damaged checkpoint to the newest one that verifies "
+                             "and runs the steps after it again")
         if rep.signatures_unchecked:
             render.err.print(f"[yellow]warning:[/] {rep.signatures_unchecked} checkpoint(s) are signed but "
                              "OVERNIGHT_SIGNING_KEY is not set: their signatures were not checked (an edit that also "
@@ -510,7 +516,8 @@ def log_(
     if as_json:
         render.print_json([{"checkpoint_id": e.row.checkpoint_id, "parents": e.parents, "branch": e.row.branch,
                             "seq": e.row.seq, "event": e.row.event, "step": e.row.step, "created_at": e.row.created_at,
-                            "heads": e.heads, "valid": e.valid, "problem": e.problem, "healed": e.healed}
+                            "heads": e.heads, "valid": e.valid, "problem": e.problem, "healed": e.healed,
+                            "rollback": e.why}
                            for e in entries])
         return
     width = max((len(e.graph.split("\n")[-1]) for e in entries), default=1)
@@ -520,7 +527,7 @@ def log_(
         for j in joins:
             render.out.print(j, markup=False)
         heads = f"  ({', '.join(e.heads)})" if e.heads else ""
-        what = e.row.step or ""
+        what = e.row.step or (f"({e.why})" if e.why and e.why != "rollback" else "")
         bad = ("" if e.valid else f"  INVALID: {e.problem}") + (f"  [{e.healed}]" if e.healed else "")
         render.out.print(f"{line.ljust(width)}  {e.row.checkpoint_id[7:19]}  seq {e.row.seq:<4} {e.row.event:<{ev}} "
                          f"{render.safe(what)}{render.safe(heads)}{render.safe(bad)}", markup=False)

@@ -49,8 +49,10 @@ the task; the worker hands the same claim to a fresh session (not a death)."""
 
 
 _SAID = {"step_retry": "retrying {step}: {detail}", "drift": "drift: {detail}", "plan": "plan changed: {detail}",
-         "stop_requested": "{detail}"}
-"""Run events a session writes to the worker's log (stderr), as ``overnight run`` shows them."""
+         "stop_requested": "the worker's stop reached this session ({detail})"}
+"""Run events a session writes to the worker's log (stderr), as ``overnight run`` shows them. A stop
+is the worker's (its Ctrl-C or SIGTERM, passed on to each session as SIGTERM): said so, so a
+Ctrl-C on the worker does not read as an unexplained SIGTERM."""
 
 
 def _say(task_id: str, text: str) -> None:
