@@ -252,27 +252,35 @@ def test_rm_of_a_task_a_worker_just_claimed_is_refused_not_left_to_be_recreated(
     assert "claimed" not in queue_rows(url)
 
 
-def test_verify_repair_says_what_it_could_not_heal(tmp_path: Path) -> None:
-    """`verify --repair` of damage with no verified ditto copy (an artifact's bytes): the same
-    problems as `verify`, and a line saying nothing could rewrite them and what a resume does."""
+def _artifact_damaged(tmp_path: Path, task_id: str, steps: dict[str, str], damaged: str) -> str:
+    """A task ``task_id`` run to the end in ``tmp_path/s.db`` -- one step per ``steps`` item, each
+    writing that artifact -- then artifact ``damaged``'s bytes zeroed and its ditto copy deleted (no
+    verified copy to heal it from). Returns the store URL."""
     import sqlite3
 
     from overnight.chain.ditto import ditto_key
     from overnight.chain.read import load_head
     from overnight.store import open_store
 
-    (tmp_path / "art.py").write_text(
-        "import overnight\n"
-        "task = overnight.Task('art', goal='writes an artifact')\n"
-        "@task.step\ndef a(ctx):\n    ctx.write_text('notes.md', 'some notes ' * 200)\n")
+    code = [f"import overnight\ntask = overnight.Task({task_id!r}, goal='writes artifacts')\n"]
+    code += [f"@task.step\ndef s{i}(ctx):\n    ctx.write_text({name!r}, {text!r} * 200)\n"
+             for i, (name, text) in enumerate(steps.items())]
+    (tmp_path / f"{task_id}.py").write_text("".join(code))
     url = f"sqlite://{tmp_path / 's.db'}"
-    assert cli(tmp_path, "run", "art.py", "--store", url, "-q").returncode == 0
+    assert cli(tmp_path, "run", f"{task_id}.py", "--store", url, "-q").returncode == 0
     with open_store(url) as s:
-        head, _ = load_head(s, "art")
-        d = head.artifacts["notes.md"].digest
+        head, _ = load_head(s, task_id)
+        d = head.artifacts[damaged].digest
     with sqlite3.connect(tmp_path / "s.db") as db:
         db.execute("DELETE FROM objects WHERE digest = ?", (ditto_key(d),))
         assert db.execute("UPDATE objects SET data = zeroblob(length(data)) WHERE digest = ?", (d,)).rowcount
+    return url
+
+
+def test_verify_repair_says_what_it_could_not_heal(tmp_path: Path) -> None:
+    """`verify --repair` of damage with no verified ditto copy (an artifact's bytes): the same
+    problems as `verify`, and a line saying nothing could rewrite them and what a resume does."""
+    url = _artifact_damaged(tmp_path, "art", {"notes.md": "some notes "}, "notes.md")
     out = cli(tmp_path, "verify", "art", "--store", url, "--repair")
     assert out.returncode == 3, out.stderr
     flat = " ".join(out.stderr.split())
@@ -305,25 +313,7 @@ def test_a_ctrl_c_on_a_worker_reads_as_the_workers_stop_in_its_log(tmp_path: Pat
 def test_log_and_show_say_a_rollback_was_an_automatic_fallback(tmp_path: Path) -> None:
     """A resume that fell back past damage commits a `rollback` record: `log`, `show` and their JSON
     say it was an automatic fallback, so it does not read as someone's `overnight rollback`."""
-    import sqlite3
-
-    from overnight.chain.ditto import ditto_key
-    from overnight.chain.read import load_head
-    from overnight.store import open_store
-
-    (tmp_path / "two.py").write_text(
-        "import overnight\n"
-        "task = overnight.Task('two', goal='two steps')\n"
-        "@task.step\ndef a(ctx):\n    ctx.write_text('a.md', 'first ' * 300)\n"
-        "@task.step\ndef b(ctx):\n    ctx.write_text('b.md', 'second ' * 300)\n")
-    url = f"sqlite://{tmp_path / 's.db'}"
-    assert cli(tmp_path, "run", "two.py", "--store", url, "-q").returncode == 0
-    with open_store(url) as s:
-        head, _ = load_head(s, "two")
-        d = head.artifacts["b.md"].digest
-    with sqlite3.connect(tmp_path / "s.db") as db:
-        db.execute("DELETE FROM objects WHERE digest = ?", (ditto_key(d),))
-        assert db.execute("UPDATE objects SET data = zeroblob(length(data)) WHERE digest = ?", (d,)).rowcount
+    url = _artifact_damaged(tmp_path, "two", {"a.md": "first ", "b.md": "second "}, "b.md")
     assert cli(tmp_path, "resume", "two", "--store", url, "-q").returncode == 0
     log = cli(tmp_path, "log", "two", "--store", url)
     line = next(x for x in log.stdout.splitlines() if " rollback" in x)

@@ -37,7 +37,7 @@ from overnight.errors import (
 )
 from overnight.runtime.task_code import load_stored_task, load_task
 from overnight.store.task_location import Route
-from overnight.runtime.outcome import RunEvent, RunResult
+from overnight.runtime.outcome import RunEvent, RunResult, command
 from overnight.runtime.runner import Runner
 from overnight.runtime.task import Task
 from overnight.store import Store, default_store_url, open_store
@@ -138,13 +138,9 @@ def _queue_row(s: Store, task_id: str) -> Any | None:
 
 
 def _command(verb: str, task_id: str | None, s: Store) -> str:
-    """``overnight VERB ID`` (``overnight VERB`` without ``task_id``) with ``--store`` when ``s`` is
-    not the default store, quoted as :func:`~overnight.runtime.outcome.resume_command` quotes it."""
-    from overnight.runtime.outcome import resume_command
-
-    options = resume_command("-", "main", getattr(s, "url", None))[len("overnight resume -"):]  # " --store URL"
-    ident = "" if task_id is None else " " + resume_command(task_id, "main", None)[len("overnight resume "):]
-    return f"overnight {verb}{ident}{options}"
+    """``overnight VERB [ID]`` with ``--store`` when ``s`` is not the default store
+    (:func:`~overnight.runtime.outcome.command`)."""
+    return command(verb, task_id, getattr(s, "url", None))
 
 
 def _held_by_worker(s: Store, task_id: str, branch: str, exc: TaskBusy, then: str) -> TaskBusy:

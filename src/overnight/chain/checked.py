@@ -101,12 +101,15 @@ def check_done_pages(loaded: LoadedCheckpoint, reader: BlobReader, task_id: str,
     if seen:
         try:
             sizes, errors = reader.verify_many([refs[i].digest for i in seen], f"{task_id} done pages")
+            intact = not errors and all(sizes.get(refs[i].digest) == refs[i].size for i in seen)
         except OvernightError:
-            errors = {"": None}
-        if errors or any(sizes.get(refs[i].digest) != refs[i].size for i in seen):
+            intact = False
+        if not intact:
             seen = []  # check every page in full: it raises the damaged page's error, or heals it
-    for i in sorted(set(range(len(refs))) - set(seen)):
-        pages[i]
+    hashed = set(seen)
+    for i in range(len(refs)):
+        if i not in hashed:
+            pages[i]
     if len(seen) < len(refs):
         write_cache_file(path, {"format": CACHE_FORMAT, "state_format": loaded.doc.format, "refs": keys})
 

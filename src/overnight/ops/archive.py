@@ -33,13 +33,13 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 from overnight.errors import ConfigError, DigestMismatch, TaskChanged, short_id
-from overnight.store.base import ArchiveRow, CheckpointRow, Lease, ObjectRecord, Store
+from overnight.store.base import DEFAULT_GRACE_S, ArchiveRow, CheckpointRow, Lease, ObjectRecord, Store
 from overnight.store.blobs import BlobReader
 from overnight.store.leases import Holder
 from overnight.store.compose.pack import Manifest, archive_row, build_pack, manifest_of, read_entry
 from overnight.store.compose.tiered import TieredStore, absolute_url, shown, tiered
 from overnight.chain.write import utc_now
-from overnight.ops.gc import DEFAULT_GRACE_S, _delete_objects, pack_roots
+from overnight.ops.gc import _delete_objects, pack_roots
 from overnight.chain.reachability import Reach, Unreadable, first_parent_chain, lineage
 
 

@@ -30,7 +30,7 @@ from overnight.errors import (
 )
 from overnight.store.base import CheckpointRow, Commit, Store, TaskRow
 from overnight.store.compose.damaged import DamagedMedium
-from overnight.store.compose.replicated import ReplicatedStore, replicated_under
+from overnight.store.compose.replicated import replicated_under
 from overnight.chain.branches import check_branch_name
 from overnight.chain.read import Fallback, Skipped, load_head
 from overnight.chain.integrity import LoadedCheckpoint, load_checkpoint
@@ -380,15 +380,10 @@ def _repair_medium(src: Store, dst: Store, task_row: TaskRow, lineage: list[Chec
         st.status, st.detail = "failed", exc.message
 
 
-def _replicated(store: Any) -> ReplicatedStore | None:
-    """The replicated store under ``store`` (a tiered wrapper's hot store), if it is one."""
-    return replicated_under(store)
-
-
 def set_aside_damaged_media(store: Any, task_id: str) -> list[str]:
     """Before a session of a replicated task: move the files of every damaged medium aside (never
     deleted) and open a fresh store there (:func:`set_aside_damaged`); nothing for one medium."""
-    replicated = _replicated(store)
+    replicated = replicated_under(store)
     if replicated is None:
         return []
     return set_aside_damaged(replicated.media, replicated.names, task_id)
@@ -398,7 +393,7 @@ def repair_before_resume(store: Any, task_id: str, *, key: bytes | None) -> Repa
     """Before a replicated task resumes: bring every medium up to the newest verifiable head, so a
     primary that lost its copy (or holds a damaged one) resumes from a replica instead of starting
     over. None for one medium, or a task no medium has yet."""
-    replicated = _replicated(store)
+    replicated = replicated_under(store)
     if replicated is None:
         return None
     try:

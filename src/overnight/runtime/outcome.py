@@ -90,7 +90,16 @@ def resume_command(task_id: str, branch: str, store_url: str | None, file: str |
     """``overnight resume ID`` with ``--branch``/``--store`` when they are not the defaults
     (``store_url`` None: the default store), and ``--file FILE`` when the store records no code
     location for the task; every value shell-quoted when it needs it."""
-    cmd = f"overnight resume {shlex.quote(task_id)}"  # quoted: a name with a space or quote pastes as one word
+    return command("resume", task_id, store_url, branch=branch, file=file)
+
+
+def command(verb: str, task_id: str | None, store_url: str | None, *, branch: str = "main",
+            file: str | None = None) -> str:
+    """``overnight VERB [ID]`` as a hint prints it: with ``--branch``/``--store``/``--file`` as
+    :func:`resume_command` says (``store_url`` None, or the configured store: no ``--store``)."""
+    cmd = f"overnight {verb}"
+    if task_id is not None:
+        cmd += f" {shlex.quote(task_id)}"  # quoted: a name with a space or quote pastes as one word
     if branch != "main":
         cmd += f" --branch {shlex.quote(branch)}"
     if store_url is not None and store_url != configured_store_url() \

@@ -142,25 +142,20 @@ def _index_mismatches(row: Any, record: Any) -> list[str]:
 def _archived_only(store: Any, task_id: str, down: dict[str, str | None]) -> dict[str, tuple[str, str]]:
     """On a :class:`~overnight.store.compose.tiered.TieredStore`: ``checkpoint id -> (archive id,
     cold store location)`` of the task's archived checkpoints that are not in hot (loading them
-    reads their archive's pack). ``down`` caches, per location, why its cold store cannot be
-    opened (None: it opens), so each is tried once a run whatever the number of checkpoints."""
-    hot = getattr(store, "hot", None)
-    rows = hot.list_archives(task_id) if getattr(store, "archived_rows", None) is not None else []
-    if not rows:  # (the task's own catalog rows: a store without archives pays one small query a task)
+    reads their archive's pack), from its catalog's sound rows (:meth:`~overnight.store.compose.
+    tiered.TieredStore.archives`: a damaged one is a problem of check "archive" already). ``down``
+    caches, per location, why its cold store cannot be opened (None: it opens), so each is tried
+    once a run whatever the number of checkpoints."""
+    archives = getattr(store, "archives", None)
+    found = archives(task_id) if archives is not None else []
+    if not found:  # (a store without archives pays one catalog read a task)
         return {}
-    from overnight.store.compose.pack import manifest_of
     from overnight.store.compose.tiered import shown
 
     out: dict[str, tuple[str, str]] = {}
-    for row in rows:
-        if type(row.location) is not str or getattr(row.manifest, "damage", None):  # (a damaged cell's placeholder)
-            continue  # a damaged catalog row: a problem of check "archive" already, as are the next ones
-        try:
-            m = manifest_of(row)
-        except (OvernightError, TypeError, ValueError):
-            continue
+    for row, m in found:
         if m.task_id != task_id:
-            continue
+            continue  # filed under another task: a problem of check "archive" already
         if row.location not in down:
             try:
                 store.cold(row.location)
@@ -169,7 +164,7 @@ def _archived_only(store: Any, task_id: str, down: dict[str, str | None]) -> dic
                 down[row.location] = f"cannot be opened ({shown(row.location, exc.message)})"
         for cp in m.checkpoints:
             out.setdefault(cp.checkpoint_id, (row.archive_id, row.location))
-    for row in hot.list_checkpoints(task_id):
+    for row in store.hot.list_checkpoints(task_id):
         out.pop(row.checkpoint_id, None)
     return out
 
