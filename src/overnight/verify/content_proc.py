@@ -15,7 +15,9 @@ the fault or heals it (nothing a helper says is trusted beyond "these digests ha
 Protocol (private to this module): the parent writes the store URL, then pickled ``(batch id,
 [digest, ...])`` frames to the child's stdin, ``None`` to stop; the child writes pickled ``(batch id, {digest: size},
 [verified digest, ...], {copy key: original digest})`` frames to its stdout. A child that dies or
-cannot open the store fails its pending batches (the caller re-checks them) and takes no more.
+cannot open the store fails its pending batches (the caller re-checks them) and takes no more; so
+does one that answers none of its pending batches for ``stall_s`` seconds (stopped, say), once the
+caller waits for it (:meth:`Helper.result`): it is killed, and a warning names it.
 
 Run as ``python -m overnight.verify.content_proc CONTEXT`` (the text naming the check in errors).
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import time
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 # what only the parent uses is imported where it is used: a helper starts importing no more than it runs
@@ -61,14 +64,16 @@ class Helper:
     """One helper process checking batches of digests in the store at ``url``.
 
     :meth:`submit` returns a :class:`~concurrent.futures.Future` of a :data:`BatchResult`; a
-    reader thread fulfils them in order. When the process dies (or never opens the store), every
-    pending and later future fails with :class:`HelperGone`, and :attr:`alive` turns False.
+    reader thread fulfils them in order, and :meth:`result` waits for one. When the process dies
+    (or never opens the store), or :meth:`result` finds it stuck -- batches pending and none
+    answered for ``stall_s`` seconds -- every pending and later future fails with
+    :class:`HelperGone`, and :attr:`alive` turns False.
 
     Raises:
         OSError: the process could not be started.
     """
 
-    def __init__(self, url: str, context: str) -> None:
+    def __init__(self, url: str, context: str, stall_s: float = 60.0) -> None:
         import subprocess
         import threading
 
@@ -85,6 +90,9 @@ class Helper:
             self.proc.stdin.flush()
         except (OSError, ValueError):
             self.alive = False
+        self.stall_s = stall_s
+        """Seconds without an answer, batches pending, after which the helper is stuck."""
+        self._answered = time.monotonic()  # (monotonic s) its last answer, or work given while it had none
         self._next = 0
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
@@ -105,6 +113,8 @@ class Helper:
                 future.set_exception(HelperGone("the verify helper process is gone"))
                 return future
             batch, self._next = self._next, self._next + 1
+            if not self._pending:  # idle until now: the stall is counted from here
+                self._answered = time.monotonic()
             self._pending[batch] = future
         try:
             assert self.proc.stdin is not None
@@ -120,11 +130,47 @@ class Helper:
         try:
             while True:
                 batch, sizes, verified, copies = pickle.load(out)
-                with self._lock:
+                with self._lock:  # (a batch failed meanwhile is no longer here: its answer is not taken)
                     future = self._pending.pop(batch)
+                    self._answered = time.monotonic()
                 future.set_result((sizes, verified, copies))
         except Exception:  # EOF (the process ended or died) or a garbled frame: fail what is left
             self._fail()
+
+    def result(self, future: Future) -> BatchResult:
+        """Wait for ``future``, one of this helper's batches, and return its result. When the
+        helper answers none of its pending batches for :attr:`stall_s` seconds, it is declared
+        stuck: killed (SIGKILL) and reaped, its pending batches failed (an answer it may still
+        have sent is not taken), and a :class:`RuntimeWarning` names its pid and the stall.
+
+        Raises:
+            HelperGone: the process died, or was killed as stuck, before answering this batch.
+        """
+        from concurrent.futures import TimeoutError as Timeout
+
+        while True:
+            with self._lock:
+                left = self._answered + self.stall_s - time.monotonic()
+            try:
+                return future.result(timeout=max(left, 0.0))
+            except Timeout:
+                self._kill_if_stuck()
+
+    def _kill_if_stuck(self) -> None:
+        import warnings
+
+        with self._lock:  # declared stuck and its batches taken in one step: no answer is taken after
+            if not self._pending or time.monotonic() - self._answered < self.stall_s:
+                return
+            self.alive = False
+            pending, self._pending = self._pending, {}
+        self.proc.kill()
+        self.proc.wait()
+        for future in pending.values():
+            future.set_exception(HelperGone("the verify helper process was stuck"))
+        warnings.warn(f"verify helper process {self.proc.pid} answered none of its {len(pending)} batch(es) for "
+                      f"{self.stall_s:g} s (OVERNIGHT_VERIFY_HELPER_STALL_S): killed it; its batches are checked "
+                      "in the verify process instead", RuntimeWarning, stacklevel=4)
 
     def _fail(self) -> None:
         with self._lock:
@@ -146,7 +192,7 @@ class Helper:
         import subprocess
 
         try:
-            self.proc.wait(timeout=60)
+            self.proc.wait(timeout=self.stall_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()

@@ -19,6 +19,7 @@ docs/perf.md describes the method and its figures.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import deque
@@ -30,7 +31,7 @@ import orjson
 
 from overnight.codec.compress import decompress
 from overnight.codec.digest import from_raw
-from overnight.errors import CheckpointNotFound, DecodeError, IntegrityError, OvernightError, short_id
+from overnight.errors import CheckpointNotFound, ConfigError, DecodeError, IntegrityError, OvernightError, short_id
 from overnight.store.base import CheckpointRow, ObjectRecord, Store
 from overnight.store.blobs import ChunkCache
 from overnight.chain.ditto import CopyReader, HealingReader, rewrite_record
@@ -52,6 +53,11 @@ _HELPER_DEPTH = 3
 """Batches waiting at most in a helper process's pipe: a batch beyond is checked on the calling
 thread, which so takes over the content the helpers cannot keep up with (on a busy machine, or
 while they start) instead of waiting for it at the end."""
+
+_HELPER_STALL_S = 60.0
+"""Seconds a helper process may hold batches without answering any before it is stuck: killed, named
+in a warning, and its batches checked on the calling thread (a batch takes well under a second).
+``OVERNIGHT_VERIFY_HELPER_STALL_S`` overrides it."""
 
 _PAGE_CHUNKS = 1024 * 1024
 """Bytes of verified chunk payloads the calling thread's reader keeps (:class:`~overnight.store.blobs.ChunkCache`):
@@ -190,13 +196,15 @@ class _ContentCheck:
     batches are in flight, and results are taken as they come, so memory stays bounded whatever
     the store's size.
 
-    A digest that fails in a batch (or whose helper died) is verified again on the calling thread
+    A digest that fails in a batch (or whose helper died, or was stuck for ``stall_s`` seconds and
+    killed: :meth:`~overnight.verify.content_proc.Helper.result`) is verified again on the calling thread
     with the healing reader -- exactly the one-object path of a plain ``verify`` -- which heals it
     from its ditto copy or raises the error that names it (with its ``context``).
     """
 
-    def __init__(self, reader: HealingReader, workers: int, batch: int = 64) -> None:
+    def __init__(self, reader: HealingReader, workers: int, batch: int = 64, stall_s: float = _HELPER_STALL_S) -> None:
         self.reader = reader
+        self.stall_s = stall_s
         self.fast = CopyReader(reader.store, reader.verified)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="overnight-verify")
         self.workers = workers
@@ -210,7 +218,7 @@ class _ContentCheck:
         self.copy_of: dict[str, str] = {}
         """Copy key -> original, for the copy objects the helpers verified."""
         self.queued: dict[str, str] = {}
-        self.in_flight: deque[tuple[dict[str, str], Future]] = deque()
+        self.in_flight: deque[tuple[dict[str, str], Future, Helper | None]] = deque()
         self.results: list[tuple[str, int | OvernightError]] = []
 
     def start_helpers(self, url: str | None, count: int, *, after_bytes: int = 0) -> None:
@@ -229,7 +237,7 @@ class _ContentCheck:
         self._plan = None
         for _ in range(count):
             try:
-                self.helpers.append(Helper(url, "verify"))
+                self.helpers.append(Helper(url, "verify", self.stall_s))
             except OSError:
                 break
         self.workers = max(self.workers, 4 * len(self.helpers))  # a helper's batches wait in its pipe, not in memory
@@ -251,24 +259,25 @@ class _ContentCheck:
     def _submit(self) -> None:
         part, self.queued, self._batch_bytes = self.queued, {}, 0
         helpers = [h for h in self.helpers if h.alive]
+        helper: Helper | None = None
         if helpers:
             self._turn += 1
             helper = helpers[self._turn % len(helpers)]
             if helper.pending < _HELPER_DEPTH:
                 future = helper.submit(list(part))
             else:  # the helpers are behind: this thread checks the batch itself rather than wait
-                future = Future()
+                helper, future = None, Future()
                 future.set_result(self.fast.verify_many(part, "verify"))
         else:
             future = self.pool.submit(self.fast.verify_many, part, "verify")
-        self.in_flight.append((part, future))
+        self.in_flight.append((part, future, helper))
         while len(self.in_flight) > 2 * self.workers:
             self._collect()
 
     def _collect(self) -> None:
-        part, future = self.in_flight.popleft()
-        try:
-            result = future.result()
+        part, future, helper = self.in_flight.popleft()
+        try:  # (a helper's: killed if it is stuck, see Helper.result)
+            result = helper.result(future) if helper is not None else future.result()
         except HelperGone:
             result = ({}, [])
         sizes = result[0]
@@ -418,7 +427,9 @@ def verify_store(
     another core whatever the GIL. Default: one per core but the calling thread's (at most
     ``workers``), started once 4 MB of content were queued, for an SQLite, file or PostgreSQL
     store, which a helper can open again; 0: threads only. A helper that cannot start or dies leaves its
-    batches to the calling thread.
+    batches to the calling thread; so does one that answers none of its batches for 60 s
+    (:data:`_HELPER_STALL_S`; ``OVERNIGHT_VERIFY_HELPER_STALL_S``, in seconds, overrides it),
+    which is killed and named in a :class:`RuntimeWarning` -- not a problem of the store.
 
     A task row whose fields do not have their types (a store that read a cell of the wrong type
     lists it with placeholders) is a problem (check ``"task"``) naming what each cell held, and
@@ -439,6 +450,7 @@ def verify_store(
     Raises:
         TaskNotFound: a named task does not exist.
         StoreCorrupt: a named task's row or record is damaged.
+        ConfigError: ``OVERNIGHT_VERIFY_HELPER_STALL_S`` is not a positive number of seconds.
     """
     t0 = time.perf_counter()
     report = VerifyReport()
@@ -447,13 +459,33 @@ def verify_store(
     fetched = _Prefetched(store, chunks)
     reader = HealingReader(fetched, verified, write_back=repair)  # type: ignore[arg-type]
     reader.chunks = chunks
-    content = _ContentCheck(reader, workers or min(4, os.cpu_count() or 1))
+    content = _ContentCheck(reader, workers or min(4, os.cpu_count() or 1), stall_s=_helper_stall_s())
     try:
         _verify(fetched, task_ids, key, all_objects, on_progress, repair, report, reader, content, processes)
     finally:
         content.close()
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _helper_stall_s() -> float:
+    """Seconds after which a helper holding batches and answering none is stuck:
+    ``OVERNIGHT_VERIFY_HELPER_STALL_S`` when set, else :data:`_HELPER_STALL_S`.
+
+    Raises:
+        ConfigError: the variable is set and not a positive, finite number.
+    """
+    raw = os.environ.get("OVERNIGHT_VERIFY_HELPER_STALL_S", "").strip()
+    if not raw:
+        return _HELPER_STALL_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(f"OVERNIGHT_VERIFY_HELPER_STALL_S={raw!r} is not a positive number of seconds",
+                          hint=f"unset it for the default ({_HELPER_STALL_S:g} s)")
+    return seconds
 
 
 def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, all_objects: bool,
