@@ -131,3 +131,23 @@ def pytest_collection_modifyitems(config, items):
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = [i for i in items if i not in dropped]
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    """The queue tests' project (``tasks/chaos.py``, :func:`_fleet.project`) in ``tmp_path`` and a
+    SQLite store there: its URL."""
+    from _fleet import project
+
+    project(tmp_path)
+    return f"sqlite://{tmp_path / 'q.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_url(request, tmp_path):
+    """As :func:`sqlite_url`, once per store kind: a SQLite file, then a fresh PostgreSQL schema
+    (:func:`_fleet.store_url`; dropped afterwards)."""
+    from _fleet import project, store_url
+
+    project(tmp_path)
+    return store_url(request, tmp_path)

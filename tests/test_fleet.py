@@ -13,22 +13,10 @@ from pathlib import Path
 import pytest
 
 from _fleet import (chain_check, cli, client_ports, descendants, fleet_env, project, queue_rows, side_log, start_worker, stop,
-                    store_url, wait_until, wasted)
+                    wait_until, wasted)
 from _procs import CLI
 
 
-
-
-@pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    project(tmp_path)
-    return f"sqlite://{tmp_path / 'q.db'}"
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def any_url(request, tmp_path: Path) -> str:
-    project(tmp_path)
-    return store_url(request, tmp_path)
 
 
 def _submit(tmp_path: Path, store: str, *args: str) -> dict:

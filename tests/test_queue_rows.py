@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from _fleet import cli, project, start_worker, stop, store_url
+from _fleet import cli, project, start_worker, stop
 
 DEEP = '{"a": ' + "[" * 5000 + "]" * 5000 + "}"
 """params nested far past what json.loads (and the runner's codec) can take."""
@@ -92,12 +92,6 @@ def _run_worker(tmp_path: Path, url: str) -> tuple[int, str]:
         stop(proc)
         pytest.fail(f"the worker did not exit; its log:\n{(tmp_path / 'w.err').read_text()[-3000:]}")
     return code, (tmp_path / "w.err").read_text()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def any_url(request, tmp_path: Path) -> str:
-    project(tmp_path)
-    return store_url(request, tmp_path)
 
 
 @pytest.mark.slow

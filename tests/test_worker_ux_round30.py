@@ -9,19 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from _fleet import cli, project, queue_rows, side_log, start_worker, stop, store_url, wait_until
-
-
-@pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    project(tmp_path)
-    return f"sqlite://{tmp_path / 'q.db'}"
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def any_url(request, tmp_path: Path) -> str:
-    project(tmp_path)
-    return store_url(request, tmp_path)
+from _fleet import cli, project, queue_rows, side_log, start_worker, stop, wait_until
 
 
 def _submit(tmp_path: Path, store: str, *args: str) -> str:

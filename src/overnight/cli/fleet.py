@@ -31,7 +31,20 @@ def _fail(exc: OvernightError) -> None:
     fail(exc)
 
 
-def _params(params: Optional[str], param: list[str]) -> dict:
+TaskIdOpt = typer.Option(None, "--id", metavar="ID", help="Task id (default: the definition's id, plus a short digest of the params "
+                         "when there are any).")
+ParamsOpt = typer.Option(None, "--params", metavar="JSON", help="Parameters as a JSON object (ctx.params in every step; "
+                         "part of the task's fingerprint).")
+ParamOpt = typer.Option([], "--param", metavar="K=V", help="One parameter (VALUE as JSON, else a string); repeatable.")
+
+
+def parse_params(params: Optional[str], param: list[str]) -> dict:
+    """The parameters of ``--params JSON`` and each ``--param K=V`` (V as JSON, else a string;
+    later ones win), as one JSON object.
+
+    Raises:
+        ConfigError: ``--params`` is not a JSON object, or a ``--param`` is not ``K=V``.
+    """
     out: dict = {}
     if params:
         try:
@@ -43,7 +56,7 @@ def _params(params: Optional[str], param: list[str]) -> dict:
     for kv in param:
         key, eq, value = kv.partition("=")
         if not eq or not key:
-            raise ConfigError(f"--param {kv!r} is not KEY=VALUE")
+            raise ConfigError(f"--param {kv!r} is not KEY=VALUE", hint="--param topic=storage, --param n=3")
         try:
             out[key] = json.loads(value)
         except ValueError:
@@ -55,12 +68,9 @@ def submit(
     entry: str = typer.Argument(..., metavar="FILE.py[:TASK] | MODULE:ATTR",
                                 help="The task definition: a file inside the project, or a module."),
     store: Optional[str] = StoreOpt,
-    task_id: Optional[str] = typer.Option(None, "--id", help="Task id (default: the definition's id, plus a short "
-                                          "digest of the params when there are any)."),
-    params: Optional[str] = typer.Option(None, "--params", metavar="JSON", help="Parameters as a JSON object "
-                                         "(ctx.params in every step; part of the task's fingerprint)."),
-    param: list[str] = typer.Option([], "--param", metavar="K=V", help="One parameter (VALUE as JSON, else a "
-                                    "string); repeatable."),
+    task_id: Optional[str] = TaskIdOpt,
+    params: Optional[str] = ParamsOpt,
+    param: list[str] = ParamOpt,
     queue: str = typer.Option("default", "--queue", help="Queue name (workers choose theirs with --queue)."),
     priority: int = typer.Option(0, "--priority", help="Higher runs first; equal priorities in submission order."),
     not_before: Optional[str] = typer.Option(None, "--not-before", metavar="TIME",
@@ -80,7 +90,7 @@ def submit(
 
     try:
         check_python_entry(entry, "submit")
-        row, created = api.submit(entry, store=store, task_id=task_id, params=_params(params, param), queue=queue,
+        row, created = api.submit(entry, store=store, task_id=task_id, params=parse_params(params, param), queue=queue,
                                   priority=priority, not_before=not_before, idempotency_key=idempotency_key)
     except OvernightError as exc:
         _fail(exc)

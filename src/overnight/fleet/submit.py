@@ -15,7 +15,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from overnight.codec.canonical import dumps
+from overnight.codec.canonical import dumps_sorted
 from overnight.errors import ConfigError
 from overnight.runtime.task_code import _is_path, _split, load_task
 from overnight.runtime.task import Task
@@ -73,11 +73,12 @@ def _read_time(value: str | float | int | datetime | None) -> tuple[int, bool]:
 
 
 def default_id(task: Task, params: dict[str, Any]) -> str:
-    """The definition's id, plus ``-`` and 8 hex digits of the params' canonical SHA-256 when
-    there are params (``report-3f2a9c1b``)."""
+    """The definition's id, plus ``-`` and 8 hex digits of the SHA-256 of the params' canonical JSON
+    with keys sorted when there are params (``report-3f2a9c1b``): the same params in any order, the
+    same id."""
     if not params:
         return task.id
-    return f"{task.id}-{hashlib.sha256(dumps(params)).hexdigest()[:8]}"
+    return f"{task.id}-{hashlib.sha256(dumps_sorted(params)).hexdigest()[:8]}"
 
 
 def code_location(entry: str, task: Task) -> str:
@@ -125,6 +126,22 @@ def _check_not_before(value: Any, ms: int) -> None:
         raise ConfigError(f"--not-before {value!r} is not a time between 1970 and 9999")
 
 
+def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
+    """A copy of ``params`` (None: ``{}``), checked to be a JSON object with string keys.
+
+    Raises:
+        ConfigError: it is not.
+    """
+    if params is not None and not isinstance(params, dict):
+        raise ConfigError(f"params must be a JSON object, got {type(params).__name__}")
+    out = dict(params or {})
+    try:
+        json.dumps(out, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"params must be a JSON object with string keys: {exc}") from exc
+    return out
+
+
 def submit(entry: str, *, store: Any = None, task_id: str | None = None, params: dict[str, Any] | None = None,
            queue: str = "default", priority: int = 0, not_before: str | float | datetime | None = None,
            idempotency_key: str | None = None) -> tuple[QueuedTask, bool]:
@@ -140,11 +157,7 @@ def submit(entry: str, *, store: Any = None, task_id: str | None = None, params:
         ConfigError: ``entry`` is not a task, lies outside the project, params is not a JSON
             object, or the store has no queue (SQLite and PostgreSQL have one).
     """
-    params = dict(params or {})
-    try:
-        json.dumps(params, sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"params must be a JSON object with string keys: {exc}") from exc
+    params = check_params(params)
     _check_fields(queue, priority, idempotency_key)
     task = load_task(entry)
     location = code_location(entry, task)
@@ -168,4 +181,4 @@ def submit(entry: str, *, store: Any = None, task_id: str | None = None, params:
             s.close()
 
 
-__all__ = ["default_id", "parse_time", "submit"]
+__all__ = ["check_params", "default_id", "parse_time", "submit"]

@@ -18,6 +18,8 @@ memoization looks up: a step whose key is in the head checkpoint's done list is 
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import inspect
 import re
@@ -259,6 +261,20 @@ class Task:
             return fn
 
         return register
+
+    def submitted_as(self, task_id: str, params: dict[str, Any]) -> "Task":
+        """This definition as the task ``task_id`` run with ``params`` (``ctx.params``): a copy with
+        that id, those params and, when the id differs, ``definition`` naming this one, so
+        ``resume`` loads this definition again (``overnight submit``, ``overnight run --param``).
+        Everything else -- steps, sources, the entry, whether criticality was given -- is this one's.
+
+        Raises:
+            SpecError: ``task_id`` is not a valid task id.
+        """
+        out = dataclasses.replace(self, id=task_id, params=dict(params),
+                                  definition=self.id if self.id != task_id else self.definition)
+        out.criticality_explicit = self.criticality_explicit  # replace() re-ran __post_init__ on "normal"
+        return out
 
     def spec(self) -> dict[str, Any]:
         """The task spec stored with it: span (s), criticality, initial plan, code epoch, what it

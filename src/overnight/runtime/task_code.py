@@ -18,7 +18,6 @@ then needs ``--file`` to resume).
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
@@ -338,8 +337,7 @@ def load_stored_task(task_id: str, *, recorded: str | None, verified: str | None
             raise ConfigError(f"{where} defines task {task.id!r}, not {definition!r} (task {task_id!r} was submitted "
                               f"from {definition!r})", task_id=task_id, checkpoint_id=checkpoint_id)
         params = from_tree(spec.get("params", {}), "task params")  # type: ignore[union-attr]
-        task = dataclasses.replace(task, id=task_id, params=dict(params),
-                                   definition=task.id if task.id != task_id else None)
+        task = task.submitted_as(task_id, params)
     task.entry = recorded_entry(where)
     return task
 

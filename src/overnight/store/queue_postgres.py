@@ -149,8 +149,9 @@ class PostgresQueue(SqlQueue):
 
     LOCK = " FOR UPDATE OF q SKIP LOCKED"
     LOCK_ROW = " FOR UPDATE"
+    DDL_LOCK = ("SELECT pg_advisory_xact_lock(hashtext('overnight.queue.ddl'))",)
     DDL = (
-        "SELECT pg_advisory_xact_lock(hashtext('overnight.queue.ddl'))",
+        *DDL_LOCK,
         """CREATE TABLE IF NOT EXISTS {s}.queue (
             task_id text PRIMARY KEY, entry text NOT NULL, params text NOT NULL, queue text NOT NULL,
             priority integer NOT NULL, seq bigint NOT NULL UNIQUE, submitted_ms bigint NOT NULL,
@@ -238,8 +239,8 @@ class PostgresQueue(SqlQueue):
                     lambda t: self.store.fetch("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, json.dumps([schema, t]))))
         return listener.watch(task_id, on_cancel)
 
-    def _has_table(self) -> bool:
-        return self._read(self.store.sql("SELECT to_regclass('{s}.workers') IS NOT NULL"))[0][0]
+    def _has_table(self, name: str = "workers") -> bool:
+        return self._read(self.store.sql(f"SELECT to_regclass('{{s}}.{name}') IS NOT NULL"))[0][0]
 
     def _lease_live(self, now: str = "?") -> str:
         return self.store.sql(

@@ -17,7 +17,7 @@ import socket
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Protocol
 
-from overnight.errors import TaskNotFound
+from overnight.errors import StoreCorrupt, StoreVersionError, TaskNotFound
 from overnight.store.leases import now_ms
 from overnight.store.queue import (
     COLUMNS,
@@ -35,6 +35,12 @@ from overnight.store.queue import (
 
 LOG = logging.getLogger("overnight.queue")
 
+QUEUE_SCHEMA_VERSION = 1
+"""Version of the queue's tables (``queue``, ``workers``), kept as row ``schema_version`` of table
+``queue_meta`` next to them (spec: ``docs/FORMAT.md``, "Queue"). Tables made before the version was
+recorded are version 1 (the same columns); a writer that opens them records it. A store whose queue
+tables carry a higher version was written by a newer overnight and is refused."""
+
 PARK_AT_MOST = 100
 """Rows that do not decode one claim parks at most before it returns None (the next claim goes on)."""
 
@@ -50,6 +56,12 @@ class CancelWatch(Protocol):
 
 
 _COLS = ", ".join(COLUMNS)
+_VERSION_DDL = (
+    "CREATE TABLE IF NOT EXISTS {s}.queue_meta (key text PRIMARY KEY, value text NOT NULL)",
+    f"INSERT INTO {{s}}.queue_meta (key, value) VALUES ('schema_version', '{QUEUE_SCHEMA_VERSION}') "
+    "ON CONFLICT (key) DO NOTHING",
+)
+"""Statements recording :data:`QUEUE_SCHEMA_VERSION` (both dialects; idempotent)."""
 
 
 def log_parked(error: QueueRowInvalid) -> None:
@@ -63,6 +75,8 @@ class SqlQueue:
 
     LOCK = ""
     DDL: tuple[str, ...] = ()
+    DDL_LOCK: tuple[str, ...] = ()
+    """Statements serialising concurrent writers' DDL (PostgreSQL: an advisory lock); DDL starts with them."""
     ROWID: str | None = None
     """The column naming a row whatever its cells hold (SQLite's ``rowid``), or None: the task id
     and ``seq`` name it (PostgreSQL's are typed and never NULL). :meth:`claim` needs one."""
@@ -72,15 +86,46 @@ class SqlQueue:
         self.store = store
         self.absent = False
         key = f"{type(self).__name__}:{store.url}"
-        if key in SqlQueue._ready or self._has_table():
+        if key in SqlQueue._ready:
             return
-        if getattr(store, "read_only", False) or not create:
+        writer = not getattr(store, "read_only", False)
+        if self._has_table():
+            self._check_version(writer)
+        elif not writer or not create:
             self.absent = True  # nothing was ever submitted here; a reader (or ``create=False``) creates nothing
             return
-        with self._tx() as cur:
-            for stmt in self.DDL:
-                cur.execute(self._sql(stmt))
+        else:
+            with self._tx() as cur:
+                for stmt in (*self.DDL, *_VERSION_DDL):
+                    cur.execute(self._sql(stmt))
         SqlQueue._ready.add(key)
+
+    def _check_version(self, record: bool) -> None:
+        """Refuse queue tables of a newer overnight (:data:`QUEUE_SCHEMA_VERSION`); with ``record``,
+        write the version into tables made before it was recorded.
+
+        Raises:
+            StoreVersionError: the tables' version is higher than this code knows.
+            StoreCorrupt: the recorded version is not a positive whole number (edited by hand).
+        """
+        found = (self._read(self._sql("SELECT value FROM {s}.queue_meta WHERE key='schema_version'"))
+                 if self._has_table("queue_meta") else [])
+        if not found:
+            if record:
+                with self._tx() as cur:
+                    for stmt in (*self.DDL_LOCK, *_VERSION_DDL):
+                        cur.execute(self._sql(stmt))
+            return
+        value = found[0][0]
+        if not (isinstance(value, str) and value.isascii() and value.isdigit() and int(value) > 0):
+            raise StoreCorrupt(f"store {self.store.url}: the queue's schema version {value!r} (table queue_meta) "
+                               "is not a version number", hint="someone edited the table by hand; set it back to "
+                               f"'{QUEUE_SCHEMA_VERSION}' if the queue tables are this version's (docs/FORMAT.md, Queue)")
+        if int(value) > QUEUE_SCHEMA_VERSION:
+            raise StoreVersionError(
+                f"store {self.store.url}: its queue tables have schema version {value}, written by a newer "
+                f"overnight (this one knows up to {QUEUE_SCHEMA_VERSION})",
+                hint="upgrade overnight on every machine that submits to or runs workers on this store")
 
     # dialect hooks -----------------------------------------------------------------------------
     @contextmanager
@@ -94,7 +139,8 @@ class SqlQueue:
     def _sql(self, text: str) -> str:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def _has_table(self) -> bool:
+    def _has_table(self, name: str = "workers") -> bool:
+        """Does the store have the queue's table ``name``?"""
         raise NotImplementedError
 
     def _lease_live(self, now: str = "?") -> str:

@@ -47,8 +47,8 @@ class SQLiteQueue(SqlQueue):
     def _sql(self, text: str) -> str:
         return text.replace("{s}.", "")
 
-    def _has_table(self) -> bool:
-        return bool(self._read("SELECT 1 FROM sqlite_master WHERE type='table' AND name='workers'"))
+    def _has_table(self, name: str = "workers") -> bool:
+        return bool(self._read("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)))
 
     def _lease_live(self) -> str:
         return ("EXISTS (SELECT 1 FROM leases l WHERE l.task_id=q.task_id AND l.branch='main' AND l.holder_id<>'' "

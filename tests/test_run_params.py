@@ -1,0 +1,97 @@
+"""`overnight run FILE --param/--params/--id`: a task run here with parameters, as `overnight submit`
+queues it -- same id rule, same spec, and `overnight resume` runs the same definition with the same
+params. Real CLI processes on a SQLite store in a fresh project folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from _procs import cli
+from overnight.fleet.submit import default_id
+from overnight.runtime.task import Task
+
+TASK_FILE = '''
+import json, os
+import overnight
+
+task = overnight.Task("report", goal="write a short report on a topic", expected_span="5m")
+
+
+def _note(ctx, step):
+    with open(os.environ["SIDE_FILE"], "a") as f:
+        f.write(json.dumps({"step": step, "task": ctx.task_id, "params": dict(ctx.params)}) + "\\n")
+
+
+@task.step
+def outline(ctx):
+    _note(ctx, "outline")
+
+
+@task.step
+def draft(ctx):
+    _note(ctx, "draft")
+'''
+
+
+def _project(tmp_path: Path) -> Path:
+    (tmp_path / "overnight.toml").write_text("")
+    (tmp_path / "report.py").write_text(TASK_FILE)
+    return tmp_path
+
+
+def _run(tmp_path: Path, *args: str):  # noqa: ANN202
+    return cli(*args, "--store", f"sqlite://{tmp_path / 's.db'}", cwd=tmp_path,
+               extra_env={"SIDE_FILE": str(tmp_path / "side.jsonl")})
+
+
+def _side(tmp_path: Path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "side.jsonl").read_text().splitlines()]
+
+
+def test_run_with_params_uses_the_submit_id_and_resume_keeps_the_params(tmp_path: Path) -> None:
+    _project(tmp_path)
+    params = {"topic": "storage", "n": 3}
+    expected = default_id(Task("report", goal="x"), params)
+    assert expected.startswith("report-") and expected != "report"
+    first = _run(tmp_path, "run", "report.py", "--param", "topic=storage", "--param", "n=3", "--max-steps", "1")
+    assert first.returncode == 75, first.stderr
+    assert f"overnight resume {expected}" in first.stderr + first.stdout
+    listed = json.loads(_run(tmp_path, "ls", "--json").stdout)
+    assert [t["task_id"] for t in listed] == [expected]
+    second = _run(tmp_path, "resume", expected)
+    assert second.returncode == 0, second.stderr
+    assert _side(tmp_path) == [{"step": s, "task": expected, "params": params} for s in ("outline", "draft")]
+    # the same params again: the same task (complete), not a new one
+    again = _run(tmp_path, "run", "report.py", "--params", '{"n": 3, "topic": "storage"}')
+    assert again.returncode == 0, again.stderr
+    assert [t["task_id"] for t in json.loads(_run(tmp_path, "ls", "--json").stdout)] == [expected]
+
+
+def test_run_with_an_id_and_without_params(tmp_path: Path) -> None:
+    _project(tmp_path)
+    done = _run(tmp_path, "run", "report.py", "--id", "report-q4")
+    assert done.returncode == 0, done.stderr
+    assert _side(tmp_path) == [{"step": s, "task": "report-q4", "params": {}} for s in ("outline", "draft")]
+    plain = _run(tmp_path, "run", "report.py")  # the definition's own id is another task
+    assert plain.returncode == 0, plain.stderr
+    assert sorted(t["task_id"] for t in json.loads(_run(tmp_path, "ls", "--json").stdout)) == ["report", "report-q4"]
+
+
+def test_bad_params_and_ids_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    _project(tmp_path)
+    for args, says in ((["--param", "topic"], "is not KEY=VALUE"), (["--params", "[1, 2]"], "must be a JSON object"),
+                       (["--params", "{"], "--params is not JSON"), (["--id", "../etc"], "invalid task id")):
+        proc = _run(tmp_path, "run", "report.py", *args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert says in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+    assert not (tmp_path / "side.jsonl").exists()
+
+
+def test_a_copy_with_params_keeps_whether_criticality_was_given() -> None:
+    plain = Task("t", goal="g")
+    assert plain.submitted_as("t-1", {"a": 1}).criticality_explicit is False
+    given = Task("t", goal="g", criticality="important")
+    copy = given.submitted_as("t-1", {"a": 1})
+    assert copy.criticality_explicit is True and copy.criticality == "important"
+    assert (copy.id, copy.params, copy.definition) == ("t-1", {"a": 1}, "t")
