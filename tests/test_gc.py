@@ -426,11 +426,11 @@ def test_gc_cli_dry_run_by_default_json_and_apply(tmp_path):
     dry = cli("gc", "--grace", "0", "--store", url, cwd=tmp_path)
     assert "dry run" in dry.stderr and "would delete" in dry.stdout
     rep = json.loads(cli("gc", "--grace", "0", "--json", "--store", url, cwd=tmp_path).stdout)
-    assert rep["applied"] is False and rep["checkpoints_deleted"] == len(sc["dangling"])
+    assert rep["applied"] is False and rep["dry_run"] is True and rep["checkpoints_would_delete"] == len(sc["dangling"])
     with open_store(url) as s:
         assert snapshot(s) == before
     done = json.loads(cli("gc", "--apply", "--grace", "0", "--json", "--store", url, cwd=tmp_path).stdout)
-    assert done["applied"] is True and done["objects_deleted"] == rep["objects_deleted"]
+    assert done["applied"] is True and done["objects_deleted"] == rep["objects_would_delete"]
     assert done["checkpoints_deleted"] == len(sc["dangling"])
     cli("verify", "--all", "--store", url, cwd=tmp_path)
     bad = cli("gc", "--older-than", "tomorrow", "--store", url, cwd=tmp_path, check=2)

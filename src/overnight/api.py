@@ -31,6 +31,7 @@ from overnight.errors import (
     NoValidCheckpoint,
     ObjectNotFound,
     OvernightError,
+    StoreVersionError,
     TaskBusy,
     TaskNotFound,
     short_id,
@@ -46,6 +47,7 @@ from overnight.store import location as store_location
 from overnight.store.blobs import BlobReader
 from overnight.store.base import DEFAULT_GRACE_S
 from overnight.store.queue import describe
+from overnight.units import human_duration
 from overnight.store.queue_open import queue_for, task_status
 from overnight.store.compose.tiered import TieredStore
 from overnight.chain.read import head_problems, load_head
@@ -103,10 +105,18 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
         return
     if exc.hint and "`overnight ls`" in exc.hint:  # the listing of this store, not of the default one
         exc.hint = exc.hint.replace("`overnight ls`", f"`{_command('ls', None, s)}`")
-    queued = _queued_only(s, exc.task_id)
-    if queued is not None:  # submitted, not started: no task row, no checkpoint yet
-        exc.hint = (f"it is submitted but has no checkpoint yet: {queued}; `{_command('status', exc.task_id, s)}` "
-                    f"shows its queue state, `{_command('worker', None, s)}` runs it")
+    row = _queue_row(s, exc.task_id)
+    if row is not None:  # submitted, not started: no task row, no checkpoint yet
+        now = s.clock_ms()
+        state = describe(row, None, complete=False, now=now)
+        why = ("a worker has not started it" if row.status == "queued" else
+               "its first step has not committed" if row.status == "running" else "no step of it has run")
+        exc.message = (f"task {exc.task_id!r} is {state} (submitted {human_duration(now - row.submitted_ms)} ago), "
+                       f"no checkpoint yet: {why}")
+        exc.hint = (f"it is submitted but has no checkpoint yet; `{_command('status', exc.task_id, s)}` "
+                    "shows its queue state, " + (f"`{_command('retry', exc.task_id, s)}` queues it again"
+                                                 if row.status in ("failed", "cancelled") else
+                                                 f"`{_command('worker', None, s)}` runs it"))
         return
     try:
         ids = [t.task_id for t in s.list_tasks()]
@@ -129,10 +139,15 @@ def _queued_only(s: Store, task_id: str) -> str | None:
 
 def _queue_row(s: Store, task_id: str) -> Any | None:
     """The queue row of ``task_id`` (:class:`~overnight.store.queue.QueuedTask`), or None: never
-    submitted, a store kind without a queue, or the queue unreadable."""
+    submitted, a store kind without a queue, or the queue unreadable.
+
+    Raises:
+        StoreVersionError: the queue's tables are a newer overnight's (never read as "no row")."""
     try:
         q = queue_for(s)
         return q.get(task_id) if q is not None else None
+    except StoreVersionError:
+        raise
     except OvernightError:
         return None
 
@@ -198,13 +213,28 @@ def run(
     on_drift: str | dict[str, str] | None = None,
     model: Any = None,
     max_context_tokens: int | None = None,
+    params: dict[str, Any] | None = None,
+    task_id: str | None = None,
 ) -> RunResult:
     """Create or resume the task defined at ``entry`` (``FILE.py[:NAME]``) and run it.
 
     ``on_drift``: drift policies for this run (``"deps=recompute,env=accept"``); ``model``: a
     model or spec for ``ctx.model`` (default the task's); ``max_context_tokens``: the session's
-    context window (default the task's, 8,000)."""
+    context window (default the task's, 8,000). ``params`` (a JSON object: ``ctx.params``) and
+    ``task_id`` run the definition as ``overnight submit`` queues it: under ``task_id``, else the
+    definition's id plus 8 hex digits of the params' digest when there are params
+    (:func:`~overnight.fleet.submit.default_id`); ``resume`` then runs the same definition and params.
+
+    Raises:
+        ConfigError: ``params`` is not a JSON object with string keys; from :func:`load_task`.
+        SpecError: ``task_id`` is not a valid task id.
+    """
     task = load_task(entry) if isinstance(entry, str) else entry
+    if params or task_id is not None:
+        from overnight.fleet.submit import check_params, default_id
+
+        params = check_params(params)
+        task = task.submitted_as(task_id if task_id is not None else default_id(task, params), params)
     return Runner(task, store, branch=branch, max_steps=max_steps, on_event=on_event, on_drift=on_drift,
                   model=model, max_context_tokens=max_context_tokens).run()
 
@@ -316,6 +346,11 @@ class TaskSummary:
     ``show`` also checks the objects behind each."""
     fell_back: str | None = None
     """Set when the head of the listed branch fails verification: ``"fell back from X to Y: reason"``."""
+    entry: str | None = None
+    """For a task submitted to the workers that has no checkpoint yet: its code location as
+    submitted (``FILE.py:TASK`` or ``MODULE:ATTR``), not imported; its ``goal`` is then ``""``
+    (unknown until a worker loads the code), ``done``/``total`` 0 and ``branches`` empty. None
+    for a task with checkpoints."""
 
 
 def _fell_back(fallback: Any) -> str | None:
@@ -408,8 +443,8 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
     for row in q.list() if q is not None else []:  # submitted, not started yet
         if row.task_id not in seen:
             seen.add(row.task_id)
-            out.append(TaskSummary(row.task_id, f"({row.entry})", describe(row, None, complete=False, now=now), 0, 0, [], 0,
-                                   None, "", store_location(s.url)))
+            out.append(TaskSummary(row.task_id, "", describe(row, None, complete=False, now=now), 0, 0, [], 0,
+                                   None, "", store_location(s.url), entry=row.entry))
     return out
 
 

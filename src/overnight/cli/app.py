@@ -43,6 +43,7 @@ from overnight.cli.common import (  # noqa: F401 (EXIT_* re-exported)
     need_extra as _need_extra,
 )
 from overnight.cli.exits import report_run
+from overnight.cli.fleet import ParamOpt, ParamsOpt, TaskIdOpt, parse_params
 from overnight.errors import OvernightError
 from overnight.verify.drift import short_value
 
@@ -133,6 +134,9 @@ def run(
     model: Optional[str] = ModelOpt,
     base_url: Optional[str] = BaseUrlOpt,
     max_context_tokens: Optional[int] = ContextOpt,
+    task_id: Optional[str] = TaskIdOpt,
+    params: Optional[str] = ParamsOpt,
+    param: list[str] = ParamOpt,
 ) -> None:
     """Create the task defined in FILE.py, or resume it from its latest checkpoint, and run it.
 
@@ -140,12 +144,20 @@ def run(
     twice: it is abandoned. Either way the task resumes where it stopped (exit 75) -- unless it is
     ephemeral (a short task the router keeps in this process only): then nothing is kept and the
     exit is 1.
+
+    With --param/--params (or --id) the task runs as `overnight submit` would queue it: under the
+    definition's id plus a short digest of the params (or --id), each parameter in ctx.params;
+    `overnight resume ID` runs it again with the same definition and params.
+
+    Example: overnight run examples/report.py --param topic=storage
     """
     with failing():
         check_python_entry(file, "run")
+        given = parse_params(params, param)
         result = _run_with_progress(
             lambda p: api.run(file, store=store, branch=branch, max_steps=max_steps, on_event=p, on_drift=on_drift,
-                              model=_model(model, base_url), max_context_tokens=max_context_tokens),
+                              model=_model(model, base_url), max_context_tokens=max_context_tokens,
+                              params=given, task_id=task_id),
             quiet=quiet, events=events)
     _report_run(result, quiet=quiet)
 
@@ -199,6 +211,12 @@ def resume(
     _report_run(result, quiet=quiet)
 
 
+def _queued_verb(status: str) -> str:
+    """How ``ls`` labels the code location of a submitted task with no checkpoint yet (its goal is
+    not known without importing the code, which overnight never does from stored data)."""
+    return "queued" if status.startswith("queued") else "submitted"
+
+
 @app.command("ls")
 def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
     """List the tasks in the store: status, steps done/total, branches, last checkpoint time. Each
@@ -220,9 +238,12 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
     several = any(t.store != here for t in tasks)  # some are on a configured database or cloud medium
     render.table(None, ["task", "status", "steps", "branches", "checkpoints", "updated", "goal"]
                  + (["store"] if several else []),
-                 [(t.task_id, t.status + (" [FELL BACK]" if t.fell_back else ""), f"{t.done}/{t.total}",
+                 [(t.task_id, t.status + (" [FELL BACK]" if t.fell_back else ""),
+                   "—" if t.entry is not None else f"{t.done}/{t.total}",  # not started: no plan known yet
                    ",".join(t.branches), f"{t.checkpoints}" + (f" ({t.damaged} DAMAGED)" if t.damaged else ""),
-                   (t.updated_at or "")[5:16].replace("T", " "), t.goal) + ((t.store,) if several else ())
+                   (t.updated_at or "")[5:16].replace("T", " "),
+                   f"{_queued_verb(t.status)} from {t.entry}" if t.entry is not None else t.goal)
+                  + ((t.store,) if several else ())
                   for t in tasks],
                  justify={"steps": "right", "checkpoints": "right"}, no_wrap=("task", "updated"))
     for t in tasks:

@@ -72,8 +72,9 @@ def report_run(result: "RunResult", *, quiet: bool, resume_with: str | None = No
                  "stopped": f"[yellow]stopped after --max-steps ({kept})[/]"}[result.status]
         render.err.print(
             f"task [bold]{render.esc(result.task_id)}[/] {state}: {result.done}/{result.total} steps, "
-            f"{result.steps_run} run now, head {result.head[7:19]}; the task's context window #{result.session} "
-            "(each run and each compaction starts a new one)"
+            f"{result.steps_run} run now, head {result.head[7:19]}; "
+            + (f"the task's context window #{result.session} (each run and each compaction starts a new one)"
+               if result.used_model else f"session #{result.session} (each run starts a new one; no model used)")
         )
         u = result.usage
         if u.get("calls") or u.get("replayed_calls") or result.compactions:

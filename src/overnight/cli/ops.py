@@ -63,13 +63,15 @@ def gc(
     A dry run unless --apply. Never removes a branch head, anything on a live branch's lineage,
     or anything a remaining checkpoint needs to load; safe while tasks run (objects younger than
     --grace stay). Works on one store (default: the local one); --store URL for a configured
-    database or cloud medium."""
+    database or cloud medium. With --json a dry run says "dry_run": true and lists what would go
+    under "would_delete" (each task) and "checkpoints_would_delete" / "objects_would_delete";
+    its "deleted" lists and counts stay empty. --apply --json reports what was deleted."""
     with failing():
         with render.progress_bar("reading checkpoints", quiet=quiet or as_json) as update:
             rep = api.gc(store=store, apply=apply, keep_last=keep_last, older_than=older_than, task_id=task_id,
                          grace=grace, on_progress=update)
     if as_json:
-        render.print_json(rep)
+        render.print_json(_gc_json(rep))
         return
     verb = "deleted" if rep.applied else "would delete"
     if not rep.applied and not quiet:
@@ -84,6 +86,20 @@ def gc(
         f"{rep.objects_deleted} {verb} ({render.human_bytes(rep.object_bytes)}), {rep.objects_young} kept as younger "
         f"than the grace period ({render.human_bytes(rep.young_bytes)})")
     _unreadable_note(rep.unreadable)
+
+
+def _gc_json(rep: "api.GcReport") -> dict:
+    """``gc --json``: an applied run's report as it is; a dry run's says so (``"dry_run": true``)
+    and lists what would go under ``would_delete`` (per task) and ``checkpoints_would_delete`` /
+    ``objects_would_delete``, with every ``deleted`` list and count empty: nothing was deleted."""
+    out = render.to_jsonable(rep)
+    if rep.applied:
+        return out
+    for t in out["tasks"]:
+        t["would_delete"], t["deleted"] = t["deleted"], []
+    out["checkpoints_would_delete"], out["checkpoints_deleted"] = out["checkpoints_deleted"], 0
+    out["objects_would_delete"], out["objects_deleted"] = out["objects_deleted"], 0
+    return {"dry_run": True, **out}
 
 
 def rm(

@@ -71,6 +71,10 @@ class RunResult:
     resume_file: str | None = None
     """The file defining the task, when the store holds no code location for it (a task created
     by ``overnight.run`` from a script): ``overnight resume`` then needs ``--file`` with it."""
+    used_model: bool = True
+    """False when the task never used a model, as its head records it: no call made or replayed
+    in this run, no compaction ever, nothing in its context window (no tokens, no messages, no
+    summary). ``overnight run`` then says "session #N" rather than "context window #N"."""
 
     @property
     def resumable(self) -> bool:

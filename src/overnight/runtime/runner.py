@@ -653,8 +653,15 @@ class Runner:
             session=self.session_n, steps_run=steps_run, steps_reused=steps_reused, done=done, total=total,
             created=created, fallback=fallback, artifacts=sorted(self.state.artifacts), level=self.level,
             route=list(self.route.reasons) if self.route else [], compactions=self.compactions,
-            usage=dict(self.usage), resume_file=self._resume_file(),
+            usage=dict(self.usage), resume_file=self._resume_file(), used_model=self._used_model(),
         )
+
+    def _used_model(self) -> bool:
+        """Whether the task has used a model, from what its head's context window records (and this
+        run's calls): a task that never called one has no tokens, messages, summary or compaction."""
+        c = self.state.context
+        return bool(self.usage.get("calls") or self.usage.get("replayed_calls") or self.compactions
+                    or c.compactions or c.tokens or c.messages or c.summary)
 
     def _run_one(self) -> bool:
         """Run (or reuse) the first todo step and commit its checkpoint. Returns True if it ran."""
