@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from _fleet import cli, project, store_url
+from _fleet import cli, project, queue_rows, start_worker, stop, store_url, wait_until
 from overnight.errors import StoreCorrupt, StoreVersionError
 from overnight.store.queue_sql import QUEUE_SCHEMA_VERSION, SqlQueue
 
@@ -103,4 +103,37 @@ def test_a_version_edited_into_garbage_is_named(url: str) -> None:
     _submit(url, "a")
     _sql(url, "UPDATE {s}.queue_meta SET value='two' WHERE key='schema_version'")
     with pytest.raises(StoreCorrupt, match="'two'.*queue_meta"):
+        _submit(url, "b")
+
+
+def test_a_running_worker_stops_claiming_once_the_tables_are_a_newer_version(url: str, tmp_path: Path) -> None:
+    project(tmp_path)
+    early = cli(tmp_path, "submit", "tasks/chaos.py", "--id", "early", "--store", url)
+    late = cli(tmp_path, "submit", "tasks/chaos.py", "--id", "late", "--not-before", "+4s", "--store", url)
+    assert early.returncode == 0 and late.returncode == 0, early.stderr + late.stderr
+    worker = start_worker(tmp_path, url, "--idle-exit", "30")
+    try:
+        wait_until(lambda: queue_rows(url)["early"].status == "complete", 60, "the first task to complete")
+        _sql(url, "UPDATE {s}.queue_meta SET value='2' WHERE key='schema_version'")
+        assert worker.wait(timeout=60) != 0
+    finally:
+        stop(worker)
+    log = (tmp_path / "w.err").read_text()
+    assert "schema version 2" in log, log[-2000:]
+    assert _sql(url, "SELECT status FROM {s}.queue WHERE task_id='late'", fetch=True) == [("queued",)]
+
+
+def test_duplicate_version_rows_are_refused(url: str) -> None:
+    _submit(url, "a")
+    _sql(url, "DROP TABLE {s}.queue_meta")
+    _sql(url, "CREATE TABLE {s}.queue_meta (key text, value text)")  # no unique key: a hand-made table
+    _sql(url, "INSERT INTO {s}.queue_meta VALUES ('schema_version', '1'), ('schema_version', '2')")
+    with pytest.raises(StoreCorrupt, match="2 schema versions"):
+        _submit(url, "b")
+
+
+def test_a_version_of_thousands_of_digits_is_named_not_a_crash(url: str) -> None:
+    _submit(url, "a")
+    _sql(url, "UPDATE {s}.queue_meta SET value='" + "9" * 5000 + "' WHERE key='schema_version'")
+    with pytest.raises(StoreCorrupt):
         _submit(url, "b")

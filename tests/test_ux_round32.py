@@ -78,7 +78,8 @@ def test_gc_dry_run_json_says_dry_run_and_lists_would_delete_not_deleted(tmp_pat
         assert snapshot(s) == before  # indeed nothing was deleted
     # the real run keeps its shape: what went is under "deleted"
     done = json.loads(cli("gc", "--apply", "--grace", "0", "--json", "--store", url, cwd=tmp_path).stdout)
-    assert done["applied"] is True and "dry_run" not in done and "would_delete" not in done["tasks"][0]
+    assert done["applied"] is True and done["dry_run"] is False and done["tasks"][0]["would_delete"] == []
+    assert set(done) == set(dry)  # one shape for both runs
     assert sorted(c for t in done["tasks"] for c in t["deleted"]) == would
     assert done["checkpoints_deleted"] == len(sc["dangling"])
     assert done["objects_deleted"] == dry["objects_would_delete"]
@@ -136,17 +137,38 @@ def test_show_log_verify_of_a_queued_task_say_it_is_queued_with_no_checkpoint(tm
 def test_run_of_a_model_free_task_says_session_not_context_window(tmp_path):
     _project(tmp_path)
     url = f"sqlite://{tmp_path / 'r.db'}"
-    for n in (1, 2):  # the first run, then a resume of the finished task
-        r = cli("run", "tasks/report.py", "--store", url, cwd=tmp_path)
-        assert r.returncode == 0, r.stderr
+    for n, args, code in ((1, ["--max-steps", "1"], 75), (2, [], 0)):  # the first run, then the resume that ends it
+        r = cli("run", "tasks/report.py", "--store", url, *args, cwd=tmp_path)
+        assert r.returncode == code, r.stderr
         assert "context window" not in r.stderr
         assert f"session #{n}" in r.stderr and "no model used" in r.stderr
+    again = cli("run", "tasks/report.py", "--store", url, cwd=tmp_path)  # complete: records nothing, names no session
+    assert again.returncode == 0 and "session #" not in again.stderr and "0 run now" in again.stderr, again.stderr
 
 
 def test_run_of_a_task_that_calls_a_model_keeps_the_context_window_line(tmp_path):
     _project(tmp_path)
     url = f"sqlite://{tmp_path / 'c.db'}"
-    for n in (1, 2):  # also on the run that makes no call: its context window holds the first one's
-        r = cli("run", "tasks/chat.py", "--store", url, cwd=tmp_path)
-        assert r.returncode == 0, r.stderr
-        assert f"context window #{n}" in r.stderr and "no model used" not in r.stderr
+    r = cli("run", "tasks/chat.py", "--store", url, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "context window #1" in r.stderr and "no model used" not in r.stderr
+
+
+# -- 5. status of a queued task says where it stands in the queue ------------------------------
+
+
+def test_status_of_a_queued_task_says_its_place_in_the_queue(tmp_path):
+    _project(tmp_path)
+    url = f"sqlite://{tmp_path / 'q.db'}"
+    for args in (["--id", "a"], ["--id", "b", "--priority", "3", "--param", "topic=x"], ["--id", "c"]):
+        assert cli("submit", "tasks/report.py", "--store", url, *args, cwd=tmp_path).returncode == 0
+    places = {}
+    for task_id in ("a", "b", "c"):
+        out = json.loads(cli("status", task_id, "--store", url, "--json", cwd=tmp_path).stdout)
+        assert out["seq"] == -1 and out["status_kind"] == "queued"
+        places[task_id] = out["queue"]
+    assert {k: v["ahead"] for k, v in places.items()} == {"b": 0, "a": 1, "c": 2}  # priority first, then order
+    assert places["b"]["params"] == {"topic": "x"} and places["b"]["priority"] == 3
+    assert places["a"]["entry"] == "tasks/report.py:task" and places["a"]["queue"] == "default"
+    text = cli("status", "c", "--store", url, cwd=tmp_path).stdout
+    assert "queue default, priority 0; 2 task(s) of its queue go first" in text, text

@@ -131,12 +131,6 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
         exc.hint = f"did you mean {' or '.join(close)}?" + (f" {exc.hint}" if exc.hint else "")
 
 
-def _queued_only(s: Store, task_id: str) -> str | None:
-    """The queue status of a task that was submitted but has no checkpoint yet, else None."""
-    row = _queue_row(s, task_id)
-    return describe(row, None, complete=False, now=s.clock_ms()) if row is not None else None
-
-
 def _queue_row(s: Store, task_id: str) -> Any | None:
     """The queue row of ``task_id`` (:class:`~overnight.store.queue.QueuedTask`), or None: never
     submitted, a store kind without a queue, or the queue unreadable.
@@ -812,6 +806,25 @@ class StatusReport:
     rollback: str | None = None
     """Set when the branch ref was moved back behind a newer record or this machine's high-water
     mark (:mod:`overnight.chain.rollback`): what it names and what it is older than."""
+    queue: dict[str, Any] | None = None
+    """For a task submitted but not started (``seq`` -1), where it stands in the workers' queue:
+    ``queue`` (name), ``priority``, ``entry``, ``params``, ``submitted_ms`` / ``not_before_ms``
+    (Unix ms, the store's clock), and ``ahead``: the tasks of its queue a worker claims before it
+    (queued and due, higher priority or submitted earlier) -- 0 for one not queued."""
+
+
+def _queue_place(s: Store, row: Any) -> dict[str, Any]:
+    """:attr:`StatusReport.queue` of queue row ``row`` (one read of the queue's rows)."""
+    ahead = 0
+    if row.status == "queued":
+        now = s.clock_ms()
+        q = queue_for(s)
+        ahead = sum(1 for r in (q.list() if q is not None else [])
+                    if r.queue == row.queue and r.status == "queued" and r.task_id != row.task_id
+                    and r.not_before_ms <= max(now, row.not_before_ms)
+                    and (r.priority, -r.seq) > (row.priority, -row.seq))
+    return {"queue": row.queue, "priority": row.priority, "entry": row.entry, "params": dict(row.params),
+            "submitted_ms": row.submitted_ms, "not_before_ms": row.not_before_ms, "ahead": ahead}
 
 
 def _no_code(row: Any, action: str) -> ConfigError:
@@ -859,11 +872,12 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
         try:
             s.get_task(task_id)
         except TaskNotFound:
-            queued = _queued_only(s, task_id)
-            if queued is None:
+            row = _queue_row(s, task_id)
+            if row is None:
                 raise
-            return StatusReport(task_id, branch, "", -1, queued, 0, 0, [], [],
-                                drift_plan="not started: no checkpoint to compare with yet" if drift else None)
+            return StatusReport(task_id, branch, "", -1, describe(row, None, complete=False, now=s.clock_ms()), 0, 0,
+                                [], [], drift_plan="not started: no checkpoint to compare with yet" if drift else None,
+                                queue=_queue_place(s, row))
         key = signing_key_from_env()
         loaded, fallback = load_head(s, task_id, branch, key=key)  # as a resume checks it, artifacts hashed
         st = loaded.state

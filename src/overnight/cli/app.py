@@ -19,8 +19,10 @@ Exit codes (also in ``overnight --help`` and the README):
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -101,6 +103,19 @@ def _clip(value: object, width: int = 48) -> str:
     """A value for a table cell: long ones (digests, paths) cut in the middle, marked with an ellipsis."""
     text = str(value)
     return text if len(text) <= width else text[: width // 2 - 1] + "…" + text[-(width // 2):]
+
+
+def _with_state(report) -> dict:
+    """A report's JSON with ``status_kind`` after its ``status``: the status's first word, one of a
+    fixed set (:data:`overnight.store.queue.STATES`), for scripts -- the status itself is free text."""
+    from overnight.store.queue import state_of
+
+    out = {}
+    for k, v in render.to_jsonable(report).items():
+        out[k] = v
+        if k == "status":
+            out["status_kind"] = state_of(v)
+    return out
 
 
 def _model(spec: Optional[str], base_url: Optional[str]):
@@ -227,7 +242,7 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
     with failing():
         tasks = api.ls(store=store)
     if as_json:
-        render.print_json(tasks)
+        render.print_json([_with_state(t) for t in tasks])
         return
     from overnight.store import default_store_url, location
 
@@ -276,7 +291,7 @@ def show(
     with failing():
         rep = api.show(task_id, store=store, branch=branch, raw=raw)
     if as_json:
-        render.print_json(rep)
+        render.print_json(_with_state(rep))
         return
     render.out.print(f"[bold]{render.esc(rep.task_id, one_line=True)}[/]: {render.esc(rep.goal, one_line=True)}")
     render.out.print(f"status: {render.esc(render.safe(rep.status).replace(chr(10), ' '))}, {rep.done}/{rep.total} "
@@ -382,7 +397,7 @@ def status(
         rep = api.status(task_id, store=store, branch=branch, drift=drift, entry=file, on_drift=on_drift,
                          model=_model(model, base_url))
     if as_json:
-        out = render.to_jsonable(rep)
+        out = _with_state(rep)
         out["drift"] = rep.drift.to_json() if rep.drift else None
         render.print_json(out)
         return
@@ -392,6 +407,15 @@ def status(
     if rep.seq < 0:  # submitted, not started
         render.out.print(f"[bold]{render.esc(rep.task_id)}[/]: {shown_status}, no checkpoint yet "
                          "(a worker has not started it)")
+        if rep.queue:
+            from overnight.units import human_duration
+
+            q = rep.queue
+            ahead = f"; {q['ahead']} task(s) of its queue go first" if rep.status.startswith("queued") else ""
+            params = f"; params {render.esc(json.dumps(q['params'], sort_keys=True))}" if q["params"] else ""
+            render.out.print(f"  queue {render.esc(q['queue'])}, priority {q['priority']}{ahead}; code "
+                             f"{render.esc(q['entry'])}{params}; submitted "
+                             f"{human_duration(max(0, time.time() * 1000 - q['submitted_ms']))} ago")
         return
     render.out.print(f"[bold]{render.esc(rep.task_id)}[/] ({render.esc(rep.branch)}): {shown_status}, "
                      f"{rep.done}/{rep.total} steps, head {rep.head[7:19]} (seq {rep.seq})")

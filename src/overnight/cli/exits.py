@@ -70,11 +70,13 @@ def report_run(result: "RunResult", *, quiet: bool, resume_with: str | None = No
             "NOT resumable: level ephemeral kept its checkpoints in this process only; running it again starts over"
         state = {"complete": "[green]complete[/]", "interrupted": f"[yellow]interrupted ({kept})[/]",
                  "stopped": f"[yellow]stopped after --max-steps ({kept})[/]"}[result.status]
+        idle = result.status == "complete" and not (result.steps_run or result.steps_reused or result.created)
         render.err.print(
             f"task [bold]{render.esc(result.task_id)}[/] {state}: {result.done}/{result.total} steps, "
-            f"{result.steps_run} run now, head {result.head[7:19]}; "
-            + (f"the task's context window #{result.session} (each run and each compaction starts a new one)"
-               if result.used_model else f"session #{result.session} (each run starts a new one; no model used)")
+            f"{result.steps_run} run now, head {result.head[7:19]}"
+            + ("" if idle else "; " + (  # a complete task run again records nothing: no session to name
+                f"the task's context window #{result.session} (each run and each compaction starts a new one)"
+                if result.used_model else f"session #{result.session} (each run starts a new one; no model used)"))
         )
         u = result.usage
         if u.get("calls") or u.get("replayed_calls") or result.compactions:

@@ -6,6 +6,7 @@ Registered on the main app by :func:`register` (one line in :mod:`overnight.cli.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Optional
 
 import typer
@@ -38,6 +39,10 @@ ParamsOpt = typer.Option(None, "--params", metavar="JSON", help="Parameters as a
 ParamOpt = typer.Option([], "--param", metavar="K=V", help="One parameter (VALUE as JSON, else a string); repeatable.")
 
 
+_JSON_NUMBER = re.compile(r"\s*-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?\s*")
+"""A JSON number (RFC 8259): a ``--param`` value that is one is never taken as a string."""
+
+
 def parse_params(params: Optional[str], param: list[str]) -> dict:
     """The parameters of ``--params JSON`` and each ``--param K=V`` (V as JSON, else a string;
     later ones win), as one JSON object.
@@ -49,7 +54,7 @@ def parse_params(params: Optional[str], param: list[str]) -> dict:
     if params:
         try:
             out = json.loads(params)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise ConfigError(f"--params is not JSON: {exc}", hint="--params '{\"n\": 3}'") from exc
         if not isinstance(out, dict):
             raise ConfigError("--params must be a JSON object", hint="--params '{\"n\": 3}'")
@@ -59,7 +64,11 @@ def parse_params(params: Optional[str], param: list[str]) -> dict:
             raise ConfigError(f"--param {kv!r} is not KEY=VALUE", hint="--param topic=storage, --param n=3")
         try:
             out[key] = json.loads(value)
-        except ValueError:
+        except RecursionError as exc:
+            raise ConfigError(f"--param {key}: nests too deeply") from exc
+        except ValueError as exc:
+            if _JSON_NUMBER.fullmatch(value):  # a number Python will not read (5,000 digits): not a string
+                raise ConfigError(f"--param {key}: {exc}", hint=f"pass it as a string: --param '{key}=\"...\"'") from exc
             out[key] = value  # a bare word is a string
     return out
 

@@ -65,7 +65,8 @@ def gc(
     --grace stay). Works on one store (default: the local one); --store URL for a configured
     database or cloud medium. With --json a dry run says "dry_run": true and lists what would go
     under "would_delete" (each task) and "checkpoints_would_delete" / "objects_would_delete";
-    its "deleted" lists and counts stay empty. --apply --json reports what was deleted."""
+    its "deleted" lists and counts stay empty. --apply --json ("dry_run": false) reports what was
+    deleted under the same keys."""
     with failing():
         with render.progress_bar("reading checkpoints", quiet=quiet or as_json) as update:
             rep = api.gc(store=store, apply=apply, keep_last=keep_last, older_than=older_than, task_id=task_id,
@@ -89,17 +90,19 @@ def gc(
 
 
 def _gc_json(rep: "api.GcReport") -> dict:
-    """``gc --json``: an applied run's report as it is; a dry run's says so (``"dry_run": true``)
-    and lists what would go under ``would_delete`` (per task) and ``checkpoints_would_delete`` /
-    ``objects_would_delete``, with every ``deleted`` list and count empty: nothing was deleted."""
+    """``gc --json``, one shape for both runs: ``"dry_run"``; what went under ``deleted`` (per
+    task) and ``checkpoints_deleted`` / ``objects_deleted``, what a dry run would delete under
+    ``would_delete`` and ``checkpoints_would_delete`` / ``objects_would_delete`` -- each side empty
+    (0) in the other kind of run."""
     out = render.to_jsonable(rep)
-    if rep.applied:
-        return out
+    applied = bool(rep.applied)
     for t in out["tasks"]:
-        t["would_delete"], t["deleted"] = t["deleted"], []
-    out["checkpoints_would_delete"], out["checkpoints_deleted"] = out["checkpoints_deleted"], 0
-    out["objects_would_delete"], out["objects_deleted"] = out["objects_deleted"], 0
-    return {"dry_run": True, **out}
+        t["would_delete"] = [] if applied else t["deleted"]
+        t["deleted"] = t["deleted"] if applied else []
+    for what in ("checkpoints", "objects"):
+        out[f"{what}_would_delete"] = 0 if applied else out[f"{what}_deleted"]
+        out[f"{what}_deleted"] = out[f"{what}_deleted"] if applied else 0
+    return {"dry_run": not applied, **out}
 
 
 def rm(

@@ -126,19 +126,28 @@ def _check_not_before(value: Any, ms: int) -> None:
         raise ConfigError(f"--not-before {value!r} is not a time between 1970 and 9999")
 
 
+def _shown(params: dict[str, Any]) -> str:
+    """Params as canonical JSON (keys sorted), cut to 200 characters for a message."""
+    text = dumps_sorted(params).decode("utf-8", "replace")
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
 def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
-    """A copy of ``params`` (None: ``{}``), checked to be a JSON object with string keys.
+    """A copy of ``params`` (None: ``{}``), checked to be a JSON object with string keys and
+    finite numbers (JSON has no NaN or Infinity).
 
     Raises:
-        ConfigError: it is not.
+        ConfigError: it is not, or it nests deeper than Python's recursion limit.
     """
     if params is not None and not isinstance(params, dict):
         raise ConfigError(f"params must be a JSON object, got {type(params).__name__}")
     out = dict(params or {})
     try:
-        json.dumps(out, sort_keys=True)
+        json.dumps(out, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"params must be a JSON object with string keys: {exc}") from exc
+        raise ConfigError(f"params must be a JSON object with string keys and finite numbers: {exc}") from exc
+    except RecursionError as exc:
+        raise ConfigError("params nest too deeply") from exc
     return out
 
 
@@ -155,7 +164,8 @@ def submit(entry: str, *, store: Any = None, task_id: str | None = None, params:
 
     Raises:
         ConfigError: ``entry`` is not a task, lies outside the project, params is not a JSON
-            object, or the store has no queue (SQLite and PostgreSQL have one).
+            object, the store has no queue (SQLite and PostgreSQL have one), or the task id (given,
+            or a default id two param sets share) is already submitted with other params.
     """
     params = check_params(params)
     _check_fields(queue, priority, idempotency_key)
@@ -175,7 +185,14 @@ def submit(entry: str, *, store: Any = None, task_id: str | None = None, params:
         if relative:  # from now by the clock claims are judged by (PostgreSQL: the server's), not this machine's
             row.not_before_ms = q.clock_ms() + at
             _check_not_before(not_before, row.not_before_ms)
-        return q.submit(row)
+        found, created = q.submit(row)
+        if not created and idempotency_key is None and found.task_id == row.task_id and found.params != params:
+            raise ConfigError(
+                f"task {row.task_id!r} is already submitted ({found.status}) with params {_shown(found.params)}; "
+                f"these are {_shown(params)}", task_id=row.task_id,
+                hint=f"`overnight retry {row.task_id}` queues it again with its own params; for other params, "
+                "submit with another --id")
+        return found, created
     finally:
         if s is not store:
             s.close()

@@ -420,6 +420,7 @@ class Runner:
                 hint="give this task another id, or, if the code moved, resume it with "
                 f"`overnight resume {self.task.id} --file {self.task.entry}`")
         loaded, fallback = self._head_loaded()
+        self._check_params(loaded)
         repaired_back = self._repair.fallback(self.branch, loaded.id) if self._repair and fallback is None else None
         fallback = fallback or repaired_back  # the repair moved the ref back past what verifies on no medium
         accepted = rollback.check(self.store, loaded, key=self.key, allow=self.allow_rollback,
@@ -458,6 +459,27 @@ class Runner:
             self._export()
         self._reconcile_plan()
         return False, fallback
+
+    def _check_params(self, loaded: LoadedCheckpoint) -> None:
+        """Refuse to run a stored task with params (``ctx.params``) other than those its verified
+        head's spec records: ``overnight run --id ID --param ...`` of an existing task, or two param
+        sets whose default ids collide (:func:`~overnight.fleet.submit.default_id`).
+
+        Raises:
+            ConfigError: they differ; names both.
+        """
+        recorded = loaded.doc.task.spec.get("params", {})
+        given = to_tree(self.task.params, "task params") if self.task.params else {}
+        if recorded != given:
+            def shown(tree: Any) -> str:
+                text = canonical_dumps(tree).decode("utf-8", "replace")
+                return text if len(text) <= 200 else text[:199] + "…"
+
+            raise ConfigError(
+                f"task {self.task.id!r} was created with params {shown(recorded)}; this run has {shown(given)}",
+                task_id=self.task.id, checkpoint_id=loaded.id,
+                hint=f"`overnight resume {self.task.id}` runs it with its own params; for other params, "
+                "run with another --id")
 
     def _head_loaded(self) -> tuple[LoadedCheckpoint, Fallback | None]:
         """The branch head, verified: the one the caller loaded (``head=``) if the ref still names

@@ -314,7 +314,10 @@ def load_stored_task(task_id: str, *, recorded: str | None, verified: str | None
         ConfigError: from :func:`load_task`.
     """
     if override is not None:
-        return load_task(override, task_id=task_id)
+        task = load_task(override, task_id=task_id)
+        if isinstance(spec, dict) and "params" in spec:  # the params its checkpoints record, with the code given
+            task.params = dict(from_tree(spec["params"], "task params"))
+        return task
     if verified is not None and recorded is not None and not same_location(verified, recorded):
         raise EntryMismatch(
             f"task {task_id!r}: the store's task row says its code is {recorded}, but its verified checkpoints say "

@@ -183,6 +183,7 @@ class PostgresQueue(SqlQueue):
         :func:`~overnight.store.queue.parked_reason`), ``on_parked(error)`` is called (default: a
         warning on the ``overnight.queue`` logger) and the next row is claimed (at most
         :data:`~overnight.store.queue_sql.PARK_AT_MOST` per call). Never raises QueueRowInvalid."""
+        self._check_version(False)  # a newer overnight may have upgraded the tables since this queue opened
         for _ in range(PARK_AT_MOST):
             found = self._claim_one(worker_id, queues, ttl_ms)
             if found is None:

@@ -106,10 +106,15 @@ class SqlQueue:
 
         Raises:
             StoreVersionError: the tables' version is higher than this code knows.
-            StoreCorrupt: the recorded version is not a positive whole number (edited by hand).
+            StoreCorrupt: the recorded version is not a positive whole number of at most 18 digits, or
+                there are several (edited by hand).
         """
         found = (self._read(self._sql("SELECT value FROM {s}.queue_meta WHERE key='schema_version'"))
                  if self._has_table("queue_meta") else [])
+        if len(found) > 1:
+            raise StoreCorrupt(f"store {self.store.url}: table queue_meta holds {len(found)} schema versions",
+                               hint="someone made or edited the table by hand (its key is unique): keep one row "
+                               "(docs/FORMAT.md, Queue)")
         if not found:
             if record:
                 with self._tx() as cur:
@@ -117,7 +122,7 @@ class SqlQueue:
                         cur.execute(self._sql(stmt))
             return
         value = found[0][0]
-        if not (isinstance(value, str) and value.isascii() and value.isdigit() and int(value) > 0):
+        if not (isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18 and int(value) > 0):
             raise StoreCorrupt(f"store {self.store.url}: the queue's schema version {value!r} (table queue_meta) "
                                "is not a version number", hint="someone edited the table by hand; set it back to "
                                f"'{QUEUE_SCHEMA_VERSION}' if the queue tables are this version's (docs/FORMAT.md, Queue)")
@@ -232,6 +237,7 @@ class SqlQueue:
         is committed (default: a warning on the ``overnight.queue`` logger). Never raises
         QueueRowInvalid; raises what the store raises (StoreBusy, StoreUnavailable, ...)."""
         assert self.ROWID is not None, "a claim names its row by ROWID"
+        self._check_version(False)  # a newer overnight may have upgraded the tables since this queue opened
         marks = ", ".join("?" * len(queues))
         parked: list[QueueRowInvalid] = []
         task = None

@@ -48,7 +48,8 @@ class SQLiteQueue(SqlQueue):
         return text.replace("{s}.", "")
 
     def _has_table(self, name: str = "workers") -> bool:
-        return bool(self._read("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)))
+        # a view by that name counts (it is read, and refused if it says a newer version): never created over
+        return bool(self._read("SELECT 1 FROM sqlite_master WHERE type IN ('table', 'view') AND name=?", (name,)))
 
     def _lease_live(self) -> str:
         return ("EXISTS (SELECT 1 FROM leases l WHERE l.task_id=q.task_id AND l.branch='main' AND l.holder_id<>'' "
