@@ -170,10 +170,40 @@ class _Index:
     records: dict[tuple[str, str], list[_Rec]]
     entries: dict[tuple[str, str], _Entry]
     exists: bool
+    newest: dict[str, _Entry] | None = None
+    """Per namespace, the entry holding a checkpoint with the greatest id (None: not computed yet;
+    :meth:`latest`). Carried over by :meth:`with_entry`, so it is computed once per thread, not per read."""
 
     def checkpoints(self, ns: str | None = None) -> list[_Entry]:
         """The entries holding a checkpoint (in namespace ``ns``; None: all)."""
         return [e for (n, _), e in self.entries.items() if e.cid is not None and (ns is None or n == ns)]
+
+    def latest(self, ns: str) -> _Entry | None:
+        """The entry of namespace ``ns`` holding a checkpoint with the greatest LangGraph id (ids
+        sort by time), or None: what ``get_tuple`` without a checkpoint id returns."""
+        if self.newest is None:
+            newest: dict[str, _Entry] = {}
+            for (n, _), e in self.entries.items():
+                if e.cid is not None and (n not in newest or e.lg_id > newest[n].lg_id):
+                    newest[n] = e
+            self.newest = newest
+        return self.newest.get(ns)
+
+    def with_entry(self, refs: dict[str, str], records: dict[tuple[str, str], list[_Rec]], entry: _Entry) -> "_Index":
+        """This index after a commit: the refs now ``refs``, ``records`` (a copy of this one's with
+        the entry's records changed) and ``entry`` in place of the one with its key (its records
+        only grew, or lost pending-writes ones: an entry holding a checkpoint still does)."""
+        entries = dict(self.entries)
+        entries[(entry.ns, entry.lg_id)] = entry
+        newest = None
+        if self.newest is not None:
+            newest = dict(self.newest)
+            top = newest.get(entry.ns)
+            if entry.cid is not None and (top is None or entry.lg_id >= top.lg_id):
+                newest[entry.ns] = entry
+            elif top is not None and top.lg_id == entry.lg_id:  # (not expected) the newest lost its checkpoint
+                newest = None
+        return _Index(refs, records, entries, True, newest)
 
 
 def _merge_writes(into: dict[tuple[str, int], dict[str, Any]], arts: dict[str, Any], writes: list[dict[str, Any]],
@@ -554,9 +584,8 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
             key = (ns, lg_id)
             records = dict(index.records)
             records[key] = [*records.get(key, ()), rec]
-            entries = dict(index.entries)
-            entries[key] = _entry(ns, lg_id, records[key])
-            index = self._indexes[task_id] = _Index({**index.refs, branch: cid}, records, entries, True)
+            index = self._indexes[task_id] = index.with_entry({**index.refs, branch: cid}, records,
+                                                              _entry(ns, lg_id, records[key]))
             self._tip[task_id] = (chain, state)
             if pending:
                 self._drop_pending(task_id, index, key, pending)
@@ -580,10 +609,8 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
         if gone:
             records = dict(index.records)
             records[key] = [r for r in records[key] if r.cid not in gone]
-            entries = dict(index.entries)
-            entries[key] = _entry(key[0], key[1], records[key])
             refs = {b: c for b, c in index.refs.items() if c not in gone}
-            self._indexes[task_id] = _Index(refs, records, entries, True)
+            self._indexes[task_id] = index.with_entry(refs, records, _entry(key[0], key[1], records[key]))
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
@@ -769,8 +796,8 @@ class OvernightSaver(BaseCheckpointSaver[int], Closing):
             if lg_id:
                 e = index.entries.get((ns, lg_id))
                 return [e] if e is not None and e.cid is not None else []
-            mine = index.checkpoints(ns)
-            return [max(mine, key=lambda e: e.lg_id)] if mine else []
+            newest = index.latest(ns)
+            return [newest] if newest is not None else []
 
         found = self._read(task_id, pick)
         return found[0] if found else None

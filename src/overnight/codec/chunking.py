@@ -82,9 +82,9 @@ def _shared_chunks(old: Cut, data: bytes) -> int:
     byte after them (which decided the cut) are the same in both. Compares with ``memcmp``."""
     if len(data) > len(old.data) and data.startswith(old.data):  # an append
         return len(old.ends) - 1
-    start, n = 0, 0
+    start, n, was = 0, 0, memoryview(old.data)  # (a view: each chunk compared in place, not copied)
     for end in old.ends[:-1]:
-        if end >= len(data) or not data.startswith(old.data[start : end + 1], start):
+        if end >= len(data) or not data.startswith(was[start : end + 1], start):
             break
         start, n = end + 1, n + 1
     return n

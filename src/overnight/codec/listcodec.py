@@ -140,7 +140,8 @@ class ListCodec:
                 parts.append(got)
             if len(known) > KEEP * len(used) + 1024:  # forget the items no recent list holds
                 self._encoded = used
-        return b"[" + b",".join(parts) + b"]"
+        parts[0], parts[-1] = b"[" + parts[0], parts[-1] + b"]"  # (MIN_ITEMS >= 2) one copy of the whole list, not three
+        return b",".join(parts)
 
     def decode(self, data: bytes, path: str = "value") -> Any:
         """The value ``data`` encodes (as :func:`~overnight.codec.canonical.decode`), each item a
@@ -156,7 +157,7 @@ class ListCodec:
             pos = 1  # data[pos:] is what is left to decode, after "[" and the reused items' ","
             for old, items in self._decoded:
                 n, at = 0, 1
-                if data.startswith(old[:-1]) and data[len(old) - 1 : len(old)] == b",":  # an append
+                if data.startswith(memoryview(old)[:-1]) and data[len(old) - 1 : len(old)] == b",":  # an append
                     n, at = len(items), len(old)
                 else:
                     for item, _ in items:
