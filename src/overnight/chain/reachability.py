@@ -10,11 +10,14 @@ The two questions ``gc`` and ``archive`` ask (spec: ``docs/FORMAT.md``, "Deletio
   done and artifact pages; every artifact blob; the world fingerprint blob; and, for each of these
   that is chunked, its tree object, its chunk index (itself possibly chunked) and its chunks.
 
-The walk is *tolerant*: a record that does not parse, or an object that is missing or damaged,
-is reported (:class:`Unreadable`) and the walk goes on with what it can read. That is safe for
-deletion: a checkpoint that verifies is fully readable, so everything it needs is found; only a
-checkpoint that can never load again may lose objects its damaged parts pointed to -- and a write
-that heals such a record writes those objects again. What the walk refuses is a record or state
+The walk reads what a load reads, the way a load reads it: a record whose body does not hash to its
+id, and a missing or damaged object, is read from its verified ditto copy
+(:mod:`overnight.chain.ditto`; nothing is written back). The walk is *tolerant*: a record or an
+object that cannot be read even so is reported (:class:`Unreadable`, saying what is wrong with it)
+and the walk goes on with what it can read. A checkpoint that verifies
+(healed or not) is fully readable, so everything it needs is found; what the walk reports hides
+objects the checkpoint may still need -- ``gc`` therefore refuses to delete anything while a
+checkpoint on a live lineage is reported (:func:`overnight.ops.gc.collect`). What the walk refuses is a record or state
 document of a *newer* format (:class:`~overnight.errors.FormatTooNew`): it cannot know what
 that references, so it stops rather than guess.
 """
@@ -27,7 +30,8 @@ from typing import Any, Callable, Iterable
 from overnight.codec.canonical import loads
 from overnight.errors import DecodeError, FormatTooNew, IntegrityError, OvernightError, short_id
 from overnight.store.base import CheckpointRow, Store
-from overnight.chain.ditto import HealingReader
+from overnight.chain.ditto import HealingReader, body_digest_mismatch, get_checkpoint
+from overnight.store.blobs import BlobReader
 from overnight.chain.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade
 
 _BATCH = 256  # objects fetched per get_objects call
@@ -109,37 +113,45 @@ class Reach:
     def blobs(self, digests: Iterable[str], *, where: tuple[str, str] = ("", "")) -> set[str]:
         """Every object the given blobs are made of (themselves, tree objects, indexes, chunks).
 
-        A missing or damaged blob counts as itself (kept if it is stored at all) and is reported.
+        A missing or damaged blob is read from its verified ditto copy; one that cannot be read even
+        so counts as itself (kept if it is stored at all) and is reported -- for every checkpoint
+        that needs it (a failure is not cached: the next checkpoint asking reports it too).
         """
+        closure: dict[str, frozenset[str]] = {}
         wanted = [d for d in dict.fromkeys(digests) if d not in self._closure]
         for i in range(0, len(wanted), _BATCH):
             part = wanted[i : i + _BATCH]
             try:
                 found = self.store.get_objects(part)
-            except IntegrityError:  # an archived object whose pack is damaged: one by one
+            except IntegrityError:  # a damaged row, or an archived object whose pack is damaged: one by one
                 found = {}
                 for d in part:
                     try:
                         found.update(self.store.get_objects([d]))
-                    except IntegrityError as exc:
-                        self._note(where, f"object {d}: {exc.message}")
+                    except IntegrityError:
+                        pass  # read again below, through its copy
             for d in part:
                 obj = found.get(d)
-                if obj is None:
-                    self._closure[d] = frozenset((d,))
-                    self._note(where, f"object {d} is missing")
-                elif obj.kind == "tree":
-                    try:
-                        self._closure[d] = frozenset(self.reader.reachable(d, "gc"))
-                    except IntegrityError as exc:
-                        self._closure[d] = frozenset((d,))
-                        self._note(where, f"chunk tree {d}: {exc.message}")
-                else:
-                    self._closure[d] = frozenset((d,))
+                if obj is not None and obj.kind != "tree":
+                    closure[d] = self._closure[d] = frozenset((d,))
+                    continue
+                try:  # walked as a load reads it: through its copy if need be
+                    closure[d] = self._closure[d] = frozenset(self._reachable(d))
+                except IntegrityError as exc:
+                    closure[d] = frozenset((d,))
+                    what = "chunk tree" if obj is not None else "object"
+                    self._note(where, exc.message if d in exc.message else f"{what} {d}: {exc.message}")
         out: set[str] = set()
         for d in digests:
-            out.update(self._closure[d])
+            out.update(closure.get(d) or self._closure[d])
         return out
+
+    def _reachable(self, d: str) -> list[str]:
+        """:meth:`~overnight.store.blobs.BlobReader.reachable` through the healing reader: a missing
+        or damaged object on the way (the blob itself, a tree object, a chunk index) is read from its
+        verified ditto copy. Raises what the walk still cannot read (MissingObject, DigestMismatch)."""
+        reader = self.reader
+        return reader._retry(lambda: BlobReader.reachable(reader, d, "gc"))
 
     def _note(self, where: tuple[str, str], detail: str) -> None:
         self.unreadable.append(Unreadable(where[0], where[1], detail))
@@ -162,6 +174,36 @@ class Reach:
             FormatTooNew: the record or its state document was written by a newer overnight.
         """
         where = (row.task_id, row.checkpoint_id)
+        row, damaged = self.record(row)
+        if damaged:  # its references are unverified: walked for what they keep, their own notes dropped
+            noted = self.unreadable
+            self.unreadable = []
+            try:
+                return self._roots(row, where)
+            except FormatTooNew:  # what an unverified body claims is no reason to stop
+                return []
+            finally:
+                self.unreadable = noted
+                self._note(where, "record is damaged (its body does not hash to its checkpoint id) and has no "
+                                  "verified ditto copy")
+        return self._roots(row, where)
+
+    def record(self, row: CheckpointRow) -> tuple[CheckpointRow, bool]:
+        """``row`` as a load reads it: when its body does not hash to its id, the row rebuilt from
+        the record's verified ditto copy (nothing written). Returns ``(row, damaged)``: ``damaged``
+        when the body does not verify and no sound copy stands for it."""
+        try:
+            if not body_digest_mismatch(row.body, row.checkpoint_id):
+                return row, False
+        except (TypeError, ValueError, AttributeError):  # a body cell that is not bytes
+            pass
+        try:
+            healed = get_checkpoint(self.store, row.checkpoint_id, [], write=False, row=row)
+        except (OvernightError, TypeError, ValueError, AttributeError):
+            return row, True
+        return healed, healed is row
+
+    def _roots(self, row: CheckpointRow, where: tuple[str, str]) -> list[str]:
         cp = f"checkpoint {short_id(row.checkpoint_id)}"
         try:
             record = upgrade(loads(row.body), cp, RECORD_MIGRATIONS, task_id=row.task_id,
@@ -215,6 +257,7 @@ class Reach:
 
     def _artifacts_of(self, page: str, cp: str, where: tuple[str, str]) -> list[str]:
         if page not in self._artifact_page:
+            noted = len(self.unreadable)
             tree = self._read(page, f"{cp} artifact page", where)
             digests = []
             if isinstance(tree, dict):
@@ -223,6 +266,8 @@ class Reach:
                         digests.append(ref["digest"])
             elif tree is not None:
                 self._note(where, f"{cp} artifact page {page} is not an object")
+            if len(self.unreadable) > noted:  # not cached: every checkpoint needing it reports it
+                return digests
             self._artifact_page[page] = digests
         return self._artifact_page[page]
 

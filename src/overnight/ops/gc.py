@@ -58,6 +58,20 @@ say) does the same. So gc refuses (StoreCorrupt naming the entry or row, nothing
 is restored or removed: :func:`_refuse_hidden_damage`, one rule fed by each store's
 ``damaged_entries``.
 
+Damage that hides what a live checkpoint needs
+-----------------------------------------------
+
+Marking reads each remaining checkpoint as a load does: a record whose body does not hash to its
+id, and a missing or damaged state document, page, tree or chunk index, is read from its verified
+ditto copy (:class:`~overnight.chain.reachability.Reach`), so a damaged head that still loads
+protects its objects as usual. When a part of a checkpoint on a live branch's lineage cannot be
+read even so, the objects behind it are unknown -- any unreferenced object may be one of them, and
+a damaged merge record hides which checkpoints its second parent keeps alive -- so gc refuses
+(StoreCorrupt naming the task, branch, checkpoint and what could not be read; dry run included)
+and deletes nothing, checkpoints included: :func:`_refuse_unreadable_live`. ``verify --repair``
+rewrites what a copy still holds; the rest is restored from a backup or replica, or its branch
+moved off it. ``rm`` deletes its task then but keeps every object, as for hidden damage.
+
 An interrupted ``--apply`` leaks nothing: a store deletes a checkpoint's record before the index
 entry by which gc finds it (:meth:`overnight.store.keyed.KeyedStore.delete_checkpoints`), so the
 next run finds and deletes every record the killed one left (at worst an index entry naming no
@@ -71,7 +85,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
-from overnight.errors import ConfigError, StoreCorrupt
+from overnight.errors import ConfigError, StoreCorrupt, short_id
 from overnight.store.base import DEFAULT_GRACE_S, CheckpointRow, MinAge, Store
 from overnight.store.compose.pack import manifest_of
 from overnight.store.compose.tiered import TieredStore, tiered
@@ -149,9 +163,15 @@ def pack_roots(store: Store) -> set[str]:
     return out
 
 
-def _dangling(store: TieredStore, task_id: str, hot_rows: list[CheckpointRow]) -> list[CheckpointRow]:
+def _live(store: TieredStore, task_id: str, hot_rows: list[CheckpointRow]) -> set[str]:
+    """Ids of the checkpoints on a live branch's lineage (hot and archived)."""
+    return lineage([*hot_rows, *_archived_rows(store, task_id)], store.list_refs(task_id).values())
+
+
+def _dangling(store: TieredStore, task_id: str, hot_rows: list[CheckpointRow],
+              live: set[str] | None = None) -> list[CheckpointRow]:
     """Hot checkpoints on no live branch's lineage, newest first."""
-    live = lineage([*hot_rows, *_archived_rows(store, task_id)], store.list_refs(task_id).values())
+    live = _live(store, task_id, hot_rows) if live is None else live
     rows = [r for r in hot_rows if r.checkpoint_id not in live]
     return sorted(rows, key=lambda r: (r.created_at, r.seq), reverse=True)
 
@@ -191,7 +211,8 @@ def collect(
         TaskNotFound: ``task_id`` does not exist.
         StoreCorrupt: a ``file://`` or ``s3://`` store holds a damaged ref, index entry or task
             record, or a ``sqlite://`` store such a row (:func:`_refuse_hidden_damage`: nothing is
-            deleted).
+            deleted); or a part of a checkpoint on a live branch's lineage cannot be read, not even
+            from its ditto copy (:func:`_refuse_unreadable_live`: nothing is deleted).
         FormatTooNew: a checkpoint was written by a newer overnight (nothing is deleted).
         ConfigError: a negative ``keep_last``, ``older_than_s`` or ``grace_s``.
     """
@@ -208,11 +229,15 @@ def collect(
         hot.get_task(task_id)
     _refuse_hidden_damage(hot)
     tasks = [t.task_id for t in hot.list_tasks()]
-    rows = {t: hot.list_checkpoints(t) for t in tasks}
+    reach = Reach(store)
+    # records read as a load reads them (a damaged one through its verified copy): a merge's second
+    # parent, which keeps its lineage alive, is named in the body
+    rows = {t: [reach.record(r)[0] for r in hot.list_checkpoints(t)] for t in tasks}
+    live = {t: _live(store, t, rows[t]) for t in tasks}
     doomed: dict[str, list[CheckpointRow]] = {}
     for t in tasks:
         tg = TaskGc(t, checkpoints=len(rows[t]))
-        dangling = _dangling(store, t, rows[t])
+        dangling = _dangling(store, t, rows[t], live[t])
         tg.dangling = [r.checkpoint_id for r in dangling]
         if task_id is None or t == task_id:
             doomed[t] = _chosen(dangling, keep_last, older_than_s)
@@ -224,8 +249,9 @@ def collect(
     doomed_ids = {r.checkpoint_id for rs in doomed.values() for r in rs}
     remaining = [r for t in tasks for r in rows[t] if r.checkpoint_id not in doomed_ids]
     total = len(remaining) + (len(doomed.get(task_id, [])) if task_id is not None else 0)
-    reach = Reach(store)
     marked = reach.checkpoints(remaining, on_progress, total=total) | pack_roots(hot)
+    # what a live checkpoint needs is unknown: nothing may go (before any deletion, dry run included)
+    _refuse_unreadable_live(store, reach.unreadable, live, rows)
     # ditto copies live and die with their originals (records and objects)
     marked = with_copies(marked | {r.checkpoint_id for r in remaining})
     if task_id is not None:  # only what the doomed checkpoints needed is a candidate
@@ -255,7 +281,11 @@ def collect(
             tg.deleted = [r.checkpoint_id for r in rs if r.checkpoint_id not in left]
             tg.bytes = freed
         if survivors:
+            noted = len(reach.unreadable)
             marked |= with_copies(reach.checkpoints(survivors) | {r.checkpoint_id for r in survivors})
+            # a survivor is a parent of a checkpoint committed meanwhile: live now
+            _refuse_unreadable_live(store, reach.unreadable[noted:], {r.task_id: {r.checkpoint_id for r in survivors}
+                                                                     for r in survivors}, rows)
             candidates = {d: s for d, s in candidates.items() if d not in marked}
         # asked by the store once it holds its lock (and again per batch): the time spent waiting
         # for the lock counts towards the age kept, so what a commit refreshed after T0 - grace stays
@@ -315,6 +345,52 @@ def _refuse_hidden_damage(hot: Store) -> None:
             "(`overnight repair`), or remove it (a planted link or file; `overnight rm` of its task), then run gc again")
 
 
+def _unreadable_live(unreadable: list[Unreadable], live: dict[str, set[str]]) -> list[Unreadable]:
+    """The parts of checkpoints on a live branch's lineage that could not be read."""
+    return [u for u in unreadable if u.checkpoint_id in live.get(u.task_id, ())]
+
+
+def _branches_of(store: TieredStore, task_id: str, rows: list[CheckpointRow], cid: str) -> str:
+    """Which live branches need checkpoint ``cid`` (``head of branch 'main'``, ``on branch 'x'``)."""
+    refs = store.list_refs(task_id)
+    heads = sorted(b for b, h in refs.items() if h == cid)
+    if heads:
+        return ", ".join(f"head of branch {b!r}" for b in heads)
+    every = [*rows, *_archived_rows(store, task_id)]
+    on = sorted(b for b, h in refs.items() if cid in lineage(every, [h]))
+    return ", ".join(f"on branch {b!r}" for b in on) or "on a live branch"
+
+
+def _refuse_unreadable_live(store: TieredStore, unreadable: list[Unreadable], live: dict[str, set[str]],
+                            rows: dict[str, list[CheckpointRow]]) -> None:
+    """Raise StoreCorrupt when a part of a checkpoint on a live branch's lineage could not be read.
+
+    The walk reads through verified ditto copies (:class:`~overnight.chain.reachability.Reach`),
+    so what is left cannot be read at all: the objects behind it are unknown, and any unreferenced
+    object may be one of them (a damaged merge record also hides which checkpoints its second
+    parent keeps alive). As for hidden damage (:func:`_refuse_hidden_damage`) gc deletes nothing --
+    no object, no checkpoint -- dry run included, naming the first such part.
+
+    Raises:
+        StoreCorrupt: ``task_id`` and ``checkpoint_id`` name the checkpoint; ``hint`` how to go on.
+    """
+    bad = _unreadable_live(unreadable, live)
+    if not bad:
+        return
+    u = bad[0]
+    where = _branches_of(store, u.task_id, rows.get(u.task_id, []), u.checkpoint_id)
+    others = {(b.task_id, b.checkpoint_id) for b in bad} - {(u.task_id, u.checkpoint_id)}
+    more = f" (and {len(others)} more checkpoint(s))" if others else ""
+    raise StoreCorrupt(
+        f"gc deletes nothing while a live checkpoint cannot be read, so the objects it needs are unknown: task "
+        f"{u.task_id!r}, {where}, checkpoint {short_id(u.checkpoint_id)}: {u.detail}{more}",
+        task_id=u.task_id, checkpoint_id=u.checkpoint_id,
+        hint=f"`overnight verify {u.task_id}` shows the damage; `overnight verify --repair {u.task_id}` rewrites "
+        "what a verified ditto copy still holds; restore the rest from a backup or replica (`overnight repair`), "
+        "or move the branch off it (resuming falls back past the damage; `overnight rollback`) or remove the task "
+        "(`overnight rm`), then run gc again")
+
+
 def _delete_objects(hot: Store, candidates: dict, min_age_ms: MinAge) -> dict[str, int]:
     """Delete candidates one batch at a time; returns ``{digest: bytes}`` of those deleted.
 
@@ -372,7 +448,8 @@ def remove_task(store: Store, task_id: str, *, apply: bool = True, grace_s: floa
 
     The caller holds the task's leases (``overnight rm`` refuses while a live process holds one).
     Objects stored less than ``grace_s`` seconds ago stay (another task may be committing them).
-    While the store holds an entry whose references cannot be read (:func:`_refuse_hidden_damage`)
+    While the store holds an entry whose references cannot be read (:func:`_refuse_hidden_damage`),
+    or another task's checkpoint on a live lineage cannot be read (:func:`_refuse_unreadable_live`),
     no object is known to be this task's alone: the task is deleted, every object stays (``gc``
     takes them once the damage is repaired).
 
@@ -387,16 +464,23 @@ def remove_task(store: Store, task_id: str, *, apply: bool = True, grace_s: floa
     rep = RmReport(task_id, applied=apply, grace_s=grace_s, checkpoints=len(rows),
                    checkpoint_bytes=sum(len(r.body) for r in rows), branches=sorted(hot.list_refs(task_id)),
                    archives=len(hot.list_archives(task_id)))
-    others = [r for t in hot.list_tasks() if t.task_id != task_id for r in hot.list_checkpoints(t.task_id)]
-    total = len(rows) + len(others)
     reach = Reach(store)
+    other_rows = {t.task_id: [reach.record(r)[0] for r in hot.list_checkpoints(t.task_id)]
+                  for t in hot.list_tasks() if t.task_id != task_id}
+    others = [r for rs in other_rows.values() for r in rs]
+    total = len(rows) + len(others)
     mine = with_copies(reach.checkpoints(rows, on_progress, total=total) | {r.checkpoint_id for r in rows})
+    noted = len(reach.unreadable)
     marked = with_copies(reach.checkpoints(others, on_progress, start=len(rows), total=total) | pack_roots(hot)
                          | {r.checkpoint_id for r in others})
     stats = {s.digest: s for s in hot.iter_object_stats()}
     candidates = {d: stats[d] for d in mine if d in stats and d not in marked}
     if _hidden_damage(hot):  # a task no listing shows may need any of them: the task goes, its objects stay
         candidates = {}
+    elif reach.unreadable[noted:]:  # another task's live checkpoint needs objects no one can name
+        live = {t: _live(store, t, rs) for t, rs in other_rows.items()}
+        if _unreadable_live(reach.unreadable[noted:], live):
+            candidates = {}
     rep.objects_unreferenced = len(candidates)
     if apply:
         hot.delete_task(task_id)
