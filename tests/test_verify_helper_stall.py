@@ -161,3 +161,13 @@ def test_damage_is_still_reported_when_a_helper_was_stuck(tmp_path):
         == sorted(((p.task_id, p.checkpoint_id, p.check, p.detail) for p in threads.problems), key=repr)  # nothing else
     assert report["bytes_verified"] == threads.bytes_verified
     _named_once(done.stderr, stopped)
+
+
+@pytest.mark.parametrize("value", ["1e10", "9223372037", "1e308", "0", "-1", "nan", "inf"])
+def test_a_stall_outside_its_range_is_a_usage_error(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from overnight.errors import ConfigError
+    from overnight.verify import fsck
+
+    monkeypatch.setenv("OVERNIGHT_VERIFY_HELPER_STALL_S", value)
+    with pytest.raises(ConfigError, match="OVERNIGHT_VERIFY_HELPER_STALL_S"):  # 1e10 s overflowed the wait
+        fsck._helper_stall_s()

@@ -31,7 +31,6 @@ from overnight.codec.canonical import loads
 from overnight.errors import DecodeError, FormatTooNew, IntegrityError, OvernightError, short_id
 from overnight.store.base import CheckpointRow, Store
 from overnight.chain.ditto import HealingReader, body_digest_mismatch, get_checkpoint
-from overnight.store.blobs import BlobReader
 from overnight.chain.migrate import RECORD_MIGRATIONS, STATE_MIGRATIONS, upgrade
 
 _BATCH = 256  # objects fetched per get_objects call
@@ -150,8 +149,7 @@ class Reach:
         """:meth:`~overnight.store.blobs.BlobReader.reachable` through the healing reader: a missing
         or damaged object on the way (the blob itself, a tree object, a chunk index) is read from its
         verified ditto copy. Raises what the walk still cannot read (MissingObject, DigestMismatch)."""
-        reader = self.reader
-        return reader._retry(lambda: BlobReader.reachable(reader, d, "gc"))
+        return self.reader.reachable_healed(d, "gc")
 
     def _note(self, where: tuple[str, str], detail: str) -> None:
         self.unreadable.append(Unreadable(where[0], where[1], detail))

@@ -536,7 +536,8 @@ def verify(
                 render.out.print(f"  {(p.checkpoint_id or '')[7:19]}: {render.esc(p.detail)}")
         if repair and broken:
             render.err.print(f"[yellow]--repair[/] rewrote {len(rep.healed)} object(s) or record(s); the "
-                             f"{len(broken)} problem(s) above have no verified ditto copy to rewrite them from: "
+                             f"{len(broken)} problem(s) above are not rewritten (each says why: no verified ditto "
+                             "copy, or a branch head this store rewrites only once the branch moves on): "
                              "`overnight resume` falls back past a damaged checkpoint to the newest one that verifies "
                              "and runs the steps after it again")
         if rep.signatures_unchecked:

@@ -34,7 +34,7 @@ from overnight.codec.digest import from_raw
 from overnight.errors import CheckpointNotFound, ConfigError, DecodeError, IntegrityError, OvernightError, short_id
 from overnight.store.base import CheckpointRow, ObjectRecord, Store
 from overnight.store.blobs import ChunkCache
-from overnight.chain.ditto import CopyReader, HealingReader, rewrite_record
+from overnight.chain.ditto import CopyReader, HealingReader, recommittable, rewrite_record
 from overnight.chain.integrity import BoundedPageCache, PageCache, load_checkpoint
 from overnight.chain.reachability import lineage
 from overnight.chain.rollback import find_rollback
@@ -58,6 +58,10 @@ _HELPER_STALL_S = 60.0
 """Seconds a helper process may hold batches without answering any before it is stuck: killed, named
 in a warning, and its batches checked on the calling thread (a batch takes well under a second).
 ``OVERNIGHT_VERIFY_HELPER_STALL_S`` overrides it."""
+
+_STALL_MAX_S = 7 * 24 * 3600.0
+"""The largest stall the variable may set (a week; a wait longer than ~292 years overflows the
+platform's time_t, so a value in between would crash the wait rather than mean "never")."""
 
 _PAGE_CHUNKS = 1024 * 1024
 """Bytes of verified chunk payloads the calling thread's reader keeps (:class:`~overnight.store.blobs.ChunkCache`):
@@ -473,7 +477,7 @@ def _helper_stall_s() -> float:
     ``OVERNIGHT_VERIFY_HELPER_STALL_S`` when set, else :data:`_HELPER_STALL_S`.
 
     Raises:
-        ConfigError: the variable is set and not a positive, finite number.
+        ConfigError: the variable is set and not a number of seconds in (0, :data:`_STALL_MAX_S`].
     """
     raw = os.environ.get("OVERNIGHT_VERIFY_HELPER_STALL_S", "").strip()
     if not raw:
@@ -482,9 +486,9 @@ def _helper_stall_s() -> float:
         seconds = float(raw)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ConfigError(f"OVERNIGHT_VERIFY_HELPER_STALL_S={raw!r} is not a positive number of seconds",
-                          hint=f"unset it for the default ({_HELPER_STALL_S:g} s)")
+    if not (math.isfinite(seconds) and 0 < seconds <= _STALL_MAX_S):
+        raise ConfigError(f"OVERNIGHT_VERIFY_HELPER_STALL_S={raw!r} is not a number of seconds in (0, "
+                          f"{_STALL_MAX_S:g}]", hint=f"unset it for the default ({_HELPER_STALL_S:g} s)")
     return seconds
 
 
@@ -620,6 +624,12 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                 on_progress(done, total)
         settle(wait=True)
         failed = {p.checkpoint_id for p in report.problems[problems_start:]}
+        if bad_objects:  # a head that needs an object found damaged for another checkpoint or task (a
+            for cid, loaded in head_loaded.items():  # page seen before is not listed again): it fails too
+                if cid not in failed:
+                    for what, d in _needs_bad(loaded, bad_objects):
+                        report.problems.append(Problem(task.task_id, cid, what, f"object {d} failed verification", d))
+                        failed.add(cid)
         valid = {r.checkpoint_id for r in rows} - failed
         report.checkpoints_invalid += len(rows) - len(valid)
         _report_heals(store, reader, task.task_id, report, repair=repair, heads=set(refs.values()))
@@ -688,18 +698,40 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
     report.objects_invalid = len(bad_objects)
 
 
+def _needs_bad(loaded: Any, bad_objects: set[str]) -> list[tuple[str, str]]:
+    """``(what, digest)`` of each object in ``bad_objects`` (found damaged, with no copy that heals
+    it) that loading checkpoint ``loaded`` deeply needs: its state document, stored state values
+    and artifacts. Content addressing checks an object once a run, for its first user; the heads
+    that share it are failed by this."""
+    out = []
+    if loaded.record.state.digest in bad_objects:
+        out.append(("state", loaded.record.state.digest))
+    out.extend((f"state value {name!r}", ref.digest) for name, ref in loaded.doc.values.items()
+               if ref.digest in bad_objects)
+    for page in loaded.artifact_pages:
+        out.extend((f"artifact {name!r}", art.digest) for name, art in page.entries.items()
+                   if art.digest in bad_objects)
+    return list(dict.fromkeys(out))
+
+
 def _report_heals(store: Store, reader: HealingReader, task_id: str, report: VerifyReport, *, repair: bool,
                   heads: set[str]) -> None:
     """Turn the reader's heals of one task into report lines: rewritten (``repair``) -> ``healed``;
     else a problem saying the copy can heal it. Records are rewritten here (objects by the reader)."""
     for h in reader.healed:
+        is_head = h.what == "record" and h.digest in heads
         if h.what == "record" and repair and not h.written:
-            h = rewrite_record(store, h, is_head=h.digest in heads)
+            h = rewrite_record(store, h, is_head=is_head)
         if h.written:
             report.healed.append(h.describe())
         else:
-            why = ("`overnight verify --repair` rewrites it" if not repair else
-                   "a branch head's record is rewritten once the branch moves on" if h.what == "record" else
+            # a head's record is never deleted: rewritten by committing it again on its own branch,
+            # where the store replaces a damaged row on commit (rewrite_record); else only once the
+            # branch moves on -- so a plain verify promises --repair only what --repair does
+            stuck = is_head and not recommittable(store, h.digest)
+            why = ("a branch head's record is rewritten (by `overnight verify --repair`) once the branch moves on"
+                   if stuck else
+                   "`overnight verify --repair` rewrites it" if not repair else
                    "the store refused the write")
             report.problems.append(Problem(task_id, h.digest if h.what == "record" else None, "ditto",
                                            f"{h.what} {short_id(h.digest)} is damaged ({h.reason}); its ditto copy "
