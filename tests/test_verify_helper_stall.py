@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import overnight
+from test_verify_batches import _task  # the same store: many artifacts, so verify starts helpers
 from overnight.store import open_url
 from overnight.store.blobs import BlobReader
 from overnight.verify.fsck import verify_store
@@ -29,21 +30,6 @@ LIMIT_S = 120  # wall clock for the whole verify (it takes a few seconds when it
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists() or (os.cpu_count() or 1) < 2,
                                 reason="needs /proc, and 2 cores (verify starts no helper on one)")
-
-
-def _task(n: int, size: int) -> overnight.Task:
-    task = overnight.Task("many", goal="many artifacts")
-
-    @task.step
-    def plan(ctx):
-        for i in range(n):
-            ctx.add_step("write", i=i)
-
-    @task.step(planned=False)
-    def write(ctx, i):
-        ctx.write_text(f"a/{i:04d}.txt", "".join(f"line {i} {j} of artifact {i}\n" for j in range(size // 30)))
-
-    return task
 
 
 def _store(tmp_path: Path) -> Path:
