@@ -454,7 +454,7 @@ def verify_store(
     Raises:
         TaskNotFound: a named task does not exist.
         StoreCorrupt: a named task's row or record is damaged.
-        ConfigError: ``OVERNIGHT_VERIFY_HELPER_STALL_S`` is not a positive number of seconds.
+        ConfigError: ``OVERNIGHT_VERIFY_HELPER_STALL_S`` is not a number of seconds in (0, a week].
     """
     t0 = time.perf_counter()
     report = VerifyReport()
