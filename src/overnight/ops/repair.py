@@ -348,8 +348,8 @@ def _repair_medium(src: Store, dst: Store, task_row: TaskRow, lineage: list[Chec
             dst.record_call(call)
         # the head's lineage, root first. A record of this branch is committed with the ref's
         # current value as expected head: a missing record is added, a damaged one is rewritten
-        # (the store replaces a body that does not hash to its id), an intact one is left as it
-        # is, and the ref follows. A record of another branch (the history a fork or a kept
+        # (a SQLite or memory store replaces a body that does not hash to its id; a key-value or
+        # PostgreSQL store keeps the row it has), an intact one is left as it is, and the ref follows. A record of another branch (the history a fork or a kept
         # diverged head shares with it) is only inserted when missing -- that branch's ref is
         # never moved here. The ref ends on the head.
         for row in lineage:
