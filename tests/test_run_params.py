@@ -158,3 +158,17 @@ def test_json_status_kind_is_one_of_a_fixed_set(tmp_path: Path) -> None:
     for verb in ("status", "show"):
         out = json.loads(_run(tmp_path, verb, "k", "--json").stdout)
         assert out["status_kind"] in STATES and out["status_kind"] == state_of(out["status"]), out
+
+
+def test_run_of_a_queued_task_with_other_params_is_refused(tmp_path: Path) -> None:
+    _project(tmp_path)
+    store = f"sqlite://{tmp_path / 's.db'}"
+    assert cli("submit", "report.py", "--id", "q1", "--param", "topic=q1", "--store", store, cwd=tmp_path).returncode == 0
+    proc = _run(tmp_path, "run", "report.py", "--id", "q1", "--param", "topic=other")
+    assert proc.returncode == 2, proc.stderr
+    assert 'submitted (queued, not started) with params {"topic":"q1"}' in proc.stderr, proc.stderr
+    assert not (tmp_path / "side.jsonl").exists()
+    same = _run(tmp_path, "run", "report.py", "--id", "q1", "--param", "topic=q1")  # its own params: runs here
+    assert same.returncode == 0, same.stderr
+    again = cli("submit", "report.py", "--id", "q1", "--param", "topic=x", "--store", store, cwd=tmp_path)
+    assert again.returncode == 2 and "a worker runs it with its own params" in again.stderr, again.stderr

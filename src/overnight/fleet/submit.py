@@ -18,7 +18,7 @@ from typing import Any, Callable
 from overnight.codec.canonical import dumps_sorted
 from overnight.errors import ConfigError
 from overnight.runtime.task_code import _is_path, _split, load_task
-from overnight.runtime.task import Task
+from overnight.runtime.task import Task, params_text
 from overnight.store import open_store
 from overnight.store.leases import now_ms
 from overnight.store.queue import QueuedTask
@@ -126,12 +126,6 @@ def _check_not_before(value: Any, ms: int) -> None:
         raise ConfigError(f"--not-before {value!r} is not a time between 1970 and 9999")
 
 
-def _shown(params: dict[str, Any]) -> str:
-    """Params as canonical JSON (keys sorted), cut to 200 characters for a message."""
-    text = dumps_sorted(params).decode("utf-8", "replace")
-    return text if len(text) <= 200 else text[:199] + "…"
-
-
 def check_params(params: dict[str, Any] | None) -> dict[str, Any]:
     """A copy of ``params`` (None: ``{}``), checked to be a JSON object with string keys and
     finite numbers (JSON has no NaN or Infinity).
@@ -188,10 +182,11 @@ def submit(entry: str, *, store: Any = None, task_id: str | None = None, params:
         found, created = q.submit(row)
         if not created and idempotency_key is None and found.task_id == row.task_id and found.params != params:
             raise ConfigError(
-                f"task {row.task_id!r} is already submitted ({found.status}) with params {_shown(found.params)}; "
-                f"these are {_shown(params)}", task_id=row.task_id,
-                hint=f"`overnight retry {row.task_id}` queues it again with its own params; for other params, "
-                "submit with another --id")
+                f"task {row.task_id!r} is already submitted ({found.status}) with params {params_text(found.params)}; "
+                f"these are {params_text(params)}", task_id=row.task_id,
+                hint=(f"`overnight retry {row.task_id}` queues it again with its own params"
+                      if found.status in ("failed", "cancelled") else "a worker runs it with its own params") +
+                "; for other params, submit with another --id")
         return found, created
     finally:
         if s is not store:

@@ -51,7 +51,7 @@ from overnight.runtime.context import StepContext
 from overnight.runtime.session import Budget, ModelGateway, identity_of, summarize, tokenizer_of
 from overnight.store.base import CallRecord
 from overnight.tokens import count_messages
-from overnight.runtime.task import Task, reconcile_plan, step_key
+from overnight.runtime.task import Task, params_text, reconcile_plan, step_key
 from overnight.store import open_store
 from overnight.store.base import Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
@@ -395,6 +395,7 @@ class Runner:
         self._repair_media()
         head = self.store.get_ref(self.task.id, self.branch)
         if head is None and not self._task_exists():
+            self._check_queued_params()
             self.chain.session_n = 1
             spec = self.task.spec()
             spec["route"] = self.route.to_json() if self.route else {"level": self.level, "media": [],
@@ -460,6 +461,25 @@ class Runner:
         self._reconcile_plan()
         return False, fallback
 
+    def _check_queued_params(self) -> None:
+        """Before creating the task: refuse params other than those of its queue row, when it was
+        submitted and no worker has started it yet (``overnight run --id ID --param ...`` of a queued
+        task would otherwise create it with params its row does not hold; a worker then refuses it).
+
+        Raises:
+            ConfigError: they differ; names both.
+        """
+        from overnight.store.queue_open import queue_for
+
+        q = queue_for(self.store, create=False)
+        row = q.get(self.task.id) if q is not None else None
+        if row is not None and row.params != self.task.params:
+            raise ConfigError(
+                f"task {self.task.id!r} is submitted ({row.status}, not started) with params "
+                f"{params_text(row.params)}; this run has {params_text(self.task.params)}", task_id=self.task.id,
+                hint="run it with the same params, or let a worker run it (`overnight worker`); for other params, "
+                "run with another --id")
+
     def _check_params(self, loaded: LoadedCheckpoint) -> None:
         """Refuse to run a stored task with params (``ctx.params``) other than those its verified
         head's spec records: ``overnight run --id ID --param ...`` of an existing task, or two param
@@ -471,12 +491,9 @@ class Runner:
         recorded = loaded.doc.task.spec.get("params", {})
         given = to_tree(self.task.params, "task params") if self.task.params else {}
         if recorded != given:
-            def shown(tree: Any) -> str:
-                text = canonical_dumps(tree).decode("utf-8", "replace")
-                return text if len(text) <= 200 else text[:199] + "…"
-
             raise ConfigError(
-                f"task {self.task.id!r} was created with params {shown(recorded)}; this run has {shown(given)}",
+                f"task {self.task.id!r} was created with params {params_text(recorded)}; this run has "
+                f"{params_text(given)}",
                 task_id=self.task.id, checkpoint_id=loaded.id,
                 hint=f"`overnight resume {self.task.id}` runs it with its own params; for other params, "
                 "run with another --id")

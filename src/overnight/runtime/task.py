@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
 
-from overnight.codec.canonical import dumps, encode, to_tree
+from overnight.codec.canonical import dumps, dumps_sorted, encode, to_tree
 from overnight.errors import ConfigError, SpecError
 from overnight.chain import records
 
@@ -299,6 +299,13 @@ class Task:
             raise SpecError(f"task {self.id!r} has no planned steps", task_id=self.id, missing=["steps"],
                             hint="decorate at least one function with @task.step")
         return [todo_entry(s.fn_name, s.fn_name, {}, None) for s in self.steps.values() if s.planned]
+
+
+def params_text(params: Any) -> str:
+    """Params (a JSON object) as canonical JSON with keys sorted, cut to 200 characters: how a
+    message names them."""
+    text = dumps_sorted(params).decode("utf-8", "replace")
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def todo_entry(name: str, fn_name: str, args: dict[str, Any], added_by: str | None) -> dict[str, Any]:
