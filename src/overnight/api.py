@@ -809,22 +809,24 @@ class StatusReport:
     queue: dict[str, Any] | None = None
     """For a task submitted but not started (``seq`` -1), where it stands in the workers' queue:
     ``queue`` (name), ``priority``, ``entry``, ``params``, ``submitted_ms`` / ``not_before_ms``
-    (Unix ms, the store's clock), and ``ahead``: the tasks of its queue a worker claims before it
-    (queued and due, higher priority or submitted earlier) -- 0 for one not queued."""
+    (Unix ms, the store's clock), ``age_ms`` (since it was submitted, by that clock), and ``ahead``:
+    the tasks of its queue a worker claims before it (queued and due, higher priority or submitted
+    earlier: the claim's order) -- 0 for one not queued."""
 
 
-def _queue_place(s: Store, row: Any) -> dict[str, Any]:
-    """:attr:`StatusReport.queue` of queue row ``row`` (one read of the queue's rows)."""
+def _queue_place(s: Store, row: Any, now: int) -> dict[str, Any]:
+    """:attr:`StatusReport.queue` of queue row ``row`` at ``now`` (Unix ms, the store's clock; one
+    read of the queue's rows)."""
     ahead = 0
     if row.status == "queued":
-        now = s.clock_ms()
         q = queue_for(s)
         ahead = sum(1 for r in (q.list() if q is not None else [])
                     if r.queue == row.queue and r.status == "queued" and r.task_id != row.task_id
                     and r.not_before_ms <= max(now, row.not_before_ms)
                     and (r.priority, -r.seq) > (row.priority, -row.seq))
     return {"queue": row.queue, "priority": row.priority, "entry": row.entry, "params": dict(row.params),
-            "submitted_ms": row.submitted_ms, "not_before_ms": row.not_before_ms, "ahead": ahead}
+            "submitted_ms": row.submitted_ms, "not_before_ms": row.not_before_ms,
+            "age_ms": max(0, now - row.submitted_ms), "ahead": ahead}
 
 
 def _no_code(row: Any, action: str) -> ConfigError:
@@ -875,9 +877,10 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
             row = _queue_row(s, task_id)
             if row is None:
                 raise
-            return StatusReport(task_id, branch, "", -1, describe(row, None, complete=False, now=s.clock_ms()), 0, 0,
-                                [], [], drift_plan="not started: no checkpoint to compare with yet" if drift else None,
-                                queue=_queue_place(s, row))
+            now = s.clock_ms()
+            return StatusReport(task_id, branch, "", -1, describe(row, None, complete=False, now=now), 0, 0, [], [],
+                                drift_plan="not started: no checkpoint to compare with yet" if drift else None,
+                                queue=_queue_place(s, row, now))
         key = signing_key_from_env()
         loaded, fallback = load_head(s, task_id, branch, key=key)  # as a resume checks it, artifacts hashed
         st = loaded.state

@@ -512,21 +512,12 @@ def rewrite_record(store: Store, heal: Heal, *, is_head: bool) -> Heal:
 
 
 def _replaces_damaged_rows(store: Any) -> bool:
-    """Does a commit of ``store`` replace a stored checkpoint row whose body does not hash to its id
-    (SQLite and memory stores; through the wrappers verify and every command use: the prefetching
-    one's ``_store``, a tiered store's ``hot``)? The key-value and PostgreSQL stores keep the
-    stored row (the first write wins), so there a head's damaged row stays until the branch moves on."""
-    from overnight.store.memory import MemoryStore
-    from overnight.store.sqlite import SQLiteStore
-
-    for _ in range(8):
-        if isinstance(store, (SQLiteStore, MemoryStore)):
-            return True
-        inner = store.__dict__.get("_store") or store.__dict__.get("hot") if hasattr(store, "__dict__") else None
-        if inner is None:
-            return False
-        store = inner
-    return False
+    """Does a commit of ``store`` replace a stored checkpoint row whose body does not hash to its id?
+    SQLite and memory stores do -- told by the URL, which the wrappers verify and every command use
+    (the prefetching one, a tiered store) share with the store they wrap. The key-value, PostgreSQL
+    and replicated stores keep the stored row (the first write wins), so there a head's damaged row
+    stays until the branch moves on."""
+    return str(getattr(store, "url", "")).startswith(("sqlite://", "memory://"))
 
 
 def recommittable(store: Store, checkpoint_id: str, body: bytes | None = None) -> bool:

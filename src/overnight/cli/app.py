@@ -19,10 +19,8 @@ Exit codes (also in ``overnight --help`` and the README):
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -105,7 +103,7 @@ def _clip(value: object, width: int = 48) -> str:
     return text if len(text) <= width else text[: width // 2 - 1] + "…" + text[-(width // 2):]
 
 
-def _with_state(report) -> dict:
+def _with_status_kind(report) -> dict:
     """A report's JSON with ``status_kind`` after its ``status``: the status's first word, one of a
     fixed set (:data:`overnight.store.queue.STATES`), for scripts -- the status itself is free text."""
     from overnight.store.queue import state_of
@@ -242,7 +240,7 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
     with failing():
         tasks = api.ls(store=store)
     if as_json:
-        render.print_json([_with_state(t) for t in tasks])
+        render.print_json([_with_status_kind(t) for t in tasks])
         return
     from overnight.store import default_store_url, location
 
@@ -291,7 +289,7 @@ def show(
     with failing():
         rep = api.show(task_id, store=store, branch=branch, raw=raw)
     if as_json:
-        render.print_json(_with_state(rep))
+        render.print_json(_with_status_kind(rep))
         return
     render.out.print(f"[bold]{render.esc(rep.task_id, one_line=True)}[/]: {render.esc(rep.goal, one_line=True)}")
     render.out.print(f"status: {render.esc(render.safe(rep.status).replace(chr(10), ' '))}, {rep.done}/{rep.total} "
@@ -397,7 +395,7 @@ def status(
         rep = api.status(task_id, store=store, branch=branch, drift=drift, entry=file, on_drift=on_drift,
                          model=_model(model, base_url))
     if as_json:
-        out = _with_state(rep)
+        out = _with_status_kind(rep)
         out["drift"] = rep.drift.to_json() if rep.drift else None
         render.print_json(out)
         return
@@ -408,14 +406,13 @@ def status(
         render.out.print(f"[bold]{render.esc(rep.task_id)}[/]: {shown_status}, no checkpoint yet "
                          "(a worker has not started it)")
         if rep.queue:
-            from overnight.units import human_duration
+            from overnight.runtime.task import params_text
 
             q = rep.queue
             ahead = f"; {q['ahead']} task(s) of its queue go first" if rep.status.startswith("queued") else ""
-            params = f"; params {render.esc(json.dumps(q['params'], sort_keys=True))}" if q["params"] else ""
+            params = f"; params {render.esc(params_text(q['params']))}" if q["params"] else ""
             render.out.print(f"  queue {render.esc(q['queue'])}, priority {q['priority']}{ahead}; code "
-                             f"{render.esc(q['entry'])}{params}; submitted "
-                             f"{human_duration(max(0, time.time() * 1000 - q['submitted_ms']))} ago")
+                             f"{render.esc(q['entry'])}{params}; submitted {render.human_duration(q['age_ms'])} ago")
         return
     render.out.print(f"[bold]{render.esc(rep.task_id)}[/] ({render.esc(rep.branch)}): {shown_status}, "
                      f"{rep.done}/{rep.total} steps, head {rep.head[7:19]} (seq {rep.seq})")

@@ -85,6 +85,7 @@ class SqlQueue:
     def __init__(self, store: Any, *, create: bool = True) -> None:
         self.store = store
         self.absent = False
+        self._meta_seen = False  # table queue_meta seen holding the version (a dropped one: StoreCorrupt, reopened)
         key = f"{type(self).__name__}:{store.url}"
         if key in SqlQueue._ready:
             return
@@ -109,8 +110,9 @@ class SqlQueue:
             StoreCorrupt: the recorded version is not a positive whole number of at most 18 digits, or
                 there are several (edited by hand).
         """
-        found = (self._read(self._sql("SELECT value FROM {s}.queue_meta WHERE key='schema_version'"))
-                 if self._has_table("queue_meta") else [])
+        seen = self._meta_seen or self._has_table("queue_meta")  # once seen, a claim's check is one read
+        found = self._read(self._sql("SELECT value FROM {s}.queue_meta WHERE key='schema_version'")) if seen else []
+        self._meta_seen = bool(found)
         if len(found) > 1:
             raise StoreCorrupt(f"store {self.store.url}: table queue_meta holds {len(found)} schema versions",
                                hint="someone made or edited the table by hand (its key is unique): keep one row "
