@@ -16,6 +16,10 @@ from overnight.codec.listcodec import ListCodec
 from overnight.errors import DecodeError, EncodeError
 
 
+class Shout(HumanMessage):
+    """A message class of its own (same members as HumanMessage)."""
+
+
 def _transcript(n: int, seed: int = 1) -> list:
     rng = random.Random(seed)
     out: list = []
@@ -113,3 +117,47 @@ def test_values_that_are_not_lists_or_not_remembered_still_round_trip() -> None:
         data = codec.encode(value)
         assert data == encode(value)
         assert codec.decode(data) == decode(data)
+
+
+def test_items_seen_before_are_checked_by_identity_not_equality() -> None:
+    """The objects a codec encoded or decoded are checked by identity: a change that leaves an
+    item equal in Python but encodes differently -- a dict key 1 turned True, an empty member
+    filled in place, a model's class or fields set changed -- is encoded again."""
+    enc = ListCodec()
+    rows = [{"s": "x" * 40, "k": [], 1: "one"} for _ in range(10)]
+    _same(enc, rows)
+    value = rows[3][1]
+    del rows[3][1]
+    rows[3][True] = value  # same value object at the same place, under a key equal to the old one
+    _same(enc, rows)
+    rows[5]["k"].append(0.0)  # an empty member filled in place
+    _same(enc, rows)
+    rows[6]["k"] = rows[6]["k"]  # the same object put back: unchanged
+    _same(enc, rows)
+
+    msgs = _transcript(30)
+    _same(enc, msgs)
+    msgs[0].additional_kwargs["new"] = {"deep": [1]}  # was empty
+    _same(enc, msgs)
+    msgs[0].additional_kwargs["new"]["deep"].append(2)  # nested, in place
+    _same(enc, msgs)
+    msgs[3].__pydantic_fields_set__.add("name")  # the fields set, in place
+    _same(enc, msgs)
+    msgs[6].__class__ = type(msgs[6]).__mro__[0]  # the same class: unchanged
+    _same(enc, msgs)
+    msgs[9].__class__ = Shout  # a HumanMessage turned a subclass, every member the same object
+    _same(enc, msgs)
+
+
+def test_decoded_objects_encoded_again_give_the_codec_bytes() -> None:
+    """A saver hands back what it loaded: those objects are remembered at decode; changed in
+    place before they come back, they are encoded again."""
+    codec = ListCodec()
+    data = encode(_transcript(24))
+    got = codec.decode(data)
+    assert codec.encode(got) == data
+    got = codec.decode(data)
+    got[2].content = "edited"
+    got[4].additional_kwargs["n"] = True
+    got[7].response_metadata["model"] = "m"
+    assert codec.encode(got) == encode(got) != data
