@@ -20,9 +20,11 @@ Faster still for the item *objects* a codec has seen -- encoded, or returned by 
 saver is handed the same message objects again at every checkpoint, so each is checked by identity
 rather than pickled whole (a :class:`_Seen` snapshot). The item, its class, its members' keys and
 values must be the very objects they were (``is``, never ``==``: ``1 == True`` but they encode
-differently), and the members that can change in place -- every value that is not a ``str``,
-``int``, ``float``, ``bool``, ``bytes`` or ``None``, and a model's fields set, extra and private
-attributes -- must pickle to the same bytes as then. Anything else falls back to the pickled state.
+differently); the members that can change in place -- every value that is not a ``str``,
+``int``, ``float``, ``bool``, ``bytes`` or ``None``, and a model's extra and private attributes --
+must pickle to the same bytes as then (or, when they were all empty dicts, lists, sets or tuples,
+still be empty), and a model's fields set must hold the same names. Anything else falls back to the
+pickled state.
 
 Decoding reuses an item only when the bytes to decode hold that item's exact bytes at the same
 place as a list this codec decoded before; the rest is decoded normally. A decoded item is
