@@ -311,6 +311,13 @@ def _spec_of(loaded: Any) -> dict[str, Any] | None:
     return spec if isinstance(spec, dict) else None
 
 
+def _spec_params(loaded: Any) -> dict[str, Any]:
+    """The params (``ctx.params``) in a verified checkpoint's spec, as recorded (a JSON tree;
+    :func:`~overnight.codec.canonical.from_tree` decodes it); ``{}`` when it records none."""
+    found = (_spec_of(loaded) or {}).get("params")
+    return found if isinstance(found, dict) else {}
+
+
 def _spec_entry(loaded: Any) -> str | None:
     """The code location in a verified checkpoint's spec."""
     found = (_spec_of(loaded) or {}).get("entry")
@@ -345,6 +352,9 @@ class TaskSummary:
     submitted (``FILE.py:TASK`` or ``MODULE:ATTR``), not imported; its ``goal`` is then ``""``
     (unknown until a worker loads the code), ``done``/``total`` 0 and ``branches`` empty. None
     for a task with checkpoints."""
+    submitted_ms: int | None = None
+    """With ``entry``: when the task was submitted (Unix ms, the store's clock, as its queue row
+    records it). None for a task with checkpoints."""
 
 
 def _fell_back(fallback: Any) -> str | None:
@@ -433,13 +443,17 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
         out.append(TaskSummary(t.task_id, t.goal, status, done, total, sorted(refs), len(rows),
                                max((r.created_at for r in rows), default=None), t.created_at,
                                store_location(s.url), _damaged_records(rows, key), fell_back))
-    q = queue_for(s)
-    for row in q.list() if q is not None else []:  # submitted, not started yet
-        if row.task_id not in seen:
-            seen.add(row.task_id)
-            out.append(TaskSummary(row.task_id, "", describe(row, None, complete=False, now=now), 0, 0, [], 0,
-                                   None, "", store_location(s.url), entry=row.entry))
+    for row in _unstarted(queue_for(s), seen):
+        seen.add(row.task_id)
+        out.append(TaskSummary(row.task_id, "", describe(row, None, complete=False, now=now), 0, 0, [], 0,
+                               None, "", store_location(s.url), entry=row.entry, submitted_ms=row.submitted_ms))
     return out
+
+
+def _unstarted(q: Any, known: set[str]) -> list[Any]:
+    """The rows of queue ``q`` (None: a store kind without a queue) of tasks submitted to the
+    workers that have no checkpoint yet: no task row, so not in ``known`` (task ids)."""
+    return [row for row in (q.list() if q is not None else []) if row.task_id not in known]
 
 
 @dataclass
@@ -491,6 +505,9 @@ class TaskReport:
     state: Any = None
     """``show --raw``: the state document of the branch's newest verified checkpoint, as stored
     (``todo``, ``done`` and ``artifacts`` are page references: ``overnight cat-object`` prints a page)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """The task's params (``ctx.params``) as the branch's newest verified checkpoint records them
+    in its spec (the stored JSON tree, which ``ctx.params`` decodes); ``{}`` when it records none."""
 
 
 def _raw_json(data: bytes) -> Any:
@@ -527,7 +544,7 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
         # what a resume of each other branch would skip (e.g. an artifact whose bytes changed)
         for cid, problem in head_problems(s, task_id, [b for b in refs if b != branch], key=key).items():
             damaged.setdefault(cid, problem)
-        status, done, total, todo, artifacts, fell_back, state = "invalid", 0, 0, [], {}, None, None
+        status, done, total, todo, artifacts, fell_back, state, params = "invalid", 0, 0, [], {}, None, None, {}
         main_head: Any = None
         if branch in refs:
             try:
@@ -540,6 +557,7 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
                 todo = [e.name for e in loaded.state.todo]
                 artifacts = {n: a.size for n, a in loaded.artifacts.items()}
                 status = "complete" if not st.todo.count else "in progress"
+                params = _spec_params(loaded)
                 if branch == "main":  # who holds it, as `ls` and `status` say: running / failed / ...
                     status = task_status(s, task_id, complete=not st.todo.count) or status
                 if raw:
@@ -562,7 +580,7 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
                                     problem, row.checkpoint_id not in hot, _raw_json(row.body) if raw else None, why))
         return TaskReport(task_id, t.goal, t.entry, t.created_at, refs, status, done, total, todo, artifacts, chain,
                           sum(c.stored_bytes for c in chain), _usage(s, task_id, main_head), fell_back, len(damaged),
-                          state)
+                          state, params)
 
 
 _DIGEST = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
@@ -708,10 +726,15 @@ def cat(task_id: str, artifact: str, *, store: Store | str | None = None, at: st
 
 
 def verify(task_id: str | None = None, *, store: Store | str | None = None, all_objects: bool = False,
-           on_progress: Callable[[int, int], None] | None = None, repair: bool = False) -> VerifyReport:
+           on_progress: Callable[[int, int], None] | None = None, repair: bool = False,
+           queued: list[str] | None = None) -> VerifyReport:
     """Full check of one task (or, with ``task_id=None``, every task); ``all_objects`` also checks
     every stored object, referenced or not; ``repair`` rewrites damaged or missing originals from
     their verified ditto copies (``healed``). See :mod:`overnight.verify.fsck`.
+
+    ``queued``: with ``task_id=None``, gains the ids of the tasks submitted to the workers that
+    have no checkpoint yet (nothing of them to verify; in queue order). A queue that cannot be
+    read adds none: the check of the checkpoints is the report.
 
     Raises:
         TaskNotFound: ``task_id`` does not exist.
@@ -719,8 +742,15 @@ def verify(task_id: str | None = None, *, store: Store | str | None = None, all_
     from overnight.verify.fsck import verify_store
 
     with _opened(store, task_id=task_id, read_only=not repair, write=repair) as s:
-        return verify_store(s, [task_id] if task_id else None, key=signing_key_from_env(),
-                            all_objects=all_objects, on_progress=on_progress, repair=repair)
+        rep = verify_store(s, [task_id] if task_id else None, key=signing_key_from_env(),
+                           all_objects=all_objects, on_progress=on_progress, repair=repair)
+        if queued is not None and task_id is None:
+            try:
+                queued += [row.task_id for row in _unstarted(queue_for(s, create=False),
+                                                             {t.task_id for t in s.list_tasks()})]
+            except OvernightError:
+                pass  # a damaged task table or queue: the problems above (or `overnight ls`) name it
+        return rep
 
 
 def log(task_id: str, *, store: Store | str | None = None) -> list[LogEntry]:

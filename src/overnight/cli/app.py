@@ -249,8 +249,9 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
         render.err.print(f"no tasks in the store at {render.esc(here)} yet (try `overnight demo`)")
         return
     several = any(t.store != here for t in tasks)  # some are on a configured database or cloud medium
-    render.table(None, ["task", "status", "steps", "branches", "checkpoints", "updated", "goal"]
-                 + (["store"] if several else []),
+    code = any(t.entry is not None for t in tasks)  # a submitted task's cell is its code location, not a goal
+    render.table(None, ["task", "status", "steps", "branches", "checkpoints", "updated",
+                        "goal / code" if code else "goal"] + (["store"] if several else []),
                  [(t.task_id, t.status + (" [FELL BACK]" if t.fell_back else ""),
                    "—" if t.entry is not None else f"{t.done}/{t.total}",  # not started: no plan known yet
                    ",".join(t.branches), f"{t.checkpoints}" + (f" ({t.damaged} DAMAGED)" if t.damaged else ""),
@@ -294,6 +295,10 @@ def show(
     render.out.print(f"[bold]{render.esc(rep.task_id, one_line=True)}[/]: {render.esc(rep.goal, one_line=True)}")
     render.out.print(f"status: {render.esc(render.safe(rep.status).replace(chr(10), ' '))}, {rep.done}/{rep.total} "
                      f"steps; stored {render.human_bytes(rep.stored_bytes)}")  # a failure's reason is stored data
+    if rep.params:
+        from overnight.runtime.task import params_text
+
+        render.out.print(f"params: {render.esc(params_text(rep.params), one_line=True)}")
     render.out.print("branches: " + ", ".join(f"{render.esc(b, one_line=True)} -> {c[7:15]}"
                                               for b, c in rep.branches.items()))
     u = rep.usage
@@ -502,14 +507,15 @@ def verify(
     if not task_id and not all_tasks:
         render.err.print("[bold red]error:[/] name a TASK_ID or pass --all")
         raise typer.Exit(EXIT_USAGE)
+    queued: list[str] = []  # --all: submitted tasks with no checkpoint yet (nothing to verify)
     with failing():
         with render.progress_bar(("verifying checkpoints", "verifying every stored object"),
                                  quiet=quiet or as_json) as update:
             rep = api.verify(task_id if not all_tasks else None, store=store, all_objects=all_tasks, on_progress=update,
-                             repair=repair)
+                             repair=repair, queued=queued)
     ok = rep.ok if ignore_dangling else not rep.problems
     if as_json:
-        render.print_json({**render.to_jsonable(rep), "ok": ok})
+        render.print_json({**render.to_jsonable(rep), "ok": ok, "queued": queued})
     else:
         render.out.print(
             f"{rep.tasks} task(s), {rep.checkpoints} checkpoint(s) ({rep.checkpoints_invalid} invalid), "
@@ -519,6 +525,10 @@ def verify(
         )
         for task, heads in rep.heads.items():
             render.out.print(f"  {render.esc(task)}: " + ", ".join(f"{b} {st}" for b, st in heads.items()))
+        if queued:
+            more = ", …" if len(queued) > 5 else ""
+            render.out.print(f"{len(queued)} queued task(s) have no checkpoint yet (not verified): "
+                             + ", ".join(render.esc(t, one_line=True) for t in queued[:5]) + more)
         for line in rep.healed:
             render.out.print(f"[green]{render.esc(line)}[/]")
         broken = [p for p in rep.problems if not p.dangling]

@@ -1,0 +1,115 @@
+"""Round 33 of the fresh-user fixes: what ``ls``, ``show`` and ``verify --all`` say of tasks
+submitted to the workers -- the ``goal / code`` column heading, when a queued task was submitted
+(``ls --json``), a task's params in ``show``, and the queued tasks ``verify --all`` has nothing of
+to verify yet. Real ``python -m overnight`` processes on real SQLite stores; nothing mocked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from _procs import cli
+
+REPORT = '''
+import overnight
+
+task = overnight.Task("report", goal="write the quarterly report")
+
+
+@task.step
+def a(ctx):
+    ctx.state["x"] = 1
+'''
+
+
+def _project(tmp_path: Path) -> str:
+    """A project with ``tasks/report.py``; returns the URL of a SQLite store in it (not made yet)."""
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "report.py").write_text(REPORT)
+    (tmp_path / "overnight.toml").write_text("")
+    return f"sqlite://{tmp_path / 'q.db'}"
+
+
+def _ok(tmp_path: Path, *args: str) -> str:
+    """stdout of ``overnight ARGS``, which must exit 0."""
+    r = cli(*args, cwd=tmp_path)
+    assert r.returncode == 0, (args, r.stdout, r.stderr)
+    return r.stdout
+
+
+def _header(out: str) -> str:
+    (line,) = [x for x in out.splitlines() if x.startswith("task ")]
+    return line
+
+
+# -- 1. ls heads the last column "goal / code" when it lists a submitted task ------------------
+
+
+def test_ls_heads_the_column_goal_code_when_a_queued_task_is_listed(tmp_path: Path) -> None:
+    url = _project(tmp_path)
+    _ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q", "--store", url)
+    head = _header(_ok(tmp_path, "ls", "--store", url))
+    assert head.split()[-1] == "goal" and "goal / code" not in head  # only goals: unchanged
+    _ok(tmp_path, "submit", "tasks/report.py", "--id", "later", "--store", url)
+    out = _ok(tmp_path, "ls", "--store", url)
+    assert _header(out).rstrip().endswith("goal / code"), out
+    assert "queued from tasks/report.py" in out and "write the quarterly report" in out
+
+
+# -- 2. ls --json says when a queued task was submitted ----------------------------------------
+
+
+def test_ls_json_carries_submitted_ms_of_a_queued_task(tmp_path: Path) -> None:
+    url = _project(tmp_path)
+    _ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q", "--store", url)
+    _ok(tmp_path, "submit", "tasks/report.py", "--id", "later", "--store", url)
+    rows: dict[str, Any] = {t["task_id"]: t for t in json.loads(_ok(tmp_path, "ls", "--json", "--store", url))}
+    queue = json.loads(_ok(tmp_path, "status", "later", "--json", "--store", url))["queue"]
+    assert rows["later"]["submitted_ms"] == queue["submitted_ms"] > 0  # the queue row's time, as status says
+    # a task with checkpoints: the key is null, as its other submitted-only key (entry) is
+    assert rows["done1"]["submitted_ms"] is None and rows["done1"]["entry"] is None
+    assert set(rows["done1"]) == set(rows["later"])  # one shape for every row
+
+
+# -- 3. show prints the params the task's verified head records --------------------------------
+
+
+def test_show_prints_params_after_the_status_line(tmp_path: Path) -> None:
+    url = _project(tmp_path)
+    _ok(tmp_path, "run", "tasks/report.py", "--id", "p1", "--param", "topic=storage", "--param", "n=3", "-q",
+        "--store", url)
+    lines = _ok(tmp_path, "show", "p1", "--store", url).splitlines()
+    (i,) = [k for k, line in enumerate(lines) if line.startswith("status:")]
+    assert lines[i + 1] == 'params: {"n":3,"topic":"storage"}', lines  # params_text: keys sorted, canonical
+    shown = json.loads(_ok(tmp_path, "show", "p1", "--json", "--store", url))
+    assert shown["params"] == {"n": 3, "topic": "storage"}
+
+
+def test_show_of_a_task_without_params_prints_no_params_line(tmp_path: Path) -> None:
+    url = _project(tmp_path)
+    _ok(tmp_path, "run", "tasks/report.py", "--id", "plain", "-q", "--store", url)
+    out = _ok(tmp_path, "show", "plain", "--store", url)
+    assert "params:" not in out and "status: complete" in out
+    assert json.loads(_ok(tmp_path, "show", "plain", "--json", "--store", url))["params"] == {}
+
+
+# -- 4. verify --all names the queued tasks it has nothing of to verify ------------------------
+
+
+def test_verify_all_says_which_queued_tasks_have_no_checkpoint_yet(tmp_path: Path) -> None:
+    url = _project(tmp_path)
+    _ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q", "--store", url)
+    out = _ok(tmp_path, "verify", "--all", "--store", url)  # nothing queued: no such line
+    assert "queued" not in out and out.rstrip().endswith("ok")
+    assert json.loads(_ok(tmp_path, "verify", "--all", "--json", "--store", url))["queued"] == []
+    ids = [f"q{i}" for i in range(1, 7)]
+    for task_id in ids:
+        _ok(tmp_path, "submit", "tasks/report.py", "--id", task_id, "--param", f"i={task_id}", "--store", url)
+    r = cli("verify", "--all", "--store", url, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr  # exit code unchanged: nothing is damaged
+    assert "6 queued task(s) have no checkpoint yet (not verified): q1, q2, q3, q4, q5, …" in r.stdout, r.stdout
+    assert "q6" not in r.stdout and r.stdout.startswith("1 task(s)")
+    rep = json.loads(_ok(tmp_path, "verify", "--all", "--json", "--store", url))
+    assert rep["queued"] == ids and rep["ok"] is True and rep["tasks"] == 1  # existing keys kept
+    assert "queued" in json.loads(_ok(tmp_path, "verify", "done1", "--json", "--store", url))  # one shape
