@@ -113,3 +113,45 @@ def test_verify_all_says_which_queued_tasks_have_no_checkpoint_yet(tmp_path: Pat
     rep = json.loads(_ok(tmp_path, "verify", "--all", "--json", "--store", url))
     assert rep["queued"] == ids and rep["ok"] is True and rep["tasks"] == 1  # existing keys kept
     assert "queued" in json.loads(_ok(tmp_path, "verify", "done1", "--json", "--store", url))  # one shape
+
+
+# -- 5. a LangGraph thread is open, never complete; ":a:" in its id is text, not an emoji -------
+
+
+def test_a_langgraph_thread_is_open_and_its_id_prints_as_text(tmp_path: Path) -> None:
+    """Fresh user: ``ls``/``status`` said ``complete, 0/0 steps`` of a thread killed mid-turn (a
+    thread has no plan to complete), and ``verify --all`` printed ``langgraph:a`` as
+    ``langgraph🅰`` (rich's emoji code ``:a:``)."""
+    from langchain_core.messages import AIMessage
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from overnight.adapters.langgraph import OvernightSaver
+
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    g = StateGraph(MessagesState)
+    g.add_node("reply", lambda state: {"messages": [AIMessage("ok", id=f"m{len(state['messages'])}")]})
+    g.add_edge(START, "reply")
+    with OvernightSaver.from_url(url) as saver:
+        app = g.compile(checkpointer=saver)
+        for _ in range(2):
+            app.invoke({"messages": []}, {"configurable": {"thread_id": "a"}})
+    rows = {r["task_id"]: r for r in json.loads(_ok(tmp_path, "ls", "--json", "--store", url))}
+    assert rows["langgraph:a"]["status"] == "open (LangGraph thread)"
+    assert rows["langgraph:a"]["status_kind"] == "open"
+    listed = [line for line in _ok(tmp_path, "ls", "--store", url).splitlines() if line.startswith("langgraph:a")]
+    assert listed and "open (LangGraph thread)" in listed[0] and "0/0" not in listed[0]
+    assert "open (LangGraph thread)" in _ok(tmp_path, "status", "langgraph:a", "--store", url)
+    out = _ok(tmp_path, "verify", "--all", "--store", url)
+    assert "langgraph:a: main ok" in out and "\U0001f170" not in out
+
+
+# -- 6. "did you mean" names the task a --param gave an id of its own ---------------------------
+
+
+def test_a_task_id_without_its_params_digest_suggests_the_submitted_one(tmp_path: Path) -> None:
+    url = _project(tmp_path)
+    _ok(tmp_path, "submit", "tasks/report.py", "--param", "who=ada", "--store", url)
+    (task_id,) = [r["task_id"] for r in json.loads(_ok(tmp_path, "ls", "--json", "--store", url))]
+    assert task_id.startswith("report-") and len(task_id) == len("report-") + 8
+    r = cli("status", "report", "--store", url, cwd=tmp_path)
+    assert r.returncode == 2 and f"did you mean {task_id}?" in r.stderr, r.stderr

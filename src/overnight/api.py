@@ -79,10 +79,15 @@ def _opened(store: Store | str | None, *, task_id: str | None = None, write: boo
 
 
 def _close(name: str, names: list[str]) -> list[str]:
-    """Up to three of ``names`` closest to ``name`` (``difflib``, as git suggests a mistyped command)."""
+    """Up to three of ``names`` closest to ``name``: those that are ``name`` plus a params digest
+    (``NAME-<8 hex>``, the id ``submit`` / ``run --param`` give a task with params) first, then
+    the closest by ``difflib`` (as git suggests a mistyped command)."""
     import difflib
 
-    return difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    with_params = sorted(n for n in names if len(n) == len(name) + 9 and n.startswith(name + "-")
+                         and all(c in "0123456789abcdef" for c in n[-8:]))
+    rest = [n for n in difflib.get_close_matches(name, names, n=3, cutoff=0.6) if n not in with_params]
+    return (with_params + rest)[:3]
 
 
 def suggest(exc: TaskNotFound, s: Store) -> None:
@@ -120,6 +125,8 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
         return
     try:
         ids = [t.task_id for t in s.list_tasks()]
+        q = queue_for(s, create=False)
+        ids += [r.task_id for r in (q.list() if q is not None else []) if r.task_id not in ids]  # submitted, not started
     except OvernightError:
         return
     if exc.task_id in ids:  # stored, but never submitted: a plain `overnight run` made it
@@ -318,6 +325,21 @@ def _spec_params(loaded: Any) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+def _open_ended(loaded: Any, status: str) -> str:
+    """``status`` -- a plan-based status of ``loaded``'s task -- or, for a task an adapter writes
+    (a LangGraph thread, an Agents SDK session: no plan, so nothing to complete), ``open
+    (LangGraph thread)`` / ``open (Agents SDK session)`` where it would say ``complete`` or ``in
+    progress`` (FORMAT.md, "Tasks written by the adapters")."""
+    if status not in ("complete", "in progress"):
+        return status  # running, failed, rolled back ...: as for any task
+    spec = _spec_of(loaded) or {}
+    if isinstance(spec.get("langgraph"), dict):
+        return "open (LangGraph thread)"
+    if spec.get("kind") == "openai-agents-session":
+        return "open (Agents SDK session)"
+    return status
+
+
 def _spec_entry(loaded: Any) -> str | None:
     """The code location in a verified checkpoint's spec."""
     found = (_spec_of(loaded) or {}).get("entry")
@@ -439,7 +461,7 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
             except OvernightError:
                 status = "invalid"
         if status in ("in progress", "complete"):  # who holds it: running / stalled / queued / failed ...
-            status = task_status(s, t.task_id, complete=status == "complete", now=now) or status
+            status = _open_ended(loaded, task_status(s, t.task_id, complete=status == "complete", now=now) or status)
         out.append(TaskSummary(t.task_id, t.goal, status, done, total, sorted(refs), len(rows),
                                max((r.created_at for r in rows), default=None), t.created_at,
                                store_location(s.url), _damaged_records(rows, key), fell_back))
@@ -560,6 +582,7 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
                 params = _spec_params(loaded)
                 if branch == "main":  # who holds it, as `ls` and `status` say: running / failed / ...
                     status = task_status(s, task_id, complete=not st.todo.count) or status
+                status = _open_ended(loaded, status)
                 if raw:
                     state = _raw_json(BlobReader(s).get(loaded.record.state.digest, "the head's state"))
                 main_head = loaded if branch == "main" else None
@@ -924,7 +947,7 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
         if moved_back is not None:
             rep.status, rep.rollback = "rolled back", moved_back.describe()
         else:
-            rep.status = task_status(s, task_id, complete=not st.todo) or rep.status
+            rep.status = _open_ended(loaded, task_status(s, task_id, complete=not st.todo) or rep.status)
         if drift:
             task = load_stored_task(task_id, recorded=s.get_task(task_id).entry, verified=_spec_entry(loaded),
                                     override=entry, checkpoint_id=loaded.id, spec=_spec_of(loaded))

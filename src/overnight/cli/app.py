@@ -253,7 +253,8 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
     render.table(None, ["task", "status", "steps", "branches", "checkpoints", "updated",
                         "goal / code" if code else "goal"] + (["store"] if several else []),
                  [(t.task_id, t.status + (" [FELL BACK]" if t.fell_back else ""),
-                   "—" if t.entry is not None else f"{t.done}/{t.total}",  # not started: no plan known yet
+                   # not started: no plan known yet; an adapter's thread or session: no plan at all
+                   "—" if t.entry is not None or t.status.startswith("open") else f"{t.done}/{t.total}",
                    ",".join(t.branches), f"{t.checkpoints}" + (f" ({t.damaged} DAMAGED)" if t.damaged else ""),
                    (t.updated_at or "")[5:16].replace("T", " "),
                    f"{_queued_verb(t.status)} from {t.entry}" if t.entry is not None else t.goal)

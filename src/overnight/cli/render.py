@@ -31,12 +31,13 @@ def _width(stream: Any) -> int | None:
 
 
 def _console(name: str) -> Console:
-    """``out`` (stdout) or ``err`` (stderr): a rich console, made on first use."""
+    """``out`` (stdout) or ``err`` (stderr): a rich console, made on first use. No emoji codes:
+    ``:a:`` in a task id (``langgraph:a:b``) is text, never an emoji."""
     console = globals().get(name)
     if console is None:
         from rich.console import Console
 
-        console = globals()[name] = Console(stderr=name == "err", highlight=False, soft_wrap=True,
+        console = globals()[name] = Console(stderr=name == "err", highlight=False, soft_wrap=True, emoji=False,
                                             width=_width(sys.stderr if name == "err" else sys.stdout))
     return console
 

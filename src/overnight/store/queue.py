@@ -338,15 +338,16 @@ def backoff_ms(deaths: int, base_s: float) -> int:
     return int(min(base_s * 2 ** max(deaths - 1, 0), 600.0) * 1000)
 
 
-STATES = ("complete", "in_progress", "queued", "running", "stalled", "interrupted", "failed", "cancelled", "invalid",
-          "rolled_back")
+STATES = ("complete", "in_progress", "open", "queued", "running", "stalled", "interrupted", "failed", "cancelled",
+          "invalid", "rolled_back")
 """The machine-readable states of a status text (:func:`state_of`): ``--json``'s ``status_kind``."""
 
 
 def state_of(status: str) -> str:
     """The state (one of :data:`STATES`) a status text starts with -- :func:`describe`'s, or
-    ``in progress`` / ``invalid`` / ``rolled back`` of a listing -- for scripts: ``queued (starts
-    in 30 min)`` is ``queued``, ``failed (REASON)`` is ``failed``. A text that starts with none of
+    ``in progress`` / ``invalid`` / ``rolled back`` / ``open`` (an adapter's thread or session) of a
+    listing -- for scripts: ``queued (starts in 30 min)`` is ``queued``, ``failed (REASON)`` is
+    ``failed``. A text that starts with none of
     them (not one overnight writes) is ``"unknown"``."""
     head = status.replace("in progress", "in_progress", 1).replace("rolled back", "rolled_back", 1).split(" ", 1)[0]
     return head if head in STATES else "unknown"
