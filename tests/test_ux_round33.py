@@ -155,3 +155,13 @@ def test_a_task_id_without_its_params_digest_suggests_the_submitted_one(tmp_path
     assert task_id.startswith("report-") and len(task_id) == len("report-") + 8
     r = cli("status", "report", "--store", url, cwd=tmp_path)
     assert r.returncode == 2 and f"did you mean {task_id}?" in r.stderr, r.stderr
+
+
+def test_a_task_not_found_without_a_close_id_says_an_ephemeral_task_is_not_kept(tmp_path: Path) -> None:
+    """Fresh user: after an ``ephemeral`` run, ``status``/``resume`` of its id said only that the
+    store has no such task; the run had said so, but a user asks later."""
+    url = _project(tmp_path)
+    _ok(tmp_path, "run", "tasks/report.py", "--store", url, "-q")
+    for cmd in ("status", "resume"):
+        r = cli(cmd, "quick", "--store", url, cwd=tmp_path)
+        assert r.returncode == 2 and "ephemeral" in r.stderr and "overnight route" in r.stderr, r.stderr

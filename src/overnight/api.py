@@ -136,6 +136,10 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
     close = _close(exc.task_id, ids)
     if close and "did you mean" not in (exc.hint or ""):
         exc.hint = f"did you mean {' or '.join(close)}?" + (f" {exc.hint}" if exc.hint else "")
+    elif not close and "ephemeral" not in (exc.hint or ""):  # the run said so, but a user asks later
+        exc.hint = ((f"{exc.hint}; " if exc.hint else "") + "a task routed `ephemeral` (normal, expected to end "
+                    "within 2 h the same day) is kept only in its run's process: `overnight route FILE.py` "
+                    "shows a task's level")
 
 
 def _queue_row(s: Store, task_id: str) -> Any | None:
