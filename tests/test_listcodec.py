@@ -119,10 +119,10 @@ def test_values_that_are_not_lists_or_not_remembered_still_round_trip() -> None:
         assert codec.decode(data) == decode(data)
 
 
-def test_items_seen_before_are_checked_by_identity_not_equality() -> None:
-    """The objects a codec encoded or decoded are checked by identity: a change that leaves an
-    item equal in Python but encodes differently -- a dict key 1 turned True, an empty member
-    filled in place, a model's class or fields set changed -- is encoded again."""
+def test_changes_that_leave_an_item_equal_in_python_are_encoded_again() -> None:
+    """A change that leaves an item equal in Python but encodes differently -- a dict key 1
+    turned True, an empty member filled in place, a model's class or fields set changed -- is
+    encoded again (whatever the codec remembers of the item, it is not equality)."""
     enc = ListCodec()
     rows = [{"s": "x" * 40, "k": [], 1: "one"} for _ in range(10)]
     _same(enc, rows)
@@ -150,8 +150,8 @@ def test_items_seen_before_are_checked_by_identity_not_equality() -> None:
 
 
 def test_decoded_objects_encoded_again_give_the_codec_bytes() -> None:
-    """A saver hands back what it loaded: those objects are remembered at decode; changed in
-    place before they come back, they are encoded again."""
+    """A saver hands back what it loaded: changed in place before they come back, those objects
+    are encoded as they are now."""
     codec = ListCodec()
     data = encode(_transcript(24))
     got = codec.decode(data)
@@ -161,3 +161,21 @@ def test_decoded_objects_encoded_again_give_the_codec_bytes() -> None:
     got[4].additional_kwargs["n"] = True
     got[7].response_metadata["model"] = "m"
     assert codec.encode(got) == encode(got) != data
+
+
+def test_decode_refuses_what_the_codec_refuses() -> None:
+    """Attacker (round 33): bytes that share items with a list decoded before but are not JSON --
+    a trailing comma, a "]" in the middle, an append ending in ",]" -- fail as the codec fails;
+    before, the reuse of remembered items accepted them."""
+    codec = ListCodec()
+    items = [{"role": "user", "content": f"message number {i} with some padding text"} for i in range(10)]
+    good = encode(items)
+    codec.decode(good)
+    i0, i1 = encode(items[0]), encode(items[1])
+    for bad in (b"[" + i0 + b",]", b"[" + i0 + b"]]", b"[" + i0 + b"]" + i1 + b"]", b"[" + i0 + b"," + i1 + b",]",
+                good[:-1] + b",]"):
+        with pytest.raises(DecodeError):
+            decode(bad)
+        with pytest.raises(DecodeError):
+            codec.decode(bad)
+    assert codec.decode(good) == items

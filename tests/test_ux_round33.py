@@ -6,10 +6,11 @@ to verify yet. Real ``python -m overnight`` processes on real SQLite stores; not
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
-from _procs import cli
+from _procs import CLI, cli, env
 
 REPORT = '''
 import overnight
@@ -165,3 +166,36 @@ def test_a_task_not_found_without_a_close_id_says_an_ephemeral_task_is_not_kept(
     for cmd in ("status", "resume"):
         r = cli(cmd, "quick", "--store", url, cwd=tmp_path)
         assert r.returncode == 2 and "ephemeral" in r.stderr and "overnight route" in r.stderr, r.stderr
+
+
+# -- 7. attacker: a thread id is one line in verify, and a long one does not squeeze ls -------------
+
+
+def test_a_thread_id_with_a_line_break_or_of_400_characters_keeps_the_listings_readable(tmp_path: Path) -> None:
+    """Attacker (round 33): ``verify --all`` printed a LangGraph thread id holding a line break as
+    two lines (a forged ``langgraph:fake complete 9/9`` row), and a 400-character thread id took
+    the whole width of ``ls`` on a terminal, every other column squeezed to nothing."""
+    from langchain_core.messages import AIMessage
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from overnight.adapters.langgraph import OvernightSaver
+
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    g = StateGraph(MessagesState)
+    g.add_node("reply", lambda state: {"messages": [AIMessage("ok", id=f"m{len(state['messages'])}")]})
+    g.add_edge(START, "reply")
+    with OvernightSaver.from_url(url) as saver:
+        app = g.compile(checkpointer=saver)
+        for thread in ("a\nlanggraph:fake   complete   9/9", "x" * 400):
+            app.invoke({"messages": []}, {"configurable": {"thread_id": thread}})
+    out = _ok(tmp_path, "verify", "--all", "--store", url)
+    assert not any(line.startswith("langgraph:fake") for line in out.splitlines()), out
+    assert "langgraph:a\\nlanggraph:fake   complete   9/9: main ok" in out
+    r = cli("ls", "--store", url, cwd=tmp_path, extra_env={"COLUMNS": "120"})
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith("langgraph:xxx"))
+    assert "open" in row and "…" in row and len(row) <= 120, r.stdout
+    bare = {k: v for k, v in env().items() if k != "COLUMNS"}  # a pipe without COLUMNS: whole, on one line
+    piped = subprocess.run([*CLI, "ls", "--store", url], cwd=tmp_path, env=bare, capture_output=True, text=True,
+                           timeout=60)
+    assert piped.returncode == 0 and "langgraph:" + "x" * 400 in piped.stdout, piped.stderr

@@ -210,9 +210,10 @@ def resume(
         with failing():
             row, now = api.enqueue(task_id, store=store, branch=branch)
         if not now and row.status == "complete":  # as `overnight cancel` of a complete task says
-            render.out.print(f"{render.esc(task_id)}: already complete, nothing to queue")
+            render.out.print(f"{render.esc(task_id, one_line=True)}: already complete, nothing to queue")
             return
-        render.out.print(f"{render.esc(task_id)}: {'queued' if now else render.esc(row.status) + ' already'} "
+        render.out.print(f"{render.esc(task_id, one_line=True)}: "
+                         f"{'queued' if now else render.esc(row.status) + ' already'} "
                          f"(code {render.esc(row.entry)}); `overnight worker` runs it")
         return
     with failing():
@@ -525,7 +526,8 @@ def verify(
             + (f"; {rep.dangling_objects} unreferenced object(s)" if all_tasks else "")
         )
         for task, heads in rep.heads.items():
-            render.out.print(f"  {render.esc(task)}: " + ", ".join(f"{b} {st}" for b, st in heads.items()))
+            render.out.print(f"  {render.esc(task, one_line=True)}: "
+                             + ", ".join(f"{b} {st}" for b, st in heads.items()))
         if queued:
             more = ", …" if len(queued) > 5 else ""
             render.out.print(f"{len(queued)} queued task(s) have no checkpoint yet (not verified): "

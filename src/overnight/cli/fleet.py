@@ -235,7 +235,7 @@ def retry(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optional
         row = api.retry(task_id, store=store)
     except OvernightError as exc:
         _fail(exc)
-    render.out.print(f"{render.esc(task_id)}: " + ("queued" if row.status == "queued" else
+    render.out.print(f"{render.esc(task_id, one_line=True)}: " + ("queued" if row.status == "queued" else
                                                    f"already {row.status}, nothing to queue"))
 
 
@@ -248,7 +248,7 @@ def cancel(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optiona
         row = api.cancel(task_id, store=store)
     except OvernightError as exc:
         _fail(exc)
-    render.out.print(f"{render.esc(task_id)}: " + (
+    render.out.print(f"{render.esc(task_id, one_line=True)}: " + (
         "cancel requested (stops at the next step boundary)" if row.status == "running" else
         "cancelled" if row.status == "cancelled" else f"already {row.status}, nothing to cancel"))
 

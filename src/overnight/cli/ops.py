@@ -142,11 +142,11 @@ def rm(
         render.print_json(rep)
         return
     if rep.queue_status is not None and not rep.checkpoints:
-        render.err.print(f"deleted submitted task [bold]{render.esc(task_id)}[/] ({render.esc(rep.queue_status)}, no "
-                         "checkpoint yet): removed from the queue")
+        render.err.print(f"deleted submitted task [bold]{render.esc(task_id, one_line=True)}[/] "
+                         f"({render.esc(rep.queue_status)}, no checkpoint yet): removed from the queue")
         return
     render.err.print(
-        f"deleted task [bold]{render.esc(task_id)}[/]: {rep.checkpoints} checkpoint(s) "
+        f"deleted task [bold]{render.esc(task_id, one_line=True)}[/]: {rep.checkpoints} checkpoint(s) "
         f"({render.human_bytes(rep.checkpoint_bytes)}), {rep.objects_deleted} object(s) "
         f"({render.human_bytes(rep.object_bytes)})"
         + _young_note(rep.objects_young, rep.grace_s))
@@ -177,10 +177,12 @@ def archive_(
         render.print_json(rep)
         return
     if not rep.archived:
-        render.err.print(f"nothing to archive: all {rep.kept} checkpoint(s) of {render.esc(task_id)} are within the policy")
+        render.err.print(f"nothing to archive: all {rep.kept} checkpoint(s) of {render.esc(task_id, one_line=True)} "
+                         "are within the policy")
         return
     render.err.print(
-        f"archived {len(rep.archived)} checkpoint(s) of [bold]{render.esc(task_id)}[/] to {render.esc(rep.cold)}"
+        f"archived {len(rep.archived)} checkpoint(s) of [bold]{render.esc(task_id, one_line=True)}[/] "
+        f"to {render.esc(rep.cold)}"
         + (f" (archive {rep.archive_id[7:19]}: {rep.objects_packed} object(s), pack "
            f"{render.human_bytes(rep.pack_bytes)})" if rep.archive_id else "")
         + f"; {rep.kept} kept in hot; freed {render.human_bytes(rep.checkpoint_bytes + rep.object_bytes)} "
@@ -214,7 +216,7 @@ def restore(
         render.print_json(rep)
         return
     render.err.print(f"restored {rep.checkpoints} checkpoint(s) and {rep.objects} object(s) "
-                     f"({render.human_bytes(rep.bytes)}) of [bold]{render.esc(task_id)}[/] from "
+                     f"({render.human_bytes(rep.bytes)}) of [bold]{render.esc(task_id, one_line=True)}[/] from "
                      f"{len(rep.archives)} archive(s)")
 
 

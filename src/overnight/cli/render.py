@@ -75,21 +75,27 @@ def report(result: Any, as_json: bool) -> None:
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, justify: dict[str, str] | None = None,
           no_wrap: Iterable[str] = ()) -> None:
-    """A table on stdout; columns named in ``no_wrap`` keep their width (ids, times, sizes), the
-    others fold when the terminal is narrow. On a pipe or file (without ``$COLUMNS``) a row is never
-    folded: each stays on one line, however wide, so ``grep`` finds it whole."""
+    """A table on stdout; columns named in ``no_wrap`` keep their width (ids, times, sizes) up to
+    half the terminal's, 48 at least (longer cells end in ``…``), the others fold when the terminal is
+    narrow. On a pipe or file (without ``$COLUMNS``) a row is never folded or cut: each stays on
+    one line, however wide, so ``grep`` finds it whole."""
     from rich.table import Table
     from rich.text import Text
 
     keep = set(no_wrap)
+    console = _console("out")
+    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    # on a terminal, a kept column is at most half the width, 48 at least (a 400-character LangGraph
+    # thread id would squeeze every other column to nothing): longer cells end in "…" (--json has them)
+    cap = None if piped else max(48, console.width // 2)
     t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for c in columns:
-        t.add_column(c, justify=(justify or {}).get(c, "left"), overflow="fold",  # type: ignore[arg-type]
-                     no_wrap=c in keep)
+        t.add_column(c, justify=(justify or {}).get(c, "left"),  # type: ignore[arg-type]
+                     overflow="ellipsis" if c in keep else "fold", no_wrap=c in keep,
+                     max_width=cap if c in keep else None)
     for r in rows:
         t.add_row(*[Text(safe(v, one_line=True)) for v in r])  # a line break in stored text would split a row
-    console = _console("out")
-    if not sys.stdout.isatty() and "COLUMNS" not in os.environ:  # a pipe or file: one line per row, for grep
+    if piped:  # a pipe or file: one line per row, for grep
         from rich.measure import Measurement
 
         wide = console.options.update_width(1 << 16)

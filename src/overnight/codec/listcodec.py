@@ -16,16 +16,6 @@ models that keep pydantic's own pickling; anything else is converted on every ca
 only a key and an in-memory copy here: nothing pickled is stored, and nothing is unpickled that
 this process did not pickle itself from a value it decoded.
 
-Faster still for the item *objects* a codec has seen -- encoded, or returned by its ``decode``: a
-saver is handed the same message objects again at every checkpoint, so each is checked by identity
-rather than pickled whole (a :class:`_Seen` snapshot). The item, its class, its members' keys and
-values must be the very objects they were (``is``, never ``==``: ``1 == True`` but they encode
-differently); the members that can change in place -- every value that is not a ``str``,
-``int``, ``float``, ``bool``, ``bytes`` or ``None``, and a model's extra and private attributes --
-must pickle to the same bytes as then (or, when they were all empty dicts, lists, sets or tuples,
-still be empty), and a model's fields set must hold the same names. Anything else falls back to the
-pickled state.
-
 Decoding reuses an item only when the bytes to decode hold that item's exact bytes at the same
 place as a list this codec decoded before; the rest is decoded normally. A decoded item is
 returned as a fresh copy (``pickle.loads``), so a caller that changes it changes nothing kept.
@@ -36,8 +26,7 @@ from __future__ import annotations
 import itertools
 import pickle
 import threading
-from operator import is_, itemgetter
-from typing import Any, Callable, NamedTuple
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -112,86 +101,6 @@ def _key(item: Any) -> bytes | None:
     return None
 
 
-_IMMUTABLE = frozenset({str, int, float, bool, bytes, type(None)})
-"""Member value types whose identity fixes their value (nothing in them can change in place)."""
-_EMPTIABLE = frozenset({dict, list, set, tuple})
-"""Container types whose identity and emptiness fix their value."""
-
-
-class _Seen(NamedTuple):
-    """An item object as a codec last encoded or returned it: enough to tell, without pickling
-    the whole item, that it still encodes to ``data`` (module docstring)."""
-
-    item: Any
-    """The object itself (kept alive, so its ``id`` is not reused while remembered)."""
-    cls: type
-    keys: tuple[Any, ...]
-    """Its members' keys (a model's ``__dict__``, a dict's own), in order, as objects."""
-    vals: tuple[Any, ...]
-    """Its members' values in order, then a model's extra and private attributes, as objects."""
-    fields: frozenset[str] | None
-    """A model's fields set (None: a dict)."""
-    mutable: Callable[[tuple[Any, ...]], tuple[Any, ...]]
-    """Picks, from ``vals``, the values that can change in place."""
-    state: bytes | None
-    """Pickle of those values; None when every one of them was an empty dict, list, set or tuple
-    (then staying empty is staying the same)."""
-    data: bytes
-    """The item's canonical bytes."""
-
-
-def _values(item: Any, model: bool) -> tuple[dict[Any, Any], tuple[Any, ...]]:
-    """The members of ``item`` and the values :attr:`_Seen.vals` holds."""
-    if model:
-        members = item.__dict__
-        return members, (*members.values(), item.__pydantic_extra__, item.__pydantic_private__)
-    return item, tuple(item.values())
-
-
-def _snapshot(item: Any, data: bytes) -> _Seen | None:
-    """A :class:`_Seen` of ``item``, whose canonical bytes are ``data`` and whose whole value is
-    :func:`_exact` (the caller checked); None for an item that is not a dict or a model."""
-    cls = type(item)
-    model = cls is not dict
-    if model and _how.get(cls, (_NEVER,))[0] != _MODEL:
-        return None
-    members, vals = _values(item, model)
-    where = [i for i, v in enumerate(vals) if type(v) not in _IMMUTABLE]
-    pick: Callable[[tuple[Any, ...]], tuple[Any, ...]]
-    if len(where) > 1:
-        pick = itemgetter(*where)
-    else:
-        pick = (lambda v, i=where[0]: (v[i],)) if where else (lambda v: ())
-    mutable = pick(vals)
-    if all(type(v) in _EMPTIABLE and not v for v in mutable):
-        state = None
-    else:
-        try:
-            state = pickle.dumps(mutable, pickle.HIGHEST_PROTOCOL)
-        except Exception:  # unpicklable: left to the other paths
-            return None
-    fields = frozenset(item.__pydantic_fields_set__) if model else None
-    return _Seen(item, cls, tuple(members), vals, fields, pick, state, data)
-
-
-def _still(seen: _Seen, item: Any) -> bool:
-    """Does ``item`` (the object ``seen`` was taken of) still encode to ``seen.data``?"""
-    if type(item) is not seen.cls:
-        return False
-    model = seen.fields is not None
-    members, vals = _values(item, model)
-    if (len(vals) != len(seen.vals) or not all(map(is_, vals, seen.vals)) or not all(map(is_, members, seen.keys))
-            or (model and item.__pydantic_fields_set__ != seen.fields)):
-        return False
-    mutable = seen.mutable(vals)
-    if seen.state is None:
-        return not any(mutable)
-    try:
-        return pickle.dumps(mutable, pickle.HIGHEST_PROTOCOL) == seen.state
-    except Exception:
-        return False
-
-
 class ListCodec:
     """``encode`` / ``decode`` as in :mod:`overnight.codec.canonical`, incremental for lists.
 
@@ -205,8 +114,6 @@ class ListCodec:
         """Item state -> item bytes, for the items of recent lists (about the last :data:`KEEP`)."""
         self._decoded: list[tuple[bytes, list[tuple[bytes, bytes]]]] = []
         """Per remembered decoded list: its bytes and, per item, ``(item bytes, pickled value)``."""
-        self._seen: dict[int, _Seen] = {}
-        """``id`` -> snapshot, for the item objects of recent lists (about the last :data:`KEEP`)."""
 
     def encode(self, value: Any, path: str = "value") -> bytes:
         """Canonical bytes of ``value`` (as :func:`~overnight.codec.canonical.encode`).
@@ -217,14 +124,9 @@ class ListCodec:
         if type(value) is not list or len(value) < MIN_ITEMS or not isinstance(value[0], _CONTAINERS):
             return encode(value, path)
         with self._lock:
-            known, used, seen, now = self._encoded, {}, self._seen, {}
+            known, used = self._encoded, {}
             parts = []
             for i, item in enumerate(value):
-                snap = seen.get(id(item))
-                if snap is not None and snap.item is item and _still(snap, item):
-                    now[id(item)] = snap
-                    parts.append(snap.data)
-                    continue
                 key = _key(item)
                 got = None if key is None else known.get(key)
                 if got is None:
@@ -235,15 +137,9 @@ class ListCodec:
                         key = None
                 if key is not None:
                     used[key] = got
-                    snap = _snapshot(item, got)
-                    if snap is not None:
-                        now[id(item)] = snap
                 parts.append(got)
             if len(known) > KEEP * len(used) + 1024:  # forget the items no recent list holds
                 self._encoded = used
-            seen.update(now)
-            if len(seen) > KEEP * len(now) + 1024:
-                self._seen = now
         parts[0], parts[-1] = b"[" + parts[0], parts[-1] + b"]"  # (MIN_ITEMS >= 2) one copy of the whole list, not three
         return b",".join(parts)
 
@@ -266,33 +162,23 @@ class ListCodec:
                 else:
                     for item, _ in items:
                         end = at + len(item)
-                        if not data.startswith(item, at) or data[end : end + 1] not in (b",", b"]"):
+                        # an item is followed by "," and another item, or by the list's final "]"
+                        if not data.startswith(item, at) or not (data[end : end + 1] == b"," or end + 1 == len(data)):
                             break
                         n, at = n + 1, end + 1
                 if n > len(reused):
                     reused, pos = items[:n], at
+            if pos < len(data) and data[pos - 1 : pos] == b"," and data[pos:] == b"]":  # "[...,]": not JSON
+                return decode(data, path)  # raises the codec's own error
             try:
                 rest = decode(b"[" + data[pos:], path) if pos < len(data) else []
             except DecodeError:  # raised again with the failing item's place in the whole list
                 return decode(data, path)
             fresh = self._remember(data[pos:-1], rest) if len(reused) + len(rest) >= MIN_ITEMS else None
             out = [pickle.loads(p) for _, p in reused]
-            self._note(out, [item for item, _ in reused])
             if fresh is not None:
                 self._decoded = [(data, reused + fresh), *(d for d in self._decoded if d[0] != data)][:KEEP]
         return out + rest
-
-    def _note(self, values: list[Any], data: list[bytes]) -> None:
-        """Remember the objects ``decode`` returns (``values``, whose canonical bytes are ``data``),
-        so that encoding them again -- a saver handed back what it loaded -- is checked by
-        identity. Every one of them is :func:`_exact` (it was remembered so)."""
-        seen = self._seen
-        for v, d in zip(values, data):
-            snap = _snapshot(v, d)
-            if snap is not None:
-                seen[id(v)] = snap
-        if len(seen) > (KEEP + 1) * len(values) + 1024:
-            self._seen = {id(v): seen[id(v)] for v in values if id(v) in seen}
 
     @staticmethod
     def _remember(text: bytes, values: list[Any]) -> list[tuple[bytes, bytes]] | None:
