@@ -141,7 +141,12 @@ def test_a_langgraph_thread_is_open_and_its_id_prints_as_text(tmp_path: Path) ->
     assert rows["langgraph:a"]["status_kind"] == "open"
     listed = [line for line in _ok(tmp_path, "ls", "--store", url).splitlines() if line.startswith("langgraph:a")]
     assert listed and "open (LangGraph thread)" in listed[0] and "0/0" not in listed[0]
-    assert "open (LangGraph thread)" in _ok(tmp_path, "status", "langgraph:a", "--store", url)
+    status = _ok(tmp_path, "status", "langgraph:a", "--store", url)
+    assert "open (LangGraph thread)" in status and "0/0" not in status
+    shown = _ok(tmp_path, "show", "langgraph:a", "--store", url)
+    assert "status: open (LangGraph thread), stored" in shown and "0/0" not in shown
+    r = cli("status", "a", "--store", url, cwd=tmp_path)  # the thread id alone
+    assert r.returncode == 2 and "did you mean langgraph:a?" in r.stderr, r.stderr
     out = _ok(tmp_path, "verify", "--all", "--store", url)
     assert "langgraph:a: main ok" in out and "\U0001f170" not in out
 
@@ -154,8 +159,9 @@ def test_a_task_id_without_its_params_digest_suggests_the_submitted_one(tmp_path
     _ok(tmp_path, "submit", "tasks/report.py", "--param", "who=ada", "--store", url)
     (task_id,) = [r["task_id"] for r in json.loads(_ok(tmp_path, "ls", "--json", "--store", url))]
     assert task_id.startswith("report-") and len(task_id) == len("report-") + 8
-    r = cli("status", "report", "--store", url, cwd=tmp_path)
-    assert r.returncode == 2 and f"did you mean {task_id}?" in r.stderr, r.stderr
+    for asked in ("report", "Report"):
+        r = cli("status", asked, "--store", url, cwd=tmp_path)
+        assert r.returncode == 2 and f"did you mean {task_id}?" in r.stderr, r.stderr
 
 
 def test_a_task_not_found_without_a_close_id_says_an_ephemeral_task_is_not_kept(tmp_path: Path) -> None:

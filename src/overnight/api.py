@@ -79,15 +79,21 @@ def _opened(store: Store | str | None, *, task_id: str | None = None, write: boo
 
 
 def _close(name: str, names: list[str]) -> list[str]:
-    """Up to three of ``names`` closest to ``name``: those that are ``name`` plus a params digest
-    (``NAME-<8 hex>``, the id ``submit`` / ``run --param`` give a task with params) first, then
-    the closest by ``difflib`` (as git suggests a mistyped command)."""
+    """Up to three of ``names`` closest to ``name``: first those that are ``name`` (in any case)
+    plus a params digest (``NAME-<8 hex>``, the id ``submit`` / ``run --param`` give a task with
+    params), then an adapter's task of that thread or session (``langgraph:NAME``,
+    ``agents.NAME``), ``name`` in another case, then the closest by ``difflib`` (as git suggests a
+    mistyped command)."""
     import difflib
 
-    with_params = sorted(n for n in names if len(n) == len(name) + 9 and n.startswith(name + "-")
-                         and all(c in "0123456789abcdef" for c in n[-8:]))
-    rest = [n for n in difflib.get_close_matches(name, names, n=3, cutoff=0.6) if n not in with_params]
-    return (with_params + rest)[:3]
+    folded = name.casefold()
+    with_params = sorted(n for n in names if len(n) == len(name) + 9 and n[:-9].casefold() == folded
+                         and n[-9] == "-" and all(c in "0123456789abcdef" for c in n[-8:]))
+    # an adapter's task: the thread or session id after its prefix (langgraph:T, agents.S)
+    adapters = sorted(n for n in names if n.casefold() in (f"langgraph:{folded}", f"agents.{folded}"))
+    same = [n for n in names if n.casefold() == folded and n != name]  # another case
+    near = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    return list(dict.fromkeys(with_params + adapters + same + near))[:3]
 
 
 def suggest(exc: TaskNotFound, s: Store) -> None:

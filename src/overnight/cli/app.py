@@ -295,8 +295,9 @@ def show(
         render.print_json(_with_status_kind(rep))
         return
     render.out.print(f"[bold]{render.esc(rep.task_id, one_line=True)}[/]: {render.esc(rep.goal, one_line=True)}")
-    render.out.print(f"status: {render.esc(render.safe(rep.status).replace(chr(10), ' '))}, {rep.done}/{rep.total} "
-                     f"steps; stored {render.human_bytes(rep.stored_bytes)}")  # a failure's reason is stored data
+    steps = "" if rep.status.startswith("open") else f"{rep.done}/{rep.total} steps; "  # a thread: no plan
+    render.out.print(f"status: {render.esc(render.safe(rep.status).replace(chr(10), ' '))}, "
+                     f"{steps}stored {render.human_bytes(rep.stored_bytes)}")  # a failure's reason is stored data
     if rep.params:
         from overnight.runtime.task import params_text
 
@@ -421,8 +422,9 @@ def status(
             render.out.print(f"  queue {render.esc(q['queue'])}, priority {q['priority']}{ahead}; code "
                              f"{render.esc(q['entry'])}{params}; submitted {render.human_duration(q['age_ms'])} ago")
         return
-    render.out.print(f"[bold]{render.esc(rep.task_id)}[/] ({render.esc(rep.branch)}): {shown_status}, "
-                     f"{rep.done}/{rep.total} steps, head {rep.head[7:19]} (seq {rep.seq})")
+    steps = "" if rep.status.startswith("open") else f"{rep.done}/{rep.total} steps, "  # a thread: no plan
+    render.out.print(f"[bold]{render.esc(rep.task_id, one_line=True)}[/] ({render.esc(rep.branch, one_line=True)}): "
+                     f"{shown_status}, {steps}head {rep.head[7:19]} (seq {rep.seq})")
     if rep.rollback:
         render.out.print(f"[red]rollback detected[/]: {render.esc(rep.rollback)} (`overnight resume` refuses it "
                          "without --allow-rollback)")
