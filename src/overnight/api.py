@@ -131,8 +131,7 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
         return
     try:
         ids = [t.task_id for t in s.list_tasks()]
-        q = queue_for(s, create=False)
-        ids += [r.task_id for r in (q.list() if q is not None else []) if r.task_id not in ids]  # submitted, not started
+        ids += [r.task_id for r in _unstarted(queue_for(s, create=False), set(ids))]  # submitted, not started
     except OvernightError:
         return
     if exc.task_id in ids:  # stored, but never submitted: a plain `overnight run` made it

@@ -235,8 +235,8 @@ def retry(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optional
         row = api.retry(task_id, store=store)
     except OvernightError as exc:
         _fail(exc)
-    render.out.print(f"{render.esc(task_id, one_line=True)}: " + ("queued" if row.status == "queued" else
-                                                   f"already {row.status}, nothing to queue"))
+    render.out.print(f"{render.esc(task_id, one_line=True)}: "
+                     + ("queued" if row.status == "queued" else f"already {row.status}, nothing to queue"))
 
 
 def cancel(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optional[str] = StoreOpt) -> None:
