@@ -235,7 +235,9 @@ def _queued_verb(status: str) -> str:
 def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
     """List the tasks in the store: status, steps done/total, branches, last checkpoint time. Each
     head is checked as a resume checks it (its artifacts' bytes hashed): one that fails shows the
-    checkpoint a resume falls back to (`FELL BACK`).
+    checkpoint a resume falls back to (`FELL BACK`). A LangGraph thread or an Agents SDK session is
+    `open` (no plan to complete); a task submitted to the workers with no checkpoint yet shows its
+    code (`queued from FILE:TASK`).
     Without --store: the default store and the configured database and cloud media (where the
     router puts important and critical tasks)."""
     with failing():
@@ -507,7 +509,8 @@ def verify(
     Exit 0 when everything verifies, 3 on any problem -- a damaged
     record that no branch uses any more (skipped by a fallback) included, unless --ignore-dangling. --all checks
     one store (default: the local one); a configured database or cloud medium is checked with
-    --store URL. A TASK_ID is looked up on every configured medium."""
+    --store URL. A TASK_ID is looked up on every configured medium. --all also names the tasks
+    submitted to the workers that have no checkpoint yet (nothing of them to verify)."""
     if not task_id and not all_tasks:
         render.err.print("[bold red]error:[/] name a TASK_ID or pass --all")
         raise typer.Exit(EXIT_USAGE)
