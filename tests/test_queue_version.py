@@ -109,7 +109,10 @@ def test_a_version_edited_into_garbage_is_named(url: str) -> None:
 def test_a_running_worker_stops_claiming_once_the_tables_are_a_newer_version(url: str, tmp_path: Path) -> None:
     project(tmp_path)
     early = cli(tmp_path, "submit", "tasks/chaos.py", "--id", "early", "--store", url)
-    late = cli(tmp_path, "submit", "tasks/chaos.py", "--id", "late", "--not-before", "+4s", "--store", url)
+    # "late" becomes claimable only long after the bump below (+4 s raced a slow machine, where
+    # "early" took longer than that and the worker claimed "late" before the bump); a worker that
+    # ignored the bump would idle out (exit 0) at 30 s, before it could claim it
+    late = cli(tmp_path, "submit", "tasks/chaos.py", "--id", "late", "--not-before", "+90s", "--store", url)
     assert early.returncode == 0 and late.returncode == 0, early.stderr + late.stderr
     worker = start_worker(tmp_path, url, "--idle-exit", "30")
     try:
