@@ -225,6 +225,14 @@ def resume(
     _report_run(result, quiet=quiet)
 
 
+def _no_plan(status: str) -> bool:
+    """Is ``status`` that of an adapter's thread or session (state ``open``), which has no plan,
+    so no steps done of a total to show?"""
+    from overnight.store.queue import state_of
+
+    return state_of(status) == "open"
+
+
 def _queued_verb(status: str) -> str:
     """How ``ls`` labels the code location of a submitted task with no checkpoint yet (its goal is
     not known without importing the code, which overnight never does from stored data)."""
@@ -257,7 +265,7 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
                         "goal / code" if code else "goal"] + (["store"] if several else []),
                  [(t.task_id, t.status + (" [FELL BACK]" if t.fell_back else ""),
                    # not started: no plan known yet; an adapter's thread or session: no plan at all
-                   "—" if t.entry is not None or t.status.startswith("open") else f"{t.done}/{t.total}",
+                   "—" if t.entry is not None or _no_plan(t.status) else f"{t.done}/{t.total}",
                    ",".join(t.branches), f"{t.checkpoints}" + (f" ({t.damaged} DAMAGED)" if t.damaged else ""),
                    (t.updated_at or "")[5:16].replace("T", " "),
                    f"{_queued_verb(t.status)} from {t.entry}" if t.entry is not None else t.goal)
@@ -297,7 +305,7 @@ def show(
         render.print_json(_with_status_kind(rep))
         return
     render.out.print(f"[bold]{render.esc(rep.task_id, one_line=True)}[/]: {render.esc(rep.goal, one_line=True)}")
-    steps = "" if rep.status.startswith("open") else f"{rep.done}/{rep.total} steps; "  # a thread: no plan
+    steps = "" if _no_plan(rep.status) else f"{rep.done}/{rep.total} steps; "
     render.out.print(f"status: {render.esc(render.safe(rep.status).replace(chr(10), ' '))}, "
                      f"{steps}stored {render.human_bytes(rep.stored_bytes)}")  # a failure's reason is stored data
     if rep.params:
@@ -424,7 +432,7 @@ def status(
             render.out.print(f"  queue {render.esc(q['queue'])}, priority {q['priority']}{ahead}; code "
                              f"{render.esc(q['entry'])}{params}; submitted {render.human_duration(q['age_ms'])} ago")
         return
-    steps = "" if rep.status.startswith("open") else f"{rep.done}/{rep.total} steps, "  # a thread: no plan
+    steps = "" if _no_plan(rep.status) else f"{rep.done}/{rep.total} steps, "
     render.out.print(f"[bold]{render.esc(rep.task_id, one_line=True)}[/] ({render.esc(rep.branch, one_line=True)}): "
                      f"{shown_status}, {steps}head {rep.head[7:19]} (seq {rep.seq})")
     if rep.rollback:
