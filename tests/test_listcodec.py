@@ -7,9 +7,13 @@ change without changing anything it returns later."""
 from __future__ import annotations
 
 import random
+import sys
+import types
+from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from pydantic import BaseModel, create_model
 
 from overnight.codec.canonical import decode, encode
 from overnight.codec.listcodec import ListCodec
@@ -179,3 +183,67 @@ def test_decode_refuses_what_the_codec_refuses() -> None:
         with pytest.raises(DecodeError):
             codec.decode(bad)
     assert codec.decode(good) == items
+
+
+@pytest.fixture
+def module(monkeypatch: pytest.MonkeyPatch):
+    """A module of its own for the classes a test defines (then shadows, or registers a codec for);
+    what the registry learned about it is forgotten afterwards."""
+    from overnight.codec import registry
+
+    name = "listcodec_test_models"
+    mod = types.ModuleType(name)
+    monkeypatch.setitem(sys.modules, name, mod)
+    yield mod
+    registry.forget_modules({name})
+
+
+def _model(mod: types.ModuleType, **fields: Any) -> type[BaseModel]:
+    """A model class ``Note`` defined at the top of ``mod`` (shadowing the one there before)."""
+    cls = create_model("Note", __module__=mod.__name__, text=(str, ...), **fields)
+    cls.__qualname__ = "Note"
+    mod.Note = cls
+    return cls
+
+
+def test_a_remembered_item_whose_class_was_shadowed_is_refused_as_the_codec_refuses(module) -> None:
+    """A notebook cell run again defines the class anew: the old objects' class can no longer be
+    found by its name, so the codec refuses to store them -- the remembered bytes must not slip past."""
+    note = _model(module)
+    items = [note(text=f"note {i} " + "x" * 40) for i in range(10)]
+    enc = ListCodec()
+    _same(enc, items)
+    _model(module)  # shadowed
+    with pytest.raises(EncodeError, match="could not be found again"):
+        encode(items)
+    with pytest.raises(EncodeError, match="could not be found again"):
+        enc.encode(items)
+
+
+def test_a_remembered_decoded_list_is_not_reused_once_its_class_was_shadowed(module) -> None:
+    """Decoding the same bytes after the class was defined anew (another field) gives what the codec
+    gives: objects of the new class, validated -- not the old objects' state under the new class."""
+    note = _model(module)
+    data = encode([note(text=f"note {i} " + "x" * 40) for i in range(10)])
+    dec = ListCodec()
+    assert [type(v) for v in dec.decode(data)] == [note] * 10
+    new = _model(module, n=(int, 7))
+    got = dec.decode(data)
+    assert got == decode(data)
+    assert [type(v) for v in got] == [new] * 10 and all(v.n == 7 for v in got)
+
+
+def test_a_codec_registered_after_items_were_remembered_is_used(module) -> None:
+    """``register_codec`` (or ``register_type``, ``forget_modules``) changes what a value encodes to;
+    remembered bytes and values made before it are dropped."""
+    from overnight.codec.registry import register_codec
+
+    note = _model(module)
+    items = [note(text=f"note {i} " + "x" * 40) for i in range(10)]
+    enc, dec = ListCodec(), ListCodec()
+    old = _same(enc, items)
+    dec.decode(old)
+    register_codec(note, lambda v: {"short": v.text[:6]}, lambda t: note(text=t["short"]), name="note-short")
+    new = _same(enc, items)
+    assert new != old
+    assert dec.decode(new) == decode(new) == [note(text=v.text[:6]) for v in items]

@@ -19,6 +19,12 @@ this process did not pickle itself from a value it decoded.
 Decoding reuses an item only when the bytes to decode hold that item's exact bytes at the same
 place as a list this codec decoded before; the rest is decoded normally. A decoded item is
 returned as a fresh copy (``pickle.loads``), so a caller that changes it changes nothing kept.
+
+What is remembered was made under the type registry of its time: a codec forgets everything when a
+type or codec is registered or forgotten since (:func:`~overnight.codec.registry.generation`), or
+when a model class its items hold can no longer be found by the name it is stored under (a
+notebook cell that defines the class again) -- the canonical codec would then refuse to store
+such an item, and a remembered value would come back as the new class without its checks.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from overnight.codec import registry
 from overnight.codec.canonical import decode, dumps, encode, to_tree
 from overnight.errors import DecodeError
 
@@ -55,20 +62,22 @@ def _default_pickling(cls: type) -> bool:
             and not hasattr(cls, "__getnewargs_ex__") and not hasattr(cls, "__getnewargs__"))
 
 
-def _exact(value: Any, depth: int = 0) -> bool:
-    """Does the pickled state of ``value`` determine its canonical encoding (see the module docstring)?"""
+def _exact(value: Any, classes: set[type], depth: int = 0) -> bool:
+    """Does the pickled state of ``value`` determine its canonical encoding (see the module
+    docstring)? Adds the model classes it holds to ``classes`` (its bytes name them)."""
     cls = type(value)
     if cls is str or cls is int or cls is float or cls is bool or value is None or cls is bytes:
         return True
     if depth > _MAX_WALK_DEPTH:
         return False
     if cls is list or cls is tuple:
-        return all(_exact(v, depth + 1) for v in value)
+        return all(_exact(v, classes, depth + 1) for v in value)
     if cls is dict:
-        return all(_exact(k, depth + 1) and _exact(v, depth + 1) for k, v in value.items())
+        return all(_exact(k, classes, depth + 1) and _exact(v, classes, depth + 1) for k, v in value.items())
     if isinstance(value, BaseModel) and _default_pickling(cls):
+        classes.add(cls)
         parts = [value.__dict__, value.__pydantic_extra__ or {}, value.__pydantic_private__ or {}]
-        return all(type(p) is dict and _exact(p, depth + 1) for p in parts)
+        return all(type(p) is dict and _exact(p, classes, depth + 1) for p in parts)
     return False
 
 
@@ -114,6 +123,18 @@ class ListCodec:
         """Item state -> item bytes, for the items of recent lists (about the last :data:`KEEP`)."""
         self._decoded: list[tuple[bytes, list[tuple[bytes, bytes]]]] = []
         """Per remembered decoded list: its bytes and, per item, ``(item bytes, pickled value)``."""
+        self._classes: set[type] = set()
+        """The model classes remembered items hold (or held)."""
+        self._generation = registry.generation()
+        """The type registry's generation the remembered items were made under."""
+
+    def _check_registry(self) -> None:
+        """Forget everything remembered when the registry changed since, or when one of the model
+        classes remembered items hold was shadowed (see the module docstring). A few dict look-ups
+        per class and call. Call with the lock held."""
+        now = registry.generation()
+        if now != self._generation or any(registry.resolvable_ref(c) is None for c in self._classes):
+            self._encoded, self._decoded, self._classes, self._generation = {}, [], set(), now
 
     def encode(self, value: Any, path: str = "value") -> bytes:
         """Canonical bytes of ``value`` (as :func:`~overnight.codec.canonical.encode`).
@@ -124,6 +145,7 @@ class ListCodec:
         if type(value) is not list or len(value) < MIN_ITEMS or not isinstance(value[0], _CONTAINERS):
             return encode(value, path)
         with self._lock:
+            self._check_registry()
             known, used = self._encoded, {}
             parts = []
             for i, item in enumerate(value):
@@ -131,7 +153,7 @@ class ListCodec:
                 got = None if key is None else known.get(key)
                 if got is None:
                     got = dumps(to_tree(item, f"{path}[{i}]", depth=1))
-                    if key is not None and _exact(item):
+                    if key is not None and _exact(item, self._classes):
                         known[key] = got
                     else:
                         key = None
@@ -153,6 +175,7 @@ class ListCodec:
         if not data.startswith(b"[") or not data.endswith(b"]"):
             return decode(data, path)
         with self._lock:
+            self._check_registry()
             reused: list[tuple[bytes, bytes]] = []
             pos = 1  # data[pos:] is what is left to decode, after "[" and the reused items' ","
             for old, items in self._decoded:
@@ -174,21 +197,23 @@ class ListCodec:
                 rest = decode(b"[" + data[pos:], path) if pos < len(data) else []
             except DecodeError:  # raised again with the failing item's place in the whole list
                 return decode(data, path)
-            fresh = self._remember(data[pos:-1], rest) if len(reused) + len(rest) >= MIN_ITEMS else None
+            fresh = (self._remember(data[pos:-1], rest, self._classes) if len(reused) + len(rest) >= MIN_ITEMS
+                     else None)
             out = [pickle.loads(p) for _, p in reused]
             if fresh is not None:
                 self._decoded = [(data, reused + fresh), *(d for d in self._decoded if d[0] != data)][:KEEP]
         return out + rest
 
     @staticmethod
-    def _remember(text: bytes, values: list[Any]) -> list[tuple[bytes, bytes]] | None:
+    def _remember(text: bytes, values: list[Any], classes: set[type]) -> list[tuple[bytes, bytes]] | None:
         """``(item bytes, pickled value)`` of freshly decoded items whose bytes ``text`` joins
-        (None: one of them cannot be remembered exactly, or the bytes do not split so)."""
+        (None: one of them cannot be remembered exactly, or the bytes do not split so); the model
+        classes they hold are added to ``classes``."""
         if len(text) < MIN_ITEM_BYTES * len(values):
             return None
         out = []
         for v in values:
-            if not _exact(v):
+            if not _exact(v, classes):
                 return None
             out.append((encode(v), pickle.dumps(v, pickle.HIGHEST_PROTOCOL)))
         if b",".join(item for item, _ in out) != text:

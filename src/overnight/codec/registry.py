@@ -27,6 +27,20 @@ _lock = threading.Lock()
 _registry: dict[str, type] = {}  # ref -> class (explicit registrations and aliases)
 _codecs: dict[type, "CustomCodec"] = {}  # class -> custom codec
 _codecs_by_name: dict[str, "CustomCodec"] = {}
+_generation = 0  # bumped by every change above: a cache of encodings made under the old registry is stale
+
+
+def generation() -> int:
+    """A counter that changes whenever :func:`register_type`, :func:`register_codec` or
+    :func:`forget_modules` changes what a class encodes to or decodes from: a cache of encoded or
+    decoded values (:class:`~overnight.codec.listcodec.ListCodec`) made under another generation
+    is dropped."""
+    return _generation
+
+
+def _changed() -> None:
+    global _generation
+    _generation += 1
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,7 @@ def register_type(cls: type, *aliases: str) -> type:
         _registry[type_ref(cls)] = cls
         for alias in aliases:
             _registry[alias] = cls
+        _changed()
     return cls
 
 
@@ -101,6 +116,7 @@ def register_codec(cls: type, encode: Callable[[Any], Any], decode: Callable[[An
     with _lock:
         _codecs[cls] = codec
         _codecs_by_name[codec.name] = codec
+        _changed()
 
 
 def forget_modules(names: set[str]) -> None:
@@ -114,6 +130,7 @@ def forget_modules(names: set[str]) -> None:
             codec = _codecs.pop(cls)
             if _codecs_by_name.get(codec.name) is codec:
                 del _codecs_by_name[codec.name]
+        _changed()
 
 
 def custom_codec_for(cls: type) -> CustomCodec | None:
@@ -202,14 +219,25 @@ def resolve_registered(ref: str, *, path: str, what: str) -> type:
     return cls
 
 
-def check_resolvable(cls: type, kind: type, *, path: str) -> str:
-    """Write-time twin of :func:`resolve`: refuse a class that could not be found again on load."""
+def resolvable_ref(cls: type) -> str | None:
+    """The reference a value of ``cls`` is stored under -- one a load finds ``cls`` by again (its
+    own, or an alias it was registered under) -- or None when no reference leads back to ``cls``
+    (defined inside a function, or shadowed: its module's name now holds another class)."""
     ref = type_ref(cls)
     if _registry.get(ref) is cls or _walk(ref) is cls:
         return ref
     for alias, registered in _registry.items():
         if registered is cls:
             return alias
+    return None
+
+
+def check_resolvable(cls: type, kind: type, *, path: str) -> str:
+    """Write-time twin of :func:`resolve`: refuse a class that could not be found again on load."""
+    ref = resolvable_ref(cls)
+    if ref is not None:
+        return ref
+    ref = type_ref(cls)
     raise EncodeError(
         f"cannot store {cls.__qualname__} at {path}: class {ref!r} could not be found again on load "
         "(defined inside a function, or shadowed)",
