@@ -435,6 +435,13 @@ def verify_store(
     (:data:`_HELPER_STALL_S`; ``OVERNIGHT_VERIFY_HELPER_STALL_S``, in seconds, overrides it),
     which is killed and named in a :class:`RuntimeWarning` -- not a problem of the store.
 
+    Every checkpoint that needs a damaged object is invalid (counted in ``checkpoints_invalid``),
+    a branch head or not, and one that does not reference it stays valid: an object its load
+    reads (state document, stored values, pages) fails the load (check ``"record"``, the digest
+    in the detail); an artifact, hashed once a run however many checkpoints name it (through a
+    page they share, or their own), gives each of them a problem with ``object`` set -- the first
+    with the error, the others "failed verification".
+
     A task row whose fields do not have their types (a store that read a cell of the wrong type
     lists it with placeholders) is a problem (check ``"task"``) naming what each cell held, and
     with ``all_objects`` the store's ``check_medium`` (when it has one) reports what it finds
@@ -498,6 +505,8 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
     """The body of :func:`verify_store`, filling ``report``."""
     verified = reader.verified
     artifact_pages_checked: set[str] = set()
+    # an artifact page seen -> (name, digest, size) of its artifacts not verified yet (:func:`_prune`)
+    unsettled: dict[str, list[tuple[str, str, int]]] = {}
     bad_objects: set[str] = set()
     records: set[str] = set()  # every checkpoint id checked (``all_objects``: a record is live)
     tasks = [store.get_task(t) for t in task_ids] if task_ids else store.list_tasks()
@@ -536,6 +545,7 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
             users = waiting.pop(d)
             if isinstance(result, int):
                 report.bytes_verified += result
+                verified.add(d)  # (the check's reader added it; so a later checkpoint never queues it again)
                 continue
             bad_objects.add(d)
             for i, (task_id, cid, what) in enumerate(users):
@@ -566,6 +576,7 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
         archived = _archived_only(store, task.task_id, cold_down)  # checkpoint -> (archive id, its cold store)
         for i, row in enumerate(rows):
             if i >= ahead:  # the next rows' state documents and new pages, in two store calls
+                _prune(unsettled, verified)
                 ahead = i + _AHEAD  # (not those whose cold store is down: each would try it again)
                 store.ahead([r for r in rows[i:ahead] if not cold_down.get(archived.get(r.checkpoint_id, ("", ""))[1])]
                             if archived else rows[i:ahead], pages)
@@ -600,12 +611,22 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                 for name, ref in loaded.doc.values.items():
                     blob(task.task_id, row.checkpoint_id, ref.digest, f"state value {name!r}", ref.size)
                 for page in loaded.artifact_pages:
-                    if page.ref["digest"] in artifact_pages_checked:
-                        continue  # a page seen in an earlier checkpoint: its artifacts are checked
-                    artifact_pages_checked.add(page.ref["digest"])
+                    page_digest = page.ref["digest"]
+                    if page_digest in artifact_pages_checked:
+                        # a page seen in an earlier checkpoint: its artifacts are queued or checked, and
+                        # this checkpoint needs those not verified (yet) too -- failed by one found
+                        # damaged, a user of one still in flight -- without hashing any again
+                        for name, d, size in unsettled.get(page_digest, ()):
+                            blob(task.task_id, row.checkpoint_id, d, f"artifact {name!r}", size)
+                        continue
+                    artifact_pages_checked.add(page_digest)
+                    pending = []
                     for name, art in page.entries.items():
                         if art.digest not in verified:  # (what blob() skips first: most entries of a page)
                             blob(task.task_id, row.checkpoint_id, art.digest, f"artifact {name!r}", art.size)
+                            pending.append((name, art.digest, art.size))
+                    if pending:
+                        unsettled[page_digest] = pending
                 parent = row.parent_id
                 if parent is not None:
                     p = by_id.get(parent)
@@ -623,9 +644,10 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
             if on_progress:
                 on_progress(done, total)
         settle(wait=True)
+        _prune(unsettled, verified)  # what is left: artifacts found damaged (a later task's pages may name them)
         failed = {p.checkpoint_id for p in report.problems[problems_start:]}
-        if bad_objects:  # a head that needs an object found damaged for another checkpoint or task (a
-            for cid, loaded in head_loaded.items():  # page seen before is not listed again): it fails too
+        if bad_objects:  # a head that needs an object found damaged (every checkpoint naming one is failed
+            for cid, loaded in head_loaded.items():  # above, through ``unsettled``): a net, it fails too
                 if cid not in failed:
                     for what, d in _needs_bad(loaded, bad_objects):
                         report.problems.append(Problem(task.task_id, cid, what, f"object {d} failed verification", d))
@@ -698,11 +720,25 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
     report.objects_invalid = len(bad_objects)
 
 
+def _prune(unsettled: dict[str, list[tuple[str, str, int]]], verified: set[str]) -> None:
+    """Drop from ``unsettled`` (artifact page digest -> ``(name, digest, size)`` of its artifacts
+    not verified when last looked at) the artifacts verified since, and the pages left with none:
+    what stays is what is still being checked or was found damaged, so it holds little whatever
+    the history's length, and a later checkpoint naming a page looks at only those."""
+    for page_digest, pending in list(unsettled.items()):
+        left = [e for e in pending if e[1] not in verified]
+        if left:
+            unsettled[page_digest] = left
+        else:
+            del unsettled[page_digest]
+
+
 def _needs_bad(loaded: Any, bad_objects: set[str]) -> list[tuple[str, str]]:
     """``(what, digest)`` of each object in ``bad_objects`` (found damaged, with no copy that heals
     it) that loading checkpoint ``loaded`` deeply needs: its state document, stored state values
-    and artifacts. Content addressing checks an object once a run, for its first user; the heads
-    that share it are failed by this."""
+    and artifacts. Content addressing checks an object once a run, for its first user; every later
+    checkpoint naming it is failed as it is read (through ``blob`` and the pages' unsettled
+    artifacts), and this is a net for the heads."""
     out = []
     if loaded.record.state.digest in bad_objects:
         out.append(("state", loaded.record.state.digest))
