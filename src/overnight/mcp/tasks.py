@@ -50,9 +50,15 @@ import secrets
 import stat
 import unicodedata
 import uuid
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 from overnight.codec.canonical import dumps_sorted, from_tree, loads, to_tree
 from overnight.config import mask_password
@@ -354,7 +360,10 @@ CONFIRMED_FILE = "confirmed-pointers.json"
 """The per-user file (in :func:`~overnight.keys.state_dir`) of the current-task pointers this user's
 own ``task_start``/``task_resume`` wrote with a store outside the project: JSON ``{"version": 1,
 "entries": [{"key", "root", "task_id", "store"}]}``, ``key`` the SHA-256 of the exact triple (the
-``store`` shown has its password masked)."""
+``store`` shown has its password masked), mode 0600. Updated only under an exclusive ``flock`` on
+the sibling ``confirmed-pointers.json.lock`` and replaced whole by a rename, so concurrent
+confirmations (two hooks, a hook and the MCP server) never lose one another's entries and a reader
+never sees a partly written file."""
 CONFIRMED_MAX = 200
 """Entries kept in :data:`CONFIRMED_FILE` (the newest; an older pointer needs ``task_resume`` again)."""
 
@@ -389,28 +398,69 @@ def _confirmed_entries(path: Path) -> list[dict[str, Any]]:
     return [e for e in entries if isinstance(e, dict) and isinstance(e.get("key"), str)] if isinstance(entries, list) else []
 
 
+@contextmanager
+def _confirmed_lock(path: Path) -> Iterator[None]:
+    """Hold the exclusive ``flock`` guarding :data:`CONFIRMED_FILE` ``path`` (on its sibling
+    ``.lock`` file, mode 0600, created when missing). Where ``flock`` is unsupported (an
+    ``OSError`` from it, or no ``fcntl``) the update goes ahead unlocked, as before locking existed;
+    an ``OSError`` opening the lock file is the caller's (a state folder that cannot be written)."""
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # pragma: no cover - a file system without flock
+                pass
+        yield  # closing the descriptor releases the lock
+    finally:
+        os.close(fd)
+
+
 def confirm_pointer(root: Path, task_id: str, store_url: str) -> None:
     """Record that this user pointed the project ``root`` at ``task_id`` in ``store_url`` (a store
-    outside the project): :data:`CONFIRMED_FILE`, written atomically (a temporary file, then a
-    rename), the newest :data:`CONFIRMED_MAX` entries kept. A state folder that cannot be written
-    is not an error here: the hooks then refuse that store and say how to fix it."""
+    outside the project) in :data:`CONFIRMED_FILE`, the newest :data:`CONFIRMED_MAX` entries kept:
+    read, changed and written back under an exclusive lock (:func:`_confirmed_lock`), so a
+    confirmation made at the same time by another process (a hook, the MCP server) is kept too;
+    written atomically (a temporary file in the same folder, mode 0600, fsynced, then renamed over
+    the file, the folder fsynced). A damaged file counts as empty and is replaced. A state folder
+    that cannot be written is not an error here: the hooks then refuse that store and say how to
+    fix it."""
     from overnight.keys import state_dir
 
     url = _canonical_store(store_url)
     key = _confirm_key(Path(root).resolve(), task_id, url)
     path = state_dir() / CONFIRMED_FILE
-    entries = [e for e in _confirmed_entries(path) if e["key"] != key]
-    entries.append({"key": key, "root": str(Path(root).resolve()), "task_id": task_id, "store": mask_password(url)})
     tmp = path.with_name(f".{CONFIRMED_FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump({"version": 1, "entries": entries[-CONFIRMED_MAX:]}, out)
-            out.write("\n")
-        os.replace(tmp, path)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with _confirmed_lock(path):
+            entries = [e for e in _confirmed_entries(path) if e["key"] != key]
+            entries.append({"key": key, "root": str(Path(root).resolve()), "task_id": task_id,
+                            "store": mask_password(url)})
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump({"version": 1, "entries": entries[-CONFIRMED_MAX:]}, out)
+                out.write("\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
     except OSError:
         tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(d: Path) -> None:
+    """Make a rename in folder ``d`` durable; best effort (some file systems refuse a folder's fsync)."""
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def pointer_confirmed(roots: Iterable[str | os.PathLike], task_id: str, store_url: str) -> bool:
