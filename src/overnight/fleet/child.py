@@ -6,7 +6,8 @@ takes its sessions with it, as a machine that goes away would), heartbeats the c
 of the TTL (the runner heartbeats the task lease), and writes the task's next status itself,
 fenced by the claim token:
 
-* the run completes -> ``complete``; a step fails after its retries (or drift aborts) -> ``failed``;
+* the run completes -> ``complete`` (reason ``already complete when claimed: nothing to run`` when
+  its verified head had nothing left to do); a step fails after its retries (or drift aborts) -> ``failed``;
 * ``overnight cancel`` -> the runner stops at the next step boundary -> ``cancelled``;
 * SIGTERM from the worker (graceful stop) -> the step in flight commits -> ``queued`` again;
 * the code cannot be imported -> ``failed (cannot import ...)``;
@@ -413,7 +414,7 @@ def main(argv: list[str], store: Any = None) -> int:
     from overnight.errors import (LeaseLost, OvernightError, StaleHead, StepFailed, StoreBusy, StoreError,
                                   TaskBusy)
     from overnight.runtime.runner import Runner
-    from overnight.store.queue import ClaimLost
+    from overnight.store.queue import ALREADY_COMPLETE, ClaimLost
     from overnight.store.queue_open import queue_for
 
     try:
@@ -525,7 +526,9 @@ def main(argv: list[str], store: Any = None) -> int:
     if lost.is_set():
         return 0
     if result.status == "complete":
-        return finish("complete")
+        # nothing was left to do (a run outside the queue completed it since it was submitted): said so
+        idle = not result.created and result.steps_run == 0 and result.steps_reused == 0
+        return finish("complete", ALREADY_COMPLETE if idle else None)
     if cancelled.is_set():
         return finish("cancelled")
     try:  # interrupted (graceful stop) or stopped: queued again

@@ -628,9 +628,11 @@ class Runner:
             raise
         finally:
             if self._keeper is not None:
-                self._keeper.release(first)
-                self._keeper = None
-                self._settle_queue(result, first)
+                try:  # while the lease is still held: no worker claims the row between the run's end and this
+                    self._settle_queue(result, first)
+                finally:
+                    self._keeper.release(first)
+                    self._keeper = None
             if self._own_wrapper:
                 self.store.close()  # the hot store too when this run opened it
             signals.restore()
@@ -640,9 +642,13 @@ class Runner:
         after its retries, drift the policy aborts on): the task's queue row, when it is parked
         ``failed`` or ``cancelled`` (a run here after `overnight cancel`, or after a worker parked
         it), takes this outcome -- the latest run's outcome is what `overnight status` / `ls`, the
-        dashboard and the workers read (:func:`~overnight.store.queue_open.settle_run`). A row a
-        worker holds (``running``) or will claim (``queued``) is left alone, and so is every row
-        after a run that stopped early. Never hides the run's outcome: a failure here is a warning."""
+        dashboard and the workers read (:func:`~overnight.store.queue_open.settle_run`). A run that
+        completed the task also finishes a ``queued`` row (submitted, no worker claimed it yet)
+        ``complete`` -- reason :data:`~overnight.store.queue.COMPLETED_OUTSIDE` -- so no worker
+        claims a task with nothing left to do. Called while this run still holds the task lease (a
+        claim passes over a task whose lease is live). A row a worker holds (``running``) is left
+        alone, a ``queued`` one after a failure too (the workers retry it), and every row after a
+        run that stopped early. Never hides the run's outcome: a failure here is a warning."""
         if self.branch != "main" or self.level == "ephemeral":
             return
         if result is not None and result.status == "complete":

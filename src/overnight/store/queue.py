@@ -48,6 +48,16 @@ from overnight.units import human_duration
 
 STATUSES = ("queued", "running", "failed", "cancelled", "complete")
 
+COMPLETED_OUTSIDE = "completed by a run outside the queue"
+"""The ``reason`` of a ``queued`` row finished ``complete`` because a run outside the workers
+(``overnight run`` / ``resume`` here) completed its task before any worker claimed it
+(:meth:`~overnight.store.queue_sql.SqlQueue.settle`)."""
+
+ALREADY_COMPLETE = "already complete when claimed: nothing to run"
+"""The ``reason`` of a row a worker claimed and finished ``complete`` without running a step: its
+task's verified head had nothing left to do (completed by a run outside the queue since it was
+submitted, or by an earlier claim whose own finish was not recorded)."""
+
 
 class ClaimLost(ConcurrencyError):
     """This worker's claim on a task was taken over by another worker (its claim expired)."""
@@ -366,7 +376,8 @@ def describe(row: QueuedTask | None, lease: Lease | None, *, complete: bool, now
     for a plain ``overnight run``), ``stalled (lease expired N s ago; ...)``, ``interrupted``.
     ``complete`` wins over a parked row: a run outside the workers (``overnight resume`` after
     ``overnight cancel``, or after a worker parked it ``failed``) that finished the task is its latest
-    outcome (such a run also settles the row: :meth:`~overnight.store.queue_sql.SqlQueue.settle`).
+    outcome (such a run also settles the row: :meth:`~overnight.store.queue_sql.SqlQueue.settle`; a
+    ``queued`` row it finishes ``complete``, so no worker claims it).
     """
     now = now_ms() if now is None else now
     if complete:  # the latest run finished it: a row parked before (failed, cancelled) is history
@@ -409,6 +420,6 @@ def describe(row: QueuedTask | None, lease: Lease | None, *, complete: bool, now
     return "interrupted"
 
 
-__all__ = ["COLUMNS", "ClaimLost", "QueueRowInvalid", "QueuedTask", "SILENT_AFTER_MS", "STATUSES", "WorkerRow",
-           "backoff_ms", "describe", "listed_task", "parked_reason", "row_to_task", "row_to_worker",
-           "worker_process_gone"]
+__all__ = ["ALREADY_COMPLETE", "COLUMNS", "COMPLETED_OUTSIDE", "ClaimLost", "QueueRowInvalid", "QueuedTask",
+           "SILENT_AFTER_MS", "STATUSES", "WorkerRow", "backoff_ms", "describe", "listed_task", "parked_reason",
+           "row_to_task", "row_to_worker", "worker_process_gone"]

@@ -46,9 +46,12 @@ def task_status(store: Any, task_id: str, *, complete: bool, now: int | None = N
 def settle_run(store: Any, task_id: str, status: str, reason: str | None = None) -> bool:
     """After a run of ``task_id``'s main branch outside the workers (``overnight run`` / ``resume``)
     ended ``complete`` or ``failed`` (``reason``): its queue row, when one is parked ``failed`` or
-    ``cancelled``, takes that outcome (:meth:`~overnight.store.queue_sql.SqlQueue.settle`), so
-    ``overnight status`` / ``ls``, the dashboard and the workers all see the latest run's outcome.
-    Creates no queue where there is none. True when a row changed."""
+    ``cancelled``, takes that outcome, and a ``queued`` row (submitted, not yet claimed) of a task
+    that completed is finished ``complete`` (reason: completed by a run outside the queue); a
+    ``running`` row, a worker's, is never changed (:meth:`~overnight.store.queue_sql.SqlQueue.settle`).
+    So ``overnight status`` / ``ls``, the dashboard and the workers all see the latest run's outcome,
+    and no worker claims a task with nothing left to do. Creates no queue where there is none. True
+    when a row changed. Raises what the store raises (StoreBusy, StoreUnavailable)."""
     q = queue_for(store, create=False)
     return q is not None and q.settle(task_id, status, reason)
 

@@ -21,6 +21,7 @@ from overnight.errors import StoreCorrupt, StoreVersionError, TaskNotFound
 from overnight.store.leases import now_ms
 from overnight.store.queue import (
     COLUMNS,
+    COMPLETED_OUTSIDE,
     WORKER_COLUMNS,
     ClaimLost,
     QueuedTask,
@@ -399,17 +400,38 @@ class SqlQueue:
 
     def settle(self, task_id: str, status: str, reason: str | None = None) -> bool:
         """Record the outcome of a run outside the workers (``overnight run`` / ``resume`` here) on
-        the task's queue row when that row is parked -- ``failed`` or ``cancelled``, which no worker
-        claims -- so the row says what the latest run did: ``complete``, or ``failed`` with
-        ``reason``. A ``queued`` or ``running`` row is left to the workers (a claimed one is theirs,
-        and a worker that claims a complete task marks it complete). True when a row changed."""
-        parked = "task_id=? AND status IN ('failed', 'cancelled')"
-        if self.absent or not self._read(self._sql(f"SELECT 1 FROM {{s}}.queue WHERE {parked}"), (task_id,)):
+        the task's queue row, so the row says what the latest run did:
+
+        * a row parked ``failed`` or ``cancelled`` (no worker claims it) takes ``status`` --
+          ``complete``, or ``failed`` with ``reason``;
+        * with ``status`` ``complete``, a ``queued`` row -- submitted, not claimed (a claim sets it
+          ``running`` in the same transaction) -- is finished too: ``complete``, reason
+          :data:`~overnight.store.queue.COMPLETED_OUTSIDE`, so no worker claims a task with nothing
+          left to do. A failure here leaves a ``queued`` row to the workers (they retry it).
+
+        A ``running`` row is never changed: a worker holds it (a worker that claims a complete task
+        finishes its row ``complete`` itself). Each change is one conditional ``UPDATE`` on the
+        row's status, so a claim committed since the caller looked is not overwritten; the claim
+        token, attempts and worker of the row stay. True when a row changed. Raises what the store
+        raises (StoreBusy, StoreUnavailable)."""
+        if self.absent:
+            return False
+        moves = ("failed", "cancelled", "queued") if status == "complete" else ("failed", "cancelled")
+        marks = ", ".join("?" * len(moves))
+        if not self._read(self._sql(f"SELECT 1 FROM {{s}}.queue WHERE task_id=? AND status IN ({marks})"),
+                          (task_id, *moves)):
             return False  # a read first: a worker's own run (its row `running`) takes no write lock here
         with self._tx() as cur:
             cur.execute(self._sql("UPDATE {s}.queue SET status=?, reason=?, deaths=0, cancel_requested=0, "
-                                  f"claim_expires_ms=0 WHERE {parked}"), (status, reason, task_id))
-            return cur.rowcount == 1
+                                  "claim_expires_ms=0 WHERE task_id=? AND status IN ('failed', 'cancelled')"),
+                        (status, reason, task_id))
+            changed = cur.rowcount
+            if status == "complete":
+                cur.execute(self._sql("UPDATE {s}.queue SET status='complete', reason=?, deaths=0, "
+                                      "cancel_requested=0, claim_expires_ms=0 WHERE task_id=? AND status='queued'"),
+                            (COMPLETED_OUTSIDE, task_id))
+                changed += cur.rowcount
+            return changed == 1
 
     def requeue(self, task: QueuedTask) -> tuple[QueuedTask, bool]:
         """Queue a stored task for the workers (``overnight resume --submit``, the dashboard's
