@@ -35,18 +35,19 @@ from overnight.errors import (
     TaskBusy,
     TaskNotFound,
     short_id,
+    shown_task_id,
 )
 from overnight.runtime.task_code import load_stored_task, load_task
 from overnight.store.task_location import Route
 from overnight.runtime.outcome import RunEvent, RunResult, command
 from overnight.runtime.runner import Runner
-from overnight.runtime.task import Task
+from overnight.runtime.task import TASK_ID_RULE, Task, task_id_problem
 from overnight.store import Store, default_store_url, open_store
 from overnight.store import exists as store_exists
 from overnight.store import location as store_location
 from overnight.store.blobs import BlobReader
 from overnight.store.base import DEFAULT_GRACE_S
-from overnight.store.queue import describe
+from overnight.store.queue import describe, state_of
 from overnight.units import human_duration
 from overnight.store.queue_open import queue_for, task_status
 from overnight.store.compose.tiered import TieredStore
@@ -109,10 +110,31 @@ def _heal(replicated: Any, task_id: str) -> None:
     repair_task(replicated.media, list(replicated.names), task_id, key=signing_key_from_env())
 
 
-def _suggest(exc: TaskNotFound, s: Store) -> None:
+def _named(exc: TaskNotFound, close: list[str]) -> bool:
+    """When the id of ``exc`` (a task not found) is not a valid task id -- and not a LangGraph
+    thread's (``langgraph:`` and any text) -- say so and why instead of "no task", with ``close``
+    (did you mean) and the rule in the hint. Returns True when it did (no other hint applies)."""
+    task_id = exc.task_id or ""
+    if "is not a valid task id" in exc.message:
+        return True  # said already (the dashboard asks again)
+    why = None if task_id.startswith("langgraph:") else task_id_problem(task_id)
+    if why is None:
+        return False
+    exc.message = f"{shown_task_id(task_id)} is not a valid task id: {why}"
+    exc.hint = (f"did you mean {' or '.join(close)}? " if close else "") + f"a task id: {TASK_ID_RULE}" + \
+        (f"; {exc.hint}" if exc.hint else "")
+    return True
+
+
+def _suggest(exc: TaskNotFound, s: Store | None) -> None:
     """Add the stored task ids closest to the one not found (``difflib``, as git suggests a
-    mistyped command) in front of ``exc.hint``."""
+    mistyped command) in front of ``exc.hint``; an id no task can have is said to be one
+    (:func:`_named`). ``s``: None when there is no store to look in."""
     if not exc.task_id:
+        return
+    exc.message = exc.message.replace(repr(exc.task_id), shown_task_id(exc.task_id))
+    if s is None:
+        _named(exc, [])
         return
     if exc.hint and "`overnight ls`" in exc.hint:  # the listing of this store, not of the default one
         exc.hint = exc.hint.replace("`overnight ls`", f"`{_command('ls', None, s)}`")
@@ -122,8 +144,8 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
         state = describe(row, None, complete=False, now=now)
         why = ("a worker has not started it" if row.status == "queued" else
                "its first step has not committed" if row.status == "running" else "no step of it has run")
-        exc.message = (f"task {exc.task_id!r} is {state} (submitted {human_duration(now - row.submitted_ms)} ago), "
-                       f"no checkpoint yet: {why}")
+        exc.message = (f"task {shown_task_id(exc.task_id)} is {state} (submitted "
+                       f"{human_duration(now - row.submitted_ms)} ago), no checkpoint yet: {why}")
         exc.hint = (f"it is submitted but has no checkpoint yet; `{_command('status', exc.task_id, s)}` "
                     "shows its queue state, " + (f"`{_command('retry', exc.task_id, s)}` queues it again"
                                                  if row.status in ("failed", "cancelled") else
@@ -133,12 +155,15 @@ def _suggest(exc: TaskNotFound, s: Store) -> None:
         ids = [t.task_id for t in s.list_tasks()]
         ids += [r.task_id for r in _unstarted(queue_for(s, create=False), set(ids))]  # submitted, not started
     except OvernightError:
+        _named(exc, [])
         return
     if exc.task_id in ids:  # stored, but never submitted: a plain `overnight run` made it
-        exc.hint = (f"{exc.task_id!r} was run with `overnight run`, not submitted: `overnight resume "
+        exc.hint = (f"{shown_task_id(exc.task_id)} was run with `overnight run`, not submitted: `overnight resume "
                     f"{exc.task_id}` runs it here, `overnight resume {exc.task_id} --submit` queues it for the workers")
         return
     close = _close(exc.task_id, ids)
+    if _named(exc, close):
+        return
     if close and "did you mean" not in (exc.hint or ""):
         exc.hint = f"did you mean {' or '.join(close)}?" + (f" {exc.hint}" if exc.hint else "")
     elif not close and "ephemeral" not in (exc.hint or ""):  # the run said so, but a user asks later
@@ -280,6 +305,8 @@ def resume(
             if store_exists(default_store_url()):
                 with opened(None) as s:
                     _suggest(exc, s)
+            else:
+                _suggest(exc, None)
             raise exc
         store = found[0]
         try:
@@ -365,12 +392,19 @@ class TaskSummary:
     task_id: str
     goal: str
     status: str  # complete | in progress | invalid | rolled back (the branch ref was moved back)
-    done: int
-    total: int
+    done: int | None
+    """Steps done on the listed branch; None for a row with no plan: a submitted task with no
+    checkpoint yet (its plan is not known until a worker loads its code) and a LangGraph thread
+    or Agents SDK session (status ``open``: no plan at all)."""
+    total: int | None
+    """Steps done plus steps to do; None when ``done`` is."""
     branches: list[str]
     checkpoints: int
     updated_at: str | None
-    created_at: str
+    """When its newest checkpoint was written (ISO 8601, UTC); None with no checkpoint."""
+    created_at: str | None
+    """When the task was created (ISO 8601, UTC); None for a submitted task with no checkpoint yet
+    (``submitted_ms`` says when it was submitted)."""
     store: str = ""
     """Where the task was listed from: a store's path, or its URL with any password masked."""
     damaged: int = 0
@@ -381,8 +415,8 @@ class TaskSummary:
     entry: str | None = None
     """For a task submitted to the workers that has no checkpoint yet: its code location as
     submitted (``FILE.py:TASK`` or ``MODULE:ATTR``), not imported; its ``goal`` is then ``""``
-    (unknown until a worker loads the code), ``done``/``total`` 0 and ``branches`` empty. None
-    for a task with checkpoints."""
+    (unknown until a worker loads the code), ``done``/``total`` and ``created_at`` None and
+    ``branches`` empty. None for a task with checkpoints."""
     submitted_ms: int | None = None
     """With ``entry``: when the task was submitted (Unix ms, the store's clock, as its queue row
     records it). None for a task with checkpoints."""
@@ -456,7 +490,9 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
         refs = s.list_refs(t.task_id)
         rows = s.list_checkpoints(t.task_id)
         branch = "main" if "main" in refs else next(iter(refs), None)
-        status, done, total, fell_back = "invalid", 0, 0, None
+        status, fell_back = "invalid", None
+        done: int | None = 0
+        total: int | None = 0
         if branch is not None:
             try:
                 loaded, fallback = load_head(s, t.task_id, branch, key=key)  # as a resume checks it
@@ -471,13 +507,15 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
                 status = "invalid"
         if status in ("in progress", "complete"):  # who holds it: running / stalled / queued / failed ...
             status = _open_ended(loaded, task_status(s, t.task_id, complete=status == "complete", now=now) or status)
+        if state_of(status) == "open":  # an adapter's thread or session: no plan, so no steps of a total
+            done = total = None
         out.append(TaskSummary(t.task_id, t.goal, status, done, total, sorted(refs), len(rows),
                                max((r.created_at for r in rows), default=None), t.created_at,
                                store_location(s.url), _damaged_records(rows, key), fell_back))
     for row in _unstarted(queue_for(s), seen):
         seen.add(row.task_id)
-        out.append(TaskSummary(row.task_id, "", describe(row, None, complete=False, now=now), 0, 0, [], 0,
-                               None, "", store_location(s.url), entry=row.entry, submitted_ms=row.submitted_ms))
+        out.append(TaskSummary(row.task_id, "", describe(row, None, complete=False, now=now), None, None, [],
+                               0, None, None, store_location(s.url), entry=row.entry, submitted_ms=row.submitted_ms))
     return out
 
 
@@ -1122,7 +1160,7 @@ def repair(task_id: str | None = None, *, store: Store | str | None = None) -> l
         for tid in ids:
             found = locate(tid, cfg)
             if found is None:
-                raise TaskNotFound(f"no task {tid!r} on any configured medium", task_id=tid,
+                raise TaskNotFound(f"no task {shown_task_id(tid)} on any configured medium", task_id=tid,
                                    hint="`overnight ls` lists the tasks; pass --store URL for another store")
             located = found[0]
             try:

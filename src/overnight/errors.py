@@ -62,16 +62,33 @@ class OvernightError(Exception):
     def __str__(self) -> str:
         parts = [self.message]
         where = []
+        named = False  # the message names the task already (an id cut short: as shown_task_id cuts it)
         if self.task_id is not None:
-            where.append(f"task {self.task_id!r}")
+            shown = shown_task_id(self.task_id)
+            where.append(f"task {shown}")
+            named = f"task {self.task_id!r}" in self.message or self.message.startswith(shown)
         if self.checkpoint_id is not None:
             where.append(f"checkpoint {short_id(self.checkpoint_id)}")
-        if where and not any(w in self.message for w in where):
+        if where and not named and not any(w in self.message for w in where):
             parts.append(f"({', '.join(where)})")
         text = " ".join(parts)
         if self.hint:
             text += f"\n  hint: {self.hint}"
         return text
+
+
+SHOWN_ID_CHARS = 80
+"""An id longer than this is cut to its first this many characters in messages (:func:`shown_task_id`)."""
+
+
+def shown_task_id(task_id: str, limit: int = SHOWN_ID_CHARS) -> str:
+    """``task_id`` as a message names it: its ``repr``, or for an id longer than ``limit``
+    characters, the ``repr`` of its first ``limit`` with ``…`` and its length --
+    ``'yyyy…' (3000 characters)``: an id of thousands of characters is not echoed whole."""
+    if not isinstance(task_id, str) or len(task_id) <= limit:
+        return repr(task_id)
+    head = repr(task_id[:limit])
+    return f"{head[:-1]}…{head[-1]} ({len(task_id)} characters)"
 
 
 def short_id(checkpoint_id: str) -> str:

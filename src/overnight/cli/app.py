@@ -22,7 +22,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -56,6 +56,32 @@ def _usage_name(self: typer.core.TyperArgument) -> str:
 
 if hasattr(typer.core.TyperArgument, "_usage_display_name"):  # typer >= 0.16 writes required ones as {name}
     typer.core.TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
+
+_METAVARS = {"store": "URL", "base_url": "URL", "branch": "NAME", "into": "NAME", "source": "NAME", "queue": "NAME",
+             "events": "FILE", "output": "FILE", "out_path": "FILE", "out": "DIR", "dir": "DIR", "file": "FILE.py[:NAME]",
+             "at": "CHECKPOINT", "to": "CHECKPOINT", "task_id": "ID", "package": "NAME", "host": "HOST",
+             "token": "TOKEN", "prefer": "ours|theirs"}
+"""The value an option takes, as its help names it (``-s, --store URL``), by parameter name; an
+option whose help needs another name gives its own ``metavar``."""
+
+
+def _option_value(self: typer.core.TyperOption, ctx: Any) -> str | None:
+    """What an option takes, as git and click write it -- ``--store URL``, ``--max-steps N`` -- not
+    typer's ``<str>`` / ``<int range>``: its own metavar, else by name (:data:`_METAVARS`), else
+    ``N`` for a whole number, ``NUMBER`` for a float, the name in capitals for the rest."""
+    if self.metavar is not None:
+        return self.metavar
+    name = _METAVARS.get(self.name or "")
+    if name is None:
+        kind = getattr(getattr(self, "type_descriptor", None), "annotation", None)
+        name = "N" if kind is int else "NUMBER" if kind is float else (self.name or "value").upper()
+    return name + ("..." if self.nargs != 1 else "")
+
+
+if hasattr(typer.core.TyperOption, "display_type_rich"):  # typer >= 0.16: '<str>', '<int range>'
+    typer.core.TyperOption.display_type_rich = _option_value  # type: ignore[method-assign]
+    # an argument's help row is its name alone (TASK_ID), not 'TASK_ID <str>'
+    typer.core.TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
 
 
 def _version(value: bool) -> None:
@@ -247,7 +273,10 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
     `open` (no plan to complete); a task submitted to the workers with no checkpoint yet shows its
     code (`queued from FILE:TASK`).
     Without --store: the default store and the configured database and cloud media (where the
-    router puts important and critical tasks)."""
+    router puts important and critical tasks).
+    --json: one object per task, null for what a row does not know: created_at and updated_at of a
+    submitted task with no checkpoint yet, done and total of a row with no plan (that task, a thread,
+    a session: `—` in the table)."""
     with failing():
         tasks = api.ls(store=store)
     if as_json:
@@ -726,7 +755,7 @@ app.add_typer(bench_app, name="bench")
 @app.command("route")
 def route_(
     file: str = typer.Argument(..., metavar="FILE.py[:TASK]", help="Python file defining the task."),
-    at: Optional[str] = typer.Option(None, "--at", help="Pretend the task starts at this local time "
+    at: Optional[str] = typer.Option(None, "--at", metavar="TIME", help="Pretend the task starts at this local time "
                                      "(ISO 8601, e.g. 2026-11-30T22:00); default: now."),
     as_json: bool = JsonOpt,
 ) -> None:

@@ -88,6 +88,8 @@ def submit(
     idempotency_key: Optional[str] = typer.Option(None, "--idempotency-key", metavar="KEY",
                                                   help="A second submit with the same key returns the first task."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the task id, one line (also when it was "
+                               "submitted already), for scripts: id=$(overnight submit -q FILE.py). --json wins."),
 ) -> None:
     """Queue a task for the workers (`overnight worker`). The definition is imported once here to
     check it (exit 2 if it is not a task); workers import it from the same place in their own
@@ -105,6 +107,11 @@ def submit(
         _fail(exc)
     if as_json:
         render.print_json({**row.to_dict(), "created": created})
+        return
+    if quiet:  # as given to `overnight status` / `cancel`: the id itself, no markup, no wrapping
+        import sys
+
+        sys.stdout.write(f"{row.task_id}\n")
         return
     what = "queued" if created else f"already submitted ({row.status})"
     render.out.print(f"{render.esc(row.task_id)} {what}: queue {render.esc(row.queue)}, priority {row.priority}, "

@@ -33,6 +33,37 @@ from overnight.errors import ConfigError, SpecError
 from overnight.chain import records
 
 CRITICALITY = ("normal", "important", "critical")
+TASK_ID_MAX = 200
+"""Characters in a task id, at most."""
+TASK_ID_RULE = (f"1-{TASK_ID_MAX} ASCII letters (a-z, A-Z), digits, '.', '_' or '-', starting with a letter or "
+                "digit")
+"""What a task id is made of, as errors state it (:func:`task_id_problem` checks it)."""
+_ID_FIRST = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+_ID_REST = _ID_FIRST | frozenset("._-")
+
+
+def _char(c: str) -> str:
+    """A character as an error names it: ``'['``; ``'\\n' (U+000A)`` for one that is not printable
+    ASCII (a control, a space, a letter of another script that looks like an ASCII one)."""
+    plain = c.isascii() and c.isprintable() and not c.isspace()
+    return repr(c) if plain else f"{c!r} (U+{ord(c):04X})"
+
+
+def task_id_problem(task_id: str) -> str | None:
+    """Why ``task_id`` is not a valid task id (:data:`TASK_ID_RULE`) -- ``"it is empty"``,
+    ``"it cannot start with '.'"``, ``"'[' is not allowed"`` (the first such character),
+    ``"it is longer than 200 characters"`` -- or None when it is one."""
+    if not task_id:
+        return "it is empty"
+    if task_id[0] not in _ID_FIRST:
+        return f"it cannot start with {_char(task_id[0])}" if task_id[0] in _ID_REST else \
+            f"{_char(task_id[0])} is not allowed"
+    bad = next((c for c in task_id if c not in _ID_REST), None)
+    if bad is not None:
+        return f"{_char(bad)} is not allowed"
+    if len(task_id) > TASK_ID_MAX:
+        return f"it is longer than {TASK_ID_MAX} characters"
+    return None
 _SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr|d|day|days|w|week|weeks)?\s*$")
 _UNIT_S = {None: 3600, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400, "day": 86400,
            "days": 86400, "w": 604800, "week": 604800, "weeks": 604800}
@@ -193,10 +224,8 @@ class Task:
     spec, so ``resume`` and ``status --drift`` load that definition and give it this id."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", self.id):
-            raise SpecError(f"invalid task id {self.id!r}", missing=["id"],
-                            hint="use 1-200 ASCII letters (a-z, A-Z), digits, '.', '_' or '-', "
-                            "starting with a letter or digit")
+        if not isinstance(self.id, str) or task_id_problem(self.id) is not None:
+            raise SpecError(f"invalid task id {self.id!r}", missing=["id"], hint=f"use {TASK_ID_RULE}")
         self.criticality_explicit = self.criticality is not None
         self.criticality = self.criticality or "normal"
         if self.criticality not in CRITICALITY:
