@@ -72,10 +72,16 @@ and deletes nothing, checkpoints included: :func:`_refuse_unreadable_live`. ``ve
 rewrites what a copy still holds; the rest is restored from a backup or replica, or its branch
 moved off it. ``rm`` deletes its task then but keeps every object, as for hidden damage.
 
-An interrupted ``--apply`` leaks nothing: a store deletes a checkpoint's record before the index
-entry by which gc finds it (:meth:`overnight.store.keyed.KeyedStore.delete_checkpoints`), so the
-next run finds and deletes every record the killed one left (at worst an index entry naming no
-record stays: a few bytes, skipped by listings, removed by ``rm``), and objects are found by listing.
+An interrupted ``--apply`` leaks nothing, and the next run finishes its job: a store deletes a
+checkpoint's record before the index entry by which gc finds it, newest first
+(:meth:`overnight.store.keyed.KeyedStore.delete_checkpoints`), so the next run finds and deletes
+every record the killed one left, and objects are found by listing. On ``file://`` and ``s3://``
+gc (of the whole store, not with ``task_id``) also removes what no listing shows
+(:meth:`~overnight.store.keyed.KeyedStore.leftovers`): index entries naming a record that is gone
+(a gc or ``rm`` killed between the two), and checkpoint records no index entry or ref names -- a
+commit killed before its ref swap, a delete by an older version killed midway -- once they are
+older than ``grace`` (a commit in flight has written its record but not yet moved its ref; a
+record that is the parent of one that stays is kept).
 """
 
 from __future__ import annotations
@@ -85,7 +91,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
-from overnight.errors import ConfigError, StoreCorrupt, short_id
+from overnight.errors import ConfigError, OvernightError, StoreCorrupt, short_id
 from overnight.store.base import DEFAULT_GRACE_S, CheckpointRow, MinAge, Store
 from overnight.store.compose.pack import manifest_of
 from overnight.store.compose.tiered import TieredStore, tiered
@@ -127,6 +133,12 @@ class GcReport:
         objects_deleted, object_bytes: unreferenced and older: deleted (or would be), and bytes.
         unreadable: parts of remaining checkpoints that could not be read (see
             :mod:`overnight.chain.reachability`).
+        leftover_records, leftover_bytes: checkpoint records no listing shows (``file://`` and
+            ``s3://``: a commit killed before its ref swap, a delete from an older version killed
+            midway) stored longer than ``grace``: deleted (or would be), and their bytes; 0 for a
+            store without such leftovers and with ``task_id`` (:func:`_leftovers`).
+        leftover_entries: index entries naming a record that is gone (a gc or rm killed midway):
+            deleted (or would be).
         seconds: wall time.
     """
 
@@ -143,6 +155,9 @@ class GcReport:
     objects_deleted: int = 0
     object_bytes: int = 0
     unreadable: list[Unreadable] = field(default_factory=list)
+    leftover_records: int = 0
+    leftover_bytes: int = 0
+    leftover_entries: int = 0
     seconds: float = 0.0
 
 
@@ -292,12 +307,21 @@ def collect(
         def min_age_ms() -> int:
             return int(grace_s * 1000 + (time.monotonic() - t0) * 1000) + 1
 
+        if task_id is None:
+            records, entries = _leftovers(hot, remaining + survivors)
+            old_records = [c for c, (_, age) in records.items() if not young(age)]
+            report.leftover_records, report.leftover_bytes, report.leftover_entries = hot.delete_leftovers(  # type: ignore[attr-defined]
+                old_records, entries, min_age_ms=min_age_ms) if old_records or entries else (0, 0, 0)
         gone = _delete_objects(hot, candidates, min_age_ms)
         report.objects_deleted = len(gone)
         report.object_bytes = sum(gone.values())
         report.objects_young = len(candidates) - len(gone)
         report.young_bytes = sum(s.stored_bytes for d, s in candidates.items() if d not in gone)
     else:
+        if task_id is None:
+            records, entries = _leftovers(hot, remaining)
+            sizes = [size for size, age in records.values() if not young(age)]
+            report.leftover_records, report.leftover_bytes, report.leftover_entries = len(sizes), sum(sizes), len(entries)
         old = {d: s for d, s in candidates.items() if not young(s.age_ms)}
         report.objects_deleted = len(old)
         report.object_bytes = sum(s.stored_bytes for s in old.values())
@@ -308,6 +332,32 @@ def collect(
     report.unreadable = reach.unreadable
     report.seconds = time.monotonic() - t0
     return report
+
+
+def _leftovers(hot: Store, remaining: list[CheckpointRow]) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    """What interrupted deletions and commits left in a ``file://`` or ``s3://`` store that no
+    listing shows (:meth:`overnight.store.keyed.KeyedStore.leftovers`): ``({checkpoint id: (bytes,
+    age ms)}, {index key: checkpoint id})`` (``({}, {})`` for a store without such leftovers).
+    A record that is the parent of a checkpoint that stays (``remaining``), or of such a record
+    in turn, is no leftover: it is kept, whatever its index says."""
+    found = getattr(hot, "leftovers", None)
+    if found is None:
+        return {}, {}
+    records, entries = found()
+    parents = {r.parent_id for r in remaining if r.parent_id is not None}
+    while parents & records.keys():
+        kept = parents & records.keys()
+        for c in kept:
+            del records[c]
+        parents = set()
+        for c in kept:
+            try:
+                p = hot.get_checkpoint(c).parent_id
+            except OvernightError:
+                continue
+            if p is not None:
+                parents.add(p)
+    return records, entries
 
 
 def _hidden_damage(hot: Store) -> list[str]:

@@ -399,6 +399,11 @@ class KeyedStore(Closing):
             raise stale_head(cp.task_id, cp.branch, commit.expected_head, current)
         self._heal(staged, new - created)  # another writer linked it first
         self._repair(staged, refreshed)
+        record = layout.checkpoint_key(cp.checkpoint_id)
+        if record not in created and not self._c.exists_many([record]):
+            # the record was there already (an earlier attempt of this very commit, killed before
+            # its ref swap) and a gc took it as a leftover (:meth:`leftovers`) meanwhile: back
+            self._c.create_many({record: items[record]})
         return added
 
     def _parent_task(self, cp: CheckpointRow) -> str | None:
@@ -541,10 +546,13 @@ class KeyedStore(Closing):
         by_cp: dict[str, list[JournalRow]] = {}
         for j in journal:
             by_cp.setdefault(j.checkpoint_id, []).append(j)
-        self._c.create_many({layout.checkpoint_key(r.checkpoint_id):
-                             layout.encode_checkpoint(r, r.stored_bytes, by_cp.get(r.checkpoint_id, [])) for r in rows})
+        records = {layout.checkpoint_key(r.checkpoint_id):
+                   layout.encode_checkpoint(r, r.stored_bytes, by_cp.get(r.checkpoint_id, [])) for r in rows}
+        there = set(records) - self._c.create_many(records)
         for task_id in dict.fromkeys(r.task_id for r in rows):
             self._c.create_many(self._index_entries(task_id, [r.checkpoint_id for r in rows if r.task_id == task_id]))
+        if there:  # stored already, unindexed: a gc may have taken it as a leftover meanwhile (:meth:`leftovers`)
+            self._c.create_many({k: records[k] for k in there - self._c.exists_many(there)})
 
     def delete_checkpoints(self, checkpoint_ids: Iterable[str], *, orphans: bool = False) -> int:
         """Delete checkpoint records (:meth:`overnight.store.base.Store.delete_checkpoints`: never
@@ -575,12 +583,73 @@ class KeyedStore(Closing):
                     doomed -= keep
             # the records first, their index entries after: the index is how gc finds a task's
             # records, so a delete killed in between leaves records it still finds (and deletes on
-            # its next run) or index entries naming no record (listings skip them; `rm` removes
-            # them) -- never a record nothing lists (the other order leaked it for good)
-            self._c.delete([layout.checkpoint_key(c) for c in doomed])
-            self._c.delete([layout.index_key(task_id, c) for c in doomed])
+            # its next run) or index entries naming no record (listings skip them; the next gc
+            # removes them, :meth:`leftovers`) -- never a record nothing lists. Newest first, so a
+            # record left by a kill never names a deleted parent (``file://`` deletes in order;
+            # ``s3://`` a few side by side)
+            order = sorted(doomed, key=lambda c: (found[c].seq, found[c].created_at, c), reverse=True)
+            self._c.delete([layout.checkpoint_key(c) for c in order])
+            self._c.delete([layout.index_key(task_id, c) for c in order])
             freed += sum(len(found[c].body) for c in doomed)
         return freed
+
+    def leftovers(self) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+        """What an interrupted deletion or commit left that no listing shows, for ``gc`` to remove
+        (:func:`overnight.ops.gc.collect`): ``(records, entries)``.
+
+        ``records``: ``{checkpoint id: (bytes, age in ms)}`` of the records under ``checkpoints/``
+        that no index entry and no ref of any task folder names -- a commit killed (or beaten) before
+        its ref swap, a record a delete from before layout 2 unindexed first; never listed, so no
+        other gc would find them. One a commit is writing right now looks the same: the caller
+        deletes only those older than its grace period (:meth:`delete_leftovers`).
+        ``entries``: ``{index key: checkpoint id}`` of the index entries naming a record that is not
+        stored (a delete killed between a record and its entry), ref heads excepted.
+
+        ``({}, {})`` while a ref, index entry or folder cannot be read (:meth:`damaged_entries`:
+        it may name any record), and records whose key names no checkpoint are left out.
+        """
+        try:
+            folders = self._c.list("tasks")
+        except StoreCorrupt:
+            return {}, {}
+        named: set[str] = set()
+        indexed: dict[str, str] = {}
+        for n in folders:
+            heads, damage = self._refs(f"tasks/{n}/refs")
+            folder = f"tasks/{n}/checkpoints"
+            ids, broken, _ = self._index(folder)
+            if damage or broken:
+                return {}, {}
+            named.update(c for c in heads.values() if not _is_damaged(c))
+            named.update(ids)
+            indexed.update({f"{folder}/{layout.name(c)}": c for c in ids})
+        stored: dict[str, tuple[int, int]] = {}
+        for key, size, age in self._c.stats("checkpoints"):
+            cid = layout.checkpoint_id_of_key(key)
+            if cid is not None:
+                stored[cid] = (size, age)
+        heads = named - set(indexed.values())
+        records = {c: v for c, v in stored.items() if c not in named}
+        entries = {k: c for k, c in indexed.items() if c not in stored and c not in heads}
+        return records, entries
+
+    def delete_leftovers(self, records: Iterable[str], entries: dict[str, str], *,
+                         min_age_ms: MinAge | None = None) -> tuple[int, int, int]:
+        """Delete what :meth:`leftovers` found: each record in ``records`` still stored ``min_age_ms``
+        or longer (checked as the container deletes it) and still named by no index entry or ref --
+        a record that a commit or restore indexed meanwhile stays --, then each of ``entries`` (an
+        entry whose record was written again meanwhile is put back). Returns ``(records deleted,
+        their bytes, entries deleted)``."""
+        records = list(dict.fromkeys(records))
+        now, _ = self.leftovers() if records else ({}, {})
+        gone = self._c.delete([layout.checkpoint_key(c) for c in records if c in now], min_age_ms=min_age_ms)
+        removed = self._c.delete(entries)
+        again = self._c.exists_many([layout.checkpoint_key(entries[k]) for k in removed]) if removed else set()
+        back = {k: entries[k].encode("utf-8", "surrogatepass") for k in removed
+                if layout.checkpoint_key(entries[k]) in again}
+        if back:  # written again (a restore, a repair) between the listing and the delete
+            self._c.create_many(back)
+        return len(gone), sum(gone.values()), len(removed) - len(back)
 
     def delete_task(self, task_id: str) -> None:
         folder = layout.task_dir(task_id)

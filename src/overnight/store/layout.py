@@ -126,6 +126,22 @@ def checkpoint_key(checkpoint_id: str) -> str:
     return _digest_key("checkpoints", checkpoint_id)
 
 
+def checkpoint_id_of_key(key: str) -> str | None:
+    """The checkpoint id stored under ``key`` (:func:`checkpoint_key`), None for a key no
+    checkpoint is stored under (a planted name)."""
+    parts = key.split("/")
+    if len(parts) != 3 or parts[0] != "checkpoints":
+        return None
+    if parts[1] == "_":
+        try:
+            cid = unname(parts[2])
+        except DecodeError:
+            return None
+        return cid if checkpoint_key(cid) == key else None
+    cid = f"sha256:{parts[1]}{parts[2]}"
+    return cid if _DIGEST.match(cid) else None
+
+
 def task_dir(task_id: str) -> str:
     return f"tasks/{name(task_id)}"
 

@@ -31,7 +31,8 @@ import orjson
 
 from overnight.codec.compress import decompress
 from overnight.codec.digest import from_raw
-from overnight.errors import CheckpointNotFound, ConfigError, DecodeError, IntegrityError, OvernightError, short_id
+from overnight.errors import (CheckpointNotFound, ConfigError, DecodeError, IntegrityError, MissingObject, OvernightError,
+                              short_id)
 from overnight.store.base import CheckpointRow, ObjectRecord, Store
 from overnight.store.blobs import ChunkCache
 from overnight.chain.ditto import CopyReader, HealingReader, recommittable, rewrite_record
@@ -705,6 +706,10 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                 if isinstance(result, int):
                     if live(content.original_of(d)):
                         report.dangling_objects -= 1  # the ditto copy of a live object or record
+                elif isinstance(result, MissingObject):  # nothing references it, and a part of it is gone:
+                    report.problems.append(Problem(  # what a gc killed in its sweep leaves -- no damage
+                        None, None, "object", f"unreferenced object {d} lacks a part ({result.message}): left by an "
+                        "interrupted gc; the next `overnight gc --apply` removes it", d, dangling=True))
                 else:
                     bad_objects.add(d)
                     report.problems.append(Problem(None, None, "object", f"{type(result).__name__}: {result.message}", d))
