@@ -84,3 +84,29 @@ def test_concurrent_confirmations_keep_every_entry_and_never_tear_the_file(tmp_p
     assert data["version"] == 1 and len(data["entries"]) == PROCS * EACH
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert not [p.name for p in state.iterdir() if p.name.endswith(".tmp")]  # no temporary file left behind
+
+
+def test_a_fifo_or_a_held_lock_in_the_state_folder_never_hangs_a_confirmation(tmp_path, monkeypatch) -> None:
+    """A FIFO planted where the confirmation file lives, or a lock another (stopped) process holds:
+    the confirmation gives up -- the pointer then needs task_resume again -- instead of hanging."""
+    import fcntl
+    import time as clock
+
+    from overnight.mcp import tasks
+
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("OVERNIGHT_STATE_DIR", str(state))
+    os.mkfifo(state / tasks.CONFIRMED_FILE)
+    t0 = clock.monotonic()
+    tasks.confirm_pointer(tmp_path, "t", f"sqlite://{tmp_path / 'x.db'}")  # replaced by the rename
+    assert clock.monotonic() - t0 < 5
+    assert tasks.pointer_confirmed([tmp_path], "t", f"sqlite://{tmp_path / 'x.db'}")
+
+    monkeypatch.setattr(tasks, "CONFIRMED_LOCK_S", 0.5)
+    with open(state / (tasks.CONFIRMED_FILE + ".lock"), "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # (flock locks belong to the open file: this one blocks the next)
+        t0 = clock.monotonic()
+        tasks.confirm_pointer(tmp_path, "u", f"sqlite://{tmp_path / 'y.db'}")
+        assert 0.4 < clock.monotonic() - t0 < 5
+    assert not tasks.pointer_confirmed([tmp_path], "u", f"sqlite://{tmp_path / 'y.db'}")

@@ -247,3 +247,36 @@ def test_a_codec_registered_after_items_were_remembered_is_used(module) -> None:
     new = _same(enc, items)
     assert new != old
     assert dec.decode(new) == decode(new) == [note(text=v.text[:6]) for v in items]
+
+
+def test_a_registered_class_defined_again_decodes_as_the_codec_decodes(module) -> None:
+    """Registered, then shadowed: the codec still loads the registered (old) class; a remembered
+    value must not come back as the new class (pickle looks classes up by name) without its checks."""
+    from overnight.codec.registry import register_type
+
+    old = register_type(_model(module))
+    data = encode([old(text=f"note {i} " + "x" * 40) for i in range(10)])
+    dec = ListCodec()
+    dec.decode(data)
+    _model(module, n=(int, 7))  # defined again
+    got = dec.decode(data)
+    assert got == decode(data) and [type(v) for v in got] == [old] * 10
+    fresh = ListCodec()  # a codec that never saw the old class: decodes too, never raises
+    assert fresh.decode(data) == decode(data) and fresh.decode(data) == decode(data)
+
+
+def test_a_registered_class_defined_in_a_function_round_trips(module) -> None:
+    """pickle cannot find such a class again: its items are converted on every call, never kept."""
+    from overnight.codec.registry import register_type
+
+    def make() -> type[BaseModel]:
+        class Local(BaseModel):
+            text: str
+        return Local
+
+    local = register_type(make())
+    items = [local(text=f"note {i} " + "x" * 40) for i in range(10)]
+    codec = ListCodec()
+    data = _same(codec, items)
+    assert _same(codec, items) == data
+    assert codec.decode(data) == decode(data) == items and codec.decode(data) == items

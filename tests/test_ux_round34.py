@@ -216,3 +216,15 @@ def test_help_names_what_each_option_takes(tmp_path: Path) -> None:
         assert "<str>" not in text and "range>" not in text and "<int>" not in text, text
     assert "--at TIME" in _ok(tmp_path, "route", "--help")
     assert "--concurrency N" in _ok(tmp_path, "worker", "--help")
+
+
+@pytest.mark.parametrize("command", ["cancel", "retry", "status"])
+@pytest.mark.parametrize(("task_id", "why"), [("a\udcff", "'\\udcff' (U+DCFF) is not allowed"), ("", "it is empty")])
+def test_queue_commands_say_an_id_is_not_valid(tmp_path: Path, command: str, task_id: str, why: str) -> None:
+    """An id that is not UTF-8 (``$'a\\xff'`` in a shell) or empty: the queue commands say it is no
+    task id, exit 2 -- not a UnicodeEncodeError traceback from the store."""
+    store = _project(tmp_path)
+    _ok(tmp_path, "submit", "tasks/report.py", "--store", store, "-q")
+    r = cli(command, task_id, "--store", store, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert f"is not a valid task id: {why}" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -130,9 +130,12 @@ def _suggest(exc: TaskNotFound, s: Store | None) -> None:
     """Add the stored task ids closest to the one not found (``difflib``, as git suggests a
     mistyped command) in front of ``exc.hint``; an id no task can have is said to be one
     (:func:`_named`). ``s``: None when there is no store to look in."""
-    if not exc.task_id:
+    if exc.task_id is None:
         return
     exc.message = exc.message.replace(repr(exc.task_id), shown_task_id(exc.task_id))
+    if not exc.task_id:  # '': no task can have it
+        _named(exc, [])
+        return
     if s is None:
         _named(exc, [])
         return
@@ -1466,11 +1469,16 @@ def submit(entry: str, *, store: Store | str | None = None, task_id: str | None 
                        not_before=not_before, idempotency_key=idempotency_key)
 
 
-def _queue_call(store: Store | str | None, fn: Callable[[Any], Any]) -> Any:
+def _queue_call(store: Store | str | None, fn: Callable[[Any], Any], task_id: str | None = None) -> Any:
+    """``fn(queue)`` on the store's queue; for the task ``task_id`` (when given), an id no task can have (text
+    that is not UTF-8 included, which no store could even look up) is not found, said so
+    (:func:`_suggest`), before the queue is asked."""
     with _opened(store) as s:
         q = queue_for(s)
         if q is None:
             raise ConfigError(f"store {s.url} has no queue; workers need an sqlite:// or postgresql:// store")
+        if task_id is not None and task_id_problem(task_id) is not None:
+            raise TaskNotFound(f"no task {shown_task_id(task_id)} in the queue", task_id=task_id)
         return fn(q)
 
 
@@ -1530,12 +1538,12 @@ def retry(task_id: str, *, store: Store | str | None = None) -> Any:
     """Queue a ``failed`` or ``cancelled`` task again; any other row is returned as it is (a
     ``complete``, ``queued`` or ``running`` one: nothing queued). Raises TaskNotFound when it was
     never submitted."""
-    return _queue_call(store, lambda q: q.retry(task_id))
+    return _queue_call(store, lambda q: q.retry(task_id), task_id)
 
 
 def cancel(task_id: str, *, store: Store | str | None = None) -> Any:
     """Cancel a submitted task (a running one stops at its next step boundary). Raises TaskNotFound."""
-    return _queue_call(store, lambda q: q.cancel(task_id))
+    return _queue_call(store, lambda q: q.cancel(task_id), task_id)
 
 
 def task_state(task_id: str, *, store: Store, complete: bool, now: int | None = None) -> str | None:

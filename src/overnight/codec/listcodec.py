@@ -22,15 +22,18 @@ returned as a fresh copy (``pickle.loads``), so a caller that changes it changes
 
 What is remembered was made under the type registry of its time: a codec forgets everything when a
 type or codec is registered or forgotten since (:func:`~overnight.codec.registry.generation`), or
-when a model class its items hold can no longer be found by the name it is stored under (a
-notebook cell that defines the class again) -- the canonical codec would then refuse to store
-such an item, and a remembered value would come back as the new class without its checks.
+when a model class its items hold can no longer be found by its name (a notebook cell that
+defines the class again) -- the canonical codec would then refuse to store such an item, or load
+it as the class the registry names, and a remembered value would come back as the new class
+without its checks. Items of a class its name does not lead to (defined in a function) are not
+remembered.
 """
 
 from __future__ import annotations
 
 import itertools
 import pickle
+import sys
 import threading
 from typing import Any
 
@@ -74,11 +77,21 @@ def _exact(value: Any, classes: set[type], depth: int = 0) -> bool:
         return all(_exact(v, classes, depth + 1) for v in value)
     if cls is dict:
         return all(_exact(k, classes, depth + 1) and _exact(v, classes, depth + 1) for k, v in value.items())
-    if isinstance(value, BaseModel) and _default_pickling(cls):
+    if isinstance(value, BaseModel) and _default_pickling(cls) and _by_name(cls):
         classes.add(cls)
         parts = [value.__dict__, value.__pydantic_extra__ or {}, value.__pydantic_private__ or {}]
         return all(type(p) is dict and _exact(p, classes, depth + 1) for p in parts)
     return False
+
+
+def _by_name(cls: type) -> bool:
+    """Does its module's name lead to ``cls`` -- what :mod:`pickle` looks up to make an object of it
+    again? Not for a class defined inside a function, nor for one shadowed since (a notebook cell
+    that defines the class again), even when registered (:func:`~overnight.codec.registry.register_type`)."""
+    obj: Any = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is cls
 
 
 _MODEL, _PLAIN, _NEVER = 1, 2, 0
@@ -133,7 +146,7 @@ class ListCodec:
         classes remembered items hold was shadowed (see the module docstring). A few dict look-ups
         per class and call. Call with the lock held."""
         now = registry.generation()
-        if now != self._generation or any(registry.resolvable_ref(c) is None for c in self._classes):
+        if now != self._generation or any(not _by_name(c) or registry.resolvable_ref(c) is None for c in self._classes):
             self._encoded, self._decoded, self._classes, self._generation = {}, [], set(), now
 
     def encode(self, value: Any, path: str = "value") -> bytes:
@@ -215,7 +228,11 @@ class ListCodec:
         for v in values:
             if not _exact(v, classes):
                 return None
-            out.append((encode(v), pickle.dumps(v, pickle.HIGHEST_PROTOCOL)))
+            try:
+                kept = pickle.dumps(v, pickle.HIGHEST_PROTOCOL)
+            except Exception:  # a class pickle cannot find again: decoded whole every time, as the codec does
+                return None
+            out.append((encode(v), kept))
         if b",".join(item for item, _ in out) != text:
             return None
         return out

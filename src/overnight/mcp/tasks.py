@@ -48,6 +48,7 @@ import os
 import re
 import secrets
 import stat
+import time
 import unicodedata
 import uuid
 from contextlib import contextmanager
@@ -389,11 +390,18 @@ def _confirm_key(root: str | os.PathLike, task_id: str, url: str) -> str:
     return hashlib.sha256(json.dumps([str(Path(os.path.normpath(root))), task_id, url]).encode("utf-8")).hexdigest()
 
 
+CONFIRMED_MAX_BYTES = 1 << 20
+"""A :data:`CONFIRMED_FILE` larger than this is damaged (200 entries take about 100 KB)."""
+CONFIRMED_LOCK_S = 10.0
+"""How long a confirmation waits for another process's lock on :data:`CONFIRMED_FILE` (s) before it
+gives up (the pointer then needs ``task_resume`` again, as when the folder cannot be written)."""
+
+
 def _confirmed_entries(path: Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError):
-        return []  # missing or damaged: nothing confirmed (a pointer then needs task_resume again)
+    from overnight.keys import read_cache_file
+
+    # missing, damaged or not a regular file (a FIFO is opened without blocking): nothing confirmed
+    data = read_cache_file(path, CONFIRMED_MAX_BYTES)
     entries = data.get("entries") if isinstance(data, dict) else None
     return [e for e in entries if isinstance(e, dict) and isinstance(e.get("key"), str)] if isinstance(entries, list) else []
 
@@ -401,16 +409,28 @@ def _confirmed_entries(path: Path) -> list[dict[str, Any]]:
 @contextmanager
 def _confirmed_lock(path: Path) -> Iterator[None]:
     """Hold the exclusive ``flock`` guarding :data:`CONFIRMED_FILE` ``path`` (on its sibling
-    ``.lock`` file, mode 0600, created when missing). Where ``flock`` is unsupported (an
-    ``OSError`` from it, or no ``fcntl``) the update goes ahead unlocked, as before locking existed;
-    an ``OSError`` opening the lock file is the caller's (a state folder that cannot be written)."""
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    ``.lock`` file, mode 0600, created when missing; a link or anything but a regular file there is
+    refused). Where ``flock`` is unsupported (an ``OSError`` from it, or no ``fcntl``) the update
+    goes ahead unlocked, as before locking existed. Raises OSError when the lock file cannot be
+    opened (a state folder that cannot be written) or stays locked :data:`CONFIRMED_LOCK_S`
+    seconds (a stopped process holding it): the caller's, as a folder that cannot be written."""
+    fd = os.open(path.with_name(path.name + ".lock"),
+                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path.name}.lock is not a regular file")
         if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError:  # pragma: no cover - a file system without flock
-                pass
+            deadline = time.monotonic() + CONFIRMED_LOCK_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:  # another confirmation holds it: wait, but not forever
+                    if time.monotonic() > deadline:
+                        raise OSError(f"{path.name} stayed locked for {CONFIRMED_LOCK_S:.0f} s") from None
+                    time.sleep(0.01)
+                except OSError:  # pragma: no cover - a file system without flock
+                    break
         yield  # closing the descriptor releases the lock
     finally:
         os.close(fd)
