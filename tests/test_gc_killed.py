@@ -12,6 +12,7 @@ from outside after increasing delays.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -273,6 +274,12 @@ def test_gc_removes_records_no_index_entry_lists_once_past_grace(built, tmp_path
         assert rep.leftover_records == len(doomed) - 1 and rep.leftover_bytes > 0
         assert record_files(root) == built["records_after"] | {young}
         assert load_head(store, "g", "main")[0].state.data["n"] == N
+        dry = subprocess.run([sys.executable, "-m", "overnight", "gc", "--grace", "0", "--json", "--store",
+                              f"file://{root}"], capture_output=True, text=True, env=_env(), timeout=120)
+        assert dry.returncode == 0 and json.loads(dry.stdout)["leftover_records"] == 1, dry.stderr
+        text = subprocess.run([sys.executable, "-m", "overnight", "gc", "--grace", "0", "--store", f"file://{root}"],
+                              capture_output=True, text=True, env=_env(), timeout=120).stdout
+        assert "1 unlisted checkpoint record(s) would delete" in text, text
         rep = api.gc(store=store, apply=True, grace=0)
         assert rep.leftover_records == 1
         assert record_files(root) == built["records_after"]

@@ -66,7 +66,10 @@ def gc(
     database or cloud medium. With --json a dry run says "dry_run": true and lists what would go
     under "would_delete" (each task) and "checkpoints_would_delete" / "objects_would_delete";
     its "deleted" lists and counts stay empty. --apply --json ("dry_run": false) reports what was
-    deleted under the same keys."""
+    deleted under the same keys. On file:// and s3:// a whole-store gc also removes what a killed gc,
+    rm or commit left that no listing shows: index entries naming no record, and checkpoint records
+    no index entry or branch names once older than --grace ("leftover_records", "leftover_bytes",
+    "leftover_entries" in --json)."""
     with failing():
         with render.progress_bar("reading checkpoints", quiet=quiet or as_json) as update:
             rep = api.gc(store=store, apply=apply, keep_last=keep_last, older_than=older_than, task_id=task_id,
@@ -86,6 +89,11 @@ def gc(
         f"objects: {rep.objects} stored, {rep.objects_referenced} referenced, {rep.objects_unreferenced} unreferenced: "
         f"{rep.objects_deleted} {verb} ({render.human_bytes(rep.object_bytes)}), {rep.objects_young} kept as younger "
         f"than the grace period ({render.human_bytes(rep.young_bytes)})")
+    if rep.leftover_records or rep.leftover_entries:
+        render.out.print(f"left by an interrupted gc, rm or commit (file://, s3://): {rep.leftover_records} unlisted "
+                         f"checkpoint record(s) {verb} ({render.human_bytes(rep.leftover_bytes)}), "
+                         f"{rep.leftover_entries} index entr{'y' if rep.leftover_entries == 1 else 'ies'} naming no "
+                         f"record {verb}")
     _unreadable_note(rep.unreadable)
 
 
@@ -102,6 +110,7 @@ def _gc_json(rep: "api.GcReport") -> dict:
     for what in ("checkpoints", "objects"):
         out[f"{what}_would_delete"] = 0 if applied else out[f"{what}_deleted"]
         out[f"{what}_deleted"] = out[f"{what}_deleted"] if applied else 0
+    # leftover_records / leftover_bytes / leftover_entries: what the run deleted, or a dry run would
     return {"dry_run": not applied, **out}
 
 
