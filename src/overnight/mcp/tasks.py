@@ -407,31 +407,29 @@ def _confirmed_entries(path: Path) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def _confirmed_lock(path: Path) -> Iterator[None]:
+def _confirmed_lock(path: Path) -> Iterator[bool]:
     """Hold the exclusive ``flock`` guarding :data:`CONFIRMED_FILE` ``path`` (on its sibling
-    ``.lock`` file, mode 0600, created when missing; a link or anything but a regular file there is
-    refused). Where ``flock`` is unsupported (an ``OSError`` from it, or no ``fcntl``) the update
-    goes ahead unlocked, as before locking existed. Raises OSError when the lock file cannot be
-    opened (a state folder that cannot be written) or stays locked :data:`CONFIRMED_LOCK_S`
-    seconds (a stopped process holding it): the caller's, as a folder that cannot be written."""
+    ``.lock`` file, mode 0600, created when missing); yields True while it is held, False -- do not
+    write -- when a link or anything but a regular file is there, or another process held the lock
+    :data:`CONFIRMED_LOCK_S` seconds (a stopped process): the caller then confirms nothing, as for a
+    folder that cannot be written. Where ``flock`` is unsupported (an ``OSError`` from it, or no
+    ``fcntl``) it yields True unlocked, as before locking existed. An ``OSError`` opening the lock
+    file (a state folder that cannot be written) is the caller's."""
     fd = os.open(path.with_name(path.name + ".lock"),
                  os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path.name}.lock is not a regular file")
-        if fcntl is not None:
-            deadline = time.monotonic() + CONFIRMED_LOCK_S
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:  # another confirmation holds it: wait, but not forever
-                    if time.monotonic() > deadline:
-                        raise OSError(f"{path.name} stayed locked for {CONFIRMED_LOCK_S:.0f} s") from None
-                    time.sleep(0.01)
-                except OSError:  # pragma: no cover - a file system without flock
-                    break
-        yield  # closing the descriptor releases the lock
+        held = stat.S_ISREG(os.fstat(fd).st_mode)
+        deadline = time.monotonic() + CONFIRMED_LOCK_S
+        while held and fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:  # another confirmation holds it: wait, but not forever
+                held = time.monotonic() <= deadline
+                time.sleep(0.01)
+            except OSError:  # pragma: no cover - a file system without flock
+                break
+        yield held  # closing the descriptor releases the lock
     finally:
         os.close(fd)
 
@@ -453,7 +451,9 @@ def confirm_pointer(root: Path, task_id: str, store_url: str) -> None:
     tmp = path.with_name(f".{CONFIRMED_FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with _confirmed_lock(path):
+        with _confirmed_lock(path) as held:
+            if not held:
+                return
             entries = [e for e in _confirmed_entries(path) if e["key"] != key]
             entries.append({"key": key, "root": str(Path(root).resolve()), "task_id": task_id,
                             "store": mask_password(url)})
