@@ -705,3 +705,22 @@ def test_tools_without_a_branch_follow_the_branch_task_resume_made_current(repo:
         assert text == "on main"
 
     asyncio.run(session(repo, store, body))
+
+
+def test_a_coding_task_no_session_holds_reads_in_progress_not_interrupted(repo: Path, tmp_path: Path) -> None:
+    """``overnight resume`` has no steps of a coding-agent task to run, so ``ls`` / ``status`` do not
+    call it ``interrupted`` (which invites that command): in progress, continued by task_resume."""
+    import json
+
+    from overnight.mcp.tasks import CodingTasks
+
+    from _procs import cli
+
+    store = f"sqlite://{tmp_path / 's.db'}"
+    with CodingTasks(store, project=repo) as t:
+        cp = t.start("Port the parser", plan=["edit src/parser.py", "run the tests"])
+    rows = json.loads(cli("ls", "--json", "--store", store, cwd=repo).stdout)
+    assert [(r["status"], r["status_kind"]) for r in rows] == [
+        ("in progress (coding agent: task_resume in the agent continues it)", "in_progress")], rows
+    r = cli("status", cp.task_id, "--store", store, cwd=repo)
+    assert "in progress (coding agent: task_resume" in r.stdout and "interrupted" not in r.stdout, r.stdout

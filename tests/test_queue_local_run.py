@@ -223,9 +223,21 @@ def test_worker_claiming_a_complete_task_finishes_it_complete(tmp_path: Path, st
     assert out.returncode == 0, out.stderr
     log = _side(tmp_path)
     assert len(log.splitlines()) == 3
-    # queued after it completed (a submit does not look at the head): a worker claims it
+    # a submit looks at the stored head: complete, nothing queued
     out = cli(tmp_path, "submit", "tasks/steps.py", "--id", "done1", "--store", store)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 0 and "already complete, nothing to queue" in out.stdout, (out.stdout, out.stderr)
+    assert "done1" not in queue_rows(store)
+    # a row queued all the same (by an older version's submit, or a run whose settle failed): a
+    # worker claims it and finishes it without running a step
+    from overnight.store import open_store
+    from overnight.store.queue import QueuedTask
+    from overnight.store.queue_open import queue_for
+
+    s = open_store(store)
+    try:
+        queue_for(s).submit(QueuedTask(task_id="done1", entry="tasks/steps.py:task", params={}))
+    finally:
+        s.close()
     assert queue_rows(store)["done1"].status == "queued"
     out = cli(tmp_path, "worker", "--store", store, "--idle-exit", "1", "--max-tasks", "1")
     assert out.returncode == 0, out.stderr
@@ -238,3 +250,50 @@ def test_worker_claiming_a_complete_task_finishes_it_complete(tmp_path: Path, st
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+SLOW = '''
+import os, time
+import overnight
+
+task = overnight.Task("slow", goal="a step that waits", level="durable")
+
+@task.step
+def first(ctx):
+    ctx.state["n"] = 1
+
+@task.step
+def wait(ctx):
+    if os.environ.get("SLOW_WAIT"):  # the run here waits (and is killed); a worker's run does not
+        with open(os.environ["SIDE_LOG"], "a") as f:
+            f.write("waiting\\n")
+        time.sleep(120)
+'''
+
+
+def test_a_run_here_killed_leaves_its_queued_row_saying_when_a_worker_can_claim_it(tmp_path: Path, store: str) -> None:
+    """Submitted, then run here and killed -9 mid-step: its row is still ``queued``, but no worker
+    can claim it until the dead run's task lease expires -- ``status`` and a waiting worker say so,
+    not ``queued`` / "starts in 0 s"."""
+    import signal
+    import subprocess
+
+    from _fleet import CLI, fleet_env, wait_until
+
+    _project(tmp_path)
+    (tmp_path / "tasks" / "slow.py").write_text(SLOW)
+    assert cli(tmp_path, "submit", "tasks/slow.py", "--store", store, "--not-before", "+1s").returncode == 0
+    run = subprocess.Popen([*CLI, "run", "tasks/slow.py", "--store", store, "-q"], cwd=tmp_path,
+                           env=fleet_env(tmp_path, SLOW_WAIT="1"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: "waiting" in _side(tmp_path), 60, "the run's second step")
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=30)
+    status = _status(tmp_path, store, "slow").splitlines()[0]
+    assert "queued (a run of it outside the queue died; a worker can claim it once that run's lease expires in" \
+        in status, status
+    out = cli(tmp_path, "worker", "--store", store, "--idle-exit", "1", "--max-tasks", "1", timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "starts once the task lease of a run outside the queue expires" in out.stderr, out.stderr
+    assert _status(tmp_path, store, "slow").splitlines()[0].startswith("slow (main): complete")

@@ -171,4 +171,5 @@ def test_run_of_a_queued_task_with_other_params_is_refused(tmp_path: Path) -> No
     same = _run(tmp_path, "run", "report.py", "--id", "q1", "--param", "topic=q1")  # its own params: runs here
     assert same.returncode == 0, same.stderr
     again = cli("submit", "report.py", "--id", "q1", "--param", "topic=x", "--store", store, cwd=tmp_path)
-    assert again.returncode == 2 and "a worker runs it with its own params" in again.stderr, again.stderr
+    # run here to the end: complete with its own params, so other params are refused as such
+    assert again.returncode == 2 and 'is complete with params {"topic":"q1"}' in again.stderr, again.stderr

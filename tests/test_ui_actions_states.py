@@ -115,6 +115,9 @@ def test_an_interrupted_task_offers_resume_and_cancel_once_queued(server, site):
     shows and cancels it (303, as before)."""
     page = httpx.get(server.base + "/task", params={"id": "report"}).text
     assert 'id="resume-workers"' in page
+    # never submitted: Cancel is refused, and the advice is not `overnight cancel` (which would refuse too)
+    refused = page.split('id="cancel-refused"', 1)[1].split("</p>", 1)[0]
+    assert "Ctrl-C" in refused and "overnight cancel report" not in refused, refused
     r = httpx.post(server.base + "/actions/resume", data={"csrf": _csrf(page), "task": "report"})
     assert r.status_code == 303, r.text[:400]
     page = httpx.get(server.base + "/task", params={"id": "report"}).text

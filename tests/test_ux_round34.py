@@ -228,3 +228,20 @@ def test_queue_commands_say_an_id_is_not_valid(tmp_path: Path, command: str, tas
     r = cli(command, task_id, "--store", store, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert f"is not a valid task id: {why}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_submit_refuses_a_stored_task_of_other_code_and_queues_nothing_for_a_complete_one(tmp_path: Path) -> None:
+    """``overnight run`` made task "report"; ``submit`` of other code under that id is refused as
+    ``run`` refuses it (a worker would park it failed), and ``submit`` of the same, complete task
+    queues nothing -- as ``resume --submit`` says."""
+    store = _project(tmp_path)
+    (tmp_path / "tasks" / "other.py").write_text(REPORT)
+    _ok(tmp_path, "run", "tasks/report.py", "--store", store, "-q")
+    r = cli("submit", "tasks/other.py", "--store", store, cwd=tmp_path)
+    assert r.returncode == 2 and "already exists, created by tasks/report.py:task; this code is tasks/other.py:task" \
+        in r.stderr, r.stderr
+    assert "already complete, nothing to queue" in _ok(tmp_path, "submit", "tasks/report.py", "--store", store)
+    r = cli("submit", "tasks/report.py", "--id", "report", "--param", "a=1", "--store", store, cwd=tmp_path)
+    assert r.returncode == 2 and "is complete with params {}" in r.stderr, r.stderr
+    rows = json.loads(_ok(tmp_path, "ls", "--json", "--store", store))
+    assert [(t["task_id"], t["status"]) for t in rows] == [("report", "complete")]

@@ -364,14 +364,24 @@ def _spec_params(loaded: Any) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+CODING_PAUSED = "in progress (coding agent: task_resume in the agent continues it)"
+"""What ``ls`` / ``status`` say of a coding-agent task no agent session holds: in progress, not
+``interrupted`` -- ``overnight resume`` has no steps of it to run (its agent does)."""
+
+
 def _open_ended(loaded: Any, status: str) -> str:
     """``status`` -- a plan-based status of ``loaded``'s task -- or, for a task an adapter writes
     (a LangGraph thread, an Agents SDK session: no plan, so nothing to complete), ``open
     (LangGraph thread)`` / ``open (Agents SDK session)`` where it would say ``complete`` or ``in
-    progress`` (FORMAT.md, "Tasks written by the adapters")."""
+    progress`` (FORMAT.md, "Tasks written by the adapters"); for a coding-agent task no session
+    holds, :data:`CODING_PAUSED` where it would say ``interrupted`` or ``stalled``."""
+    from overnight.verify.coding_world import KIND as CODING_KIND
+
+    spec = _spec_of(loaded) or {}
+    if spec.get("kind") == CODING_KIND and state_of(status) in ("interrupted", "stalled"):
+        return CODING_PAUSED  # no overnight process runs it: its agent does, between sessions
     if status not in ("complete", "in progress"):
         return status  # running, failed, rolled back ...: as for any task
-    spec = _spec_of(loaded) or {}
     if isinstance(spec.get("langgraph"), dict):
         return "open (LangGraph thread)"
     if spec.get("kind") == "openai-agents-session":

@@ -113,6 +113,9 @@ def submit(
 
         sys.stdout.write(f"{row.task_id}\n")
         return
+    if not created and row.status == "complete":
+        render.out.print(f"{render.esc(row.task_id, one_line=True)}: already complete, nothing to queue")
+        return
     what = "queued" if created else f"already submitted ({row.status})"
     render.out.print(f"{render.esc(row.task_id)} {what}: queue {render.esc(row.queue)}, priority {row.priority}, "
                      f"code {render.esc(row.entry)}")

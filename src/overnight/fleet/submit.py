@@ -15,7 +15,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from overnight.codec.canonical import dumps_sorted
+from overnight.codec.canonical import dumps_sorted, from_tree
 from overnight.errors import ConfigError
 from overnight.runtime.task_code import _is_path, _split, load_task
 from overnight.runtime.task import Task, params_text
@@ -154,12 +154,15 @@ def submit(entry: str, *, store: Any = None, task_id: str | None = None, params:
     store's clock, which claims are judged by (PostgreSQL: the server's), not this machine's.
 
     Returns ``(row, created)``: ``created`` is False when the idempotency key (or the task id)
-    was already submitted -- the earlier row is returned and nothing is queued twice.
+    was already submitted -- the earlier row is returned and nothing is queued twice -- or when the
+    store holds the task complete already (its row then says ``complete``: nothing to run).
 
     Raises:
         ConfigError: ``entry`` is not a task, lies outside the project, params is not a JSON
-            object, the store has no queue (SQLite and PostgreSQL have one), or the task id (given,
-            or a default id two param sets share) is already submitted with other params.
+            object, the store has no queue (SQLite and PostgreSQL have one), the task id (given,
+            or a default id two param sets share) is already submitted with other params, or the
+            store holds a task of that id made by other code (or with none: a coding-agent task).
+        IntegrityError: the store holds the task, but no checkpoint of it verifies.
     """
     params = check_params(params)
     _check_fields(queue, priority, idempotency_key)
@@ -179,6 +182,9 @@ def submit(entry: str, *, store: Any = None, task_id: str | None = None, params:
         if relative:  # from now by the clock claims are judged by (PostgreSQL: the server's), not this machine's
             row.not_before_ms = q.clock_ms() + at
             _check_not_before(not_before, row.not_before_ms)
+        done = _stored(s, q, row, location)
+        if done is not None:
+            return done, False
         found, created = q.submit(row)
         if not created and idempotency_key is None and found.task_id == row.task_id and found.params != params:
             raise ConfigError(
@@ -191,6 +197,49 @@ def submit(entry: str, *, store: Any = None, task_id: str | None = None, params:
     finally:
         if s is not store:
             s.close()
+
+
+def _stored(s: Any, q: Any, row: QueuedTask, location: str) -> QueuedTask | None:
+    """Check the task the store already holds under ``row.task_id``, if any (a plain ``overnight
+    run`` made it, or an earlier submit): refuse one made by other code -- as ``overnight run``
+    does: a worker would refuse it too, and park it failed -- or with no code to run (a coding-agent
+    or adapter task); for one whose verified head is complete return its row, settled ``complete``
+    (nothing for a worker to run, as ``overnight resume --submit`` says). None: queue it.
+
+    Raises:
+        ConfigError: the stored task was made by other code, or has none.
+        IntegrityError: no checkpoint of it verifies.
+    """
+    from overnight.chain.read import load_head
+    from overnight.errors import TaskNotFound
+    from overnight.keys import signing_key_from_env
+    from overnight.runtime.task_code import same_location
+
+    try:
+        existing = s.get_task(row.task_id)
+    except TaskNotFound:
+        return None
+    if not existing.entry:
+        raise ConfigError(f"task {row.task_id!r} already exists and has no code workers could run (a coding-agent "
+                          "or adapter task)", task_id=row.task_id, hint="submit under another id: --id NAME")
+    if not same_location(existing.entry, location):
+        raise ConfigError(f"task {row.task_id!r} already exists, created by {existing.entry}; this code is "
+                          f"{location}", task_id=row.task_id,
+                          hint="give this task another id (--id NAME), or submit the code that created it")
+    if not s.list_refs(row.task_id).get("main"):
+        return None
+    loaded, _ = load_head(s, row.task_id, "main", key=signing_key_from_env(), deep=False)
+    if loaded.doc.todo.count:
+        return None  # not complete: the worker resumes it (and checks its params, as a resume does)
+    spec = loaded.state_tree["task"]["spec"]
+    stored = from_tree(spec["params"], "task params") if isinstance(spec, dict) and "params" in spec else {}
+    if stored != row.params:
+        raise ConfigError(f"task {row.task_id!r} is complete with params {params_text(stored)}; these are "
+                          f"{params_text(row.params)}", task_id=row.task_id, hint="for other params, submit with "
+                          "another --id (the default id holds a digest of the params)")
+    q.settle(row.task_id, "complete")
+    return q.get(row.task_id) or QueuedTask(task_id=row.task_id, entry=existing.entry, params=row.params,
+                                            status="complete")
 
 
 __all__ = ["check_params", "default_id", "parse_time", "submit"]

@@ -275,7 +275,12 @@ class Worker:
         mine = [t for t in q.list() if t.queue in self.queues]
         soon = [t for t in mine if t.status == "queued" and t.not_before_ms <= now + self.lease_ms]
         if soon:
-            return f"task {soon[0].task_id} starts in {human_duration(max(0, soon[0].not_before_ms - now))}"
+            first = soon[0]
+            held = self._store.read_lease(first.task_id, "main") if self._store is not None else None
+            if held is not None and held.holder_id and held.expires_at_ms > max(now, first.not_before_ms):
+                return (f"task {first.task_id} starts once the task lease of a run outside the queue expires, "
+                        f"in {human_duration(held.expires_at_ms - now)}")
+            return f"task {first.task_id} starts in {human_duration(max(0, first.not_before_ms - now))}"
         workers = {w.worker_id: w for w in q.workers()}
         for t in mine:
             if t.status != "running" or t.worker_id == self.worker_id:

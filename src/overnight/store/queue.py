@@ -373,7 +373,9 @@ def describe(row: QueuedTask | None, lease: Lease | None, *, complete: bool, now
     Returns one of ``complete``, ``failed (REASON)`` (parked by a worker, or a plain run's step
     that failed for good: :func:`~overnight.store.leases.ended`), ``cancelled``, ``queued`` (``queued (retry in
     N s)``), ``running (worker W on HOST, heartbeat N s ago)`` (``running (pid P on HOST, ...)``
-    for a plain ``overnight run``), ``stalled (lease expired N s ago; ...)``, ``interrupted``.
+    for a plain ``overnight run``), ``stalled (lease expired N s ago; ...)``, ``interrupted``; a
+    ``queued`` row whose task lease a dead run outside the queue still holds (``overnight run``
+    killed) says how long until its lease expires (no worker claims it before).
     ``complete`` wins over a parked row: a run outside the workers (``overnight resume`` after
     ``overnight cancel``, or after a worker parked it ``failed``) that finished the task is its latest
     outcome (such a run also settles the row: :meth:`~overnight.store.queue_sql.SqlQueue.settle`; a
@@ -400,6 +402,9 @@ def describe(row: QueuedTask | None, lease: Lease | None, *, complete: bool, now
             lease.expires_at_ms - ttl_ms
         return f"running ({name}, heartbeat {human_duration(now - beat)} ago)"
     if row is not None and row.status == "queued":
+        if held and lease.expires_at_ms > now:  # type: ignore[union-attr]  # a run here died (gone): claims wait
+            return (f"queued (a run of it outside the queue died; a worker can claim it once that run's lease "
+                    f"expires in {human_duration(lease.expires_at_ms - now)})")  # type: ignore[union-attr]
         if row.not_before_ms <= now + 1000:
             return "queued"
         return f"queued ({'retry' if row.attempts else 'starts'} in {human_duration(row.not_before_ms - now)})"
