@@ -11,33 +11,9 @@ from typing import Any
 
 import pytest
 
+from _report_project import REPORT, ok, report_project
 from _procs import cli
 
-REPORT = '''
-import overnight
-
-task = overnight.Task("report", goal="write the quarterly report")
-
-
-@task.step
-def a(ctx):
-    ctx.state["x"] = 1
-'''
-
-
-def _project(tmp_path: Path) -> str:
-    """A project with ``tasks/report.py``; returns the URL of a SQLite store in it (not made yet)."""
-    (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "report.py").write_text(REPORT)
-    (tmp_path / "overnight.toml").write_text("")
-    return f"sqlite://{tmp_path / 'q.db'}"
-
-
-def _ok(tmp_path: Path, *args: str) -> str:
-    """stdout of ``overnight ARGS``, which must exit 0."""
-    r = cli(*args, cwd=tmp_path)
-    assert r.returncode == 0, (args, r.stdout, r.stderr)
-    return r.stdout
 
 
 def _threads(tmp_path: Path, *turns: str) -> str:
@@ -67,8 +43,8 @@ def _threads(tmp_path: Path, *turns: str) -> str:
 def test_an_invalid_task_id_is_said_to_be_one(tmp_path: Path, cmd: str, asked: str, named: str) -> None:
     """Fresh user: ``overnight status '[red]x'`` (or an id holding a line break or a control
     character) said only that the store has no such task, with a hint about ephemeral tasks."""
-    url = _project(tmp_path)
-    _ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q", "--store", url)
+    url = report_project(tmp_path)
+    ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q", "--store", url)
     r = cli(cmd, "--store", url, "--", asked, cwd=tmp_path)  # "--": "-x" is an argument, not an option
     assert r.returncode == 2, r.stderr
     first = r.stderr.splitlines()[0]
@@ -81,8 +57,8 @@ def test_an_invalid_task_id_is_said_to_be_one(tmp_path: Path, cmd: str, asked: s
 
 def test_an_invalid_task_id_without_a_store_option_is_said_to_be_one(tmp_path: Path) -> None:
     """``resume ID`` with no --store looks in the default store and the configured media."""
-    url = _project(tmp_path)
-    _ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q")  # the default store
+    url = report_project(tmp_path)
+    ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q")  # the default store
     r = cli("resume", "[red]x", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("error: '[red]x' is not a valid task id: '[' is not allowed"), \
         r.stderr
@@ -93,7 +69,7 @@ def test_a_valid_id_not_found_and_a_stored_odd_id_are_unchanged(tmp_path: Path) 
     """A valid id still gets "no task" (and its did-you-mean); a LangGraph thread whose id holds a
     character a Task id cannot is found as before, and a missing one is not called invalid."""
     url = _threads(tmp_path, "a b")
-    _ok(tmp_path, "status", "langgraph:a b", "--store", url)
+    ok(tmp_path, "status", "langgraph:a b", "--store", url)
     r = cli("status", "langgraph:a c", "--store", url, cwd=tmp_path)
     assert r.returncode == 2 and "not a valid task id" not in r.stderr and "did you mean langgraph:a b?" in r.stderr, \
         r.stderr
@@ -105,8 +81,8 @@ def test_an_invalid_id_is_a_typed_error_in_the_library(tmp_path: Path) -> None:
     from overnight import api
     from overnight.errors import TaskNotFound
 
-    url = _project(tmp_path)
-    _ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q", "--store", url)
+    url = report_project(tmp_path)
+    ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q", "--store", url)
     with pytest.raises(TaskNotFound) as info:
         api.status("[red]x", store=url)
     assert info.value.message.startswith("'[red]x' is not a valid task id: '[' is not allowed")
@@ -119,8 +95,8 @@ def test_an_invalid_id_is_a_typed_error_in_the_library(tmp_path: Path) -> None:
 @pytest.mark.parametrize("cmd", ["status", "show", "resume", "retry", "cancel"])
 @pytest.mark.parametrize("asked", ["y" * 3000, "[" + "y" * 3000])
 def test_a_long_id_is_shortened_in_the_error(tmp_path: Path, cmd: str, asked: str) -> None:
-    url = _project(tmp_path)
-    _ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q", "--store", url)
+    url = report_project(tmp_path)
+    ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q", "--store", url)
     r = cli(cmd, asked, "--store", url, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert asked[:81] not in r.stderr and len(r.stderr) < 1000, r.stderr
@@ -129,8 +105,8 @@ def test_a_long_id_is_shortened_in_the_error(tmp_path: Path, cmd: str, asked: st
 
 
 def test_a_long_id_is_shortened_without_a_store_option(tmp_path: Path) -> None:
-    _project(tmp_path)
-    _ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q")
+    report_project(tmp_path)
+    ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q")
     r = cli("resume", "z" * 5000, cwd=tmp_path)
     assert r.returncode == 2 and "z" * 81 not in r.stderr and "(5000 characters)" in r.stderr, r.stderr
 
@@ -148,10 +124,10 @@ def test_shown_task_id() -> None:
 
 
 def test_ls_json_is_null_for_a_queued_tasks_times_and_steps(tmp_path: Path) -> None:
-    url = _project(tmp_path)
-    _ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q", "--store", url)
-    _ok(tmp_path, "submit", "tasks/report.py", "--id", "later", "--store", url)
-    rows: dict[str, Any] = {t["task_id"]: t for t in json.loads(_ok(tmp_path, "ls", "--json", "--store", url))}
+    url = report_project(tmp_path)
+    ok(tmp_path, "run", "tasks/report.py", "--id", "done1", "-q", "--store", url)
+    ok(tmp_path, "submit", "tasks/report.py", "--id", "later", "--store", url)
+    rows: dict[str, Any] = {t["task_id"]: t for t in json.loads(ok(tmp_path, "ls", "--json", "--store", url))}
     later, done = rows["later"], rows["done1"]
     assert later["created_at"] is None and later["updated_at"] is None
     assert later["done"] is None and later["total"] is None
@@ -164,7 +140,7 @@ def test_ls_json_is_null_for_a_queued_tasks_times_and_steps(tmp_path: Path) -> N
 
 def test_ls_json_is_null_for_the_steps_of_a_langgraph_thread(tmp_path: Path) -> None:
     url = _threads(tmp_path, "a")
-    (row,) = json.loads(_ok(tmp_path, "ls", "--json", "--store", url))
+    (row,) = json.loads(ok(tmp_path, "ls", "--json", "--store", url))
     assert row["status_kind"] == "open" and row["done"] is None and row["total"] is None, row
     assert row["created_at"] and row["updated_at"]  # a thread has checkpoints: its times are known
 
@@ -173,13 +149,13 @@ def test_ls_json_is_null_for_the_steps_of_a_langgraph_thread(tmp_path: Path) -> 
 
 
 def test_submit_quiet_prints_only_the_task_id(tmp_path: Path) -> None:
-    url = _project(tmp_path)
-    out = _ok(tmp_path, "submit", "-q", "tasks/report.py", "--param", "who=ada", "--store", url)
-    (task_id,) = [r["task_id"] for r in json.loads(_ok(tmp_path, "ls", "--json", "--store", url))]
+    url = report_project(tmp_path)
+    out = ok(tmp_path, "submit", "-q", "tasks/report.py", "--param", "who=ada", "--store", url)
+    (task_id,) = [r["task_id"] for r in json.loads(ok(tmp_path, "ls", "--json", "--store", url))]
     assert out == f"{task_id}\n"
     # submitted again (same id): still only the id, for `id=$(overnight submit -q ...)`
-    assert _ok(tmp_path, "submit", "--quiet", "tasks/report.py", "--param", "who=ada", "--store", url) == out
-    assert _ok(tmp_path, "submit", "tasks/report.py", "--id", "plain", "--store", url).startswith("plain queued:")
+    assert ok(tmp_path, "submit", "--quiet", "tasks/report.py", "--param", "who=ada", "--store", url) == out
+    assert ok(tmp_path, "submit", "tasks/report.py", "--id", "plain", "--store", url).startswith("plain queued:")
     r = cli("submit", "--help", cwd=tmp_path)
     assert "--quiet" in r.stdout and "-q" in r.stdout and "only the task id" in r.stdout
 
@@ -205,17 +181,17 @@ def test_task_id_problem_names_what_is_wrong(task_id: str, problem: str | None) 
 def test_help_names_what_each_option_takes(tmp_path: Path) -> None:
     """``--store URL``, ``--max-steps N``, an argument as its name alone -- not typer's ``<str>``,
     ``<int range>`` or ``TASK_ID <str>``."""
-    run = _ok(tmp_path, "run", "--help")
+    run = ok(tmp_path, "run", "--help")
     for shown in ("--store URL", "--branch NAME", "--max-steps N", "--events FILE", "--base-url URL",
                   "--max-context-tokens N"):
         assert shown in run, shown
-    status = _ok(tmp_path, "status", "--help")
+    status = ok(tmp_path, "status", "--help")
     assert "--file FILE.py[:NAME]" in status
-    for text in (run, status, _ok(tmp_path, "route", "--help"), _ok(tmp_path, "worker", "--help"),
-                 _ok(tmp_path, "bench", "commit", "--help")):
+    for text in (run, status, ok(tmp_path, "route", "--help"), ok(tmp_path, "worker", "--help"),
+                 ok(tmp_path, "bench", "commit", "--help")):
         assert "<str>" not in text and "range>" not in text and "<int>" not in text, text
-    assert "--at TIME" in _ok(tmp_path, "route", "--help")
-    assert "--concurrency N" in _ok(tmp_path, "worker", "--help")
+    assert "--at TIME" in ok(tmp_path, "route", "--help")
+    assert "--concurrency N" in ok(tmp_path, "worker", "--help")
 
 
 @pytest.mark.parametrize("command", ["cancel", "retry", "status"])
@@ -223,8 +199,8 @@ def test_help_names_what_each_option_takes(tmp_path: Path) -> None:
 def test_queue_commands_say_an_id_is_not_valid(tmp_path: Path, command: str, task_id: str, why: str) -> None:
     """An id that is not UTF-8 (``$'a\\xff'`` in a shell) or empty: the queue commands say it is no
     task id, exit 2 -- not a UnicodeEncodeError traceback from the store."""
-    store = _project(tmp_path)
-    _ok(tmp_path, "submit", "tasks/report.py", "--store", store, "-q")
+    store = report_project(tmp_path)
+    ok(tmp_path, "submit", "tasks/report.py", "--store", store, "-q")
     r = cli(command, task_id, "--store", store, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert f"is not a valid task id: {why}" in r.stderr and "Traceback" not in r.stderr, r.stderr
@@ -234,14 +210,14 @@ def test_submit_refuses_a_stored_task_of_other_code_and_queues_nothing_for_a_com
     """``overnight run`` made task "report"; ``submit`` of other code under that id is refused as
     ``run`` refuses it (a worker would park it failed), and ``submit`` of the same, complete task
     queues nothing -- as ``resume --submit`` says."""
-    store = _project(tmp_path)
+    store = report_project(tmp_path)
     (tmp_path / "tasks" / "other.py").write_text(REPORT)
-    _ok(tmp_path, "run", "tasks/report.py", "--store", store, "-q")
+    ok(tmp_path, "run", "tasks/report.py", "--store", store, "-q")
     r = cli("submit", "tasks/other.py", "--store", store, cwd=tmp_path)
     assert r.returncode == 2 and "already exists, created by tasks/report.py:task; this code is tasks/other.py:task" \
         in r.stderr, r.stderr
-    assert "already complete, nothing to queue" in _ok(tmp_path, "submit", "tasks/report.py", "--store", store)
+    assert "already complete, nothing to queue" in ok(tmp_path, "submit", "tasks/report.py", "--store", store)
     r = cli("submit", "tasks/report.py", "--id", "report", "--param", "a=1", "--store", store, cwd=tmp_path)
     assert r.returncode == 2 and "is complete with params {}" in r.stderr, r.stderr
-    rows = json.loads(_ok(tmp_path, "ls", "--json", "--store", store))
+    rows = json.loads(ok(tmp_path, "ls", "--json", "--store", store))
     assert [(t["task_id"], t["status"]) for t in rows] == [("report", "complete")]
