@@ -133,10 +133,7 @@ def _suggest(exc: TaskNotFound, s: Store | None) -> None:
     if exc.task_id is None:
         return
     exc.message = exc.message.replace(repr(exc.task_id), shown_task_id(exc.task_id))
-    if not exc.task_id:  # '': no task can have it
-        _named(exc, [])
-        return
-    if s is None:
+    if not exc.task_id or s is None:  # '' (no task can have it), or no store to look in
         _named(exc, [])
         return
     if exc.hint and "`overnight ls`" in exc.hint:  # the listing of this store, not of the default one
