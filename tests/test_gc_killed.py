@@ -30,6 +30,8 @@ from overnight.chain.read import load_head
 from overnight.store import layout
 from overnight.store.file import FileStore
 
+pytestmark = pytest.mark.slow  # kill loops: child processes, a verify and a gc per kill point
+
 N = 24  # steps per branch
 
 

@@ -271,6 +271,7 @@ def wait(ctx):
 '''
 
 
+@pytest.mark.slow  # waits for the killed run's lease to expire (30 s)
 def test_a_run_here_killed_leaves_its_queued_row_saying_when_a_worker_can_claim_it(tmp_path: Path, store: str) -> None:
     """Submitted, then run here and killed -9 mid-step: its row is still ``queued``, but no worker
     can claim it until the dead run's task lease expires -- ``status`` and a waiting worker say so,
