@@ -271,7 +271,8 @@ def test_resume_and_cancel_from_the_ui_go_through_the_workers_queue(tmp_path):
     assert stopped.returncode == 75, stopped.stderr
     with UiServer(site) as srv:
         page = httpx.get(srv.base + "/task", params={"id": "report"}).text
-        assert "overnight resume report --submit" in page and "overnight cancel report" in page
+        # not submitted yet: its cancel is refused, with Ctrl-C for a run in a terminal
+        assert "overnight resume report --submit" in page and "Ctrl-C" in page
         csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
 
         def act(kind: str) -> str:
@@ -281,6 +282,7 @@ def test_resume_and_cancel_from_the_ui_go_through_the_workers_queue(tmp_path):
                 return api.task_state("report", store=s, complete=False)
 
         assert act("resume").startswith("queued")
+        assert "overnight cancel report" in httpx.get(srv.base + "/task", params={"id": "report"}).text
         assert act("cancel") == "cancelled"
         assert act("resume").startswith("queued")  # a cancelled row is queued again
     worker = run_cli(site, "worker", "--idle-exit", "2", env_extra={"UI_PARTS": "3", "UI_STEP_S": "0"})
