@@ -1,5 +1,5 @@
-"""A one-step ``report`` task in a fresh project, and the CLI run on it -- shared by the fresh-user
-rounds' tests (test_ux_round33, test_ux_round34)."""
+"""A one-step ``report`` task in a fresh project, the CLI run on it, and a store of LangGraph
+threads -- shared by the fresh-user rounds' tests (test_ux_round33, test_ux_round34)."""
 
 from __future__ import annotations
 
@@ -32,3 +32,22 @@ def ok(tmp_path: Path, *args: str) -> str:
     r = cli(*args, cwd=tmp_path)
     assert r.returncode == 0, (args, r.stdout, r.stderr)
     return r.stdout
+
+
+def lg_threads(tmp_path: Path, *turns: str) -> str:
+    """A SQLite store of LangGraph threads: one turn of a one-node graph per thread id in
+    ``turns`` (a thread named twice gets two); returns its URL."""
+    from langchain_core.messages import AIMessage
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from overnight.adapters.langgraph import OvernightSaver
+
+    url = f"sqlite://{tmp_path / 'lg.db'}"
+    g = StateGraph(MessagesState)
+    g.add_node("reply", lambda state: {"messages": [AIMessage("ok", id=f"m{len(state['messages'])}")]})
+    g.add_edge(START, "reply")
+    with OvernightSaver.from_url(url) as saver:
+        app = g.compile(checkpointer=saver)
+        for thread in turns:
+            app.invoke({"messages": []}, {"configurable": {"thread_id": thread}})
+    return url

@@ -10,28 +10,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from _report_project import ok, report_project
+from _report_project import lg_threads, ok, report_project
 from _procs import CLI, cli, env
-
-
-
-def _threads(tmp_path: Path, *turns: str) -> str:
-    """A SQLite store of LangGraph threads: one turn of a one-node graph per thread id in
-    ``turns`` (a thread named twice gets two); returns its URL."""
-    from langchain_core.messages import AIMessage
-    from langgraph.graph import START, MessagesState, StateGraph
-
-    from overnight.adapters.langgraph import OvernightSaver
-
-    url = f"sqlite://{tmp_path / 'lg.db'}"
-    g = StateGraph(MessagesState)
-    g.add_node("reply", lambda state: {"messages": [AIMessage("ok", id=f"m{len(state['messages'])}")]})
-    g.add_edge(START, "reply")
-    with OvernightSaver.from_url(url) as saver:
-        app = g.compile(checkpointer=saver)
-        for thread in turns:
-            app.invoke({"messages": []}, {"configurable": {"thread_id": thread}})
-    return url
 
 
 def _header(out: str) -> str:
@@ -118,7 +98,7 @@ def test_a_langgraph_thread_is_open_and_its_id_prints_as_text(tmp_path: Path) ->
     """Fresh user: ``ls``/``status`` said ``complete, 0/0 steps`` of a thread killed mid-turn (a
     thread has no plan to complete), and ``verify --all`` printed ``langgraph:a`` as
     ``langgraph🅰`` (rich's emoji code ``:a:``)."""
-    url = _threads(tmp_path, "a", "a")
+    url = lg_threads(tmp_path, "a", "a")
     rows = {r["task_id"]: r for r in json.loads(ok(tmp_path, "ls", "--json", "--store", url))}
     assert rows["langgraph:a"]["status"] == "open (LangGraph thread)"
     assert rows["langgraph:a"]["status_kind"] == "open"
@@ -164,7 +144,7 @@ def test_a_thread_id_with_a_line_break_or_of_400_characters_keeps_the_listings_r
     """Attacker (round 33): ``verify --all`` printed a LangGraph thread id holding a line break as
     two lines (a forged ``langgraph:fake complete 9/9`` row), and a 400-character thread id took
     the whole width of ``ls`` on a terminal, every other column squeezed to nothing."""
-    url = _threads(tmp_path, "a\nlanggraph:fake   complete   9/9", "x" * 400)
+    url = lg_threads(tmp_path, "a\nlanggraph:fake   complete   9/9", "x" * 400)
     out = ok(tmp_path, "verify", "--all", "--store", url)
     assert not any(line.startswith("langgraph:fake") for line in out.splitlines()), out
     assert "langgraph:a\\nlanggraph:fake   complete   9/9: main ok" in out

@@ -11,27 +11,8 @@ from typing import Any
 
 import pytest
 
-from _report_project import REPORT, ok, report_project
+from _report_project import REPORT, lg_threads, ok, report_project
 from _procs import cli
-
-
-
-def _threads(tmp_path: Path, *turns: str) -> str:
-    """A SQLite store of LangGraph threads, one turn per thread id in ``turns``; returns its URL."""
-    from langchain_core.messages import AIMessage
-    from langgraph.graph import START, MessagesState, StateGraph
-
-    from overnight.adapters.langgraph import OvernightSaver
-
-    url = f"sqlite://{tmp_path / 'lg.db'}"
-    g = StateGraph(MessagesState)
-    g.add_node("reply", lambda state: {"messages": [AIMessage("ok", id=f"m{len(state['messages'])}")]})
-    g.add_edge(START, "reply")
-    with OvernightSaver.from_url(url) as saver:
-        app = g.compile(checkpointer=saver)
-        for thread in turns:
-            app.invoke({"messages": []}, {"configurable": {"thread_id": thread}})
-    return url
 
 
 # -- 1. an id no task can have: "not a valid task id", naming the character ----------------------
@@ -68,7 +49,7 @@ def test_an_invalid_task_id_without_a_store_option_is_said_to_be_one(tmp_path: P
 def test_a_valid_id_not_found_and_a_stored_odd_id_are_unchanged(tmp_path: Path) -> None:
     """A valid id still gets "no task" (and its did-you-mean); a LangGraph thread whose id holds a
     character a Task id cannot is found as before, and a missing one is not called invalid."""
-    url = _threads(tmp_path, "a b")
+    url = lg_threads(tmp_path, "a b")
     ok(tmp_path, "status", "langgraph:a b", "--store", url)
     r = cli("status", "langgraph:a c", "--store", url, cwd=tmp_path)
     assert r.returncode == 2 and "not a valid task id" not in r.stderr and "did you mean langgraph:a b?" in r.stderr, \
@@ -139,7 +120,7 @@ def test_ls_json_is_null_for_a_queued_tasks_times_and_steps(tmp_path: Path) -> N
 
 
 def test_ls_json_is_null_for_the_steps_of_a_langgraph_thread(tmp_path: Path) -> None:
-    url = _threads(tmp_path, "a")
+    url = lg_threads(tmp_path, "a")
     (row,) = json.loads(ok(tmp_path, "ls", "--json", "--store", url))
     assert row["status_kind"] == "open" and row["done"] is None and row["total"] is None, row
     assert row["created_at"] and row["updated_at"]  # a thread has checkpoints: its times are known
