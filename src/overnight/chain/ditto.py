@@ -143,7 +143,7 @@ class Heal:
     written: bool
 
     def describe(self) -> str:
-        where = "rewritten" if self.written else "not rewritten"
+        where = "rewritten" if self.written else "left as is: `overnight verify --repair` rewrites it"
         return f"healed {self.what} {short_id(self.digest)} from its ditto copy ({self.reason}; original {where})"
 
 

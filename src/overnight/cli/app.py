@@ -543,7 +543,8 @@ def verify(
     Records: digest, canonical form, format, schema, signature; chain links; state and artifact
     blobs, hashed chunk by chunk; the task's archive catalog rows (--all: every row): each
     manifest, and its pack and copy of the row in the cold store (check "archive").
-    Exit 0 when everything verifies, 3 on any problem -- a damaged
+    Exit 0 when everything verifies, 3 on any problem -- a damaged original that its ditto copy
+    serves (listed apart: reads are unaffected, --repair rewrites it) and a damaged
     record that no branch uses any more (skipped by a fallback) included, unless --ignore-dangling. --all checks
     one store (default: the local one); a configured database or cloud medium is checked with
     --store URL. A TASK_ID is looked up on every configured medium. --all also names the tasks
@@ -567,20 +568,33 @@ def verify(
             f"hashed, in {rep.seconds:.2f} s"
             + (f"; {rep.dangling_objects} unreferenced object(s)" if all_tasks else "")
         )
+        # a damaged original whose verified ditto copy serves every read: the branch is fine, the
+        # store still needs `--repair` -- said apart from what no copy can heal, so "ok" and the
+        # problem do not read as a contradiction
+        healable = [p for p in rep.problems if not p.dangling and p.check == "ditto"]
+        broken = [p for p in rep.problems if not p.dangling and p.check != "ditto"]
+        dangling = [p for p in rep.problems if p.dangling]
         for task, heads in rep.heads.items():
+            served = sum(p.task_id == task for p in healable)
             render.out.print(f"  {render.esc(task, one_line=True)}: "
-                             + ", ".join(f"{b} {st}" for b, st in heads.items()))
+                             + ", ".join(f"{b} {st}" for b, st in heads.items())
+                             + (f" ({served} damaged original(s) served by their ditto copies, below)" if served else ""))
         if queued:
             more = ", …" if len(queued) > 5 else ""
             render.out.print(f"{len(queued)} queued task(s) have no checkpoint yet (not verified): "
                              + ", ".join(render.esc(t, one_line=True) for t in queued[:5]) + more)
         for line in rep.healed:
             render.out.print(f"[green]{render.esc(line)}[/]")
-        broken = [p for p in rep.problems if not p.dangling]
-        dangling = [p for p in rep.problems if p.dangling]
         if broken:
             render.table("problems", ["task", "checkpoint", "check", "detail"],
                          [(p.task_id or "", (p.checkpoint_id or "")[7:19], p.check, p.detail) for p in broken])
+        if healable:
+            render.out.print(f"[yellow]{len(healable)} damaged original(s) whose verified ditto copy serves every "
+                             "read[/] (nothing is lost; exit 3 until they are rewritten, each says how):")
+            for p in healable[:10]:
+                render.out.print(f"  {render.esc(p.task_id or '', one_line=True)}: {render.esc(p.detail)}")
+            if len(healable) > 10:
+                render.out.print(f"  … and {len(healable) - 10} more (--json lists every one)")
         if dangling:
             render.out.print(f"[yellow]{len(dangling)} damaged record(s) no branch uses[/] (kept for inspection after a "
                              "fallback; `overnight show` marks them; exit 3 unless --ignore-dangling):")
@@ -597,7 +611,7 @@ def verify(
                              "OVERNIGHT_SIGNING_KEY is not set: their signatures were not checked (an edit that also "
                              "recomputed the digest would pass)")
         if not broken:
-            render.out.print("[green]ok[/]" if not dangling else "[yellow]branches ok[/]")
+            render.out.print("[green]ok[/]" if not dangling and not healable else "[yellow]branches ok[/]")
     if not ok:
         raise typer.Exit(EXIT_INTEGRITY)
 
