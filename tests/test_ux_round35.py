@@ -63,3 +63,22 @@ def test_verify_still_tables_what_no_ditto_copy_heals(tmp_path: Path) -> None:
     checked = cli("verify", "r", "--store", url, cwd=tmp_path)
     assert checked.returncode == 3 and "problems" in checked.stdout and "served by" not in checked.stdout, \
         checked.stdout
+
+
+def test_a_command_in_a_project_subfolder_names_the_store_further_up(tmp_path: Path) -> None:
+    """Fresh user: ``overnight ls`` in a subfolder of the project said only that no store exists
+    (the default store's path is relative to the current directory), as if nothing had run."""
+    report_project(tmp_path)
+    ok(tmp_path, "run", "tasks/report.py", "--id", "r", "-q", "--max-steps", "1")  # the default store
+    store = tmp_path / ".overnight" / "overnight.db"
+    sub = tmp_path / "tasks" / "deeper"
+    sub.mkdir()
+    for args in (("ls",), ("status", "r"), ("verify", "--all")):
+        r = cli(*args, cwd=sub)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert f"a store exists further up, at {store}: run the command in {tmp_path}, or pass --store " \
+               f"sqlite://{store}" in r.stderr, (args, r.stderr)
+    r = cli("ls", "--store", f"sqlite://{store}", cwd=sub)
+    assert r.returncode == 0 and "r" in r.stdout, r.stderr
+    elsewhere = cli("ls", cwd=tmp_path.parent)  # no store here or above: the plain advice
+    assert elsewhere.returncode == 2 and "further up" not in elsewhere.stderr, elsewhere.stderr

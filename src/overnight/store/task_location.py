@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from overnight.codec.canonical import loads
@@ -187,14 +188,39 @@ def opened(store: Store | str | None, *, task_id: str | None = None, write: bool
     if not exists(store):  # type: ignore[arg-type]
         url = str(store) if store is not None else default_store_url()
         where = location(url)
+        up = store_further_up(url) if store is None else None
         raise ConfigError(f"no store at {url}" + (f" ({where})" if where != url else "") + " yet", task_id=task_id,
-                          hint="a store is created by the first run or submit (`overnight demo`, `overnight run "
-                          "FILE.py`, `overnight submit FILE.py`), or pass --store / set OVERNIGHT_STORE")
+                          hint=(f"a store exists further up, at {up}: run the command in {up.parent.parent}, or "
+                                f"pass --store sqlite://{up}" if up is not None else
+                                "a store is created by the first run or submit (`overnight demo`, `overnight run "
+                                "FILE.py`, `overnight submit FILE.py`), or pass --store / set OVERNIGHT_STORE"))
     s = tiered(open_store(store, read_only=read_only))  # type: ignore[arg-type]
     try:
         yield s
     finally:
         s.close()
+
+
+def store_further_up(url: str, start: Path | None = None) -> Path | None:
+    """The nearest SQLite file at ``url``'s relative path (the default ``.overnight/overnight.db``)
+    in a parent folder of ``start`` (default: the current directory), or None: a command run in a
+    project's subfolder finds no store where it looks (paths are relative to the current
+    directory), and this names the one the user probably meant. Only a relative ``sqlite://`` URL
+    is looked for; nothing is opened (a file that exists, not a store that verifies)."""
+    if not url.startswith("sqlite://"):
+        return None
+    rel = Path(url[len("sqlite://"):])
+    if not str(rel) or rel.is_absolute() or ".." in rel.parts:
+        return None
+    here = (start or Path.cwd()).resolve()
+    for folder in here.parents:
+        candidate = folder / rel
+        try:
+            if candidate.is_file():
+                return candidate
+        except OSError:
+            return None  # an unreadable parent: stop looking, the hint is only a hint
+    return None
 
 
 def medium_for(located: Store, task_id: str, *, write: bool, heal: Heal | None = None) -> Store:
