@@ -82,3 +82,55 @@ def test_a_command_in_a_project_subfolder_names_the_store_further_up(tmp_path: P
     assert r.returncode == 0 and "r" in r.stdout, r.stderr
     elsewhere = cli("ls", cwd=tmp_path.parent)  # no store here or above: the plain advice
     assert elsewhere.returncode == 2 and "further up" not in elsewhere.stderr, elsewhere.stderr
+
+
+_LONG = '''import overnight
+task = overnight.Task("big", goal="a long chain")
+
+@task.step
+def plan(ctx):
+    for c in range(150):
+        ctx.add_step("s", c=c)
+
+@task.step(planned=False)
+def s(ctx, c):
+    ctx.state["n"] = c
+'''
+
+
+def test_verify_names_a_damaged_page_once_not_once_per_checkpoint(tmp_path: Path) -> None:
+    """Attacker: a damaged done page (and its ditto copy) that 88 checkpoints name printed 88 table
+    rows, each repeating the whole error. The error is now given once, by the first checkpoint
+    whose load needs the page; the others name that checkpoint, and the table shows three of them
+    and counts the rest (``--json`` still lists each, with the object)."""
+    import json
+
+    from overnight.chain.ditto import ditto_key
+    from overnight.chain.read import load_head
+    from overnight.store import open_store
+
+    (tmp_path / "long.py").write_text(_LONG)
+    url = f"sqlite://{tmp_path / 's.db'}"
+    ok(tmp_path, "run", "long.py", "-q", "--store", url)
+    with open_store(url) as store:
+        loaded, _ = load_head(store, "big", "main", key=None, deep=False)
+        page = loaded.done_pages.refs[0].digest
+    db = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+    data = bytes(db.execute("SELECT data FROM objects WHERE digest=?", (page,)).fetchone()[0])
+    db.execute("UPDATE objects SET data=? WHERE digest=?", (data[:-1] + bytes([data[-1] ^ 1]), page))
+    assert db.execute("DELETE FROM objects WHERE digest=?", (ditto_key(page),)).rowcount == 1
+    db.close()
+
+    as_json = cli("verify", "big", "--json", "--store", url, cwd=tmp_path)
+    assert as_json.returncode == 3
+    problems = [p for p in json.loads(as_json.stdout)["problems"] if p["object"] == page]
+    assert len(problems) > 60 and all(p["check"] == "record" for p in problems), len(problems)
+    assert sum("DigestMismatch" in p["detail"] for p in problems) == 1, problems[:3]
+    first = problems[0]["checkpoint_id"]
+    assert all(f"checkpoint {first[7:19]} names the error" in p["detail"] for p in problems[1:])
+
+    shown = cli("verify", "big", "--store", url, cwd=tmp_path, extra_env={"COLUMNS": "400"})
+    assert shown.returncode == 3
+    rows = [line for line in shown.stdout.splitlines() if page in line]
+    assert len(rows) == 4, shown.stdout  # three checkpoints, then the count
+    assert f"… and {len(problems) - 3} more checkpoint(s) that need object {page}" in rows[-1], rows[-1]

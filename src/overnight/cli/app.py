@@ -586,8 +586,7 @@ def verify(
         for line in rep.healed:
             render.out.print(f"[green]{render.esc(line)}[/]")
         if broken:
-            render.table("problems", ["task", "checkpoint", "check", "detail"],
-                         [(p.task_id or "", (p.checkpoint_id or "")[7:19], p.check, p.detail) for p in broken])
+            render.table("problems", ["task", "checkpoint", "check", "detail"], _problem_rows(broken))
         if healable:
             render.out.print(f"[yellow]{len(healable)} damaged original(s) whose verified ditto copy serves every "
                              "read[/] (nothing is lost; exit 3 until they are rewritten, each says how):")
@@ -614,6 +613,28 @@ def verify(
             render.out.print("[green]ok[/]" if not dangling and not healable else "[yellow]branches ok[/]")
     if not ok:
         raise typer.Exit(EXIT_INTEGRITY)
+
+
+_SAME_OBJECT_ROWS = 3
+"""Problems shown per (task, check, damaged object) before the rest are counted in one row: a
+damaged page that every later checkpoint names would otherwise fill the table with one row each."""
+
+
+def _problem_rows(problems: list[Any]) -> list[tuple[str, str, str, str]]:
+    """The rows of ``verify``'s problems table, in the order found: at most
+    :data:`_SAME_OBJECT_ROWS` for one damaged object of one task and check (kept together), then
+    one row counting the others."""
+    groups: dict[Any, list[Any]] = {}
+    for p in problems:
+        groups.setdefault((p.task_id, p.check, p.object) if p.object is not None else id(p), []).append(p)
+    rows: list[tuple[str, str, str, str]] = []
+    for same in groups.values():
+        rows.extend((p.task_id or "", (p.checkpoint_id or "")[7:19], p.check, p.detail) for p in same[:_SAME_OBJECT_ROWS])
+        if len(same) > _SAME_OBJECT_ROWS:
+            p = same[0]
+            rows.append((p.task_id or "", "", p.check, f"… and {len(same) - _SAME_OBJECT_ROWS} more checkpoint(s) that "
+                         f"need object {p.object} (--json lists each)"))
+    return rows
 
 
 @app.command("log")

@@ -509,6 +509,7 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
     # an artifact page seen -> (name, digest, size) of its artifacts not verified yet (:func:`_prune`)
     unsettled: dict[str, list[tuple[str, str, int]]] = {}
     bad_objects: set[str] = set()
+    load_failed: dict[str, str] = {}  # an object a load reads (page, state chunk) found damaged -> its first checkpoint
     records: set[str] = set()  # every checkpoint id checked (``all_objects``: a record is live)
     tasks = [store.get_task(t) for t in task_ids] if task_ids else store.list_tasks()
     # a task's rows are listed when its turn comes, so a check of many tasks holds one task's
@@ -593,8 +594,14 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                     loaded = load_checkpoint(store, row.checkpoint_id, key=key, deep=False, reader=reader, pages=pages,
                                              check_artifacts=False, row=row)
             except (IntegrityError, CheckpointNotFound) as exc:
-                report.problems.append(Problem(task.task_id, row.checkpoint_id, "record",
-                                               f"{type(exc).__name__}: {exc.message}"))
+                d = getattr(exc, "object_digest", None)
+                first = load_failed.setdefault(d, row.checkpoint_id) if d is not None else row.checkpoint_id
+                # the first checkpoint whose load needs the damaged object carries the error; the
+                # others (a page every later checkpoint names) say which one, not the error again
+                detail = (f"{type(exc).__name__}: {exc.message}" if first == row.checkpoint_id else
+                          f"object {d} failed verification (needed by this checkpoint's load; checkpoint "
+                          f"{short_id(first)} names the error)")
+                report.problems.append(Problem(task.task_id, row.checkpoint_id, "record", detail, d))
             except OvernightError as exc:  # an archived one's cold store failed during the run: the rest of it too
                 if cold is None:
                     raise
