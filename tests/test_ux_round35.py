@@ -73,7 +73,7 @@ def test_a_command_in_a_project_subfolder_names_the_store_further_up(tmp_path: P
     store = tmp_path / ".overnight" / "overnight.db"
     sub = tmp_path / "tasks" / "deeper"
     sub.mkdir()
-    for args in (("ls",), ("status", "r"), ("verify", "--all")):
+    for args in (("ls",), ("status", "r"), ("verify", "--all"), ("resume", "r")):
         r = cli(*args, cwd=sub)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert f"a store exists further up, at {store}: run the command in {tmp_path}, or pass --store " \

@@ -8,7 +8,7 @@ dataclasses that the CLI renders as tables or ``--json``.
 
 from __future__ import annotations
 
-from overnight.store.task_location import locate, medium_for, opened, recorded_route
+from overnight.store.task_location import further_up_hint, locate, medium_for, opened, recorded_route
 
 import re
 import warnings
@@ -126,10 +126,12 @@ def _named(exc: TaskNotFound, close: list[str]) -> bool:
     return True
 
 
-def _suggest(exc: TaskNotFound, s: Store | None) -> None:
+def _suggest(exc: TaskNotFound, s: Store | None, among: tuple[str, ...] | None = None) -> None:
     """Add the stored task ids closest to the one not found (``difflib``, as git suggests a
     mistyped command) in front of ``exc.hint``; an id no task can have is said to be one
-    (:func:`_named`). ``s``: None when there is no store to look in."""
+    (:func:`_named`). ``s``: None when there is no store to look in. ``among``: for a queue
+    command (``cancel``, ``retry``), the queue row statuses it acts on -- only the ids of such rows
+    are suggested (none close: no suggestion), not tasks it would refuse."""
     if exc.task_id is None:
         return
     exc.message = exc.message.replace(repr(exc.task_id), shown_task_id(exc.task_id))
@@ -152,12 +154,15 @@ def _suggest(exc: TaskNotFound, s: Store | None) -> None:
                                                  f"`{_command('worker', None, s)}` runs it"))
         return
     try:
-        ids = [t.task_id for t in s.list_tasks()]
-        ids += [r.task_id for r in _unstarted(queue_for(s, create=False), set(ids))]  # submitted, not started
+        stored = [t.task_id for t in s.list_tasks()]
+        if among is None:  # every task: stored, or submitted and not started
+            ids = stored + [r.task_id for r in _unstarted(queue_for(s, create=False), set(stored))]
+        else:  # only the queue rows the command acts on
+            ids = [r.task_id for r in _unstarted(queue_for(s, create=False), set()) if r.status in among]
     except OvernightError:
         _named(exc, [])
         return
-    if exc.task_id in ids:  # stored, but never submitted: a plain `overnight run` made it
+    if exc.task_id in (ids if among is None else stored):  # stored, never submitted: a plain `overnight run` made it
         exc.hint = (f"{shown_task_id(exc.task_id)} was run with `overnight run`, not submitted: `overnight resume "
                     f"{exc.task_id}` runs it here, `overnight resume {exc.task_id} --submit` queues it for the workers")
         return
@@ -166,7 +171,7 @@ def _suggest(exc: TaskNotFound, s: Store | None) -> None:
         return
     if close and "did you mean" not in (exc.hint or ""):
         exc.hint = f"did you mean {' or '.join(close)}?" + (f" {exc.hint}" if exc.hint else "")
-    elif not close and "ephemeral" not in (exc.hint or ""):  # the run said so, but a user asks later
+    elif not close and among is None and "ephemeral" not in (exc.hint or ""):  # the run said so; a user asks later
         exc.hint = ((f"{exc.hint}; " if exc.hint else "") + "a task routed `ephemeral` (normal, expected to end "
                     "within 2 h the same day) is kept only in its run's process: `overnight route FILE.py` "
                     "shows a task's level")
@@ -307,6 +312,7 @@ def resume(
                     _suggest(exc, s)
             else:
                 _suggest(exc, None)
+                exc.hint = further_up_hint(default_store_url()) or exc.hint  # run in a project's subfolder?
             raise exc
         store = found[0]
         try:
@@ -361,9 +367,33 @@ def _spec_params(loaded: Any) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-CODING_PAUSED = "in progress (coding agent: task_resume in the agent continues it)"
-"""What ``ls`` / ``status`` say of a coding-agent task no agent session holds: in progress, not
-``interrupted`` -- ``overnight resume`` has no steps of it to run (its agent does)."""
+CODING_PAUSED_WHY = "coding agent: task_resume in the agent continues it"
+"""Why a coding-agent task no session holds is in progress (:data:`CODING_PAUSED` in brackets):
+the dashboard's reason for its ``in_progress`` status."""
+
+CODING_PAUSED = f"in progress ({CODING_PAUSED_WHY})"
+"""What ``ls`` / ``status`` (and the dashboard) say of a coding-agent task no agent session
+holds: in progress, not ``interrupted`` -- ``overnight resume`` has no steps of it to run (its
+agent does)."""
+
+
+def coding_paused(kind: Any, status: str) -> bool:
+    """Whether a task reads :data:`CODING_PAUSED` instead of ``status``: ``kind`` -- the ``kind``
+    its verified head's task spec records (None or anything else: not a coding-agent task) -- is
+    :data:`overnight.verify.coding_world.KIND`, and ``status`` (a status text, as
+    :func:`~overnight.store.queue.describe` writes it) says ``interrupted`` or ``stalled``: no
+    agent session holds it, and ``overnight resume`` has no step of it to run. The one rule
+    ``ls``, ``status`` and the dashboard apply. Raises nothing."""
+    return is_coding_task(kind) and state_of(status) in ("interrupted", "stalled")
+
+
+def is_coding_task(kind: Any) -> bool:
+    """Whether ``kind`` -- the ``kind`` a verified head's task spec records -- is a coding-agent
+    task's (MCP tools / hooks: :data:`overnight.verify.coding_world.KIND`), which has no overnight
+    steps to resume or queue. Raises nothing."""
+    from overnight.verify.coding_world import KIND as CODING_KIND
+
+    return kind == CODING_KIND
 
 
 def _open_ended(loaded: Any, status: str) -> str:
@@ -372,10 +402,8 @@ def _open_ended(loaded: Any, status: str) -> str:
     (LangGraph thread)`` / ``open (Agents SDK session)`` where it would say ``complete`` or ``in
     progress`` (FORMAT.md, "Tasks written by the adapters"); for a coding-agent task no session
     holds, :data:`CODING_PAUSED` where it would say ``interrupted`` or ``stalled``."""
-    from overnight.verify.coding_world import KIND as CODING_KIND
-
     spec = _spec_of(loaded) or {}
-    if spec.get("kind") == CODING_KIND and state_of(status) in ("interrupted", "stalled"):
+    if coding_paused(spec.get("kind"), status):
         return CODING_PAUSED  # no overnight process runs it: its agent does, between sessions
     if status not in ("complete", "in progress"):
         return status  # running, failed, rolled back ...: as for any task
@@ -1476,17 +1504,23 @@ def submit(entry: str, *, store: Store | str | None = None, task_id: str | None 
                        not_before=not_before, idempotency_key=idempotency_key)
 
 
-def _queue_call(store: Store | str | None, fn: Callable[[Any], Any], task_id: str | None = None) -> Any:
-    """``fn(queue)`` on the store's queue; for the task ``task_id`` (when given), an id no task can have (text
-    that is not UTF-8 included, which no store could even look up) is not found, said so
-    (:func:`_suggest`), before the queue is asked."""
-    with _opened(store) as s:
-        q = queue_for(s)
-        if q is None:
-            raise ConfigError(f"store {s.url} has no queue; workers need an sqlite:// or postgresql:// store")
-        if task_id is not None and task_id_problem(task_id) is not None:
-            raise TaskNotFound(f"no task {shown_task_id(task_id)} in the queue", task_id=task_id)
-        return fn(q)
+def _queue_call(store: Store | str | None, fn: Callable[[Any, Store], Any], task_id: str | None = None,
+                among: tuple[str, ...] | None = None) -> Any:
+    """``fn(queue, store)`` on the store's queue; for the task ``task_id`` (when given), an id no task can have
+    (text that is not UTF-8 included, which no store could even look up) is not found, said so
+    (:func:`_suggest`), before the queue is asked. A ``TaskNotFound`` raised suggests the ids of the
+    rows whose status is in ``among`` (the rows the command acts on; None: every task)."""
+    with opened(store, heal=_heal) as s:
+        try:
+            q = queue_for(s)
+            if q is None:
+                raise ConfigError(f"store {s.url} has no queue; workers need an sqlite:// or postgresql:// store")
+            if task_id is not None and task_id_problem(task_id) is not None:
+                raise TaskNotFound(f"no task {shown_task_id(task_id)} in the queue", task_id=task_id)
+            return fn(q, s)
+        except TaskNotFound as exc:
+            _suggest(exc, s, among)
+            raise
 
 
 def enqueue(task_id: str, *, store: Store | str | None = None, branch: str = "main") -> tuple[Any, bool]:
@@ -1520,17 +1554,38 @@ def enqueue(task_id: str, *, store: Store | str | None = None, branch: str = "ma
             raise ConfigError(f"store {s.url} has no queue; workers need an sqlite:// or postgresql:// store")
         params = from_tree(spec["params"], "task params") if "params" in spec else {}
         if not loaded.doc.todo.count:  # complete: nothing for a worker to run
-            q.settle(task_id, "complete")
-            row = q.get(task_id)
-            if row is not None and row.status in ("queued", "running", "complete"):
-                return row, False
-            return QueuedTask(task_id=task_id, entry=entry, params=dict(params), status="complete"), False
+            return _settle_complete(q, QueuedTask(task_id=task_id, entry=entry, params=dict(params),
+                                                  status="complete")), False
         return q.requeue(QueuedTask(task_id=task_id, entry=entry, params=dict(params)))
+
+
+def _settle_complete(q: Any, made_up: Any) -> Any:
+    """The queue row of a task whose verified head is complete (nothing for a worker to run), on
+    queue ``q``: a row parked ``failed`` or ``cancelled`` (or ``queued``, not claimed) is settled
+    ``complete`` (:meth:`~overnight.store.queue_sql.SqlQueue.settle`) and returned; a ``running`` one
+    (a worker's, which finishes it itself) is returned as it is; ``made_up`` -- a
+    :class:`~overnight.store.queue.QueuedTask` saying ``complete`` -- when there is no row. Raises
+    what the store raises (StoreBusy, StoreUnavailable)."""
+    q.settle(made_up.task_id, "complete")
+    row = q.get(made_up.task_id)
+    return row if row is not None and row.status in ("queued", "running", "complete") else made_up
+
+
+def _head_complete(s: Store, task_id: str) -> bool:
+    """Whether ``task_id``'s main head, verified (as ``enqueue`` loads it), has nothing left to
+    do. False when the store has no such task or branch, or nothing of it verifies -- then a worker
+    that claims it reports what it finds. Raises what the store raises (StoreBusy, StoreUnavailable)."""
+    try:
+        s.get_task(task_id)
+        loaded, _ = load_head(s, task_id, "main", key=signing_key_from_env(), deep=False)
+    except (TaskNotFound, BranchNotFound, IntegrityError):
+        return False
+    return not loaded.doc.todo.count
 
 
 def workers(*, store: Store | str | None = None) -> list[Any]:
     """Workers that registered in the store's queue (:class:`~overnight.store.queue.WorkerRow`)."""
-    return _queue_call(store, lambda q: q.workers())
+    return _queue_call(store, lambda q, _: q.workers())
 
 
 def clock_ms(*, store: Store | str | None = None) -> int:
@@ -1541,16 +1596,48 @@ def clock_ms(*, store: Store | str | None = None) -> int:
         return s.clock_ms()
 
 
+RETRYABLE = ("failed", "cancelled")
+"""Queue row statuses ``retry`` queues again (any other row it returns as it is)."""
+
+CANCELLABLE = ("queued", "running")
+"""Queue row statuses ``cancel`` acts on (any other row it returns as it is)."""
+
+
 def retry(task_id: str, *, store: Store | str | None = None) -> Any:
-    """Queue a ``failed`` or ``cancelled`` task again; any other row is returned as it is (a
-    ``complete``, ``queued`` or ``running`` one: nothing queued). Raises TaskNotFound when it was
-    never submitted."""
-    return _queue_call(store, lambda q: q.retry(task_id), task_id)
+    """Queue a ``failed`` or ``cancelled`` task again (its deaths reset); returns its queue row
+    (:class:`~overnight.store.queue.QueuedTask`). A failed row is queued to start now
+    (``not_before_ms`` 0); a cancelled row that never started (``attempts`` 0) keeps its
+    ``not_before_ms`` (``submit --not-before``; one in the past starts now anyway). A parked row
+    whose task's verified main head is complete -- finished since by ``overnight run`` / ``resume``
+    here -- is settled ``complete`` instead, as :func:`enqueue` does (a worker would run nothing).
+    Any other row is returned as it is (``complete``, ``queued`` or ``running``: nothing queued).
+
+    Raises:
+        TaskNotFound: it was never submitted (the hint suggests only failed or cancelled rows),
+            or the id is no valid task id; ConfigError when the store has no queue.
+    """
+    from overnight.store.queue import QueuedTask
+
+    def go(q: Any, s: Store) -> Any:
+        row = q.get(task_id)
+        if row is not None and row.status in RETRYABLE and _head_complete(s, task_id):
+            return _settle_complete(q, QueuedTask(task_id=task_id, entry=row.entry, params=dict(row.params),
+                                                  status="complete"))
+        return q.retry(task_id)
+
+    return _queue_call(store, go, task_id, among=RETRYABLE)
 
 
 def cancel(task_id: str, *, store: Store | str | None = None) -> Any:
-    """Cancel a submitted task (a running one stops at its next step boundary). Raises TaskNotFound."""
-    return _queue_call(store, lambda q: q.cancel(task_id), task_id)
+    """Cancel a submitted task (a queued one at once; a running one stops at its next step
+    boundary); returns its queue row (:class:`~overnight.store.queue.QueuedTask`), any row not
+    ``queued`` or ``running`` as it is.
+
+    Raises:
+        TaskNotFound: it was never submitted (the hint suggests only queued or running rows), or
+            the id is no valid task id; ConfigError when the store has no queue.
+    """
+    return _queue_call(store, lambda q, _: q.cancel(task_id), task_id, among=CANCELLABLE)
 
 
 def task_state(task_id: str, *, store: Store, complete: bool, now: int | None = None) -> str | None:

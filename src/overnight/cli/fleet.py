@@ -236,17 +236,22 @@ def workers(store: Optional[str] = StoreOpt,
 
 
 def retry(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optional[str] = StoreOpt) -> None:
-    """Queue a failed (or cancelled) task again; its death count starts over. A task already
-    complete, queued or running is left as it is (it says so and exits 0, as `overnight cancel` of
-    a finished task does)."""
+    """Queue a failed (or cancelled) task again; its death count starts over. A failed task is
+    queued to start now; a cancelled one that never started keeps its `submit --not-before` time
+    (it says "queued (starts in ...)"). A task already complete -- also one a failed or cancelled
+    row stands for that `overnight run` / `resume` has since finished here: its row is settled
+    complete -- and one queued or running are left as they are: it says so ("already complete,
+    nothing to queue") and exits 0, as `overnight cancel` of a finished task does."""
     from overnight import api
 
     try:
         row = api.retry(task_id, store=store)
+        ahead = row.not_before_ms - api.clock_ms(store=store) if row.status == "queued" and row.not_before_ms else 0
     except OvernightError as exc:
         _fail(exc)
+    what = f"queued (starts in {human_duration(ahead)})" if ahead > 1000 else "queued"  # as `ls` says it
     render.out.print(f"{render.esc(task_id, one_line=True)}: "
-                     + ("queued" if row.status == "queued" else f"already {row.status}, nothing to queue"))
+                     + (what if row.status == "queued" else f"already {row.status}, nothing to queue"))
 
 
 def cancel(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optional[str] = StoreOpt) -> None:

@@ -391,9 +391,14 @@ class SqlQueue:
                                                               "ORDER BY q.seq"))]
 
     def retry(self, task_id: str) -> QueuedTask:
-        """Queue a ``failed`` or ``cancelled`` task again (deaths reset). Raises TaskNotFound."""
+        """Queue a ``failed`` or ``cancelled`` task again (deaths reset); returns its row, any row
+        in another status as it is. A failed row may start now (``not_before_ms`` 0: retry means
+        now); a cancelled row that never started (``attempts`` 0) keeps its ``not_before_ms`` (a
+        ``submit --not-before`` still ahead holds; one past starts now anyway), one that ran starts
+        now. One conditional ``UPDATE``. Raises TaskNotFound (no row), and what the store raises."""
         with self._tx() as cur:
-            cur.execute(self._sql("UPDATE {s}.queue SET status='queued', deaths=0, reason=NULL, not_before_ms=0, "
+            cur.execute(self._sql("UPDATE {s}.queue SET status='queued', deaths=0, reason=NULL, not_before_ms=CASE "
+                                  "WHEN status='cancelled' AND attempts=0 THEN not_before_ms ELSE 0 END, "
                                   "cancel_requested=0 WHERE task_id=? AND status IN ('failed', 'cancelled')"),
                         (task_id,))
         return self._must(task_id)

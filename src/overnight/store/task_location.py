@@ -188,12 +188,10 @@ def opened(store: Store | str | None, *, task_id: str | None = None, write: bool
     if not exists(store):  # type: ignore[arg-type]
         url = str(store) if store is not None else default_store_url()
         where = location(url)
-        up = store_further_up(url) if store is None else None
         raise ConfigError(f"no store at {url}" + (f" ({where})" if where != url else "") + " yet", task_id=task_id,
-                          hint=(f"a store exists further up, at {up}: run the command in {up.parent.parent}, or "
-                                f"pass --store sqlite://{up}" if up is not None else
-                                "a store is created by the first run or submit (`overnight demo`, `overnight run "
-                                "FILE.py`, `overnight submit FILE.py`), or pass --store / set OVERNIGHT_STORE"))
+                          hint=(store is None and further_up_hint(url)) or
+                          "a store is created by the first run or submit (`overnight demo`, `overnight run "
+                          "FILE.py`, `overnight submit FILE.py`), or pass --store / set OVERNIGHT_STORE")
     s = tiered(open_store(store, read_only=read_only))  # type: ignore[arg-type]
     try:
         yield s
@@ -221,6 +219,14 @@ def store_further_up(url: str, start: Path | None = None) -> Path | None:
         except OSError:
             return None  # an unreadable parent: stop looking, the hint is only a hint
     return None
+
+
+def further_up_hint(url: str) -> str | None:
+    """The hint naming :func:`store_further_up` of ``url`` (the default store's URL, which does
+    not exist here) and the ``--store`` that reaches it; None when there is none."""
+    up = store_further_up(url)
+    return None if up is None else (f"a store exists further up, at {up}: run the command in {up.parent.parent}, "
+                                    f"or pass --store sqlite://{up}")
 
 
 def medium_for(located: Store, task_id: str, *, write: bool, heal: Heal | None = None) -> Store:

@@ -34,8 +34,10 @@ from overnight.store.leases import can_take_over, describe_holder, ended, now_ms
 from overnight.chain.read import load_head
 from overnight.chain.integrity import load_checkpoint, parse_record, signing_key_from_env
 
-STATUSES = ("queued", "running", "stalled", "interrupted", "failed", "cancelled", "complete")
-"""Task statuses the dashboard shows, in the order of its filter."""
+STATUSES = ("queued", "running", "stalled", "interrupted", "in_progress", "failed", "cancelled", "complete")
+"""Task statuses the dashboard shows, in the order of its filter. ``in_progress``: a coding-agent
+task no agent session holds (``overnight ls`` says :data:`overnight.api.CODING_PAUSED`), which
+``overnight resume`` cannot continue -- its agent does (task_resume)."""
 
 RUNNING_WINDOW_S = 60.0
 """Without a lease to read, a task whose newest checkpoint is younger than this (seconds) and
@@ -166,11 +168,13 @@ def _head_facts(s: Store, task_id: str, branch: str, head_id: str, cache: HeadCa
     if hit is not None:
         return hit
     facts: dict[str, Any] = {"verified": False, "problem": None, "done": 0, "todo": 0, "used": None,
-                             "skipped": {}, "accepted_drift": 0}
+                             "skipped": {}, "accepted_drift": 0, "kind": None}
     try:
         loaded, fallback = load_head(s, task_id, branch, key=signing_key_from_env())  # artifacts hashed, once per head
+        spec = loaded.state_tree["task"]["spec"]
         facts.update(verified=True, done=loaded.doc.done.count, todo=loaded.doc.todo.count, used=loaded.id,
-                     accepted_drift=len(loaded.record.fingerprint.accepted) if loaded.record.fingerprint else 0)
+                     accepted_drift=len(loaded.record.fingerprint.accepted) if loaded.record.fingerprint else 0,
+                     kind=spec.get("kind") if isinstance(spec, dict) else None)  # its spec's kind (coding agent?)
         if fallback is not None:
             facts["problem"] = f"head failed verification; a resume continues from {short_id(loaded.id)}"
             facts["skipped"] = {k.checkpoint_id: f"{k.error}: {k.reason}" for k in fallback.skipped}
@@ -236,7 +240,9 @@ def _cost(prices: Any, model: str | None, tokens_in: int, tokens_out: int) -> fl
 def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str | None = None, page: int = 1,
                per_page: int = TASKS_PER_PAGE) -> dict[str, Any]:
     """Every task with its status, progress, level and media, newest checkpoint and its age,
-    stored bytes and drift badge (drift accepted on its head); ``status`` filters by status,
+    stored bytes and drift badge (drift accepted on its head) -- a coding-agent task no session
+    holds is ``in_progress``, as ``overnight ls`` says (:func:`overnight.api.coding_paused`), not
+    ``interrupted`` / ``stalled``; ``status`` filters by status,
     ``q`` keeps task ids (or goals) containing it (case-insensitive); ``per_page`` of those on
     page ``page``, most recently active first.
 
@@ -262,6 +268,8 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
         if real is not None:  # the queue and the task lease say it, not the checkpoints' age
             name = real.split(" ", 1)[0]
             st = Status(name, real[len(name):].strip(" ()") or None, source="queue")
+        if facts["verified"] and api.coding_paused(facts.get("kind"), real or st.name):  # as `overnight ls` says
+            st = Status("in_progress", api.CODING_PAUSED_WHY, st.holder, st.source)
         counts[st.name] += 1
         damaged += facts["problem"] is not None
         if status and st.name != status:
@@ -472,7 +480,7 @@ def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_pa
 # --- what the task page's actions may do -------------------------------------------------------
 
 
-CANCELLABLE = ("queued", "running")
+CANCELLABLE = api.CANCELLABLE
 """Queue row statuses a cancel acts on (``overnight cancel``); any other has nothing to cancel."""
 
 
@@ -484,18 +492,21 @@ def task_actions(s: Store, cache: HeadCache, task_id: str) -> dict[str, Any]:
     without a queue), "has_queue": the store has one, "complete": its main head verifies with
     nothing left to do, "resume": None or the refusal, "cancel": None or the refusal}``; a
     refusal is ``{"message", "hint"}``. Resume is refused for a complete task (as ``overnight
-    resume`` of it runs no step); cancel for a task without a ``queued`` or ``running`` queue row
-    (a task run in a terminal stops with Ctrl-C there).
+    resume`` of it runs no step) and for a coding-agent task (its agent continues it with
+    task_resume: it has no overnight steps to run or queue, as ``overnight resume`` says); cancel
+    for a task without a ``queued`` or ``running`` queue row (a task run in a terminal stops with
+    Ctrl-C there).
 
     Raises:
         TaskNotFound: no such task.
     """
     s.get_task(task_id)
     refs = s.list_refs(task_id)
-    complete = False
+    complete = coding = False
     if "main" in refs:
         facts = _head_facts(s, task_id, "main", refs["main"], cache)
         complete = facts["verified"] and facts["todo"] == 0
+        coding = facts["verified"] and api.is_coding_task(facts.get("kind"))
     q = queue_for(s)
     row = None
     if q is not None:
@@ -511,9 +522,18 @@ def task_actions(s: Store, cache: HeadCache, task_id: str) -> dict[str, Any]:
                           f"then `overnight resume {task_id}` recomputes what changed here; the workers are "
                           "given no complete task); to run steps again, fork it at an earlier checkpoint "
                           "(timeline > open > Fork) or roll a branch back"}
-    terminal = (f"a task run in a terminal (`overnight run` / `overnight resume`) stops with Ctrl-C in that "
-                f"terminal; cancel acts on a task queued for `overnight worker` (`overnight resume {task_id} "
-                f"--submit`)")
+    elif coding:  # as `overnight resume` refuses it: no overnight step of it to run, here or on a worker
+        resume = {"message": f"task {task_id!r} is {api.CODING_PAUSED}: a coding-agent task (MCP tools / hooks) "
+                             "has no overnight steps to resume or queue",
+                  "hint": "the agent continues it: task_resume (or the session-start hook) loads its control "
+                          "point; `overnight status TASK --drift` shows what changed"}
+    if coding:  # not `overnight resume --submit`, which refuses it
+        terminal = ("a coding-agent task is worked on in its agent's sessions (MCP tools / hooks), never by the "
+                    "workers: it stops when its session does, and task_resume in the agent continues it")
+    else:
+        terminal = (f"a task run in a terminal (`overnight run` / `overnight resume`) stops with Ctrl-C in that "
+                    f"terminal; cancel acts on a task queued for `overnight worker` (`overnight resume {task_id} "
+                    f"--submit`)")
     cancel = None
     if q is None:
         cancel = {"message": f"task {task_id!r} is not on the workers' queue: this store ({s.url}) has none, "
