@@ -66,10 +66,11 @@ def gc(
     database or cloud medium. With --json a dry run says "dry_run": true and lists what would go
     under "would_delete" (each task) and "checkpoints_would_delete" / "objects_would_delete";
     its "deleted" lists and counts stay empty. --apply --json ("dry_run": false) reports what was
-    deleted under the same keys. On file:// and s3:// a whole-store gc also removes what a killed gc,
-    rm or commit left that no listing shows: index entries naming no record, and checkpoint records
-    no index entry or branch names once older than --grace ("leftover_records", "leftover_bytes",
-    "leftover_entries" in --json)."""
+    deleted under the same keys. On file:// and s3:// gc also removes what a killed gc, rm or commit
+    left that no listing shows, once older than --grace: index entries naming no record, and
+    checkpoint records no index entry or branch names ("leftover_records", "leftover_bytes",
+    "leftover_entries" in --json; with --task, that task's only); a whole-store gc also removes the
+    folder of a task an rm left without branches or index ("leftover_tasks")."""
     with failing():
         with render.progress_bar("reading checkpoints", quiet=quiet or as_json) as update:
             rep = api.gc(store=store, apply=apply, keep_last=keep_last, older_than=older_than, task_id=task_id,
@@ -89,11 +90,11 @@ def gc(
         f"objects: {rep.objects} stored, {rep.objects_referenced} referenced, {rep.objects_unreferenced} unreferenced: "
         f"{rep.objects_deleted} {verb} ({render.human_bytes(rep.object_bytes)}), {rep.objects_young} kept as younger "
         f"than the grace period ({render.human_bytes(rep.young_bytes)})")
-    if rep.leftover_records or rep.leftover_entries:
+    if rep.leftover_records or rep.leftover_entries or rep.leftover_tasks:
         render.out.print(f"left by an interrupted gc, rm or commit (file://, s3://): {rep.leftover_records} unlisted "
                          f"checkpoint record(s) {verb} ({render.human_bytes(rep.leftover_bytes)}), "
                          f"{rep.leftover_entries} index entr{'y' if rep.leftover_entries == 1 else 'ies'} naming no "
-                         f"record {verb}")
+                         f"record {verb}, {rep.leftover_tasks} folder(s) of removed tasks {verb}")
     _unreadable_note(rep.unreadable)
 
 

@@ -326,7 +326,10 @@ def _local_store(url: str) -> tuple[str, Path] | None:
 
 
 def write_pointer(root: Path, task_id: str, branch: str, store_url: str) -> None:
-    """Make ``task_id``/``branch`` the project's current task (atomically: write, then rename).
+    """Make ``task_id``/``branch`` the project's current task: ``<root>/.overnight/current-task``
+    replaced atomically and durably (:func:`overnight.keys.write_file_atomic`: a temporary file of
+    this writer's own, fsynced, renamed over it, the folder fsynced), so concurrent writers never
+    clobber one another's temporary file and a reader sees one whole pointer.
 
     A store inside the project (the default ``.overnight/overnight.db``) is recorded relative to
     ``root`` (``sqlite://.overnight/overnight.db``), so the pointer stays right when the project
@@ -349,10 +352,12 @@ def write_pointer(root: Path, task_id: str, branch: str, store_url: str) -> None
     ignore = d / ".gitignore"
     if not ignore.exists():  # the store and the pointer are not the project's source
         ignore.write_text("*\n", "utf-8")
-    tmp = d / f".current-task.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"task_id": task_id, "branch": branch, "store": store_url, "root": str(root)}) + "\n",
-                   "utf-8")
-    os.replace(tmp, root / POINTER)
+    from overnight.keys import write_file_atomic
+
+    doc = {"task_id": task_id, "branch": branch, "store": store_url, "root": str(root)}
+    # a temporary file of this writer's own (two threads or processes pointing at once each rename a
+    # whole file), fsynced, the folder fsynced after the rename; mode 0666 less the umask, as before
+    write_file_atomic(root / POINTER, (json.dumps(doc) + "\n").encode("utf-8"), mode=0o666)
     if not _inside(confirm, root):
         confirm_pointer(root, task_id, confirm)
 
@@ -448,7 +453,8 @@ def confirm_pointer(root: Path, task_id: str, store_url: str) -> None:
     url = _canonical_store(store_url)
     key = _confirm_key(Path(root).resolve(), task_id, url)
     path = state_dir() / CONFIRMED_FILE
-    tmp = path.with_name(f".{CONFIRMED_FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    from overnight.keys import write_file_atomic
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with _confirmed_lock(path) as held:
@@ -457,30 +463,10 @@ def confirm_pointer(root: Path, task_id: str, store_url: str) -> None:
             entries = [e for e in _confirmed_entries(path) if e["key"] != key]
             entries.append({"key": key, "root": str(Path(root).resolve()), "task_id": task_id,
                             "store": mask_password(url)})
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump({"version": 1, "entries": entries[-CONFIRMED_MAX:]}, out)
-                out.write("\n")
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-            _fsync_dir(path.parent)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-
-
-def _fsync_dir(d: Path) -> None:
-    """Make a rename in folder ``d`` durable; best effort (some file systems refuse a folder's fsync)."""
-    try:
-        fd = os.open(d, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
+            doc = json.dumps({"version": 1, "entries": entries[-CONFIRMED_MAX:]}) + "\n"
+            write_file_atomic(path, doc.encode("utf-8"))  # removes its temporary file when it fails
     except OSError:
         pass
-    finally:
-        os.close(fd)
 
 
 def pointer_confirmed(roots: Iterable[str | os.PathLike], task_id: str, store_url: str) -> bool:

@@ -76,12 +76,15 @@ An interrupted ``--apply`` leaks nothing, and the next run finishes its job: a s
 checkpoint's record before the index entry by which gc finds it, newest first
 (:meth:`overnight.store.keyed.KeyedStore.delete_checkpoints`), so the next run finds and deletes
 every record the killed one left, and objects are found by listing. On ``file://`` and ``s3://``
-gc (of the whole store, not with ``task_id``) also removes what no listing shows
-(:meth:`~overnight.store.keyed.KeyedStore.leftovers`): index entries naming a record that is gone
+gc also removes what no listing shows (:meth:`~overnight.store.keyed.KeyedStore.leftovers`; with
+``task_id`` only that task's): index entries naming a record that is gone
 (a gc or ``rm`` killed between the two), and checkpoint records no index entry or ref names -- a
 commit killed before its ref swap, a delete by an older version killed midway -- once they are
 older than ``grace`` (a commit in flight has written its record but not yet moved its ref; a
-record that is the parent of one that stays is kept).
+record that is the parent of one that stays is kept). A whole-store gc also removes the folder of a
+task an ``rm`` killed midway left without refs or index (``leftover_tasks``): its ``task`` record
+and released leases, older than ``grace``, and on ``file://`` the empty folders even a completed
+``rm`` leaves (:meth:`~overnight.store.keyed.KeyedStore.abandoned_tasks`).
 """
 
 from __future__ import annotations
@@ -136,9 +139,14 @@ class GcReport:
         leftover_records, leftover_bytes: checkpoint records no listing shows (``file://`` and
             ``s3://``: a commit killed before its ref swap, a delete from an older version killed
             midway) stored longer than ``grace``: deleted (or would be), and their bytes; 0 for a
-            store without such leftovers and with ``task_id`` (:func:`_leftovers`).
+            store without such leftovers; with ``task_id`` only that task's (:func:`_leftovers`).
         leftover_entries: index entries naming a record that is gone (a gc or rm killed midway):
-            deleted (or would be).
+            deleted (or would be); with ``task_id`` only that task's.
+        leftover_tasks: task folders that hold no task -- no ref, index entry or call record; at
+            most a ``task`` record no checkpoint backs and leases no live process holds, each
+            older than ``grace`` -- left by an ``rm`` or a first commit killed midway (on
+            ``file://`` also the empty folder a completed ``rm`` leaves): removed (or would be);
+            whole-store gc only (:meth:`overnight.store.keyed.KeyedStore.abandoned_tasks`).
         seconds: wall time.
     """
 
@@ -158,6 +166,7 @@ class GcReport:
     leftover_records: int = 0
     leftover_bytes: int = 0
     leftover_entries: int = 0
+    leftover_tasks: int = 0
     seconds: float = 0.0
 
 
@@ -218,7 +227,9 @@ def collect(
     Args:
         keep_last: keep this many of each task's newest dangling checkpoints.
         older_than_s: only dangling checkpoints created more than this many seconds ago go.
-        task_id: only this task's dangling checkpoints, and only objects they alone needed.
+        task_id: only this task's dangling checkpoints, only objects they alone needed, and only
+            its leftovers (``file://``, ``s3://``: its unlisted records, its index entries naming no
+            record; :func:`_leftovers`).
         grace_s: objects stored or refreshed less than this many seconds before gc started stay.
         on_progress: ``(done, total)`` over the checkpoints read.
 
@@ -307,21 +318,24 @@ def collect(
         def min_age_ms() -> int:
             return int(grace_s * 1000 + (time.monotonic() - t0) * 1000) + 1
 
+        records, entries = _leftovers(hot, remaining + survivors, task_id)
+        old_records = [c for c, (_, age) in records.items() if not young(age)]
+        report.leftover_records, report.leftover_bytes, report.leftover_entries = hot.delete_leftovers(  # type: ignore[attr-defined]
+            old_records, entries, min_age_ms=min_age_ms) if old_records or entries else (0, 0, 0)
         if task_id is None:
-            records, entries = _leftovers(hot, remaining + survivors)
-            old_records = [c for c, (_, age) in records.items() if not young(age)]
-            report.leftover_records, report.leftover_bytes, report.leftover_entries = hot.delete_leftovers(  # type: ignore[attr-defined]
-                old_records, entries, min_age_ms=min_age_ms) if old_records or entries else (0, 0, 0)
+            found = _abandoned(hot, grace_s, t0)
+            report.leftover_tasks = hot.delete_abandoned(found, min_age_ms=min_age_ms) if found else 0  # type: ignore[attr-defined]
         gone = _delete_objects(hot, candidates, min_age_ms)
         report.objects_deleted = len(gone)
         report.object_bytes = sum(gone.values())
         report.objects_young = len(candidates) - len(gone)
         report.young_bytes = sum(s.stored_bytes for d, s in candidates.items() if d not in gone)
     else:
+        records, entries = _leftovers(hot, remaining, task_id)
+        sizes = [size for size, age in records.values() if not young(age)]
+        report.leftover_records, report.leftover_bytes, report.leftover_entries = len(sizes), sum(sizes), len(entries)
         if task_id is None:
-            records, entries = _leftovers(hot, remaining)
-            sizes = [size for size, age in records.values() if not young(age)]
-            report.leftover_records, report.leftover_bytes, report.leftover_entries = len(sizes), sum(sizes), len(entries)
+            report.leftover_tasks = len(_abandoned(hot, grace_s, t0))
         old = {d: s for d, s in candidates.items() if not young(s.age_ms)}
         report.objects_deleted = len(old)
         report.object_bytes = sum(s.stored_bytes for s in old.values())
@@ -334,16 +348,18 @@ def collect(
     return report
 
 
-def _leftovers(hot: Store, remaining: list[CheckpointRow]) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+def _leftovers(hot: Store, remaining: list[CheckpointRow],
+               task_id: str | None = None) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
     """What interrupted deletions and commits left in a ``file://`` or ``s3://`` store that no
     listing shows (:meth:`overnight.store.keyed.KeyedStore.leftovers`): ``({checkpoint id: (bytes,
-    age ms)}, {index key: checkpoint id})`` (``({}, {})`` for a store without such leftovers).
+    age ms)}, {index key: checkpoint id})`` (``({}, {})`` for a store without such leftovers);
+    with ``task_id``, only that task's (``gc --task``: its unnamed records, its index entries).
     A record that is the parent of a checkpoint that stays (``remaining``), or of such a record
     in turn, is no leftover: it is kept, whatever its index says."""
     found = getattr(hot, "leftovers", None)
     if found is None:
         return {}, {}
-    records, entries = found()
+    records, entries = found(task_id)
     parents = {r.parent_id for r in remaining if r.parent_id is not None}
     while parents & records.keys():
         kept = parents & records.keys()
@@ -358,6 +374,16 @@ def _leftovers(hot: Store, remaining: list[CheckpointRow]) -> tuple[dict[str, tu
             if p is not None:
                 parents.add(p)
     return records, entries
+
+
+def _abandoned(hot: Store, grace_s: float, t0: float) -> dict[str, list[str]]:
+    """The task folders a killed ``rm`` or first commit left holding no task, older than the grace
+    period counted from ``t0`` (:meth:`overnight.store.keyed.KeyedStore.abandoned_tasks`): ``{folder:
+    [its keys]}``; ``{}`` for a store without such folders."""
+    found = getattr(hot, "abandoned_tasks", None)
+    if found is None:
+        return {}
+    return found(int(grace_s * 1000 + (time.monotonic() - t0) * 1000) + 1)
 
 
 def _hidden_damage(hot: Store) -> list[str]:

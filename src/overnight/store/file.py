@@ -456,6 +456,58 @@ class FileContainer:
         self._sync_all(folders)
         return freed
 
+    @_medium(writing=False)
+    def folder_age_ms(self, prefix: str) -> int:
+        """Time in ms since the folder ``prefix`` or a folder under it last changed (an entry made,
+        renamed or removed in it: its modification time), by this machine's clock; 0 when it is
+        missing or a link (a link is not walked into)."""
+        base = self._path(prefix)
+        try:
+            if not self._folder(base, fresh=True):
+                return 0
+        except StoreCorrupt:
+            return 0
+        newest = 0.0
+        for folder, dirs, _ in os.walk(base):
+            try:
+                newest = max(newest, os.lstat(folder).st_mtime)
+            except FileNotFoundError:
+                continue
+        return max(0, int((time.time() - newest) * 1000)) if newest else 0
+
+    def _forget(self, folder: Path) -> None:
+        """Forget that ``folder`` and the folders under it were seen real and durable (they were removed)."""
+        with self._dirs_lock:
+            self._real = {d for d in self._real if not d.is_relative_to(folder)}
+            self._dirs = {d for d in self._dirs if not d.is_relative_to(folder)}
+
+    @_medium(writing=True)
+    def remove_empty_folder(self, prefix: str) -> bool:
+        """Remove the folder ``prefix`` (under the root) and the folders under it, deepest first, if
+        none holds a file -- not even a temporary one of a write in progress (each ``rmdir`` fails on
+        a folder something was put in meanwhile, and the rest then stays) --, and make the removal
+        durable (the parent folder fsynced). A link there is never followed nor removed. Returns
+        True when the folder is gone. A writer that had made or seen one of them makes it again
+        (:meth:`_write`)."""
+        base = self._path(prefix)
+        if base == self.root or not self._folder(base, fresh=True):  # a link: StoreCorrupt
+            return not os.path.lexists(base)
+        folders = []
+        for folder, dirs, files in os.walk(base):
+            if files or any(os.path.islink(os.path.join(folder, d)) for d in dirs):
+                return False
+            folders.append(folder)
+        self._forget(base)
+        for folder in reversed(folders):  # deepest first
+            try:
+                os.rmdir(folder)
+            except FileNotFoundError:
+                continue
+            except OSError:  # not empty any more (a writer is making the task again), or not ours
+                return False
+        _fsync(base.parent, base.parent == self.root)
+        return True
+
     # -- writes -----------------------------------------------------------------------------
 
     @staticmethod
@@ -483,7 +535,14 @@ class FileContainer:
         pending: list[Path] = []  # every temporary file written; those not renamed are removed at the end
 
         def temp(path: Path, data: bytes) -> Path:
-            pending.append(self._write_temp(path.parent, data))
+            try:
+                pending.append(self._write_temp(path.parent, data))
+            except FileNotFoundError:
+                # the folder went since this process made or saw it (a gc removes the empty folder
+                # of a deleted task, :meth:`remove_empty_folder`): make it again
+                self._forget(path.parent)
+                self._folder(path.parent, create=True, fresh=True)
+                pending.append(self._write_temp(path.parent, data))
             return pending[-1]
 
         paths = {k: self._path(k) for k in items}

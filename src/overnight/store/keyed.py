@@ -400,10 +400,14 @@ class KeyedStore(Closing):
         self._heal(staged, new - created)  # another writer linked it first
         self._repair(staged, refreshed)
         record = layout.checkpoint_key(cp.checkpoint_id)
-        if record not in created and not self._c.exists_many([record]):
-            # the record was there already (an earlier attempt of this very commit, killed before
-            # its ref swap) and a gc took it as a leftover (:meth:`leftovers`) meanwhile: back
-            self._c.create_many({record: items[record]})
+        back = [record] + ([layout.task_key(commit.task.task_id)] if commit.task is not None else [])
+        missing = [k for k in back if k not in created]
+        missing = [k for k in missing if k not in self._c.exists_many(missing)] if missing else []
+        if missing:
+            # the record (or the first commit's ``task`` record) was there already -- an earlier
+            # attempt of this very commit, or an ``rm`` of the task, killed before the swap -- and a
+            # gc took it as a leftover meanwhile (:meth:`leftovers`, :meth:`abandoned_tasks`): back
+            self._c.create_many({k: items[k] for k in missing})
         return added
 
     def _parent_task(self, cp: CheckpointRow) -> str | None:
@@ -593,7 +597,7 @@ class KeyedStore(Closing):
             freed += sum(len(found[c].body) for c in doomed)
         return freed
 
-    def leftovers(self) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    def leftovers(self, task_id: str | None = None) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
         """What an interrupted deletion or commit left that no listing shows, for ``gc`` to remove
         (:func:`overnight.ops.gc.collect`): ``(records, entries)``.
 
@@ -604,6 +608,13 @@ class KeyedStore(Closing):
         deletes only those older than its grace period (:meth:`delete_leftovers`).
         ``entries``: ``{index key: checkpoint id}`` of the index entries naming a record that is not
         stored (a delete killed between a record and its entry), ref heads excepted.
+
+        ``task_id``: only that task's leftovers (``gc --task``): the entries of its own index folder,
+        and the unnamed records that say they are its checkpoints. A record's key does not name its
+        task, so the names under ``checkpoints/`` and in every index are listed as for the whole
+        store (listings only), but only the unnamed records are read -- to learn their task -- and
+        only this task's index entries are checked against the records; an unnamed record that
+        cannot be read belongs to no task (a whole-store gc takes it).
 
         ``({}, {})`` while a ref, index entry or folder cannot be read (:meth:`damaged_entries`:
         it may name any record), and records whose key names no checkpoint are left out.
@@ -630,6 +641,11 @@ class KeyedStore(Closing):
                 stored[cid] = (size, age)
         heads = named - set(indexed.values())
         records = {c: v for c, v in stored.items() if c not in named}
+        if task_id is not None:
+            mine = layout.index_dir(task_id) + "/"
+            indexed = {k: c for k, c in indexed.items() if k.startswith(mine)}
+            records = {row.checkpoint_id: records[row.checkpoint_id] for row, _ in self._read_checkpoints(records)
+                       if row.task_id == task_id and row.checkpoint_id in records}
         entries = {k: c for k, c in indexed.items() if c not in stored and c not in heads}
         return records, entries
 
@@ -641,7 +657,7 @@ class KeyedStore(Closing):
         entry whose record was written again meanwhile is put back). Returns ``(records deleted,
         their bytes, entries deleted)``."""
         records = list(dict.fromkeys(records))
-        now, _ = self.leftovers() if records else ({}, {})
+        now, _ = self.leftovers() if records else ({}, {})  # the whole store's: listings only, no reads
         gone = self._c.delete([layout.checkpoint_key(c) for c in records if c in now], min_age_ms=min_age_ms)
         removed = self._c.delete(entries)
         again = self._c.exists_many([layout.checkpoint_key(entries[k]) for k in removed]) if removed else set()
@@ -650,6 +666,70 @@ class KeyedStore(Closing):
         if back:  # written again (a restore, a repair) between the listing and the delete
             self._c.create_many(back)
         return len(gone), sum(gone.values()), len(removed) - len(back)
+
+    def abandoned_tasks(self, min_age_ms: int) -> dict[str, list[str]]:
+        """The task folders an ``rm`` (or a first commit) killed midway left holding no task:
+        ``{task folder: [its keys]}``, for a whole-store ``gc`` to remove (:meth:`delete_abandoned`).
+
+        A folder qualifies when it holds no ref, no index entry and no call record -- nothing but,
+        maybe, its ``task`` record (which no committed checkpoint backs, so no listing shows it:
+        :meth:`list_tasks`) and lease records no live holder holds (released, expired, or held by a
+        process that is gone) -- and every key in it, and on ``file://`` every folder in it
+        (:meth:`FileContainer.folder_age_ms <overnight.store.file.FileContainer.folder_age_ms>`),
+        was last written ``min_age_ms`` or more ago: a first commit in flight writes its ``task``
+        record, and a worker starting a task its lease, moments before its ref, so a grace period
+        longer than a commit keeps them. An empty folder (what even a completed ``rm`` leaves on
+        ``file://``) qualifies with no keys. A lease record that cannot be read keeps its folder.
+        """
+        try:
+            folders = self._c.list("tasks")
+        except StoreCorrupt:
+            return {}
+        folder_age = getattr(self._c, "folder_age_ms", None)
+        now = now_ms()
+        found: dict[str, list[str]] = {}
+        for n in folders:
+            base = f"tasks/{n}"
+            try:
+                keys = list(self._c.stats(base))
+            except StoreCorrupt:  # a link in place of the folder: damage, not ours to remove
+                continue
+            if any(age < min_age_ms for _, _, age in keys):
+                continue
+            leases = [k for k, _, _ in keys if k.startswith(f"{base}/leases/")]
+            if any(k != f"{base}/task" and k not in leases for k, _, _ in keys):
+                continue  # a ref, an index entry, a call record: a task (or one being made)
+            held = False
+            for data in self._c.read_many(leases).values():
+                try:
+                    lease = layout.decode_lease(data)
+                except DecodeError:
+                    held = True
+                    break
+                if lease.holder_id and not can_take_over(lease.holder, lease.expires_at_ms, now):
+                    held = True
+                    break
+            if held or (folder_age is not None and folder_age(base) < min_age_ms):
+                continue
+            found[base] = [k for k, _, _ in keys]
+        return found
+
+    def delete_abandoned(self, folders: dict[str, list[str]], *, min_age_ms: MinAge) -> int:
+        """Delete what :meth:`abandoned_tasks` found: each folder's keys still stored ``min_age_ms``
+        or longer (checked as the container deletes each), then, on ``file://``, the folder itself
+        once empty (:meth:`FileContainer.remove_empty_folder
+        <overnight.store.file.FileContainer.remove_empty_folder>`: a folder something was written
+        into meanwhile stays). Returns how many folders were removed whole (``s3://``, which has no
+        folders: how many were emptied)."""
+        prune = getattr(self._c, "remove_empty_folder", None)
+        removed = 0
+        for base, keys in folders.items():
+            gone = self._c.delete(keys, min_age_ms=min_age_ms) if keys else {}
+            if len(gone) != len(keys):
+                continue  # written again meanwhile: a task is being made there
+            if prune is None or prune(base):
+                removed += 1
+        return removed
 
     def delete_task(self, task_id: str) -> None:
         folder = layout.task_dir(task_id)
