@@ -129,7 +129,10 @@ def test_timeline_counts_checkpoints_and_a_diff_opens(browser, site, tmp_path):
         rows = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "tr.cp-row"), 10, 0.1, "the task page")
         assert len(rows) == len(api.show("report", store=store_url(site)).chain)
         assert browser.find_element(By.ID, "checkpoint-count").text == str(len(rows))
-        assert len(browser.find_elements(By.CSS_SELECTOR, "tr.cp-row .integrity.ok")) == len(rows)
+        # none damaged: the head "verified" (artifact bytes hashed), the others "record verified"
+        assert len(browser.find_elements(By.CSS_SELECTOR, "tr.cp-row .integrity.ok")) == 1
+        assert len(browser.find_elements(By.CSS_SELECTOR, "tr.cp-row .integrity.record-verified")) == len(rows) - 1
+        assert not browser.find_elements(By.CSS_SELECTOR, "tr.cp-row .integrity.bad")
         assert browser.find_elements(By.CSS_SELECTOR, ".graph svg circle.head")
         # at 1280 px -- even zoomed to 125 %, as a laptop's display scaling shows it -- the integrity
         # badge of every row is on screen, not scrolled off to the right of the timeline

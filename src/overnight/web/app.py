@@ -306,16 +306,35 @@ class Dashboard:
                 self.cache.clear()
                 return RedirectResponse(f"/task?id={quote(task_id, safe='')}", 303)
             if kind == "verify":
-                report = await _threaded(lambda _: api.verify(task_id or None, store=self.store), request)
-                self.cache.clear()
-                data = {"task_id": task_id, "ok": report.ok, "checkpoints": report.checkpoints,
-                        "checkpoints_invalid": report.checkpoints_invalid, "objects_checked": report.objects_checked,
-                        "heads": report.heads, "seconds": round(report.seconds, 3),
-                        "problems": [str(p) for p in report.problems], "command": self.cli("verify", task_id)}
-                return self.html("verified.html", data, request)
+                report = await _threaded(lambda _: self.verify(task_id or None), request)
+                return self.html("verified.html", verify_data(report, task_id, self.cli("verify", task_id)), request)
         except OvernightError as exc:
             return self.error(request, exc, False)
         return self.not_found(request)
+
+    def verify(self, task_id: str | None) -> Any:
+        """``api.verify`` of one task (None: every task), remembered: until a task's refs move, its
+        task page labels each checkpoint with what this run found, and the tasks page counts it
+        damaged when it found any checkpoint damaged (:meth:`queries.HeadCache.note_verify`). The
+        refs are read before the run: one that moves meanwhile leaves nothing remembered."""
+        from datetime import datetime, timezone
+
+        ids = [task_id] if task_id else [t.task_id for t in self.store.list_tasks()]
+        refs = {t: self.store.list_refs(t) for t in ids}
+        report = api.verify(task_id, store=self.store)
+        self.cache.clear()
+        at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        for t, heads in report.heads.items():
+            if t not in refs:
+                continue
+            mine = [p for p in report.problems if p.task_id == t]
+            found: dict[str, str] = {}
+            for p in mine:
+                if p.checkpoint_id is not None:
+                    found.setdefault(p.checkpoint_id, p.detail.splitlines()[0] if p.detail else p.check)
+            self.cache.note_verify(t, refs[t], found, at=at,
+                                   damaged=any(not p.dangling for p in mine) or any(v != "ok" for v in heads.values()))
+        return report
 
     def not_found(self, request: Request, exc: Exception | None = None) -> Response:
         """A styled 404 naming the path that was not found (JSON for a ``.json`` path)."""
@@ -338,6 +357,19 @@ class Dashboard:
         return Response(data, media_type="application/octet-stream", headers={
             "Content-Disposition": f"attachment; filename=\"{filename}\"; filename*=UTF-8''{utf8}",
             "X-Content-Digest": meta["digest"]})
+
+
+def verify_data(report: Any, task_id: str, command: str) -> dict[str, Any]:
+    """The "Verify now" page's data from a :class:`~overnight.verify.fsck.VerifyReport`: its counts,
+    and each problem as fields (task, checkpoint and its short id, check, detail, object, dangling)
+    for the page's table -- never the objects' reprs."""
+    problems = [{"task_id": p.task_id, "checkpoint_id": p.checkpoint_id,
+                 "short_id": short_id(p.checkpoint_id) if p.checkpoint_id else None, "check": p.check,
+                 "detail": p.detail, "object": p.object, "object_short": short_id(p.object) if p.object else None,
+                 "dangling": p.dangling} for p in report.problems]
+    return {"task_id": task_id, "ok": report.ok, "checkpoints": report.checkpoints,
+            "checkpoints_invalid": report.checkpoints_invalid, "objects_checked": report.objects_checked,
+            "heads": report.heads, "seconds": round(report.seconds, 3), "problems": problems, "command": command}
 
 
 async def _threaded(fn: Callable[[Request], Any], request: Request) -> Any:

@@ -9,7 +9,9 @@ the CLI uses -- from one open store; nothing here writes.
 Records are verified as they are read (``parse_record``: schema, digest, signature; heads with
 ``load_head``: state, pages and artifact bytes too, falling back as a resume would). Checkpoints are immutable
 and addressed by their content, so what was learnt about one (its progress, whether its head
-verified) is kept in a :class:`HeadCache` keyed by checkpoint id; "Verify now" clears it.
+verified) is kept in a :class:`HeadCache` keyed by checkpoint id; "Verify now" clears it, and what
+it found is kept there too, per task, while the task's refs are unchanged (the task page labels
+each checkpoint with it, the tasks page counts the tasks it found damaged).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from overnight.store.queue_open import queue_for
 from overnight.store.blobs import BlobReader
 from overnight.store.leases import can_take_over, describe_holder, ended, now_ms
 from overnight.chain.read import load_head
-from overnight.chain.integrity import load_checkpoint, parse_record, signing_key_from_env
+from overnight.chain.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
 
 STATUSES = ("queued", "running", "stalled", "interrupted", "in_progress", "failed", "cancelled", "complete")
 """Task statuses the dashboard shows, in the order of its filter. ``in_progress``: a coding-agent
@@ -124,8 +126,28 @@ class HeadCache:
     def __init__(self, limit: int = 20_000, big_limit: int = 16) -> None:
         self._data: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._big: OrderedDict[str, Any] = OrderedDict()
+        self._verified: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
         self.limit, self.big_limit = limit, big_limit
+
+    def note_verify(self, task_id: str, refs: dict[str, str], found: dict[str, str], *, damaged: bool,
+                    at: str) -> None:
+        """What a verify run ("Verify now") found of ``task_id`` whose refs were ``refs`` when it
+        started: ``found`` (checkpoint id -> problem) and whether it found the task damaged. Kept
+        (not dropped by :meth:`clear`) and used while the task's refs are unchanged."""
+        with self._lock:
+            self._verified[task_id] = {"refs": _refs_key(refs), "found": dict(found), "damaged": damaged, "at": at}
+            self._verified.move_to_end(task_id)
+            while len(self._verified) > self.limit:
+                self._verified.popitem(last=False)
+
+    def verify_found(self, task_id: str, refs: dict[str, str]) -> dict[str, Any] | None:
+        """The last verify run's findings of ``task_id`` (see :meth:`note_verify`), or None when
+        none ran since the dashboard started or the task's refs moved since (a commit, fork,
+        rollback: what it checked is no longer the whole chain)."""
+        with self._lock:
+            hit = self._verified.get(task_id)
+        return hit if hit is not None and hit["refs"] == _refs_key(refs) else None
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self._lock:
@@ -159,6 +181,41 @@ class HeadCache:
             while len(self._big) > self.big_limit:
                 self._big.popitem(last=False)
         return value
+
+
+def _refs_key(refs: dict[str, str]) -> str:
+    return "\0".join(f"{b}={c}" for b, c in sorted(refs.items()))
+
+
+def _record_checks(s: Store, cache: HeadCache, rows: list[CheckpointRow], key: bytes | None) -> dict[str, str | None]:
+    """``checkpoint_id -> problem or None`` for ``rows``: each record, its state document and pages
+    verified and its artifact objects present (:func:`~overnight.chain.integrity.record_problems`,
+    what ``overnight show`` checks of every row; artifact bytes are hashed only for branch heads and
+    by a verify run). Kept per checkpoint id; "Verify now" clears it."""
+    out: dict[str, str | None] = {}
+    todo = []
+    for r in rows:
+        hit = cache.get("rec\0" + r.checkpoint_id)
+        if hit is None:
+            todo.append(r)
+        else:
+            out[r.checkpoint_id] = hit["problem"]
+    if todo:
+        try:
+            found = record_problems(s, todo, key=key)
+            # a damaged original its verified ditto copy serves loads: not damaged, as `verify`,
+            # `ls` and `show` count it (`overnight verify --repair` rewrites the original)
+            for cid in api.served_by_copy(s, [r for r in todo if r.checkpoint_id in found], key) if found else ():
+                del found[cid]
+        except OvernightError as exc:  # the store could not be read: nothing checked, nothing claimed
+            problem = f"{type(exc).__name__}: {exc.message}".splitlines()[0]
+            return {**out, **{r.checkpoint_id: problem for r in todo}}
+        for r in todo:
+            problem = found.get(r.checkpoint_id)
+            problem = problem.splitlines()[0] if problem else None
+            cache.put("rec\0" + r.checkpoint_id, {"problem": problem})
+            out[r.checkpoint_id] = problem
+    return out
 
 
 def _head_facts(s: Store, task_id: str, branch: str, head_id: str, cache: HeadCache) -> dict[str, Any]:
@@ -234,12 +291,57 @@ def _cost(prices: Any, model: str | None, tokens_in: int, tokens_out: int) -> fl
     return round(tokens_in / 1e6 * price[0] + tokens_out / 1e6 * price[1], 6)
 
 
+def task_status(s: Store, cache: HeadCache, t: Any, refs: dict[str, str], *, now: float | None = None,
+                clock: int | None = None) -> tuple[Status, dict[str, Any], dict[str, Any], float | None]:
+    """A task's status as the tasks page shows it (and the task page, from here too), with what it
+    was derived from: ``(status, facts of its main (or first) branch head, chain facts, seconds
+    since its newest checkpoint)``. The queue and task lease (``api.task_state``) win over the
+    checkpoints' age; a coding-agent task no session holds is ``in_progress``, as ``overnight ls``
+    says."""
+    now = time.time() if now is None else now
+    clock = s.clock_ms() if clock is None else clock
+    chain = _chain_facts(s, cache, t, refs)
+    branch = "main" if "main" in refs else next(iter(sorted(refs)), None)
+    facts = (_head_facts(s, t.task_id, branch, refs[branch], cache) if branch is not None
+             else {"verified": False, "problem": "no branch", "done": 0, "todo": 0, "accepted_drift": 0})
+    last_age = age_s(chain["last_at"], now) if chain["last_at"] else None
+    st = derive_status(verified=facts["verified"], problem=facts["problem"], done=facts["done"],
+                       todo=facts["todo"], steps_committed=chain["steps"], last_age_s=last_age,
+                       leases=api.leases(t.task_id, store=s), now=clock)
+    real = api.task_state(t.task_id, store=s, complete=facts["todo"] == 0, now=clock) if facts["verified"] else None
+    if real is not None:  # the queue and the task lease say it, not the checkpoints' age
+        name = real.split(" ", 1)[0]
+        st = Status(name, real[len(name):].strip(" ()") or None, source="queue")
+    if facts["verified"] and api.coding_paused(facts.get("kind"), real or st.name):  # as `overnight ls` says
+        st = Status("in_progress", api.CODING_PAUSED_WHY, st.holder, st.source)
+    return st, facts, chain, last_age
+
+
+MEDIUM_OF_SCHEME = {"sqlite": "local", "file": "local", "postgresql": "database", "postgres": "database",
+                    "s3": "cloud", "memory": "ephemeral"}
+"""The medium a store of each URL scheme is (the router's names: local = SQLite / file,
+database = PostgreSQL, cloud = S3)."""
+
+
+def stored_on(s: Store, media: list[str]) -> dict[str, Any]:
+    """Where the dashboard shows a task is kept: its route's media, or -- a route naming none (a
+    task run on a store given explicitly: ``--store``, or by a worker on its queue's store) -- the
+    medium of the store it is read from. ``{"stored_on": [names], "store_kind": URL scheme,
+    "stored_on_source": "route" | "store"}``; what the task recorded is not changed."""
+    kind = str(s.url).partition("://")[0].lower() or None
+    if media:
+        return {"stored_on": list(media), "store_kind": kind, "stored_on_source": "route"}
+    return {"stored_on": [MEDIUM_OF_SCHEME.get(kind or "", kind or "this store")], "store_kind": kind,
+            "stored_on_source": "store"}
+
+
 # --- tasks page --------------------------------------------------------------------------------
 
 
 def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str | None = None, page: int = 1,
                per_page: int = TASKS_PER_PAGE) -> dict[str, Any]:
-    """Every task with its status, progress, level and media, newest checkpoint and its age,
+    """Every task with its status (:func:`task_status`), progress, level and media (as recorded,
+    and ``stored_on``: see :func:`stored_on`), newest checkpoint and its age,
     stored bytes and drift badge (drift accepted on its head) -- a coding-agent task no session
     holds is ``in_progress``, as ``overnight ls`` says (:func:`overnight.api.coding_paused`), not
     ``interrupted`` / ``stalled``; ``status`` filters by status,
@@ -247,7 +349,8 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
     page ``page``, most recently active first.
 
     Returns ``{"tasks": [...], "counts": {status: n}, "damaged": n (tasks whose head fails
-    verification), "total": n, "matching": n, "page": n,
+    verification, or in which the last "Verify now" found a damaged checkpoint while their refs
+    are unchanged: each row's ``verify_found``), "total": n, "matching": n, "page": n,
     "pages": n, "filter": {...}}``.
     """
     now = time.time()
@@ -256,22 +359,10 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
     needle = (q or "").strip().lower()
     for t in s.list_tasks():
         refs = s.list_refs(t.task_id)
-        chain = _chain_facts(s, cache, t, refs)
-        branch = "main" if "main" in refs else next(iter(sorted(refs)), None)
-        facts = (_head_facts(s, t.task_id, branch, refs[branch], cache) if branch is not None
-                 else {"verified": False, "problem": "no branch", "done": 0, "todo": 0, "accepted_drift": 0})
-        last_age = age_s(chain["last_at"], now) if chain["last_at"] else None
-        st = derive_status(verified=facts["verified"], problem=facts["problem"], done=facts["done"],
-                           todo=facts["todo"], steps_committed=chain["steps"], last_age_s=last_age,
-                           leases=api.leases(t.task_id, store=s), now=clock)
-        real = api.task_state(t.task_id, store=s, complete=facts["todo"] == 0, now=clock) if facts["verified"] else None
-        if real is not None:  # the queue and the task lease say it, not the checkpoints' age
-            name = real.split(" ", 1)[0]
-            st = Status(name, real[len(name):].strip(" ()") or None, source="queue")
-        if facts["verified"] and api.coding_paused(facts.get("kind"), real or st.name):  # as `overnight ls` says
-            st = Status("in_progress", api.CODING_PAUSED_WHY, st.holder, st.source)
+        st, facts, chain, last_age = task_status(s, cache, t, refs, now=now, clock=clock)
         counts[st.name] += 1
-        damaged += facts["problem"] is not None
+        found = cache.verify_found(t.task_id, refs)
+        damaged += facts["problem"] is not None or (found is not None and found["damaged"])
         if status and st.name != status:
             continue
         if needle and needle not in t.task_id.lower() and needle not in t.goal.lower():
@@ -280,6 +371,8 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
             "task_id": t.task_id, "goal": t.goal, "status": st.name, "status_reason": st.reason,
             "holder": st.holder, "status_source": st.source, "done": facts["done"],
             "total": facts["done"] + facts["todo"], "level": chain["level"], "media": chain["media"],
+            **stored_on(s, chain["media"]),
+            "verify_found": None if found is None else len(found["found"]),
             "branches": sorted(refs), "checkpoints": chain["checkpoints"], "last_checkpoint": chain["last"],
             "last_checkpoint_at": chain["last_at"], "last_checkpoint_age_s": last_age,
             "stored_bytes": chain["stored_bytes"], "accepted_drift": facts["accepted_drift"],
@@ -385,8 +478,16 @@ def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_pa
 
     Each timeline entry: seq, id, branch, event, step, session (number), time, duration (ms),
     tokens in/out, tokens replayed from the call journal, cost (USD, when ``[prices]`` has the
-    step's model), bytes added, and integrity (``verified`` / ``damaged`` with the reason;
-    ``fallback`` marks the checkpoint a resume of that branch lands on when its head is damaged).
+    step's model), bytes added, and integrity, saying what was checked (``checked_by``):
+    ``damaged`` with the reason (its record, state or pages fail, a branch's resume skips it, or
+    the last verify run found it damaged); ``verified`` (its artifact bytes hashed too: the
+    checkpoint a branch's resume loads, or every checkpoint a verify run checked while the refs
+    are unchanged); else ``record verified`` (record, state document and pages verified and its
+    artifact objects present, as ``overnight show`` checks every row; artifact bytes not hashed).
+    ``fallback`` marks the checkpoint a resume of that branch lands on when its head is damaged.
+    Also the task's ``status`` (with ``status_reason`` / ``status_source`` / ``holder``), derived
+    as the tasks page derives it (:func:`task_status`), and ``verify``: what the last "Verify
+    now" found (None: none since the refs last moved).
 
     Raises:
         TaskNotFound: no such task.
@@ -433,6 +534,12 @@ def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_pa
     session_band: dict[str, int] = {}
     for r in sorted(rows, key=lambda r: (r.seq, r.created_at)):
         session_band.setdefault(r.session, len(session_band))
+    # what each shown row's label claims is what was checked (as `overnight show` marks rows): its
+    # record, state and pages (every row); artifact bytes too for the checkpoint a branch's resume
+    # loads, and for every checkpoint a verify run since the last ref move checked
+    checked = _record_checks(s, cache, shown, key)
+    found = cache.verify_found(task_id, refs)
+    loaded_heads = {f["used"] for f in branch_facts.values() if f["verified"] and f["used"]}
     entries = []
     for r in shown:
         valid, problem, session_n, ref, detail = True, None, None, None, None
@@ -441,8 +548,18 @@ def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_pa
             session_n, ref, detail = rec.session.n, rec.event.ref, rec.event.detail
         except OvernightError as exc:
             valid, problem = False, f"{type(exc).__name__}: {exc.message}".splitlines()[0]
+        checked_by = "record check"
+        if valid and checked.get(r.checkpoint_id):
+            valid, problem = False, checked[r.checkpoint_id]
         if valid and r.checkpoint_id in skipped:
-            valid, problem = False, skipped[r.checkpoint_id]
+            valid, problem, checked_by = False, skipped[r.checkpoint_id], "head load"
+        if valid and found is not None and r.checkpoint_id in found["found"]:
+            valid, problem, checked_by = False, found["found"][r.checkpoint_id], "verify run"
+        if valid and r.checkpoint_id in loaded_heads:
+            checked_by = "head load"
+        elif valid and found is not None:
+            checked_by = "verify run"
+        integrity = "damaged" if not valid else "record verified" if checked_by == "record check" else "verified"
         j = journal.get(r.checkpoint_id)
         model = model_of.get(j.step_key) if j else None
         entries.append({
@@ -453,16 +570,20 @@ def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_pa
             "tokens_in": j.tokens_in if j else 0, "tokens_out": j.tokens_out if j else 0,
             "replayed_tokens": replayed.get((r.seq, r.step or ""), 0), "model": model,
             "cost_usd": _cost(prices, model, j.tokens_in, j.tokens_out) if j else None,
-            "stored_bytes": r.stored_bytes, "integrity": "verified" if valid else "damaged", "problem": problem,
+            "stored_bytes": r.stored_bytes, "integrity": integrity, "checked_by": checked_by, "problem": problem,
             "fallback_for": landed.get(r.checkpoint_id, []), "heads": heads.get(r.checkpoint_id, []),
             "ref": ref, "detail": detail,
         })
     level, media = _route(t.spec)
     calls = s.calls(task_id)
     main_facts = branch_facts.get(main or "", {"done": 0, "todo": 0, "verified": False, "problem": "no branch"})
+    st = task_status(s, cache, t, refs)[0]  # as the tasks page says it
     return {
-        "task_id": task_id, "goal": t.goal, "entry": t.entry, "created_at": t.created_at, "level": level,
-        "media": media, "branches": {b: {"head": cid, "lane": lanes.get(b, 0), "verified": branch_facts[b]["verified"],
+        "task_id": task_id, "goal": t.goal, "entry": t.entry, "created_at": t.created_at,
+        "status": st.name, "status_reason": st.reason, "status_source": st.source, "holder": st.holder,
+        "verify": None if found is None else {"at": found["at"], "damaged": found["damaged"],
+                                              "checkpoints_damaged": len(found["found"])},
+        "level": level, "media": media, **stored_on(s, media), "branches": {b: {"head": cid, "lane": lanes.get(b, 0), "verified": branch_facts[b]["verified"],
                                          "used": branch_facts[b]["used"], "problem": branch_facts[b]["problem"],
                                          "done": branch_facts[b]["done"],
                                          "total": branch_facts[b]["done"] + branch_facts[b]["todo"]}
@@ -779,8 +900,8 @@ def storage_page(s: Store, *, gc: bool = False) -> dict[str, Any]:
         for r in rows:
             total += r.stored_bytes
             points.append((r.seq, total))
-        tasks.append({"task_id": t.task_id, "level": level, "media": media, "checkpoints": len(rows),
-                      "stored_bytes": total})
+        tasks.append({"task_id": t.task_id, "level": level, "media": media, **stored_on(s, media),
+                      "checkpoints": len(rows), "stored_bytes": total})
         step = max(1, len(points) // 200)
         growth.append({"task_id": t.task_id, "points": points[::step] + ([points[-1]] if points and
                                                                       (len(points) - 1) % step else [])})
@@ -793,7 +914,7 @@ def storage_page(s: Store, *, gc: bool = False) -> dict[str, Any]:
     stored = s.stored_bytes()
     by_medium: dict[str, int] = {}
     for t in tasks:
-        for m in t["media"] or ["local"]:
+        for m in t["stored_on"]:
             by_medium[m] = by_medium.get(m, 0) + t["stored_bytes"]
     report = None
     if gc:
