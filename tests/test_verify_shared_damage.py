@@ -144,7 +144,7 @@ def test_repair_rewrites_a_damaged_head_record_that_verify_says_it_rewrites(tmp_
     with open_url(url) as store:
         rep = verify_store(store, key=KEY, all_objects=True)
         ditto = [p for p in rep.problems if p.check == "ditto"]
-        assert len(ditto) == 1 and ditto[0].checkpoint_id == head and "--repair` rewrites it" in ditto[0].detail
+        assert len(ditto) == 1 and ditto[0].checkpoint_id == head and "--repair a` rewrites it" in ditto[0].detail
         fixed = verify_store(store, key=KEY, all_objects=True, repair=True)
         assert fixed.ok and not fixed.problems, fixed.problems
         assert any(line.startswith("healed record") and "original rewritten" in line for line in fixed.healed)
@@ -172,7 +172,7 @@ def test_a_head_record_the_store_cannot_rewrite_is_not_promised_to_repair(tmp_pa
         for repair in (False, True):
             rep = verify_store(store, key=KEY, repair=repair)
             ditto = [p for p in rep.problems if p.check == "ditto"]
-            assert len(ditto) == 1 and "--repair` rewrites it" not in ditto[0].detail, ditto
+            assert len(ditto) == 1 and "--repair a` rewrites it" not in ditto[0].detail, ditto
             assert "once the branch moves on" in ditto[0].detail
             assert not rep.healed
 
@@ -192,5 +192,5 @@ def test_a_record_heading_only_another_branch_is_not_promised_to_repair(tmp_path
             rep = verify_store(store, key=KEY, repair=repair)
             ditto = [p for p in rep.problems if p.check == "ditto"]
             assert len(ditto) == 1 and ditto[0].checkpoint_id == parent, rep.problems
-            assert "--repair` rewrites it" not in ditto[0].detail and "once the branch moves on" in ditto[0].detail
+            assert "--repair a` rewrites it" not in ditto[0].detail and "once the branch moves on" in ditto[0].detail
             assert store.get_ref("a", "main") != parent and store.get_ref("a", "exp") == parent

@@ -54,6 +54,7 @@ from overnight.store.compose.tiered import TieredStore
 from overnight.chain.read import head_problems, load_head
 from overnight.verify.drift import DriftReport
 from overnight.chain.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
+from overnight.chain.ditto import HealingReader, get_checkpoint as ditto_checkpoint
 from overnight.chain.rollback import find_rollback
 from overnight.chain.records import rollback_kind
 
@@ -163,6 +164,11 @@ def _suggest(exc: TaskNotFound, s: Store | None, among: tuple[str, ...] | None =
         _named(exc, [])
         return
     if exc.task_id in (ids if among is None else stored):  # stored, never submitted: a plain `overnight run` made it
+        if among == CANCELLABLE:  # running in a terminal, or not running at all: resume/submit is no way to stop it
+            exc.hint = (f"{shown_task_id(exc.task_id)} was run with `overnight run`, not submitted to the workers: "
+                        "a run in a terminal stops with Ctrl-C there (it resumes later from its last checkpoint); "
+                        "cancel acts on submitted tasks")
+            return
         exc.hint = (f"{shown_task_id(exc.task_id)} was run with `overnight run`, not submitted: `overnight resume "
                     f"{exc.task_id}` runs it here, `overnight resume {exc.task_id} --submit` queues it for the workers")
         return
@@ -446,8 +452,9 @@ class TaskSummary:
     store: str = ""
     """Where the task was listed from: a store's path, or its URL with any password masked."""
     damaged: int = 0
-    """Checkpoint records of the task that fail their own checks (digest, schema, signature);
-    ``show`` also checks the objects behind each."""
+    """Checkpoint records of the task that fail their own checks (digest, schema, signature) and
+    that no verified ditto copy heals; the objects behind each record are not checked here (``show``
+    checks those a load reads, ``verify`` everything, artifacts' bytes included)."""
     fell_back: str | None = None
     """Set when the head of the listed branch fails verification: ``"fell back from X to Y: reason"``."""
     entry: str | None = None
@@ -458,6 +465,10 @@ class TaskSummary:
     submitted_ms: int | None = None
     """With ``entry``: when the task was submitted (Unix ms, the store's clock, as its queue row
     records it). None for a task with checkpoints."""
+    served_by_copy: int = 0
+    """Damaged checkpoint records whose verified ditto copy serves every read (they load and
+    resume; ``overnight verify --repair`` rewrites them): not in ``damaged``, not invalid for
+    ``verify``."""
 
 
 def _fell_back(fallback: Any) -> str | None:
@@ -503,17 +514,23 @@ def ls(*, store: Store | str | None = None) -> list[TaskSummary]:
     return out
 
 
-def _damaged_records(rows: list[Any], key: bytes | None) -> int:
-    """Records that fail their own checks (digest, schema, signature): ``ls`` counts these for
-    every task; the objects behind each record are checked by ``show``/``log`` (and ``verify``),
-    which cost a read per checkpoint."""
-    bad = 0
+def _damaged_records(s: Store, rows: list[Any], key: bytes | None) -> tuple[int, int]:
+    """``(damaged, served by copy)``: records that fail their own checks (digest, schema,
+    signature) and have no verified ditto copy, and those whose copy verifies and serves reads
+    (one more read each, for damaged records only). ``ls`` counts these for every task; the
+    objects behind each record are checked by ``show``/``log`` (and ``verify``), which cost a read
+    per checkpoint."""
+    bad = served = 0
     for row in rows:
         try:
             parse_record(row, key=key)
         except OvernightError:
-            bad += 1
-    return bad
+            try:
+                parse_record(ditto_checkpoint(s, row.checkpoint_id, [], write=False, row=row), key=key)
+                served += 1
+            except OvernightError:
+                bad += 1
+    return bad, served
 
 
 def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
@@ -547,9 +564,10 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
             status = _open_ended(loaded, task_status(s, t.task_id, complete=status == "complete", now=now) or status)
         if state_of(status) == "open":  # an adapter's thread or session: no plan, so no steps of a total
             done = total = None
+        bad, served = _damaged_records(s, rows, key)
         out.append(TaskSummary(t.task_id, t.goal, status, done, total, sorted(refs), len(rows),
                                max((r.created_at for r in rows), default=None), t.created_at,
-                               store_location(s.url), _damaged_records(rows, key), fell_back))
+                               store_location(s.url), bad, fell_back, served_by_copy=served))
     for row in _unstarted(queue_for(s), seen):
         seen.add(row.task_id)
         out.append(TaskSummary(row.task_id, "", describe(row, None, complete=False, now=now), None, None, [],
@@ -586,6 +604,10 @@ class ChainEntry:
     why: str | None = None
     """A ``rollback`` record's kind (:func:`~overnight.chain.records.rollback_kind`); None for other
     events and for a record that does not verify."""
+    served_by_copy: str | None = None
+    """Set (what is damaged) when the record or an object its load reads is damaged and a verified
+    ditto copy serves it: the checkpoint loads (``valid`` stays True, as ``verify`` counts it);
+    ``overnight verify --repair`` rewrites the original."""
 
 
 @dataclass
@@ -608,13 +630,17 @@ class TaskReport:
     fell_back: str | None = None
     """Set when the branch head fails verification: ``"fell back from X to Y: reason"``."""
     damaged: int = 0
-    """Checkpoints that fail verification (each marked ``valid: false`` with its ``problem``)."""
+    """Checkpoints that fail verification (each marked ``valid: false`` with its ``problem``); not
+    those a ditto copy heals (``served_by_copy``)."""
     state: Any = None
     """``show --raw``: the state document of the branch's newest verified checkpoint, as stored
     (``todo``, ``done`` and ``artifacts`` are page references: ``overnight cat-object`` prints a page)."""
     params: dict[str, Any] = field(default_factory=dict)
     """The task's params (``ctx.params``) as the branch's newest verified checkpoint records them
     in its spec (the stored JSON tree, which ``ctx.params`` decodes); ``{}`` when it records none."""
+    served_by_copy: int = 0
+    """Checkpoints whose damaged record or load-read object a verified ditto copy serves (each
+    marked with ``served_by_copy``): they load; ``verify`` does not count them invalid."""
 
 
 def _raw_json(data: bytes) -> Any:
@@ -674,10 +700,13 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
             except OvernightError as exc:
                 for skip in exc.fallback.skipped if isinstance(exc, NoValidCheckpoint) and exc.fallback else ():
                     damaged.setdefault(skip.checkpoint_id, f"{skip.error}: {skip.reason}")
+        served = served_by_copy(s, [r for r in rows if r.checkpoint_id in damaged], key)
+        for cid in served:
+            del damaged[cid]
         for row in rows:
             session = why = None
             try:
-                record = parse_record(row, key=key)
+                record = served[row.checkpoint_id][1] if row.checkpoint_id in served else parse_record(row, key=key)
                 session = record.session.n
                 why = rollback_kind(record.event)
             except OvernightError:
@@ -685,10 +714,31 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
             problem = damaged.get(row.checkpoint_id)
             chain.append(ChainEntry(row.seq, row.checkpoint_id, row.branch, session, row.event, row.step,
                                     row.created_at, row.stored_bytes, heads.get(row.checkpoint_id, []), problem is None,
-                                    problem, row.checkpoint_id not in hot, _raw_json(row.body) if raw else None, why))
+                                    problem, row.checkpoint_id not in hot, _raw_json(row.body) if raw else None, why,
+                                    served[row.checkpoint_id][0] if row.checkpoint_id in served else None))
         return TaskReport(task_id, t.goal, t.entry, t.created_at, refs, status, done, total, todo, artifacts, chain,
                           sum(c.stored_bytes for c in chain), _usage(s, task_id, main_head), fell_back, len(damaged),
-                          state, params)
+                          state, params, len(served))
+
+
+def served_by_copy(s: Store, rows: list[Any], key: bytes | None) -> dict[str, tuple[str, Any]]:
+    """``checkpoint id -> (what is damaged, verified record)`` for each of ``rows`` (checkpoints
+    found damaged by a plain read) that loads when damaged originals are read from their verified
+    ditto copies -- as a resume and ``verify`` read them (nothing is written). Its artifacts must
+    be present too; the others stay damaged. ``ls``, ``show`` and the dashboard count such a
+    checkpoint as ``verify`` does: not invalid. Raises nothing of its own (a row that cannot be
+    read stays damaged)."""
+    out: dict[str, tuple[str, Any]] = {}
+    for row in rows:
+        reader = HealingReader(s, write_back=False)
+        try:
+            loaded = load_checkpoint(s, row.checkpoint_id, key=key, deep=False, reader=reader, row=row)
+        except OvernightError:
+            continue
+        if reader.healed:
+            out[row.checkpoint_id] = ("; ".join(f"{h.what} {short_id(h.digest)} is damaged ({h.reason})"
+                                                for h in reader.healed), loaded.record)
+    return out
 
 
 _DIGEST = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
@@ -1544,7 +1594,8 @@ def enqueue(task_id: str, *, store: Store | str | None = None, branch: str = "ma
                           hint=f"overnight resume {task_id} --branch {branch} runs another branch here")
     with _opened(store, task_id=task_id, write=True) as s:
         s.get_task(task_id)
-        loaded, _ = load_head(s, task_id, branch, key=signing_key_from_env(), deep=False)
+        # as the worker's resume loads it (artifacts hashed): a head that falls back is not complete
+        loaded, _ = load_head(s, task_id, branch, key=signing_key_from_env(), deep=True)
         spec = _spec_of(loaded) or {}
         entry = _spec_entry(loaded)
         if entry is None:
@@ -1571,16 +1622,33 @@ def _settle_complete(q: Any, made_up: Any) -> Any:
     return row if row is not None and row.status in ("queued", "running", "complete") else made_up
 
 
-def _head_complete(s: Store, task_id: str) -> bool:
-    """Whether ``task_id``'s main head, verified (as ``enqueue`` loads it), has nothing left to
-    do. False when the store has no such task or branch, or nothing of it verifies -- then a worker
-    that claims it reports what it finds. Raises what the store raises (StoreBusy, StoreUnavailable)."""
+def _steps_left(s: Store, task_id: str) -> int | None:
+    """The steps left on ``task_id``'s main head, verified as a resume loads it (artifacts hashed:
+    a head whose artifact is damaged falls back to a checkpoint with steps left, which a worker can
+    run); None when the store has no such task or branch, or nothing of it verifies -- then a
+    worker that claims it reports what it finds. Raises what the store raises (StoreBusy,
+    StoreUnavailable)."""
     try:
         s.get_task(task_id)
-        loaded, _ = load_head(s, task_id, "main", key=signing_key_from_env(), deep=False)
+        loaded, _ = load_head(s, task_id, "main", key=signing_key_from_env(), deep=True)
     except (TaskNotFound, BranchNotFound, IntegrityError):
-        return False
-    return not loaded.doc.todo.count
+        return None
+    return loaded.doc.todo.count
+
+
+def queue_row(task_id: str, *, store: Store | str | None = None) -> Any | None:
+    """The queue row of ``task_id`` (:class:`~overnight.store.queue.QueuedTask`: status, attempts,
+    ``not_before_ms`` ...), or None when it was never submitted (or the id is no valid task id).
+
+    Raises:
+        ConfigError: the store has no queue (workers need an sqlite:// or postgresql:// store).
+    """
+    def get(q: Any, _: Store) -> Any | None:
+        return q.get(task_id)
+
+    if task_id_problem(task_id) is not None:
+        return None
+    return _queue_call(store, get)
 
 
 def workers(*, store: Store | str | None = None) -> list[Any]:
@@ -1620,9 +1688,13 @@ def retry(task_id: str, *, store: Store | str | None = None) -> Any:
 
     def go(q: Any, s: Store) -> Any:
         row = q.get(task_id)
-        if row is not None and row.status in RETRYABLE and _head_complete(s, task_id):
+        if row is not None and row.status in RETRYABLE and _steps_left(s, task_id) == 0:
             return _settle_complete(q, QueuedTask(task_id=task_id, entry=row.entry, params=dict(row.params),
                                                   status="complete"))
+        if row is not None and row.status == "complete" and _steps_left(s, task_id):
+            # finished once, but its verified head has steps left again (rolled back, or falling
+            # back past damage): queue it, as `resume --submit` does
+            return q.requeue(QueuedTask(task_id=task_id, entry=row.entry, params=dict(row.params)))[0]
         return q.retry(task_id)
 
     return _queue_call(store, go, task_id, among=RETRYABLE)

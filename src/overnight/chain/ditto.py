@@ -32,6 +32,7 @@ copies.
 from __future__ import annotations
 
 import hashlib
+import shlex
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -142,8 +143,11 @@ class Heal:
     reason: str
     written: bool
 
-    def describe(self) -> str:
-        where = "rewritten" if self.written else "left as is: `overnight verify --repair` rewrites it"
+    def describe(self, task_id: str | None = None) -> str:
+        """One line for the user; ``task_id`` (the task read) goes into the command that rewrites
+        an original left as is."""
+        where = "rewritten" if self.written else \
+            f"left as is: `overnight verify --repair {shlex.quote(task_id) if task_id else 'TASK_ID'}` rewrites it"
         return f"healed {self.what} {short_id(self.digest)} from its ditto copy ({self.reason}; original {where})"
 
 

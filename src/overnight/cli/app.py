@@ -41,6 +41,7 @@ from overnight.cli.common import (  # noqa: F401 (EXIT_* re-exported)
     fail as _fail,
     failing,
     need_extra as _need_extra,
+    noting_store_further_up,
 )
 from overnight.cli.exits import report_run
 from overnight.cli.fleet import ParamOpt, ParamsOpt, TaskIdOpt, parse_params
@@ -190,7 +191,7 @@ def run(
 
     Example: overnight run examples/report.py --param topic=storage
     """
-    with failing():
+    with failing(), noting_store_further_up(store):
         check_python_entry(file, "run")
         given = parse_params(params, param)
         result = _run_with_progress(
@@ -295,19 +296,38 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
                  [(t.task_id, t.status + (" [FELL BACK]" if t.fell_back else ""),
                    # not started: no plan known yet; an adapter's thread or session: no plan at all
                    "—" if t.entry is not None or _no_plan(t.status) else f"{t.done}/{t.total}",
-                   ",".join(t.branches), f"{t.checkpoints}" + (f" ({t.damaged} DAMAGED)" if t.damaged else ""),
+                   ",".join(t.branches), f"{t.checkpoints}" + _damage_words(t.damaged, t.served_by_copy),
                    (t.updated_at or "")[5:16].replace("T", " "),
                    f"{_queued_verb(t.status)} from {t.entry}" if t.entry is not None else t.goal)
                   + ((t.store,) if several else ())
                   for t in tasks],
                  justify={"steps": "right", "checkpoints": "right"}, no_wrap=("task", "updated"))
+    # ls reads each record and loads each head (as a resume does), not the objects behind every
+    # past checkpoint -- that is `verify`'s cost, too much for a listing of many tasks: said here
+    render.err.print("checkpoints: each record checked, and each head loaded as a resume loads it; `overnight "
+                     "verify TASK` also checks the content of every past checkpoint")
     for t in tasks:
         if t.fell_back or t.damaged:
             render.err.print(f"[yellow]{render.esc(t.task_id)}:[/] "
-                             + render.esc("; ".join(x for x in (t.fell_back, f"{t.damaged} damaged checkpoint(s)"
+                             + render.esc("; ".join(x for x in (t.fell_back, f"{t.damaged} damaged checkpoint "
+                                                                "record(s) that no ditto copy heals"
                                                                 if t.damaged else None) if x))
                              + render.esc(f" -- `overnight show {t.task_id}` marks them, `overnight verify "
                                           f"{t.task_id}` checks everything"))
+        if t.served_by_copy:
+            render.err.print(f"[yellow]{render.esc(t.task_id)}:[/] "
+                             + render.esc(f"{t.served_by_copy} damaged checkpoint record(s) read from their verified "
+                                          "ditto copies (they load and resume as before) -- `overnight verify "
+                                          f"--repair {shlex.quote(t.task_id)}` rewrites them"))
+
+
+def _damage_words(damaged: int, served: int) -> str:
+    """What ``ls`` adds to a task's checkpoint count: records no copy heals (``DAMAGED``), and
+    damaged records a verified ditto copy serves (not invalid: they load)."""
+    parts = ([f"{damaged} DAMAGED"] if damaged else []) \
+        + ([f"{served} served by {'its' if served == 1 else 'their'} ditto cop{'y' if served == 1 else 'ies'}"]
+           if served else [])
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 @app.command()
@@ -357,13 +377,20 @@ def show(
     if rep.fell_back:
         render.out.print(f"[yellow]head {render.esc(rep.fell_back)}[/]")
     if rep.damaged:
-        render.out.print(f"[yellow]{rep.damaged} damaged checkpoint(s)[/] (marked INVALID below; they never load)")
+        render.out.print(f"[yellow]{rep.damaged} damaged checkpoint(s)[/] (marked INVALID below: no ditto copy heals "
+                         "them; a resume never loads them)")
+    if rep.served_by_copy:
+        render.out.print(f"[yellow]{rep.served_by_copy} checkpoint(s) with a damaged original read from its verified "
+                         f"ditto copy[/] (marked HEALED below; they load and resume as before; `overnight verify "
+                         f"--repair {render.esc(shlex.quote(rep.task_id))}` rewrites the originals)")
     # fits 80 columns: 8-digit ids (`show --json` has the full ones), times as MM-DD HH:MM (UTC), the
     # branch column only when there are several, notes only when a record has one
     several = len(rep.branches) > 1 or any(c.branch != "main" for c in rep.chain)
     notes = [("<- " + ",".join(c.heads) if c.heads else "") + (" archived" if c.archived else "")
              + (f" ({c.why})" if c.why and c.why != "rollback" else "")
-             + ("" if c.valid else f" INVALID: {c.problem}") for c in rep.chain]
+             + ("" if c.valid else f" INVALID: {c.problem}")
+             + (f" HEALED: {c.served_by_copy}, read from its ditto copy" if c.served_by_copy else "")
+             for c in rep.chain]
     rows = [(c.seq, c.checkpoint_id[7:15]) + ((c.branch,) if several else ())
             + (c.session if c.session is not None else "?", c.event, " ".join(filter(None, [c.step, note.strip()])),
                c.created_at[5:16].replace("T", " "), render.human_bytes(c.stored_bytes))

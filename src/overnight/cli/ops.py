@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional
@@ -37,10 +38,24 @@ GraceOpt = typer.Option("1h", "--grace", metavar="DURATION",
                         "same time may be about to reference them). Default 1h; 0 only when nothing writes.")
 
 
-def _unreadable_note(unreadable: list) -> None:
-    if unreadable:
-        render.err.print(f"[yellow]note:[/] {len(unreadable)} part(s) of remaining checkpoints could not be read "
-                         "(their objects are unknown and were not protected); `overnight verify --all` explains")
+def _unreadable_note(unreadable: list, *, kept_all: str | None = None) -> None:
+    """The note after ``gc``/``rm`` when parts of checkpoints could not be read (damaged): with
+    ``kept_all`` (the task rm removed, keeping every object of it because of the damage) it says
+    no object was deleted because of it."""
+    if not unreadable:
+        return
+    tasks = sorted({u.task_id for u in unreadable})
+    which = ", ".join(shlex.quote(t) for t in tasks[:3]) + (", …" if len(tasks) > 3 else "")
+    if kept_all:
+        render.err.print(f"[yellow]note:[/] {len(unreadable)} part(s) of checkpoints of task(s) {render.esc(which)} are "
+                         "damaged and cannot be read, so which objects they need is unknown: rm deleted no object of "
+                         f"{render.esc(shlex.quote(kept_all))} because of it (nothing of {render.esc(which)} was "
+                         "deleted; `overnight gc --apply` removes those objects once the damage is repaired) -- "
+                         "`overnight verify --all` names the damage")
+    else:
+        render.err.print(f"[yellow]note:[/] {len(unreadable)} part(s) of checkpoints no branch uses (task(s) "
+                         f"{render.esc(which)}) are damaged and cannot be read: objects only they name are not kept for "
+                         "them (they cannot load anyway) -- `overnight verify --all` names the damage")
 
 
 def gc(
@@ -160,7 +175,7 @@ def rm(
         f"({render.human_bytes(rep.checkpoint_bytes)}), {rep.objects_deleted} object(s) "
         f"({render.human_bytes(rep.object_bytes)})"
         + _young_note(rep.objects_young, rep.grace_s))
-    _unreadable_note(rep.unreadable)
+    _unreadable_note([u for u in rep.unreadable if u.task_id != task_id], kept_all=task_id if rep.kept_for_damage else None)
 
 
 def archive_(

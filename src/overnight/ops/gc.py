@@ -516,6 +516,10 @@ class RmReport:
     unreadable: list[Unreadable] = field(default_factory=list)
     seconds: float = 0.0
     queue_status: str | None = None
+    kept_for_damage: bool = False
+    """True when every object of the task stayed because damage elsewhere (``unreadable`` on a live
+    lineage of another task, or a store entry whose references cannot be read) leaves unknown
+    which objects other tasks need: nothing was deleted because of it (``gc`` takes them later)."""
 
 
 def remove_task(store: Store, task_id: str, *, apply: bool = True, grace_s: float = DEFAULT_GRACE_S,
@@ -552,11 +556,11 @@ def remove_task(store: Store, task_id: str, *, apply: bool = True, grace_s: floa
     stats = {s.digest: s for s in hot.iter_object_stats()}
     candidates = {d: stats[d] for d in mine if d in stats and d not in marked}
     if _hidden_damage(hot):  # a task no listing shows may need any of them: the task goes, its objects stay
-        candidates = {}
+        candidates, rep.kept_for_damage = {}, True
     elif reach.unreadable[noted:]:  # another task's live checkpoint needs objects no one can name
         live = {t: _live(store, t, rs) for t, rs in other_rows.items()}
         if _unreadable_live(reach.unreadable[noted:], live):
-            candidates = {}
+            candidates, rep.kept_for_damage = {}, True
     rep.objects_unreferenced = len(candidates)
     if apply:
         hot.delete_task(task_id)

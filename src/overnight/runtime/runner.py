@@ -437,8 +437,8 @@ class Runner:
         self.state = SessionState.of(loaded.state_tree)
         self.chain.start_from(loaded, None if repaired_back else fallback)
         self.chain.session_n = loaded.record.session.n + 1
-        healed = "\n".join(h.describe() for h in loaded.healed)  # read from ditto copies: always said
-        self._heal_note = f"self-healed: {'; '.join(h.describe() for h in loaded.healed)}" if healed else None
+        healed = "\n".join(h.describe(self.task.id) for h in loaded.healed)  # read from ditto copies: always said
+        self._heal_note = f"self-healed: {'; '.join(h.describe(self.task.id) for h in loaded.healed)}" if healed else None
         self._emit("resume", checkpoint_id=loaded.id,
                    detail="\n".join(x for x in (fallback.describe() if fallback else "", healed) if x) or None)
         self.salt = self.state.salt

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,7 +36,7 @@ from overnight.errors import (CheckpointNotFound, ConfigError, DecodeError, Inte
                               short_id)
 from overnight.store.base import CheckpointRow, ObjectRecord, Store
 from overnight.store.blobs import ChunkCache
-from overnight.chain.ditto import CopyReader, HealingReader, recommittable, rewrite_record
+from overnight.chain.ditto import CopyReader, HealingReader, ditto_key, recommittable, rewrite_record
 from overnight.chain.integrity import BoundedPageCache, PageCache, load_checkpoint
 from overnight.chain.reachability import lineage
 from overnight.chain.rollback import find_rollback
@@ -438,8 +439,10 @@ def verify_store(
 
     Every checkpoint that needs a damaged object is invalid (counted in ``checkpoints_invalid``),
     a branch head or not, and one that does not reference it stays valid: an object its load
-    reads (state document, stored values, pages) fails the load (check ``"record"``, the digest
-    in the detail); an artifact, hashed once a run however many checkpoints name it (through a
+    reads (state document, stored values, pages) fails the load (check ``"object"``, ``object``
+    set and the digest in the detail; ``"record"`` is the record itself), and with ``all_objects``
+    it is not listed again as a stored object; a damaged ditto copy found among the stored objects
+    names its original (and the task and checkpoint of the original's first problem); an artifact, hashed once a run however many checkpoints name it (through a
     page they share, or their own), gives each of them a problem with ``object`` set -- the first
     with the error, the others "failed verification".
 
@@ -511,6 +514,10 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
     bad_objects: set[str] = set()
     load_failed: dict[str, str] = {}  # an object a load reads (page, state chunk) found damaged -> its first checkpoint
     records: set[str] = set()  # every checkpoint id checked (``all_objects``: a record is live)
+    record_task: dict[str, str] = {}  # ``all_objects``: checkpoint id -> its task (names a damaged record copy)
+    # a damaged object -> (task, checkpoint) of the first checkpoint it failed: the store-wide pass
+    # reports it no again, and names it for its damaged ditto copy
+    first_user: dict[str, tuple[str, str]] = {}
     tasks = [store.get_task(t) for t in task_ids] if task_ids else store.list_tasks()
     # a task's rows are listed when its turn comes, so a check of many tasks holds one task's
     # records at a time (the progress bar's total then costs one more listing per task)
@@ -550,6 +557,8 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                 verified.add(d)  # (the check's reader added it; so a later checkpoint never queues it again)
                 continue
             bad_objects.add(d)
+            if users:
+                first_user.setdefault(d, users[0][:2])
             for i, (task_id, cid, what) in enumerate(users):
                 detail = f"{type(result).__name__}: {result.message}" if i == 0 else f"object {d} failed verification"
                 report.problems.append(Problem(task_id, cid, what, detail, d))
@@ -568,6 +577,7 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
         by_id = {r.checkpoint_id: r for r in rows}
         if all_objects:
             records.update(by_id)
+            record_task.update((cid, task.task_id) for cid in by_id)
         # pages are a task's own (content-addressed, but another task's rarely match): a fresh
         # cache per task keeps memory flat in the number of tasks
         pages: PageCache = BoundedPageCache()
@@ -601,7 +611,12 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                 detail = (f"{type(exc).__name__}: {exc.message}" if first == row.checkpoint_id else
                           f"object {d} failed verification (needed by this checkpoint's load; checkpoint "
                           f"{short_id(first)} names the error)")
-                report.problems.append(Problem(task.task_id, row.checkpoint_id, "record", detail, d))
+                # "object": an object the load reads (state document, page, value) is damaged and no
+                # copy heals it; "record": the checkpoint record itself
+                report.problems.append(Problem(task.task_id, row.checkpoint_id, "object" if d is not None else "record",
+                                               detail, d))
+                if d is not None:
+                    first_user.setdefault(d, (task.task_id, row.checkpoint_id))
             except OvernightError as exc:  # an archived one's cold store failed during the run: the rest of it too
                 if cold is None:
                     raise
@@ -696,7 +711,9 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                 found = [exc.message]
             seen = " ".join(p.detail for p in report.problems if p.check == "ref")  # a damaged ref: reported once
             report.problems.extend(Problem(None, None, "medium", detail) for detail in found if detail not in seen)
-        outside = {d for d in store.iter_object_digests() if d not in verified and d not in bad_objects}
+        # an object already reported against the checkpoints that need it is not reported again
+        outside = {d for d in store.iter_object_digests()
+                   if d not in verified and d not in bad_objects and d not in first_user}
         for odd in [d for d in outside if type(d) is not str]:  # a row another SQLite client wrote without a
             outside.discard(odd)  # digest, or with bytes that are not text: nothing names it
             held = "no digest (NULL)" if odd is None else f"a digest that is not text ({repr(odd)[:60]})"
@@ -719,7 +736,21 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
                         "interrupted gc; the next `overnight gc --apply` removes it", d, dangling=True))
                 else:
                     bad_objects.add(d)
-                    report.problems.append(Problem(None, None, "object", f"{type(result).__name__}: {result.message}", d))
+                    original = copy_original(d)
+                    if original is not None and (live(original) or original in first_user):
+                        report.dangling_objects -= 1  # the (damaged) ditto copy of a checked object or record
+                    report.problems.append(_store_wide(d, result, original, first_user, record_task, report))
+
+        originals: dict[str, str] = {}
+
+        def copy_original(d: str) -> str | None:
+            """The original whose ditto copy key ``d`` is, among the objects and records known
+            (the key is a hash: the map is built once, when a damaged object is met)."""
+            if not originals:
+                originals.update((ditto_key(o), o) for o in (*verified, *records))
+            if d not in originals:  # (damaged ones: a few, found meanwhile)
+                originals.update((ditto_key(o), o) for o in (*first_user, *bad_objects))
+            return originals.get(d)
 
         for i, d in enumerate(unreferenced):
             if d not in verified:  # else a chunk of an unreferenced tree checked just before
@@ -728,8 +759,29 @@ def _verify(store: _Prefetched, task_ids: list[str] | None, key: bytes | None, a
             if on_progress and i % 256 == 0:
                 on_progress(i, len(unreferenced))
         tally(content.take(wait=True))
-    report.objects_checked = len(verified) + len(bad_objects)
-    report.objects_invalid = len(bad_objects)
+    load_bad = {d for d in first_user if d not in bad_objects}  # failed a load (not hashed in a batch)
+    report.objects_checked = len(verified) + len(bad_objects) + len(load_bad)
+    report.objects_invalid = len(bad_objects) + len(load_bad)
+
+
+def _store_wide(d: str, error: OvernightError, original: str | None, first_user: dict[str, tuple[str, str]],
+                record_task: dict[str, str], report: VerifyReport) -> Problem:
+    """The problem (check ``"object"``) of a damaged object the store-wide pass (``all_objects``)
+    found. A ditto copy names its original -- and the task and checkpoint that need it, when one does (the copy of a
+    record: that checkpoint) -- instead of the pass ("found by store")."""
+    found = f"{type(error).__name__}: {error.message}"
+    if original is None:
+        return Problem(None, None, "object", found, d)
+    user = first_user.get(original) or ((record_task[original], original) if original in record_task else None)
+    what = "checkpoint record" if original in record_task else "object"
+    of_original = [p for p in report.problems if p.object == original]
+    state = ("damaged too: nothing heals the original" if original in first_user or of_original else
+             "the original verifies (nothing is lost; it has no sound second copy until it is written again)")
+    needed = f" (needed by checkpoint {short_id(user[1])})" if user is not None and what == "object" else ""
+    why = error.message.removeprefix(f"ditto copy {d} ").split("; found by ", 1)[0]
+    return Problem(user[0] if user else None, user[1] if user else None, "object",
+                   f"the ditto copy of {what} {original}{needed} is damaged ({why}); {state}", d,
+                   dangling=bool(of_original) and all(p.dangling for p in of_original))
 
 
 def _prune(unsettled: dict[str, list[tuple[str, str, int]]], verified: set[str]) -> None:
@@ -777,9 +829,10 @@ def _report_heals(store: Store, reader: HealingReader, task_id: str, report: Ver
             # where the store replaces a damaged row on commit (rewrite_record); else only once the
             # branch moves on -- so a plain verify promises --repair only what --repair does
             stuck = is_head and not recommittable(store, h.digest)
-            why = ("a branch head's record is rewritten (by `overnight verify --repair`) once the branch moves on"
+            why = (f"a branch head's record is rewritten (by `overnight verify --repair {shlex.quote(task_id)}`) once the branch "
+                   "moves on"
                    if stuck else
-                   "`overnight verify --repair` rewrites it" if not repair else
+                   f"`overnight verify --repair {shlex.quote(task_id)}` rewrites it" if not repair else
                    "the store refused the write")
             report.problems.append(Problem(task_id, h.digest if h.what == "record" else None, "ditto",
                                            f"{h.what} {short_id(h.digest)} is damaged ({h.reason}); its ditto copy "
