@@ -87,3 +87,37 @@ def failing(extras: str | None = None) -> Iterator[None]:
         if extras is None:
             raise
         need_extra(exc, extras)
+
+
+def store_further_up_note(store: str | None) -> str | None:
+    """For a command about to write the default store (no ``--store``, ``$OVERNIGHT_STORE`` or
+    ``overnight.toml`` store) where none exists yet, while one exists in a parent folder (run in a
+    project's subfolder): the note naming it
+    (:func:`~overnight.store.task_location.further_up_hint`); None otherwise -- then the command
+    creates the store here as usual. Nothing is opened."""
+    if store is not None:
+        return None
+    from overnight.store import default_store_url, exists, location
+    from overnight.store.task_location import further_up_hint
+
+    url = default_store_url()
+    if exists(url):
+        return None
+    hint = further_up_hint(url)
+    return None if hint is None else f"no store here, so this one creates a new store at {location(url)}; {hint}"
+
+
+@contextmanager
+def noting_store_further_up(store: str | None) -> Iterator[None]:
+    """Around a command that may create the default store: when it did create it, and a store
+    exists in a parent folder (:func:`store_further_up_note`), say so on stderr afterwards -- a
+    task run in a project's subfolder lands in a new, separate store that ``overnight ls`` in the
+    project folder does not list."""
+    note = store_further_up_note(store)
+    try:
+        yield
+    finally:
+        from overnight.store import default_store_url, exists
+
+        if note is not None and exists(default_store_url()):
+            render.err.print(f"[yellow]note:[/] {render.esc(note)}")

@@ -83,8 +83,9 @@ def submit(
     queue: str = typer.Option("default", "--queue", help="Queue name (workers choose theirs with --queue)."),
     priority: int = typer.Option(0, "--priority", help="Higher runs first; equal priorities in submission order."),
     not_before: Optional[str] = typer.Option(None, "--not-before", metavar="TIME",
-                                             help="Not before: ISO 8601 (UTC unless it has an offset), +30m / +2h "
-                                             "(from now by the store's clock), or Unix seconds."),
+                                             help="Not before: ISO 8601 (UTC unless it has an offset), +45s / +30m / +2h "
+                                             "(from now by the store's clock; the unit is required), or Unix "
+                                             "seconds."),
     idempotency_key: Optional[str] = typer.Option(None, "--idempotency-key", metavar="KEY",
                                                   help="A second submit with the same key returns the first task."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
@@ -97,12 +98,14 @@ def submit(
 
     Example: overnight submit examples/report.py --param topic=storage --priority 5"""
     from overnight import api
-    from overnight.cli.common import check_python_entry
+    from overnight.cli.common import check_python_entry, noting_store_further_up
 
     try:
-        check_python_entry(entry, "submit")
-        row, created = api.submit(entry, store=store, task_id=task_id, params=parse_params(params, param), queue=queue,
-                                  priority=priority, not_before=not_before, idempotency_key=idempotency_key)
+        with noting_store_further_up(store):
+            check_python_entry(entry, "submit")
+            row, created = api.submit(entry, store=store, task_id=task_id, params=parse_params(params, param),
+                                      queue=queue, priority=priority, not_before=not_before,
+                                      idempotency_key=idempotency_key)
     except OvernightError as exc:
         _fail(exc)
     if as_json:
@@ -170,6 +173,11 @@ def worker(
     LOG.setLevel(logging.WARNING if quiet else logging.INFO)
     LOG.propagate = False
 
+    from overnight.cli.common import store_further_up_note
+
+    note = store_further_up_note(store)
+    if note is not None:  # a worker started in a project's subfolder would poll a new, empty queue
+        render.err.print(f"[yellow]note:[/] {render.esc(note)}")
     try:
         code = Worker(_store(store), queues=queue, concurrency=concurrency, max_tasks=max_tasks,
                       idle_exit_s=idle_exit, worker_id=worker_id, lease_ms=int(lease * 1000),
@@ -245,13 +253,15 @@ def retry(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optional
     from overnight import api
 
     try:
+        before = api.queue_row(task_id, store=store)  # to say "already queued" (the retry itself is one UPDATE)
         row = api.retry(task_id, store=store)
         ahead = row.not_before_ms - api.clock_ms(store=store) if row.status == "queued" and row.not_before_ms else 0
     except OvernightError as exc:
         _fail(exc)
     what = f"queued (starts in {human_duration(ahead)})" if ahead > 1000 else "queued"  # as `ls` says it
-    render.out.print(f"{render.esc(task_id, one_line=True)}: "
-                     + (what if row.status == "queued" else f"already {row.status}, nothing to queue"))
+    if row.status != "queued" or (before is not None and before.status == "queued"):
+        what = f"already {what if row.status == 'queued' else row.status}, nothing to queue"
+    render.out.print(f"{render.esc(task_id, one_line=True)}: {what}")
 
 
 def cancel(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optional[str] = StoreOpt) -> None:
@@ -260,12 +270,14 @@ def cancel(task_id: str = typer.Argument(..., metavar="TASK_ID"), store: Optiona
     from overnight import api
 
     try:
+        before = api.queue_row(task_id, store=store)  # to say "already cancelled"
         row = api.cancel(task_id, store=store)
     except OvernightError as exc:
         _fail(exc)
+    again = before is not None and before.status == row.status
     render.out.print(f"{render.esc(task_id, one_line=True)}: " + (
         "cancel requested (stops at the next step boundary)" if row.status == "running" else
-        "cancelled" if row.status == "cancelled" else f"already {row.status}, nothing to cancel"))
+        "cancelled" if row.status == "cancelled" and not again else f"already {row.status}, nothing to cancel"))
 
 
 def bench_fleet(

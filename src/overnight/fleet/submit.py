@@ -56,6 +56,8 @@ def _read_time(value: str | float | int | datetime | None) -> tuple[int, bool]:
             raise ConfigError(f"--not-before {value!r} is not a time between 1970 and 9999") from exc
     text = value.strip()
     if text.startswith("+"):
+        if text[1:].strip().replace(".", "", 1).isdigit():  # "+30": seconds, minutes or hours? (a span's bare number is hours)
+            raise ConfigError(f"--not-before {value!r} has no unit", hint="use +30s, +30m, +2h, ISO 8601 or Unix seconds")
         try:
             return int((parse_span(text[1:]) or 0) * 1000), True
         except Exception as exc:  # noqa: BLE001 - SpecError: re-raised as a usage error

@@ -376,7 +376,8 @@ def describe(row: QueuedTask | None, lease: Lease | None, *, complete: bool, now
     for a plain ``overnight run``), ``stalled (lease expired N s ago; ...)``, ``interrupted``; a
     ``queued`` row whose task lease a dead run outside the queue still holds (``overnight run``
     killed) says how long until its lease expires (no worker claims it before).
-    ``complete`` wins over a parked row: a run outside the workers (``overnight resume`` after
+    A ``complete`` row says ``complete`` only with ``complete`` (its head finished): a head rolled
+    back or falling back past damage since has steps left again. ``complete`` wins over a parked row: a run outside the workers (``overnight resume`` after
     ``overnight cancel``, or after a worker parked it ``failed``) that finished the task is its latest
     outcome (such a run also settles the row: :meth:`~overnight.store.queue_sql.SqlQueue.settle`; a
     ``queued`` row it finishes ``complete``, so no worker claims it).
@@ -386,8 +387,9 @@ def describe(row: QueuedTask | None, lease: Lease | None, *, complete: bool, now
         return "complete"
     if row is not None and row.status in ("failed", "cancelled"):
         return f"failed ({row.reason})" if row.status == "failed" else "cancelled"
-    if row is not None and row.status == "complete":
-        return "complete"
+    # a row settled ``complete`` whose task's verified head has steps left is history: the head it
+    # finished was rolled back, or failed verification and a load falls back before it -- the task
+    # reads as a lease and the checkpoints say (``interrupted``: resume, or ``resume --submit``)
     held = lease is not None and lease.holder_id != ""
     gone = held and (lambda h: h is not None and h.is_gone())(Holder.from_json(lease.holder))  # type: ignore[union-attr]
     live = held and not gone and lease.expires_at_ms > now  # type: ignore[union-attr]
