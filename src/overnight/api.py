@@ -51,10 +51,10 @@ from overnight.store.queue import describe, state_of
 from overnight.units import human_duration
 from overnight.store.queue_open import queue_for, task_status
 from overnight.store.compose.tiered import TieredStore
-from overnight.chain.read import head_problems, load_head
+from overnight.chain.read import head_problems, load_head, served_by_copy
 from overnight.verify.drift import DriftReport
 from overnight.chain.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
-from overnight.chain.ditto import HealingReader, get_checkpoint as ditto_checkpoint
+from overnight.chain.ditto import get_checkpoint as ditto_checkpoint
 from overnight.chain.rollback import find_rollback
 from overnight.chain.records import rollback_kind
 
@@ -719,26 +719,6 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
         return TaskReport(task_id, t.goal, t.entry, t.created_at, refs, status, done, total, todo, artifacts, chain,
                           sum(c.stored_bytes for c in chain), _usage(s, task_id, main_head), fell_back, len(damaged),
                           state, params, len(served))
-
-
-def served_by_copy(s: Store, rows: list[Any], key: bytes | None) -> dict[str, tuple[str, Any]]:
-    """``checkpoint id -> (what is damaged, verified record)`` for each of ``rows`` (checkpoints
-    found damaged by a plain read) that loads when damaged originals are read from their verified
-    ditto copies -- as a resume and ``verify`` read them (nothing is written). Its artifacts must
-    be present too; the others stay damaged. ``ls``, ``show`` and the dashboard count such a
-    checkpoint as ``verify`` does: not invalid. Raises nothing of its own (a row that cannot be
-    read stays damaged)."""
-    out: dict[str, tuple[str, Any]] = {}
-    for row in rows:
-        reader = HealingReader(s, write_back=False)
-        try:
-            loaded = load_checkpoint(s, row.checkpoint_id, key=key, deep=False, reader=reader, row=row)
-        except OvernightError:
-            continue
-        if reader.healed:
-            out[row.checkpoint_id] = ("; ".join(f"{h.what} {short_id(h.digest)} is damaged ({h.reason})"
-                                                for h in reader.healed), loaded.record)
-    return out
 
 
 _DIGEST = re.compile(r"(?:sha256:)?([0-9a-f]{64})")

@@ -26,7 +26,7 @@ from overnight.errors import BranchExists, ConfigError, MergeConflict, Overnight
 from overnight.store.base import CheckpointRow, Store
 from overnight.store.leases import DEFAULT_TTL_MS, Holder
 from overnight.chain.write import ChainWriter
-from overnight.chain.read import head_problems, load_head
+from overnight.chain.read import head_problems, load_head, served_by_copy
 from overnight.chain.integrity import LoadedCheckpoint, load_checkpoint, parse_record, record_problems
 from overnight.chain.reachability import lineage
 from overnight.chain.records import event, rollback_kind
@@ -312,6 +312,10 @@ def history(store: Store, task_id: str, *, key: bytes | None = None) -> list[Log
         heads.setdefault(cid, []).append(b)
     entries: dict[str, LogEntry] = {}
     damaged = record_problems(store, rows, key=key)  # the record and the objects a load reads
+    # a damaged original its verified ditto copy serves loads: not INVALID, as `verify` counts it
+    served = served_by_copy(store, [r for r in rows if r.checkpoint_id in damaged], key) if damaged else {}
+    for cid in served:
+        del damaged[cid]
     for cid, problem in head_problems(store, task_id, store.list_refs(task_id), key=key).items():
         damaged.setdefault(cid, problem)  # what a resume of a branch would skip (artifact content hashed)
     for r in rows:
@@ -319,11 +323,13 @@ def history(store: Store, task_id: str, *, key: bytes | None = None) -> list[Log
         problem = damaged.get(r.checkpoint_id)
         healed = why = None
         try:
-            rec = parse_record(r, key=key)
+            rec = served[r.checkpoint_id][1] if r.checkpoint_id in served else parse_record(r, key=key)
             if rec.event.kind == "merge" and rec.event.ref:
                 parents.append(rec.event.ref)
             detail = rec.event.detail or ""
             healed = detail[detail.index("self-healed:"):] if "self-healed:" in detail else None
+            if r.checkpoint_id in served:  # read from its copy now (`overnight verify --repair` rewrites it)
+                healed = f"served by its ditto copy: {served[r.checkpoint_id][0]}"
             why = rollback_kind(rec.event)
         except OvernightError:
             pass  # in damaged already

@@ -225,3 +225,23 @@ def _verified_records(store: Store, task_id: str, branch: str, key: bytes | None
             good.append((record.seq, record.created_at, row))
     good.sort(key=lambda t: (t[0], t[1]), reverse=True)
     return [r for _, _, r in good]
+
+
+def served_by_copy(s: Store, rows: Iterable[CheckpointRow], key: bytes | None) -> dict[str, tuple[str, Any]]:
+    """``checkpoint id -> (what is damaged, verified record)`` for each of ``rows`` (checkpoints
+    found damaged by a plain read) that loads when damaged originals are read from their verified
+    ditto copies -- as a resume and ``verify`` read them (nothing is written). Its artifacts must
+    be present too; the others stay damaged. ``ls``, ``show``, ``log`` and the dashboard count such a
+    checkpoint as ``verify`` does: not invalid. Raises nothing of its own (a row that cannot be
+    read stays damaged)."""
+    out: dict[str, tuple[str, Any]] = {}
+    for row in rows:
+        reader = HealingReader(s, write_back=False)
+        try:
+            loaded = load_checkpoint(s, row.checkpoint_id, key=key, deep=False, reader=reader, row=row)
+        except OvernightError:
+            continue
+        if reader.healed:
+            out[row.checkpoint_id] = ("; ".join(f"{h.what} {short_id(h.digest)} is damaged ({h.reason})"
+                                                for h in reader.healed), loaded.record)
+    return out

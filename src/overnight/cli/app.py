@@ -270,7 +270,9 @@ def _queued_verb(status: str) -> str:
 def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
     """List the tasks in the store: status, steps done/total, branches, last checkpoint time. Each
     head is checked as a resume checks it (its artifacts' bytes hashed): one that fails shows the
-    checkpoint a resume falls back to (`FELL BACK`). A LangGraph thread or an Agents SDK session is
+    checkpoint a resume falls back to (`FELL BACK`). Of the other checkpoints each record is
+    checked (DAMAGED; `served by its ditto copy` when a copy heals it), not the content behind it:
+    that is `overnight verify TASK`'s work, too slow for a listing of many tasks. A LangGraph thread or an Agents SDK session is
     `open` (no plan to complete); a task submitted to the workers with no checkpoint yet shows its
     code (`queued from FILE:TASK`).
     Without --store: the default store and the configured database and cloud media (where the
@@ -302,10 +304,6 @@ def ls_(store: Optional[str] = StoreOpt, as_json: bool = JsonOpt) -> None:
                   + ((t.store,) if several else ())
                   for t in tasks],
                  justify={"steps": "right", "checkpoints": "right"}, no_wrap=("task", "updated"))
-    # ls reads each record and loads each head (as a resume does), not the objects behind every
-    # past checkpoint -- that is `verify`'s cost, too much for a listing of many tasks: said here
-    render.err.print("checkpoints: each record checked, and each head loaded as a resume loads it; `overnight "
-                     "verify TASK` also checks the content of every past checkpoint")
     for t in tasks:
         if t.fell_back or t.damaged:
             render.err.print(f"[yellow]{render.esc(t.task_id)}:[/] "

@@ -33,7 +33,7 @@ from overnight.store.base import CheckpointRow, Lease, Store
 from overnight.store.queue_open import queue_for
 from overnight.store.blobs import BlobReader
 from overnight.store.leases import can_take_over, describe_holder, ended, now_ms
-from overnight.chain.read import load_head
+from overnight.chain.read import load_head, served_by_copy
 from overnight.chain.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
 
 STATUSES = ("queued", "running", "stalled", "interrupted", "in_progress", "failed", "cancelled", "complete")
@@ -205,7 +205,7 @@ def _record_checks(s: Store, cache: HeadCache, rows: list[CheckpointRow], key: b
             found = record_problems(s, todo, key=key)
             # a damaged original its verified ditto copy serves loads: not damaged, as `verify`,
             # `ls` and `show` count it (`overnight verify --repair` rewrites the original)
-            for cid in api.served_by_copy(s, [r for r in todo if r.checkpoint_id in found], key) if found else ():
+            for cid in served_by_copy(s, [r for r in todo if r.checkpoint_id in found], key) if found else ():
                 del found[cid]
         except OvernightError as exc:  # the store could not be read: nothing checked, nothing claimed
             problem = f"{type(exc).__name__}: {exc.message}".splitlines()[0]
