@@ -218,3 +218,18 @@ def test_a_run_in_a_subfolder_says_it_made_a_new_store_beside_the_one_further_up
     assert again.returncode == 0 and "note:" not in again.stderr, again.stderr
     w = cli("worker", "--idle-exit", "0.5", "--store", f"sqlite://{store}", cwd=sub)  # a store named: no note
     assert w.returncode == 0 and "note:" not in w.stderr, w.stderr
+
+
+def test_submit_echoes_its_start_and_gc_refuses_apply_with_dry_run(tmp_path: Path) -> None:
+    """Fresh user: ``submit --not-before`` did not say when the task starts (nor did submitting it
+    again), and ``gc --dry-run --apply`` deleted while ``gc --apply --dry-run`` did not: the last
+    flag won."""
+    url = report_project(tmp_path)
+    out = ok(tmp_path, "submit", "tasks/report.py", "--id", "later", "--not-before", "+10m", "--store", url)
+    assert out.startswith("later queued: ") and "; starts in 10 min" in out, out
+    again = ok(tmp_path, "submit", "tasks/report.py", "--id", "later", "--store", url)
+    assert again.startswith("later already submitted (queued): ") and "; starts in " in again, again
+    for flags in (("--dry-run", "--apply"), ("--apply", "--dry-run")):
+        r = cli("gc", *flags, "--store", url, cwd=tmp_path)
+        assert r.returncode == 2 and "--apply and --dry-run contradict each other" in r.stderr, r.stderr
+    assert cli("gc", "--dry-run", "--store", url, cwd=tmp_path).returncode == 0

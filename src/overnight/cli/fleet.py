@@ -120,8 +120,9 @@ def submit(
         render.out.print(f"{render.esc(row.task_id, one_line=True)}: already complete, nothing to queue")
         return
     what = "queued" if created else f"already submitted ({row.status})"
+    ahead = row.not_before_ms - api.clock_ms(store=store) if row.status == "queued" and row.not_before_ms else 0
     render.out.print(f"{render.esc(row.task_id)} {what}: queue {render.esc(row.queue)}, priority {row.priority}, "
-                     f"code {render.esc(row.entry)}")
+                     f"code {render.esc(row.entry)}" + (f"; starts in {human_duration(ahead)}" if ahead > 1000 else ""))
 
 
 def worker(

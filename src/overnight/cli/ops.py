@@ -59,8 +59,9 @@ def _unreadable_note(unreadable: list, *, kept_all: str | None = None) -> None:
 
 
 def gc(
-    apply: bool = typer.Option(False, "--apply/--dry-run", help="--apply deletes; --dry-run (the default) only "
-                               "reports what would go."),
+    apply: bool = typer.Option(False, "--apply", help="Delete (without it: a dry run, reporting what would go)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only report what would go (the default); refused "
+                                 "together with --apply."),
     keep_last: Optional[int] = typer.Option(None, "--keep-last", min=0, metavar="N",
                                             help="Keep each task's N newest dangling checkpoints."),
     older_than: Optional[str] = typer.Option(None, "--older-than", metavar="DURATION",
@@ -86,6 +87,9 @@ def gc(
     checkpoint records no index entry or branch names ("leftover_records", "leftover_bytes",
     "leftover_entries" in --json; with --task, that task's only); a whole-store gc also removes the
     folder of a task an rm left without branches or index ("leftover_tasks")."""
+    if apply and dry_run:  # which one was meant? a deleting command does not guess
+        render.err.print("[bold red]error:[/] --apply and --dry-run contradict each other: pass one")
+        raise typer.Exit(EXIT_USAGE)
     with failing():
         with render.progress_bar("reading checkpoints", quiet=quiet or as_json) as update:
             rep = api.gc(store=store, apply=apply, keep_last=keep_last, older_than=older_than, task_id=task_id,
