@@ -457,14 +457,20 @@ def _refuse_unreadable_live(store: TieredStore, unreadable: list[Unreadable], li
     where = _branches_of(store, u.task_id, rows.get(u.task_id, []), u.checkpoint_id)
     others = {(b.task_id, b.checkpoint_id) for b in bad} - {(u.task_id, u.checkpoint_id)}
     more = f" (and {len(others)} more checkpoint(s))" if others else ""
+    try:
+        head = u.checkpoint_id is not None and u.checkpoint_id in set(store.list_refs(u.task_id).values())
+    except OvernightError:  # its refs cannot be read either: say what fits a head too
+        head = True
+    way_off = ("move the branch off it (a resume falls back past the damaged head; `overnight rollback`)" if head else
+               "leave it: the branch's head loads and runs on, only gc waits (rolling the branch back to before "
+               "the damage would give up the checkpoints after it)")
     raise StoreCorrupt(
         f"gc deletes nothing while a live checkpoint cannot be read, so the objects it needs are unknown: task "
         f"{u.task_id!r}, {where}, checkpoint {short_id(u.checkpoint_id)}: {u.detail}{more}",
         task_id=u.task_id, checkpoint_id=u.checkpoint_id,
         hint=f"`overnight verify {u.task_id}` shows the damage; `overnight verify --repair {u.task_id}` rewrites "
-        "what a verified ditto copy still holds; restore the rest from a backup or replica (`overnight repair`), "
-        "or move the branch off it (resuming falls back past the damage; `overnight rollback`) or remove the task "
-        "(`overnight rm`), then run gc again")
+        "what a verified ditto copy still holds; restore the rest from a backup or replica (`overnight repair`); "
+        f"or {way_off}; or remove the task (`overnight rm`) -- then run gc again")
 
 
 def _delete_objects(hot: Store, candidates: dict, min_age_ms: MinAge) -> dict[str, int]:
