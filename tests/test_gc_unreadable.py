@@ -146,7 +146,7 @@ def test_damaged_live_head_record_without_a_copy_refuses_and_deletes_nothing(tmp
             assert "record is damaged" in text and "no verified ditto copy" in text
             assert "missing" not in err.value.message  # the record is damaged, not missing
             assert "overnight verify --repair live" in (err.value.hint or "")
-    assert _snapshot(path) == before
+            assert "falls back past the damaged head" in (err.value.hint or "")  # a head: a resume moves off it
 
     r = cli("gc", "--grace", "0", "--apply", "--json", "--store", url, cwd=tmp_path)
     assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
@@ -156,6 +156,24 @@ def test_damaged_live_head_record_without_a_copy_refuses_and_deletes_nothing(tmp
     assert "overnight verify" in err_text
     assert _snapshot(path) == before
     assert state in before[0]
+
+
+def test_a_damaged_past_checkpoint_does_not_advise_a_resume_that_cannot_move_off_it(tmp_path):
+    """Fresh user: gc refused by a damaged past checkpoint advised "resuming falls back past the
+    damage" -- a resume of a head that loads does not; only gc waits."""
+    path = tmp_path / "s.db"
+    url = f"sqlite://{path}"
+    _run(url)
+    with open_url(url) as store:
+        head = store.get_ref("live", "main")
+        parent = store.get_checkpoint(head).parent_id
+    _damage_head_record(path, parent, drop_copy=True)  # the head's parent: a past checkpoint
+    with open_url(url) as store:
+        with pytest.raises(StoreCorrupt) as err:
+            collect(store, apply=False, grace_s=0)
+        assert err.value.checkpoint_id == parent
+        hint = err.value.hint or ""
+        assert "falls back" not in hint and "the branch's head loads and runs on, only gc waits" in hint, hint
 
 
 def test_rm_keeps_objects_another_tasks_unreadable_live_checkpoint_may_need(tmp_path):
