@@ -1,8 +1,10 @@
 """A one-step ``report`` task in a fresh project, the CLI run on it, and a store of LangGraph
-threads -- shared by the fresh-user rounds' tests (test_ux_round33, test_ux_round34)."""
+threads, a task file of N small steps, and a head record damaged in place -- shared by the fresh-user
+rounds' tests (test_ux_round33 to 35, test_round35_damage_words)."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from _procs import cli
@@ -51,3 +53,24 @@ def lg_threads(tmp_path: Path, *turns: str) -> str:
         for thread in turns:
             app.invoke({"messages": []}, {"configurable": {"thread_id": thread}})
     return url
+
+
+def steps_source(task_id: str, steps: int) -> str:
+    """The source of a task file: task ``task_id`` whose ``plan`` adds ``steps`` steps ``s(c)``,
+    each setting ``ctx.state["n"]`` (one small checkpoint per step)."""
+    return (f"import overnight\ntask = overnight.Task({task_id!r}, goal=\"{steps} small steps\")\n\n"
+            "@task.step\ndef plan(ctx):\n"
+            f"    for c in range({steps}):\n        ctx.add_step(\"s\", c=c)\n\n"
+            "@task.step(planned=False)\ndef s(ctx, c):\n    ctx.state[\"n\"] = c\n")
+
+
+def damage_head_record(db_path: Path, task_id: str) -> str:
+    """Flip one byte of ``task_id``'s head record body in place (its ditto copy stays)."""
+    db = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        head = db.execute("SELECT checkpoint_id FROM refs WHERE task_id=? AND branch='main'", (task_id,)).fetchone()[0]
+        body = bytes(db.execute("SELECT body FROM checkpoints WHERE checkpoint_id=?", (head,)).fetchone()[0])
+        db.execute("UPDATE checkpoints SET body=? WHERE checkpoint_id=?", (body[:-1] + bytes([body[-1] ^ 1]), head))
+    finally:
+        db.close()
+    return head

@@ -22,34 +22,9 @@ import sqlite3
 from pathlib import Path
 
 from _procs import cli
-from _report_project import ok, report_project
+from _report_project import damage_head_record, ok, report_project, steps_source
 
 from overnight.chain.ditto import ditto_key
-
-_STEPS = '''import overnight
-task = overnight.Task("{tid}", goal="a few steps")
-
-@task.step
-def plan(ctx):
-    for c in range(6):
-        ctx.add_step("s", c=c)
-
-@task.step(planned=False)
-def s(ctx, c):
-    ctx.state["n"] = c
-'''
-
-
-def _damage_head_record(db_path: Path, task_id: str) -> str:
-    """Flip one byte of ``task_id``'s head record body in place (its ditto copy stays)."""
-    db = sqlite3.connect(db_path, isolation_level=None)
-    try:
-        head = db.execute("SELECT checkpoint_id FROM refs WHERE task_id=? AND branch='main'", (task_id,)).fetchone()[0]
-        body = bytes(db.execute("SELECT body FROM checkpoints WHERE checkpoint_id=?", (head,)).fetchone()[0])
-        db.execute("UPDATE checkpoints SET body=? WHERE checkpoint_id=?", (body[:-1] + bytes([body[-1] ^ 1]), head))
-    finally:
-        db.close()
-    return head
 
 
 def _steps_store(tmp_path: Path, *task_ids: str) -> tuple[str, Path]:
@@ -57,7 +32,7 @@ def _steps_store(tmp_path: Path, *task_ids: str) -> tuple[str, Path]:
     db = tmp_path / "s.db"
     url = f"sqlite://{db}"
     for tid in task_ids:
-        (tmp_path / f"{tid}.py").write_text(_STEPS.format(tid=tid))
+        (tmp_path / f"{tid}.py").write_text(steps_source(tid, 6))
         ok(tmp_path, "run", f"{tid}.py", "-q", "--store", url)
     return url, db
 
@@ -84,7 +59,7 @@ def _damage_past_state(url: str, db_path: Path, task_id: str, seq: int = 3) -> t
 def test_a_record_its_ditto_copy_serves_is_healed_in_ls_and_show_as_verify_counts_it(tmp_path: Path) -> None:
     url = report_project(tmp_path)
     ok(tmp_path, "run", "tasks/report.py", "--id", "r", "-q", "--max-steps", "2", "--store", url)
-    head = _damage_head_record(Path(url.removeprefix("sqlite://")), "r")
+    head = damage_head_record(Path(url.removeprefix("sqlite://")), "r")
 
     checked = cli("verify", "r", "--store", url, cwd=tmp_path)
     assert checked.returncode == 3 and "(0 invalid)" in checked.stdout, checked.stdout
@@ -117,7 +92,7 @@ def test_a_record_no_copy_heals_stays_damaged_in_the_numbers_verify_counts(tmp_p
     url = report_project(tmp_path)
     ok(tmp_path, "run", "tasks/report.py", "--id", "r", "-q", "--max-steps", "2", "--store", url)
     db_path = Path(url.removeprefix("sqlite://"))
-    head = _damage_head_record(db_path, "r")
+    head = damage_head_record(db_path, "r")
     db = sqlite3.connect(db_path, isolation_level=None)
     assert db.execute("DELETE FROM objects WHERE digest=?", (ditto_key(head),)).rowcount == 1
     db.close()

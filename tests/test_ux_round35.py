@@ -10,25 +10,13 @@ import sqlite3
 from pathlib import Path
 
 from _procs import cli
-from _report_project import ok, report_project
-
-
-def _damage_head_record(db_path: Path, task_id: str) -> str:
-    """Flip one byte of ``task_id``'s head record body in place (its ditto copy stays)."""
-    db = sqlite3.connect(db_path, isolation_level=None)
-    try:
-        head = db.execute("SELECT checkpoint_id FROM refs WHERE task_id=? AND branch='main'", (task_id,)).fetchone()[0]
-        body = bytes(db.execute("SELECT body FROM checkpoints WHERE checkpoint_id=?", (head,)).fetchone()[0])
-        db.execute("UPDATE checkpoints SET body=? WHERE checkpoint_id=?", (body[:-1] + bytes([body[-1] ^ 1]), head))
-    finally:
-        db.close()
-    return head
+from _report_project import damage_head_record, ok, report_project, steps_source
 
 
 def test_verify_lists_a_record_its_ditto_copy_serves_apart_from_problems(tmp_path: Path) -> None:
     url = report_project(tmp_path)
     ok(tmp_path, "run", "tasks/report.py", "--id", "r", "-q", "--max-steps", "2", "--store", url)
-    head = _damage_head_record(Path(url.removeprefix("sqlite://")), "r")
+    head = damage_head_record(Path(url.removeprefix("sqlite://")), "r")
 
     checked = cli("verify", "r", "--store", url, cwd=tmp_path)
     assert checked.returncode == 3, checked.stdout + checked.stderr  # the store still holds damage
@@ -55,7 +43,7 @@ def test_verify_still_tables_what_no_ditto_copy_heals(tmp_path: Path) -> None:
     url = report_project(tmp_path)
     ok(tmp_path, "run", "tasks/report.py", "--id", "r", "-q", "--max-steps", "2", "--store", url)
     db_path = Path(url.removeprefix("sqlite://"))
-    head = _damage_head_record(db_path, "r")
+    head = damage_head_record(db_path, "r")
     from overnight.chain.ditto import ditto_key
     db = sqlite3.connect(db_path, isolation_level=None)
     assert db.execute("DELETE FROM objects WHERE digest=?", (ditto_key(head),)).rowcount == 1
@@ -84,20 +72,6 @@ def test_a_command_in_a_project_subfolder_names_the_store_further_up(tmp_path: P
     assert elsewhere.returncode == 2 and "further up" not in elsewhere.stderr, elsewhere.stderr
 
 
-_LONG = '''import overnight
-task = overnight.Task("big", goal="a long chain")
-
-@task.step
-def plan(ctx):
-    for c in range(150):
-        ctx.add_step("s", c=c)
-
-@task.step(planned=False)
-def s(ctx, c):
-    ctx.state["n"] = c
-'''
-
-
 def test_verify_names_a_damaged_page_once_not_once_per_checkpoint(tmp_path: Path) -> None:
     """Attacker: a damaged done page (and its ditto copy) that 88 checkpoints name printed 88 table
     rows, each repeating the whole error. The error is now given once, by the first checkpoint
@@ -109,7 +83,7 @@ def test_verify_names_a_damaged_page_once_not_once_per_checkpoint(tmp_path: Path
     from overnight.chain.read import load_head
     from overnight.store import open_store
 
-    (tmp_path / "long.py").write_text(_LONG)
+    (tmp_path / "long.py").write_text(steps_source("big", 150))
     url = f"sqlite://{tmp_path / 's.db'}"
     ok(tmp_path, "run", "long.py", "-q", "--store", url)
     with open_store(url) as store:
