@@ -538,3 +538,49 @@ def test_gc_removes_what_a_killed_rm_left_on_s3(request, monkeypatch):
         assert _listed(store) == ["b"] and collect(store, grace_s=0).leftover_tasks == 0
     finally:
         store.close()
+
+
+_PLANTED = r"""
+import os, sys
+from pathlib import Path
+from overnight.keys import HighWater, Mark
+hw = HighWater(Path(sys.argv[1]))
+print(hw.get("s", "t", "main"))
+hw.raise_to("s", "t", "main", Mark("sha256:a", 1, ""))
+print("raised")
+"""
+
+
+@pytest.mark.parametrize("plant", ["fifo", "dev-zero", "directory", "lock-fifo", "lock-link"])
+def test_a_thing_planted_at_the_high_water_file_never_hangs_a_commit(tmp_path, plant):
+    """Attacker: a FIFO (or a link to /dev/zero) at ``high-water.json`` or its ``.lock`` hung every
+    signed commit forever, SIGTERM included; a folder there raised IsADirectoryError from a resume;
+    a link at the lock file made the writer create a file where it points."""
+    state = tmp_path / "state"
+    state.mkdir()
+    path = state / "high-water.json"
+    outside = tmp_path / "outside"
+    if plant == "fifo":
+        os.mkfifo(path)
+    elif plant == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif plant == "directory":
+        path.mkdir()
+    elif plant == "lock-fifo":
+        os.mkfifo(state / "high-water.json.lock")
+    else:
+        (state / "high-water.json.lock").symlink_to(outside)
+    r = subprocess.run([sys.executable, "-c", _PLANTED, str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.splitlines()[0] == "None" and "raised" in r.stdout, r.stderr
+    assert not outside.exists()  # the link was not followed
+
+
+def test_the_further_up_hint_names_the_folder_a_one_part_store_path_starts_from(tmp_path, monkeypatch):
+    """Attacker: for ``sqlite://state.db`` the hint said to run in the store's grandparent folder."""
+    from overnight.store.task_location import further_up_hint
+
+    (tmp_path / "proj" / "sub" / "deep").mkdir(parents=True)
+    (tmp_path / "proj" / "state.db").write_bytes(b"")
+    monkeypatch.chdir(tmp_path / "proj" / "sub" / "deep")
+    hint = further_up_hint("sqlite://state.db")
+    assert hint is not None and f"run the command in {tmp_path / 'proj'}," in hint, hint

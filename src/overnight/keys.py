@@ -28,6 +28,7 @@ import os
 import secrets
 import stat
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,6 +171,42 @@ def write_cache_file(path: Path, doc: Any) -> None:
         pass
 
 
+STATE_LOCK_S = 10.0
+"""How long (s) a writer of a per-user state file waits for another process's lock on it before it
+gives up (and writes nothing: as for a state folder that cannot be written)."""
+
+
+@contextmanager
+def state_file_lock(path: Path, wait_s: float = STATE_LOCK_S) -> Iterator[bool]:
+    """Hold the exclusive ``flock`` guarding the per-user state file ``path`` (on its sibling
+    ``.lock`` file, mode 0600, created when missing, opened without following a link and without
+    blocking); yields True while it is held, False -- do not write -- when a link or anything but a
+    regular file is there (a planted FIFO never hangs a writer), or another process held the lock
+    ``wait_s`` seconds (a stopped process). Where ``flock`` is unsupported (an ``OSError`` from it)
+    it yields True unlocked.
+
+    Raises:
+        OSError: the lock file cannot be opened (a state folder that cannot be written; a link there).
+    """
+    fd = os.open(path.with_name(path.name + ".lock"),
+                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        held = stat.S_ISREG(os.fstat(fd).st_mode)
+        deadline = time.monotonic() + wait_s
+        while held:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:  # another writer holds it: wait, but not forever
+                held = time.monotonic() <= deadline
+                time.sleep(0.002)
+            except OSError:  # pragma: no cover - a file system without flock
+                break
+        yield held  # closing the descriptor releases the lock
+    finally:
+        os.close(fd)
+
+
 def _env_key(key: bytes, source: str) -> EnvKey:
     kid = hmac.new(key, b"overnight.env-key-id", hashlib.sha256).hexdigest()[:16]
     return EnvKey(key, kid, source)
@@ -235,6 +272,10 @@ class Mark:
     incarnation: str
 
 
+MAX_HIGH_WATER_BYTES = 16 << 20
+"""A high-water file larger than this (bytes) is not read (~150 bytes a branch: ~100,000 branches)."""
+
+
 class HighWater:
     """The per-machine high-water file: ``{store: {task: {branch: {"checkpoint_id", "seq"}}}}``
     (JSON, mode 0600), updated under an exclusive ``flock`` by read-modify-write and an atomic
@@ -250,17 +291,20 @@ class HighWater:
         self.path = path or state_dir() / "high-water.json"
 
     def _read(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.path.read_text("utf-8"))
-            return data if isinstance(data, dict) else {}
-        except (FileNotFoundError, ValueError):
-            return {}
+        # missing, damaged or not a regular file (a planted FIFO or device is opened without
+        # blocking and not read): no marks, as for a new machine
+        data = read_cache_file(self.path, MAX_HIGH_WATER_BYTES)
+        return data if isinstance(data, dict) else {}
 
     @contextmanager
-    def _locked(self) -> Iterator[dict[str, Any]]:
+    def _locked(self) -> Iterator[dict[str, Any] | None]:
+        """The marks to change (written back afterwards), or None: the lock is not a regular file
+        or stays taken (:func:`state_file_lock`) -- then nothing is written."""
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with state_file_lock(self.path) as held:
+            if not held:
+                yield None
+                return
             data = self._read()
             yield data
             # not durable (class docstring): a power cut can only leave an older mark, never a torn one
@@ -279,6 +323,8 @@ class HighWater:
         machine wrote ``mark`` itself, or the user accepted a rollback)."""
         try:
             with self._locked() as data:
+                if data is None:  # a planted lock, or one held too long: detection as without a mark
+                    return
                 branches = data.setdefault(store, {}).setdefault(task_id, {})
                 old = branches.get(branch)
                 if (force or not isinstance(old, dict) or not isinstance(old.get("seq"), int)
@@ -290,4 +336,4 @@ class HighWater:
 
 
 __all__ = ["EnvKey", "HighWater", "Mark", "env_key", "env_key_path", "signing_key_from_env", "state_dir",
-           "write_file_atomic"]
+           "state_file_lock", "write_file_atomic"]

@@ -48,18 +48,11 @@ import os
 import re
 import secrets
 import stat
-import time
 import unicodedata
 import uuid
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+from typing import Any, Callable, Iterable
 
 from overnight.codec.canonical import dumps_sorted, from_tree, loads, to_tree
 from overnight.config import mask_password
@@ -411,53 +404,24 @@ def _confirmed_entries(path: Path) -> list[dict[str, Any]]:
     return [e for e in entries if isinstance(e, dict) and isinstance(e.get("key"), str)] if isinstance(entries, list) else []
 
 
-@contextmanager
-def _confirmed_lock(path: Path) -> Iterator[bool]:
-    """Hold the exclusive ``flock`` guarding :data:`CONFIRMED_FILE` ``path`` (on its sibling
-    ``.lock`` file, mode 0600, created when missing); yields True while it is held, False -- do not
-    write -- when a link or anything but a regular file is there, or another process held the lock
-    :data:`CONFIRMED_LOCK_S` seconds (a stopped process): the caller then confirms nothing, as for a
-    folder that cannot be written. Where ``flock`` is unsupported (an ``OSError`` from it, or no
-    ``fcntl``) it yields True unlocked, as before locking existed. An ``OSError`` opening the lock
-    file (a state folder that cannot be written) is the caller's."""
-    fd = os.open(path.with_name(path.name + ".lock"),
-                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        held = stat.S_ISREG(os.fstat(fd).st_mode)
-        deadline = time.monotonic() + CONFIRMED_LOCK_S
-        while held and fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:  # another confirmation holds it: wait, but not forever
-                held = time.monotonic() <= deadline
-                time.sleep(0.01)
-            except OSError:  # pragma: no cover - a file system without flock
-                break
-        yield held  # closing the descriptor releases the lock
-    finally:
-        os.close(fd)
-
-
 def confirm_pointer(root: Path, task_id: str, store_url: str) -> None:
     """Record that this user pointed the project ``root`` at ``task_id`` in ``store_url`` (a store
     outside the project) in :data:`CONFIRMED_FILE`, the newest :data:`CONFIRMED_MAX` entries kept:
-    read, changed and written back under an exclusive lock (:func:`_confirmed_lock`), so a
+    read, changed and written back under an exclusive lock (:func:`~overnight.keys.state_file_lock`), so a
     confirmation made at the same time by another process (a hook, the MCP server) is kept too;
     written atomically (a temporary file in the same folder, mode 0600, fsynced, then renamed over
     the file, the folder fsynced). A damaged file counts as empty and is replaced. A state folder
     that cannot be written is not an error here: the hooks then refuse that store and say how to
     fix it."""
-    from overnight.keys import state_dir
+    from overnight.keys import state_dir, state_file_lock, write_file_atomic
 
     url = _canonical_store(store_url)
     key = _confirm_key(Path(root).resolve(), task_id, url)
     path = state_dir() / CONFIRMED_FILE
-    from overnight.keys import write_file_atomic
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with _confirmed_lock(path) as held:
+        with state_file_lock(path, CONFIRMED_LOCK_S) as held:
             if not held:
                 return
             entries = [e for e in _confirmed_entries(path) if e["key"] != key]

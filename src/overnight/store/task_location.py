@@ -21,6 +21,7 @@ pass it as ``heal``; this module never imports it.
 
 from __future__ import annotations
 
+import shlex
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -225,8 +226,13 @@ def further_up_hint(url: str) -> str | None:
     """The hint naming :func:`store_further_up` of ``url`` (the default store's URL, which does
     not exist here) and the ``--store`` that reaches it; None when there is none."""
     up = store_further_up(url)
-    return None if up is None else (f"a store exists further up, at {up}: run the command in {up.parent.parent}, "
-                                    f"or pass --store sqlite://{up}")
+    if up is None:
+        return None
+    folder = up
+    for _ in Path(url[len("sqlite://"):]).parts:  # the folder the relative path starts from
+        folder = folder.parent
+    return (f"a store exists further up, at {up}: run the command in {folder}, or pass --store "
+            f"{shlex.quote(f'sqlite://{up}')}")
 
 
 def medium_for(located: Store, task_id: str, *, write: bool, heal: Heal | None = None) -> Store:
