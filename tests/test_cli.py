@@ -90,6 +90,8 @@ def test_ls_show_cat_json(tmp_path):
     assert "no artifact" in missing.stderr and "hint:" in missing.stderr
     table = cli("show", "api-report-email", cwd=tmp_path).stdout
     assert "section:email" in table and "<- main" in table
+    header = next(line for line in table.splitlines() if "event" in line)
+    assert header.split()[:6:2] == ["seq", "id", "session"]  # the session column says what it is
 
 
 def test_run_resume_exit_codes(tmp_path):

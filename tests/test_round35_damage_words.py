@@ -18,6 +18,7 @@ Real ``python -m overnight`` processes on real SQLite stores; nothing mocked.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -81,11 +82,18 @@ def test_a_record_its_ditto_copy_serves_is_healed_in_ls_and_show_as_verify_count
     row = next(line for line in out.splitlines() if head[7:15] in line and "HEALED" in line)
     assert f"HEALED: record {head[7:19]} is damaged (body does not match its digest), read from its ditto copy" \
         in row, row
-    assert "│ ? │" not in row and "│ 1 │" in row, row  # its session, read from the copy
+    assert not re.search(r"│ +\? │", row) and re.search(r"│ +1 │", row), row  # its session, read from the copy
     report = json.loads(cli("show", "r", "--store", url, "--json", cwd=tmp_path).stdout)
     entry = next(c for c in report["chain"] if c["checkpoint_id"] == head)
     assert report["damaged"] == 0 and report["served_by_copy"] == 1, report
     assert entry["valid"] is True and entry["session"] == 1 and entry["served_by_copy"], entry
+
+    status = cli("status", "r", "--store", url, cwd=tmp_path)  # says it as ls and show do
+    assert status.returncode == 0, status.stderr
+    assert f"self-heal: healed record {head[7:19]} from its ditto copy (body does not match its digest; " \
+           "original left as is: `overnight verify --repair r` rewrites it)" in " ".join(status.stdout.split()), \
+        status.stdout
+    assert json.loads(cli("status", "r", "--store", url, "--json", cwd=tmp_path).stdout)["healed"], status.stdout
 
 
 def test_a_record_no_copy_heals_stays_damaged_in_the_numbers_verify_counts(tmp_path: Path) -> None:

@@ -980,6 +980,10 @@ class StatusReport:
     (Unix ms, the store's clock), ``age_ms`` (since it was submitted, by that clock), and ``ahead``:
     the tasks of its queue a worker claims before it (queued and due, higher priority or submitted
     earlier: the claim's order) -- 0 for one not queued."""
+    healed: list[str] = field(default_factory=list)
+    """What the head's load read from ditto copies because the original was damaged or missing,
+    one line each (:meth:`~overnight.chain.ditto.Heal.describe`): the head loads and resumes as
+    before; ``overnight verify --repair TASK`` rewrites the originals."""
 
 
 def _queue_place(s: Store, row: Any, now: int) -> dict[str, Any]:
@@ -1055,7 +1059,8 @@ def status(task_id: str, *, store: Store | str | None = None, branch: str = "mai
         accepted = list(loaded.record.fingerprint.accepted) if loaded.record.fingerprint else []
         rep = StatusReport(task_id, branch, loaded.id, loaded.record.seq,
                            "complete" if not st.todo else "in progress", len(st.done), len(st.done) + len(st.todo),
-                           [e.name for e in st.todo[:10]], accepted, fell_back=_fell_back(fallback))
+                           [e.name for e in st.todo[:10]], accepted, fell_back=_fell_back(fallback),
+                           healed=[h.describe(task_id) for h in loaded.healed])
         moved_back = find_rollback(s, loaded, key=key, skipped={k.checkpoint_id for k in fallback.skipped}
                                    if fallback else set(), named=fallback.head_id if fallback else loaded.id,
                                    branch=branch)

@@ -393,8 +393,8 @@ def show(
             + (c.session if c.session is not None else "?", c.event, " ".join(filter(None, [c.step, note.strip()])),
                c.created_at[5:16].replace("T", " "), render.human_bytes(c.stored_bytes))
             for c, note in zip(rep.chain, notes)]
-    render.table(None, ["seq", "id"] + (["branch"] if several else []) + ["s", "event", "step", "UTC", "size"], rows,
-                 justify={"seq": "right", "size": "right"}, no_wrap=("seq", "id", "s", "UTC", "size"))
+    render.table(None, ["seq", "id"] + (["branch"] if several else []) + ["session", "event", "step", "UTC", "size"], rows,
+                 justify={"seq": "right", "session": "right", "size": "right"}, no_wrap=("seq", "id", "session", "UTC", "size"))
 
 
 @app.command()
@@ -489,6 +489,8 @@ def status(
     steps = "" if _no_plan(rep.status) else f"{rep.done}/{rep.total} steps, "
     render.out.print(f"[bold]{render.esc(rep.task_id, one_line=True)}[/] ({render.esc(rep.branch, one_line=True)}): "
                      f"{shown_status}, {steps}head {rep.head[7:19]} (seq {rep.seq})")
+    for line in rep.healed:  # as ls and show say it: the head loads, its damaged original is named
+        render.out.print(f"[yellow]self-heal:[/] {render.esc(line)}")
     if rep.rollback:
         render.out.print(f"[red]rollback detected[/]: {render.esc(rep.rollback)} (`overnight resume` refuses it "
                          "without --allow-rollback)")
