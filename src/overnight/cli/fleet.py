@@ -134,7 +134,7 @@ def worker(
     idle_exit: Optional[float] = typer.Option(None, "--idle-exit", metavar="SECONDS",
                                               help="Exit 0 after this long with nothing to run -- and nothing "
                                               "coming: it waits for a retry due within a lease and for a "
-                                              "killed worker's claim to run out, then runs that task."),
+                                              "killed worker's claim to run out, then runs that task; a task due later it names as it exits."),
     worker_id: Optional[str] = typer.Option(None, "--worker-id", metavar="ID", help="Name in `overnight workers` "
                                             "(default HOST-PID)."),
     lease: float = typer.Option(30.0, "--lease", metavar="SECONDS", help="Lease of a claimed task; renewed every "

@@ -296,6 +296,20 @@ class Worker:
                 return f"task {t.task_id}'s claim by gone worker {t.worker_id} runs out in {human_duration(expires - now)}"
         return None
 
+    def _later(self) -> str:
+        """``"; task T is queued to start in 2 h"`` for the first task of this worker's queues due
+        after what :meth:`_coming` waits for (a ``--not-before`` beyond a lease), so an
+        ``--idle-exit`` that leaves it says that a worker must be running then; ``""`` when none is."""
+        q = self._q()
+        now = q.clock_ms()
+        later = [t for t in q.list() if t.queue in self.queues and t.status == "queued"]
+        if not later:
+            return ""
+        first = min(later, key=lambda t: t.not_before_ms)
+        more = f" (and {len(later) - 1} more)" if len(later) > 1 else ""
+        return (f"; task {first.task_id} is queued to start in {human_duration(max(0, first.not_before_ms - now))}"
+                f"{more}: a worker must be running then")
+
     def _q(self) -> Any:
         if self._queue is None:
             self._store = open_store(self.store_url)
@@ -646,7 +660,8 @@ class Worker:
                 elif self.idle_exit_s is not None and time.monotonic() - idle_since >= self.idle_exit_s:
                     waiting = self._coming()
                     if waiting is None:
-                        LOG.info("nothing to run for %.0f s (--idle-exit): exiting", self.idle_exit_s)
+                        LOG.info("nothing to run for %.0f s (--idle-exit): exiting%s", self.idle_exit_s,
+                                 self._later())
                         break
                     if not self._said_waiting:
                         LOG.info("--idle-exit waits: %s", waiting)
