@@ -1,4 +1,5 @@
-"""Round 36: what a worker leaving by ``--idle-exit`` says about a task queued for later.
+"""Round 36: what a worker leaving by ``--idle-exit`` says about a task queued for later; the
+temporary file a killed ``write_file_atomic`` leaves is swept.
 
 A worker started with ``--idle-exit`` waits for work due within a lease; a task submitted with a
 ``--not-before`` further out is not work it waits for, and the worker exits -- now saying which
@@ -34,3 +35,61 @@ def test_idle_exit_with_nothing_queued_says_only_that(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     said = " ".join(r.stderr.split())
     assert "nothing to run for 1 s (--idle-exit): exiting" in said and "queued to start" not in said, said
+
+
+# -- the temporary file a killed write_file_atomic leaves is swept ---------------------------------
+
+_KILLED_WRITER = """
+import os, sys, time
+from pathlib import Path
+from overnight import keys
+os.fsync = lambda fd: (print("written", flush=True), time.sleep(60))  # held here until killed
+keys.write_file_atomic(Path(sys.argv[1]), b"new bytes")
+"""
+
+
+def _killed_writer_leftover(target: Path) -> Path:
+    """Kill (SIGKILL) a real process inside ``write_file_atomic(target)``, after its temporary file
+    is written; returns that leftover temporary file."""
+    import signal
+    import subprocess
+    import sys
+
+    before = set(target.parent.iterdir())
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(target)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "written"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    (leftover,) = [p for p in set(target.parent.iterdir()) - before if p.name.startswith(f".{target.name}.")]
+    assert leftover.read_bytes() == b"new bytes" and target.read_bytes() != b"new bytes"  # the old file stays
+    return leftover
+
+
+def test_a_killed_writers_temporary_file_is_swept_by_the_next_write(tmp_path: Path) -> None:
+    import os
+    import time
+
+    from overnight.keys import sweep_temp_files, write_file_atomic
+
+    target = tmp_path / "high-water.json"
+    target.write_bytes(b"old")
+    stale = _killed_writer_leftover(target)
+    hour_ago = time.time() - 2 * 3600
+    os.utime(stale, (hour_ago, hour_ago))
+    # a leftover of a writer still running (this process), however old, and a folder named like one stay
+    mine = tmp_path / f".{target.name}.{os.getpid()}.1.{'a' * 16}.tmp"
+    mine.write_bytes(b"x")
+    os.utime(mine, (hour_ago, hour_ago))
+    folder = tmp_path / f".{target.name}.999999.1.{'b' * 16}.tmp"
+    folder.mkdir()
+    os.utime(folder, (hour_ago, hour_ago))
+
+    write_file_atomic(target, b"newer")
+    assert target.read_bytes() == b"newer"
+    assert not stale.exists() and mine.exists() and folder.is_dir()
+
+    fresh = _killed_writer_leftover(target)  # a leftover younger than an hour stays (its writer may be stopped)
+    assert sweep_temp_files(target) == [] and fresh.exists()
+    assert sweep_temp_files(target, older_than_s=0) == [fresh] and not fresh.exists()

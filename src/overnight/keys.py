@@ -125,7 +125,8 @@ def write_file_atomic(path: Path, data: bytes, *, mode: int = 0o600, durable: bo
     through it: concurrent writers each rename a whole file of their own, and the last rename wins.
     With ``durable`` (the default) the temporary file is fsynced before the rename and the folder
     after it, so once this returns a crash or power cut keeps the new file. ``mode``: the new file's
-    permission bits, less the umask. The folder must exist.
+    permission bits, less the umask. The folder must exist. The first write of ``path`` in a process
+    removes the temporary files killed writers left beside it (:func:`sweep_temp_files`).
 
     Raises:
         OSError: the file could not be written or renamed (``path`` is then unchanged, and the
@@ -157,6 +158,64 @@ def write_file_atomic(path: Path, data: bytes, *, mode: int = 0o600, durable: bo
         raise
     if durable:
         _fsync_dir(path.parent)
+    if (path.parent, path.name) not in _swept:
+        _swept.add((path.parent, path.name))
+        sweep_temp_files(path)
+
+
+_swept: set[tuple[Path, str]] = set()
+"""The files whose leftover temporaries this process has swept (once per file per process)."""
+
+STALE_TEMP_S = 3600.0
+"""Age (seconds, by mtime) past which a leftover temporary of :func:`write_file_atomic` whose
+writer process is gone is removed: a writer holds one for well under a second, so an hour leaves
+room for a stopped (SIGSTOP) or swapped-out writer and for clock steps."""
+
+
+def sweep_temp_files(path: Path, *, older_than_s: float = STALE_TEMP_S) -> list[Path]:
+    """Remove the temporary files a killed :func:`write_file_atomic` left beside ``path``
+    (``.<name>.<pid>.<thread id>.<16 hex>.tmp``): each a regular file (links and folders of that
+    name are left alone), last modified more than ``older_than_s`` seconds ago, whose writer's pid
+    is no process on this machine. ``write_file_atomic`` calls it once per file per process.
+    Returns the removed paths; raises nothing (what cannot be listed or removed stays)."""
+    prefix, removed = f".{path.name}.", []
+    now = time.time()
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return removed
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        parts = name[len(prefix):-len(".tmp")].split(".")
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or len(parts[2]) != 16:
+            continue
+        tmp = path.parent / name
+        try:
+            st = os.lstat(tmp)
+            if not stat.S_ISREG(st.st_mode) or now - st.st_mtime < older_than_s or _process_exists(int(parts[0])):
+                continue
+            tmp.unlink()
+            removed.append(tmp)
+        except OSError:
+            continue
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether ``pid`` is a process on this machine (another user's counts; a pid too large for
+    the system is none)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
 
 
 def write_cache_file(path: Path, doc: Any) -> None:
