@@ -322,13 +322,22 @@ _loaded: dict[str, EnvKey] = {}
 
 @dataclass(frozen=True)
 class Mark:
-    """The newest signed head seen of one branch: its checkpoint id, ``seq``, and the task's
+    """The newest signed head seen of one branch: its checkpoint id, ``seq``, the task's
     incarnation (the random salt in its signed spec: a task deleted and created again under the
-    same id is another incarnation, whose marks start afresh)."""
+    same id is another incarnation, whose marks start afresh), ``created_at`` (the head's signed
+    RFC 3339 UTC time; ``""`` in marks written before it was kept) and ``retired``: the
+    incarnations this branch's mark was at before (newest first, at most
+    :data:`MAX_RETIRED`) -- an incarnation once replaced never comes back but by a replay."""
 
     checkpoint_id: str
     seq: int
     incarnation: str
+    created_at: str = ""
+    retired: tuple[str, ...] = ()
+
+
+MAX_RETIRED = 16
+"""Incarnations a mark remembers as replaced (each a 32-hex salt)."""
 
 
 MAX_HIGH_WATER_BYTES = 16 << 20
@@ -374,22 +383,36 @@ class HighWater:
         """The mark of ``store``/``task_id``/``branch``, or None."""
         m = self._read().get(store, {}).get(task_id, {}).get(branch)
         if isinstance(m, dict) and isinstance(m.get("checkpoint_id"), str) and isinstance(m.get("seq"), int):
-            return Mark(m["checkpoint_id"], m["seq"], str(m.get("incarnation", "")))
+            retired = m.get("retired")
+            return Mark(m["checkpoint_id"], m["seq"], str(m.get("incarnation", "")), str(m.get("created_at", "")),
+                        tuple(r for r in retired if isinstance(r, str))[:MAX_RETIRED] if isinstance(retired, list)
+                        else ())
         return None
 
     def raise_to(self, store: str, task_id: str, branch: str, mark: Mark, *, force: bool = False) -> None:
         """Record ``mark`` unless a mark with a higher ``seq`` is there (``force``: always -- this
-        machine wrote ``mark`` itself, or the user accepted a rollback)."""
+        machine wrote ``mark`` itself, or the user accepted a rollback). A mark of another
+        incarnation replaces the old one, whose incarnation goes to the front of ``retired``
+        (``mark.retired`` is not read: the file's own list is kept)."""
         try:
             with self._locked() as data:
                 if data is None:  # a planted lock, or one held too long: detection as without a mark
                     return
                 branches = data.setdefault(store, {}).setdefault(task_id, {})
                 old = branches.get(branch)
-                if (force or not isinstance(old, dict) or not isinstance(old.get("seq"), int)
-                        or old.get("incarnation") != mark.incarnation or old["seq"] <= mark.seq):
+                if not isinstance(old, dict):
+                    old = {}
+                retired = [r for r in old.get("retired", []) if isinstance(r, str)] \
+                    if isinstance(old.get("retired"), list) else []
+                was = old.get("incarnation")
+                if isinstance(was, str) and was and was != mark.incarnation:
+                    retired.insert(0, was)
+                retired = list(dict.fromkeys(r for r in retired if r != mark.incarnation))[:MAX_RETIRED]
+                if (force or not isinstance(old.get("seq"), int) or was != mark.incarnation
+                        or old["seq"] <= mark.seq):
                     branches[branch] = {"checkpoint_id": mark.checkpoint_id, "seq": mark.seq,
-                                        "incarnation": mark.incarnation}
+                                        "incarnation": mark.incarnation, "created_at": mark.created_at,
+                                        **({"retired": retired} if retired else {})}
         except OSError:
             pass  # a read-only home: detection falls back to what the store's records show
 

@@ -14,7 +14,10 @@ Loading it would silently run every later step again (side effects included). Tw
    task and branch outside the store (:class:`~overnight.keys.HighWater`). A head with a
    lower ``seq`` than the mark is a rollback, also when the newer records were deleted -- unless
    the head's own signed history says why: an automatic fallback that skipped the marked
-   checkpoint (its ``rollback`` event names what it skipped).
+   checkpoint (its ``rollback`` event names what it skipped). A head of another incarnation of
+   the task (the random salt of its signed spec: the task deleted and created again) is a
+   replay when the mark lists that incarnation as replaced, or when a checkpoint of its chain
+   was created no later than the marked head: a task created again starts after its old head.
 
 Either raises :class:`~overnight.errors.RollbackDetected` naming both checkpoints; ``resume
 --allow-rollback`` accepts it (and lowers the mark), ``overnight rollback`` is a deliberate
@@ -23,7 +26,9 @@ rollback (a new signed record with a higher ``seq``, so it never trips either ch
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from overnight.errors import IntegrityError, RollbackDetected, short_id
@@ -50,12 +55,26 @@ class Rollback:
     def describe(self) -> str:
         where = {"chain": "a newer verified record of the branch descends from it",
                  "other branch": "it is a checkpoint of another branch, and the store holds a newer verified "
-                                 "record of this one"}.get(
+                                 "record of this one",
+                 "retired incarnation": "it belongs to an earlier incarnation of the task (deleted and created "
+                                        "again), which this machine has seen replaced by the newer one (high-water "
+                                        "mark)",
+                 "older incarnation": "it belongs to another incarnation of the task, created before the newer "
+                                      "signed head this machine has seen (high-water mark) -- a task deleted and "
+                                      "created again starts after its old head, never before"}.get(
             self.source, "this machine has seen the branch at a newer signed head (high-water mark)")
         return (f"branch {self.branch!r} of task {self.task_id!r} names checkpoint {short_id(self.head)} (seq "
                 f"{self.head_seq}), older than {short_id(self.newer)} (seq {self.newer_seq}): {where}")
 
     def error(self) -> RollbackDetected:
+        if self.source.endswith("incarnation"):
+            return RollbackDetected(
+                f"rollback detected: {self.describe()}; someone put an older copy of the task in its place, and "
+                "loading it would run every later step again", task_id=self.task_id, checkpoint_id=self.head,
+                head=self.head, newer=self.newer,
+                hint=f"if you restored it on purpose: overnight resume {shlex.quote(self.task_id)} --allow-rollback; "
+                     f"else restore the task from a copy of the store that holds {short_id(self.newer)} (seq "
+                     f"{self.newer_seq})")
         return RollbackDetected(
             f"rollback detected: {self.describe()}; someone moved the ref back, and loading it would run every "
             "later step again", task_id=self.task_id, checkpoint_id=self.head, head=self.head, newer=self.newer,
@@ -123,10 +142,7 @@ def _onto_other_branch(store: Store, loaded: LoadedCheckpoint, branch: str, *, k
     if key is None:
         return None
     mark = (high_water or HighWater()).get(store_identity(store), task_id, branch)
-    if mark is None or mark.incarnation != _incarnation(loaded) or mark.seq <= seq or mark.checkpoint_id in skipped \
-            or _explained(store.list_checkpoints(task_id), loaded, mark, key):
-        return None
-    return Rollback(task_id, branch, loaded.id, seq, mark.checkpoint_id, mark.seq, "high-water")
+    return _against_mark(store, loaded, mark, branch, key=key, skipped=skipped)
 
 
 def _verified_after(store: Store, task_id: str, branch: str, seq: int, *, key: bytes | None,
@@ -178,11 +194,61 @@ def _find(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, skipped:
         return None
     # 2. the high-water mark of this machine
     mark = (high_water or HighWater()).get(store_identity(store), task_id, ref_branch)
-    if mark is None or mark.incarnation != _incarnation(loaded) or mark.seq <= seq or mark.checkpoint_id in skipped:
+    return _against_mark(store, loaded, mark, branch, key=key, skipped=skipped)
+
+
+def _against_mark(store: Store, loaded: LoadedCheckpoint, mark: Mark | None, branch: str, *, key: bytes,
+                  skipped: set[str]) -> Rollback | None:
+    """``loaded`` (the head about to be used) against this machine's mark of its branch: of the
+    same incarnation, a lower ``seq`` than the mark's is a rollback unless its signed history
+    explains it (:func:`_explained`); of another incarnation -- the task deleted and created again,
+    or an old or foreign chain of that id put in its place -- one the mark lists as ``retired``
+    is a replay, and so is one with a checkpoint (signed; its chain walked back and verified as
+    far as it goes) created no later than the marked head. Marks written before their heads'
+    times were kept (no ``created_at``) judge only the retired ones."""
+    if mark is None or mark.checkpoint_id in skipped:
         return None
-    if _explained(store.list_checkpoints(task_id), loaded, mark, key):
-        return None
-    return Rollback(task_id, branch, loaded.id, seq, mark.checkpoint_id, mark.seq, "high-water")
+    task_id, seq, incarnation = loaded.record.task_id, loaded.record.seq, _incarnation(loaded)
+    if mark.incarnation == incarnation:
+        if mark.seq <= seq or _explained(store.list_checkpoints(task_id), loaded, mark, key):
+            return None
+        return Rollback(task_id, branch, loaded.id, seq, mark.checkpoint_id, mark.seq, "high-water")
+    if not incarnation or not mark.incarnation:
+        return None  # a chain or a mark of before incarnations: nothing to compare
+    if incarnation in mark.retired:
+        return Rollback(task_id, branch, loaded.id, seq, mark.checkpoint_id, mark.seq, "retired incarnation")
+    born = _earliest_created_at(store.list_checkpoints(task_id), loaded, key)
+    if mark.created_at and _utc(born) <= _utc(mark.created_at):
+        return Rollback(task_id, branch, loaded.id, seq, mark.checkpoint_id, mark.seq, "older incarnation")
+    return None
+
+
+def _utc(stamp: str) -> datetime:
+    try:
+        out = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return datetime.max.replace(tzinfo=timezone.utc)  # unreadable: judged newer (no alarm on it)
+    return out if out.tzinfo else out.replace(tzinfo=timezone.utc)
+
+
+def _earliest_created_at(rows: list[Any], loaded: LoadedCheckpoint, key: bytes) -> str:
+    """The signed ``created_at`` of the earliest checkpoint of ``loaded``'s chain that can be
+    reached from it -- its root, unless a link is missing (a gc) or fails its checks (its
+    signature too): then the last verified record before it, at worst ``loaded`` itself. Every
+    checkpoint of an incarnation created after a given head is newer than that head, so any of
+    them will do; the earliest is the strongest evidence."""
+    by_id = {r.checkpoint_id: r for r in rows}
+    record, hops = loaded.record, 0
+    while record.parent_id is not None and hops <= len(by_id):
+        row = by_id.get(record.parent_id)
+        if row is None:
+            break
+        try:
+            record = parse_record(row, key=key)
+        except IntegrityError:
+            break
+        hops += 1
+    return record.created_at
 
 
 def _explained(rows: list[Any], loaded: LoadedCheckpoint, mark: Mark, key: bytes) -> bool:
@@ -214,7 +280,8 @@ def see(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, force: boo
     if key is None:
         return
     (high_water or HighWater()).raise_to(store_identity(store), loaded.record.task_id, loaded.row.branch,
-                                         Mark(loaded.id, loaded.record.seq, _incarnation(loaded)), force=force)
+                                         Mark(loaded.id, loaded.record.seq, _incarnation(loaded),
+                                              loaded.record.created_at), force=force)
 
 
 def check(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, skipped: set[str] = frozenset(),

@@ -270,6 +270,7 @@ class ChainWriter:
         if self.key is not None:  # this machine wrote the new head: its high-water mark follows it
             spec = state["task"]["spec"]
             HighWater().raise_to(store_identity(self.store), self.task_id, self.branch,
-                                 Mark(cid, row.seq, str(spec.get("salt", "")) if isinstance(spec, dict) else ""),
+                                 Mark(cid, row.seq, str(spec.get("salt", "")) if isinstance(spec, dict) else "",
+                                      row.created_at),
                                  force=True)
         return cid
