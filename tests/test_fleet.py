@@ -33,8 +33,12 @@ def test_submit_ids_params_idempotency(tmp_path: Path, sqlite_url: str) -> None:
     assert a["task_id"].startswith("chaos-") and other["task_id"] != a["task_id"]
     assert a["entry"] == "tasks/chaos.py:task"  # relative to the project root, never absolute
     k1 = _submit(tmp_path, sqlite_url, "--id", "keyed", "--idempotency-key", "K")
-    k2 = _submit(tmp_path, sqlite_url, "--id", "keyed-2", "--idempotency-key", "K", "--param", "steps=9")
+    k2 = _submit(tmp_path, sqlite_url, "--id", "keyed", "--idempotency-key", "K")
     assert k1["created"] and not k2["created"] and k2["task_id"] == "keyed"
+    # the key names that request: another one under it is refused (exit 2), not swapped for the first
+    other_request = cli(tmp_path, "submit", "tasks/chaos.py", "--store", sqlite_url, "--id", "keyed-2",
+                        "--idempotency-key", "K", "--param", "steps=9")
+    assert other_request.returncode == 2 and "idempotency key 'K' was used by task 'keyed'" in other_request.stderr
     assert set(queue_rows(sqlite_url)) == {a["task_id"], other["task_id"], "keyed"}
     (tmp_path / "tasks" / "nothing.py").write_text("x = 1\n")
     bad = cli(tmp_path, "submit", "tasks/nothing.py", "--store", sqlite_url)
@@ -469,9 +473,10 @@ def test_a_stop_while_a_session_starts_is_not_a_death_and_is_prompt(tmp_path: Pa
 
 
 def test_concurrent_submits_with_one_idempotency_key_queue_one_task(tmp_path: Path, any_url: str) -> None:
-    """Six processes submit with the same idempotency key at once: every one exits 0 with the same
-    task, and exactly one row is queued (PostgreSQL's unique index decides a race the look-up lost)."""
-    procs = [subprocess.Popen([*CLI, "submit", "tasks/chaos.py", "--store", any_url, "--json", "--id", f"t{i}",
+    """Six processes submit the same request with the same idempotency key at once: every one exits
+    0 with the same task, and exactly one row is queued (PostgreSQL's unique index decides a race
+    the look-up lost)."""
+    procs = [subprocess.Popen([*CLI, "submit", "tasks/chaos.py", "--store", any_url, "--json", "--id", "t",
                                "--idempotency-key", "order-42"], cwd=tmp_path, env=fleet_env(tmp_path),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(6)]
     outs = [p.communicate(timeout=120) for p in procs]

@@ -9,6 +9,7 @@ overnight`` processes on a real SQLite store; nothing mocked.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from _procs import cli
@@ -41,6 +42,7 @@ def test_idle_exit_with_nothing_queued_says_only_that(tmp_path: Path) -> None:
 
 _KILLED_WRITER = """
 import os, sys, time
+import json
 from pathlib import Path
 from overnight import keys
 os.fsync = lambda fd: (print("written", flush=True), time.sleep(60))  # held here until killed
@@ -93,3 +95,37 @@ def test_a_killed_writers_temporary_file_is_swept_by_the_next_write(tmp_path: Pa
     fresh = _killed_writer_leftover(target)  # a leftover younger than an hour stays (its writer may be stopped)
     assert sweep_temp_files(target) == [] and fresh.exists()
     assert sweep_temp_files(target, older_than_s=0) == [fresh] and not fresh.exists()
+
+
+# -- an idempotency key names one request ----------------------------------------------------------
+
+def _key_reuse(tmp_path: Path, url: str) -> None:
+    first = ok(tmp_path, "submit", "tasks/report.py", "--param", "sections=4", "--idempotency-key", "K1",
+               "--store", url)
+    task_id = first.split()[0]
+    again = ok(tmp_path, "submit", "tasks/report.py", "--param", "sections=4", "--idempotency-key", "K1",
+               "--not-before", "+10m", "--store", url)  # the same request (a later moment is no other request)
+    assert again.startswith(f"{task_id} already submitted (queued)"), again
+    for args, said in ((("--param", "sections=5"), 'params {"sections":4} there, {"sections":5} here'),
+                       (("--param", "sections=4", "--queue", "q2"), "queue default there, q2 here"),
+                       (("--param", "sections=4", "--priority", "9"), "priority 0 there, 9 here"),
+                       (("--param", "sections=4", "--id", "mine"), f"task id {task_id} there, mine here")):
+        r = cli("submit", "tasks/report.py", *args, "--idempotency-key", "K1", "--store", url, cwd=tmp_path)
+        text = " ".join(r.stderr.split())
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert f"idempotency key 'K1' was used by task '{task_id}' (queued) with another request" in text, text
+        assert said in text and "submit this one with another key" in text, text
+    listed = cli("ls", "--json", "--store", url, cwd=tmp_path)
+    assert [t["task_id"] for t in json.loads(listed.stdout)] == [task_id]  # nothing else queued
+
+
+def test_an_idempotency_key_reused_for_another_request_is_refused(tmp_path: Path) -> None:
+    """Attacker: a key reused with other code, params, queue, priority or id returned the first
+    task, exit 0, and the second request was dropped without a word."""
+    _key_reuse(tmp_path, report_project(tmp_path))
+
+
+def test_an_idempotency_key_reused_for_another_request_is_refused_on_postgres(pg_schema, tmp_path: Path) -> None:
+    base, schema = pg_schema
+    report_project(tmp_path)
+    _key_reuse(tmp_path, f"{base}?schema={schema}")

@@ -87,7 +87,9 @@ def submit(
                                              "(from now by the store's clock; the unit is required), or Unix "
                                              "seconds."),
     idempotency_key: Optional[str] = typer.Option(None, "--idempotency-key", metavar="KEY",
-                                                  help="A second submit with the same key returns the first task."),
+                                                  help="A second submit of the same request (task id, code, params, queue, "
+                                                  "priority) with the same key returns the first task; another "
+                                                  "request under that key is refused (exit 2)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the task id, one line (also when it was "
                                "submitted already), for scripts: id=$(overnight submit -q FILE.py). --json wins."),

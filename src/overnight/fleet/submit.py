@@ -10,8 +10,9 @@ another machine, must work). A worker imports it only from the project root or a
 from __future__ import annotations
 
 import hashlib
-import re
 import json
+import re
+import shlex
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -157,11 +158,13 @@ def submit(entry: str, *, store: Any = None, task_id: str | None = None, params:
 
     Returns ``(row, created)``: ``created`` is False when the idempotency key (or the task id)
     was already submitted -- the earlier row is returned and nothing is queued twice -- or when the
-    store holds the task complete already (its row then says ``complete``: nothing to run).
+    store holds the task complete already (its row then says ``complete``: nothing to run). A key
+    already used must come with the same request: task id, code, params, queue and priority.
 
     Raises:
         ConfigError: ``entry`` is not a task, lies outside the project, params is not a JSON
-            object, the store has no queue (SQLite and PostgreSQL have one), the task id (given,
+            object, the store has no queue (SQLite and PostgreSQL have one), the idempotency key
+            was used by another request (:func:`_same_request`), the task id (given,
             or a default id two param sets share) is already submitted with other params, or the
             store holds a task of that id made by other code (or with none: a coding-agent task).
         IntegrityError: the store holds the task, but no checkpoint of it verifies.
@@ -188,6 +191,8 @@ def submit(entry: str, *, store: Any = None, task_id: str | None = None, params:
         if done is not None:
             return done, False
         found, created = q.submit(row)
+        if not created and idempotency_key is not None and found.idempotency_key == idempotency_key:
+            _same_request(found, row)
         if not created and idempotency_key is None and found.task_id == row.task_id and found.params != params:
             raise ConfigError(
                 f"task {row.task_id!r} is already submitted ({found.status}) with params {params_text(found.params)}; "
@@ -199,6 +204,32 @@ def submit(entry: str, *, store: Any = None, task_id: str | None = None, params:
     finally:
         if s is not store:
             s.close()
+
+
+def _same_request(found: QueuedTask, row: QueuedTask) -> None:
+    """A submit whose idempotency key an earlier submit used must be the same request -- task id,
+    code, params, queue and priority (``--not-before`` is not compared: ``+30m`` names another
+    moment each time) -- as a payment API refuses a key reused with other parameters: returning
+    the earlier task for another request would silently drop this one.
+
+    Raises:
+        ConfigError: what differs, naming the key, the earlier task and both values.
+    """
+    from overnight.runtime.task_code import same_location
+
+    differs = [(what, was, now) for what, was, now, same in (
+        ("task id", found.task_id, row.task_id, found.task_id == row.task_id),
+        ("code", found.entry, row.entry, same_location(found.entry, row.entry)),
+        ("params", params_text(found.params), params_text(row.params), found.params == row.params),
+        ("queue", found.queue, row.queue, found.queue == row.queue),
+        ("priority", found.priority, row.priority, found.priority == row.priority)) if not same]
+    if differs:
+        said = "; ".join(f"{what} {was!s} there, {now!s} here" for what, was, now in differs)
+        raise ConfigError(
+            f"idempotency key {row.idempotency_key!r} was used by task {found.task_id!r} ({found.status}) with "
+            f"another request: {said}", task_id=found.task_id,
+            hint="an idempotency key names one request: submit this one with another key (or none); "
+                 f"`overnight status {shlex.quote(found.task_id)}` shows the earlier one")
 
 
 def _stored(s: Any, q: Any, row: QueuedTask, location: str) -> QueuedTask | None:
