@@ -31,6 +31,7 @@ import json
 import math
 import pathlib
 import re
+import struct
 import uuid
 import zoneinfo
 from typing import Any
@@ -94,6 +95,12 @@ def fmt_path(path: Path) -> str:
         else:
             parts.append(part)
     return path + "".join(reversed(parts))
+
+
+_F64 = struct.Struct("<d")
+_NAN_BITS = _F64.pack(float("nan"))
+"""The one NaN a stored ``{"$t": "float", "v": "nan"}`` decodes to (``0x7ff8000000000000``): the
+only NaN :func:`to_tree` accepts, so none changes its bits on the way through a checkpoint."""
 
 
 def _refuse(value: Any, path: Path, why: str = "", hint: str | None = None) -> EncodeError:
@@ -218,6 +225,10 @@ def _enc(value: Any, path: Path, d: int = 0) -> Any:
     if cls is float:
         if math.isfinite(value):
             return value
+        if value != value and _F64.pack(value) != _NAN_BITS:  # a NaN would come back as plain float('nan')
+            raise _refuse(value, path, f"a NaN with a sign bit or payload (bits {_F64.pack(value)[::-1].hex()}) would "
+                                       "come back as plain float('nan')", hint="store math.nan, or keep the bits: "
+                                       "struct.pack('<d', x) (bytes) round-trip exactly")
         return {TAG: "float", "v": repr(value)}  # 'nan', 'inf', '-inf'
     d += 1
     if d > MAX_DEPTH:
