@@ -99,8 +99,10 @@ def fmt_path(path: Path) -> str:
 
 _F64 = struct.Struct("<d")
 _NAN_BITS = _F64.pack(float("nan"))
-"""The one NaN a stored ``{"$t": "float", "v": "nan"}`` decodes to (``0x7ff8000000000000``): the
-only NaN :func:`to_tree` accepts, so none changes its bits on the way through a checkpoint."""
+_NAN_HEX = re.compile(r"[0-9a-f]{16}")
+"""The NaN a stored ``{"$t": "float", "v": "nan"}`` decodes to (``0x7ff8000000000000``). Any other
+NaN -- the sign bit set (what ``inf - inf`` gives on x86), a payload -- is stored with ``bits``
+(16 hex digits, big-endian IEEE 754) and decodes to the same bits."""
 
 
 def _refuse(value: Any, path: Path, why: str = "", hint: str | None = None) -> EncodeError:
@@ -225,10 +227,8 @@ def _enc(value: Any, path: Path, d: int = 0) -> Any:
     if cls is float:
         if math.isfinite(value):
             return value
-        if value != value and _F64.pack(value) != _NAN_BITS:  # a NaN would come back as plain float('nan')
-            raise _refuse(value, path, f"a NaN with a sign bit or payload (bits {_F64.pack(value)[::-1].hex()}) would "
-                                       "come back as plain float('nan')", hint="store math.nan, or keep the bits: "
-                                       "struct.pack('<d', x) (bytes) round-trip exactly")
+        if value != value and _F64.pack(value) != _NAN_BITS:  # -nan (x86's inf - inf), a payload: kept exactly
+            return {TAG: "float", "v": "nan", "bits": _F64.pack(value)[::-1].hex()}
         return {TAG: "float", "v": repr(value)}  # 'nan', 'inf', '-inf'
     d += 1
     if d > MAX_DEPTH:
@@ -455,10 +455,18 @@ def _d_int(t, p):
 
 
 def _d_float(t, p):
-    _need(t, p, "v")
+    _need(t, p, "v", optional=("bits",))
     if t["v"] not in ("nan", "inf", "-inf"):
         raise _bad(p, f"non-finite float {t['v']!r}")
-    return float(t["v"])
+    if "bits" not in t:
+        return float(t["v"])
+    bits = t["bits"]
+    if t["v"] != "nan" or type(bits) is not str or not _NAN_HEX.fullmatch(bits):
+        raise _bad(p, f"float bits {bits!r}: 16 lowercase hex digits of a NaN other than float('nan')")
+    value = _F64.unpack(bytes.fromhex(bits)[::-1])[0]
+    if value == value or _F64.pack(value) == _NAN_BITS:  # not a NaN, or the NaN written without bits
+        raise _bad(p, f"float bits {bits!r}: 16 lowercase hex digits of a NaN other than float('nan')")
+    return value
 
 
 def _d_dict(t, p):
