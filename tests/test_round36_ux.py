@@ -129,3 +129,14 @@ def test_an_idempotency_key_reused_for_another_request_is_refused_on_postgres(pg
     base, schema = pg_schema
     report_project(tmp_path)
     _key_reuse(tmp_path, f"{base}?schema={schema}")
+
+
+def test_a_param_that_is_not_json_is_a_string_as_the_help_says(tmp_path: Path) -> None:
+    """Attacker: ``--param v=NaN`` was refused ("finite numbers") although the help says VALUE as
+    JSON, else a string: Python's json reads NaN and Infinity, which JSON does not have."""
+    url = report_project(tmp_path)
+    out = ok(tmp_path, "submit", "tasks/report.py", "--param", "v=NaN", "--param", "w=-Infinity", "--param", "n=3",
+             "--id", "p1", "--json", "--store", url)
+    assert json.loads(out)["params"] == {"v": "NaN", "w": "-Infinity", "n": 3}, out
+    r = cli("submit", "tasks/report.py", "--params", '{"v": NaN}', "--id", "p2", "--store", url, cwd=tmp_path)
+    assert r.returncode == 2 and "--params is not JSON: NaN is not JSON" in r.stderr, r.stderr

@@ -43,6 +43,12 @@ _JSON_NUMBER = re.compile(r"\s*-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?\s*
 """A JSON number (RFC 8259): a ``--param`` value that is one is never taken as a string."""
 
 
+def _not_json(name: str) -> None:
+    """``json.loads``' ``parse_constant``: ``NaN``, ``Infinity`` and ``-Infinity``, which Python
+    reads but JSON does not have, are not JSON here either."""
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse_params(params: Optional[str], param: list[str]) -> dict:
     """The parameters of ``--params JSON`` and each ``--param K=V`` (V as JSON, else a string;
     later ones win), as one JSON object.
@@ -53,7 +59,7 @@ def parse_params(params: Optional[str], param: list[str]) -> dict:
     out: dict = {}
     if params:
         try:
-            out = json.loads(params)
+            out = json.loads(params, parse_constant=_not_json)
         except (ValueError, RecursionError) as exc:
             raise ConfigError(f"--params is not JSON: {exc}", hint="--params '{\"n\": 3}'") from exc
         if not isinstance(out, dict):
@@ -63,7 +69,7 @@ def parse_params(params: Optional[str], param: list[str]) -> dict:
         if not eq or not key:
             raise ConfigError(f"--param {kv!r} is not KEY=VALUE", hint="--param topic=storage, --param n=3")
         try:
-            out[key] = json.loads(value)
+            out[key] = json.loads(value, parse_constant=_not_json)  # NaN, Infinity: not JSON, so strings
         except RecursionError as exc:
             raise ConfigError(f"--param {key}: nests too deeply") from exc
         except ValueError as exc:
