@@ -140,3 +140,33 @@ def test_a_param_that_is_not_json_is_a_string_as_the_help_says(tmp_path: Path) -
     assert json.loads(out)["params"] == {"v": "NaN", "w": "-Infinity", "n": 3}, out
     r = cli("submit", "tasks/report.py", "--params", '{"v": NaN}', "--id", "p2", "--store", url, cwd=tmp_path)
     assert r.returncode == 2 and "--params is not JSON: NaN is not JSON" in r.stderr, r.stderr
+
+
+_BAD_VALUE = '''
+import overnight
+task = overnight.Task("fail", goal="a step that stores a bad value", expected_span="5h")
+@task.step
+def a(ctx):
+    ctx.state["x"] = 1
+@task.step
+def c(ctx):
+    ctx.state["when"] = object()
+'''
+
+
+def test_a_step_whose_value_cannot_be_stored_reads_failed_as_under_a_worker(tmp_path: Path) -> None:
+    """Fresh user: run in a terminal, it read ``interrupted`` (which invites a resume that fails the
+    same way); a worker parks the same task ``failed (EncodeError: ...)``."""
+    (tmp_path / "f.py").write_text(_BAD_VALUE)
+    url = f"sqlite://{tmp_path / 's.db'}"
+    r = cli("run", "f.py", "--store", url, cwd=tmp_path)
+    assert r.returncode == 1 and "cannot store value of type object at state.data.when" in r.stderr, r.stderr
+    status = ok(tmp_path, "status", "fail", "--store", url)
+    assert status.startswith("fail (main): failed (EncodeError: cannot store value of type object at "
+                             "state.data.when), 1/2 steps"), status
+    (row,) = json.loads(ok(tmp_path, "ls", "--json", "--store", url))
+    assert row["status_kind"] == "failed", row
+    # fixed and resumed: the latest run's outcome
+    (tmp_path / "f.py").write_text(_BAD_VALUE.replace("object()", '"noon"'))
+    ok(tmp_path, "resume", "fail", "--store", url)
+    assert ok(tmp_path, "status", "fail", "--store", url).startswith("fail (main): complete, 2/2 steps")

@@ -14,7 +14,7 @@ import threading
 import warnings
 from typing import Any, Callable
 
-from overnight.errors import DriftAbort, LeaseLost, OvernightError, StepFailed, StoreBusy
+from overnight.errors import DriftAbort, EncodeError, LeaseLost, OvernightError, StepFailed, StoreBusy
 from overnight.store.base import Lease, LeaseStore
 from overnight.store.leases import Holder
 
@@ -80,8 +80,8 @@ class LeaseKeeper:
         """Stop the heartbeat and give the lease up without hiding anything: a release that fails
         never replaces the error that ended the run (``first``, which gains a note naming the
         second), and after a run that ended well it is a warning -- the lease expires by itself
-        after its TTL. A run ended by :class:`~overnight.errors.StepFailed` or
-        :class:`~overnight.errors.DriftAbort` leaves ``failed: REASON`` in the released lease."""
+        after its TTL. A run that failed for good (:func:`failure_reason`) leaves ``failed: REASON``
+        in the released lease."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -89,8 +89,9 @@ class LeaseKeeper:
         if lease is None:
             return
         try:  # a step that failed for good, or drift the policy aborts on: `overnight ls` says failed (reason)
-            if isinstance(first, (StepFailed, DriftAbort)):
-                self.store.release_lease(lease, f"failed: {first.message}")
+            reason = failure_reason(first)
+            if reason is not None:
+                self.store.release_lease(lease, f"failed: {reason}")
             else:
                 self.store.release_lease(lease)
         except Exception as exc:  # noqa: BLE001 - reported, never raised over the run's outcome
@@ -103,6 +104,20 @@ class LeaseKeeper:
                     first.hint += f"\n  also: {detail}"
             else:
                 warnings.warn(detail, RuntimeWarning, stacklevel=3)
+
+
+def failure_reason(first: BaseException | None) -> str | None:
+    """Why a run failed for good -- what running it again unchanged fails on again, so status,
+    ``ls`` and the dashboard say ``failed (REASON)`` rather than ``interrupted`` -- or None: a step
+    that raised after its retries (:class:`~overnight.errors.StepFailed`, its message), drift the
+    policy aborts on (:class:`~overnight.errors.DriftAbort`) or a value a step produced that cannot
+    be stored (:class:`~overnight.errors.EncodeError`), each as ``TYPE: message``. A worker parks
+    a task ``failed`` for the same errors."""
+    if isinstance(first, StepFailed):
+        return first.message
+    if isinstance(first, (DriftAbort, EncodeError)):
+        return f"{type(first).__name__}: {first.message}"
+    return None
 
 
 class StopSignals:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from overnight.runtime import recompute
 from overnight.runtime.step import StepRun, encode_results, state_after
-from overnight.runtime.lease import Abandon, LeaseKeeper, StopSignals
+from overnight.runtime.lease import Abandon, LeaseKeeper, StopSignals, failure_reason
 from overnight.chain.integrity import verify_artifacts
 from overnight.chain.checked import check_done_pages
 
@@ -29,6 +29,8 @@ import time
 import traceback
 import uuid
 import warnings
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from overnight.codec.canonical import dumps as canonical_dumps
@@ -36,7 +38,6 @@ from overnight.codec.canonical import from_tree, to_tree
 from overnight.errors import (
     ArtifactNotFound,
     ConfigError,
-    DriftAbort,
     EncodeError,
     LeaseLost,
     OutputNotWritable,
@@ -57,8 +58,9 @@ from overnight.store.base import Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS
 from overnight.config import load as load_config
-from overnight.runtime.task_code import main_entry, same_location
-from overnight.runtime.drift_decision import Decision, decide, policies_for, world_spec, write_export
+from overnight.runtime.task_code import main_entry, project_root, same_location
+from overnight.runtime.drift_decision import Decision, decide, input_paths_for, policies_for, world_spec, write_export
+from overnight.verify.input_paths import ProjectPaths
 from overnight.store.task_location import Route, locate, open_routed
 from overnight.runtime.router import route as route_task
 from overnight.store.compose.tiered import TieredStore, tiered
@@ -67,7 +69,7 @@ from overnight.chain.branches import check_branch_name
 from overnight.chain import rollback
 from overnight.chain.write import ChainWriter, utc_now
 from overnight.chain.read import Fallback, load_head
-from overnight.verify.drift import WorldNow, parse_policies
+from overnight.verify.drift import WorldNow, accepted_after_run, merge_accepted, parse_policies
 from overnight.verify.fingerprint import digest_path, model_label, normalize, world
 from overnight.chain.integrity import LoadedCheckpoint, encode_state, load_checkpoint, signing_key_from_env
 from overnight.chain.records import event, initial_state
@@ -187,6 +189,9 @@ class Runner:
         self.state: SessionState = None  # type: ignore[assignment]  # set by _start, before any step
         self.chain = ChainWriter(self.store, task.id, branch, key=self.key, session_id=uuid.uuid4().hex, session_n=0)
         self.salt = b""
+        # input paths inside the project are recorded relative to its root, read under the root of
+        # the project it runs in now (set again from the head on resume: an old record's roots)
+        self.input_paths = ProjectPaths(str(project_root()))
         self.drift: Decision | None = None
         self._world: dict[str, Any] | None = None
         self._world_ref: dict[str, Any] | None = None
@@ -280,7 +285,8 @@ class Runner:
     def _can_replay(self, entry: dict[str, Any], sdef: Any) -> bool:
         """In a recompute pass: may this step's last run stand (replayed, not run)?"""
         return recompute.can_replay(self.state, entry, sdef.version,
-                                    WorldNow(self.salt, dict(self.task.sources), self.model_identity).get)
+                                    WorldNow(self.salt, dict(self.task.sources), self.model_identity,
+                                             self.input_paths).get)
 
     def _replay(self, entry: dict[str, Any], key: str, writer: BlobWriter) -> bool:
         """Apply a step's recorded effect (:func:`~overnight.runtime.recompute.replayed`) and commit it."""
@@ -327,9 +333,10 @@ class Runner:
 
     def _declared_reads(self, sdef: Any) -> dict[str, dict[str, str]]:
         """Digests of what a step declared it reads (``@task.step(inputs=..., env=..., ...)``)."""
-        now = WorldNow(self.salt, dict(self.task.sources))
+        now = WorldNow(self.salt, dict(self.task.sources), paths=self.input_paths)
+        keys = [self.input_paths.key(p) for p in sdef.inputs]  # relative inside the project
         return {
-            "inputs": {os.path.abspath(p): now.get("inputs", os.path.abspath(p)) for p in sdef.inputs},
+            "inputs": {k: now.get("inputs", k) for k in keys},
             "env": {n: now.get("env", n) for n in sdef.env},
             "packages": {normalize(n): now.get("packages", n) for n in sdef.packages},
             "sources": {n: now.get("sources", n) for n in sdef.sources},
@@ -341,6 +348,9 @@ class Runner:
         if getattr(self, "_heal_note", None):  # the first commit after a healing load says so (`overnight log`)
             ev = {**ev, "detail": "; ".join(x for x in (ev.get("detail"), self._heal_note) if x)}
             self._heal_note = None
+        spec = self.state.task.spec
+        if spec.get("project") != self.input_paths.root:  # where the task runs: a moved project says so once
+            self.state = self.state.but(task=replace(self.state.task, spec={**spec, "project": self.input_paths.root}))
         cid = self.chain.commit(self.state.tree(), ev, writer=writer, journal=journal, lease=lease,
                                 task_row=task_row, fingerprint=self._fingerprint(writer))
         self._export()
@@ -352,7 +362,7 @@ class Runner:
         """This session's world (one blob for all its checkpoints), exported artifacts' digests,
         and the drift accepted so far."""
         if self._world is None:
-            self._world = world(world_spec(self.task, self.salt, self.model_identity))
+            self._world = world(world_spec(self.task, self.salt, self.model_identity, self.input_paths))
         if self._world_ref is None:
             raw = encode_state(self._world)
             self._world_ref = {"digest": writer.put(raw), "size": len(raw)}
@@ -400,6 +410,7 @@ class Runner:
             spec = self.task.spec()
             spec["route"] = self.route.to_json() if self.route else {"level": self.level, "media": [],
                                                                       "urls": [self.store.url], "reasons": ["not routed"]}
+            spec["project"] = self.input_paths.root  # what input paths inside it are recorded relative to
             self.state = SessionState.of(initial_state(self.task.id, self.task.goal, spec,
                                                        todo=self.task.initial_todo(),
                                                        data=to_tree(dict(self.task.data), "state.data")))
@@ -439,8 +450,10 @@ class Runner:
         self.chain.session_n = loaded.record.session.n + 1
         healed = "\n".join(h.describe(self.task.id) for h in loaded.healed)  # read from ditto copies: always said
         self._heal_note = f"self-healed: {'; '.join(h.describe(self.task.id) for h in loaded.healed)}" if healed else None
+        self.input_paths = input_paths_for(loaded.state_tree, loaded.world, Path(self.input_paths.root))
+        moved = self.input_paths.moved_line()  # the next commit records the project here: said once
         self._emit("resume", checkpoint_id=loaded.id,
-                   detail="\n".join(x for x in (fallback.describe() if fallback else "", healed) if x) or None)
+                   detail="\n".join(x for x in (fallback.describe() if fallback else "", healed, moved) if x) or None)
         self.salt = self.state.salt
         if loaded.record.fingerprint is not None:
             self._accepted = list(loaded.record.fingerprint.accepted)
@@ -541,7 +554,7 @@ class Runner:
 
     def _consistency(self, loaded: LoadedCheckpoint) -> None:
         """Drift check and policies (``abort`` raises ``DriftAbort`` before anything is written)."""
-        self._world = world(world_spec(self.task, self.salt, self.model_identity))
+        self._world = world(world_spec(self.task, self.salt, self.model_identity, self.input_paths))
         decision = self.drift = decide(self.store, loaded, self.task, self._world, self.policies, key=self.key)
         found = decision.found or decision.report
         if found.items:
@@ -558,7 +571,7 @@ class Runner:
                                                          detail="drift: back to the newest checkpoint made in a "
                                                          "world like this one"), [])
         if decision.recomputed or decision.accepted:
-            self._accepted = self._accepted + decision.accepted
+            self._accepted = merge_accepted(self._accepted, decision.accepted)
             self.state = SessionState.of(decision.state)
             self._commit(self.chain.blob_writer(), event("drift", detail=decision.describe()), [])
         elif found.drifted and decision.rollback_to is None:
@@ -638,8 +651,8 @@ class Runner:
             signals.restore()
 
     def _settle_queue(self, result: RunResult | None, first: BaseException | None) -> None:
-        """A run of the main branch that ended ``complete``, or ``failed`` for good (a step failed
-        after its retries, drift the policy aborts on): the task's queue row, when it is parked
+        """A run of the main branch that ended ``complete``, or ``failed`` for good
+        (:func:`~overnight.runtime.lease.failure_reason`): the task's queue row, when it is parked
         ``failed`` or ``cancelled`` (a run here after `overnight cancel`, or after a worker parked
         it), takes this outcome -- the latest run's outcome is what `overnight status` / `ls`, the
         dashboard and the workers read (:func:`~overnight.store.queue_open.settle_run`). A run that
@@ -653,9 +666,8 @@ class Runner:
             return
         if result is not None and result.status == "complete":
             status, reason = "complete", None
-        elif isinstance(first, (StepFailed, DriftAbort)):
-            status, reason = "failed", first.message if isinstance(first, StepFailed) else \
-                f"{type(first).__name__}: {first.message}"
+        elif failure_reason(first) is not None:
+            status, reason = "failed", failure_reason(first)
         else:
             return
         try:
@@ -787,6 +799,8 @@ class Runner:
             self.state = self.state.but(recompute=recompute.dirtied(self.state, entry, produced))
         journal = [{"step_key": key, "step_name": entry["name"], "started_at": started_at,
                     "duration_ms": duration_ms, "tokens_in": gw.tokens_in, "tokens_out": gw.tokens_out}]
+        # it ran in the world now: no result of it was computed without a drift accepted earlier
+        self._accepted = accepted_after_run(self._accepted, entry["name"])
         self._commit(writer, event("step", step=entry["name"], key=key), journal)
         self._count(gw)
         self._emit("step_end", step=entry["name"], checkpoint_id=self.head, duration_ms=duration_ms)
