@@ -46,7 +46,7 @@ _JSON_NUMBER = re.compile(r"\s*-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?\s*
 def _not_json(name: str) -> None:
     """``json.loads``' ``parse_constant``: ``NaN``, ``Infinity`` and ``-Infinity``, which Python
     reads but JSON does not have, are not JSON here either."""
-    raise ValueError(f"{name} is not JSON")
+    raise ConfigError(f"{name} is not JSON")  # a ValueError: json.loads passes it on
 
 
 def parse_params(params: Optional[str], param: list[str]) -> dict:
