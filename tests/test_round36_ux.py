@@ -170,3 +170,19 @@ def test_a_step_whose_value_cannot_be_stored_reads_failed_as_under_a_worker(tmp_
     (tmp_path / "f.py").write_text(_BAD_VALUE.replace("object()", '"noon"'))
     ok(tmp_path, "resume", "fail", "--store", url)
     assert ok(tmp_path, "status", "fail", "--store", url).startswith("fail (main): complete, 2/2 steps")
+
+
+def test_with_overnight_toml_every_subfolder_reaches_the_projects_store(tmp_path: Path) -> None:
+    """Fresh user: with the README's empty ``overnight.toml`` at the top of the checkout, a submit
+    from a subfolder recorded its code relative to the top but queued it in a new store in the
+    subfolder, and a worker started at the top never saw it (0 claimed). The default store is now
+    beside ``overnight.toml``, from wherever in the project a command runs."""
+    report_project(tmp_path)  # writes the empty overnight.toml
+    sub = tmp_path / "tasks"
+    r = cli("submit", "report.py", "--id", "from-sub", cwd=sub)
+    assert r.returncode == 0 and "code tasks/report.py:task" in r.stdout, (r.stdout, r.stderr)
+    assert not (sub / ".overnight").exists() and (tmp_path / ".overnight" / "overnight.db").exists()
+    w = cli("worker", "--idle-exit", "1", cwd=tmp_path, timeout=120)
+    assert w.returncode == 0 and "1 task(s) claimed" in w.stderr, w.stderr
+    for where in (tmp_path, sub):
+        assert ok(where, "status", "from-sub").startswith("from-sub (main): complete"), where

@@ -57,6 +57,7 @@ def test_a_command_in_a_project_subfolder_names_the_store_further_up(tmp_path: P
     """Fresh user: ``overnight ls`` in a subfolder of the project said only that no store exists
     (the default store's path is relative to the current directory), as if nothing had run."""
     report_project(tmp_path)
+    (tmp_path / "overnight.toml").unlink()  # no project file: the default store is the current directory's
     ok(tmp_path, "run", "tasks/report.py", "--id", "r", "-q", "--max-steps", "1")  # the default store
     store = tmp_path / ".overnight" / "overnight.db"
     sub = tmp_path / "tasks" / "deeper"
@@ -181,6 +182,7 @@ def test_a_run_in_a_subfolder_says_it_made_a_new_store_beside_the_one_further_up
     """Fresh user: ``run``, ``submit`` and ``worker`` in a project's subfolder silently made a
     second, empty store there, which the project's ``overnight ls`` never lists."""
     report_project(tmp_path)
+    (tmp_path / "overnight.toml").unlink()  # no project file: the default store is the current directory's
     ok(tmp_path, "run", "tasks/report.py", "--id", "r", "-q", "--max-steps", "1")  # the project's store
     store = tmp_path / ".overnight" / "overnight.db"
     sub = tmp_path / "tasks"

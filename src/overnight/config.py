@@ -255,7 +255,10 @@ def _check(cfg: Config) -> None:
 
 
 def load(start: Path | None = None) -> Config:
-    """Read the effective configuration.
+    """Read the effective configuration. With an ``overnight.toml`` that sets no ``store.url``, the
+    default store is beside that file (``.overnight/overnight.db`` in the project root), so every
+    command run anywhere in the project reaches the same store, as task code is recorded relative
+    to that root; without a file it is relative to the current directory.
 
     Raises:
         ConfigError: the file is not valid TOML, or names an unknown key, or a value of the wrong
@@ -289,6 +292,8 @@ def load(start: Path | None = None) -> Config:
             cfg.values[key] = float(value) if isinstance(default, float) else value
             cfg.sources[key] = str(path)
         cfg.file = path
+        if cfg.sources["store.url"] == "default":  # the project's store, wherever in it a command runs
+            cfg.values["store.url"] = _anchored(DEFAULT_STORE, path.parent)
     for key, var in ENV.items():
         if os.environ.get(var):
             cfg.values[key] = os.environ[var]
