@@ -54,6 +54,7 @@ from overnight.store.compose.tiered import TieredStore
 from overnight.chain.read import head_problems, load_head, served_by_copy
 from overnight.verify.drift import DriftReport
 from overnight.chain.integrity import load_checkpoint, parse_record, record_problems, signing_key_from_env
+from overnight.chain.ditto import HealingReader
 from overnight.chain.ditto import get_checkpoint as ditto_checkpoint
 from overnight.chain.rollback import find_rollback
 from overnight.chain.records import rollback_kind
@@ -695,7 +696,8 @@ def show(task_id: str, *, store: Store | str | None = None, branch: str = "main"
                     status = task_status(s, task_id, complete=not st.todo.count) or status
                 status = _open_ended(loaded, status)
                 if raw:
-                    state = _raw_json(BlobReader(s).get(loaded.record.state.digest, "the head's state"))
+                    state = _raw_json(HealingReader(s, write_back=False).get(loaded.record.state.digest,
+                                                                             "the head's state"))
                 main_head = loaded if branch == "main" else None
             except OvernightError as exc:
                 for skip in exc.fallback.skipped if isinstance(exc, NoValidCheckpoint) and exc.fallback else ():
@@ -851,7 +853,9 @@ def cat(task_id: str, artifact: str, *, store: Store | str | None = None, at: st
                 + "artifacts there: " + _some(sorted(loaded.artifacts)),
             )
         try:
-            return BlobReader(s).get(ref.digest, f"artifact {artifact!r}")
+            # a damaged or missing object on the way (the tree object, its chunk index) read from
+            # its verified ditto copy, as the load did; a read-only command writes nothing back
+            return HealingReader(s, write_back=False).get(ref.digest, f"artifact {artifact!r}")
         except IntegrityError as exc:  # named: which task and checkpoint, and what to do
             exc.task_id, exc.checkpoint_id = task_id, loaded.id
             exc.hint = exc.hint or (f"`overnight verify {task_id}` reports the damage; an earlier version: "
@@ -1113,7 +1117,15 @@ def _predict(rep: StatusReport, s: Store, loaded: Any, task: Task, on_drift: str
     the same functions the runner calls (:func:`~overnight.runtime.drift_decision.decide`, read
     only, and :func:`~overnight.runtime.task.reconcile_plan`), so the prediction is the run."""
     from overnight.errors import DriftAbort
-    from overnight.runtime.drift_decision import decide, policies_for, report_for, salt_of, world, world_spec
+    from overnight.runtime.drift_decision import (
+        decide,
+        input_paths_for,
+        policies_for,
+        report_for,
+        salt_of,
+        world,
+        world_spec,
+    )
     from overnight.models import model_from_spec
     from overnight.runtime.session import identity_of, tokenizer_of
     from overnight.runtime.task import reconcile_plan
@@ -1123,6 +1135,8 @@ def _predict(rep: StatusReport, s: Store, loaded: Any, task: Task, on_drift: str
     client = model if hasattr(model, "complete") else model_from_spec(model or task.model)
     now = world(world_spec(task, salt_of(state), identity_of(client, tokenizer_of(client))))
     policies = policies_for(task, parse_policies(on_drift))
+    moved = input_paths_for(state, loaded.world).moved_line()  # input paths are read in this project
+    rep.drift_words = [moved] if moved else []
     route = recorded_route(state["task"]["spec"])
     level = task.level or (route.level if route else "durable")
     plan = []

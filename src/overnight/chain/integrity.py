@@ -633,7 +633,10 @@ def load_checkpoint(
         deep: also read and hash every artifact blob (True on resume; ``show`` may skip it).
         pages: cache of verified pages to reuse and fill (fsck checks each page once).
         check_artifacts: check that every artifact blob is present (callers that verify every
-            artifact blob themselves, like fsck, turn it off).
+            artifact blob themselves, like fsck, turn it off). With a
+            :class:`~overnight.chain.ditto.HealingReader` (the default), a missing artifact object
+            -- a large artifact's tree object, say -- whose ditto copy verifies (reassembles and
+            hashes to its digest) is present: it is read through the copy, as ``verify`` counts it.
         lazy_done: read no done page now: each is read and verified when first used
             (:class:`DonePages`, :class:`DoneList`), and so is the list of the middle pages'
             references (the state's ``done.middle`` blob), so the load costs the same at any chain
@@ -866,6 +869,8 @@ def load_checkpoint(
     if check_artifacts:
         arts = loaded.artifacts
         missing = store.missing_objects(a.digest for a in arts.values())
+        if missing and healed is not None:  # served by a verified ditto copy, as `verify` counts it
+            missing = _not_served_by_copy(reader, missing, arts, cp)  # type: ignore[arg-type]
         if missing:
             names = sorted(n for n, a in arts.items() if a.digest in missing)
             raise MissingObject(f"{cp} artifacts are missing from the store: {names}",
@@ -875,6 +880,21 @@ def load_checkpoint(
     if healed is not None and len(healed) != len(loaded.healed):  # artifact trees healed after the build
         loaded = replace(loaded, healed=tuple(healed))
     return loaded
+
+
+def _not_served_by_copy(reader: HealingReader, missing: set[str], arts: dict[str, ArtifactRef], cp: str) -> set[str]:
+    """Those of the ``missing`` artifact objects that no verified ditto copy serves: each other one
+    was read through its copy (the artifact's tree object, or a plain blob) and its bytes hashed
+    to its digest by ``reader`` -- so a load accepts exactly what ``verify`` counts as served by a
+    copy, and the reader records the heal (and writes the original back where it writes back)."""
+    names = {a.digest: n for n, a in sorted(arts.items(), reverse=True)}
+    out = set()
+    for d in sorted(missing):
+        try:
+            reader.verify(d, f"{cp} artifact {names.get(d)!r}")
+        except IntegrityError:
+            out.add(d)
+    return out
 
 
 def verify_artifacts(loaded: LoadedCheckpoint, reader: BlobReader) -> None:

@@ -119,8 +119,11 @@ class Fingerprint(_Strict):
         world: blob of the world fingerprint (:class:`WorldDoc`), the same blob for every
             checkpoint of a session, so it costs nothing per step.
         exports: ``artifact -> digest`` committed for artifacts the task exports to files.
-        accepted: drift accepted so far (``{"component", "key", "old", "new"}``), carried
-            forward on every later checkpoint.
+        accepted: drift accepted so far (``{"component", "key", "old", "new", "steps"}``),
+            carried forward on every later checkpoint; ``steps``: the done steps computed without it
+            (``old`` is what they were computed with) -- a step that runs again leaves the list, an
+            item whose steps all ran again is dropped. (``steps`` is absent from an item an older
+            overnight wrote: kept as it is.)
     """
 
     world: BlobRef

@@ -496,8 +496,12 @@ def status(
                          "without --allow-rollback)")
     if rep.next_steps:
         render.out.print("next: " + ", ".join(render.esc(n) for n in rep.next_steps[:5]))
-    for a in rep.accepted_drift:
-        render.out.print(f"[yellow]accepted drift[/] {render.esc(a['component'])}: {render.esc(a['key'])}")
+    for a in rep.accepted_drift:  # drift some done steps were computed without (gone once they run again)
+        kept = f" (kept from before it: {', '.join(a['steps'][:5])}{' ...' if len(a['steps']) > 5 else ''})" \
+            if a.get("steps") else ""
+        render.out.print(f"[yellow]accepted drift[/] {render.esc(a['component'])}: {render.esc(a['key'])}: "
+                         f"{render.esc(short_value(a.get('old')))} -> {render.esc(short_value(a.get('new')))}"
+                         f"{render.esc(kept)}")
     if rep.drift is not None:
         if not rep.drift.items:
             render.out.print("[green]no drift[/]")

@@ -27,8 +27,8 @@ def mcp_(
                                            "tasks this server keeps (default: the current one; its git top level)."),
     http: bool = typer.Option(False, "--http", help="Serve streamable HTTP at /mcp instead of stdio."),
     host: str = typer.Option("127.0.0.1", "--host", help="HTTP: address to bind (loopback unless you mean it)."),
-    port: int = typer.Option(8766, "--port", min=1, max=65535, help="HTTP: port (not the dashboard's: "
-                             "`overnight ui` and this server run side by side)."),
+    port: int = typer.Option(8766, "--port", min=0, max=65535, help="HTTP: port (0 picks a free one; not the "
+                             "dashboard's: `overnight ui` and this server run side by side)."),
     token: Optional[str] = typer.Option(None, "--token", envvar="OVERNIGHT_MCP_TOKEN",
                                         help="HTTP: bearer token every request must carry (default: a random one, "
                                         "printed on stderr)."),

@@ -242,12 +242,14 @@ class RunProgress:
                           f"{(e.checkpoint_id or '')[7:19]} ({e.done}/{e.total} steps done)")
             if e.detail and e.kind == "resume":  # a fallback or self-heal is always reported, even with --quiet
                 lines = e.detail.split("\n")
-                fell_back = "\n".join(x for x in lines if not x.startswith("healed "))
+                fell_back = "\n".join(x for x in lines if not x.startswith(("healed ", "project moved: ")))
                 if fell_back:
                     _console("err").print(f"[yellow]fallback:[/] {esc(fell_back)}")
                 for line in lines:
                     if line.startswith("healed "):  # read from a verified ditto copy
                         _console("err").print(f"[yellow]self-heal:[/] {esc(line)}")
+                    elif line.startswith("project moved: "):  # input paths in it are read here now
+                        _console("err").print(f"[yellow]project moved:[/] {esc(line[len('project moved: '):])}")
             if self.bar is None:
                 self.progress.__enter__()
             self.bar = self.progress.add_task("run", total=e.total, completed=e.done, step="", eta=None)

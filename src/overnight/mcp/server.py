@@ -70,7 +70,6 @@ class Artifact(BaseModel):
 TaskId = Annotated[str, Field(description="The task id task_start returned (task_list shows them).")]
 OptTaskId = Annotated[str | None, Field(description="The task id; default: the project's current task "
                                         "(the last one started or resumed here).")]
-Branch = Annotated[str, Field(description="Branch of the task's history (task_fork makes new ones).")]
 OptBranch = Annotated[str | None, Field(description="Branch of the task's history (task_fork makes new ones); "
                                        "default: main, or the branch task_resume made current for this task.")]
 Items = list[str] | None
@@ -253,19 +252,21 @@ def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKE
 
     def task_fork(task_id: TaskId, branch: Annotated[str, Field(description="Name of the new branch.")],
                   at: Annotated[str | None, Field(description="Checkpoint id (or unique prefix) or branch to fork "
-                                                  "from; default: the head of main.")] = None) -> tuple[str, dict[str, Any]]:
+                                                  "from; default: the head of main, or of the branch task_resume "
+                                                  "made current for this task.")] = None) -> tuple[str, dict[str, Any]]:
         """Start a new branch of the task at a checkpoint; both branches go on independently
         (task_checkpoint/task_resume with branch=...)."""
-        cid = tasks.fork(task_id, branch, at=at or "main")
+        cid = tasks.fork(task_id, branch, at=at or branch_of(task_id, None))
         return (f"branch {branch!r} of {task_id} created at checkpoint {short_id(cid)}; continue it with "
                 f"task_resume(task_id={task_id!r}, branch={branch!r})"), {"task_id": task_id, "branch": branch,
                                                                           "checkpoint_id": cid}
 
     def task_rollback(task_id: TaskId, to: Annotated[str, Field(description="Checkpoint id or unique prefix "
                                                                 "(task_log lists them).")],
-                      branch: Branch = "main") -> tuple[str, dict[str, Any]]:
+                      branch: OptBranch = None) -> tuple[str, dict[str, Any]]:
         """Give the branch a new head with the state of one of its earlier checkpoints; the newer
         checkpoints stay in the history (task_log)."""
+        branch = branch_of(task_id, branch)
         cid = tasks.rollback(task_id, to, branch=branch)
         return (f"{task_id}/{branch} rolled back: new head {short_id(cid)} has the state of {to}"), {
             "task_id": task_id, "branch": branch, "checkpoint_id": cid}
@@ -285,7 +286,8 @@ def build_server(tasks: CodingTasks, *, budget_tokens: int = DEFAULT_BUDGET_TOKE
     def artifact_read(task_id: OptTaskId = None, name: Annotated[str, Field(description="Artifact name "
                                                                           "(task_resume lists them).")] = "",
                       at: Annotated[str | None, Field(description="Checkpoint id/prefix or branch; default: the "
-                                                      "head of the current task's branch (main).")] = None,
+                                                      "head of main, or of the branch task_resume made current "
+                                                      "for this task.")] = None,
                       offset: Annotated[int, Field(ge=0, description="First byte to return (the next_offset of "
                                                    "the previous call).")] = 0,
                       max_bytes: Annotated[int, Field(ge=1, le=1_000_000, description="At most this many bytes.")] = 16_000,
@@ -353,7 +355,8 @@ def run(*, store: str | None = None, project: str | None = None, http: bool = Fa
 
     HTTP (streamable HTTP at ``/mcp``) binds to ``host`` (127.0.0.1 unless asked otherwise) and
     requires ``Authorization: Bearer TOKEN`` on every request; without ``token`` a random one is
-    made and printed on stderr.
+    made and printed on stderr. ``port`` 0 picks a free port; the URL printed on stderr names the
+    port it serves on.
     """
     plain_logging()
     tasks = CodingTasks(store, project=project)
@@ -368,11 +371,43 @@ def run(*, store: str | None = None, project: str | None = None, http: bool = Fa
         token = token or secrets.token_urlsafe(24)
         if not token.strip():
             raise ConfigError("--token must not be empty")
-        sys.stderr.write(f"overnight mcp: streamable HTTP on http://{host}:{port}/mcp (Authorization: Bearer {token})\n")
+        sock = _listen(host, port)  # bound here, so port 0 is a free port and the URL says which
+        port = sock.getsockname()[1]
+        sys.stderr.write(f"overnight mcp: streamable HTTP on {http_url(host, port)} "
+                         f"(Authorization: Bearer {token})\n")
+        sys.stderr.flush()
         app = _require_token(server.streamable_http_app(), token)
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
     finally:
         tasks.close()
+
+
+def http_url(host: str, port: int) -> str:
+    """The ``/mcp`` URL of a server bound to ``host``:``port`` (an IPv6 literal bracketed; a
+    wildcard bind -- ``0.0.0.0``, ``::`` -- reached at ``127.0.0.1``)."""
+    h = host.strip("[]")
+    shown = "127.0.0.1" if h in ("0.0.0.0", "::", "") else f"[{h}]" if ":" in h else h
+    return f"http://{shown}:{port}/mcp"
+
+
+def _listen(host: str, port: int) -> Any:
+    """A socket bound to ``host``:``port`` as uvicorn binds (``SO_REUSEADDR``); ``port`` 0 picks a
+    free one. A port in use is a ConfigError (exit 2), before anything is announced."""
+    import errno
+    import socket
+
+    bare = host.strip("[]")
+    sock = socket.socket(socket.AF_INET6 if ":" in bare else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((bare, port))
+    except OSError as exc:
+        sock.close()
+        what = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise ConfigError(f"cannot listen on {host}:{port}: {what}",
+                          hint="pick another --port (0 picks a free one; the default is 8766, "
+                          "`overnight ui` uses 8765)") from exc
+    return sock
 
 
 def _require_token(app: Any, token: str) -> Any:

@@ -23,6 +23,7 @@ from overnight.verify.fingerprint import MISSING, digest_path, installed, keyed,
 if TYPE_CHECKING:
     from overnight.runtime.session import ModelGateway
     from overnight.runtime.state import SessionState
+    from overnight.verify.input_paths import ProjectPaths
     from overnight.runtime.task import Task
 
 
@@ -36,6 +37,7 @@ class StepHost(Protocol):
     session_n: int
     salt: bytes
     stop_requested: bool
+    input_paths: "ProjectPaths"
 
     def read_artifact(self, name: str) -> bytes: ...
 
@@ -244,11 +246,13 @@ class StepContext:
 
     def read_input(self, path: str | os.PathLike) -> bytes:
         """Bytes of an external file, recording its digest: if the file changes, this step is
-        recomputed on the next resume (drift component ``inputs``)."""
+        recomputed on the next resume (drift component ``inputs``). A file inside the project is
+        recorded relative to the project root (``data/input.txt``), so a copied or moved project
+        checks its own copy; one outside it absolute (:mod:`overnight.verify.input_paths`)."""
         p = os.path.abspath(path)
         with open(p, "rb") as fh:
             data = fh.read()
-        self.reads["inputs"][p] = sha256(data)
+        self.reads["inputs"][self._runner.input_paths.key(p)] = sha256(data)
         return data
 
     def read_input_text(self, path: str | os.PathLike, encoding: str = "utf-8") -> str:
@@ -257,16 +261,18 @@ class StepContext:
 
     def track_input(self, path: str | os.PathLike) -> str:
         """Record the digest of a file or directory tree this step reads by other means (a
-        library opening it); returns the digest (``"missing"`` if it does not exist)."""
+        library opening it); returns the digest (``"missing"`` if it does not exist). Recorded as
+        :meth:`read_input` records a path."""
         p = os.path.abspath(path)
-        self.reads["inputs"][p] = d = digest_path(p)
+        self.reads["inputs"][self._runner.input_paths.key(p)] = d = digest_path(p)
         return d
 
     def track_listing(self, path: str | os.PathLike) -> str:
         """Record which files a directory holds (names, not contents): adding or removing a file
-        recomputes this step, editing one does not. Returns the listing digest."""
+        recomputes this step, editing one does not. Returns the listing digest. Recorded as
+        :meth:`read_input` records a path."""
         p = os.path.abspath(path)
-        self.reads["listings"][p] = d = listing_digest(p)
+        self.reads["listings"][self._runner.input_paths.key(p)] = d = listing_digest(p)
         return d
 
     def env(self, name: str, default: str | None = None) -> str | None:

@@ -14,19 +14,30 @@ from pathlib import Path
 from typing import Any
 
 from overnight.errors import DriftAbort
-from overnight.runtime.task_code import entry_path
+from overnight.runtime.task_code import entry_path, project_root
 from overnight.runtime.task import Task
 from overnight.store.base import Store
-from overnight.verify.drift import DEFAULT_POLICIES, DriftReport, WorldNow, affected_steps, detect, rebaseline
+from overnight.verify.drift import (
+    DEFAULT_POLICIES,
+    DriftReport,
+    WorldNow,
+    accepted_items,
+    affected_steps,
+    detect,
+    rebaseline,
+)
 from overnight.verify.fingerprint import COMPONENTS, WorldSpec, world
+from overnight.verify.input_paths import ProjectPaths, infer_root, safe_relative
 from overnight.chain.integrity import LoadedCheckpoint, done_summary_of, load_checkpoint
 from overnight.chain.records import recompute_info, todo_entry
 
 
-def world_spec(task: Task, salt: bytes, model: dict[str, Any] | None = None) -> WorldSpec:
+def world_spec(task: Task, salt: bytes, model: dict[str, Any] | None = None,
+               paths: ProjectPaths | None = None) -> WorldSpec:
     """What ``task`` declares about its world, for :func:`~overnight.verify.fingerprint.world`;
     ``model``: the :func:`~overnight.verify.fingerprint.model_identity` of the model its steps
-    call in this run."""
+    call in this run; ``paths``: what its ``inputs`` are recorded relative to (default: the
+    current project root, :func:`~overnight.runtime.task_code.project_root`)."""
     path = entry_path(task.entry)
     root = path.parent if path is not None else Path.cwd()
     return WorldSpec(
@@ -34,7 +45,48 @@ def world_spec(task: Task, salt: bytes, model: dict[str, Any] | None = None) -> 
         steps={n: (s.version, s.source_digest) for n, s in task.steps.items()},
         deps=task.deps, env=list(task.env), inputs=[str(p) for p in task.inputs], sources=dict(task.sources),
         exports=dict(task.exports), root=root, salt=salt, model=model,
+        paths=paths or ProjectPaths(str(project_root())),
     )
+
+
+def _code_file(spec: dict[str, Any]) -> str | None:
+    """The task's code file relative to its project (the spec's ``entry`` ``PATH.py[:NAME]``), or
+    None for a module entry, an absolute path or one that would leave the project."""
+    entry = spec.get("entry")
+    if not isinstance(entry, str):
+        return None
+    head, sep, tail = entry.rpartition(":")
+    target = head if sep and head and tail.isidentifier() else entry
+    return safe_relative(target) if target.endswith(".py") else None
+
+
+def input_paths_for(state: dict[str, Any], recorded_world: dict[str, Any] | None,
+                    root: Path | None = None) -> ProjectPaths:
+    """Where the input paths a checkpoint (``state``, its world fingerprint ``recorded_world``)
+    records are read now (:mod:`overnight.verify.input_paths`): a relative one under the current
+    project root (``root``, default :func:`~overnight.runtime.task_code.project_root`); an absolute
+    one inside the project root the task's spec records (``project``, where it last ran) -- or, for
+    a task whose spec records none or whose paths lie in another folder, the one
+    :func:`~overnight.verify.input_paths.infer_root` finds from them (an old record's) -- at the
+    same place under the current root; any other absolute one where it says.
+    ``moved_from`` is the recorded root when it is not the current one (for a spec without
+    ``project``, the inferred one)."""
+    here = os.path.normpath(str(root or project_root()))
+    spec = state["task"]["spec"]
+    raw = spec.get("project") if isinstance(spec, dict) else None
+    recorded = os.path.normpath(raw) if isinstance(raw, str) and os.path.isabs(raw) and "\0" not in raw else None
+    known = ProjectPaths(here, (recorded,) if recorded and recorded != here else ())
+    keys: list[str] = [k for k in (recorded_world or {}).get("inputs", {})]
+    summary = done_summary_of(state["done"])
+    if summary is not None:
+        keys += [k for kind in ("inputs", "listings") for k in summary["reads"].get(kind, {})]
+    else:
+        keys += [k for d in state["done"] for kind in ("inputs", "listings") for k in d["reads"].get(kind, {})]
+    unmapped = [k for k in keys if os.path.isabs(k) and known.canonical(k) == k]
+    inferred = infer_root(unmapped, here, _code_file(spec) if isinstance(spec, dict) else None) if unmapped else None
+    roots = tuple(dict.fromkeys(r for r in (*known.recorded, inferred) if r and r != here))
+    moved = (recorded if recorded != here else None) if recorded is not None else inferred
+    return ProjectPaths(here, roots, moved)
 
 
 def salt_of(state: dict[str, Any]) -> bytes:
@@ -48,14 +100,16 @@ def policies_for(task: Task, override: dict[str, str] | None) -> dict[str, str]:
 
 
 def report_for(loaded: LoadedCheckpoint, state: dict[str, Any], task: Task, now: dict[str, Any],
-               salt: bytes) -> DriftReport:
-    """Drift between ``loaded`` (with ``state``) and the world ``now``."""
+               salt: bytes, paths: ProjectPaths | None = None) -> DriftReport:
+    """Drift between ``loaded`` (with ``state``) and the world ``now``; input paths read where
+    ``paths`` says (default :func:`input_paths_for` of ``state``)."""
     artifacts = state["artifacts"]
     exports = {n: (artifacts[n]["digest"], p) for n, p in task.exports.items() if n in artifacts}
     return detect(
         checkpoint_id=loaded.id, recorded=loaded.world, now=now, done=state["done"],
         step_versions={n: (s.version, s.source_digest) for n, s in task.steps.items()},
         exports=exports, salt=salt, sources=dict(task.sources), summary=done_summary_of(state["done"]),
+        paths=paths or input_paths_for(state, loaded.world),
     )
 
 
@@ -70,7 +124,8 @@ class Decision:
         rollback_to: the older checkpoint rolled back to (policy ``rollback``), if any.
         recomputed: steps that read what drifted: they run again; the steps after the first of
             them are re-checked in order, and run again or are replayed.
-        accepted: drift items accepted (recorded on every later checkpoint).
+        accepted: drift items accepted, with the done steps computed without them (recorded on
+            every later checkpoint, each until those steps have run again).
     """
 
     report: DriftReport
@@ -108,15 +163,14 @@ def decide(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, An
     """
     state = loaded.state_tree
     salt = salt_of(state)
-    report = report_for(loaded, state, task, now, salt)
+    paths = input_paths_for(state, loaded.world)
+    report = report_for(loaded, state, task, now, salt, paths)
     drifted = set(report.components())
     abort = sorted(c for c in drifted if policies[c] == "abort")
     if abort:
         raise DriftAbort(f"task {task.id!r} drifted in {', '.join(abort)} (policy abort):\n{report.describe()}",
                          task_id=task.id, checkpoint_id=loaded.id, report=report,
-                         hint=("undo the edit of the exported file, or " if abort == ["artifacts"] else
-                               "restore the environment (`overnight env export`), or ")
-                         + "resume with --on-drift COMPONENT=recompute|accept|rollback")
+                         hint=abort_hint(task.id, report, abort))
     decision = Decision(report, state)
     decision.found = report
     rollback = {c for c in drifted if policies[c] == "rollback"}
@@ -126,7 +180,8 @@ def decide(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, An
             raise DriftAbort(f"task {task.id!r} drifted in {', '.join(sorted(rollback))} and no earlier checkpoint "
                              f"matches the world now (policy rollback):\n{report.describe()}",
                              task_id=task.id, checkpoint_id=loaded.id, report=report,
-                             hint="resume with --on-drift COMPONENT=recompute, or restore the environment")
+                             hint=f"resume with --on-drift {','.join(f'{c}=recompute' for c in sorted(rollback))}, "
+                             "or " + "; or ".join(_undo(c, task.id, report) for c in sorted(rollback)))
         decision.rollback_to = target
         state = target.state_tree
         report = report_for(target, state, task, now, salt)
@@ -139,11 +194,41 @@ def decide(store: Store, loaded: LoadedCheckpoint, task: Task, now: dict[str, An
             state = begin_recompute(store, decision.rollback_to or loaded, state, set(decision.recomputed), key=key)
     accept = {c for c in drifted if policies[c] == "accept"}
     if accept:
-        decision.accepted = [{"component": i.component, "key": i.key, "old": i.old, "new": i.new}
-                             for i in report.items if i.component in accept and not i.warning]
-        state = rebaseline(state, report, accept, WorldNow(salt, dict(task.sources), now.get("model")).get)
+        decision.accepted = accepted_items(report, accept)
+        state = rebaseline(state, report, accept, WorldNow(salt, dict(task.sources), now.get("model"), paths).get,
+                           versions={n: s.version for n, s in task.steps.items()})
     decision.state = state
     return decision
+
+
+def _undo(component: str, task_id: str, report: DriftReport) -> str:
+    """How to undo the drift of ``component`` (for an abort's hint)."""
+    keys = [i.key for i in report.items if i.component == component and not i.warning]
+    if component == "code":
+        steps = [k[len("step "):-len(" version")] for k in keys if k.startswith("step ") and k.endswith(" version")]
+        what = (f"set the version= of step(s) {', '.join(steps[:5])} back" if steps else "")
+        if "task version" in keys:
+            what += (" and " if what else "") + "set the task's version= back"
+        return (what or "revert the code") + " to what the checkpoint was computed with"
+    if component == "env":
+        return f"restore the Python and environment variables it ran with (`overnight env export {task_id}` lists them)"
+    if component == "deps":
+        return (f"reinstall the recorded versions (`overnight env export {task_id} -o req.txt`, "
+                "then `pip install -r req.txt`)")
+    if component == "inputs":
+        return f"restore {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''} as the steps read it"
+    if component == "model":
+        return "resume with the model the steps called (--model)"
+    return "undo the edit of the exported file"
+
+
+def abort_hint(task_id: str, report: DriftReport, components: list[str]) -> str:
+    """The hint of a ``DriftAbort`` for ``components`` (policy abort): how to undo each drift, or
+    which policy to resume with instead -- naming the component that drifted."""
+    undo = "; ".join(_undo(c, task_id, report) for c in components)
+    recompute, accept = (",".join(f"{c}={p}" for c in components) for p in ("recompute", "accept"))
+    return (f"{undo}; or resume with --on-drift {recompute} (run again the steps that read it) "
+            f"or --on-drift {accept} (keep their results)")
 
 
 def _commits(store: Store, head: LoadedCheckpoint) -> dict[str, str]:

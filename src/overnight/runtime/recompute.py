@@ -33,6 +33,10 @@ def replayed(state: SessionState, entry: TodoTree, old_tree: dict[str, Any], seq
     keys and the artifacts it wrote, from ``old_tree`` -- the state of the checkpoint that
     committed it. The pass ends (``recompute`` None) with its last re-checked step."""
     done = next(d for d in reversed(old_tree["done"]) if d["name"] == entry["name"])
+    prev = entry["previous"]
+    # what it read and its version as the state knew them: a drift accepted since that checkpoint
+    # re-baselined them (verify.drift.rebaseline), and must not come back with the replay
+    done = {**done, "reads": prev.get("reads", done["reads"]), "version": prev.get("version", done["version"])}
     data = state.data
     writes = done["produced"]["state"]
     if "*" in writes:

@@ -17,8 +17,9 @@ task and per run): ``recompute`` rewinds the user state to just before the earli
 and goes forward from there in the original order -- re-running each step that read what drifted
 or what a re-run step now produces differently, and *replaying* every other one from its recorded
 checkpoint (no execution, no model call) -- so exactly the affected steps and their dependents run
-again, and a step that accumulates into the state (``total += x``) never counts twice; ``accept`` continues as is, re-baselines what those steps read and
-records the drift on every later checkpoint; ``rollback`` resumes from the newest checkpoint whose
+again, and a step that accumulates into the state (``total += x``) never counts twice; ``accept`` continues as is and makes what drifted the baseline (what
+those steps read, their step ``version``: a later resume neither reports nor recomputes it), and
+records the drift on every later checkpoint until each step computed without it has run again; ``rollback`` resumes from the newest checkpoint whose
 fingerprint matches the world now; ``abort`` stops with the report (exit code 5).
 """
 
@@ -29,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from overnight.errors import ConfigError, SchemaError
+from overnight.verify.input_paths import REFUSED, ProjectPaths
 from overnight.verify.fingerprint import (
     COMPONENTS,
     MISSING,
@@ -144,11 +146,21 @@ class WorldNow:
     """The world now, read lazily and once per ``(kind, key)``: ``get("inputs", path)``,
     ``get("listings", dir)``, ``get("env", name)`` (keyed digest), ``get("packages", name)``,
     ``get("sources", name)``, ``get("model", "model")`` (:func:`~overnight.verify.fingerprint.
-    model_label` of ``model``, the identity of the model steps call now)."""
+    model_label` of ``model``, the identity of the model steps call now). A path (``inputs``,
+    ``listings``) is read where ``paths`` resolves it (:meth:`~overnight.verify.input_paths.
+    ProjectPaths.resolve`; default: the current project's): a relative one under the project root,
+    one that would leave it never (:data:`~overnight.verify.input_paths.REFUSED`)."""
+
+    @property
+    def paths(self) -> ProjectPaths:
+        if self._paths is None:
+            self._paths = ProjectPaths.here()
+        return self._paths
 
     def __init__(self, salt: bytes, sources: dict[str, Callable[[], Any]],
-                 model: dict[str, Any] | None = None) -> None:
+                 model: dict[str, Any] | None = None, paths: ProjectPaths | None = None) -> None:
         self.salt, self.sources, self.model = salt, sources, model
+        self._paths = paths
         self._cache: dict[tuple[str, str], Any] = {}
         self._packages: dict[str, str] | None = None
 
@@ -160,10 +172,9 @@ class WorldNow:
             return keyed_like(like, self.salt, key, os.environ.get(key))
         k = (kind, key)
         if k not in self._cache:
-            if kind == "inputs":
-                self._cache[k] = digest_path(key)
-            elif kind == "listings":
-                self._cache[k] = listing_digest(key)
+            if kind in ("inputs", "listings"):
+                path = self.paths.resolve(key)
+                self._cache[k] = REFUSED if path is None else (digest_path if kind == "inputs" else listing_digest)(path)
             elif kind == "env":
                 self._cache[k] = keyed(self.salt, key, os.environ.get(key))
             elif kind == "packages":
@@ -215,6 +226,7 @@ def detect(
     salt: bytes,
     sources: dict[str, Callable[[], Any]],
     summary: dict[str, Any] | None = None,
+    paths: ProjectPaths | None = None,
 ) -> DriftReport:
     """Compare a checkpoint with the world now.
 
@@ -229,9 +241,13 @@ def detect(
             when the summary shows that something a step depends on differs (a step version or
             function, anything read, the task's code epoch, an exported file): otherwise no item
             can name a step, and the report is the same without reading one entry.
+        paths: where recorded input paths are read now (:class:`~overnight.verify.input_paths.
+            ProjectPaths`; default: the current project's, no recorded root). Items name a path as
+            it would be recorded now (relative inside the project).
     """
-    if summary is not None and not _summary_differs(summary, recorded, now, step_versions, exports,
-                                                     WorldNow(salt, sources, now.get("model"))):
+    world = WorldNow(salt, sources, now.get("model"), paths)
+    canonical: Callable[[str], str] = paths.canonical if paths is not None else str
+    if summary is not None and not _summary_differs(summary, recorded, now, step_versions, exports, world):
         done = []  # nothing a done entry holds differs from the world: the report needs none of them
         read_packages: set[str] | None = set(summary["reads"].get("packages", {}))
     else:
@@ -299,8 +315,9 @@ def detect(
                 new = keyed_like(old, salt, name, os.environ.get(name))
             if old != new:
                 item("env", name, old, new)
-        for name in sorted(set(recorded["inputs"]) | set(now["inputs"])):
-            old, new = recorded["inputs"].get(name, "undeclared"), now["inputs"].get(name, "undeclared")
+        rec_inputs = {canonical(k): v for k, v in recorded["inputs"].items()}  # an old record's absolute
+        for name in sorted(set(rec_inputs) | set(now["inputs"])):  # paths in the project: as recorded now
+            old, new = rec_inputs.get(name, "undeclared"), now["inputs"].get(name, "undeclared")
             if old != new:
                 item("inputs", name, old, new)
         # the model: a checkpoint from before world format 2 has none -- "not recorded", a warning
@@ -309,13 +326,13 @@ def detect(
             item("model", "model", old_model, new_model, warning=NOT_RECORDED in (old_model, new_model))
 
     # what each step read
-    world = WorldNow(salt, sources, now.get("model"))
     for d in done:
         for kind, component in READ_COMPONENT.items():
             for key, old in d["reads"].get(kind, {}).items():
                 new = world.get(kind, key, old)
                 if new != old:
-                    label = key if kind != "listings" else f"listing of {key}"
+                    shown = canonical(key) if kind in ("inputs", "listings") else key
+                    label = shown if kind != "listings" else f"listing of {shown}"
                     if kind == "sources":
                         label = f"source:{key}"
                     it = item(component, label, old, new)
@@ -400,10 +417,13 @@ def changed_products(previous: dict[str, Any], now: dict[str, Any]) -> dict[str,
 
 
 def rebaseline(state: dict[str, Any], report: DriftReport, components: set[str],
-               now_of: Callable[[str, str], Any]) -> dict[str, Any]:
+               now_of: Callable[[str, str], Any], versions: dict[str, str] | None = None) -> dict[str, Any]:
     """A new state whose done steps record the *current* digests for what drifted in
-    ``components`` (an accepted drift is not reported again on the next resume)."""
-    touched = {s for i in report.items if i.component in components for s in i.steps}
+    ``components`` -- and, for ``code``, the current ``version`` of their step function
+    (``versions``: ``fn -> version`` of the task code now) -- so that an accepted drift becomes the
+    baseline and is not reported (or recomputed) again on a later resume. The step's ``key`` stays:
+    it names the run (its model calls), which did not change."""
+    touched = {s for i in report.items if i.component in components and not i.warning for s in i.steps}
     done = []
     for d in state["done"]:
         if d["name"] in touched:
@@ -411,5 +431,46 @@ def rebaseline(state: dict[str, Any], report: DriftReport, components: set[str],
                             else v)
                      for kind, v in d["reads"].items()}
             d = {**d, "reads": reads}
+            if "code" in components and versions and versions.get(d["fn"], d["version"]) != d["version"]:
+                d = {**d, "version": versions[d["fn"]]}
         done.append(d)
     return {**state, "done": done}
+
+
+def accepted_items(report: DriftReport, components: set[str]) -> list[dict[str, Any]]:
+    """What accepting the drift of ``components`` records on the checkpoints (``{"component",
+    "key", "old", "new", "steps"}``): the drift the done ``steps`` were computed without. Drift no
+    done step read changes no result: reported, re-baselined, not carried."""
+    return [{"component": i.component, "key": i.key, "old": i.old, "new": i.new, "steps": list(i.steps)}
+            for i in report.items if i.component in components and not i.warning and i.steps]
+
+
+def merge_accepted(carried: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``carried`` accepted drift plus ``new``: the same ``(component, key)`` accepted again keeps
+    its first ``old`` (what the steps were computed with), takes the latest ``new``, and the union
+    of the steps."""
+    out = [dict(a) for a in carried]
+    for a in new:
+        same = next((o for o in out if (o.get("component"), o.get("key")) == (a["component"], a["key"])
+                     and "steps" in o), None)
+        if same is None:
+            out.append(dict(a))
+        else:
+            same["new"] = a["new"]
+            same["steps"] = list(dict.fromkeys([*same["steps"], *a["steps"]]))
+    return out
+
+
+def accepted_after_run(accepted: list[dict[str, Any]], step: str) -> list[dict[str, Any]]:
+    """The accepted drift once ``step`` has run again (in the world now): it no longer holds a
+    result computed without that drift; an item whose every step ran again is gone. (An item
+    recorded before ``steps`` was: kept, as it was.)"""
+    out = []
+    for a in accepted:
+        if "steps" in a and step in a["steps"]:
+            steps = [s for s in a["steps"] if s != step]
+            if not steps:
+                continue
+            a = {**a, "steps": steps}
+        out.append(a)
+    return out

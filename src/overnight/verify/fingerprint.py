@@ -235,6 +235,8 @@ class WorldSpec:
         salt: per-task key for environment digests.
         model: :func:`model_identity` of the model steps call, or None (not known: recorded
             as null, compared as ``not recorded``).
+        paths: records ``inputs`` under the key :meth:`~overnight.verify.input_paths.
+            ProjectPaths.key` gives (relative to the project root inside it); None: as given.
     """
 
     version: str = "1"
@@ -247,6 +249,7 @@ class WorldSpec:
     root: Path = field(default_factory=Path.cwd)
     salt: bytes = b""
     model: dict[str, Any] | None = None
+    paths: Any = None
 
 
 def model_identity(spec: str, *, name: str | None = None, base_url: str | None = None,
@@ -300,7 +303,8 @@ def world(spec: WorldSpec) -> dict[str, Any]:
 
     Shape: ``{"format": 2, "code": {"task", "steps": {fn: {"version", "source"}}}, "deps":
     {"packages": {name: version}, "locks": {file: digest}}, "env": {"python", "implementation",
-    "platform", "vars": {name: keyed digest}}, "inputs": {path or source name: digest},
+    "platform", "vars": {name: keyed digest}}, "inputs": {path (relative to the project root inside
+    it, with ``spec.paths``) or source name: digest},
     "model": {"spec", "name", "base_url", "tokenizer"} or null}``.
     """
     return {
@@ -310,7 +314,8 @@ def world(spec: WorldSpec) -> dict[str, Any]:
         "deps": {"packages": installed(None if spec.deps == "all" else list(spec.deps)),
                  "locks": {p.name: digest_path(p) for p in find_lock_files(spec.root)}},
         "env": {**runtime(), "vars": {n: keyed(spec.salt, n, os.environ.get(n)) for n in sorted(spec.env)}},
-        "inputs": {**{str(p): digest_path(p) for p in sorted(spec.inputs)},
+        "inputs": {**{(spec.paths.key(p) if spec.paths is not None else str(p)): digest_path(p)
+                      for p in sorted(spec.inputs)},
                    **{f"source:{n}": source_digest(fn, n) for n, fn in sorted(spec.sources.items())}},
         "model": spec.model,
     }

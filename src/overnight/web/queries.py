@@ -614,7 +614,10 @@ def task_actions(s: Store, cache: HeadCache, task_id: str) -> dict[str, Any]:
     nothing left to do, "resume": None or the refusal, "cancel": None or the refusal}``; a
     refusal is ``{"message", "hint"}``. Resume is refused for a complete task (as ``overnight
     resume`` of it runs no step) and for a coding-agent task (its agent continues it with
-    task_resume: it has no overnight steps to run or queue, as ``overnight resume`` says); cancel
+    task_resume: it has no overnight steps to run or queue, as ``overnight resume`` says) and for a
+    task running now (a live process -- ``overnight run`` in a terminal, or a worker -- holds its
+    lease on main: ``overnight resume`` would fail busy; the refusal says ``running (...)`` as
+    ``overnight ls`` does, with ``"running": True``); cancel
     for a task without a ``queued`` or ``running`` queue row (a task run in a terminal stops with
     Ctrl-C there).
 
@@ -637,6 +640,7 @@ def task_actions(s: Store, cache: HeadCache, task_id: str) -> dict[str, Any]:
             row = None
     queue = row.status if row is not None else None
     resume = None
+    running = None if complete or coding else running_now(s, task_id, row)
     if complete:
         resume = {"message": f"task {task_id!r} is complete: nothing to resume (every step is done)",
                   "hint": "a resume of it runs no step unless its world drifted since (see Drift preview; "
@@ -648,6 +652,16 @@ def task_actions(s: Store, cache: HeadCache, task_id: str) -> dict[str, Any]:
                              "has no overnight steps to resume or queue",
                   "hint": "the agent continues it: task_resume (or the session-start hook) loads its control "
                           "point; `overnight status TASK --drift` shows what changed"}
+    elif running is not None:  # its lease is held: `overnight resume` would fail busy, a queued run would wait
+        by_worker = row is not None and row.status == "running" and bool(row.worker_id)
+        resume = {"message": f"task {task_id!r} is {running}: it holds its lease, so it cannot be resumed "
+                             "while it runs",
+                  "hint": (f"it is running; wait for it to finish (`{api.command('status', task_id, s.url)}` shows "
+                           "its progress), or stop it -- "
+                           + (f"`{api.command('cancel', task_id, s.url)}` stops the worker at its next step boundary"
+                              if by_worker else "Ctrl-C in the terminal running it")
+                           + " -- and resume it then"),
+                  "running": True}
     if coding:  # not `overnight resume --submit`, which refuses it
         terminal = ("a coding-agent task is worked on in its agent's sessions (MCP tools / hooks), never by the "
                     "workers: it stops when its session does, and task_resume in the agent continues it")
@@ -666,6 +680,24 @@ def task_actions(s: Store, cache: HeadCache, task_id: str) -> dict[str, Any]:
         cancel = {"message": f"task {task_id!r} is already {queue} on the workers' queue: nothing to cancel",
                   "hint": terminal}
     return {"queue": queue, "has_queue": q is not None, "complete": complete, "resume": resume, "cancel": cancel}
+
+
+def running_now(s: Store, task_id: str, row: Any = None) -> str | None:
+    """What ``overnight ls`` / ``status`` say of ``task_id`` while a live process holds its task
+    lease on ``main`` -- ``running (pid P on HOST, heartbeat N s ago)``, ``running (worker W on
+    HOST, ...)`` -- or None when no one holds it (released, expired, or its holder is gone: a
+    resume may take it over). ``row``: its queue row, when already read."""
+    from overnight.store.queue import describe
+
+    clock = s.clock_ms()
+    try:
+        lease = s.read_lease(task_id, "main")
+    except OvernightError:  # an unreadable lease: nothing known to be running
+        return None
+    if lease is None or not lease.holder_id or can_take_over(lease.holder, lease.expires_at_ms, clock):
+        return None
+    said = describe(row, lease, complete=False, now=clock)
+    return said if said.startswith("running") else f"running (held by {describe_holder(lease.holder)})"
 
 
 # --- checkpoint page ---------------------------------------------------------------------------
@@ -885,16 +917,19 @@ def journal_page(s: Store, task_id: str) -> dict[str, Any]:
 # --- storage -----------------------------------------------------------------------------------
 
 
+DEDUP_CHECKPOINTS_MAX = 1000
+"""The storage page's dedup figure reads the artifact lists of at most this many checkpoints (the
+newest first, across tasks); over it, the figure is of those and says so."""
+
+
 def storage_page(s: Store, *, gc: bool = False) -> dict[str, Any]:
-    """Bytes per task (added by its commits) and of the store on its medium, the dedup ratio
-    (bytes the artifacts of every head would take stored whole, over bytes stored), growth over
-    each task's chain (cumulative bytes by seq, for the chart), and with ``gc`` the ``overnight
-    gc`` dry run (nothing deleted)."""
-    tasks, growth = [], []
-    logical = 0
-    key = signing_key_from_env()
+    """Bytes per task (added by its commits) and of the store on its medium, the artifact dedup
+    (:func:`artifact_dedup`), growth over each task's chain (cumulative bytes by seq, for the
+    chart), and with ``gc`` the ``overnight gc`` dry run (nothing deleted)."""
+    tasks, growth, every = [], [], []
     for t in s.list_tasks():
         rows = sorted(s.list_checkpoints(t.task_id), key=lambda r: (r.seq, r.created_at))
+        every.extend(rows)
         level, media = _route(t.spec)
         total, points = 0, []
         for r in rows:
@@ -905,12 +940,6 @@ def storage_page(s: Store, *, gc: bool = False) -> dict[str, Any]:
         step = max(1, len(points) // 200)
         growth.append({"task_id": t.task_id, "points": points[::step] + ([points[-1]] if points and
                                                                       (len(points) - 1) % step else [])})
-        for b, cid in s.list_refs(t.task_id).items():
-            try:
-                loaded = load_checkpoint(s, cid, key=key, deep=False)
-                logical += sum(a.size for a in loaded.artifacts.values()) * max(1, loaded.record.seq + 1)
-            except OvernightError:
-                pass
     stored = s.stored_bytes()
     by_medium: dict[str, int] = {}
     for t in tasks:
@@ -919,6 +948,48 @@ def storage_page(s: Store, *, gc: bool = False) -> dict[str, Any]:
     report = None
     if gc:
         report = asdict(api.gc(store=s))
+    dedup = artifact_dedup(s, every)
     return {"store": s.url, "store_bytes": stored, "tasks": tasks, "by_medium": by_medium,
-            "full_copy_bytes": logical, "dedup_ratio": round(logical / stored, 2) if stored and logical else None,
-            "growth": growth, "gc": report}
+            "full_copy_bytes": dedup["whole_bytes"], "artifact_stored_bytes": dedup["stored_bytes"],
+            "dedup_ratio": dedup["ratio"], "dedup": dedup, "growth": growth, "gc": report}
+
+
+def artifact_dedup(s: Store, rows: list[CheckpointRow], *, limit: int = DEDUP_CHECKPOINTS_MAX) -> dict[str, Any]:
+    """What content addressing and chunking save on artifacts, like with like: ``whole_bytes``,
+    the artifact bytes the checkpoints would take if each kept every one of its artifacts whole
+    (the sum of their sizes, checkpoint by checkpoint), against ``stored_bytes``, the bytes the
+    store holds for the objects those artifacts are made of (each blob, chunk tree, chunk index
+    and chunk counted once, as stored: compressed). ``ratio`` = whole / stored (2.0: half the
+    bytes), None without artifacts. Read over the ``limit`` newest of ``rows`` (``checkpoints``
+    of ``of``); a checkpoint or object that does not load is left out (``skipped``): the
+    verify pages say what is damaged."""
+    from overnight.store.blobs import BlobReader
+
+    newest = sorted(rows, key=lambda r: r.created_at, reverse=True)[:limit]
+    key = signing_key_from_env()
+    pages: dict[str, Any] = {}
+    whole, digests, skipped = 0, set(), 0
+    for r in newest:
+        try:
+            loaded = load_checkpoint(s, r.checkpoint_id, key=key, deep=False, check_artifacts=False,
+                                     lazy_done=True, pages=pages, row=r)
+            arts = loaded.artifacts
+        except OvernightError:
+            skipped += 1
+            continue
+        whole += sum(a.size for a in arts.values())
+        digests.update(a.digest for a in arts.values())
+    reader, objects = BlobReader(s), set()
+    for d in digests:
+        try:
+            objects.update(reader.reachable(d, "the storage page"))
+        except OvernightError:
+            skipped += 1
+    stored = 0
+    if objects:
+        for st in s.iter_object_stats():
+            if st.digest in objects:
+                stored += st.stored_bytes
+    return {"whole_bytes": whole, "stored_bytes": stored,
+            "ratio": round(whole / stored, 2) if whole and stored else None,
+            "checkpoints": len(newest), "of": len(rows), "artifacts": len(digests), "skipped": skipped}
