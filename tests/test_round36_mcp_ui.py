@@ -52,7 +52,7 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
 # -- 1. MCP: no branch means the current branch, for every tool ---------------------------------------
 
 
-def test_rollback_and_fork_without_a_branch_act_on_the_branch_task_resume_made_current(repo: Path,
+def test_rollback_and_fork_without_a_branch_act_on_the_branch_task_resume_made_current(repo: Path,  # noqa: F811 - the fixture
                                                                                          tmp_path: Path) -> None:
     store = tmp_path / "s.db"
 
@@ -142,7 +142,7 @@ def test_a_task_running_in_a_terminal_offers_no_resume_and_a_posted_resume_is_re
 # -- 3. mcp --http --port 0 ------------------------------------------------------------------------
 
 
-def test_mcp_http_port_0_picks_a_free_port_and_prints_it(repo: Path, tmp_path: Path) -> None:
+def test_mcp_http_port_0_picks_a_free_port_and_prints_it(repo: Path, tmp_path: Path) -> None:  # noqa: F811 - the fixture
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
