@@ -290,12 +290,29 @@ def test_checkpoints_are_ordinary_verified_checkpoints(repo: Path, tmp_path: Pat
             t.checkpoint(cp.task_id, artifacts=[ArtifactIn(path="escape/hostname")])
 
 
+
+def start_task_over_http(url: str, token: str, goal: str) -> str:
+    """Call ``task_start(goal)`` through an MCP client over streamable HTTP at ``url`` with
+    ``Authorization: Bearer token``; returns the task id (the tool must not report an error)."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def body() -> str:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+            async with streamable_http_client(url, http_client=client) as (read, write, *_):
+                async with ClientSession(read, write) as s:
+                    await s.initialize()
+                    res = await s.call_tool("task_start", {"goal": goal})
+                    assert not res.is_error, res.content
+                    return res.structured_content["task_id"]
+
+    return asyncio.run(body())
+
 def test_streamable_http_on_loopback_needs_the_token(repo: Path, tmp_path: Path) -> None:
     import socket
     import time
 
     import httpx2
-    from mcp.client.streamable_http import streamable_http_client
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -317,16 +334,7 @@ def test_streamable_http_on_loopback_needs_the_token(repo: Path, tmp_path: Path)
         assert r.status_code == 401
         assert httpx2.post(url, json={}, headers={"Authorization": "Bearer wrong"}, timeout=5).status_code == 401
 
-        async def body() -> str:
-            async with httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret"}, timeout=30) as client:
-                async with streamable_http_client(url, http_client=client) as (read, write, *_):
-                    async with ClientSession(read, write) as s:
-                        await s.initialize()
-                        res = await s.call_tool("task_start", {"goal": "Served over HTTP"})
-                        assert not res.is_error, res.content
-                        return res.structured_content["task_id"]
-
-        tid = asyncio.run(body())
+        tid = start_task_over_http(url, "s3cret", "Served over HTTP")
         assert tid.startswith("code.served-over-http.")
     finally:
         proc.terminate()

@@ -30,11 +30,10 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("mcp")
 
-from mcp import ClientSession  # noqa: E402
 
 from _procs import CLI, env  # noqa: E402
 from _ui import UiServer, make_site, run_cli, store_url  # noqa: E402
-from test_mcp import Agent, repo, session  # noqa: E402,F401 - the git repository fixture and stdio client
+from test_mcp import Agent, repo, session, start_task_over_http  # noqa: E402,F401 - the git repository fixture and stdio client
 
 from overnight.store import open_store  # noqa: E402
 
@@ -144,7 +143,6 @@ def test_a_task_running_in_a_terminal_offers_no_resume_and_a_posted_resume_is_re
 
 def test_mcp_http_port_0_picks_a_free_port_and_prints_it(repo: Path, tmp_path: Path) -> None:  # noqa: F811 - the fixture
     import httpx2
-    from mcp.client.streamable_http import streamable_http_client
 
     log = tmp_path / "mcp.log"
     with open(log, "wb") as errf:
@@ -160,16 +158,7 @@ def test_mcp_http_port_0_picks_a_free_port_and_prints_it(repo: Path, tmp_path: P
         r = wait_for(lambda: _post(httpx2, url), 30, "the server to listen")
         assert r.status_code == 401
 
-        async def body() -> str:
-            async with httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret"}, timeout=30) as client:
-                async with streamable_http_client(url, http_client=client) as (read, write, *_):
-                    async with ClientSession(read, write) as s:
-                        await s.initialize()
-                        res = await s.call_tool("task_start", {"goal": "Served on a free port"})
-                        assert not res.is_error, res.content
-                        return res.structured_content["task_id"]
-
-        assert asyncio.run(body()).startswith("code.served-on-a-free-port.")
+        assert start_task_over_http(url, "s3cret", "Served on a free port").startswith("code.served-on-a-free-port.")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
