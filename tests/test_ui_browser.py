@@ -84,11 +84,20 @@ def no_alert(driver) -> bool:
     return False
 
 
+def _text(driver, css: str) -> str:
+    """Text of the first element matching ``css``; "" while the page is replaced (a navigation or an htmx swap
+    between finding the element and reading it makes it stale)."""
+    try:
+        return driver.find_element(By.CSS_SELECTOR, css).text
+    except (StaleElementReferenceException, NoSuchElementException):
+        return ""
+
+
 def _progress(driver) -> int | None:
     """Steps done in the report row's progress text (None while htmx swaps the row)."""
     try:
-        return int(driver.find_element(By.CSS_SELECTOR, "tr[data-task=report] .progress-text").text.split("/")[0])
-    except (StaleElementReferenceException, NoSuchElementException, ValueError):
+        return int(_text(driver, "tr[data-task=report] .progress-text").split("/")[0])
+    except ValueError:
         return None
 
 
@@ -108,7 +117,7 @@ def test_tasks_page_shows_a_running_task_progress(browser, tmp_path):
             # htmx polls every 2 s: the same page, without a reload, shows more steps done
             wait_for(lambda: (_progress(browser) or 0) > done0, 60, 0.2, "progress to move")
             assert browser.execute_script("return window.__same_page") == 1
-            assert browser.find_element(By.CSS_SELECTOR, "tr[data-task=report] .st").text == "running"
+            assert wait_for(lambda: _text(browser, "tr[data-task=report] .st"), 5, 0.1, "the status cell") == "running"
             shot(browser, tmp_path, "tasks-live")
     finally:
         run.kill()
@@ -195,7 +204,7 @@ def test_fork_from_the_ui_is_a_branch_overnight_log_shows(browser, tmp_path):
         form = row.find_element(By.CSS_SELECTOR, "form.fork-form")
         form.find_element(By.NAME, "branch").send_keys("experiment")
         form.find_element(By.TAG_NAME, "button").click()
-        wait_for(lambda: "experiment" in browser.find_element(By.CSS_SELECTOR, "ul.branches").text, 10, 0.1,
+        wait_for(lambda: "experiment" in _text(browser, "ul.branches"), 10, 0.1,
                  "the new branch on the page")
         assert len(browser.find_elements(By.CSS_SELECTOR, ".graph svg circle.head")) == 2
         assert browser.find_elements(By.CSS_SELECTOR, ".graph svg path.fork")
@@ -300,7 +309,7 @@ def test_rollback_from_the_ui_asks_first(browser, tmp_path):
         browser.back()
         browser.find_element(By.ID, "confirm-rollback").click()
         wait_for(lambda: api.show("report", store=store_url(site)).branches["main"] != head, 10, 0.1, "the rollback")
-        assert "/task" in browser.current_url
+        wait_for(lambda: "/task" in browser.current_url, 10, 0.1, "the task page after the rollback")
 
 
 def test_pages_render_and_verify_now_runs(browser, site, tmp_path):
@@ -310,7 +319,7 @@ def test_pages_render_and_verify_now_runs(browser, site, tmp_path):
         shot(browser, tmp_path, "journal")
         browser.get(srv.base + "/storage")
         browser.find_element(By.ID, "gc-dry-run").click()
-        assert "Dry run (nothing deleted)" in browser.page_source
+        wait_for(lambda: "Dry run (nothing deleted)" in browser.page_source, 10, 0.1, "the dry run's page")
         assert browser.find_elements(By.CSS_SELECTOR, ".graph svg polyline")
         shot(browser, tmp_path, "storage")
         browser.get(srv.base + "/task?id=report")
