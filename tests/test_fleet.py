@@ -255,6 +255,10 @@ def test_paused_holder_is_taken_over_and_gets_lease_lost(tmp_path: Path, pg_sche
         os.kill(child, signal.SIGCONT)  # the old holder wakes up: its next commit meets LeaseLost
         assert b.wait(timeout=120) == 0, (tmp_path / "b.err").read_text()
         assert "its holder A stopped heartbeating; taking it over" in (tmp_path / "b.err").read_text()
+        # A says its claim was taken over, not the new claim's "running" (stop 36's attacker)
+        wait_until(lambda: "lease ran out and B claimed it" in (tmp_path / "a.err").read_text(), 30,
+                   "A to say it lost the task")
+        assert f"task {tid} running" not in (tmp_path / "a.err").read_text()
     finally:
         stop(a, signal.SIGTERM)
         if b is not None:

@@ -90,13 +90,27 @@ def _close(name: str, names: list[str]) -> list[str]:
     import difflib
 
     folded = name.casefold()
-    with_params = sorted(n for n in names if len(n) == len(name) + 9 and n[:-9].casefold() == folded
-                         and n[-9] == "-" and all(c in "0123456789abcdef" for c in n[-8:]))
+    with_params = sorted(n for n in names if _params_id(n) and n[:-9].casefold() == folded and
+                         len(n) == len(name) + 9)
     # an adapter's task: the thread or session id after its prefix (langgraph:T, agents.S)
     adapters = sorted(n for n in names if n.casefold() in (f"langgraph:{folded}", f"agents.{folded}"))
     same = [n for n in names if n.casefold() == folded and n != name]  # another case
-    near = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    near = [n for n in difflib.get_close_matches(name, names, n=3, cutoff=0.6) if not _other_params(name, n)]
     return list(dict.fromkeys(with_params + adapters + same + near))[:3]
+
+
+def _params_id(name: str) -> bool:
+    """``name`` is ``NAME-<8 hex>``, the id ``submit`` / ``run --param`` give a task with params."""
+    return len(name) > 9 and name[-9] == "-" and all(c in "0123456789abcdef" for c in name[-8:])
+
+
+def _other_params(name: str, candidate: str) -> bool:
+    """``name`` and ``candidate`` are the same task with other params: ``NAME-<8 hex>`` both, whose
+    digests differ in more than two places (a typo changes one or two; other params change most,
+    and ``difflib`` alone finds ``report-1a2b3c4d`` close to any other ``report-`` digest)."""
+    if not (_params_id(name) and _params_id(candidate)) or name[:-9].casefold() != candidate[:-9].casefold():
+        return False
+    return sum(a != b for a, b in zip(name[-8:], candidate[-8:])) > 2
 
 
 def suggest(exc: TaskNotFound, s: Store) -> None:

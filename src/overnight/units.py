@@ -14,14 +14,16 @@ def human_bytes(n: int | float) -> str:
 
 def human_duration(ms: int | float) -> str:
     """``ms`` milliseconds for a person: ``0.5 s`` below 10 s, ``42 s``, ``30 min`` from 2 min,
-    ``5.5 h`` from 2 h, ``3.2 d`` from 2 days; a negative duration reads as ``0.0 s``."""
+    ``5.5 h`` from 2 h, ``3.2 d`` from 2 days, each threshold applied to the value as printed
+    (119.9 s reads ``2 min``, never ``120 s``); a negative duration reads as ``0.0 s``."""
     s = max(ms, 0) / 1000
-    if s < 10:
+    # each unit is chosen by the value as printed, so 7,199 s reads "2.0 h", not "120 min"
+    if round(s, 1) < 10:
         return f"{s:.1f} s"
-    if s < 120:
+    if round(s) < 120:
         return f"{s:.0f} s"
-    if s < 7200:
+    if round(s / 60) < 120:
         return f"{s / 60:.0f} min"
-    if s < 172800:
+    if round(s / 3600, 1) < 48:
         return f"{s / 3600:.1f} h"
     return f"{s / 86400:.1f} d"

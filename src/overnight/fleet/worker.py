@@ -424,7 +424,7 @@ class Worker:
                 self._store_retry(lambda q: q.release(child.task.task_id, child.task.claim_token))
                 continue
             if code == 0 and (session is None or session.reported):
-                self._said_done(task_id)
+                self._said_done(task_id, child.task.claim_token)
                 continue
             if code == 0:  # the process ended without saying how the task did (os._exit(0) in a step)
                 self._death(child.task, "session exited with status 0 before its task ended")
@@ -446,14 +446,20 @@ class Worker:
         while self.fork_server and len(self._idle) + len(self._children) < self.concurrency:
             self._idle.append(_Session(self._context(), self.store_url, self.session_tasks))
 
-    def _said_done(self, task_id: str) -> None:
-        """Log how a session that exited 0 left its task (the queue row's status and reason)."""
+    def _said_done(self, task_id: str, claim_token: int) -> None:
+        """Log how a session that exited 0 left its task (the queue row's status and reason); when
+        another claim has replaced this worker's (its lease ran out and another worker took the task:
+        the session stopped at the fencing token), say that, not the new claim's ``running``."""
         try:
             row = self._q().get(task_id)
         except OvernightError:
             return  # only a progress line: the store being away is logged where it matters
         if row is None:
             self._said_removed(task_id)
+        elif row.claim_token != claim_token:
+            LOG.warning("task %s: this worker's lease ran out and %s claimed it (fencing token %d, ours %d); "
+                        "its session here stopped at the fence, committing nothing after it", task_id, row.worker_id or "another worker",
+                        row.claim_token, claim_token)
         else:
             self.stats.parked += row.status == "failed"  # a step failed for good, or its code cannot be imported
             LOG.log(logging.WARNING if row.status == "failed" else logging.INFO, "task %s %s%s", task_id, row.status,
