@@ -30,3 +30,12 @@ def test_a_removed_params_task_is_not_mistaken_for_another_params_digest(tmp_pat
     typo = kept[:-1] + ("0" if kept[-1] != "0" else "1")
     r = cli("status", typo, "--store", url, cwd=tmp_path)
     assert r.returncode == 2 and f"did you mean {kept}?" in r.stderr, r.stderr
+
+
+def test_an_id_in_another_case_is_suggested_before_params_digests(tmp_path: Path) -> None:
+    """``status Report`` with a task ``report`` and a ``report-<digest>`` listed ``report`` last."""
+    url = report_project(tmp_path)
+    ok(tmp_path, "run", "tasks/report.py", "--id", "report", "-q", "--store", url)
+    ok(tmp_path, "submit", "tasks/report.py", "--param", "who=ada", "--store", url)
+    r = cli("status", "Report", "--store", url, cwd=tmp_path)
+    assert r.returncode == 2 and "did you mean report or report-" in r.stderr, r.stderr

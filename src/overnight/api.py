@@ -82,10 +82,10 @@ def _opened(store: Store | str | None, *, task_id: str | None = None, write: boo
 
 
 def _close(name: str, names: list[str]) -> list[str]:
-    """Up to three of ``names`` closest to ``name``: first those that are ``name`` (in any case)
-    plus a params digest (``NAME-<8 hex>``, the id ``submit`` / ``run --param`` give a task with
-    params), then an adapter's task of that thread or session (``langgraph:NAME``,
-    ``agents.NAME``), ``name`` in another case, then the closest by ``difflib`` (as git suggests a
+    """Up to three of ``names`` closest to ``name``: first ``name`` in another case, then those
+    that are ``name`` (in any case) plus a params digest (``NAME-<8 hex>``, the id ``submit`` /
+    ``run --param`` give a task with params), then an adapter's task of that thread or session
+    (``langgraph:NAME``, ``agents.NAME``), then the closest by ``difflib`` (as git suggests a
     mistyped command)."""
     import difflib
 
@@ -96,7 +96,7 @@ def _close(name: str, names: list[str]) -> list[str]:
     adapters = sorted(n for n in names if n.casefold() in (f"langgraph:{folded}", f"agents.{folded}"))
     same = [n for n in names if n.casefold() == folded and n != name]  # another case
     near = [n for n in difflib.get_close_matches(name, names, n=3, cutoff=0.6) if not _other_params(name, n)]
-    return list(dict.fromkeys(with_params + adapters + same + near))[:3]
+    return list(dict.fromkeys(same + with_params + adapters + near))[:3]
 
 
 def _params_id(name: str) -> bool:
