@@ -172,9 +172,9 @@ def _suggest(exc: TaskNotFound, s: Store | None, among: tuple[str, ...] | None =
     try:
         stored = [t.task_id for t in s.list_tasks()]
         if among is None:  # every task: stored, or submitted and not started
-            ids = stored + [r.task_id for r in _unstarted(queue_for(s, create=False), set(stored))]
+            ids = stored + [r.task_id for r in unstarted(queue_for(s, create=False), set(stored))]
         else:  # only the queue rows the command acts on
-            ids = [r.task_id for r in _unstarted(queue_for(s, create=False), set()) if r.status in among]
+            ids = [r.task_id for r in unstarted(queue_for(s, create=False), set()) if r.status in among]
     except OvernightError:
         _named(exc, [])
         return
@@ -583,14 +583,14 @@ def _summaries(s: Store, seen: set[str]) -> list[TaskSummary]:
         out.append(TaskSummary(t.task_id, t.goal, status, done, total, sorted(refs), len(rows),
                                max((r.created_at for r in rows), default=None), t.created_at,
                                store_location(s.url), bad, fell_back, served_by_copy=served))
-    for row in _unstarted(queue_for(s), seen):
+    for row in unstarted(queue_for(s), seen):
         seen.add(row.task_id)
         out.append(TaskSummary(row.task_id, "", describe(row, None, complete=False, now=now), None, None, [],
                                0, None, None, store_location(s.url), entry=row.entry, submitted_ms=row.submitted_ms))
     return out
 
 
-def _unstarted(q: Any, known: set[str]) -> list[Any]:
+def unstarted(q: Any, known: set[str]) -> list[Any]:
     """The rows of queue ``q`` (None: a store kind without a queue) of tasks submitted to the
     workers that have no checkpoint yet: no task row, so not in ``known`` (task ids)."""
     return [row for row in (q.list() if q is not None else []) if row.task_id not in known]
@@ -902,7 +902,7 @@ def verify(task_id: str | None = None, *, store: Store | str | None = None, all_
                            all_objects=all_objects, on_progress=on_progress, repair=repair)
         if queued is not None and task_id is None:
             try:
-                queued += [row.task_id for row in _unstarted(queue_for(s, create=False),
+                queued += [row.task_id for row in unstarted(queue_for(s, create=False),
                                                              {t.task_id for t in s.list_tasks()})]
             except OvernightError:
                 pass  # a damaged task table or queue: the problems above (or `overnight ls`) name it

@@ -229,7 +229,9 @@ def resume(
     A ref moved back behind a newer verified checkpoint of the branch -- or, with a signing key,
     behind the newest signed head this machine has seen -- is refused (RollbackDetected, exit 3)
     unless --allow-rollback. The task's code is imported only from inside the project (the folder
-    holding overnight.toml, else the current directory) or from --file.
+    holding overnight.toml, else the current directory) or from --file; run from outside the project
+    while the project still holds the task's code (a step's relative paths are read from the current
+    directory), it refuses (exit 2) and names the folder to resume from.
 
     Before any step runs, the head is compared with the world now (code, deps, env, inputs,
     exported artifacts); drift is handled by policy (--on-drift)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from typing import Any, Optional
 
 import typer
@@ -168,7 +169,8 @@ def worker(
     Logs one line on stderr per claim (and takeover) and per task's end (complete, queued again,
     failed with its reason). Start it in the project directory the tasks were submitted from:
     their code is looked up there (a task whose code is not found is parked `failed`; fix it, then
-    `overnight retry TASK_ID`). Ctrl-C / SIGTERM once: each task finishes its step in flight,
+    `overnight retry TASK_ID`); started without --store in a project's subfolder while the project's
+    store is further up, it refuses (exit 2) and names the folder to start it in. Ctrl-C / SIGTERM once: each task finishes its step in flight,
     commits, is queued again; the worker exits 0. Twice: steps in flight are abandoned (nothing of
     them is committed). An unreachable store is retried; the exit is non-zero only on a
     configuration error (exit 2)."""
@@ -182,18 +184,35 @@ def worker(
     LOG.setLevel(logging.WARNING if quiet else logging.INFO)
     LOG.propagate = False
 
-    from overnight.cli.common import store_further_up_note
-
-    note = store_further_up_note(store)
-    if note is not None:  # a worker started in a project's subfolder would poll a new, empty queue
-        render.err.print(f"[yellow]note:[/] {render.esc(note)}")
     try:
+        _not_in_a_subfolder(store)
         code = Worker(_store(store), queues=queue, concurrency=concurrency, max_tasks=max_tasks,
                       idle_exit_s=idle_exit, worker_id=worker_id, lease_ms=int(lease * 1000),
                       max_deaths=max_deaths, backoff_s=backoff, session_tasks=session_tasks).run()
     except OvernightError as exc:
         _fail(exc)
     raise typer.Exit(code)
+
+
+def _not_in_a_subfolder(store: str | None) -> None:
+    """Refuse a worker started without a store in a project's subfolder while the project's store
+    is further up: it would poll a new, empty queue and exit idle, and with that store named
+    (``--store``) it would look the tasks' code up from the subfolder and park them ``failed``.
+
+    Raises:
+        ConfigError: naming the store further up and the folder to start the worker in (exit 2).
+    """
+    from overnight.store import default_store_url, exists
+    from overnight.store.task_location import project_further_up
+
+    url = default_store_url()
+    found = None if store is not None or exists(url) else project_further_up(url)
+    if found is not None:
+        up, folder = found
+        raise ConfigError(f"no store here; the project's store is further up, at {up}",
+                          hint=f"start the worker in {folder}: `cd {shlex.quote(str(folder))} && overnight worker` "
+                               "(a worker looks the tasks' code up from the folder it runs in); to start a new "
+                               "store here instead, pass --store sqlite://.overnight/overnight.db")
 
 
 def workers(store: Optional[str] = StoreOpt,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from overnight.errors import DriftAbort
+from overnight.errors import ConfigError, DriftAbort
 from overnight.runtime.task_code import entry_path, project_root
 from overnight.runtime.task import Task
 from overnight.store.base import Store
@@ -87,6 +87,30 @@ def input_paths_for(state: dict[str, Any], recorded_world: dict[str, Any] | None
     roots = tuple(dict.fromkeys(r for r in (*known.recorded, inferred) if r and r != here))
     moved = (recorded if recorded != here else None) if recorded is not None else inferred
     return ProjectPaths(here, roots, moved)
+
+
+def check_project(task_id: str, state: dict[str, Any], paths: ProjectPaths) -> None:
+    """Refuse to resume a task from outside its project while that project is still where the task
+    last ran: the task's spec records a project root (``paths.moved_from``) that still holds the
+    task's code file, and the current root does not. A step's relative paths (its inputs, files it
+    writes) are relative to the current directory, so such a resume would find every input
+    ``missing`` and recompute the done steps -- a complete task made to pay for its model calls
+    again. A project copied or moved elsewhere has its code file under the new root and resumes
+    there; a task whose code is a module or lies outside its project is not checked.
+
+    Raises:
+        ConfigError: naming the task, its project and the folder to resume it from (exit 2).
+    """
+    rel = _code_file(state["task"]["spec"]) if isinstance(state["task"]["spec"], dict) else None
+    old = paths.moved_from
+    if old is None or rel is None or not os.path.isdir(old):
+        return
+    if os.path.isfile(os.path.join(old, rel)) and not os.path.isfile(os.path.join(paths.root, rel)):
+        raise ConfigError(
+            f"task {task_id!r} belongs to the project at {old} (its code {rel} is there), not to this "
+            f"directory's project {paths.root}", task_id=task_id,
+            hint=f"resume it from its project: `cd {old} && overnight resume {task_id}` (a step's relative "
+                 "paths are read from the current directory); nothing was changed")
 
 
 def salt_of(state: dict[str, Any]) -> bytes:

@@ -59,7 +59,8 @@ from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS
 from overnight.config import load as load_config
 from overnight.runtime.task_code import main_entry, project_root, same_location
-from overnight.runtime.drift_decision import Decision, decide, input_paths_for, policies_for, world_spec, write_export
+from overnight.runtime.drift_decision import (Decision, check_project, decide, input_paths_for, policies_for,
+                                              world_spec, write_export)
 from overnight.verify.input_paths import ProjectPaths
 from overnight.store.task_location import Route, locate, open_routed
 from overnight.runtime.router import route as route_task
@@ -451,6 +452,7 @@ class Runner:
         healed = "\n".join(h.describe(self.task.id) for h in loaded.healed)  # read from ditto copies: always said
         self._heal_note = f"self-healed: {'; '.join(h.describe(self.task.id) for h in loaded.healed)}" if healed else None
         self.input_paths = input_paths_for(loaded.state_tree, loaded.world, Path(self.input_paths.root))
+        check_project(self.task.id, loaded.state_tree, self.input_paths)  # not from outside its project
         moved = self.input_paths.moved_line()  # the next commit records the project here: said once
         self._emit("resume", checkpoint_id=loaded.id,
                    detail="\n".join(x for x in (fallback.describe() if fallback else "", healed, moved) if x) or None)

@@ -228,8 +228,9 @@ def load_task(entry: str, *, task_id: str | None = None, stored: bool = False) -
         path = Path(target).expanduser().resolve()
         if not path.is_file():
             raise ConfigError(f"task file {target} does not exist", task_id=task_id, hint=(
-                f"a stored task's code is looked up from the current directory ({Path.cwd()}): run in the project "
-                f"directory the task was created in, or name the file: `overnight resume {task_id or 'TASK_ID'} --file PATH`"
+                f"a stored task's code is looked up from the current directory ({Path.cwd()}): `cd` to the project "
+                f"directory the task was created in and run it there; if its code moved within the project, name "
+                f"the file: `overnight resume {task_id or 'TASK_ID'} --file PATH`"
                 if stored else "a relative path is relative to the current directory"))
         module = _load_module(path)
         origin = str(path)

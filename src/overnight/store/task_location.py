@@ -222,15 +222,26 @@ def store_further_up(url: str, start: Path | None = None) -> Path | None:
     return None
 
 
-def further_up_hint(url: str) -> str | None:
-    """The hint naming :func:`store_further_up` of ``url`` (the default store's URL, which does
-    not exist here) and the ``--store`` that reaches it; None when there is none."""
+def project_further_up(url: str) -> tuple[Path, Path] | None:
+    """``(store file, project folder)`` of :func:`store_further_up` of ``url`` (the default store's
+    URL, which does not exist here): the folder a command run there would find it from; None when
+    there is none."""
     up = store_further_up(url)
     if up is None:
         return None
     folder = up
     for _ in Path(url[len("sqlite://"):]).parts:  # the folder the relative path starts from
         folder = folder.parent
+    return up, folder
+
+
+def further_up_hint(url: str) -> str | None:
+    """The hint naming :func:`store_further_up` of ``url`` (the default store's URL, which does
+    not exist here) and the ``--store`` that reaches it; None when there is none."""
+    found = project_further_up(url)
+    if found is None:
+        return None
+    up, folder = found
     return (f"a store exists further up, at {up}: run the command in {folder}, or pass --store "
             f"{shlex.quote(f'sqlite://{up}')}")
 

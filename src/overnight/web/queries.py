@@ -27,9 +27,10 @@ from typing import Any
 from overnight import api
 from overnight.codec.canonical import loads
 from overnight.config import load as load_config
-from overnight.errors import OvernightError, short_id
+from overnight.errors import OvernightError, TaskNotFound, short_id
 from overnight.store.task_location import recorded_route
 from overnight.store.base import CheckpointRow, Lease, Store
+from overnight.store.queue import describe, state_of
 from overnight.store.queue_open import queue_for
 from overnight.store.blobs import BlobReader
 from overnight.store.leases import can_take_over, describe_holder, ended, now_ms
@@ -356,6 +357,7 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
     now = time.time()
     clock = s.clock_ms()  # the clock leases and claims are set by (PostgreSQL: the server's), read once
     out, counts, damaged = [], {k: 0 for k in STATUSES}, 0
+    seen: set[str] = set()
     needle = (q or "").strip().lower()
     for t in s.list_tasks():
         refs = s.list_refs(t.task_id)
@@ -376,7 +378,25 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
             "branches": sorted(refs), "checkpoints": chain["checkpoints"], "last_checkpoint": chain["last"],
             "last_checkpoint_at": chain["last_at"], "last_checkpoint_age_s": last_age,
             "stored_bytes": chain["stored_bytes"], "accepted_drift": facts["accepted_drift"],
-            "head_problem": facts["problem"], "created_at": t.created_at,
+            "head_problem": facts["problem"], "created_at": t.created_at, "entry": None, "submitted_ms": None,
+        })
+        seen.add(t.task_id)
+    for row in api.unstarted(queue_for(s), seen):  # submitted to the workers, no checkpoint yet: as `overnight ls` lists them
+        text = describe(row, None, complete=False, now=clock)
+        name = state_of(text) if state_of(text) in counts else "queued"
+        counts[name] += 1
+        if status and name != status:
+            continue
+        if needle and needle not in row.task_id.lower() and needle not in (row.entry or "").lower():
+            continue
+        out.append({
+            "task_id": row.task_id, "goal": "", "status": name, "status_reason": text[len(name):].strip(" ()") or None,
+            "holder": None, "status_source": "queue", "done": 0, "total": 0, "level": None, "media": [],
+            **stored_on(s, []), "verify_found": None, "branches": [], "checkpoints": 0, "last_checkpoint": None,
+            "last_checkpoint_at": None, "last_checkpoint_age_s": None, "stored_bytes": 0, "accepted_drift": None,
+            "head_problem": None,
+            "created_at": datetime.fromtimestamp(row.submitted_ms / 1000, timezone.utc).isoformat(timespec="microseconds"),
+            "entry": row.entry, "submitted_ms": row.submitted_ms,
         })
     out.sort(key=lambda d: d["last_checkpoint_at"] or d["created_at"], reverse=True)
     pages = max(1, -(-len(out) // per_page))
@@ -384,6 +404,16 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
     return {"tasks": out[(page - 1) * per_page: page * per_page], "counts": counts, "damaged": damaged,
             "total": sum(counts.values()),
             "matching": len(out), "page": page, "pages": pages, "filter": {"status": status, "q": q}, "store": s.url}
+
+
+def _queue_row(s: Store, task_id: str) -> Any:
+    """The workers' queue row of ``task_id``, or None (never submitted, a store kind without a
+    queue, or a queue that cannot be read)."""
+    q = queue_for(s)
+    try:
+        return q.get(task_id) if q is not None else None
+    except OvernightError:
+        return None
 
 
 def _chain_facts(s: Store, cache: HeadCache, t: Any, refs: dict[str, str]) -> dict[str, Any]:
@@ -492,7 +522,15 @@ def task_page(s: Store, cache: HeadCache, task_id: str, *, page: int = 1, per_pa
     Raises:
         TaskNotFound: no such task.
     """
-    t = s.get_task(task_id)
+    try:
+        t = s.get_task(task_id)
+    except TaskNotFound as exc:
+        row = _queue_row(s, task_id)
+        if row is not None:  # listed on the tasks page: say why it has no page yet
+            exc.message = f"task {task_id!r} has no checkpoint yet: it is {describe(row, None, complete=False)}"
+            exc.hint = (f"submitted to the workers (code {row.entry}); its page appears with its first checkpoint, "
+                        "once `overnight worker` starts it")
+        raise
     refs = s.list_refs(task_id)
     rows, journal_rows, calls = cache.chain(s, task_id, refs)
     if branch:
@@ -687,7 +725,6 @@ def running_now(s: Store, task_id: str, row: Any = None) -> str | None:
     lease on ``main`` -- ``running (pid P on HOST, heartbeat N s ago)``, ``running (worker W on
     HOST, ...)`` -- or None when no one holds it (released, expired, or its holder is gone: a
     resume may take it over). ``row``: its queue row, when already read."""
-    from overnight.store.queue import describe
 
     clock = s.clock_ms()
     try:
