@@ -458,8 +458,8 @@ class Worker:
             self._said_removed(task_id)
         elif row.claim_token != claim_token:
             LOG.warning("task %s: this worker's lease ran out and %s claimed it (fencing token %d, ours %d); "
-                        "its session here stopped at the fence, committing nothing after it", task_id, row.worker_id or "another worker",
-                        row.claim_token, claim_token)
+                        "its session here stopped at the fence, committing nothing after it", task_id,
+                        row.worker_id or "another worker", row.claim_token, claim_token)
         else:
             self.stats.parked += row.status == "failed"  # a step failed for good, or its code cannot be imported
             LOG.log(logging.WARNING if row.status == "failed" else logging.INFO, "task %s %s%s", task_id, row.status,

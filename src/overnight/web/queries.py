@@ -381,7 +381,11 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
             "head_problem": facts["problem"], "created_at": t.created_at, "entry": None, "submitted_ms": None,
         })
         seen.add(t.task_id)
-    for row in api.unstarted(queue_for(s), seen):  # submitted to the workers, no checkpoint yet: as `overnight ls` lists them
+    try:  # submitted to the workers, no checkpoint yet: as `overnight ls` lists them
+        unstarted = api.unstarted(queue_for(s, create=False), seen)
+    except OvernightError:
+        unstarted = []  # an unreadable queue: the tasks with checkpoints are still listed
+    for row in unstarted:
         text = describe(row, None, complete=False, now=clock)
         name = state_of(text) if state_of(text) in counts else "queued"
         counts[name] += 1
@@ -409,8 +413,8 @@ def tasks_page(s: Store, cache: HeadCache, *, status: str | None = None, q: str 
 def _queue_row(s: Store, task_id: str) -> Any:
     """The workers' queue row of ``task_id``, or None (never submitted, a store kind without a
     queue, or a queue that cannot be read)."""
-    q = queue_for(s)
     try:
+        q = queue_for(s, create=False)
         return q.get(task_id) if q is not None else None
     except OvernightError:
         return None
