@@ -173,14 +173,22 @@ def test_drift_preview_lists_steps_and_tokens_after_an_input_edit(browser, tmp_p
         assert "notes.txt" in report and "part[i=0]" in report
         recompute = browser.find_element(By.CSS_SELECTOR, "section.policy td.recompute").text
         done = {e.name: e for e in _done(site)}
-        # part 0 read notes.txt; parts 1-3 read part 0's artifact: all four run again
+        # part 0 read notes.txt: it runs again; parts 1-3 read part 0's artifact: re-checked, as
+        # `status --drift` says (they run again only if what they read now differs)
         steps = [s.text for s in browser.find_elements(By.CSS_SELECTOR, "section.policy td.recompute .step")]
+        direct = [s.text for s in browser.find_elements(By.CSS_SELECTOR,
+                                                        "section.policy td.recompute .step:not(.rechecked)")]
         assert sorted(steps) == sorted(n for n in done if n.startswith("part"))
-        tokens = sum(done[n].tokens_in + done[n].tokens_out for n in steps)
-        assert tokens > 0
+        assert direct == ["part[i=0]"], direct
+        tokens = sum(done[n].tokens_in + done[n].tokens_out for n in direct)
+        upper = sum(done[n].tokens_in + done[n].tokens_out for n in steps)
+        assert 0 < tokens < upper
         assert int(browser.find_element(By.CSS_SELECTOR, "section.policy td.recompute .tokens").text) == tokens
-        assert f"{len(steps)} step(s)" in recompute
+        assert int(browser.find_element(By.CSS_SELECTOR, "section.policy td.recompute .tokens-upper").text) == upper
+        assert "1 step(s) run again" in recompute and "re-checks 3" in recompute
         shot(browser, tmp_path, "drift")
+    said = run_cli(site, "status", "report", "--drift").stdout  # the CLI says the same
+    assert "resume runs 1 step(s): part[i=0]" in said and "re-checks 3" in said, said
     # the preview wrote nothing
     assert run_cli(site, "status", "report").returncode == 0
     assert len(api.show("report", store=store_url(site)).chain) == 6

@@ -855,8 +855,10 @@ def drift_page(s: Store, task_id: str, *, check: bool, branch: str = "main") -> 
     checkpoint). With ``check``, the drift report against the world now (``api.status(drift=
     True)``, which imports the task's code from its recorded location, as ``overnight status
     --drift`` does) and, per component and per policy, what a resume would do: the steps that
-    would run again and their recorded tokens and cost (from those steps' model calls). Nothing
-    is written and nothing runs.
+    would run again and their recorded tokens and cost (from those steps' model calls), and the
+    steps re-checked (``may_run``: they read a recomputed step's output, and run again only if
+    what they read now differs; ``tokens_upper`` counts them too), as ``status --drift`` says.
+    Nothing is written and nothing runs.
 
     Raises:
         TaskNotFound, BranchNotFound, ConfigError (no code location), IntegrityError.
@@ -882,17 +884,26 @@ def drift_page(s: Store, task_id: str, *, check: bool, branch: str = "main") -> 
     for c in s.calls(task_id):
         model_of.setdefault(c.step_key, c.model)
     prices = _prices()
-    for component in drift.components():
-        steps = affected_steps(drift, done, {component})
+    def spent(steps: list[str]) -> tuple[int, int, float | None]:
+        """Recorded tokens in, out and cost (None: a step's model has no price) of ``steps``."""
         tin = sum(by_name[n].get("tokens_in", 0) for n in steps if n in by_name)
         tout = sum(by_name[n].get("tokens_out", 0) for n in steps if n in by_name)
         costs = [_cost(prices, model_of.get(by_name[n]["key"]), by_name[n].get("tokens_in", 0),
                        by_name[n].get("tokens_out", 0)) for n in steps if n in by_name]
         priced = [c for c in costs if c is not None]
+        return tin, tout, round(sum(priced), 6) if priced and len(priced) == len(costs) else None
+
+    for component in drift.components():
+        # as `overnight status --drift` says it: the steps that read what drifted run again; those
+        # that read their outputs are re-checked, and run again only if what they read now differs
+        steps = affected_steps(drift, done, {component}, closure=False)
+        may_run = [n for n in affected_steps(drift, done, {component}) if n not in steps]
+        tin, tout, cost = spent(steps)
+        upper_in, upper_out, _ = spent(steps + may_run)
         out["policies"].append({
             "component": component,
-            "recompute": {"steps": steps, "tokens_in": tin, "tokens_out": tout,
-                          "cost_usd": round(sum(priced), 6) if priced and len(priced) == len(costs) else None,
+            "recompute": {"steps": steps, "may_run": may_run, "tokens_in": tin, "tokens_out": tout, "cost_usd": cost,
+                          "tokens_upper": upper_in + upper_out,
                           "command": f"overnight resume {task_id} --on-drift {component}=recompute"},
             "accept": {"steps": [], "command": f"overnight resume {task_id} --on-drift {component}=accept",
                        "effect": "continue; the drift is recorded on every later checkpoint"},
