@@ -138,3 +138,12 @@ def test_a_worker_in_a_project_subfolder_refuses_and_names_the_project_folder(tm
     done = cli("worker", "--idle-exit", "1", cwd=tmp_path)  # where the hint says: it runs the task
     assert done.returncode == 0, done.stderr
     assert "complete" in ok(tmp_path, "status", "w1")
+
+
+def test_show_prints_unicode_params_as_written(tmp_path: Path) -> None:
+    """Fresh user (round 37): ``show`` printed ``params: {"who":"Zo\\u00eb \\ud83d\\udc19"}``."""
+    url = report_project(tmp_path)
+    ok(tmp_path, "run", "tasks/report.py", "--id", "p1", "--param", "who=Zoë 🐙", "--param", "nl=a\nb", "-q",
+       "--store", url)
+    shown = ok(tmp_path, "show", "p1", "--store", url)
+    assert 'params: {"nl":"a\\nb","who":"Zoë 🐙"}' in shown, shown

@@ -331,9 +331,17 @@ class Task:
 
 
 def params_text(params: Any) -> str:
-    """Params (a JSON object) as canonical JSON with keys sorted, cut to 200 characters: how a
-    message names them."""
-    text = dumps_sorted(params).decode("utf-8", "replace")
+    """Params (a JSON object) as JSON with keys sorted, cut to 200 characters: how a message names
+    them. Text reads as written (``{"who":"Zoë 🐙"}``, not ``\u00eb`` escapes); control characters
+    stay escaped, as JSON escapes them, and a lone surrogate (which no terminal can print) makes
+    the whole text the canonical ASCII form."""
+    import json
+
+    try:
+        text = json.dumps(params, ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
+        text.encode("utf-8")
+    except (TypeError, ValueError):  # UnicodeEncodeError is a ValueError: a lone surrogate
+        text = dumps_sorted(params).decode("utf-8", "replace")
     return text if len(text) <= 200 else text[:199] + "…"
 
 
