@@ -26,6 +26,7 @@ rollback (a new signed record with a higher ``seq``, so it never trips either ch
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -84,14 +85,39 @@ class Rollback:
 
 
 def store_identity(store: Store) -> str:
-    """The key of ``store`` in the high-water file: its URL (for ``sqlite://``/``file://`` an
-    absolute path), without a password."""
+    """The key of ``store`` in the high-water file: its URL without a password; for a
+    ``sqlite://`` or ``file://`` store the real path of its file or folder (absolute, symlinks
+    resolved, no query), so every spelling of the same store -- relative, through a symlink --
+    finds the same mark (an attacker's ``--store`` alias must not skip the check)."""
+    url = getattr(getattr(store, "hot", store), "url", "") or ""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme in ("sqlite", "file"):
+        path = rest.split("?", 1)[0]
+        if path and path != ":memory:":
+            return f"{scheme}://{os.path.realpath(path)}"
+    return _legacy_identity(store)
+
+
+def _legacy_identity(store: Store) -> str:
+    """The key marks were written under before :func:`store_identity` resolved local paths (the
+    URL as given, without a password): still read, so an upgrade keeps the marks it had."""
     url = getattr(getattr(store, "hot", store), "url", "") or ""
     scheme, sep, rest = url.partition("://")
     if sep and "@" in rest.split("/", 1)[0]:
         auth, _, host = rest.partition("@")
         url = f"{scheme}://{auth.split(':', 1)[0]}@{host}"
     return url
+
+
+def _mark(high_water: HighWater | None, store: Store, task_id: str, branch: str) -> Mark | None:
+    """This machine's mark of ``store``/``task_id``/``branch``: under its identity, else under the
+    key an earlier version wrote it under."""
+    hw = high_water or HighWater()
+    for key in dict.fromkeys((store_identity(store), _legacy_identity(store))):
+        mark = hw.get(key, task_id, branch)
+        if mark is not None:
+            return mark
+    return None
 
 
 def _incarnation(loaded: LoadedCheckpoint) -> str:
@@ -141,7 +167,7 @@ def _onto_other_branch(store: Store, loaded: LoadedCheckpoint, branch: str, *, k
         return Rollback(task_id, branch, loaded.id, seq, cid, record.seq, "other branch")
     if key is None:
         return None
-    mark = (high_water or HighWater()).get(store_identity(store), task_id, branch)
+    mark = _mark(high_water, store, task_id, branch)
     return _against_mark(store, loaded, mark, branch, key=key, skipped=skipped)
 
 
@@ -193,7 +219,7 @@ def _find(store: Store, loaded: LoadedCheckpoint, *, key: bytes | None, skipped:
     if key is None:
         return None
     # 2. the high-water mark of this machine
-    mark = (high_water or HighWater()).get(store_identity(store), task_id, ref_branch)
+    mark = _mark(high_water, store, task_id, ref_branch)
     return _against_mark(store, loaded, mark, branch, key=key, skipped=skipped)
 
 
