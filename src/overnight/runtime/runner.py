@@ -59,6 +59,7 @@ from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS
 from overnight.config import load as load_config
 from overnight.runtime.task_code import main_entry, project_root, same_location
+from overnight.runtime.call_journal import replayable
 from overnight.runtime.drift_decision import (Decision, check_project, decide, input_paths_for, policies_for,
                                               world_spec, write_export)
 from overnight.verify.input_paths import ProjectPaths
@@ -224,10 +225,20 @@ class Runner:
         self._pending_context.append([*messages, {"role": "assistant", "content": reply}])
 
     def recorded_call(self, key: str, seq: int, request: str) -> CallRecord | None:
-        """A call of step ``key`` recorded in the call journal with this position and request."""
+        """A call of step ``key`` recorded in the call journal with this position and request, that
+        may be replayed (:func:`~overnight.runtime.call_journal.replayable`: a damaged, forged or,
+        with a signing key, unsigned row is not: the model is called again, and a warning says why)."""
         if key not in self._calls:
             self._calls[key] = self.store.calls(self.task.id, key)
-        return next((c for c in self._calls[key] if c.seq == seq and c.request_digest == request), None)
+        found = next((c for c in self._calls[key] if c.seq == seq and c.request_digest == request), None)
+        if found is None:
+            return None
+        _, problem = replayable(found, self.key)
+        if problem is not None:
+            LOG.warning("task %s: the recorded model call %d of step %s is not replayed (%s); the model is called "
+                        "again", self.task.id, seq, key, problem)
+            return None
+        return found
 
     def _context_with(self, exchanges: list[list[dict[str, str]]]) -> Context:
         ctx = self.state.context

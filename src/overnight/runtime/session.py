@@ -34,6 +34,7 @@ from overnight.codec import digest
 from overnight.codec.canonical import dumps_sorted, loads
 from overnight.errors import ContextOverflow, ModelCallFailed
 from overnight.models.base import Completion, Message
+from overnight.runtime.call_journal import response_bytes
 from overnight.store.base import CallRecord
 from overnight.tokens import Tokenizer, count_messages, tokenizer_for
 from overnight.tokens_lazy import lazy_tokenizer_for
@@ -58,6 +59,8 @@ class GatewayHost(Protocol):
     model_identity: dict[str, Any]
     budget: "Budget"
     state: "SessionState"
+    key: bytes | None
+    """The signing key: call journal rows are signed and checked with it (None: no key)."""
 
     def recorded_call(self, key: str, seq: int, request: str) -> CallRecord | None: ...
 
@@ -203,7 +206,8 @@ class ModelGateway:
         latency = (time.perf_counter() - t0) * 1000
         runner.store.record_call(CallRecord(
             runner.task.id, self._key, seq, req, completion.model,
-            dumps_sorted({"text": completion.text, "finish_reason": completion.finish_reason}),
+            response_bytes(getattr(runner, "key", None), runner.task.id, self._key, seq, req, completion.model,
+                           completion.text, completion.finish_reason, completion.tokens_in, completion.tokens_out),
             completion.tokens_in, completion.tokens_out, latency, utc_now()))
         self.calls_made += 1
         self.tokens_in += completion.tokens_in
