@@ -154,3 +154,46 @@ def test_a_damaged_journal_row_is_called_again_not_blamed_on_the_step(tmp_path: 
     assert model.answered == 2
     with open_store(url) as s:
         assert isinstance(load_head(s, "ask")[0].state.data["answer"], str)
+
+
+# -- 3. an archive catalog row cannot choose where a read connects or writes ------------------------
+
+
+def _forge_location(db: Path, location: str) -> None:
+    con = sqlite3.connect(db, isolation_level=None)
+    try:
+        assert con.execute("UPDATE archives SET location=?", (location,)).rowcount >= 1
+    finally:
+        con.close()
+
+
+def test_a_forged_archive_location_is_not_opened_by_a_read(project: Path, tmp_path: Path, pg_schema) -> None:
+    """Attacker (round 37): a store writer pointed the archive catalog at a PostgreSQL schema of
+    theirs, and a read-only ``overnight verify`` connected there and created overnight's tables in
+    it; pointed at an empty folder, it wrote a store marker there. A cold store the catalog names is
+    now opened only if it is local and already a store, or this machine archived to it."""
+    import psycopg
+
+    server, schema = pg_schema
+    env = {"RUNS_FILE": str(project / "runs.txt"), "OVERNIGHT_STATE_DIR": str(tmp_path / "state")}
+    db, url = tmp_path / "hot.db", f"sqlite://{tmp_path / 'hot.db'}"
+    cli("run", "job.py", "--store", url, cwd=project, **env)
+    cli("archive", "job", "--cold", f"file://{tmp_path / 'cold'}", "--keep-last", "1", "--store", url, cwd=project,
+        **env)
+    assert "job" in cli("verify", "job", "--store", url, cwd=project, **env).stdout  # the genuine catalog: ok
+
+    _forge_location(db, f"{server}?schema={schema}")
+    r = cli("verify", "job", "--store", url, cwd=project, check=3, **env)
+    assert "which this machine did not archive to: not opened" in " ".join(r.stdout.split()), r.stdout
+    with psycopg.connect(server) as conn:
+        assert conn.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema=%s",
+                            (schema,)).fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM information_schema.schemata WHERE schema_name=%s",
+                            (schema,)).fetchone() == (0,)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _forge_location(db, f"file://{empty}")
+    r = cli("verify", "job", "--store", url, cwd=project, check=3, **env)
+    assert "holds no overnight store" in " ".join(r.stdout.split()), r.stdout
+    assert list(empty.iterdir()) == []  # nothing written there

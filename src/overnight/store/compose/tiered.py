@@ -65,15 +65,92 @@ def shown(url: str, text: str | None = None) -> str:
     return masked if text is None else text.replace(url, masked)
 
 
-def open_existing(url: str) -> Store:
-    """Open a cold store, refusing to create a ``file://`` / ``sqlite://`` one that is missing."""
+TRUSTED_COLD_FILE = "cold-stores.json"
+"""The cold stores this machine archived to (``overnight archive --cold URL``): a JSON list of URLs
+in the state folder (:func:`overnight.keys.state_dir`), beside the high-water file."""
+
+TRUSTED_COLD_ENV = "OVERNIGHT_COLD_STORES"
+"""More cold stores a reader may open, space-separated URLs (another machine's archives)."""
+
+
+def trusted_cold() -> set[str]:
+    """The non-local cold store URLs an archive catalog row may make overnight open: those this
+    machine archived to (:data:`TRUSTED_COLD_FILE`), those in ``$OVERNIGHT_COLD_STORES``, and the
+    storage media ``overnight.toml`` configures (``database``, ``cloud``)."""
+    import json
+
+    from overnight.config import load as load_config
+    from overnight.keys import state_dir
+
+    found: set[str] = set(os.environ.get(TRUSTED_COLD_ENV, "").split())
+    try:
+        listed = json.loads((state_dir() / TRUSTED_COLD_FILE).read_text(encoding="utf-8"))
+        found |= {u for u in listed if isinstance(u, str)} if isinstance(listed, list) else set()
+    except (OSError, ValueError):
+        pass  # none yet, or unreadable: only what the environment and the configuration name
+    try:
+        cfg = load_config()
+        found |= {u for u in (cfg.medium("database"), cfg.medium("cloud")) if u}
+    except OvernightError:
+        pass
+    return found
+
+
+def trust_cold(url: str) -> None:
+    """Remember that this machine archives to ``url`` (:data:`TRUSTED_COLD_FILE`; a state folder
+    that cannot be written only means readers here need ``$OVERNIGHT_COLD_STORES`` or ``--cold``)."""
+    import json
+
+    from overnight.keys import state_dir, write_file_atomic
+
+    if _local(url):
+        return
+    path = state_dir() / TRUSTED_COLD_FILE
+    try:
+        listed = json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+        listed = [u for u in listed if isinstance(u, str)] if isinstance(listed, list) else []
+        if url not in listed:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_file_atomic(path, json.dumps([*listed, url], indent=1).encode("utf-8"), durable=False)
+    except (OSError, ValueError):
+        pass
+
+
+def _local(url: str) -> bool:
+    scheme, sep, _ = url.partition("://")
+    return not sep or scheme.lower() in ("file", "sqlite")
+
+
+def open_existing(url: str, *, named: bool = False) -> Store:
+    """Open a cold store named by an archive catalog row, writing nothing and connecting nowhere
+    the user did not name: a ``file://`` folder only when it holds an overnight store (its
+    ``overnight.json`` marker: an empty folder is not initialised), an ``sqlite://`` file only when
+    it exists (opened read-only); any other scheme (PostgreSQL, S3) only when it is one of
+    :func:`trusted_cold` -- the catalog is stored data, and a store writer could otherwise make a
+    read connect to a server of theirs (with the user's credentials) or create tables there.
+
+    ``named``: the user named ``url`` (``restore --cold URL``): any scheme is opened.
+
+    Raises:
+        ConfigError: the store does not exist, or is not a trusted cold store.
+    """
     from overnight.store import open_store
+    from overnight.store.layout import META_KEY
 
     scheme, sep, rest = url.partition("://")
     path = rest if sep and scheme.lower() in ("file", "sqlite") else (url if not sep else None)
-    if path is not None and not os.path.exists(path):
-        raise ConfigError(f"cold store {shown(url)} does not exist", hint="mount or move it back, or pass "
-                          "`overnight restore --cold URL` with where it is now")
+    if path is not None:
+        marker = os.path.join(path, META_KEY) if scheme.lower() == "file" else path
+        if not os.path.exists(marker):
+            raise ConfigError(f"cold store {shown(url)} does not exist" + (
+                                  " (the folder holds no overnight store)" if os.path.isdir(path) else ""),
+                              hint="mount or move it back, or pass `overnight restore --cold URL` with where it is now")
+        return open_store(url, read_only=scheme.lower() == "sqlite" or not sep)
+    if not named and url not in trusted_cold():
+        raise ConfigError(f"the archive catalog names cold store {shown(url)}, which this machine did not archive "
+                          f"to: not opened (the catalog is stored data: a store writer could name any server)",
+                          hint=f"if it is yours, add it to ${TRUSTED_COLD_ENV} (space-separated URLs), or pass "
+                               "`overnight restore --cold URL`")
     return open_store(url)
 
 
@@ -245,7 +322,7 @@ class TieredStore(Closing):
     def use_cold(self, cold: Store | str) -> Store:
         """Read every pack from ``cold`` instead of the location the catalog recorded (a cold store
         that moved; ``overnight restore --cold URL``); returns that store."""
-        self._override = cold if not isinstance(cold, str) else self._remember(cold, open_existing(cold))
+        self._override = cold if not isinstance(cold, str) else self._remember(cold, open_existing(cold, named=True))
         return self._override
 
     def _remember(self, location: str, store: Store) -> Store:
@@ -267,6 +344,8 @@ class TieredStore(Closing):
             if store is None:
                 from overnight.store import open_store
 
+                if create:  # `overnight archive --cold URL`: the user named it
+                    trust_cold(location)
                 store = self._remember(location, open_store(location) if create else open_existing(location))
             return store
 
