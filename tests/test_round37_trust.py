@@ -197,3 +197,34 @@ def test_a_forged_archive_location_is_not_opened_by_a_read(project: Path, tmp_pa
     r = cli("verify", "job", "--store", url, cwd=project, check=3, **env)
     assert "holds no overnight store" in " ".join(r.stdout.split()), r.stdout
     assert list(empty.iterdir()) == []  # nothing written there
+
+
+# -- 4. a lease token at the integer maximum is a typed error, not an OverflowError ------------------
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_lease_token_at_its_maximum_is_a_typed_error(kind: str, tmp_path: Path, request) -> None:
+    """Attacker (round 37): a lease row with token 2^63-1 made ``resume`` die with ``OverflowError``
+    and a traceback (SQLite); the next token does not exist, so the store says so, typed."""
+    from overnight.errors import SchemaError
+    from overnight.store.leases import MAX_TOKEN
+
+    if kind == "sqlite":
+        url = f"sqlite://{tmp_path / 's.db'}"
+    else:
+        server, schema = request.getfixturevalue("pg_schema")
+        url = f"{server}?schema={schema}"
+    with open_store(url) as s:
+        first = s.acquire_lease("t", "main", "me", "{}", 1_000)
+        s.release_lease(first)
+        if kind == "sqlite":
+            con = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+            con.execute("UPDATE leases SET token=? WHERE task_id='t'", (MAX_TOKEN,))
+            con.close()
+        else:
+            import psycopg
+
+            with psycopg.connect(server, autocommit=True) as conn:
+                conn.execute(f'UPDATE "{schema}".leases SET token=%s WHERE task_id=%s', (MAX_TOKEN, b"t"))
+        with pytest.raises(SchemaError, match="fencing token 9223372036854775807"):
+            s.acquire_lease("t", "main", "me", "{}", 1_000)

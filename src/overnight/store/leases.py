@@ -185,6 +185,28 @@ class Holder:
         return False
 
 
+MAX_TOKEN = 2 ** 63 - 1
+"""The largest fencing token SQLite's INTEGER and PostgreSQL's bigint hold."""
+
+
+def next_token(task_id: str, branch: str, token: int) -> int:
+    """The fencing token after ``token`` (every acquisition takes the next one).
+
+    Raises:
+        SchemaError: ``token`` is already :data:`MAX_TOKEN` (no process takes 2^63 leases: a store
+            writer set it), naming the task and branch -- a fencing token must grow, so there is
+            no lease to take.
+    """
+    if token >= MAX_TOKEN:
+        from overnight.errors import SchemaError
+
+        raise SchemaError(f"the lease of task {task_id!r} branch {branch!r} has fencing token {token}, the largest "
+                          "a store holds: no next token (a store writer set it)", task_id=task_id,
+                          hint="delete the lease row (leases table, this task and branch) once no run holds it; "
+                               "its next acquisition starts the tokens again")
+    return token + 1
+
+
 def describe_holder(holder_json: str) -> str:
     holder = Holder.from_json(holder_json)
     return holder.describe() if holder else holder_json

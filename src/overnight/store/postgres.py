@@ -63,7 +63,7 @@ from overnight.store import postgres_schema
 from overnight.store.blobs import is_damaged
 from overnight.store.base import ArchiveRow, CallRecord, CheckpointRow, Commit, JournalRow, TaskRow
 from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectStat, age_limit, check_parent, stale_head
-from overnight.store.leases import can_take_over, describe_holder, now_ms, released_holder
+from overnight.store.leases import can_take_over, describe_holder, next_token, now_ms, released_holder
 from overnight.store.refusal import unreachable
 
 _MISSING = re.compile(r'FATAL:\s+(database|role) "([^"]*)" does not exist')
@@ -749,10 +749,11 @@ class PostgresStore(Closing):
                     holder=describe_holder(cur_holder),
                     hint="wait for that run to finish, or stop it (Ctrl-C / kill) and resume",
                 )
+            token = next_token(task_id, branch, token)
             cur.execute(self._sql("UPDATE {s}.leases SET holder_id=%s, holder=%s, token=%s, expires_at_ms=%s "
                                   "WHERE task_id=%s AND branch=%s"),
-                        (_b(holder_id), _b(holder), token + 1, now + ttl_ms, *key))
-        return Lease(task_id, branch, holder_id, holder, token + 1, now + ttl_ms)
+                        (_b(holder_id), _b(holder), token, now + ttl_ms, *key))
+        return Lease(task_id, branch, holder_id, holder, token, now + ttl_ms)
 
     def renew_lease(self, lease: Lease, ttl_ms: int) -> Lease:
         with self._tx() as cur:

@@ -57,7 +57,7 @@ from overnight.store.base import Closing, Lease, MinAge, ObjectRecord, ObjectSta
 from overnight.store.base import DamagedBytes, DamagedInt, DamagedText
 from overnight.codec import digest
 from overnight.store.blobs import is_damaged
-from overnight.store.leases import can_take_over, describe_holder, now_ms, released_holder
+from overnight.store.leases import can_take_over, describe_holder, next_token, now_ms, released_holder
 from overnight.store.refusal import refusals
 
 SCHEMA_VERSION = 2
@@ -1195,7 +1195,7 @@ class SQLiteStore(Closing):
                     holder=describe_holder(row[1]),
                     hint="wait for that run to finish, or stop it (Ctrl-C / kill) and resume",
                 )
-            token = (row[2] + 1) if row is not None else 1
+            token = next_token(task_id, branch, row[2]) if row is not None else 1
             db.execute(
                 "INSERT INTO leases VALUES (?,?,?,?,?,?) ON CONFLICT (task_id, branch) DO UPDATE SET "
                 "holder_id=excluded.holder_id, holder=excluded.holder, token=excluded.token, "
