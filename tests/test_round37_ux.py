@@ -147,3 +147,11 @@ def test_show_prints_unicode_params_as_written(tmp_path: Path) -> None:
        "--store", url)
     shown = ok(tmp_path, "show", "p1", "--store", url)
     assert 'params: {"nl":"a\\nb","who":"Zoë 🐙"}' in shown, shown
+
+
+def test_params_with_a_repeated_key_are_refused(tmp_path: Path) -> None:
+    """Attacker (round 37): ``--params '{"n":2,"n":3}'`` was taken silently, the last value winning."""
+    url = report_project(tmp_path)
+    for params in ('{"n":2,"n":3}', '{"a":{"k":1,"k":2}}'):
+        r = cli("submit", "tasks/report.py", "--params", params, "--store", url, cwd=tmp_path)
+        assert r.returncode == 2 and "repeated key" in r.stderr, r.stderr
