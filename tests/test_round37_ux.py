@@ -155,3 +155,25 @@ def test_params_with_a_repeated_key_are_refused(tmp_path: Path) -> None:
     for params in ('{"n":2,"n":3}', '{"a":{"k":1,"k":2}}'):
         r = cli("submit", "tasks/report.py", "--params", params, "--store", url, cwd=tmp_path)
         assert r.returncode == 2 and "repeated key" in r.stderr, r.stderr
+
+
+def test_the_resume_hint_of_an_invisible_branch_name_pastes(tmp_path: Path) -> None:
+    """Attacker (round 37): ``fork --branch $'rtl\\u202e'`` printed ``--branch 'rtl\\u202e'``: pasted,
+    that names a branch of nine visible characters, which does not exist. The hint now uses bash's
+    ``$'...'`` quoting for a name with a character no terminal shows."""
+    import shlex
+    import subprocess
+
+    from _procs import CLI, env
+
+    url = report_project(tmp_path)
+    cli("run", "tasks/report.py", "--id", "f1", "--max-steps", "1", "-q", "--store", url, cwd=tmp_path)
+    head = json.loads(ok(tmp_path, "show", "f1", "--json", "--store", url))["branches"]["main"]
+    forked = cli("fork", "f1", "--at", head, "--branch", "rtl\u202e", "--store", url, cwd=tmp_path)
+    out = forked.stdout + forked.stderr
+    assert forked.returncode == 0 and "overnight resume" in out, out
+    hint = out[out.index("overnight resume"):].splitlines()[0].strip()
+    assert "--branch $'rtl\\u202e'" in hint, hint
+    pasted = subprocess.run(["bash", "-c", shlex.join(CLI) + hint[len("overnight"):]], cwd=tmp_path, env=env(),
+                            capture_output=True, text=True, timeout=120)
+    assert pasted.returncode in (0, 75) and "not found" not in pasted.stderr, pasted.stderr

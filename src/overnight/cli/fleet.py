@@ -50,6 +50,15 @@ def _not_json(name: str) -> None:
     raise ConfigError(f"{name} is not JSON")  # a ValueError: json.loads passes it on
 
 
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object whose keys are all different: ``{"n": 2, "n": 3}`` would silently keep 3."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        repeated = sorted({k for k, _ in pairs if sum(1 for x, _ in pairs if x == k) > 1})
+        raise ConfigError(f"repeated key {', '.join(map(repr, repeated))}")  # a ValueError: reported as not JSON
+    return out
+
+
 def parse_params(params: Optional[str], param: list[str]) -> dict:
     """The parameters of ``--params JSON`` and each ``--param K=V`` (V as JSON, else a string;
     later ones win), as one JSON object.
@@ -60,7 +69,7 @@ def parse_params(params: Optional[str], param: list[str]) -> dict:
     out: dict = {}
     if params:
         try:
-            out = json.loads(params, parse_constant=_not_json)
+            out = json.loads(params, parse_constant=_not_json, object_pairs_hook=_no_repeated_keys)
         except (ValueError, RecursionError) as exc:
             raise ConfigError(f"--params is not JSON: {exc}", hint="--params '{\"n\": 3}'") from exc
         if not isinstance(out, dict):

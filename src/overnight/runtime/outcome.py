@@ -97,6 +97,28 @@ def resume_command(task_id: str, branch: str, store_url: str | None, file: str |
     return command("resume", task_id, store_url, branch=branch, file=file)
 
 
+def shell_word(text: str) -> str:
+    """``text`` as one shell word a person can paste: :func:`shlex.quote` when every character is
+    printable, else bash's ANSI-C quoting (``$'rtl\u202e'``), which names an invisible or control
+    character by its code -- a terminal would hide it, or the printing would escape it into text
+    that no longer names the branch."""
+    if text.isprintable():
+        return shlex.quote(text)
+    out = []
+    for c in text:
+        if c in "\\'":
+            out.append("\\" + c)
+        elif c.isprintable():
+            out.append(c)
+        elif ord(c) < 0x100:
+            out.append(f"\\x{ord(c):02x}")
+        elif ord(c) < 0x10000:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(f"\\U{ord(c):08x}")
+    return "$'" + "".join(out) + "'"
+
+
 def command(verb: str, task_id: str | None, store_url: str | None, *, branch: str = "main",
             file: str | None = None) -> str:
     """``overnight VERB [ID]`` as a hint prints it: with ``--branch``/``--store``/``--file`` as
@@ -105,7 +127,7 @@ def command(verb: str, task_id: str | None, store_url: str | None, *, branch: st
     if task_id is not None:
         cmd += f" {shlex.quote(task_id)}"  # quoted: a name with a space or quote pastes as one word
     if branch != "main":
-        cmd += f" --branch {shlex.quote(branch)}"
+        cmd += f" --branch {shell_word(branch)}"
     if store_url is not None and store_url != configured_store_url() \
             and not store_url.startswith(("memory:", "replicated:")):
         cmd += f" --store {shlex.quote(store_url)}"
