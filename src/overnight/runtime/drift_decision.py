@@ -89,23 +89,27 @@ def input_paths_for(state: dict[str, Any], recorded_world: dict[str, Any] | None
     return ProjectPaths(here, roots, moved)
 
 
-def check_project(task_id: str, state: dict[str, Any], paths: ProjectPaths) -> None:
+def check_project(task_id: str, state: dict[str, Any], paths: ProjectPaths, code: Path | None) -> None:
     """Refuse to resume a task from outside its project while that project is still where the task
     last ran: the task's spec records a project root (``paths.moved_from``) that still holds the
-    task's code file, and the current root does not. A step's relative paths (its inputs, files it
+    task's code file, the current root does not, and the code running now (``code``, the file of
+    its entry; ``resume --file``) is that very file. A step's relative paths (its inputs, files it
     writes) are relative to the current directory, so such a resume would find every input
     ``missing`` and recompute the done steps -- a complete task made to pay for its model calls
     again. A project copied or moved elsewhere has its code file under the new root and resumes
-    there; a task whose code is a module or lies outside its project is not checked.
+    there; other code (a task definition that moved, ``code_moved``) runs as before; a task
+    whose code is a module or lies outside its project is not checked.
 
     Raises:
         ConfigError: naming the task, its project and the folder to resume it from (exit 2).
     """
     rel = _code_file(state["task"]["spec"]) if isinstance(state["task"]["spec"], dict) else None
     old = paths.moved_from
-    if old is None or rel is None or not os.path.isdir(old):
+    if old is None or rel is None or code is None or not os.path.isdir(old):
         return
-    if os.path.isfile(os.path.join(old, rel)) and not os.path.isfile(os.path.join(paths.root, rel)):
+    recorded = os.path.join(old, rel)
+    if os.path.isfile(recorded) and os.path.realpath(code) == os.path.realpath(recorded) \
+            and not os.path.isfile(os.path.join(paths.root, rel)):
         raise ConfigError(
             f"task {task_id!r} belongs to the project at {old} (its code {rel} is there), not to this "
             f"directory's project {paths.root}", task_id=task_id,

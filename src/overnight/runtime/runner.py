@@ -58,7 +58,7 @@ from overnight.store.base import Store, TaskRow
 from overnight.store.blobs import BlobReader, BlobWriter
 from overnight.store.leases import DEFAULT_TTL_MS
 from overnight.config import load as load_config
-from overnight.runtime.task_code import main_entry, project_root, same_location
+from overnight.runtime.task_code import entry_path, main_entry, project_root, same_location
 from overnight.runtime.call_journal import replayable
 from overnight.runtime.drift_decision import (Decision, check_project, decide, input_paths_for, policies_for,
                                               world_spec, write_export)
@@ -463,7 +463,8 @@ class Runner:
         healed = "\n".join(h.describe(self.task.id) for h in loaded.healed)  # read from ditto copies: always said
         self._heal_note = f"self-healed: {'; '.join(h.describe(self.task.id) for h in loaded.healed)}" if healed else None
         self.input_paths = input_paths_for(loaded.state_tree, loaded.world, Path(self.input_paths.root))
-        check_project(self.task.id, loaded.state_tree, self.input_paths)  # not from outside its project
+        check_project(self.task.id, loaded.state_tree, self.input_paths,  # not from outside its project
+                      entry_path(self.task.entry, Path(self.input_paths.root)))
         moved = self.input_paths.moved_line()  # the next commit records the project here: said once
         self._emit("resume", checkpoint_id=loaded.id,
                    detail="\n".join(x for x in (fallback.describe() if fallback else "", healed, moved) if x) or None)
