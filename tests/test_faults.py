@@ -161,3 +161,33 @@ def test_consistent_forgery_needs_the_signing_key(base_store, tmp_path, kind):
         assert loaded.id == inj.bad_head and fallback is None
         loaded, fallback = load_head(store, "faulty", key=KEY)
         assert loaded.id == inj.expected and fallback is not None
+
+
+def test_damaging_a_ditto_copy_the_store_compressed(base_store, tmp_path):
+    """The fault injector reads a ditto copy through its codec: a copy the store compressed (zstd,
+    when that saves space) starts with zstd's magic, not ``ditto 1 ...`` (CI, round 37: the bit
+    flip of such a copy raised UnicodeDecodeError in the injector, failing the fault run)."""
+    import sqlite3
+
+    import zstandard
+
+    path = tmp_path / "s.db"
+    shutil.copy(base_store, path)
+    from overnight.chain.ditto import ditto_key
+
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        rows = {d: (bytes(data), size) for d, data, size in db.execute(
+            "SELECT digest, data, size FROM objects WHERE kind != 'ditto' AND codec='none'")}
+        original = next(d for d in rows if db.execute("SELECT 1 FROM objects WHERE digest=?",
+                                                      (ditto_key(d),)).fetchone())
+        key = ditto_key(original)
+        (copy,) = db.execute("SELECT data FROM objects WHERE digest=?", (key,)).fetchone()
+        copy = bytes(copy)
+        db.execute("UPDATE objects SET data=?, codec='zstd', size=? WHERE digest=?",
+                   (zstandard.ZstdCompressor().compress(copy), len(copy), key))
+        Faults(path, random.Random(1), copies=True)._damage_copy(db, original, "bit_flip")
+        (data, codec) = db.execute("SELECT data, codec FROM objects WHERE digest=?", (key,)).fetchone()
+        assert codec == "none" and bytes(data).startswith(b"ditto 1 ") and bytes(data) != copy
+    finally:
+        db.close()

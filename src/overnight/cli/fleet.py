@@ -180,8 +180,8 @@ def worker(
     their code is looked up there (a task whose code is not found is parked `failed`; fix it, then
     `overnight retry TASK_ID`); started without --store in a project's subfolder while the project's
     store is further up, it refuses (exit 2) and names the folder to start it in. Ctrl-C / SIGTERM
-    once: each task finishes its step in flight, commits, is queued again; the worker exits 0. Twice: steps in flight are abandoned (nothing of
-    them is committed). An unreachable store is retried; the exit is non-zero only on a
+    once: each task finishes its step in flight, commits, is queued again; the worker exits 0.
+    Twice: steps in flight are abandoned (nothing of them is committed). An unreachable store is retried; the exit is non-zero only on a
     configuration error (exit 2)."""
     import logging
 

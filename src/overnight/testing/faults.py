@@ -90,13 +90,15 @@ class Faults:
         """Damage the content of the ditto copy of ``d`` (no-op when it has none)."""
         from overnight.chain.ditto import ditto_key
 
-        row = db.execute("SELECT data FROM objects WHERE digest=?", (ditto_key(d),)).fetchone()
+        row = db.execute("SELECT data, codec, size FROM objects WHERE digest=?", (ditto_key(d),)).fetchone()
         if row is None:
             return
-        head, _, inner = bytes(row[0]).partition(b"\n")
+        # the store compresses a copy as it does any object (zstd when that saves space): its
+        # header is inside the stored bytes then
+        head, _, inner = decompress(row[1], bytes(row[0]), row[2]).partition(b"\n")
         parts = head.decode("ascii").split(" ")  # ditto 1 KIND DIGEST CODEC SIZE SIGNATURE
         bad = self._damage_object(inner, parts[4], int(parts[5]), kind) if inner else b"x"
-        db.execute("UPDATE objects SET data=?, size=? WHERE digest=?",
+        db.execute("UPDATE objects SET data=?, codec='none', size=? WHERE digest=?",
                    (head + b"\n" + bad, len(head) + 1 + len(bad), ditto_key(d)))
 
     # -- helpers --------------------------------------------------------------------------------
